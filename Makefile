@@ -1,0 +1,55 @@
+# modelqual build and test entry points. `make test` is what CI runs (.ci/run):
+# it builds everything it needs on a fresh machine and needs no GPU.
+SHELL := /bin/bash
+GO ?= go
+GINKGO := $(GO) run github.com/onsi/ginkgo/v2/ginkgo
+ARTIFACTS ?= artifacts
+# Content-keyed cache of generated fixtures and built bundles, shared by suites and runs.
+export MODELQUAL_CACHE ?= $(CURDIR)/.cache/modelqual
+export MODELQUAL_BIN ?= $(CURDIR)/bin
+
+.PHONY: all build test unit premerge container-specs bench qualify image cuda fuzz-corpus vet fmt-check clean
+
+all: build
+
+build:
+	$(GO) build -o bin/ ./qual/cmd/qual ./server/cmd/qual-server
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+# Unit and integration tests of every package (fuzz seed corpora included), then the
+# premerge specs of every family and the container specs, with JUnit under artifacts/.
+test: build fmt-check vet unit premerge container-specs
+
+unit:
+	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v /families/)
+
+premerge: build
+	mkdir -p $(ARTIFACTS)/junit
+	$(GINKGO) -r --label-filter='premerge && !container' --fail-on-pending --fail-on-empty \
+		--output-dir=$(ARTIFACTS)/junit --junit-report=premerge.xml --timeout=20m ./families/...
+
+container-specs: build image
+	mkdir -p $(ARTIFACTS)/junit
+	$(GINKGO) -r --label-filter='container' --fail-on-empty \
+		--output-dir=$(ARTIFACTS)/junit --junit-report=container.xml --timeout=20m ./families/...
+
+image: build
+	./server/image/build.sh
+
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 2s -count 1 ./native/... ./server/... ./qual/... 
+
+qualify: build
+	./bin/qual qualify --out $(ARTIFACTS)/qualify
+
+cuda:
+	cmake -S native/cuda -B native/cuda/build -DCMAKE_BUILD_TYPE=Release && cmake --build native/cuda/build -j
+
+clean:
+	rm -rf bin $(ARTIFACTS)

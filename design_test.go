@@ -1,0 +1,134 @@
+package modelqual_test
+
+// This test enforces the import direction of DESIGN.md:
+//
+//	families → qual → reports
+//	qual → native/bundle, server/tokenizer (libraries only; never native or the rest of server)
+//	server → native
+//	nothing imports families
+//
+// The only exception is qual/cmd/qual, the CLI binary, which may also import package native
+// for `qual generate` (running the engine directly, without a server).
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/modelqual/modelqual"
+
+type goPackage struct {
+	ImportPath   string
+	Imports      []string
+	TestImports  []string
+	XTestImports []string
+}
+
+func listPackages(t *testing.T) []goPackage {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-e", "-json", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list ./...: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []goPackage
+	for dec.More() {
+		var p goPackage
+		if err := dec.Decode(&p); err != nil {
+			t.Fatalf("decode go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+// area names the top-level area of a module package: "families", "qual", "reports",
+// "server", "server/tokenizer", "native", "native/bundle", "fixtures" or "" (module root).
+func area(path string) string {
+	rel := strings.TrimPrefix(strings.TrimPrefix(path, module), "/")
+	switch {
+	case rel == "server/tokenizer" || strings.HasPrefix(rel, "server/tokenizer/"):
+		return "server/tokenizer"
+	case rel == "native/bundle" || strings.HasPrefix(rel, "native/bundle/"):
+		return "native/bundle"
+	}
+	top, _, _ := strings.Cut(rel, "/")
+	return top
+}
+
+// allowed reports whether a package in area from may import a package in area to.
+func allowed(fromPath, to string) bool {
+	from := area(fromPath)
+	if from == to || to == "fixtures" {
+		return true
+	}
+	switch from {
+	case "families":
+		return to == "qual" || to == "reports" || to == "native/bundle" || to == "server/tokenizer"
+	case "qual":
+		if to == "native" && strings.HasPrefix(fromPath, module+"/qual/cmd/qual") {
+			return true
+		}
+		return to == "reports" || to == "native/bundle" || to == "server/tokenizer"
+	case "reports":
+		return false
+	case "server", "server/tokenizer":
+		return to == "native" || to == "native/bundle" || to == "server/tokenizer"
+	case "native":
+		return to == "native/bundle"
+	case "native/bundle":
+		return false
+	case "fixtures":
+		return to == "native/bundle" || to == "server/tokenizer"
+	case "":
+		return true
+	}
+	return false
+}
+
+func TestImportDirection(t *testing.T) {
+	for _, p := range listPackages(t) {
+		imports := append(append(append([]string{}, p.Imports...), p.TestImports...), p.XTestImports...)
+		for _, imp := range imports {
+			if !strings.HasPrefix(imp, module+"/") && imp != module {
+				continue
+			}
+			if to := area(imp); !allowed(p.ImportPath, to) {
+				t.Errorf("%s imports %s: %s → %s goes against DESIGN.md's direction (families → qual → reports; qual → native/bundle, server/tokenizer; server → native; nothing imports families)",
+					p.ImportPath, imp, area(p.ImportPath), to)
+			}
+		}
+	}
+}
+
+// TestImportDirectionRules checks the rule table itself, so a loosened rule is caught.
+func TestImportDirectionRules(t *testing.T) {
+	bad := [][2]string{
+		{module + "/qual/launch", "families"},
+		{module + "/reports", "qual"},
+		{module + "/qual/spec", "server"},
+		{module + "/qual/spec", "native"},
+		{module + "/server", "qual"},
+		{module + "/native", "server"},
+		{module + "/native/bundle", "native"},
+	}
+	for _, b := range bad {
+		if allowed(b[0], b[1]) {
+			t.Errorf("rule table allows %s → %s, which DESIGN.md forbids", b[0], b[1])
+		}
+	}
+	good := [][2]string{
+		{module + "/families/qwen", "qual"},
+		{module + "/qual/spec", "reports"},
+		{module + "/qual/load", "server/tokenizer"},
+		{module + "/server", "native"},
+		{module + "/qual/cmd/qual", "native"},
+	}
+	for _, g := range good {
+		if !allowed(g[0], g[1]) {
+			t.Errorf("rule table forbids %s → %s, which DESIGN.md allows", g[0], g[1])
+		}
+	}
+}

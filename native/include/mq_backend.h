@@ -1,0 +1,73 @@
+/* mq_backend.h: the device-backend ABI that the native runtime loads at run time with dlopen.
+ *
+ * Why: one Go binary serves CPU and GPU. The CPU runtime (native/*.cc) never links CUDA; when an
+ * engine is opened with device "cuda" it dlopen()s libmodelqual_cuda.so (path from the
+ * MODELQUAL_CUDA_LIB environment variable, else next to the executable, else the loader path) and
+ * resolves the symbols below. The CPU runtime keeps scheduling, batching, sampling of non-greedy
+ * requests, stop conditions and cancellation; the backend owns weights, the KV cache and the
+ * forward pass on the device.
+ */
+#ifndef MQ_BACKEND_H
+#define MQ_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MQB_ABI_VERSION 1
+
+typedef struct mqb_model mqb_model; /* opaque */
+
+/* A host tensor as stored in the bundle (fp32, row-major, Hugging Face names and layouts). */
+typedef struct {
+  const char *name;
+  const float *data;
+  int64_t shape[4];
+  int32_t ndim;
+} mqb_tensor;
+
+typedef struct {
+  int32_t abi_version;     /* MQB_ABI_VERSION */
+  const char *family;      /* "gpt2" | "qwen3" */
+  const char *config_json; /* the checkpoint's config.json, verbatim */
+  const char *precision;   /* "bf16" | "fp16" | "fp32" */
+  int32_t max_batch;       /* number of KV-cache slots */
+  int32_t max_context;     /* tokens per slot */
+  int32_t device_index;    /* CUDA device ordinal */
+  const mqb_tensor *tensors;
+  int32_t n_tensors;
+} mqb_model_params;
+
+/* Error convention: functions return 0 on success, non-zero on failure and then write a
+ * NUL-terminated message of at most errlen bytes into err. */
+
+int32_t mqb_abi_version(void);
+int mqb_model_open(const mqb_model_params *p, mqb_model **out, char *err, size_t errlen);
+void mqb_model_close(mqb_model *m);
+int32_t mqb_vocab_size(const mqb_model *m);
+
+/* One batched forward step over n entries. Entry i appends n_tokens[i] tokens (a prompt on
+ * prefill, 1 on decode) taken consecutively from tokens[], to KV-cache slot slots[i], at
+ * positions start_pos[i] .. start_pos[i]+n_tokens[i]-1. For each entry the logits of its last
+ * new token are written to logits_out + i*vocab (when logits_out != NULL) and their argmax to
+ * argmax_out[i] (when argmax_out != NULL). */
+int mqb_forward(mqb_model *m, int32_t n, const int32_t *slots, const int32_t *n_tokens,
+                const int32_t *tokens, const int32_t *start_pos, float *logits_out,
+                int32_t *argmax_out, char *err, size_t errlen);
+
+/* Full-vocabulary logits at every position of ids (n*vocab floats), using a scratch slot;
+ * for parity gates. */
+int mqb_logits_all(mqb_model *m, const int32_t *ids, int32_t n, float *out, char *err,
+                   size_t errlen);
+
+/* Forget slot's KV cache (the request ended or was cancelled). */
+void mqb_slot_reset(mqb_model *m, int32_t slot);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MQ_BACKEND_H */
