@@ -1,0 +1,651 @@
+package bundle
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Defaults applied by Build when an option is zero.
+const (
+	DefaultMaxBatch = 16
+	// MaxDefaultContext caps the default max context (config's max_position_embeddings) so a
+	// 40k-position checkpoint does not size its KV cache for 40k tokens unless asked to.
+	MaxDefaultContext = 4096
+	DefaultMockVocab  = 50257
+	DefaultMockID     = "modelqual/mock"
+)
+
+// BuildOptions selects what to build. Exactly one of CheckpointDir, HubCache or Mock.
+type BuildOptions struct {
+	CheckpointDir string // a checkpoint directory (config.json, *.safetensors, tokenizer files)
+	HubCache      string // a Hugging Face hub cache (the dir holding models--ORG--NAME, or its parent)
+	Model         string // ORG/NAME recorded in provenance; inferred from a hub snapshot path when empty
+	Revision      string // 40-hex commit; optional with HubCache (refs/main is resolved)
+	Out           string // bundle file to write (written to a temporary file beside it, then renamed)
+	Precision     string // fp32 (default) | bf16 | fp16 (the latter two only with backend cuda)
+	MaxContext    int    // default: config max_position_embeddings capped at MaxDefaultContext
+	MaxBatch      int    // default DefaultMaxBatch
+	Backend       string // cpu (default) | cuda
+	Mock          bool
+	MockStepDelay time.Duration
+	MockVocab     int // default DefaultMockVocab (the gpt2 tokenizer's size)
+	// TokenizerDir holds tokenizer.json and tokenizer_config.json for a mock bundle (the mock
+	// detokenizes with a real tokenizer). Pass the gpt2-tiny fixture snapshot
+	// (fixtures.Ensure(cache, "gpt2-tiny")); fixtures.MockBundle does this for you.
+	TokenizerDir string
+}
+
+// SourceRevision and SourceDirty may be set at link time
+// (-ldflags "-X github.com/modelqual/modelqual/native/bundle.SourceRevision=<sha>") when the
+// binary is built outside a git checkout; otherwise the Go build info or `git` is asked.
+var (
+	SourceRevision string
+	SourceDirty    string // "true" or "false"
+)
+
+// Build converts a checkpoint (or the mock) into a bundle at o.Out and returns its header.
+// The file is streamed: tensors are converted and hashed as they are written, so memory stays
+// small whatever the checkpoint size.
+func Build(ctx context.Context, o BuildOptions) (*Header, error) {
+	if o.Out == "" {
+		return nil, errors.New("bundle: BuildOptions.Out is empty; pass --out FILE")
+	}
+	if o.Precision == "" {
+		o.Precision = "fp32"
+	}
+	if o.Backend == "" {
+		o.Backend = "cpu"
+	}
+	if err := checkPrecisionBackend(o.Precision, o.Backend); err != nil {
+		return nil, fmt.Errorf("bundle: %v", err)
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.MaxBatch < 0 || o.MaxContext < 0 {
+		return nil, fmt.Errorf("bundle: max batch %d and max context %d must not be negative", o.MaxBatch, o.MaxContext)
+	}
+	if o.MockStepDelay < 0 {
+		return nil, fmt.Errorf("bundle: mock step delay %v is negative", o.MockStepDelay)
+	}
+	n := 0
+	for _, set := range []bool{o.CheckpointDir != "", o.HubCache != "", o.Mock} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return nil, errors.New("bundle: pass exactly one of --checkpoint DIR, --hub-cache DIR or --mock")
+	}
+	var src *source
+	var err error
+	if o.Mock {
+		src, err = mockSource(o)
+	} else {
+		src, err = checkpointSource(o)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return write(ctx, o, src)
+}
+
+// source is everything read from the input before writing.
+type source struct {
+	family, arch     string
+	id, revision     string
+	config, genCfg   []byte
+	tokenizer, tokCf []byte
+	tensors          []stTensor // normalised names
+	files            map[string]string
+	maxContext       int
+}
+
+// ResolveHubCache finds a model's snapshot in a Hugging Face hub cache. cacheDir may be the
+// hub directory itself (holding models--ORG--NAME) or its parent (holding hub/). An empty
+// revision resolves refs/main; a branch name is refused because it is not immutable.
+func ResolveHubCache(cacheDir, model, revision string) (snapshotDir, revision40 string, err error) {
+	if !validCheckpointID(model) {
+		return "", "", fmt.Errorf("bundle: model %q is not of the form ORG/NAME; pass --model ORG/NAME", model)
+	}
+	if revision != "" && !hex40.MatchString(revision) {
+		return "", "", notImmutable(revision)
+	}
+	repo := "models--" + strings.ReplaceAll(model, "/", "--")
+	var modelDir string
+	for _, d := range []string{filepath.Join(cacheDir, repo), filepath.Join(cacheDir, "hub", repo)} {
+		if st, err := os.Stat(d); err == nil && st.IsDir() {
+			modelDir = d
+			break
+		}
+	}
+	if modelDir == "" {
+		return "", "", fmt.Errorf("bundle: hub cache %s has no %s (looked in it and in its hub/); download the model or pass --checkpoint DIR", cacheDir, repo)
+	}
+	if revision == "" {
+		ref, err := os.ReadFile(filepath.Join(modelDir, "refs", "main"))
+		if err != nil {
+			return "", "", fmt.Errorf("bundle: hub cache %s: cannot resolve refs/main: %v; pass --revision <40-hex commit>", modelDir, err)
+		}
+		revision = strings.TrimSpace(string(ref))
+		if !hex40.MatchString(revision) {
+			return "", "", fmt.Errorf("bundle: hub cache %s: refs/main holds %q, not a 40-hex commit", modelDir, revision)
+		}
+	}
+	snap := filepath.Join(modelDir, "snapshots", revision)
+	if st, err := os.Stat(snap); err != nil || !st.IsDir() {
+		return "", "", fmt.Errorf("bundle: hub cache %s has no snapshot %s; check --revision", modelDir, revision)
+	}
+	return snap, revision, nil
+}
+
+// modelFromSnapshotPath infers ORG/NAME from a hub-cache snapshot path
+// (.../models--ORG--NAME/snapshots/<rev>), or returns "".
+func modelFromSnapshotPath(dir string) string {
+	abs, err := filepath.Abs(dir)
+	if err != nil || filepath.Base(filepath.Dir(abs)) != "snapshots" {
+		return ""
+	}
+	repo := filepath.Base(filepath.Dir(filepath.Dir(abs)))
+	org, name, ok := strings.Cut(strings.TrimPrefix(repo, "models--"), "--")
+	if !strings.HasPrefix(repo, "models--") || !ok {
+		return ""
+	}
+	return org + "/" + name
+}
+
+func notImmutable(rev string) error {
+	return fmt.Errorf("bundle: checkpoint revision %q is not immutable; pass a 40-hex commit", rev)
+}
+
+func checkpointSource(o BuildOptions) (*source, error) {
+	if o.Model == "" && o.CheckpointDir != "" {
+		o.Model = modelFromSnapshotPath(o.CheckpointDir)
+	}
+	if !validCheckpointID(o.Model) {
+		return nil, fmt.Errorf("bundle: model %q is not of the form ORG/NAME; pass --model ORG/NAME", o.Model)
+	}
+	dir, rev := o.CheckpointDir, o.Revision
+	if o.HubCache != "" {
+		var err error
+		if dir, rev, err = ResolveHubCache(o.HubCache, o.Model, o.Revision); err != nil {
+			return nil, err
+		}
+	} else if rev == "" {
+		// A snapshot directory of a hub cache names its own revision.
+		abs, _ := filepath.Abs(dir)
+		if base := filepath.Base(abs); hex40.MatchString(base) && filepath.Base(filepath.Dir(abs)) == "snapshots" {
+			rev = base
+		} else {
+			return nil, fmt.Errorf("bundle: checkpoint %s: no revision; pass --revision <40-hex commit>", dir)
+		}
+	} else if !hex40.MatchString(rev) {
+		return nil, notImmutable(rev)
+	}
+	s := &source{id: o.Model, revision: rev, files: map[string]string{}}
+	read := func(name string, required bool) ([]byte, error) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			if !required && errors.Is(err, os.ErrNotExist) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("bundle: checkpoint %s: %s: %v", dir, name, err)
+		}
+		s.files[name] = sum(b)
+		return b, nil
+	}
+	var err error
+	if s.config, err = read("config.json", true); err != nil {
+		return nil, err
+	}
+	if !isObject(s.config) {
+		return nil, fmt.Errorf("bundle: checkpoint %s: config.json is not a JSON object", dir)
+	}
+	if s.arch, s.family, err = architecture(s.config); err != nil {
+		return nil, fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
+	}
+	if s.tokenizer, err = read("tokenizer.json", true); err != nil {
+		return nil, err
+	}
+	if s.tokCf, err = read("tokenizer_config.json", true); err != nil {
+		return nil, err
+	}
+	if s.genCfg, err = read("generation_config.json", false); err != nil {
+		return nil, err
+	}
+	if s.genCfg == nil {
+		// As transformers does, derive the generation defaults from config.json.
+		s.genCfg, err = deriveGenerationConfig(s.config)
+		if err != nil {
+			return nil, fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
+		}
+	} else if !isObject(s.genCfg) {
+		return nil, fmt.Errorf("bundle: checkpoint %s: generation_config.json is not a JSON object", dir)
+	}
+	if err := s.readTensors(dir, read); err != nil {
+		return nil, err
+	}
+	c, _ := parseConfig(s.config)
+	key := "max_position_embeddings"
+	if s.family == "gpt2" {
+		key = "n_positions"
+	}
+	limit, err := c.positive(key)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
+	}
+	s.maxContext = o.MaxContext
+	if s.maxContext == 0 {
+		s.maxContext = int(min(limit, MaxDefaultContext))
+	} else if int64(s.maxContext) > limit {
+		return nil, fmt.Errorf("bundle: --max-context %d exceeds config.%s %d of %s", s.maxContext, key, limit, dir)
+	}
+	return s, nil
+}
+
+func deriveGenerationConfig(config []byte) ([]byte, error) {
+	var c map[string]json.RawMessage
+	if err := json.Unmarshal(config, &c); err != nil {
+		return nil, err
+	}
+	g := map[string]json.RawMessage{}
+	for _, k := range []string{"bos_token_id", "eos_token_id", "pad_token_id"} {
+		if v, ok := c[k]; ok {
+			g[k] = v
+		}
+	}
+	return json.Marshal(g)
+}
+
+// readTensors lists the tensors of model.safetensors.index.json's shards, or of every
+// *.safetensors file, normalises their names for the family and checks them against config.
+func (s *source) readTensors(dir string, read func(string, bool) ([]byte, error)) error {
+	var shards []string
+	idx, err := read("model.safetensors.index.json", false)
+	if err != nil {
+		return err
+	}
+	if idx != nil {
+		var ix struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(idx, &ix); err != nil || len(ix.WeightMap) == 0 {
+			return fmt.Errorf("bundle: checkpoint %s: model.safetensors.index.json has no weight_map", dir)
+		}
+		set := map[string]bool{}
+		for _, f := range ix.WeightMap {
+			if f != filepath.Base(f) {
+				return fmt.Errorf("bundle: checkpoint %s: model.safetensors.index.json names shard %q outside the directory", dir, f)
+			}
+			set[f] = true
+		}
+		for f := range set {
+			shards = append(shards, f)
+		}
+	} else {
+		m, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+		for _, p := range m {
+			shards = append(shards, filepath.Base(p))
+		}
+	}
+	if len(shards) == 0 {
+		return fmt.Errorf("bundle: checkpoint %s has no *.safetensors files", dir)
+	}
+	sort.Strings(shards)
+	shapes := map[string][]int64{}
+	for _, sh := range shards {
+		p := filepath.Join(dir, sh)
+		ts, err := readSafetensorsHeader(p)
+		if err != nil {
+			return err
+		}
+		fs, err := fileSHA256(p)
+		if err != nil {
+			return err
+		}
+		s.files[sh] = fs
+		for _, t := range ts {
+			name, keep := normaliseName(s.family, t.Name)
+			if !keep {
+				continue
+			}
+			if _, err := t.elements(); err != nil {
+				return err
+			}
+			if _, dup := shapes[name]; dup {
+				return fmt.Errorf("bundle: checkpoint %s: tensor %q appears twice (shard %s)", dir, name, sh)
+			}
+			t.Name = name
+			shapes[name] = t.Shape
+			s.tensors = append(s.tensors, t)
+		}
+	}
+	if err := checkTensorSet(s.family, s.config, shapes); err != nil {
+		return fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
+	}
+	sort.Slice(s.tensors, func(i, j int) bool { return s.tensors[i].Name < s.tensors[j].Name })
+	return nil
+}
+
+// normaliseName maps a checkpoint tensor name to the bundle's name. GPT-2 checkpoints exist
+// with and without the "transformer." prefix (hub gpt2 vs save_pretrained); its causal-mask
+// buffers (attn.bias, attn.masked_bias) are not weights.
+func normaliseName(family, name string) (string, bool) {
+	if family == "gpt2" {
+		name = strings.TrimPrefix(name, "transformer.")
+		if strings.HasSuffix(name, ".attn.bias") || strings.HasSuffix(name, ".attn.masked_bias") {
+			return "", false
+		}
+	}
+	return name, true
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("bundle: hash %s: %w", path, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("bundle: hash %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func mockSource(o BuildOptions) (*source, error) {
+	if o.TokenizerDir == "" {
+		return nil, errors.New(`bundle: a mock bundle needs BuildOptions.TokenizerDir (tokenizer.json + tokenizer_config.json); pass the gpt2-tiny fixture snapshot from fixtures.Ensure(cache, "gpt2-tiny")`)
+	}
+	vocab := o.MockVocab
+	if vocab == 0 {
+		vocab = DefaultMockVocab
+	}
+	if vocab < 0 {
+		return nil, fmt.Errorf("bundle: mock vocab %d is negative", vocab)
+	}
+	ctxLen := o.MaxContext
+	if ctxLen == 0 {
+		ctxLen = MaxDefaultContext
+	}
+	id := o.Model
+	if id == "" {
+		id = DefaultMockID
+	}
+	if !validCheckpointID(id) {
+		return nil, fmt.Errorf("bundle: model %q is not of the form ORG/NAME", id)
+	}
+	s := &source{family: "mock", arch: "MockForCausalLM", id: id, maxContext: ctxLen, files: map[string]string{}}
+	var err error
+	for _, f := range []struct {
+		name string
+		dst  *[]byte
+	}{{"tokenizer.json", &s.tokenizer}, {"tokenizer_config.json", &s.tokCf}} {
+		if *f.dst, err = os.ReadFile(filepath.Join(o.TokenizerDir, f.name)); err != nil {
+			return nil, fmt.Errorf("bundle: mock tokenizer: %v", err)
+		}
+		s.files[f.name] = sum(*f.dst)
+	}
+	s.config, _ = json.MarshalIndent(map[string]any{
+		"architectures":           []string{"MockForCausalLM"},
+		"model_type":              "mock",
+		"vocab_size":              vocab,
+		"step_delay_ns":           o.MockStepDelay.Nanoseconds(),
+		"max_position_embeddings": ctxLen,
+		"eos_token_id":            -1,
+	}, "", "  ")
+	s.genCfg, _ = json.MarshalIndent(map[string]any{"eos_token_id": -1}, "", "  ")
+	// The mock has no upstream commit: its revision is derived from everything it contains,
+	// so the same settings and tokenizer always give the same revision.
+	h := sha256.New()
+	for _, b := range [][]byte{s.config, s.genCfg, s.tokenizer, s.tokCf} {
+		h.Write(b)
+	}
+	s.revision = hex.EncodeToString(h.Sum(nil))[:40]
+	return s, nil
+}
+
+// builderInfo reports the source revision and dirty state of the code that builds the bundle:
+// link-time variables first, then the Go build info's vcs stamp, then git in the working dir.
+func builderInfo(ctx context.Context) Builder {
+	b := Builder{SourceRevision: "unknown", GoVersion: runtime.Version()}
+	if SourceRevision != "" {
+		b.SourceRevision, b.Dirty = SourceRevision, SourceDirty == "true"
+		return b
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		var rev, mod string
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				mod = s.Value
+			}
+		}
+		if rev != "" {
+			b.SourceRevision, b.Dirty = rev, mod == "true"
+			return b
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "git", "rev-parse", "HEAD").Output(); err == nil {
+		b.SourceRevision = strings.TrimSpace(string(out))
+		if st, err := exec.CommandContext(ctx, "git", "status", "--porcelain").Output(); err == nil {
+			b.Dirty = len(bytes.TrimSpace(st)) > 0
+		}
+	}
+	return b
+}
+
+// layoutWriter writes sequentially at increasing absolute offsets, zero-padding gaps.
+type layoutWriter struct {
+	w   *bufio.Writer
+	pos int64
+	hs  []hash.Hash // hashes currently fed (sections / tensor region)
+}
+
+func (l *layoutWriter) Write(p []byte) (int, error) {
+	for _, h := range l.hs {
+		h.Write(p)
+	}
+	n, err := l.w.Write(p)
+	l.pos += int64(n)
+	return n, err
+}
+
+func (l *layoutWriter) padTo(off int64) error {
+	if off < l.pos {
+		return fmt.Errorf("bundle: internal layout error: offset %d behind write position %d", off, l.pos)
+	}
+	_, err := l.Write(make([]byte, off-l.pos))
+	return err
+}
+
+const zeroSum = "0000000000000000000000000000000000000000000000000000000000000000"
+
+func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
+	h := &Header{
+		FormatVersion:    FormatVersion,
+		Family:           s.family,
+		Task:             "text",
+		Architecture:     s.arch,
+		Config:           compactJSON(s.config),
+		GenerationConfig: compactJSON(s.genCfg),
+		Tensors:          make([]TensorInfo, len(s.tensors)),
+		Provenance: Provenance{
+			CheckpointID: s.id,
+			Revision:     s.revision,
+			Files:        s.files,
+			Build: BuildSettings{
+				Precision:     o.Precision,
+				MaxContext:    s.maxContext,
+				MaxBatch:      o.MaxBatch,
+				Backend:       o.Backend,
+				MockStepDelay: o.MockStepDelay.String(),
+				StorageDType:  "F32",
+			},
+			Builder: builderInfo(ctx),
+			BuiltAt: time.Now().UTC().Format(time.RFC3339),
+		},
+		name: o.Out,
+	}
+	if o.Precision != "fp32" {
+		h.Provenance.Build.StorageNote = "tensors are stored as F32; the cuda backend converts them to " + o.Precision + " at load"
+	}
+	sections := [][]byte{s.tokenizer, s.tokCf, s.genCfg, s.config} // RequiredSections order
+	for i := range s.tensors {
+		t := s.tensors[i]
+		n, _ := t.elements()
+		h.Tensors[i] = TensorInfo{Name: t.Name, DType: "F32", Shape: t.Shape, Size: n * 4}
+	}
+	// The header holds the offsets, the offsets depend on the header's length: iterate to a
+	// fixed point (sha256 placeholders have their final length, so filling them in later
+	// keeps the length).
+	layout := func(dataStart int64) {
+		off := dataStart
+		h.Sections = h.Sections[:0]
+		for i, b := range sections {
+			h.Sections = append(h.Sections, Section{Name: RequiredSections[i], Offset: off, Size: int64(len(b)), SHA256: zeroSum})
+			off = align(off + int64(len(b)))
+		}
+		h.TensorData = Region{Offset: off, SHA256: zeroSum}
+		for i := range h.Tensors {
+			h.Tensors[i].Offset = off
+			off = align(off + h.Tensors[i].Size)
+		}
+		if n := len(h.Tensors); n > 0 {
+			h.TensorData.Size = h.Tensors[n-1].Offset + h.Tensors[n-1].Size - h.TensorData.Offset
+		}
+	}
+	var hdr []byte
+	dataStart := int64(0)
+	for {
+		layout(dataStart)
+		var err error
+		if hdr, err = json.Marshal(h); err != nil {
+			return nil, fmt.Errorf("bundle: encode header: %w", err)
+		}
+		need := align(prefixSize + int64(len(hdr)))
+		if need <= dataStart {
+			break
+		}
+		dataStart = need
+	}
+	hdrLen := len(hdr)
+
+	if err := os.MkdirAll(filepath.Dir(o.Out), 0o755); err != nil {
+		return nil, fmt.Errorf("bundle: create output dir: %w", err)
+	}
+	// A unique temporary name: concurrent builders of the same output (parallel test
+	// processes) each write their own file, and the last rename wins with a complete bundle.
+	f, err := os.CreateTemp(filepath.Dir(o.Out), filepath.Base(o.Out)+".tmp-*")
+	if err != nil {
+		return nil, fmt.Errorf("bundle: create a temporary file next to %s: %w", o.Out, err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(0o644); err != nil {
+		return nil, fmt.Errorf("bundle: chmod %s: %w", tmp, err)
+	}
+	if _, err := f.Seek(dataStart, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("bundle: write %s: %w", tmp, err)
+	}
+	lw := &layoutWriter{w: bufio.NewWriterSize(f, 4<<20), pos: dataStart}
+	for i, b := range sections {
+		if err := lw.padTo(h.Sections[i].Offset); err != nil {
+			return nil, err
+		}
+		if _, err := lw.Write(b); err != nil {
+			return nil, fmt.Errorf("bundle: write %s: %w", tmp, err)
+		}
+		h.Sections[i].SHA256 = sum(b)
+	}
+	if err := lw.padTo(h.TensorData.Offset); err != nil {
+		return nil, err
+	}
+	region := sha256.New()
+	lw.hs = []hash.Hash{region}
+	readers := map[string]*os.File{}
+	defer func() {
+		for _, r := range readers {
+			r.Close()
+		}
+	}()
+	for i, t := range s.tensors {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("bundle: build cancelled: %w", err)
+		}
+		if err := lw.padTo(h.Tensors[i].Offset); err != nil {
+			return nil, err
+		}
+		r := readers[t.File]
+		if r == nil {
+			if r, err = os.Open(t.File); err != nil {
+				return nil, fmt.Errorf("bundle: %w", err)
+			}
+			readers[t.File] = r
+		}
+		if err := copyAsF32(lw, r, t); err != nil {
+			return nil, err
+		}
+	}
+	h.TensorData.SHA256 = hex.EncodeToString(region.Sum(nil))
+	if err := lw.w.Flush(); err != nil {
+		return nil, fmt.Errorf("bundle: write %s: %w", tmp, err)
+	}
+	if hdr, err = json.Marshal(h); err != nil || len(hdr) != hdrLen {
+		return nil, fmt.Errorf("bundle: internal error: header length changed from %d to %d after hashing", hdrLen, len(hdr))
+	}
+	prefix := make([]byte, prefixSize, prefixSize+len(hdr))
+	copy(prefix, Magic)
+	binary.LittleEndian.PutUint32(prefix[8:], FormatVersion)
+	binary.LittleEndian.PutUint64(prefix[16:], uint64(len(hdr)))
+	if _, err := f.WriteAt(append(prefix, hdr...), 0); err != nil {
+		return nil, fmt.Errorf("bundle: write header of %s: %w", tmp, err)
+	}
+	// A bundle with no tensors (mock) must still reach its last section's end.
+	if err := f.Truncate(lw.pos); err != nil {
+		return nil, fmt.Errorf("bundle: write %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("bundle: close %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, o.Out); err != nil {
+		return nil, fmt.Errorf("bundle: rename %s to %s: %w", tmp, o.Out, err)
+	}
+	ok = true
+	return h, nil
+}
+
+func compactJSON(b []byte) json.RawMessage {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return json.RawMessage(b)
+	}
+	return buf.Bytes()
+}

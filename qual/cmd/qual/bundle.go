@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+
+	"github.com/modelqual/modelqual/fixtures"
+	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/qual/manifest"
+)
+
+func init() {
+	register("bundle", "build, inspect and validate model bundles", func(args []string) int {
+		return bundleMain(args, os.Stdout, os.Stderr)
+	})
+}
+
+const bundleUsage = `Usage:
+  qual bundle build --checkpoint DIR --model ORG/NAME --revision REV --out FILE [options]
+  qual bundle build --hub-cache DIR --model ORG/NAME [--revision REV] --out FILE [options]
+  qual bundle build --mock [--mock-step-delay D] --out FILE
+  qual bundle inspect FILE
+  qual bundle validate FILE --manifest MANIFEST
+
+build converts a Hugging Face checkpoint into one bundle file (header, provenance, tokenizer
+and config sections, 64-byte aligned fp32 tensors). REV must be a 40-hex commit; with
+--hub-cache it defaults to what refs/main names. inspect prints the header and provenance as
+JSON after verifying every checksum. validate exits 1 naming the first field where the bundle
+differs from the manifest (family, checkpoint, revision, precision, backend, max context).
+Run 'qual bundle build --help' for build options.
+`
+
+func bundleMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, bundleUsage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	switch args[0] {
+	case "build":
+		return bundleBuild(args[1:], stdout, stderr)
+	case "inspect":
+		return bundleInspect(args[1:], stdout, stderr)
+	case "validate":
+		return bundleValidate(args[1:], stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "qual bundle: unknown subcommand %q; want build, inspect or validate\n\n%s", args[0], bundleUsage)
+	return 2
+}
+
+// bundleParseArgs parses flags that may come before or after positional arguments
+// ("validate FILE --manifest M"); the standard flag package stops at the first positional.
+func bundleParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// bundleFlagExit maps a flag parse error to an exit code (--help is success).
+func bundleFlagExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
+}
+
+func bundleBuild(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("qual bundle build", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o bundle.BuildOptions
+	var cache string
+	fs.StringVar(&o.CheckpointDir, "checkpoint", "", "checkpoint `DIR` (config.json, *.safetensors, tokenizer.json, tokenizer_config.json)")
+	fs.StringVar(&o.HubCache, "hub-cache", "", "Hugging Face hub cache `DIR` holding models--ORG--NAME (or its parent)")
+	fs.StringVar(&o.Model, "model", "", "checkpoint id `ORG/NAME` recorded in provenance (inferred from a hub snapshot path)")
+	fs.StringVar(&o.Revision, "revision", "", "immutable 40-hex commit of the checkpoint (branch names are refused)")
+	fs.StringVar(&o.Out, "out", "", "bundle `FILE` to write")
+	fs.StringVar(&o.Precision, "precision", "fp32", "fp32 (cpu), or bf16/fp16 with --backend cuda (tensors are still stored fp32)")
+	fs.IntVar(&o.MaxContext, "max-context", 0, fmt.Sprintf("max tokens per sequence (default: config max_position_embeddings capped at %d)", bundle.MaxDefaultContext))
+	fs.IntVar(&o.MaxBatch, "max-batch", bundle.DefaultMaxBatch, "max sequences decoded together")
+	fs.StringVar(&o.Backend, "backend", "cpu", "cpu or cuda")
+	fs.BoolVar(&o.Mock, "mock", false, "build a mock-family bundle (no weights; one deterministic token per step)")
+	fs.DurationVar(&o.MockStepDelay, "mock-step-delay", 0, "per-step delay of the mock engine")
+	fs.IntVar(&o.MockVocab, "mock-vocab", bundle.DefaultMockVocab, "vocabulary size of the mock")
+	fs.StringVar(&o.TokenizerDir, "mock-tokenizer", "", "`DIR` with tokenizer.json and tokenizer_config.json for the mock (default: the gpt2-tiny fixture in --cache)")
+	fs.StringVar(&cache, "cache", "", "modelqual cache `DIR` for the mock's default tokenizer (default $MODELQUAL_CACHE)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, bundleUsage, "\nbuild options:\n")
+		fs.PrintDefaults()
+	}
+	pos, err := bundleParseArgs(fs, args)
+	if err != nil {
+		return bundleFlagExit(err)
+	}
+	if len(pos) > 0 {
+		fmt.Fprintf(stderr, "qual bundle build: unexpected argument %q; the output file is --out FILE\n", pos[0])
+		return 2
+	}
+	if o.Mock && o.TokenizerDir == "" {
+		if o.TokenizerDir, _, err = fixtures.Ensure(cache, fixtures.GPT2Tiny); err != nil {
+			fmt.Fprintf(stderr, "qual bundle build: mock tokenizer: %v\n", err)
+			return 1
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	h, err := bundle.Build(ctx, o)
+	if err != nil {
+		fmt.Fprintf(stderr, "qual bundle build: %v\n", err)
+		return 1
+	}
+	// Reopen: what was written must pass the same validation every consumer applies.
+	b, err := bundle.Open(o.Out)
+	if err != nil {
+		fmt.Fprintf(stderr, "qual bundle build: the written bundle does not validate: %v\n", err)
+		return 1
+	}
+	defer b.Close()
+	return bundlePrintJSON(stdout, stderr, map[string]any{
+		"bundle_path":   o.Out,
+		"bundle_sha256": b.FileSHA256(),
+		"family":        h.Family,
+		"checkpoint_id": h.Provenance.CheckpointID,
+		"revision":      h.Provenance.Revision,
+		"tensors":       len(h.Tensors),
+		"build":         h.Provenance.Build,
+	})
+}
+
+func bundleInspect(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("qual bundle inspect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "Usage: qual bundle inspect FILE\n\nVerifies the bundle (structure and every sha256) and prints {\"bundle_path\", \"bundle_sha256\", \"header\"} as JSON; the header holds the provenance.\n")
+	}
+	pos, err := bundleParseArgs(fs, args)
+	if err != nil {
+		return bundleFlagExit(err)
+	}
+	if len(pos) != 1 {
+		fs.Usage()
+		return 2
+	}
+	b, err := bundle.Open(pos[0])
+	if err != nil {
+		fmt.Fprintf(stderr, "qual bundle inspect: %v\n", err)
+		return 1
+	}
+	defer b.Close()
+	return bundlePrintJSON(stdout, stderr, map[string]any{"bundle_path": b.Path(), "bundle_sha256": b.FileSHA256(), "header": b.Header()})
+}
+
+func bundleValidate(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("qual bundle validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	mpath := fs.String("manifest", "", "family manifest.yaml the bundle must match")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "Usage: qual bundle validate FILE --manifest MANIFEST\n\nVerifies the bundle and checks it against the manifest; exits 1 naming the first mismatching field.\n\n")
+		fs.PrintDefaults()
+	}
+	pos, err := bundleParseArgs(fs, args)
+	if err != nil {
+		return bundleFlagExit(err)
+	}
+	if len(pos) != 1 || *mpath == "" {
+		fs.Usage()
+		return 2
+	}
+	m, err := manifest.Load(*mpath)
+	if err != nil {
+		fmt.Fprintf(stderr, "qual bundle validate: %v\n", err)
+		return 1
+	}
+	b, err := bundle.Open(pos[0])
+	if err != nil {
+		fmt.Fprintf(stderr, "qual bundle validate: %v\n", err)
+		return 1
+	}
+	defer b.Close()
+	if err := b.Header().Check(m.Expect()); err != nil {
+		fmt.Fprintf(stderr, "qual bundle validate: %v\n", err)
+		return 1
+	}
+	return bundlePrintJSON(stdout, stderr, map[string]any{"bundle_path": b.Path(), "bundle_sha256": b.FileSHA256(), "manifest": *mpath, "ok": true})
+}
+
+func bundlePrintJSON(stdout, stderr io.Writer, v any) int {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		fmt.Fprintf(stderr, "qual: encode output: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, strings.TrimSpace(string(b)))
+	return 0
+}

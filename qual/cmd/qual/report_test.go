@@ -1,0 +1,111 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/modelqual/modelqual/qual/metrics"
+	"github.com/modelqual/modelqual/qual/records"
+	"github.com/modelqual/modelqual/reports"
+)
+
+// writeReportRun writes a run directory of n streaming requests whose chunk times are scale
+// times a fixed pattern, so two runs of scales 1 and 3 have latency ratio exactly 3.
+func writeReportRun(t *testing.T, dir string, n int, scale int64, concurrency float64) {
+	t.Helper()
+	const ms = int64(1_000_000)
+	var reqs []records.Request
+	for i := 0; i < n; i++ {
+		jitter := int64(i%7) * ms // 0..6 ms so the sample has spread
+		first := scale * (10*ms + jitter)
+		chunks := []int64{first, first + scale*5*ms, first + scale*10*ms}
+		reqs = append(reqs, records.Request{RequestID: fmt.Sprintf("%s-%d", filepath.Base(dir), i), Phase: records.PhaseProfiling,
+			SessionNum: i, Stream: true, StartUnixNs: 1_800_000_000_000_000_000 + int64(i)*20*ms, EndNs: chunks[2],
+			ChunkNs: chunks, HTTPStatus: 200, InputTokens: 8, OutputTokensServer: 3})
+	}
+	recs := metrics.Export(reqs, nil, metrics.Options{})
+	if _, err := reports.WriteRun(dir, &reports.Run{Name: filepath.Base(dir), Records: recs,
+		Sweep: &reports.SweepPoint{Parameter: "concurrency", Value: concurrency}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func runReport(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := reportMain(args, &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func TestReportCompareShowMergeSweep(t *testing.T) {
+	root := t.TempDir()
+	base, cand := filepath.Join(root, "base"), filepath.Join(root, "cand")
+	writeReportRun(t, base, 60, 1, 1)
+	writeReportRun(t, cand, 60, 3, 4)
+
+	out, errs, code := runReport(t, "compare", "--json", "--iterations", "200", base, cand)
+	if code != 0 {
+		t.Fatalf("compare exit %d: %s", code, errs)
+	}
+	var cmps []reports.Comparison
+	if err := json.Unmarshal([]byte(out), &cmps); err != nil {
+		t.Fatalf("compare --json output does not parse: %v\n%s", err, out)
+	}
+	c, ok := reports.FindComparison(cmps, reports.TagRequestLatency, "p50")
+	if !ok || c.Ratio < 3-1e-9 || c.Ratio > 3+1e-9 || c.Lo > 3 || c.Hi < 3 {
+		t.Errorf("request latency p50 comparison = %+v, want ratio 3 inside its interval", c)
+	}
+	out, _, code = runReport(t, "compare", base, cand)
+	if code != 0 || !strings.Contains(out, "Request Latency (ms)") || !strings.Contains(out, "worse") {
+		t.Errorf("compare table (exit %d):\n%s", code, out)
+	}
+
+	out, _, code = runReport(t, "show", base)
+	if code != 0 || !strings.Contains(out, "| Time to First Token (ms) |") {
+		t.Errorf("show (exit %d):\n%s", code, out)
+	}
+
+	junit := `<testsuites tests="1" failures="0"><testsuite name="s" tests="1" failures="0" time="1"><testcase name="c"></testcase></testsuite></testsuites>`
+	os.WriteFile(filepath.Join(base, "junit.xml"), []byte(junit), 0o644)
+	os.WriteFile(filepath.Join(cand, "junit.xml"), []byte(junit), 0o644)
+	merged := filepath.Join(root, "merged")
+	out, errs, code = runReport(t, "merge", "--out", merged, base, cand)
+	if code != 0 {
+		t.Fatalf("merge exit %d: %s", code, errs)
+	}
+	run, err := reports.ReadRun(merged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := reports.Summarize(run)
+	if n, _ := s.Profiling.Stat(reports.TagRequestCount, "avg"); n != 120 || len(s.Shards) != 2 {
+		t.Errorf("merged request count %v, shards %v", n, s.Shards)
+	}
+	if run.Records[0].Metadata.ShardID != "base" || run.Records[119].Metadata.ShardID != "cand" {
+		t.Errorf("shard IDs %q %q", run.Records[0].Metadata.ShardID, run.Records[119].Metadata.ShardID)
+	}
+	if b, err := os.ReadFile(filepath.Join(merged, "junit.xml")); err != nil || !strings.Contains(string(b), `tests="2"`) {
+		t.Errorf("merged junit.xml: %v\n%s", err, b)
+	}
+
+	sweep := filepath.Join(root, "sweep")
+	out, errs, code = runReport(t, "sweep", "--out", sweep, base, cand)
+	if code != 0 || !strings.Contains(out, reports.SweepThroughputPNG) {
+		t.Errorf("sweep exit %d: %s %s", code, out, errs)
+	}
+
+	if _, _, code := runReport(t, "compare", base); code != 2 {
+		t.Errorf("compare with one run: exit %d, want 2", code)
+	}
+	if _, errs, code := runReport(t, "compare", base, filepath.Join(root, "missing")); code != 1 || !strings.Contains(errs, "missing") {
+		t.Errorf("compare with a missing run: exit %d, %s", code, errs)
+	}
+	if _, _, code := runReport(t, "merge", "--help"); code != 0 {
+		t.Errorf("merge --help: exit %d", code)
+	}
+}

@@ -1,0 +1,353 @@
+// Package manifest reads a family's manifest.yaml and thresholds.yaml: which checkpoint (and
+// immutable revision) the family qualifies, how its bundle is built, how its server is run,
+// which load profiles it sweeps, and the parity tolerances.
+//
+// Why a strict reader: a family owner's typo ("max_contxt") must fail loudly with the field's
+// name rather than silently fall back to a default and qualify something else.
+package manifest
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/modelqual/modelqual/native/bundle"
+	"sigs.k8s.io/yaml"
+)
+
+// Duration is a time.Duration written as a Go duration string in YAML ("30s", "2m").
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON accepts a duration string such as "90s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration %s is not a string like \"30s\"", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %v", s, err)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes the duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// Checkpoint names the upstream checkpoint a family qualifies.
+type Checkpoint struct {
+	ID       string `json:"id"`       // ORG/NAME
+	Revision string `json:"revision"` // 40-hex commit
+	// Fixture is the generated tiny fixture (gpt2-tiny, qwen3-tiny) standing in for the
+	// checkpoint, or "" when a real hub cache is used.
+	Fixture string `json:"fixture,omitempty"`
+}
+
+// Build holds the bundle build settings the served bundle must have been built with.
+type Build struct {
+	Precision  string `json:"precision"`   // fp32 | bf16 | fp16
+	MaxContext int    `json:"max_context"` // 0: the builder's default
+	MaxBatch   int    `json:"max_batch"`   // 0: the builder's default
+	Backend    string `json:"backend"`     // cpu | cuda
+}
+
+// Server holds how the serving stack is run for this family.
+type Server struct {
+	Workers        int      `json:"workers"`
+	StartupTimeout Duration `json:"startup_timeout"`
+	RequestTimeout Duration `json:"request_timeout"`
+}
+
+// Profile is one load profile: closed loop (Concurrency sweep) or open loop (RequestRate sweep).
+type Profile struct {
+	Name              string            `json:"name"`
+	Premerge          bool              `json:"premerge"`
+	Endpoint          string            `json:"endpoint"` // completions | chat
+	Stream            bool              `json:"stream"`
+	Concurrency       []int             `json:"concurrency,omitempty"`
+	RequestRate       []float64         `json:"request_rate,omitempty"`    // requests/s
+	MaxConcurrency    int               `json:"max_concurrency,omitempty"` // open loop cap; 0 = none
+	Requests          int               `json:"requests,omitempty"`        // per sweep point
+	Duration          Duration          `json:"duration,omitempty"`        // per sweep point
+	Warmup            int               `json:"warmup"`                    // warmup requests, reported apart
+	InputTokensMean   int               `json:"input_tokens_mean"`
+	InputTokensStddev int               `json:"input_tokens_stddev"`
+	OutputTokens      int               `json:"output_tokens"`
+	SLO               map[string]string `json:"slo,omitempty"` // metric -> limit, e.g. ttft_p99: 500ms
+}
+
+// Manifest is a family's manifest.yaml.
+type Manifest struct {
+	Family       string     `json:"family"`        // label name: gpt2, qwen
+	NativeFamily string     `json:"native_family"` // bundle family: gpt2, qwen3
+	Owner        string     `json:"owner"`
+	Tasks        []string   `json:"tasks"` // text, chat
+	Checkpoint   Checkpoint `json:"checkpoint"`
+	Build        Build      `json:"build"`
+	Server       Server     `json:"server"`
+	Profiles     []Profile  `json:"profiles"`
+
+	path string
+}
+
+// Load reads and validates a manifest. Unknown fields are errors.
+func Load(path string) (*Manifest, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("manifest: %w", err)
+	}
+	m := &Manifest{}
+	if err := yaml.UnmarshalStrict(b, m); err != nil {
+		return nil, fmt.Errorf("manifest %s: %s", path, yamlError(err))
+	}
+	m.path = path
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Path is the file the manifest was loaded from ("" when built in code).
+func (m *Manifest) Path() string { return m.path }
+
+var (
+	familyName = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+	hex40      = regexp.MustCompile(`^[0-9a-f]{40}$`)
+	checkpoint = regexp.MustCompile(`^[^/\s]+/[^/\s]+$`)
+)
+
+// Tasks a manifest may declare (a subset of qual/spec's task labels).
+var knownTasks = []string{"text", "chat", "image", "vision"}
+
+func (m *Manifest) errf(field, format string, args ...any) error {
+	where := m.path
+	if where == "" {
+		where = "(in memory)"
+	}
+	return fmt.Errorf("manifest %s: %s %s", where, field, fmt.Sprintf(format, args...))
+}
+
+// Validate checks every field and names the first invalid one.
+func (m *Manifest) Validate() error {
+	if !familyName.MatchString(m.Family) {
+		return m.errf("family", "%q must be a lowercase name like \"qwen\"", m.Family)
+	}
+	if !slices.Contains(bundle.Families(), m.NativeFamily) {
+		return m.errf("native_family", "%q is not a bundle family (known: %s)", m.NativeFamily, strings.Join(bundle.Families(), ", "))
+	}
+	if strings.TrimSpace(m.Owner) == "" {
+		return m.errf("owner", "is empty; name the family's owner")
+	}
+	if len(m.Tasks) == 0 {
+		return m.errf("tasks", "is empty; list at least \"text\"")
+	}
+	for i, t := range m.Tasks {
+		if !slices.Contains(knownTasks, t) {
+			return m.errf(fmt.Sprintf("tasks[%d]", i), "%q is not one of %s", t, strings.Join(knownTasks, ", "))
+		}
+	}
+	if !checkpoint.MatchString(m.Checkpoint.ID) {
+		return m.errf("checkpoint.id", "%q is not of the form ORG/NAME", m.Checkpoint.ID)
+	}
+	if !hex40.MatchString(m.Checkpoint.Revision) {
+		return m.errf("checkpoint.revision", "%q is not immutable; pin a 40-hex commit", m.Checkpoint.Revision)
+	}
+	if m.Checkpoint.Fixture != "" && !familyName.MatchString(strings.ReplaceAll(m.Checkpoint.Fixture, ".", "-")) {
+		return m.errf("checkpoint.fixture", "%q is not a fixture name like \"qwen3-tiny\"", m.Checkpoint.Fixture)
+	}
+	if err := m.validateBuild(); err != nil {
+		return err
+	}
+	if m.Server.Workers < 1 {
+		return m.errf("server.workers", "%d must be at least 1", m.Server.Workers)
+	}
+	if m.Server.StartupTimeout.Duration <= 0 {
+		return m.errf("server.startup_timeout", "%v must be positive (e.g. \"120s\")", m.Server.StartupTimeout.Duration)
+	}
+	if m.Server.RequestTimeout.Duration <= 0 {
+		return m.errf("server.request_timeout", "%v must be positive (e.g. \"60s\")", m.Server.RequestTimeout.Duration)
+	}
+	names := map[string]bool{}
+	for i := range m.Profiles {
+		if err := m.validateProfile(i, names); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Manifest) validateBuild() error {
+	b := m.Build
+	switch b.Precision {
+	case "fp32", "bf16", "fp16":
+	default:
+		return m.errf("build.precision", "%q is not one of fp32, bf16, fp16", b.Precision)
+	}
+	switch b.Backend {
+	case "cpu":
+		if b.Precision != "fp32" {
+			return m.errf("build.precision", "%q needs backend cuda (the CPU runtime is fp32)", b.Precision)
+		}
+	case "cuda":
+	default:
+		return m.errf("build.backend", "%q is not one of cpu, cuda", b.Backend)
+	}
+	if b.MaxContext < 0 {
+		return m.errf("build.max_context", "%d is negative", b.MaxContext)
+	}
+	if b.MaxBatch < 0 {
+		return m.errf("build.max_batch", "%d is negative", b.MaxBatch)
+	}
+	return nil
+}
+
+func (m *Manifest) validateProfile(i int, names map[string]bool) error {
+	p := m.Profiles[i]
+	f := func(field string) string { return fmt.Sprintf("profiles[%d].%s", i, field) }
+	if !familyName.MatchString(p.Name) {
+		return m.errf(f("name"), "%q must be a lowercase name like \"chat-sweep\"", p.Name)
+	}
+	if names[p.Name] {
+		return m.errf(f("name"), "%q is used by two profiles", p.Name)
+	}
+	names[p.Name] = true
+	switch p.Endpoint {
+	case "completions":
+	case "chat":
+		if !slices.Contains(m.Tasks, "chat") {
+			return m.errf(f("endpoint"), "is chat but tasks %v lack \"chat\"", m.Tasks)
+		}
+	default:
+		return m.errf(f("endpoint"), "%q is not one of completions, chat", p.Endpoint)
+	}
+	if (len(p.Concurrency) == 0) == (len(p.RequestRate) == 0) {
+		return m.errf(f("concurrency"), "and request_rate: set exactly one (closed loop or open loop)")
+	}
+	for j, c := range p.Concurrency {
+		if c < 1 {
+			return m.errf(f(fmt.Sprintf("concurrency[%d]", j)), "%d must be at least 1", c)
+		}
+	}
+	for j, r := range p.RequestRate {
+		if !(r > 0) {
+			return m.errf(f(fmt.Sprintf("request_rate[%d]", j)), "%v must be positive", r)
+		}
+	}
+	if p.MaxConcurrency < 0 {
+		return m.errf(f("max_concurrency"), "%d is negative", p.MaxConcurrency)
+	}
+	if p.Requests < 0 || p.Duration.Duration < 0 {
+		return m.errf(f("requests"), "%d and duration %v must not be negative", p.Requests, p.Duration.Duration)
+	}
+	if p.Requests == 0 && p.Duration.Duration == 0 {
+		return m.errf(f("requests"), "and duration are both unset; set one to bound each sweep point")
+	}
+	if p.Warmup < 0 {
+		return m.errf(f("warmup"), "%d is negative", p.Warmup)
+	}
+	if p.InputTokensMean < 1 {
+		return m.errf(f("input_tokens_mean"), "%d must be at least 1", p.InputTokensMean)
+	}
+	if p.InputTokensStddev < 0 {
+		return m.errf(f("input_tokens_stddev"), "%d is negative", p.InputTokensStddev)
+	}
+	if p.OutputTokens < 1 {
+		return m.errf(f("output_tokens"), "%d must be at least 1", p.OutputTokens)
+	}
+	for k, v := range p.SLO {
+		if k == "" {
+			return m.errf(f("slo"), "has an empty metric name")
+		}
+		if _, err := time.ParseDuration(v); err != nil {
+			if _, err := strconv.ParseFloat(v, 64); err != nil {
+				return m.errf(f("slo."+k), "%q is neither a duration (\"500ms\") nor a number", v)
+			}
+		}
+	}
+	return nil
+}
+
+// Expect is what a served bundle must match (bundle.Header.Check).
+func (m *Manifest) Expect() bundle.Expect {
+	return bundle.Expect{
+		Family:       m.NativeFamily,
+		CheckpointID: m.Checkpoint.ID,
+		Revision:     m.Checkpoint.Revision,
+		Precision:    m.Build.Precision,
+		Backend:      m.Build.Backend,
+		MaxContext:   m.Build.MaxContext,
+	}
+}
+
+// Profile finds a profile by name.
+func (m *Manifest) Profile(name string) (Profile, bool) {
+	for _, p := range m.Profiles {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Profile{}, false
+}
+
+// Thresholds are a family's parity tolerances (thresholds.yaml). GPU, when present, holds the
+// looser tolerances of reduced-precision (bf16) GPU runs.
+type Thresholds struct {
+	MaxAbsLogitDiff float64     `json:"max_abs_logit_diff"`
+	GreedySteps     int         `json:"greedy_steps"`
+	CorpusMinPass   int         `json:"corpus_min_pass"`
+	GPU             *Thresholds `json:"gpu,omitempty"`
+}
+
+// LoadThresholds reads and validates thresholds.yaml. Unknown fields are errors.
+func LoadThresholds(path string) (*Thresholds, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("thresholds: %w", err)
+	}
+	t := &Thresholds{}
+	if err := yaml.UnmarshalStrict(b, t); err != nil {
+		return nil, fmt.Errorf("thresholds %s: %s", path, yamlError(err))
+	}
+	if err := t.validate(path, ""); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Validate checks the tolerances and names the first invalid field.
+func (t *Thresholds) Validate() error { return t.validate("(in memory)", "") }
+
+func (t *Thresholds) validate(path, prefix string) error {
+	if !(t.MaxAbsLogitDiff > 0) {
+		return fmt.Errorf("thresholds %s: %smax_abs_logit_diff %v must be positive", path, prefix, t.MaxAbsLogitDiff)
+	}
+	if t.GreedySteps < 1 {
+		return fmt.Errorf("thresholds %s: %sgreedy_steps %d must be at least 1", path, prefix, t.GreedySteps)
+	}
+	if t.CorpusMinPass < 0 {
+		return fmt.Errorf("thresholds %s: %scorpus_min_pass %d is negative", path, prefix, t.CorpusMinPass)
+	}
+	if t.GPU != nil {
+		if prefix != "" {
+			return fmt.Errorf("thresholds %s: %sgpu must not nest", path, prefix)
+		}
+		return t.GPU.validate(path, "gpu.")
+	}
+	return nil
+}
+
+// yamlError drops the JSON-conversion layers sigs.k8s.io/yaml puts in front of the message
+// ("error unmarshaling JSON: while decoding JSON: json: unknown field ...").
+func yamlError(err error) string {
+	msg := err.Error()
+	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	return msg
+}

@@ -1,0 +1,141 @@
+package manifest
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelqual/modelqual/native/bundle"
+)
+
+func TestLoadValidManifest(t *testing.T) {
+	m, err := Load("testdata/manifest.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Family != "qwen" || m.NativeFamily != "qwen3" || m.Checkpoint.Fixture != "qwen3-tiny" || m.Server.Workers != 2 {
+		t.Fatalf("manifest = %+v", m)
+	}
+	if m.Server.StartupTimeout.Duration != 2*time.Minute || m.Server.RequestTimeout.Duration != time.Minute {
+		t.Fatalf("server timeouts = %+v", m.Server)
+	}
+	p, ok := m.Profile("open-loop")
+	if !ok || p.Duration.Duration != 30*time.Second || len(p.RequestRate) != 2 || p.RequestRate[0] != 2.5 || p.MaxConcurrency != 16 {
+		t.Fatalf("open-loop profile = %+v", p)
+	}
+	if c, _ := m.Profile("chat-sweep"); !c.Premerge || !c.Stream || c.SLO["ttft_p99"] != "500ms" || len(c.Concurrency) != 3 {
+		t.Fatalf("chat-sweep profile = %+v", c)
+	}
+	want := bundle.Expect{Family: "qwen3", CheckpointID: "modelqual-fixtures/qwen3-tiny", Revision: "67f91033e7f503cf75cfc86cf71ea47cd458172a",
+		Precision: "fp32", Backend: "cpu", MaxContext: 2048}
+	if m.Expect() != want {
+		t.Fatalf("Expect() = %+v, want %+v", m.Expect(), want)
+	}
+	if m.Path() != "testdata/manifest.yaml" {
+		t.Fatalf("Path() = %q", m.Path())
+	}
+}
+
+// TestValidateNamesTheField mutates one field of a valid manifest at a time; the error must
+// name the manifest file and exactly that field.
+func TestValidateNamesTheField(t *testing.T) {
+	cases := []struct {
+		field string
+		mut   func(m *Manifest)
+	}{
+		{"family", func(m *Manifest) { m.Family = "Qwen!" }},
+		{"native_family", func(m *Manifest) { m.NativeFamily = "llama" }},
+		{"owner", func(m *Manifest) { m.Owner = " " }},
+		{"tasks", func(m *Manifest) { m.Tasks = nil }},
+		{"tasks[1]", func(m *Manifest) { m.Tasks[1] = "audio" }},
+		{"checkpoint.id", func(m *Manifest) { m.Checkpoint.ID = "qwen3" }},
+		{"checkpoint.revision", func(m *Manifest) { m.Checkpoint.Revision = "main" }},
+		{"build.precision", func(m *Manifest) { m.Build.Precision = "int8" }},
+		{"build.precision", func(m *Manifest) { m.Build.Precision = "bf16" }}, // on cpu
+		{"build.backend", func(m *Manifest) { m.Build.Backend = "tpu" }},
+		{"build.max_context", func(m *Manifest) { m.Build.MaxContext = -1 }},
+		{"build.max_batch", func(m *Manifest) { m.Build.MaxBatch = -1 }},
+		{"server.workers", func(m *Manifest) { m.Server.Workers = 0 }},
+		{"server.startup_timeout", func(m *Manifest) { m.Server.StartupTimeout.Duration = 0 }},
+		{"server.request_timeout", func(m *Manifest) { m.Server.RequestTimeout.Duration = -time.Second }},
+		{"profiles[1].name", func(m *Manifest) { m.Profiles[1].Name = m.Profiles[0].Name }},
+		{"profiles[0].endpoint", func(m *Manifest) { m.Profiles[0].Endpoint = "embeddings" }},
+		{"profiles[0].endpoint", func(m *Manifest) { m.Tasks = []string{"text"} }}, // chat profile without the chat task
+		{"profiles[0].concurrency", func(m *Manifest) { m.Profiles[0].RequestRate = []float64{1} }},
+		{"profiles[1].concurrency", func(m *Manifest) { m.Profiles[1].RequestRate = nil }},
+		{"profiles[0].concurrency[2]", func(m *Manifest) { m.Profiles[0].Concurrency[2] = 0 }},
+		{"profiles[1].request_rate[0]", func(m *Manifest) { m.Profiles[1].RequestRate[0] = 0 }},
+		{"profiles[1].requests", func(m *Manifest) { m.Profiles[1].Duration.Duration = 0 }},
+		{"profiles[0].warmup", func(m *Manifest) { m.Profiles[0].Warmup = -1 }},
+		{"profiles[0].input_tokens_mean", func(m *Manifest) { m.Profiles[0].InputTokensMean = 0 }},
+		{"profiles[0].input_tokens_stddev", func(m *Manifest) { m.Profiles[0].InputTokensStddev = -2 }},
+		{"profiles[1].output_tokens", func(m *Manifest) { m.Profiles[1].OutputTokens = 0 }},
+		{"profiles[0].slo.ttft_p99", func(m *Manifest) { m.Profiles[0].SLO["ttft_p99"] = "fast" }},
+	}
+	for _, c := range cases {
+		m, err := Load("testdata/manifest.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mut(m)
+		err = m.Validate()
+		if err == nil || !strings.Contains(err.Error(), "manifest testdata/manifest.yaml: "+c.field+" ") {
+			t.Errorf("%s: Validate() = %v", c.field, err)
+		}
+	}
+}
+
+func TestLoadRejectsTyposAndBadDurations(t *testing.T) {
+	good, _ := os.ReadFile("testdata/manifest.yaml")
+	for _, c := range []struct{ name, from, to, want string }{
+		{"unknown field", "max_context:", "max_contxt:", `unknown field "max_contxt"`},
+		{"bad duration", "startup_timeout: 120s", "startup_timeout: soon", `duration "soon"`},
+		{"numeric duration", "request_timeout: 60s", "request_timeout: 60", `not a string like "30s"`},
+		{"branch revision", "revision: 67f91033e7f503cf75cfc86cf71ea47cd458172a", "revision: main", `checkpoint.revision "main" is not immutable`},
+	} {
+		p := filepath.Join(t.TempDir(), "manifest.yaml")
+		os.WriteFile(p, []byte(strings.Replace(string(good), c.from, c.to, 1)), 0o644)
+		_, err := Load(p)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), p) {
+			t.Errorf("%s: Load = %v, want it to name %s and %q", c.name, err, p, c.want)
+		}
+	}
+	if _, err := Load("testdata/none.yaml"); err == nil {
+		t.Error("Load of a missing file succeeded")
+	}
+}
+
+func TestThresholds(t *testing.T) {
+	th, err := LoadThresholds("testdata/thresholds.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if th.MaxAbsLogitDiff != 1e-3 || th.GreedySteps != 32 || th.CorpusMinPass != 12 || th.GPU == nil || th.GPU.MaxAbsLogitDiff != 0.05 {
+		t.Fatalf("thresholds = %+v gpu %+v", th, th.GPU)
+	}
+	for _, c := range []struct {
+		mut  func(*Thresholds)
+		want string
+	}{
+		{func(t *Thresholds) { t.MaxAbsLogitDiff = 0 }, "max_abs_logit_diff"},
+		{func(t *Thresholds) { t.GreedySteps = 0 }, "greedy_steps"},
+		{func(t *Thresholds) { t.CorpusMinPass = -1 }, "corpus_min_pass"},
+		{func(t *Thresholds) { t.GPU.GreedySteps = 0 }, "gpu.greedy_steps"},
+		{func(t *Thresholds) { t.GPU.GPU = &Thresholds{} }, "gpu.gpu must not nest"},
+	} {
+		cp := *th
+		gpu := *th.GPU
+		cp.GPU = &gpu
+		c.mut(&cp)
+		if err := cp.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Validate() = %v, want %q", err, c.want)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "t.yaml")
+	os.WriteFile(p, []byte("max_abs_logit_diff: 1e-3\ngreedy_steps: 32\ncorpus_min_pas: 3\n"), 0o644)
+	if _, err := LoadThresholds(p); err == nil || !strings.Contains(err.Error(), "corpus_min_pas") {
+		t.Errorf("typo accepted: %v", err)
+	}
+}

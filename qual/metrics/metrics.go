@@ -1,0 +1,279 @@
+// Package metrics turns raw load-run records (qual/records) into the per-request metrics of
+// METRICS.md, AIPerf's definitions: TTFT, TTST, request latency, ITL, inter-chunk latency,
+// output tokens per second per user, token counts, and our mq_ figures from the server join
+// (task wall time, HTTP − task, queue wait). Run-level statistics (percentiles, throughputs,
+// goodput, errors) are computed by reports.Aggregate from these per-request values, so that
+// they can be recomputed from profile_export.jsonl alone.
+package metrics
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/modelqual/modelqual/qual/records"
+	"github.com/modelqual/modelqual/reports"
+)
+
+// recordProcessorID names this package in AIPerf's metadata.record_processor_id.
+const recordProcessorID = "modelqual/qual/metrics"
+
+// nsToMs converts monotonic nanoseconds to the milliseconds the exports use.
+func nsToMs(ns int64) float64 { return float64(ns) / 1e6 }
+
+// PerRequest is the METRICS.md per-request metrics of one successful request. Latencies are
+// nanoseconds; Has* say whether a metric is defined for the request.
+type PerRequest struct {
+	TTFTNs           int64
+	TTSTNs           int64
+	HasTTST          bool    // at least two content events
+	LatencyNs        int64   // last content event − request start
+	ITLNs            float64 // (latency − TTFT) / (output tokens − 1)
+	HasITL           bool    // output tokens ≥ 2
+	InterChunkNs     []int64 // gaps between consecutive content events
+	OutputTPSPerUser float64 // 1 / ITL, tokens per second
+	OutputTokens     int     // server usage when given, else the client count
+}
+
+// Compute derives the per-request metrics of r. ok is false when r failed or was cancelled:
+// a failed request has no latency metrics (errors are never averaged into latency).
+//
+// A successful request without any content event (zero output tokens) gets TTFT and
+// latency from the end of the HTTP body, the only response timestamp it has. A non-streaming
+// request has one content event, so latency = TTFT and its ITL would be 0 with an infinite
+// per-user rate: ITL and output TPS per user are left out then, as AIPerf computes them for
+// streaming only.
+func Compute(r *records.Request) (m PerRequest, ok bool) {
+	if r.Failed() {
+		return PerRequest{}, false
+	}
+	chunks := r.ChunkNs
+	if len(chunks) == 0 {
+		chunks = []int64{r.EndNs}
+	}
+	m.TTFTNs = chunks[0]
+	m.LatencyNs = chunks[len(chunks)-1]
+	if len(chunks) >= 2 {
+		m.HasTTST = true
+		m.TTSTNs = chunks[1] - chunks[0]
+		m.InterChunkNs = make([]int64, len(chunks)-1)
+		for i := 1; i < len(chunks); i++ {
+			m.InterChunkNs[i-1] = chunks[i] - chunks[i-1]
+		}
+	}
+	m.OutputTokens = r.OutputTokens()
+	if m.OutputTokens >= 2 {
+		m.ITLNs = float64(m.LatencyNs-m.TTFTNs) / float64(m.OutputTokens-1)
+		// A zero ITL (every token in one event) has no finite per-user rate.
+		if m.ITLNs > 0 {
+			m.HasITL = true
+			m.OutputTPSPerUser = 1e9 / m.ITLNs
+		}
+	}
+	return m, true
+}
+
+// Options tunes Export.
+type Options struct {
+	// ScheduleLateness adds mq_schedule_lateness (open-loop runs only; closed-loop requests
+	// have no schedule).
+	ScheduleLateness bool
+}
+
+// Export converts a run's client records to profile_export.jsonl records, in order. When
+// joined is non-nil (the result of records.Join for these requests) the mq_ server figures
+// are added; a request missing from joined simply lacks them.
+func Export(reqs []records.Request, joined *records.Joined, opt Options) []reports.ExportRecord {
+	var byID map[string]*records.JoinedRequest
+	if joined != nil {
+		byID = make(map[string]*records.JoinedRequest, len(joined.Requests))
+		for i := range joined.Requests {
+			byID[joined.Requests[i].RequestID] = &joined.Requests[i]
+		}
+	}
+	out := make([]reports.ExportRecord, len(reqs))
+	for i := range reqs {
+		out[i] = ExportRecord(&reqs[i], byID[reqs[i].RequestID], opt)
+	}
+	return out
+}
+
+// ExportRecord converts one client record (and its server record when sv is non-nil).
+func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) reports.ExportRecord {
+	md := reports.RecordMetadata{
+		SessionNum:        r.SessionNum,
+		XRequestID:        r.RequestID,
+		XCorrelationID:    r.RequestID,
+		RequestStartNs:    r.StartUnixNs,
+		RequestAckNs:      r.StartUnixNs + r.AckNs,
+		RequestEndNs:      r.StartUnixNs + r.EndNs,
+		WorkerID:          r.WorkerID,
+		RecordProcessorID: recordProcessorID,
+		BenchmarkPhase:    r.Phase,
+		WasCancelled:      r.Cancelled,
+	}
+	if r.Cancelled {
+		t := r.StartUnixNs + r.CancelNs
+		md.CancellationTimeNs = &t
+	}
+	rec := reports.ExportRecord{Metadata: md, Metrics: map[string]reports.MetricValue{}}
+	set := func(tag string, v float64) {
+		m, _ := reports.LookupMetric(tag)
+		rec.Metrics[tag] = reports.Scalar(v, m.Unit)
+	}
+	set(reports.TagInputSequenceLength, float64(r.InputTokens))
+	if r.InputTokensServer > 0 {
+		set(reports.TagInputLengthServer, float64(r.InputTokensServer))
+	}
+	if opt.ScheduleLateness {
+		set(reports.TagScheduleLateness, nsToMs(r.LatenessNs))
+	}
+
+	if r.Failed() {
+		rec.Error = exportError(r)
+		return rec
+	}
+	m, _ := Compute(r)
+	set(reports.TagTTFT, nsToMs(m.TTFTNs))
+	if m.HasTTST {
+		set(reports.TagTTST, nsToMs(m.TTSTNs))
+	}
+	set(reports.TagRequestLatency, nsToMs(m.LatencyNs))
+	if m.HasITL {
+		set(reports.TagITL, m.ITLNs/1e6)
+		set(reports.TagOutputTPSPerUser, m.OutputTPSPerUser)
+	}
+	if m.InterChunkNs != nil {
+		icl := make([]float64, len(m.InterChunkNs))
+		for i, g := range m.InterChunkNs {
+			icl[i] = nsToMs(g)
+		}
+		rec.Metrics[reports.TagInterChunkLatency] = reports.List(icl, "ms")
+	}
+	set(reports.TagOutputSequenceLength, float64(m.OutputTokens))
+	if r.OutputTokensClient > 0 {
+		set(reports.TagOutputLengthClient, float64(r.OutputTokensClient))
+	}
+	set(reports.TagHTTPLatency, nsToMs(r.EndNs))
+	if r.ResponseBytes > 0 {
+		set(reports.TagResponseBytes, float64(r.ResponseBytes))
+	}
+	if sv != nil {
+		set(reports.TagServerHTTPLatency, nsToMs(sv.Server.HTTPLatencyNs))
+		set(reports.TagQueueWait, nsToMs(sv.QueueWaitNs))
+		// Task timings exist only when a worker ran the request.
+		if sv.TaskWallNs > 0 {
+			set(reports.TagTaskWallTime, nsToMs(sv.TaskWallNs))
+			set(reports.TagHTTPMinusTask, nsToMs(sv.HTTPMinusTaskNs))
+		}
+		if sv.Server.TaskTTFTNs > 0 {
+			set(reports.TagTaskTTFT, nsToMs(sv.Server.TaskTTFTNs))
+		}
+	}
+	return rec
+}
+
+// exportError maps a failed record to AIPerf's error object; a cancellation is code 499
+// whatever else went wrong, as in AIPerf.
+func exportError(r *records.Request) *reports.ErrorDetails {
+	e := &reports.ErrorDetails{Code: r.HTTPStatus, Type: "error"}
+	if r.Error != nil {
+		e.Code, e.Type, e.Message = r.Error.Code, r.Error.Type, r.Error.Message
+	}
+	if r.Cancelled {
+		e.Code = records.CancelledCode
+		if r.Error == nil {
+			e.Type = "cancelled"
+			e.Message = fmt.Sprintf("cancelled by the client %s after the request started",
+				time.Duration(r.CancelNs))
+		}
+	}
+	return e
+}
+
+// sloAliases maps the short names users type in --slo to metric tags.
+var sloAliases = map[string]string{
+	"ttft":       reports.TagTTFT,
+	"ttst":       reports.TagTTST,
+	"itl":        reports.TagITL,
+	"e2el":       reports.TagRequestLatency,
+	"latency":    reports.TagRequestLatency,
+	"tps":        reports.TagOutputTPSPerUser,
+	"tpot":       reports.TagITL,
+	"queue_wait": reports.TagQueueWait,
+}
+
+// ParseSLOs parses a comma-separated SLO list such as
+// "ttft:200ms,request_latency:1s,output_token_throughput_per_user:50". Names are metric tags
+// or the aliases ttft, ttst, itl, tpot, e2el, latency, tps, queue_wait. A latency threshold
+// is a Go duration ("200ms", "1.5s") or a bare number of milliseconds; other metrics take a
+// bare number in their unit. An empty spec gives no SLOs.
+func ParseSLOs(spec string) ([]reports.SLO, error) {
+	var out []reports.SLO
+	seen := map[string]bool{}
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, val, ok := strings.Cut(item, ":")
+		if !ok {
+			return nil, fmt.Errorf("slo %q: want NAME:THRESHOLD, e.g. ttft:200ms", item)
+		}
+		name, val = strings.TrimSpace(name), strings.TrimSpace(val)
+		tag := name
+		if t, ok := sloAliases[name]; ok {
+			tag = t
+		}
+		m, ok := reports.LookupMetric(tag)
+		if !ok || !m.PerRequest {
+			return nil, fmt.Errorf("slo %q: %q is not a per-request metric; use one of ttft, ttst, itl, e2el, tps or a tag such as request_latency", item, name)
+		}
+		if seen[tag] {
+			return nil, fmt.Errorf("slo %q: %s given twice", item, tag)
+		}
+		seen[tag] = true
+		var th float64
+		if f, err := strconv.ParseFloat(val, 64); err == nil {
+			th = f
+		} else if m.Unit == "ms" {
+			d, err := time.ParseDuration(val)
+			if err != nil {
+				return nil, fmt.Errorf("slo %q: threshold %q is neither a number of ms nor a duration like 200ms", item, val)
+			}
+			th = float64(d) / 1e6
+		} else {
+			return nil, fmt.Errorf("slo %q: threshold %q must be a number in %s", item, val, m.Unit)
+		}
+		if th < 0 {
+			return nil, fmt.Errorf("slo %q: threshold must not be negative", item)
+		}
+		out = append(out, reports.SLO{Tag: tag, Threshold: th, Unit: m.Unit, LargerIsBetter: m.LargerIsBetter, Spec: item})
+	}
+	return out, nil
+}
+
+// HasSchedule reports whether any request of reqs was scheduled open loop, i.e. whether
+// Options.ScheduleLateness makes sense.
+func HasSchedule(reqs []records.Request) bool {
+	for i := range reqs {
+		if reqs[i].ScheduledNs != 0 || reqs[i].LatenessNs != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// BuildRun assembles the reports.Run of one load run (one sweep point) from its client
+// records, both phases included, and their join with the server records (nil when the
+// server wrote none, e.g. an external endpoint). The caller fills the opaque sections
+// (InputConfig, Environment, Provenance, GPUTelemetry), Cost and Sweep, then calls
+// reports.WriteRun. Schedule lateness is exported when the run was open loop.
+func BuildRun(name string, reqs []records.Request, joined *records.Joined, slos []reports.SLO) *reports.Run {
+	return &reports.Run{
+		Name:    name,
+		Records: Export(reqs, joined, Options{ScheduleLateness: HasSchedule(reqs)}),
+		SLOs:    slos,
+	}
+}

@@ -1,0 +1,216 @@
+package metrics
+
+import (
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/modelqual/modelqual/qual/records"
+	"github.com/modelqual/modelqual/reports"
+)
+
+const ms = int64(1_000_000) // nanoseconds per millisecond
+
+// t0 is an arbitrary wall-clock epoch (ns) for the hand-made run.
+const t0 = int64(1_800_000_000_000_000_000)
+
+// handRun is a hand-made profiling run with values simple enough to compute by hand:
+//
+//	A: streaming, start t0, content at 10, 15, 25, 40 ms, 4 output tokens (usage)
+//	   TTFT 10, TTST 5, latency 40, ITL (40−10)/(4−1) = 10 ms, 100 tok/s/user, ICL [5 10 15]
+//	B: non-streaming, start t0+30ms, one token at 20 ms: TTFT = latency = 20, no TTST/ITL
+//	C: HTTP 500 at t0+5ms, ended at 8 ms         (error: no latency metrics)
+//	D: cancelled at 12 ms after start t0+1ms     (error code 499)
+//	W: warmup, start t0−1s, latency 999 ms        (must not change any profiling figure)
+//
+// Duration = max(start+latency) − min(start) = (t0+30+20 ms) − t0 = 50 ms = 0.05 s.
+func handRun() []records.Request {
+	return []records.Request{
+		{RequestID: "A", Phase: "profiling", SessionNum: 0, Stream: true, StartUnixNs: t0,
+			AckNs: 2 * ms, EndNs: 41 * ms, ChunkNs: []int64{10 * ms, 15 * ms, 25 * ms, 40 * ms},
+			HTTPStatus: 200, InputTokens: 7, InputTokensServer: 7, OutputTokensServer: 4, OutputTokensClient: 4, ResponseBytes: 400},
+		{RequestID: "B", Phase: "profiling", SessionNum: 1, StartUnixNs: t0 + 30*ms,
+			AckNs: 20 * ms, EndNs: 20 * ms, ChunkNs: []int64{20 * ms},
+			HTTPStatus: 200, InputTokens: 3, OutputTokensServer: 1, OutputTokensClient: 1, ResponseBytes: 100},
+		{RequestID: "C", Phase: "profiling", SessionNum: 2, StartUnixNs: t0 + 5*ms, EndNs: 3 * ms,
+			HTTPStatus: 500, Error: &records.Error{Code: 500, Type: "server_error", Message: "boom"}},
+		{RequestID: "D", Phase: "profiling", SessionNum: 3, Stream: true, StartUnixNs: t0 + 1*ms, EndNs: 12 * ms,
+			ChunkNs: []int64{9 * ms}, Cancelled: true, CancelNs: 12 * ms},
+		{RequestID: "W", Phase: "warmup", SessionNum: 4, Stream: true, StartUnixNs: t0 - 1000*ms,
+			EndNs: 999 * ms, ChunkNs: []int64{500 * ms, 999 * ms}, HTTPStatus: 200, OutputTokensServer: 2},
+	}
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
+
+func TestComputeHandMade(t *testing.T) {
+	reqs := handRun()
+	a, ok := Compute(&reqs[0])
+	if !ok {
+		t.Fatal("A reported failed")
+	}
+	want := PerRequest{TTFTNs: 10 * ms, TTSTNs: 5 * ms, HasTTST: true, LatencyNs: 40 * ms,
+		ITLNs: float64(10 * ms), HasITL: true, InterChunkNs: []int64{5 * ms, 10 * ms, 15 * ms},
+		OutputTPSPerUser: 100, OutputTokens: 4}
+	if !reflect.DeepEqual(a, want) {
+		t.Errorf("A = %+v\nwant %+v", a, want)
+	}
+	b, _ := Compute(&reqs[1])
+	if b.HasITL || b.HasTTST || b.TTFTNs != 20*ms || b.LatencyNs != 20*ms || b.OutputTokens != 1 {
+		t.Errorf("B (one token) = %+v; want TTFT = latency = 20ms and no ITL/TTST", b)
+	}
+	for _, i := range []int{2, 3} {
+		if _, ok := Compute(&reqs[i]); ok {
+			t.Errorf("%s: failed request produced latency metrics", reqs[i].RequestID)
+		}
+	}
+}
+
+func TestExportAndAggregateHandMade(t *testing.T) {
+	slos, err := ParseSLOs("ttft:15ms,request_latency:45")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := Export(handRun(), nil, Options{})
+	ps := reports.Aggregate(recs, reports.PhaseProfiling, slos, nil)
+
+	check := func(tag, stat string, want float64) {
+		t.Helper()
+		got, ok := ps.Stat(tag, stat)
+		if !ok || !near(got, want) {
+			t.Errorf("%s.%s = %v (present %v), want %v", tag, stat, got, ok, want)
+		}
+	}
+	// Only A and B are valid: TTFT {10, 20} → avg 15, p50 15, std 5.
+	check(reports.TagTTFT, "avg", 15)
+	check(reports.TagTTFT, "p50", 15)
+	check(reports.TagTTFT, "std", 5)
+	// latency {40, 20}: p90 with h = 0.9·1 = 0.9 → 20 + 0.9·20 = 38.
+	check(reports.TagRequestLatency, "p90", 38)
+	check(reports.TagITL, "avg", 10)               // only A has an ITL
+	check(reports.TagTTST, "max", 5)               // only A has a second chunk
+	check(reports.TagInterChunkLatency, "avg", 10) // pooled gaps {5, 10, 15}
+	check(reports.TagOutputTPSPerUser, "p50", 100)
+	check(reports.TagOutputSequenceLength, "avg", 2.5) // {4, 1}
+	check(reports.TagBenchmarkDuration, "avg", 0.05)
+	check(reports.TagOutputTokenThroughput, "avg", 100) // 5 tokens / 0.05 s
+	check(reports.TagRequestThroughput, "avg", 40)      // 2 valid / 0.05 s
+	// Good: A (TTFT 10 ≤ 15, latency 40 ≤ 45); B fails TTFT 20 > 15 → 1 / 0.05 s.
+	check(reports.TagGoodput, "avg", 20)
+	check(reports.TagGoodRequestCount, "avg", 1)
+	check(reports.TagRequestCount, "avg", 2)
+	check(reports.TagErrorRequestCount, "avg", 2)
+	check(reports.TagCancelledRequestCount, "avg", 1)
+	check(reports.TagResponseBytesPerToken, "avg", 100) // 500 bytes / 5 tokens
+	if ps.Requests != 4 {
+		t.Errorf("profiling requests = %d, want 4", ps.Requests)
+	}
+	codes := map[int]int{}
+	for _, g := range ps.Errors {
+		codes[g.Details.Code] += g.Count
+	}
+	if !reflect.DeepEqual(codes, map[int]int{500: 1, 499: 1}) {
+		t.Errorf("errors by code = %v, want 500:1 499:1", codes)
+	}
+	if recs[3].Error == nil || recs[3].Error.Code != 499 || !recs[3].Metadata.WasCancelled ||
+		*recs[3].Metadata.CancellationTimeNs != t0+13*ms {
+		t.Errorf("cancelled export record = %+v %+v", recs[3].Error, recs[3].Metadata)
+	}
+	if _, ok := recs[2].Metrics[reports.TagRequestLatency]; ok {
+		t.Error("failed request carries a request latency")
+	}
+}
+
+// TestWarmupDoesNotChangeProfiling is what the gate "warmup mixed into measurement" relies
+// on: adding warmup records leaves every profiling statistic unchanged, while relabelling the
+// same records as profiling does change them.
+func TestWarmupDoesNotChangeProfiling(t *testing.T) {
+	all := Export(handRun(), nil, Options{})
+	var noWarmup []reports.ExportRecord
+	for _, r := range all {
+		if r.Metadata.BenchmarkPhase != reports.PhaseWarmup {
+			noWarmup = append(noWarmup, r)
+		}
+	}
+	with := reports.Aggregate(all, reports.PhaseProfiling, nil, nil)
+	without := reports.Aggregate(noWarmup, reports.PhaseProfiling, nil, nil)
+	if !reflect.DeepEqual(with, without) {
+		t.Errorf("warmup records changed profiling statistics:\nwith    %+v\nwithout %+v", with, without)
+	}
+	warm := reports.Aggregate(all, reports.PhaseWarmup, nil, nil)
+	if v, _ := warm.Stat(reports.TagRequestLatency, "max"); v != 999 {
+		t.Errorf("warmup latency max = %v, want 999", v)
+	}
+	mixed := append([]reports.ExportRecord(nil), all...)
+	for i := range mixed {
+		mixed[i].Metadata.BenchmarkPhase = reports.PhaseProfiling
+	}
+	m := reports.Aggregate(mixed, reports.PhaseProfiling, nil, nil)
+	if v, _ := m.Stat(reports.TagRequestLatency, "max"); v != 999 {
+		t.Errorf("mixing warmup in should raise the max latency to 999 ms, got %v", v)
+	}
+}
+
+func TestExportJoinedServerFigures(t *testing.T) {
+	reqs := handRun()[:2]
+	sv := []records.Server{
+		{RequestID: "A", Route: "/v1/completions", Status: 200, HTTPLatencyNs: 39 * ms, QueueWaitNs: 1 * ms, TaskWallNs: 30 * ms, TaskTTFTNs: 6 * ms},
+		{RequestID: "B", Route: "/v1/completions", Status: 200, HTTPLatencyNs: 19 * ms},
+	}
+	j, err := records.Join(reqs, sv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := Export(reqs, j, Options{})
+	a := recs[0]
+	// A: client HTTP latency is EndNs = 41 ms; task 30 ms → HTTP − task = 11 ms.
+	for tag, want := range map[string]float64{reports.TagTaskWallTime: 30, reports.TagHTTPMinusTask: 11,
+		reports.TagQueueWait: 1, reports.TagTaskTTFT: 6, reports.TagHTTPLatency: 41, reports.TagServerHTTPLatency: 39} {
+		if v, ok := a.Value(tag); !ok || v != want {
+			t.Errorf("A %s = %v (present %v), want %v", tag, v, ok, want)
+		}
+	}
+	if _, ok := recs[1].Value(reports.TagTaskWallTime); ok {
+		t.Error("B never reached a worker (task_wall_ns 0) but has mq_task_wall_time")
+	}
+}
+
+func TestParseSLOs(t *testing.T) {
+	got, err := ParseSLOs("ttft:200ms, request_latency:1s,output_token_throughput_per_user:50")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []reports.SLO{
+		{Tag: reports.TagTTFT, Threshold: 200, Unit: "ms", Spec: "ttft:200ms"},
+		{Tag: reports.TagRequestLatency, Threshold: 1000, Unit: "ms", Spec: "request_latency:1s"},
+		{Tag: reports.TagOutputTPSPerUser, Threshold: 50, Unit: "tokens/sec/user", LargerIsBetter: true, Spec: "output_token_throughput_per_user:50"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ParseSLOs = %+v\nwant %+v", got, want)
+	}
+	for _, bad := range []string{"ttft", "nosuch:1", "ttft:fast", "tps:10ms", "ttft:1ms,ttft:2ms", "request_throughput:5"} {
+		if _, err := ParseSLOs(bad); err == nil {
+			t.Errorf("ParseSLOs(%q) accepted", bad)
+		} else if !strings.Contains(err.Error(), "slo") {
+			t.Errorf("ParseSLOs(%q) error does not say slo: %v", bad, err)
+		}
+	}
+	if s, err := ParseSLOs(""); err != nil || s != nil {
+		t.Errorf("empty spec = %v, %v", s, err)
+	}
+}
+
+func TestBuildRunOpenLoopLateness(t *testing.T) {
+	reqs := handRun()
+	if r := BuildRun("closed", reqs, nil, nil); len(r.Records) != 5 {
+		t.Fatalf("BuildRun kept %d records, want 5", len(r.Records))
+	} else if _, ok := r.Records[0].Value(reports.TagScheduleLateness); ok {
+		t.Error("closed-loop run exports schedule lateness")
+	}
+	reqs[1].ScheduledNs, reqs[1].LatenessNs = 30*ms, 250_000 // 0.25 ms late
+	r := BuildRun("open", reqs, nil, nil)
+	if v, ok := r.Records[1].Value(reports.TagScheduleLateness); !ok || v != 0.25 {
+		t.Errorf("lateness = %v (present %v), want 0.25 ms", v, ok)
+	}
+}

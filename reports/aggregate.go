@@ -1,0 +1,385 @@
+package reports
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// SLO is one service-level objective for goodput: a request is good when it is valid and every
+// SLO's metric meets its threshold (≥ for larger-is-better metrics, ≤ otherwise). Threshold is
+// in the metric's unit (ms for latencies, tokens/sec/user for per-user throughput).
+type SLO struct {
+	Tag            string  `json:"tag"`
+	Threshold      float64 `json:"threshold"`
+	Unit           string  `json:"unit"`
+	LargerIsBetter bool    `json:"larger_is_better"`
+	Spec           string  `json:"spec,omitempty"` // as the user wrote it, e.g. "ttft:200ms"
+}
+
+// Met reports whether the record meets the SLO. A record lacking the metric (e.g. ITL of a
+// one-token answer) does not meet it: goodput counts only requests proven good.
+func (s SLO) Met(r *ExportRecord) bool {
+	v, ok := r.Value(s.Tag)
+	if !ok {
+		return false
+	}
+	if s.LargerIsBetter {
+		return v >= s.Threshold
+	}
+	return v <= s.Threshold
+}
+
+// ServingCost carries CPU times measured by the caller over the profiling window (from
+// /proc/<pid>/stat utime+stime); zero means not measured and the figure is left out. Output
+// tokens and response bytes come from the records.
+type ServingCost struct {
+	FrontendCPUNs int64 `json:"frontend_cpu_ns,omitempty"`
+	WorkerCPUNs   int64 `json:"worker_cpu_ns,omitempty"`
+	ClientCPUNs   int64 `json:"client_cpu_ns,omitempty"`
+	// EngineTokensPerSec is the engine's direct token rate without HTTP, for headroom.
+	EngineTokensPerSec float64 `json:"engine_tokens_per_sec,omitempty"`
+}
+
+// MetricStats is one metric of a phase: a Distribution for per-request metrics, a single
+// value (Avg) for run-level ones. It marshals to AIPerf's flat
+// {unit, avg, p1..p99, min, max, std} object (plus count).
+type MetricStats struct {
+	Unit string
+	Avg  float64
+	Dist *Distribution // nil for run-level values
+}
+
+// MarshalJSON writes the AIPerf layout with keys in AIPerf's order.
+func (m MetricStats) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	u, _ := json.Marshal(m.Unit)
+	fmt.Fprintf(&b, `{"unit":%s,"avg":%s`, u, formatFloat(m.Avg))
+	if d := m.Dist; d != nil {
+		ps := d.percentileFields()
+		for i, p := range Percentiles {
+			fmt.Fprintf(&b, `,"%s":%s`, percentileName(p), formatFloat(*ps[i]))
+		}
+		fmt.Fprintf(&b, `,"min":%s,"max":%s,"std":%s,"count":%d`,
+			formatFloat(d.Min), formatFloat(d.Max), formatFloat(d.Std), d.Count)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// UnmarshalJSON reads what MarshalJSON writes; an object with p50 is a distribution.
+func (m *MetricStats) UnmarshalJSON(data []byte) error {
+	var raw struct {
+		Unit string   `json:"unit"`
+		Avg  float64  `json:"avg"`
+		P50  *float64 `json:"p50"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return err
+	}
+	*m = MetricStats{Unit: raw.Unit, Avg: raw.Avg}
+	if raw.P50 != nil {
+		var d Distribution
+		if err := json.Unmarshal(data, &d); err != nil {
+			return err
+		}
+		m.Dist = &d
+	}
+	return nil
+}
+
+// ErrorGroup counts the errors of one code and type (AIPerf's error_summary entry); Details
+// keeps the first message seen.
+type ErrorGroup struct {
+	Details ErrorDetails `json:"error_details"`
+	Count   int          `json:"count"`
+}
+
+// PhaseStats are the statistics of one benchmark phase.
+type PhaseStats struct {
+	Phase    string                 `json:"phase"`
+	Requests int                    `json:"requests"` // all requests of the phase, errors included
+	Metrics  map[string]MetricStats `json:"metrics"`
+	Errors   []ErrorGroup           `json:"error_summary"`
+	StartNs  int64                  `json:"start_ns"` // epoch ns, min request start (errors included)
+	EndNs    int64                  `json:"end_ns"`   // epoch ns, max request end (errors included)
+}
+
+// Stat returns a metric's statistic ("avg", "p99", ...); ok is false when the metric or
+// statistic is absent (a run-level metric has only "avg").
+func (p *PhaseStats) Stat(tag, stat string) (float64, bool) {
+	m, ok := p.Metrics[tag]
+	if !ok {
+		return 0, false
+	}
+	if m.Dist == nil {
+		return m.Avg, stat == "avg"
+	}
+	return m.Dist.Stat(stat)
+}
+
+// Tags returns the phase's metric tags in report order (known tags first, in Metrics order,
+// then unknown ones sorted).
+func (p *PhaseStats) Tags() []string { return orderedTags(p.Metrics) }
+
+func orderedTags[V any](m map[string]V) []string {
+	var out []string
+	known := map[string]bool{}
+	for _, d := range Metrics {
+		known[d.Tag] = true
+		if _, ok := m[d.Tag]; ok {
+			out = append(out, d.Tag)
+		}
+	}
+	var rest []string
+	for t := range m {
+		if !known[t] {
+			rest = append(rest, t)
+		}
+	}
+	sort.Strings(rest)
+	return append(out, rest...)
+}
+
+// Aggregate computes the statistics of one phase from export records (records of other
+// phases are ignored), exactly as METRICS.md defines them:
+//   - per-request metrics: a Distribution over valid requests only (errors are never averaged
+//     into latency); inter_chunk_latency pools every gap of every valid request;
+//   - benchmark duration: max(request start + request latency) − min(request start) over the
+//     phase's valid requests (failed requests have no latency and are left out);
+//   - output token throughput = Σ output_sequence_length / duration;
+//     request throughput = valid requests / duration; goodput = good requests / duration;
+//   - errors counted by code and type.
+//
+// Run-level values that cannot be computed (no valid request, zero duration) are left out
+// rather than reported as NaN or Inf.
+func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost) PhaseStats {
+	ps := PhaseStats{Phase: phase, Metrics: map[string]MetricStats{}, Errors: []ErrorGroup{}}
+	values := map[string][]float64{}
+	units := map[string]string{}
+	var (
+		valid, good, cancelled int
+		outTokens, respBytes   float64
+		haveBytes              bool
+		startMin, endMax       int64 = math.MaxInt64, math.MinInt64 // all requests
+		vStart, vEnd           int64 = math.MaxInt64, math.MinInt64 // valid requests
+		errs                         = map[[2]string]*ErrorGroup{}
+		errOrder               []*ErrorGroup
+	)
+	for i := range recs {
+		r := &recs[i]
+		if r.Metadata.BenchmarkPhase != phase {
+			continue
+		}
+		ps.Requests++
+		start := r.Metadata.RequestStartNs
+		startMin = min(startMin, start)
+		if !r.Valid() {
+			endMax = max(endMax, r.Metadata.RequestEndNs)
+			if r.Error.Code == CancelledCode || r.Metadata.WasCancelled {
+				cancelled++
+			}
+			key := [2]string{fmt.Sprint(r.Error.Code), r.Error.Type}
+			g, ok := errs[key]
+			if !ok {
+				g = &ErrorGroup{Details: *r.Error}
+				errs[key] = g
+				errOrder = append(errOrder, g)
+			}
+			g.Count++
+			continue
+		}
+		valid++
+		end := r.Metadata.RequestEndNs
+		if lat, ok := r.Value(TagRequestLatency); ok {
+			end = start + int64(math.Round(lat*1e6))
+		}
+		endMax = max(endMax, end)
+		vStart, vEnd = min(vStart, start), max(vEnd, end)
+		for tag, v := range r.Metrics {
+			units[tag] = v.Unit
+			if v.IsList {
+				values[tag] = append(values[tag], v.List...)
+			} else {
+				values[tag] = append(values[tag], v.Value)
+			}
+		}
+		if v, ok := r.Value(TagOutputSequenceLength); ok {
+			outTokens += v
+		}
+		if v, ok := r.Value(TagResponseBytes); ok {
+			respBytes += v
+			haveBytes = true
+		}
+		if len(slos) > 0 {
+			ok := true
+			for _, s := range slos {
+				ok = ok && s.Met(r)
+			}
+			if ok {
+				good++
+			}
+		}
+	}
+	for tag, vs := range values {
+		if d, ok := Describe(vs); ok {
+			ps.Metrics[tag] = MetricStats{Unit: units[tag], Avg: d.Avg, Dist: &d}
+		}
+	}
+	for _, g := range errOrder {
+		ps.Errors = append(ps.Errors, *g)
+	}
+	sort.SliceStable(ps.Errors, func(i, j int) bool { return ps.Errors[i].Count > ps.Errors[j].Count })
+	if ps.Requests == 0 {
+		return ps
+	}
+	ps.StartNs, ps.EndNs = startMin, endMax
+
+	set := func(tag string, v float64) {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return
+		}
+		m, _ := LookupMetric(tag)
+		ps.Metrics[tag] = MetricStats{Unit: m.Unit, Avg: v}
+	}
+	set(TagRequestCount, float64(valid))
+	set(TagErrorRequestCount, float64(ps.Requests-valid))
+	if cancelled > 0 {
+		set(TagCancelledRequestCount, float64(cancelled))
+	}
+	durSec := float64(vEnd-vStart) / 1e9
+	if valid > 0 && durSec > 0 {
+		set(TagBenchmarkDuration, durSec)
+		set(TagOutputTokenThroughput, outTokens/durSec)
+		set(TagRequestThroughput, float64(valid)/durSec)
+		if len(slos) > 0 {
+			set(TagGoodput, float64(good)/durSec)
+		}
+	}
+	if len(slos) > 0 {
+		set(TagGoodRequestCount, float64(good))
+	}
+	if outTokens > 0 {
+		if haveBytes {
+			set(TagResponseBytesPerToken, respBytes/outTokens)
+		}
+		if cost != nil {
+			perToken := func(ns int64) float64 { return float64(ns) / 1e3 / outTokens }
+			if cost.FrontendCPUNs > 0 {
+				set(TagFrontendUsPerToken, perToken(cost.FrontendCPUNs))
+			}
+			if cost.WorkerCPUNs > 0 {
+				set(TagWorkerUsPerToken, perToken(cost.WorkerCPUNs))
+			}
+			if cost.ClientCPUNs > 0 {
+				set(TagClientUsPerToken, perToken(cost.ClientCPUNs))
+			}
+			if tput, ok := ps.Metrics[TagOutputTokenThroughput]; ok && cost.EngineTokensPerSec > 0 {
+				set(TagHeadroom, cost.EngineTokensPerSec/tput.Avg)
+			}
+		}
+	}
+	return ps
+}
+
+// SweepPoint places a run in a sweep: Parameter is "concurrency" or "request_rate".
+type SweepPoint struct {
+	Parameter string  `json:"parameter"`
+	Value     float64 `json:"value"`
+}
+
+// Run is everything a run directory is written from. Records holds both phases; all
+// statistics are derived from it. The JSON blobs are opaque to this package and copied
+// verbatim into the exports (InputConfig into profile_export_aiperf.json's input_config).
+type Run struct {
+	Name         string          `json:"name"`
+	Records      []ExportRecord  `json:"-"`
+	SLOs         []SLO           `json:"slos,omitempty"`
+	Cost         *ServingCost    `json:"serving_cost,omitempty"`
+	Sweep        *SweepPoint     `json:"sweep,omitempty"`
+	InputConfig  json.RawMessage `json:"input_config,omitempty"`
+	Environment  json.RawMessage `json:"environment,omitempty"`
+	Provenance   json.RawMessage `json:"provenance,omitempty"`
+	GPUTelemetry json.RawMessage `json:"gpu_telemetry,omitempty"`
+	// StartTime and EndTime bound the run; zero values are taken from the records.
+	StartTime time.Time `json:"start_time"`
+	EndTime   time.Time `json:"end_time"`
+	// Shards lists the runs a merged run was made from.
+	Shards []string `json:"shards,omitempty"`
+}
+
+// SchemaVersion is the version of summary.json; bump it on incompatible changes.
+const SchemaVersion = 1
+
+// Summary is summary.json: the run's settings and the statistics of both phases.
+type Summary struct {
+	SchemaVersion int `json:"schema_version"`
+	Run
+	Profiling PhaseStats `json:"profiling"`
+	Warmup    PhaseStats `json:"warmup"`
+}
+
+// Summarize computes a run's Summary from its records.
+func Summarize(run *Run) *Summary {
+	s := &Summary{SchemaVersion: SchemaVersion, Run: *run}
+	s.Run.Records = nil
+	s.Profiling = Aggregate(run.Records, PhaseProfiling, run.SLOs, run.Cost)
+	s.Warmup = Aggregate(run.Records, PhaseWarmup, nil, nil)
+	if s.StartTime.IsZero() {
+		s.StartTime = firstStart(run.Records)
+	}
+	if s.EndTime.IsZero() {
+		s.EndTime = lastEnd(run.Records)
+	}
+	return s
+}
+
+func firstStart(recs []ExportRecord) time.Time {
+	var t int64 = math.MaxInt64
+	for i := range recs {
+		t = min(t, recs[i].Metadata.RequestStartNs)
+	}
+	if t == math.MaxInt64 {
+		return time.Time{}
+	}
+	return time.Unix(0, t).UTC()
+}
+
+func lastEnd(recs []ExportRecord) time.Time {
+	var t int64 = math.MinInt64
+	for i := range recs {
+		t = max(t, recs[i].Metadata.RequestEndNs)
+	}
+	if t == math.MinInt64 {
+		return time.Time{}
+	}
+	return time.Unix(0, t).UTC()
+}
+
+// KeyFigure is one named number of a run, for JUnit report entries and CI summaries.
+type KeyFigure struct {
+	Name  string  // e.g. "time_to_first_token.p99"
+	Value float64 // in Unit
+	Unit  string
+}
+
+// KeyFigures lists the profiling phase's headline numbers: avg, p50, p90 and p99 of every
+// per-request metric, then every run-level value, in report order.
+func (s *Summary) KeyFigures() []KeyFigure {
+	var out []KeyFigure
+	for _, tag := range s.Profiling.Tags() {
+		m := s.Profiling.Metrics[tag]
+		if m.Dist == nil {
+			out = append(out, KeyFigure{Name: tag, Value: m.Avg, Unit: m.Unit})
+			continue
+		}
+		for _, st := range []string{"avg", "p50", "p90", "p99"} {
+			v, _ := m.Dist.Stat(st)
+			out = append(out, KeyFigure{Name: tag + "." + st, Value: v, Unit: m.Unit})
+		}
+	}
+	return out
+}

@@ -1,0 +1,152 @@
+package reports
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+)
+
+// WriteExportJSONL writes profile_export.jsonl: one ExportRecord per line.
+func WriteExportJSONL(w io.Writer, recs []ExportRecord) error {
+	bw := bufio.NewWriterSize(w, 1<<16)
+	enc := json.NewEncoder(bw)
+	for i := range recs {
+		if err := enc.Encode(&recs[i]); err != nil {
+			return fmt.Errorf("write profile_export.jsonl record %d (%s): %w", i, recs[i].Metadata.XRequestID, err)
+		}
+	}
+	return bw.Flush()
+}
+
+// ReadExportJSONL reads profile_export.jsonl (ours or AIPerf's). A malformed line fails with
+// its line number.
+func ReadExportJSONL(r io.Reader) ([]ExportRecord, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 1<<16), 64<<20)
+	var out []ExportRecord
+	for line := 1; sc.Scan(); line++ {
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		var rec ExportRecord
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return out, fmt.Errorf("profile_export.jsonl line %d: %w", line, err)
+		}
+		out = append(out, rec)
+	}
+	return out, sc.Err()
+}
+
+// timeLayout is how start_time and end_time are written (UTC, RFC 3339 with nanoseconds).
+const timeLayout = time.RFC3339Nano
+
+// AIPerfJSON renders profile_export_aiperf.json: one object per metric tag of the profiling
+// phase (AIPerf's layout; run-level values carry unit and avg only), then input_config,
+// was_cancelled, error_summary, start_time and end_time.
+func AIPerfJSON(s *Summary) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString("{\n")
+	for _, tag := range s.Profiling.Tags() {
+		v, err := json.Marshal(s.Profiling.Metrics[tag])
+		if err != nil {
+			return nil, fmt.Errorf("marshal %s: %w", tag, err)
+		}
+		fmt.Fprintf(&b, "  %q: %s,\n", tag, v)
+	}
+	cfg := s.InputConfig
+	if len(cfg) == 0 {
+		cfg = json.RawMessage("{}")
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, cfg); err != nil {
+		return nil, fmt.Errorf("input_config is not valid JSON: %w", err)
+	}
+	fmt.Fprintf(&b, "  \"input_config\": %s,\n", compact.Bytes())
+	b.WriteString("  \"was_cancelled\": false,\n")
+	errs := s.Profiling.Errors
+	if errs == nil {
+		errs = []ErrorGroup{}
+	}
+	e, err := json.Marshal(errs)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(&b, "  \"error_summary\": %s,\n", e)
+	fmt.Fprintf(&b, "  \"start_time\": %q,\n", s.StartTime.UTC().Format(timeLayout))
+	fmt.Fprintf(&b, "  \"end_time\": %q\n}\n", s.EndTime.UTC().Format(timeLayout))
+	return b.Bytes(), nil
+}
+
+// CSVHeader is the header row of the statistics section of profile_export_aiperf.csv.
+var CSVHeader = []string{"Metric", "avg", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "std"}
+
+// MetricLabel is a metric's display name with unit, AIPerf's "<Header> (<unit>)"; unknown
+// tags use the tag itself as header.
+func MetricLabel(tag, unit string) string {
+	h := tag
+	if m, ok := LookupMetric(tag); ok {
+		h = m.Header
+	}
+	if unit == "" {
+		return h
+	}
+	return h + " (" + unit + ")"
+}
+
+func two(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
+
+// WriteAIPerfCSV writes profile_export_aiperf.csv: the distributions of per-request metrics
+// with two decimals, a blank line, then Metric,Value rows for run-level values.
+func WriteAIPerfCSV(w io.Writer, ps *PhaseStats) error {
+	cw := csv.NewWriter(w)
+	cw.Write(CSVHeader)
+	var scalars []string
+	for _, tag := range ps.Tags() {
+		m := ps.Metrics[tag]
+		if m.Dist == nil {
+			scalars = append(scalars, tag)
+			continue
+		}
+		d := m.Dist
+		cw.Write([]string{MetricLabel(tag, m.Unit), two(d.Avg), two(d.Min), two(d.Max),
+			two(d.P1), two(d.P5), two(d.P10), two(d.P25), two(d.P50), two(d.P75), two(d.P90), two(d.P95), two(d.P99), two(d.Std)})
+	}
+	cw.Flush()
+	if err := cw.Error(); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, "\n"); err != nil {
+		return err
+	}
+	cw = csv.NewWriter(w)
+	cw.Write([]string{"Metric", "Value"})
+	for _, tag := range scalars {
+		m := ps.Metrics[tag]
+		cw.Write([]string{MetricLabel(tag, m.Unit), two(m.Avg)})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// writeFile writes data through fn to path, reporting the path on failure.
+func writeFile(path string, fn func(w io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := fn(f); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
