@@ -1,0 +1,94 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+// repoRoot walks up from the test's working directory to the directory holding go.mod, so the
+// tests find fixtures/ wherever `go test` runs them.
+func repoRoot(tb testing.TB) string {
+	tb.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			tb.Fatal("no go.mod above the test directory; run the tests inside the modelqual repository")
+		}
+		dir = parent
+	}
+}
+
+var (
+	loadOnce sync.Once
+	loaded   map[string]*Tokenizer
+	loadErr  error
+)
+
+// fixtureTokenizer loads fixtures/tokenizers/<name> once per test binary: the Qwen3 file is
+// 11 MB and many tests share it.
+func fixtureTokenizer(tb testing.TB, name string) *Tokenizer {
+	tb.Helper()
+	root := repoRoot(tb)
+	loadOnce.Do(func() {
+		loaded = map[string]*Tokenizer{}
+		for _, n := range []string{"gpt2", "qwen3"} {
+			t, err := Load(filepath.Join(root, "fixtures", "tokenizers", n))
+			if err != nil {
+				loadErr = err
+				return
+			}
+			loaded[n] = t
+		}
+	})
+	if loadErr != nil {
+		tb.Fatal(loadErr)
+	}
+	return loaded[name]
+}
+
+type goldenEncode struct {
+	Text    string  `json:"text"`
+	IDs     []int32 `json:"ids"`
+	Decoded string  `json:"decoded"`
+}
+
+type goldenChat struct {
+	Messages            []Message `json:"messages"`
+	AddGenerationPrompt bool      `json:"add_generation_prompt"`
+	EnableThinking      *bool     `json:"enable_thinking"`
+	Rendered            string    `json:"rendered"`
+	IDs                 []int32   `json:"ids"`
+}
+
+type golden struct {
+	Generator string         `json:"generator"`
+	GPT2      []goldenEncode `json:"gpt2"`
+	Qwen3     []goldenEncode `json:"qwen3"`
+	Qwen3Chat []goldenChat   `json:"qwen3_chat"`
+}
+
+func loadGolden(tb testing.TB) *golden {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(tb), "fixtures", "golden", "tokenizer_golden.json"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var g golden
+	if err := json.Unmarshal(b, &g); err != nil {
+		tb.Fatal(err)
+	}
+	if len(g.GPT2) == 0 || len(g.Qwen3) == 0 || len(g.Qwen3Chat) == 0 {
+		tb.Fatal("tokenizer_golden.json lacks gpt2, qwen3 or qwen3_chat entries")
+	}
+	return &g
+}

@@ -1,0 +1,79 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// normalizer is one tokenizers normalizer. Byte-level BPE checkpoints use at most NFC (Qwen)
+// or nothing (GPT-2); the Unicode forms, Lowercase and Sequence cover the common others.
+type normalizer interface {
+	normalize(s string) string
+}
+
+type unicodeForm struct{ f norm.Form }
+
+func (u unicodeForm) normalize(s string) string {
+	if u.f.IsNormalString(s) {
+		return s
+	}
+	return u.f.String(s)
+}
+
+type lowercase struct{}
+
+func (lowercase) normalize(s string) string { return strings.ToLower(s) }
+
+type normalizerSeq []normalizer
+
+func (q normalizerSeq) normalize(s string) string {
+	for _, n := range q {
+		s = n.normalize(s)
+	}
+	return s
+}
+
+func parseNormalizer(raw []byte) (normalizer, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var head struct {
+		Type        string            `json:"type"`
+		Normalizers []json.RawMessage `json:"normalizers"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, fmt.Errorf("tokenizer.json: normalizer: %w", err)
+	}
+	switch head.Type {
+	case "NFC":
+		return unicodeForm{norm.NFC}, nil
+	case "NFD":
+		return unicodeForm{norm.NFD}, nil
+	case "NFKC":
+		return unicodeForm{norm.NFKC}, nil
+	case "NFKD":
+		return unicodeForm{norm.NFKD}, nil
+	case "Lowercase":
+		return lowercase{}, nil
+	case "Sequence":
+		var seq normalizerSeq
+		for i, r := range head.Normalizers {
+			n, err := parseNormalizer(r)
+			if err != nil {
+				return nil, fmt.Errorf("%w (in normalizer.normalizers[%d])", err, i)
+			}
+			if n != nil {
+				seq = append(seq, n)
+			}
+		}
+		if len(seq) == 0 {
+			return nil, nil
+		}
+		return seq, nil
+	default:
+		return nil, fmt.Errorf("tokenizer.json: unknown normalizer type %q; supported: NFC, NFD, NFKC, NFKD, Lowercase, Sequence", head.Type)
+	}
+}

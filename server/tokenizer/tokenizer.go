@@ -1,0 +1,202 @@
+// Package tokenizer loads Hugging Face tokenizer.json / tokenizer_config.json files and
+// reproduces the `tokenizers` library's byte-level BPE pipeline (added tokens, normalizer,
+// pre-tokenizer, BPE model, ByteLevel decoder) and transformers' chat-template rendering,
+// so that the server and the harness count and produce exactly the ids the checkpoint's own
+// Python tokenizer would. fixtures/golden/tokenizer_golden.json (transformers 5.17,
+// tokenizers 0.23.2) is the reference the tests hold it to.
+//
+// A Tokenizer is immutable after Load and safe for concurrent use; the per-word BPE cache is
+// internally synchronized.
+//
+// Supported tokenizer.json parts: model BPE (merges as "a b" or ["a", "b"], ignore_merges,
+// unk_token); normalizers NFC, NFD, NFKC, NFKD, Lowercase, Sequence; pre-tokenizers
+// Sequence, Split (Regex or String pattern, every behavior, invert) and ByteLevel; decoder
+// ByteLevel (or none). Anything else is refused at load with an error naming it.
+// post_processor is ignored because Encode never adds special tokens, and offsets
+// (trim_offsets) are not computed. The GPT-2, Qwen2/3 and Llama 3 split regexes run on
+// hand-written scanners checked against regexp2 (scan_test.go); other regexes run on regexp2.
+//
+// Known difference from transformers, outside what the golden files exercise: chat-template
+// inputs given as Go maps have no key order, so tojson writes their keys sorted where Python
+// keeps insertion order (and cannot tell 2.0 from 2); pass json.RawMessage to keep both, see
+// ApplyChatTemplate.
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// Tokenizer is a loaded byte-level BPE tokenizer plus the parts of tokenizer_config.json that
+// change what users see (chat template, special tokens, decode clean-up).
+type Tokenizer struct {
+	addedVocab *addedVocabulary
+	normalizer normalizer // nil when tokenizer.json has none
+	pre        []preTokenizer
+	model      *bpeModel
+	decoder    decoder
+
+	// idToToken maps every id (model vocab and added tokens) to its token string; "" for
+	// ids that exist in neither (holes are skipped by Decode, as HF does).
+	idToToken []string
+	// tokenToID holds the added tokens; model.vocab the rest.
+	tokenToID map[string]int32
+	special   map[int32]bool
+
+	cleanUpSpaces bool
+	chat          *chatTemplate // nil when tokenizer_config.json has no chat_template
+	config        tokenizerConfig
+}
+
+// Message is one chat message as the OpenAI API and transformers see it: at least "role" and
+// "content", plus anything a template reads (tool_calls, reasoning_content, ...).
+type Message = map[string]any
+
+// Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json. A missing
+// tokenizer_config.json is not an error (GPT-2 ships none); the tokenizer then has no chat
+// template and decodes without clean-up.
+func Load(dir string) (*Tokenizer, error) {
+	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: read %s: %w; pass a checkpoint or tokenizer directory that contains tokenizer.json", filepath.Join(dir, "tokenizer.json"), err)
+	}
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	cj, err := os.ReadFile(cfgPath)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("tokenizer: read %s: %w", cfgPath, err)
+		}
+		cj = nil
+	}
+	t, err := FromBytes(tj, cj)
+	if err != nil {
+		return nil, fmt.Errorf("%w (directory %s)", err, dir)
+	}
+	return t, nil
+}
+
+// SectionReader is the part of a bundle (native/bundle.Bundle) that carries checkpoint files
+// by name. It is an interface so this package does not depend on the bundle format.
+type SectionReader interface {
+	Section(name string) ([]byte, error)
+}
+
+// FromBundle builds a Tokenizer from a bundle's "tokenizer.json" and "tokenizer_config.json"
+// sections. The Tokenizer keeps no reference to the section bytes, so the bundle may be
+// closed afterwards.
+func FromBundle(b SectionReader) (*Tokenizer, error) {
+	tj, err := b.Section("tokenizer.json")
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	cj, err := b.Section("tokenizer_config.json")
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	return FromBytes(tj, cj)
+}
+
+// FromBytes builds a Tokenizer from the contents of tokenizer.json and tokenizer_config.json
+// (which may be nil or empty). It copies what it keeps, so the inputs may be reused or unmapped.
+func FromBytes(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
+	var cfg tokenizerConfig
+	if len(tokenizerConfigJSON) > 0 {
+		if err := json.Unmarshal(tokenizerConfigJSON, &cfg); err != nil {
+			return nil, fmt.Errorf("tokenizer: parse tokenizer_config.json: %w", err)
+		}
+	}
+	t, err := build(tokenizerJSON)
+	if err != nil {
+		return nil, err
+	}
+	t.config = cfg
+	if cfg.CleanUpTokenizationSpaces != nil {
+		t.cleanUpSpaces = *cfg.CleanUpTokenizationSpaces
+	}
+	if cfg.ChatTemplate != nil {
+		ct, err := newChatTemplate(cfg.ChatTemplate, &cfg)
+		if err != nil {
+			return nil, err
+		}
+		t.chat = ct
+	}
+	return t, nil
+}
+
+// Encode returns the ids HF's tokenizer.encode(text, add_special_tokens=False) returns: added
+// and special tokens written in the text are recognized as such (split_special_tokens=False),
+// and no BOS/EOS is added.
+func (t *Tokenizer) Encode(text string) []int32 {
+	return t.encode(text, nil)
+}
+
+// Decode returns HF's tokenizer.decode(ids, skip_special_tokens=False). Ids outside the
+// vocabulary are skipped, as HF does; invalid UTF-8 produced by splitting a character across
+// ids becomes U+FFFD exactly as Rust's String::from_utf8_lossy does.
+func (t *Tokenizer) Decode(ids []int32) string {
+	return t.decode(ids)
+}
+
+// VocabSize is len(tokenizer) in transformers: the highest token id plus one, counting added
+// tokens. A model's embedding table may be larger (Qwen3 pads to 151,936).
+func (t *Tokenizer) VocabSize() int { return len(t.idToToken) }
+
+// TokenString returns the raw token string of id (e.g. "Ġhello" for byte-level BPE, or
+// "<|im_end|>"), as HF's convert_ids_to_tokens does; false when no token has that id.
+func (t *Tokenizer) TokenString(id int32) (string, bool) {
+	if id < 0 || int(id) >= len(t.idToToken) {
+		return "", false
+	}
+	s := t.idToToken[id]
+	if s == "" {
+		return "", false
+	}
+	return s, true
+}
+
+// SpecialID returns the id of a token given by its exact string, looking at added tokens
+// first and then the model vocabulary. It is meant for special tokens ("<|im_end|>",
+// "<|endoftext|>") that callers need as ids: stop tokens, template markers.
+func (t *Tokenizer) SpecialID(tok string) (int32, bool) {
+	if id, ok := t.tokenToID[tok]; ok {
+		return id, true
+	}
+	id, ok := t.model.vocab[tok]
+	return id, ok
+}
+
+// IsSpecial reports whether id is an added token marked "special" in tokenizer.json (what
+// skip_special_tokens=True would drop).
+func (t *Tokenizer) IsSpecial(id int32) bool { return t.special[id] }
+
+// EOSToken returns tokenizer_config.json's eos_token ("" when unset). Servers use it, with
+// generation_config.json, to know where generation stops.
+func (t *Tokenizer) EOSToken() string { return t.config.EOSToken.Content }
+
+// BOSToken returns tokenizer_config.json's bos_token ("" when unset).
+func (t *Tokenizer) BOSToken() string { return t.config.BOSToken.Content }
+
+// HasChatTemplate reports whether tokenizer_config.json carries a chat_template; without one a
+// server must refuse chat requests rather than invent a format.
+func (t *Tokenizer) HasChatTemplate() bool { return t.chat != nil }
+
+// ApplyChatTemplate renders msgs with the checkpoint's own Jinja chat template, as
+// transformers' apply_chat_template(msgs, tokenize=False, add_generation_prompt=...,
+// **kwargs) does. kwargs are extra template variables (e.g. "enable_thinking": false,
+// "tools": [...]); bos_token, eos_token and the other special tokens of tokenizer_config.json
+// are provided as transformers provides them. The result is meant to be passed to Encode.
+//
+// Any value may be a json.RawMessage (a message's "tool_calls", the "tools" kwarg, a whole
+// message): it is decoded as Python's json.loads would, keeping object key order and the
+// int/float distinction, so `| tojson` writes it back exactly as transformers does. Plain Go
+// maps have no key order; tojson writes their keys sorted.
+func (t *Tokenizer) ApplyChatTemplate(msgs []Message, addGenerationPrompt bool, kwargs map[string]any) (string, error) {
+	if t.chat == nil {
+		return "", errors.New("tokenizer: this tokenizer has no chat_template in tokenizer_config.json; use a chat checkpoint or send plain completions")
+	}
+	return t.chat.render(msgs, addGenerationPrompt, kwargs)
+}
