@@ -1,0 +1,261 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// sseServer answers every request with the given SSE lines, flushing after each write
+// (each element of writes is one write).
+func sseServer(t *testing.T, writes ...string) (*httptest.Server, *atomic.Value) {
+	t.Helper()
+	var lastID atomic.Value
+	lastID.Store("")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		lastID.Store(r.Header.Get("X-Request-Id"))
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, s := range writes {
+			io.WriteString(w, s)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &lastID
+}
+
+func newClient(t *testing.T, base string) *Client {
+	t.Helper()
+	c, err := New(Options{BaseURL: base, Model: "m", Concurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestStreamFiltersNonContentEvents(t *testing.T) {
+	srv, lastID := sseServer(t,
+		`data: {"choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}`+"\n\n",
+		"data:\n\n", // empty data
+		": keep-alive comment\n\n",
+		`data: {"choices":[{"index":0,"delta":{"reasoning_content":"think "}}]}`+"\n\n",
+		`data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}`+"\r\n\r\n", // CRLF framing
+		"data: {not json}\n\n",
+		`data: {"choices":[{"index":0,"delta":{"content":"lo"}}]}`+"\n\n",
+		`data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`+"\n\n",
+		`data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}`+"\n\n",
+		"data: [DONE]\n\n",
+	)
+	c := newClient(t, srv.URL)
+	var resp Response
+	err := c.Do(context.Background(), time.Now(), &Request{ID: "req-1", Endpoint: Chat, Stream: true, Messages: []byte(`[{"role":"user","content":"hi"}]`)}, &resp)
+	if err != nil {
+		t.Fatalf("Do: %v", err)
+	}
+	if got := lastID.Load().(string); got != "req-1" {
+		t.Errorf("X-Request-Id sent = %q, want req-1", got)
+	}
+	if string(resp.Text) != "think Hello" {
+		t.Errorf("text = %q, want %q", resp.Text, "think Hello")
+	}
+	// Content events: reasoning, "Hel", "lo" — the role chunk, the empty, invalid, final
+	// and usage events and [DONE] carry no content.
+	if len(resp.ChunkNs) != 3 {
+		t.Fatalf("content events = %d (%v), want 3", len(resp.ChunkNs), resp.ChunkNs)
+	}
+	for i := 1; i < len(resp.ChunkNs); i++ {
+		if resp.ChunkNs[i] < resp.ChunkNs[i-1] {
+			t.Errorf("chunk times not monotonic: %v", resp.ChunkNs)
+		}
+	}
+	if resp.ChunkNs[0] < resp.StartNs || resp.AckNs < resp.StartNs || resp.EndNs < resp.ChunkNs[2] {
+		t.Errorf("times out of order: start %d ack %d chunks %v end %d", resp.StartNs, resp.AckNs, resp.ChunkNs, resp.EndNs)
+	}
+	if resp.FinishReason != "length" || !resp.HasUsage || resp.PromptTokens != 5 || resp.CompletionTokens != 3 {
+		t.Errorf("finish %q usage %v %d/%d, want length, 5/3", resp.FinishReason, resp.HasUsage, resp.PromptTokens, resp.CompletionTokens)
+	}
+	if resp.Status != 200 || resp.ResponseBytes == 0 {
+		t.Errorf("status %d bytes %d", resp.Status, resp.ResponseBytes)
+	}
+}
+
+// An event is stamped when its first byte arrives, not when the scanner reaches it: the
+// second event is released only after the test notes the time, so its stamp must be later.
+func TestStreamStampsOnArrival(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"choices":[{"text":"a"}]}`+"\n\n"+`data: {"choices":[{"text":"b"}]}`+"\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, `data: {"choices":[{"text":"c"}]}`+"\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	c := newClient(t, srv.URL)
+	epoch := time.Now()
+	var released int64
+	go func() {
+		time.Sleep(20 * time.Millisecond) // let the first write arrive; not asserted on
+		released = int64(time.Since(epoch))
+		close(release)
+	}()
+	var resp Response
+	if err := c.Do(context.Background(), epoch, &Request{ID: "r", Endpoint: Completions, Stream: true, Prompt: "x"}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.ChunkNs) != 3 || string(resp.Text) != "abc" {
+		t.Fatalf("chunks %v text %q", resp.ChunkNs, resp.Text)
+	}
+	if resp.ChunkNs[0] != resp.ChunkNs[1] {
+		t.Errorf("two events of one read got different stamps %d, %d", resp.ChunkNs[0], resp.ChunkNs[1])
+	}
+	if resp.ChunkNs[2] < released {
+		t.Errorf("third event stamped at %d, before it was released at %d", resp.ChunkNs[2], released)
+	}
+}
+
+func TestStreamLongAndMultilineEvents(t *testing.T) {
+	long := strings.Repeat("x", 20000) // longer than the read buffer
+	srv, _ := sseServer(t,
+		`data: {"choices":[{"text":"`+long+`"}]}`+"\n\n",
+		"data: {\"choices\":\ndata: [{\"text\":\"y\"}]}\n\n", // one event over two data lines
+		"data: [DONE]\n\n")
+	c := newClient(t, srv.URL)
+	var resp Response
+	if err := c.Do(context.Background(), time.Now(), &Request{ID: "r", Endpoint: Completions, Stream: true, Prompt: "x"}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if string(resp.Text) != long+"y" || len(resp.ChunkNs) != 2 {
+		t.Fatalf("text len %d chunks %d", len(resp.Text), len(resp.ChunkNs))
+	}
+}
+
+func TestNonStreaming(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/completions" {
+			t.Errorf("path %s", r.URL.Path)
+		}
+		body, _ := io.ReadAll(r.Body)
+		if !strings.Contains(string(body), `"max_tokens":7`) || !strings.Contains(string(body), `"ignore_eos":true`) || strings.Contains(string(body), `"stream"`) {
+			t.Errorf("body %s", body)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"index":0,"text":"seven","finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":7}}`)
+	}))
+	defer srv.Close()
+	c := newClient(t, srv.URL)
+	var resp Response
+	if err := c.Do(context.Background(), time.Now(), &Request{ID: "r", Endpoint: Completions, Prompt: "p", MaxTokens: 7, IgnoreEOS: true}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if string(resp.Text) != "seven" || len(resp.ChunkNs) != 1 || resp.ChunkNs[0] != resp.EndNs || resp.CompletionTokens != 7 || resp.FinishReason != "length" {
+		t.Fatalf("resp %+v", resp)
+	}
+}
+
+func TestFailedRequestKeepsStatusAndBody(t *testing.T) {
+	body := `{"error":{"message":"max_tokens 5000 exceeds the context of 256","type":"invalid_request_error","param":"max_tokens","code":400}}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(400)
+		io.WriteString(w, body)
+	}))
+	defer srv.Close()
+	c := newClient(t, srv.URL)
+	var resp Response
+	err := c.Do(context.Background(), time.Now(), &Request{ID: "r", Endpoint: Completions, Prompt: "p"}, &resp)
+	var e *Error
+	if !errors.As(err, &e) || e.Code != 400 || e.Type != "invalid_request_error" || !strings.Contains(e.Message, "exceeds the context") {
+		t.Fatalf("err = %v", err)
+	}
+	if resp.Status != 400 || string(resp.ErrBody) != body {
+		t.Fatalf("status %d body %q", resp.Status, resp.ErrBody)
+	}
+}
+
+func TestStreamErrorEvent(t *testing.T) {
+	srv, _ := sseServer(t, `data: {"choices":[{"text":"a"}]}`+"\n\n",
+		`data: {"error":{"message":"worker 1 exited","type":"server_error","code":503}}`+"\n\n")
+	c := newClient(t, srv.URL)
+	var resp Response
+	err := c.Do(context.Background(), time.Now(), &Request{ID: "r", Endpoint: Completions, Stream: true, Prompt: "p"}, &resp)
+	if err == nil || resp.Err.Code != 503 || resp.Err.Type != "server_error" {
+		t.Fatalf("err %v resp.Err %+v", err, resp.Err)
+	}
+}
+
+func TestCancellation(t *testing.T) {
+	started := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"choices":[{"text":"a"}]}`+"\n\n")
+		w.(http.Flusher).Flush()
+		close(started)
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	c := newClient(t, srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-started; cancel() }()
+	var resp Response
+	err := c.Do(ctx, time.Now(), &Request{ID: "r", Endpoint: Completions, Stream: true, Prompt: "p"}, &resp)
+	if err == nil || !resp.Cancelled || resp.Err.Code != 499 || resp.CancelNs < resp.StartNs {
+		t.Fatalf("err %v cancelled %v resp.Err %+v", err, resp.Cancelled, resp.Err)
+	}
+}
+
+func TestTransportError(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	c := newClient(t, url)
+	var resp Response
+	err := c.Do(context.Background(), time.Now(), &Request{ID: "r", Endpoint: Completions, Prompt: "p"}, &resp)
+	if err == nil || resp.Err.Type != "TransportError" || resp.Status != 0 {
+		t.Fatalf("err %v %+v", err, resp.Err)
+	}
+}
+
+func TestBuildBodyChat(t *testing.T) {
+	c := newClient(t, "http://x")
+	b, err := c.BuildBody(&Request{Endpoint: Chat, Stream: true, Messages: []byte(`[{"role":"user","content":"q"}]`), MaxTokens: 3,
+		Extra: map[string]any{"chat_template_kwargs": map[string]any{"enable_thinking": false}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"model":"m","messages":[{"role":"user","content":"q"}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true},"chat_template_kwargs":{"enable_thinking":false}}`
+	if string(b) != want {
+		t.Fatalf("body\n%s\nwant\n%s", b, want)
+	}
+	if _, err := c.BuildBody(&Request{ID: "r9", Endpoint: Chat}); err == nil || !strings.Contains(err.Error(), "r9") {
+		t.Fatalf("empty messages: %v", err)
+	}
+}
+
+// BenchmarkReadStream measures the client's own parsing cost per SSE event (no network):
+// a completions stream of 256 one-token events in the server's chunk format.
+func BenchmarkReadStream(b *testing.B) {
+	var sb strings.Builder
+	for i := 0; i < 256; i++ {
+		sb.WriteString(`data: {"id":"cmpl-5f1c2b7a9e","object":"text_completion","created":1764400000,"model":"mock","choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}]}` + "\n\n")
+	}
+	sb.WriteString(`data: {"id":"cmpl-5f1c2b7a9e","object":"text_completion","created":1764400000,"model":"mock","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":256,"total_tokens":257}}` + "\n\ndata: [DONE]\n\n")
+	body := sb.String()
+	epoch := time.Now()
+	var resp Response
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		resp.Reset()
+		if err := readStream(strings.NewReader(body), epoch, &resp); err != nil || len(resp.ChunkNs) != 256 {
+			b.Fatal(err, len(resp.ChunkNs))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*256), "ns/event")
+}

@@ -1,0 +1,385 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/qual/client"
+	"github.com/modelqual/modelqual/qual/launch"
+	"github.com/modelqual/modelqual/qual/load"
+	"github.com/modelqual/modelqual/qual/provenance"
+	"github.com/modelqual/modelqual/reports"
+	"github.com/modelqual/modelqual/server/tokenizer"
+)
+
+func init() {
+	register("profile", "load-profile an OpenAI-compatible endpoint (AIPerf-compatible exports)", runProfile)
+}
+
+const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher process|container] [--gpus all|0,1])
+         --model NAME [--tokenizer DIR] --endpoint completions|chat [--stream]
+         (--concurrency 1,8,32 | --request-rate R[,R...] [--max-concurrency C] [--arrival constant|poisson])
+         (--requests N | --duration D) [--warmup N]
+         [--input-tokens-mean M --input-tokens-stddev S | --input-file F] [--output-tokens N]
+         [--slo ttft:200ms,...] [--seed S] --out DIR
+
+Profiles a server the way AIPerf does and writes one run directory per sweep point under
+--out: profile_export.jsonl, profile_export_aiperf.json/.csv, summary.json, summary.md,
+plots, the raw client and server records joined by request ID, fingerprints taken before
+and after, the environment and the server logs. A summary table is printed at the end.
+
+The run fails (exit 1) when a client request has no server record or the reverse, or when
+a fingerprinted file (bundle, inputs, tokenizer, source tree) changed during the run; the
+raw records are kept either way. Request errors are reported, not fatal.
+
+Flags:
+`
+
+func runProfile(args []string) int {
+	fs := flag.NewFlagSet("profile", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), profileUsage)
+		fs.PrintDefaults()
+	}
+	var (
+		url            = fs.String("url", "", "profile the OpenAI-compatible server at this base URL (external launcher)")
+		bundlePath     = fs.String("bundle", "", "start qual-server on this bundle (.mqb)")
+		launcher       = fs.String("launcher", "process", "how to start the server for --bundle: process or container")
+		gpus           = fs.String("gpus", "", "serve on these GPUs: all or device IDs (0,1); a machine or Docker engine without NVIDIA support is an error, never a CPU run")
+		image          = fs.String("image", launch.DefaultImage, "container launcher: the locally built image (make image)")
+		model          = fs.String("model", "", "model name sent in requests (and served, with --bundle)")
+		tokDir         = fs.String("tokenizer", "", "tokenizer folder (tokenizer.json, tokenizer_config.json) for client token counts and synthetic prompts; default: the bundle's own")
+		endpoint       = fs.String("endpoint", "completions", "completions or chat")
+		stream         = fs.Bool("stream", false, "stream responses (SSE)")
+		concurrency    = fs.String("concurrency", "", "closed loop: comma-separated concurrencies to sweep, e.g. 1,8,32")
+		rate           = fs.String("request-rate", "", "open loop: comma-separated request rates (req/s) to sweep")
+		maxConc        = fs.Int("max-concurrency", 0, "open loop: cap on in-flight requests (0: none)")
+		arrival        = fs.String("arrival", "constant", "open loop arrivals: constant or poisson")
+		requests       = fs.Int("requests", 0, "measured requests per sweep point")
+		duration       = fs.Duration("duration", 0, "measured duration per sweep point (e.g. 30s)")
+		warmup         = fs.Int("warmup", 0, "warmup requests per sweep point, reported apart")
+		inMean         = fs.Int("input-tokens-mean", 128, "synthetic prompts: mean input length in tokens")
+		inStd          = fs.Int("input-tokens-stddev", 0, "synthetic prompts: input length standard deviation")
+		numPrompts     = fs.Int("num-prompts", 100, "synthetic prompts: how many distinct prompts to cycle through")
+		inputFile      = fs.String("input-file", "", "JSONL prompts: families' corpus format or {\"text\": ...} lines")
+		outTokens      = fs.Int("output-tokens", 0, "fixed output length: max_tokens with ignore_eos (0: server default)")
+		slo            = fs.String("slo", "", "goodput SLOs, e.g. ttft:200ms,itl:20ms,request_latency:1s")
+		seed           = fs.Uint64("seed", 0, "random seed (0: pick one; the seed used is recorded)")
+		out            = fs.String("out", "", "output folder (one run directory per sweep point)")
+		name           = fs.String("name", "profile", "run directory name prefix")
+		cancelRate     = fs.Float64("cancel-rate", 0, "fraction of measured requests to cancel (0..1)")
+		cancelDelay    = fs.Duration("cancel-delay", 0, "cancel those requests this long after they start")
+		startupTimeout = fs.Duration("startup-timeout", 60*time.Second, "how long to wait for the server to be ready")
+		requestTimeout = fs.Duration("request-timeout", 0, "per-request timeout (0: none)")
+		apiKey         = fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "bearer token for the server")
+		faults         = fs.String("faults", os.Getenv("MODELQUAL_FAULTS"), "MODELQUAL_FAULTS passed to a launched server")
+		sourceRoot     = fs.String("source-root", "", "source tree to fingerprint (default: the repository around the working directory; \"none\" to skip)")
+		noProgress     = fs.Bool("no-progress", false, "do not print progress")
+	)
+	var serverArgs profileMultiFlag
+	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(os.Stderr, "qual profile: "+format+"\n", a...)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected arguments %q; see --help", fs.Args())
+	}
+	if (*url == "") == (*bundlePath == "") {
+		return bad("pass exactly one of --url (an external server) and --bundle (start qual-server)")
+	}
+	if *model == "" {
+		return bad("--model is required (the model name requests carry)")
+	}
+	if *out == "" {
+		return bad("--out is required (where run directories go)")
+	}
+	if *endpoint != client.Completions && *endpoint != client.Chat {
+		return bad("--endpoint %q must be completions or chat", *endpoint)
+	}
+	if (*concurrency == "") == (*rate == "") {
+		return bad("pass exactly one of --concurrency and --request-rate")
+	}
+	if *requests <= 0 && *duration <= 0 {
+		return bad("pass --requests N or --duration D to say when each point stops")
+	}
+	concs, err := profileParseInts(*concurrency)
+	if err != nil {
+		return bad("--concurrency: %v", err)
+	}
+	rates, err := profileParseFloats(*rate)
+	if err != nil {
+		return bad("--request-rate: %v", err)
+	}
+	if *gpus != "" && *url != "" {
+		return bad("--gpus needs --bundle (the harness starts the server on those GPUs)")
+	}
+	gpuIndices, err := profileGPUIndices(*gpus)
+	if err != nil {
+		return bad("--gpus: %v", err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// Tokenizer: --tokenizer, else the bundle's own sections.
+	var tok *tokenizer.Tokenizer
+	switch {
+	case *tokDir != "":
+		tok, err = tokenizer.Load(*tokDir)
+		if err != nil {
+			return profileFail("load tokenizer: %v", err)
+		}
+	case *bundlePath != "":
+		tok, err = profileBundleTokenizer(*bundlePath)
+		if err != nil {
+			return profileFail("tokenizer from bundle: %v; pass --tokenizer DIR", err)
+		}
+	}
+	var ltok load.Tokenizer
+	if tok != nil {
+		ltok = tok
+	}
+	var prompts []load.Prompt
+	if *inputFile != "" {
+		prompts, err = load.ReadCorpus(*inputFile, ltok)
+	} else {
+		if tok == nil {
+			return bad("synthetic prompts need a tokenizer: pass --tokenizer DIR (or --input-file F)")
+		}
+		promptSeed := *seed
+		if promptSeed == 0 {
+			promptSeed = uint64(time.Now().UnixNano())
+		}
+		prompts, err = load.Synthetic(tok, load.SyntheticOptions{Count: *numPrompts, Mean: *inMean, Stddev: *inStd, Seed: promptSeed})
+	}
+	if err != nil {
+		return profileFail("%v", err)
+	}
+
+	runDir, err := filepath.Abs(*out)
+	if err != nil {
+		return profileFail("--out: %v", err)
+	}
+	opts := []launch.Option{launch.WithModel(*model), launch.WithRunDir(filepath.Join(runDir, "server")),
+		launch.WithStartupTimeout(*startupTimeout), launch.WithArgs(serverArgs...), launch.WithFaults(*faults),
+		launch.WithAPIKey(*apiKey), launch.WithImage(*image)}
+	var l launch.Launcher
+	if *url != "" {
+		l = launch.External(append(opts, launch.WithURL(*url))...)
+	} else {
+		opts = append(opts, launch.WithBundle(*bundlePath))
+		if *gpus != "" {
+			opts = append(opts, launch.WithGPUs(*gpus))
+		}
+		l, err = launch.New(*launcher, opts...)
+		if err != nil {
+			return bad("%v", err)
+		}
+	}
+	ep, err := l.Start(ctx)
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := ep.Stop(sctx); err != nil {
+			fmt.Fprintf(os.Stderr, "qual profile: stop server: %v\n", err)
+		}
+	}()
+	if err != nil {
+		return profileFail("%v", err)
+	}
+
+	src := *sourceRoot
+	switch src {
+	case "none":
+		src = ""
+	case "":
+		if root, err := launch.RepoRoot(); err == nil {
+			src = root
+		}
+	}
+	fp := provenance.Spec{Bundle: *bundlePath, TokenizerDir: *tokDir, SourceRoot: src}
+	if *inputFile != "" {
+		fp.Inputs = []string{*inputFile}
+	}
+	var progress io.Writer = os.Stderr
+	if *noProgress {
+		progress = nil
+	}
+	in := load.ProfileInput{
+		Endpoint: ep,
+		Load: load.Config{
+			APIKey: *apiKey, Endpoint: *endpoint, Stream: *stream, MaxConcurrency: *maxConc, Arrival: *arrival,
+			Requests: *requests, Duration: *duration, Warmup: *warmup, Prompts: prompts, OutputTokens: *outTokens,
+			CancelRate: *cancelRate, CancelDelay: *cancelDelay, Seed: *seed, Tokenizer: ltok,
+			RequestTimeout: *requestTimeout, Progress: progress,
+		},
+		Concurrencies: concs,
+		RequestRates:  rates,
+		OutDir:        runDir,
+		Name:          *name,
+		SLOs:          *slo,
+		Fingerprint:   fp,
+		InputConfig:   profileFlagValues(fs),
+		GPUIndices:    gpuIndices,
+		RequireGPU:    *gpus != "",
+	}
+	res, perr := load.Profile(ctx, in)
+	if res != nil {
+		printProfileSummary(os.Stdout, res)
+	}
+	if perr != nil {
+		return profileFail("%v", perr)
+	}
+	return 0
+}
+
+func profileFail(format string, a ...any) int {
+	fmt.Fprintf(os.Stderr, "qual profile: "+format+"\n", a...)
+	return 1
+}
+
+// profileBundleTokenizer reads the tokenizer sections carried in a bundle.
+func profileBundleTokenizer(path string) (*tokenizer.Tokenizer, error) {
+	b, err := bundle.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	tj, err := b.Section("tokenizer.json")
+	if err != nil {
+		return nil, err
+	}
+	tc, err := b.Section("tokenizer_config.json")
+	if err != nil {
+		return nil, err
+	}
+	// Copy out of the mapping before it is closed.
+	return tokenizer.FromBytes(append([]byte(nil), tj...), append([]byte(nil), tc...))
+}
+
+// printProfileSummary prints one row per sweep point.
+func printProfileSummary(w io.Writer, res *load.ProfileResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "point\trequests\terrors\treq/s\tout tok/s\tTTFT p50 ms\tTTFT p99 ms\tlatency p50 ms\tlatency p99 ms\tITL p50 ms\tHTTP-task p50 ms\tstatus\trun dir\t")
+	for _, p := range res.Points {
+		status := "ok"
+		if p.Err != nil {
+			status = "FAILED"
+		}
+		label := fmt.Sprintf("%s=%s", p.Sweep.Parameter, strconv.FormatFloat(p.Sweep.Value, 'f', -1, 64))
+		if p.Summary == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\t\n", label, status, p.Dir)
+			continue
+		}
+		ps := &p.Summary.Profiling
+		g := func(tag, stat string) string {
+			v, ok := ps.Stat(tag, stat)
+			if !ok {
+				return "-"
+			}
+			return strconv.FormatFloat(v, 'f', 2, 64)
+		}
+		errs := 0
+		for _, e := range ps.Errors {
+			errs += e.Count
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", label, ps.Requests, errs,
+			g(reports.TagRequestThroughput, "avg"), g(reports.TagOutputTokenThroughput, "avg"),
+			g(reports.TagTTFT, "p50"), g(reports.TagTTFT, "p99"),
+			g(reports.TagRequestLatency, "p50"), g(reports.TagRequestLatency, "p99"),
+			g(reports.TagITL, "p50"), g(reports.TagHTTPMinusTask, "p50"), status, p.Dir)
+	}
+	tw.Flush()
+	for _, p := range res.Points {
+		if p.Err != nil {
+			fmt.Fprintf(w, "\n%s: %v\n", filepath.Base(p.Dir), p.Err)
+		}
+	}
+}
+
+func profileFlagValues(fs *flag.FlagSet) map[string]string {
+	m := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "api-key" {
+			return // never record secrets
+		}
+		m[f.Name] = f.Value.String()
+	})
+	return m
+}
+
+func profileParseInts(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", p)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func profileParseFloats(s string) ([]float64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []float64
+	for _, p := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("%q is not a positive number", p)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// profileGPUIndices turns --gpus into NVML indices to sample: nil for "all" or none;
+// UUIDs are not mapped (all GPUs are sampled then).
+func profileGPUIndices(s string) ([]int, error) {
+	if s == "" || s == "all" {
+		return nil, nil
+	}
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if strings.HasPrefix(p, "GPU-") {
+			return nil, nil
+		}
+		v, err := strconv.Atoi(p)
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("%q is neither all, a GPU index nor a GPU UUID", p)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// profileMultiFlag collects a repeatable string flag.
+type profileMultiFlag []string
+
+func (m *profileMultiFlag) String() string     { return strings.Join(*m, " ") }
+func (m *profileMultiFlag) Set(v string) error { *m = append(*m, v); return nil }

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/modelqual/modelqual/qual/launch/launchtest"
+	"github.com/modelqual/modelqual/qual/load"
+	"github.com/modelqual/modelqual/reports"
+)
+
+// captureStdout runs f with os.Stdout redirected and returns what it printed.
+func captureStdout(t *testing.T, f func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stdout
+	os.Stdout = w
+	done := make(chan []byte)
+	go func() { b, _ := io.ReadAll(r); done <- b }()
+	f()
+	w.Close()
+	os.Stdout = old
+	return string(<-done)
+}
+
+func TestProfileCommandSweepsAndWritesRunDirs(t *testing.T) {
+	t.Setenv("MODELQUAL_BIN", filepath.Dir(launchtest.ServerBin(t)))
+	bundle := launchtest.MockBundle(t, 0)
+	out := t.TempDir()
+	var code int
+	table := captureStdout(t, func() {
+		code = runProfile([]string{"--bundle", bundle, "--model", "mock", "--endpoint", "completions", "--stream",
+			"--concurrency", "1,2", "--requests", "6", "--warmup", "1", "--input-tokens-mean", "16", "--input-tokens-stddev", "2",
+			"--output-tokens", "4", "--slo", "ttft:5s", "--seed", "7", "--out", out, "--no-progress", "--source-root", "none"})
+	})
+	if code != 0 {
+		t.Fatalf("exit %d; table:\n%s", code, table)
+	}
+	for _, want := range []string{"concurrency=1", "concurrency=2", "ok", "TTFT p50 ms"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("summary table lacks %q:\n%s", want, table)
+		}
+	}
+	for _, point := range []string{"profile-c1", "profile-c2"} {
+		dir := filepath.Join(out, point)
+		s, err := reports.ReadSummary(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Profiling.Requests != 6 || s.Warmup.Requests != 1 {
+			t.Errorf("%s: profiling %d warmup %d", point, s.Profiling.Requests, s.Warmup.Requests)
+		}
+		var cfg map[string]any
+		if err := json.Unmarshal(s.InputConfig, &cfg); err != nil || !bytes.Contains(s.InputConfig, []byte(`"seed"`)) {
+			t.Errorf("%s: input_config %s (%v)", point, s.InputConfig, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, load.JoinedRecordsFile)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestProfileCommandRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--model", "m", "--out", "x", "--concurrency", "1", "--requests", "1"},                                     // neither --url nor --bundle
+		{"--url", "http://x", "--out", "x", "--concurrency", "1", "--requests", "1"},                                // no --model
+		{"--url", "http://x", "--model", "m", "--out", "x", "--requests", "1"},                                      // no load mode
+		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "1"},                                   // no stop condition
+		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "0", "--requests", "1"},                // bad concurrency
+		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "1", "--requests", "1", "--gpus", "0"}, // GPUs for an external URL
+	} {
+		if code := runProfile(args); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+}

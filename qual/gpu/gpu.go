@@ -1,0 +1,303 @@
+// Package gpu records the GPUs a run used, through NVIDIA's management library (go-nvml):
+// an inventory (name, UUID, memory, driver) for the environment record, and a sampler that
+// runs during a profile (utilization, memory used and its high-water mark, power, and the
+// total-energy delta that gives joules per output token).
+//
+// Machines without an NVIDIA driver (CI, laptops) are normal: the library then reports
+// telemetry as unavailable with the reason, and nothing fails unless GPUs were required.
+package gpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Device is one GPU of the inventory.
+type Device struct {
+	Index       int    `json:"index"`
+	Name        string `json:"name"`
+	UUID        string `json:"uuid"`
+	MemoryBytes uint64 `json:"memory_bytes"`
+}
+
+// Inventory is what the machine has.
+type Inventory struct {
+	Available     bool     `json:"available"`
+	Reason        string   `json:"reason,omitempty"` // why telemetry is unavailable
+	DriverVersion string   `json:"driver_version,omitempty"`
+	NVMLVersion   string   `json:"nvml_version,omitempty"`
+	CUDAVersion   int      `json:"cuda_driver_version,omitempty"`
+	Devices       []Device `json:"devices,omitempty"`
+}
+
+// ErrUnavailable is wrapped when GPUs were required but NVML cannot be used.
+var ErrUnavailable = errors.New("GPU telemetry unavailable")
+
+var (
+	initMu    sync.Mutex
+	initCount int
+)
+
+// initNVML loads and initialises NVML (reference counted, so samplers and inventories can
+// overlap). Without libnvidia-ml.so it returns an error; it never panics.
+func initNVML() (err error) {
+	initMu.Lock()
+	defer initMu.Unlock()
+	defer func() {
+		// Defensive: a broken driver install must not take the harness down.
+		if r := recover(); r != nil {
+			err = fmt.Errorf("NVML init panicked: %v", r)
+		}
+	}()
+	if ret := nvml.Init(); ret != nvml.SUCCESS {
+		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
+			return errors.New("NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this machine")
+		}
+		return fmt.Errorf("NVML init: %s", nvml.ErrorString(ret))
+	}
+	initCount++
+	return nil
+}
+
+func shutdownNVML() {
+	initMu.Lock()
+	defer initMu.Unlock()
+	if initCount > 0 {
+		initCount--
+		_ = nvml.Shutdown()
+	}
+}
+
+// Inspect returns the inventory; when NVML is unavailable it says why in Reason and
+// Available is false. It never fails.
+func Inspect() Inventory {
+	if err := initNVML(); err != nil {
+		return Inventory{Reason: err.Error()}
+	}
+	defer shutdownNVML()
+	inv := Inventory{Available: true}
+	inv.DriverVersion, _ = str(nvml.SystemGetDriverVersion())
+	inv.NVMLVersion, _ = str(nvml.SystemGetNVMLVersion())
+	if v, ret := nvml.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
+		inv.CUDAVersion = v
+	}
+	n, ret := nvml.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return Inventory{Reason: "NVML device count: " + nvml.ErrorString(ret)}
+	}
+	for i := 0; i < n; i++ {
+		d, ret := nvml.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		dev := Device{Index: i}
+		dev.Name, _ = str(d.GetName())
+		dev.UUID, _ = str(d.GetUUID())
+		if m, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
+			dev.MemoryBytes = m.Total
+		}
+		inv.Devices = append(inv.Devices, dev)
+	}
+	if len(inv.Devices) == 0 {
+		inv.Available = false
+		inv.Reason = "NVML reports no GPUs"
+	}
+	return inv
+}
+
+func str(s string, ret nvml.Return) (string, bool) {
+	if ret != nvml.SUCCESS {
+		return "", false
+	}
+	return s, true
+}
+
+// Require returns an error wrapping ErrUnavailable when inv has no usable GPU; callers use
+// it when the run asked for GPUs, so a missing driver never turns into a silent CPU run.
+func Require(inv Inventory) error {
+	if inv.Available {
+		return nil
+	}
+	return fmt.Errorf("%w: %s; GPUs were requested, so the run stops (run without --gpus for a CPU run)", ErrUnavailable, inv.Reason)
+}
+
+// DeviceStats summarises one device over a sampling window.
+type DeviceStats struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+	// Utilization in percent (average and max over samples).
+	UtilizationAvg float64 `json:"gpu_utilization_avg_pct"`
+	UtilizationMax float64 `json:"gpu_utilization_max_pct"`
+	// Memory used in bytes: the last sample and the high-water mark.
+	MemoryUsedBytes      uint64 `json:"memory_used_bytes"`
+	MemoryHighWaterBytes uint64 `json:"memory_high_water_bytes"`
+	// Power in watts (average and max).
+	PowerAvgW float64 `json:"power_avg_w"`
+	PowerMaxW float64 `json:"power_max_w"`
+	// EnergyJ is the total-energy counter's delta over the window, in joules (0 when the
+	// device has no counter).
+	EnergyJ float64 `json:"energy_j"`
+	Samples int     `json:"samples"`
+}
+
+// Telemetry is a sampler's result.
+type Telemetry struct {
+	Available bool          `json:"available"`
+	Reason    string        `json:"reason,omitempty"`
+	Interval  time.Duration `json:"interval_ns"`
+	Devices   []DeviceStats `json:"devices,omitempty"`
+	// EnergyJ sums the devices' energy; JoulesPerOutputToken is set by the caller through
+	// PerToken once the token count is known.
+	EnergyJ              float64 `json:"energy_j"`
+	JoulesPerOutputToken float64 `json:"joules_per_output_token,omitempty"`
+}
+
+// PerToken fills JoulesPerOutputToken from the run's output token count.
+func (t *Telemetry) PerToken(outputTokens int) {
+	if t.Available && outputTokens > 0 && t.EnergyJ > 0 {
+		t.JoulesPerOutputToken = t.EnergyJ / float64(outputTokens)
+	}
+}
+
+// Sampler samples GPUs periodically between Start and Stop.
+type Sampler struct {
+	interval time.Duration
+	indices  []int
+	reason   string
+	cancel   context.CancelFunc
+	done     chan struct{}
+	mu       sync.Mutex
+	devs     []nvml.Device
+	stats    []DeviceStats
+	energy0  []uint64
+	utilSum  []float64
+	powerSum []float64
+	ok       bool
+}
+
+// StartSampler begins sampling the devices with the given indices (nil: all) every
+// interval (default 100 ms). Without NVML the sampler records the reason and Stop returns
+// unavailable telemetry; required turns that into an error here instead.
+func StartSampler(indices []int, interval time.Duration, required bool) (*Sampler, error) {
+	if interval <= 0 {
+		interval = 100 * time.Millisecond
+	}
+	s := &Sampler{interval: interval, indices: indices, done: make(chan struct{})}
+	if err := initNVML(); err != nil {
+		s.reason = err.Error()
+		close(s.done)
+		if required {
+			return s, fmt.Errorf("%w: %v; GPUs were requested", ErrUnavailable, err)
+		}
+		return s, nil
+	}
+	n, ret := nvml.DeviceGetCount()
+	if ret != nvml.SUCCESS || n == 0 {
+		shutdownNVML()
+		s.reason = "NVML reports no GPUs"
+		close(s.done)
+		if required {
+			return s, fmt.Errorf("%w: %s", ErrUnavailable, s.reason)
+		}
+		return s, nil
+	}
+	if indices == nil {
+		for i := 0; i < n; i++ {
+			indices = append(indices, i)
+		}
+	}
+	for _, i := range indices {
+		d, ret := nvml.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			shutdownNVML()
+			return s, fmt.Errorf("gpu sampler: device %d: %s", i, nvml.ErrorString(ret))
+		}
+		st := DeviceStats{Index: i}
+		st.UUID, _ = str(d.GetUUID())
+		s.devs = append(s.devs, d)
+		s.stats = append(s.stats, st)
+		e, ret := d.GetTotalEnergyConsumption()
+		if ret != nvml.SUCCESS {
+			e = 0
+		}
+		s.energy0 = append(s.energy0, e)
+	}
+	s.utilSum = make([]float64, len(s.devs))
+	s.powerSum = make([]float64, len(s.devs))
+	s.ok = true
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go s.loop(ctx)
+	return s, nil
+}
+
+func (s *Sampler) loop(ctx context.Context) {
+	defer close(s.done)
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	s.sample()
+	for {
+		select {
+		case <-ctx.Done():
+			s.sample()
+			return
+		case <-t.C:
+			s.sample()
+		}
+	}
+}
+
+func (s *Sampler) sample() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, d := range s.devs {
+		st := &s.stats[k]
+		st.Samples++
+		if u, ret := d.GetUtilizationRates(); ret == nvml.SUCCESS {
+			s.utilSum[k] += float64(u.Gpu)
+			st.UtilizationMax = max(st.UtilizationMax, float64(u.Gpu))
+		}
+		if m, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
+			st.MemoryUsedBytes = m.Used
+			st.MemoryHighWaterBytes = max(st.MemoryHighWaterBytes, m.Used)
+		}
+		if p, ret := d.GetPowerUsage(); ret == nvml.SUCCESS {
+			w := float64(p) / 1000
+			s.powerSum[k] += w
+			st.PowerMaxW = max(st.PowerMaxW, w)
+		}
+	}
+}
+
+// Stop ends sampling and returns the telemetry.
+func (s *Sampler) Stop() Telemetry {
+	if !s.ok {
+		<-s.done
+		return Telemetry{Reason: s.reason, Interval: s.interval}
+	}
+	s.cancel()
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tel := Telemetry{Available: true, Interval: s.interval}
+	for k, d := range s.devs {
+		st := s.stats[k]
+		if st.Samples > 0 {
+			st.UtilizationAvg = s.utilSum[k] / float64(st.Samples)
+			st.PowerAvgW = s.powerSum[k] / float64(st.Samples)
+		}
+		if e, ret := d.GetTotalEnergyConsumption(); ret == nvml.SUCCESS && s.energy0[k] > 0 && e >= s.energy0[k] {
+			st.EnergyJ = float64(e-s.energy0[k]) / 1000 // mJ -> J
+		}
+		tel.EnergyJ += st.EnergyJ
+		tel.Devices = append(tel.Devices, st)
+	}
+	s.ok = false
+	shutdownNVML()
+	return tel
+}

@@ -1,0 +1,147 @@
+package load_test
+
+// Benchmarks of the load generator against a real qual-server serving the mock bundle
+// (make bench). Each reports the figure its target is stated in:
+//
+//	BenchmarkClientStreamingC32      client-us/token   (target <= 1)
+//	BenchmarkNonStreamingRate        req/s             (target >= 10,000 on 2 cores)
+//	BenchmarkOpenLoopLateness1000    lateness-p99-us   (target <= 100)
+//	BenchmarkMemoryPerStream4096     KiB/stream        (target <= 64)
+//
+// The server runs on the same machine and competes for its cores, so the request rate is
+// a lower bound of what the client alone can drive.
+
+import (
+	"context"
+	"runtime"
+	"sort"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelqual/modelqual/qual/client"
+	"github.com/modelqual/modelqual/qual/launch"
+	"github.com/modelqual/modelqual/qual/launch/launchtest"
+	"github.com/modelqual/modelqual/qual/load"
+)
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func BenchmarkClientStreamingC32(b *testing.B) {
+	ep := launchtest.Start(b, launchtest.MockBundle(b, 0), launch.WithArgs("--max-batch", "64"))
+	const tokens = 256
+	cfg := load.Config{BaseURL: ep.BaseURL, Model: ep.Model, Endpoint: client.Completions, Stream: true, Concurrency: 32,
+		Prompts: []load.Prompt{{Prompt: "benchmark"}}, OutputTokens: tokens, Warmup: 32}
+	// b.N counts output tokens.
+	cfg.Requests = max(512, b.N/tokens)
+	b.ResetTimer()
+	res, err := load.Run(context.Background(), cfg)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, events := 0, 0
+	for _, r := range res.Records {
+		if r.Phase != "profiling" {
+			continue
+		}
+		if r.Error != nil {
+			b.Fatalf("request failed: %+v", r.Error)
+		}
+		out += r.OutputTokensServer
+		events += len(r.ChunkNs)
+	}
+	wall := time.Duration(res.ProfilingEndNs - res.ProfilingStartNs)
+	b.ReportMetric(float64(res.ClientCPU.Microseconds())/float64(out), "client-us/token")
+	b.ReportMetric(float64(out)/wall.Seconds(), "tokens/s")
+	b.ReportMetric(float64(events)/float64(out), "events/token")
+}
+
+func BenchmarkNonStreamingRate(b *testing.B) {
+	ep := launchtest.Start(b, launchtest.MockBundle(b, 0), launch.WithArgs("--max-batch", "256", "--queue-depth", "4096"))
+	cfg := load.Config{BaseURL: ep.BaseURL, Model: ep.Model, Endpoint: client.Completions, Concurrency: 64,
+		Prompts: []load.Prompt{{Prompt: "benchmark"}}, OutputTokens: 1, Warmup: 256}
+	cfg.Requests = max(20000, b.N)
+	b.ResetTimer()
+	res, err := load.Run(context.Background(), cfg)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ok := 0
+	for _, r := range res.Records {
+		if r.Phase == "profiling" && r.Error == nil {
+			ok++
+		}
+	}
+	wall := time.Duration(res.ProfilingEndNs - res.ProfilingStartNs)
+	b.ReportMetric(float64(ok)/wall.Seconds(), "req/s")
+	b.ReportMetric(float64(res.ClientCPU.Microseconds())/float64(ok), "client-us/req")
+	b.ReportMetric(float64(cfg.Requests-ok), "errors")
+}
+
+func BenchmarkOpenLoopLateness1000(b *testing.B) {
+	ep := launchtest.Start(b, launchtest.MockBundle(b, 0), launch.WithArgs("--max-batch", "256"))
+	cfg := load.Config{BaseURL: ep.BaseURL, Model: ep.Model, Endpoint: client.Completions, RequestRate: 1000,
+		Prompts: []load.Prompt{{Prompt: "benchmark"}}, OutputTokens: 1, Warmup: 64, MaxConcurrency: 0}
+	cfg.Requests = max(3000, b.N)
+	b.ResetTimer()
+	res, err := load.Run(context.Background(), cfg)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var late []float64
+	for _, r := range res.Records {
+		if r.Phase == "profiling" {
+			late = append(late, float64(r.LatenessNs)/1e3)
+		}
+	}
+	sort.Float64s(late)
+	p := func(q float64) float64 { return late[int(q*float64(len(late)-1))] }
+	b.ReportMetric(p(0.5), "lateness-p50-us")
+	b.ReportMetric(p(0.99), "lateness-p99-us")
+	b.ReportMetric(late[len(late)-1], "lateness-max-us")
+}
+
+func BenchmarkMemoryPerStream4096(b *testing.B) {
+	const streams = 4096
+	// 20 ms per token and 2,000 tokens: every stream stays open for the whole measurement.
+	ep := launchtest.Start(b, launchtest.MockBundle(b, 20*time.Millisecond),
+		launch.WithArgs("--max-batch", "4096", "--queue-depth", "8192"))
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	var inflight int
+	go func() {
+		defer close(done)
+		load.Run(ctx, load.Config{BaseURL: ep.BaseURL, Model: ep.Model, Endpoint: client.Completions, Stream: true,
+			Concurrency: streams, Requests: streams, Prompts: []load.Prompt{{Prompt: "m"}}, OutputTokens: 2000})
+	}()
+	// Wait until every stream has its connection open and is receiving tokens.
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		time.Sleep(500 * time.Millisecond)
+		inflight = openConns()
+		if inflight >= streams {
+			break
+		}
+	}
+	time.Sleep(2 * time.Second)
+	runtime.GC()
+	var during runtime.MemStats
+	runtime.ReadMemStats(&during)
+	cancel()
+	<-done
+	used := (during.HeapInuse + during.StackInuse) - (before.HeapInuse + before.StackInuse)
+	b.ReportMetric(float64(used)/streams/1024, "KiB/stream")
+	b.ReportMetric(float64(inflight), "open-conns")
+	b.ReportMetric(float64(during.NumGC-before.NumGC), "gcs")
+}

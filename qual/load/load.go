@@ -1,0 +1,555 @@
+// Package load generates load against an OpenAI-compatible endpoint and records every
+// request: closed-loop concurrency, open-loop constant or Poisson request rates driven by an
+// absolute schedule (with each request's lateness against it recorded), a rate with a
+// concurrency cap, stop on a count or a duration, warmup requests kept and reported apart,
+// a request-cancellation rate, and a fixed, recorded seed.
+//
+// Run is one sweep point; qual/load's Profile (profile.go) wraps it with a launcher,
+// fingerprints, GPU telemetry, the server-record join and the exports, and is what both
+// `qual profile` and qual/spec's LoadProfile call.
+package load
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	mrand "math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/modelqual/modelqual/qual/client"
+	"github.com/modelqual/modelqual/qual/records"
+)
+
+// Arrival patterns of open-loop runs.
+const (
+	ArrivalConstant = "constant"
+	ArrivalPoisson  = "poisson"
+)
+
+// Config describes one load run (one sweep point).
+type Config struct {
+	// Client sends the requests; when nil one is made from BaseURL, Model and APIKey with a
+	// pool sized to the run's concurrency.
+	Client  *client.Client
+	BaseURL string
+	Model   string
+	APIKey  string
+
+	// Endpoint is client.Completions or client.Chat; Stream asks for SSE.
+	Endpoint string
+	Stream   bool
+
+	// Concurrency > 0 with RequestRate == 0 is a closed loop: that many requests always in
+	// flight.
+	Concurrency int
+	// RequestRate > 0 is an open loop at that many requests per second, on an absolute
+	// schedule; Arrival picks constant spacing (default) or Poisson arrivals.
+	RequestRate float64
+	Arrival     string
+	// MaxConcurrency caps in-flight requests of an open loop (0: no cap). A request that
+	// finds the cap reached waits, and its lateness records the wait.
+	MaxConcurrency int
+
+	// Requests is how many measured requests to send; Duration bounds the measured phase by
+	// time. At least one must be set; with both, the first reached stops the run.
+	Requests int
+	Duration time.Duration
+	// Warmup requests run first (closed loop at the run's concurrency, or 1 for an open
+	// loop), are recorded with Phase "warmup", and never enter measured statistics.
+	Warmup int
+
+	// Prompts are cycled through in order (request i uses Prompts[i % len]).
+	Prompts []Prompt
+	// OutputTokens > 0 sends max_tokens with ignore_eos, so every request generates exactly
+	// that many tokens.
+	OutputTokens int
+	// Extra body fields for every request (temperature, seed, ...).
+	Extra map[string]any
+
+	// CancelRate is the fraction (0..1) of measured requests cancelled by the client
+	// CancelDelay after they start (AIPerf's request cancellation).
+	CancelRate  float64
+	CancelDelay time.Duration
+
+	// Seed drives every random choice (Poisson gaps, cancellations); 0 picks one, and the
+	// seed used is returned in Result.Seed so the run can be repeated.
+	Seed uint64
+
+	// Tokenizer, when set, counts output tokens on the client side (OutputTokensClient).
+	Tokenizer Tokenizer
+
+	// RequestTimeout bounds each request (0: none).
+	RequestTimeout time.Duration
+	// RunID prefixes request IDs (default: random hex), which are RunID-w<n> / RunID-<n>.
+	RunID string
+	// Progress receives a progress bar (terminal) or plain progress lines; nil for none.
+	Progress io.Writer
+
+	// OnPhase, when set, is called as each phase ("warmup", "profiling") starts and ends;
+	// Profile uses it to read server CPU times over the measured window only.
+	OnPhase func(phase string, start bool)
+
+	// MixWarmupIntoMeasurement plants the "warmup mixed into measurement" defect: warmup
+	// requests are labelled "profiling". Only tests proving that the LoadProfile gate bites
+	// set it.
+	MixWarmupIntoMeasurement bool
+}
+
+// Result is what a run recorded.
+type Result struct {
+	// Records holds every request, warmup first, in issue order.
+	Records []records.Request
+	// Epoch is the run start; records' ScheduledNs are measured from it.
+	Epoch       time.Time
+	StartUnixNs int64
+	// ProfilingStartNs and ProfilingEndNs bound the measured phase (ns since Epoch).
+	ProfilingStartNs int64
+	ProfilingEndNs   int64
+	// ClientCPU is this process's user+system CPU time over the measured phase.
+	ClientCPU time.Duration
+	// Seed is the seed used.
+	Seed uint64
+	// Mode is "concurrency" or "request_rate"; Concurrency and RequestRate echo the point.
+	Mode        string
+	Concurrency int
+	RequestRate float64
+}
+
+// Validate checks a Config, naming the field at fault.
+func (c *Config) Validate() error {
+	switch {
+	case c.Client == nil && c.BaseURL == "":
+		return errors.New("load.Run: Config.BaseURL is empty and no Config.Client given")
+	case c.Endpoint != client.Completions && c.Endpoint != client.Chat:
+		return fmt.Errorf("load.Run: Config.Endpoint %q must be %q or %q", c.Endpoint, client.Completions, client.Chat)
+	case c.RequestRate < 0 || math.IsNaN(c.RequestRate) || math.IsInf(c.RequestRate, 0):
+		return fmt.Errorf("load.Run: Config.RequestRate %v must be a positive number", c.RequestRate)
+	case c.RequestRate == 0 && c.Concurrency < 1:
+		return fmt.Errorf("load.Run: Config.Concurrency %d must be at least 1 for a closed loop (or set RequestRate)", c.Concurrency)
+	case c.Requests < 0 || c.Duration < 0 || c.Warmup < 0:
+		return errors.New("load.Run: Config.Requests, Duration and Warmup must not be negative")
+	case c.Requests == 0 && c.Duration == 0:
+		return errors.New("load.Run: set Config.Requests or Config.Duration to say when the run stops")
+	case len(c.Prompts) == 0:
+		return errors.New("load.Run: Config.Prompts is empty; read a corpus (ReadCorpus) or make synthetic prompts (Synthetic)")
+	case c.CancelRate < 0 || c.CancelRate > 1:
+		return fmt.Errorf("load.Run: Config.CancelRate %v must be within [0, 1]", c.CancelRate)
+	case c.Arrival != "" && c.Arrival != ArrivalConstant && c.Arrival != ArrivalPoisson:
+		return fmt.Errorf("load.Run: Config.Arrival %q must be %q or %q", c.Arrival, ArrivalConstant, ArrivalPoisson)
+	}
+	for i, p := range c.Prompts {
+		if c.Endpoint == client.Completions && p.Prompt == "" {
+			return fmt.Errorf("load.Run: prompt %d (%s) has no text for the completions endpoint (chat prompts need --endpoint chat)", i, p.Name)
+		}
+	}
+	return nil
+}
+
+func (c *Config) phase(name string, start bool) {
+	if c.OnPhase != nil {
+		c.OnPhase(name, start)
+	}
+}
+
+// run holds the state shared by a run's workers.
+type run struct {
+	cfg    *Config
+	cl     *client.Client
+	epoch  time.Time
+	bodies [][]byte // prebuilt request bodies, one per prompt
+	recs   []records.Request
+}
+
+// Run performs one load run and returns every request's record. The error reports a
+// configuration problem or a cancelled context; failed requests are recorded, not returned
+// as errors (the caller's gate decides what failures mean).
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Seed == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		cfg.Seed = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+			uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56 | 1
+	}
+	if cfg.RunID == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		cfg.RunID = hex.EncodeToString(b[:])
+	}
+	if cfg.Arrival == "" {
+		cfg.Arrival = ArrivalConstant
+	}
+	inflight := cfg.Concurrency
+	if cfg.RequestRate > 0 {
+		inflight = cfg.MaxConcurrency
+		if inflight == 0 {
+			// Enough idle connections for the expected in-flight count at typical latencies.
+			inflight = max(64, int(cfg.RequestRate))
+		}
+	}
+	cl := cfg.Client
+	if cl == nil {
+		var err error
+		cl, err = client.New(client.Options{BaseURL: cfg.BaseURL, Model: cfg.Model, APIKey: cfg.APIKey,
+			Concurrency: inflight, Timeout: cfg.RequestTimeout})
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Close()
+	}
+	r := &run{cfg: &cfg, cl: cl}
+	if err := r.buildBodies(); err != nil {
+		return nil, err
+	}
+	res := &Result{Seed: cfg.Seed, Concurrency: cfg.Concurrency, RequestRate: cfg.RequestRate, Mode: "concurrency"}
+	if cfg.RequestRate > 0 {
+		res.Mode = "request_rate"
+		res.Concurrency = cfg.MaxConcurrency
+	}
+	rng := mrand.New(mrand.NewPCG(cfg.Seed, 0x6c6f6164))
+	prog := newProgress(cfg.Progress, cfg.Warmup, cfg.Requests, cfg.Duration)
+	defer prog.stop()
+
+	r.epoch = time.Now()
+	res.Epoch = r.epoch
+	res.StartUnixNs = r.epoch.UnixNano()
+
+	// Warmup: a closed loop, recorded apart.
+	if cfg.Warmup > 0 {
+		phase := records.PhaseWarmup
+		if cfg.MixWarmupIntoMeasurement {
+			phase = records.PhaseProfiling
+		}
+		wc := cfg.Concurrency
+		if cfg.RequestRate > 0 {
+			wc = max(1, min(cfg.MaxConcurrency, cfg.Warmup))
+		}
+		prog.setPhase("warmup", cfg.Warmup)
+		cfg.phase(records.PhaseWarmup, true)
+		recs := r.closedLoop(ctx, phase, "w", wc, cfg.Warmup, 0, nil, prog)
+		cfg.phase(records.PhaseWarmup, false)
+		r.recs = append(r.recs, recs...)
+		if err := ctx.Err(); err != nil {
+			res.Records = r.recs
+			return res, fmt.Errorf("load.Run: cancelled during warmup: %w", err)
+		}
+	}
+
+	// Measured phase: decide cancellations up front so they depend only on the seed.
+	n := cfg.Requests
+	if n == 0 {
+		n = -1
+	}
+	var cancel func(i int) (bool, time.Duration)
+	if cfg.CancelRate > 0 {
+		var mu sync.Mutex
+		decided := map[int]bool{}
+		cancel = func(i int) (bool, time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			v, ok := decided[i]
+			if !ok {
+				// Draw in index order so decisions depend only on the seed.
+				for k := len(decided); k <= i; k++ {
+					decided[k] = rng.Float64() < cfg.CancelRate
+				}
+				v = decided[i]
+			}
+			return v, cfg.CancelDelay
+		}
+	}
+	prog.setPhase("profiling", cfg.Requests)
+	cfg.phase(records.PhaseProfiling, true)
+	cpu0 := cpuTime()
+	res.ProfilingStartNs = int64(time.Since(r.epoch))
+	var recs []records.Request
+	if cfg.RequestRate > 0 {
+		recs = r.openLoop(ctx, rng, n, cancel, prog)
+	} else {
+		recs = r.closedLoop(ctx, records.PhaseProfiling, "", cfg.Concurrency, n, cfg.Duration, cancel, prog)
+	}
+	res.ProfilingEndNs = int64(time.Since(r.epoch))
+	res.ClientCPU = cpuTime() - cpu0
+	cfg.phase(records.PhaseProfiling, false)
+	r.recs = append(r.recs, recs...)
+	res.Records = r.recs
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("load.Run: cancelled: %w", err)
+	}
+	return res, nil
+}
+
+// buildBodies prebuilds one request body per prompt so the hot path only sends bytes.
+func (r *run) buildBodies() error {
+	cfg := r.cfg
+	r.bodies = make([][]byte, len(cfg.Prompts))
+	for i, p := range cfg.Prompts {
+		req := client.Request{Endpoint: cfg.Endpoint, Stream: cfg.Stream, Prompt: p.Prompt,
+			MaxTokens: cfg.OutputTokens, IgnoreEOS: cfg.OutputTokens > 0}
+		extra := map[string]any{}
+		for k, v := range cfg.Extra {
+			extra[k] = v
+		}
+		if cfg.Endpoint == client.Chat {
+			req.Messages = p.Messages
+			if len(req.Messages) == 0 {
+				m, _ := json.Marshal([]map[string]string{{"role": "user", "content": p.Prompt}})
+				req.Messages = m
+			}
+			if p.AddGenerationPrompt != nil {
+				extra["add_generation_prompt"] = *p.AddGenerationPrompt
+			}
+			if len(p.ChatTemplateKwargs) > 0 {
+				extra["chat_template_kwargs"] = p.ChatTemplateKwargs
+			}
+		}
+		req.Extra = extra
+		b, err := r.cl.BuildBody(&req)
+		if err != nil {
+			return fmt.Errorf("load.Run: prompt %d (%s): %w", i, p.Name, err)
+		}
+		r.bodies[i] = b
+	}
+	return nil
+}
+
+// one sends request number seq of a phase and returns its record.
+func (r *run) one(ctx context.Context, phase, idPrefix string, seq int, worker string, cancel func(int) (bool, time.Duration), resp *client.Response) records.Request {
+	cfg := r.cfg
+	pi := seq % len(cfg.Prompts)
+	id := fmt.Sprintf("%s-%s%d", cfg.RunID, idPrefix, seq)
+	req := client.Request{ID: id, Endpoint: cfg.Endpoint, Stream: cfg.Stream, Body: r.bodies[pi]}
+	rctx := ctx
+	if cancel != nil {
+		if yes, d := cancel(seq); yes {
+			var stop context.CancelFunc
+			rctx, stop = context.WithCancel(ctx)
+			t := time.AfterFunc(d, stop)
+			defer t.Stop()
+			defer stop()
+		}
+	}
+	_ = r.cl.Do(rctx, r.epoch, &req, resp)
+	rec := toRecord(resp, cfg, phase, seq, worker, cfg.Prompts[pi].InputTokens)
+	if resp.Cancelled && ctx.Err() != nil {
+		// The run itself was cancelled; this is not a planned cancellation.
+		rec.Cancelled = false
+		rec.CancelNs = 0
+		rec.Error = &records.Error{Code: 0, Type: "RunCancelled", Message: "the load run was cancelled before this request finished"}
+	}
+	return rec
+}
+
+// toRecord converts the client's measurement (times since the run epoch) into a record
+// whose times are since the request start.
+func toRecord(resp *client.Response, cfg *Config, phase string, seq int, worker string, inputTokens int) records.Request {
+	rec := records.Request{
+		RequestID:          resp.RequestID,
+		Phase:              phase,
+		SessionNum:         seq,
+		WorkerID:           worker,
+		Endpoint:           cfg.Endpoint,
+		Stream:             cfg.Stream,
+		StartUnixNs:        resp.StartUnixNs,
+		HTTPStatus:         resp.Status,
+		Cancelled:          resp.Cancelled,
+		InputTokens:        inputTokens,
+		InputTokensServer:  resp.PromptTokens,
+		OutputTokensServer: resp.CompletionTokens,
+		ResponseBytes:      resp.ResponseBytes,
+		FinishReason:       resp.FinishReason,
+	}
+	s := resp.StartNs
+	if resp.AckNs > 0 {
+		rec.AckNs = resp.AckNs - s
+	}
+	rec.EndNs = resp.EndNs - s
+	if len(resp.ChunkNs) > 0 {
+		rec.ChunkNs = make([]int64, len(resp.ChunkNs))
+		for i, t := range resp.ChunkNs {
+			rec.ChunkNs[i] = t - s
+		}
+	}
+	if resp.Cancelled {
+		rec.CancelNs = resp.CancelNs - s
+	}
+	if resp.Err != nil {
+		rec.Error = &records.Error{Code: resp.Err.Code, Type: resp.Err.Type, Message: resp.Err.Message}
+	}
+	if cfg.Tokenizer != nil && len(resp.Text) > 0 {
+		rec.OutputTokensClient = len(cfg.Tokenizer.Encode(string(resp.Text)))
+	}
+	return rec
+}
+
+// closedLoop keeps c requests in flight until n requests were issued (n < 0: no count
+// limit) or d elapsed (d == 0: no time limit).
+func (r *run) closedLoop(ctx context.Context, phase, idPrefix string, c, n int, d time.Duration, cancel func(int) (bool, time.Duration), prog *progress) []records.Request {
+	var next atomic.Int64
+	var deadline time.Time
+	if d > 0 {
+		deadline = time.Now().Add(d)
+	}
+	out := make([][]records.Request, c)
+	var wg sync.WaitGroup
+	for w := 0; w < c; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			worker := fmt.Sprintf("worker-%d", w)
+			var resp client.Response
+			for ctx.Err() == nil {
+				if d > 0 && !time.Now().Before(deadline) {
+					return
+				}
+				seq := int(next.Add(1) - 1)
+				if n >= 0 && seq >= n {
+					return
+				}
+				rec := r.one(ctx, phase, idPrefix, seq, worker, cancel, &resp)
+				out[w] = append(out[w], rec)
+				prog.add(rec.Error != nil)
+			}
+		}(w)
+	}
+	wg.Wait()
+	return mergeBySeq(out)
+}
+
+// openLoop issues requests on an absolute schedule at cfg.RequestRate.
+func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(int) (bool, time.Duration), prog *progress) []records.Request {
+	cfg := r.cfg
+	var sem chan struct{}
+	if cfg.MaxConcurrency > 0 {
+		sem = make(chan struct{}, cfg.MaxConcurrency)
+	}
+	start := time.Since(r.epoch)
+	var durEnd time.Duration
+	if cfg.Duration > 0 {
+		durEnd = start + cfg.Duration
+	}
+	mean := float64(time.Second) / cfg.RequestRate
+	var mu sync.Mutex
+	var recs []records.Request
+	var wg sync.WaitGroup
+	clock, err := newSchedClock(r.epoch)
+	if err != nil {
+		clock = nil
+	} else {
+		defer clock.close()
+	}
+	at := float64(start)
+	for seq := 0; n < 0 || seq < n; seq++ {
+		if seq > 0 {
+			if cfg.Arrival == ArrivalPoisson {
+				at += rng.ExpFloat64() * mean
+			} else {
+				at += mean
+			}
+		}
+		sched := time.Duration(at)
+		if durEnd > 0 && sched >= durEnd {
+			break
+		}
+		if clock != nil {
+			if !clock.wait(ctx, sched) {
+				break
+			}
+		} else if !sleepUntil(ctx, r.epoch, sched) {
+			break
+		}
+		if sem != nil {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		wg.Add(1)
+		go func(seq int, sched time.Duration) {
+			defer wg.Done()
+			var resp client.Response
+			rec := r.one(ctx, records.PhaseProfiling, "", seq, "scheduler", cancel, &resp)
+			if sem != nil {
+				<-sem
+			}
+			rec.ScheduledNs = int64(sched)
+			rec.LatenessNs = resp.StartNs - int64(sched)
+			mu.Lock()
+			recs = append(recs, rec)
+			mu.Unlock()
+			prog.add(rec.Error != nil)
+		}(seq, sched)
+	}
+	wg.Wait()
+	out := [][]records.Request{recs}
+	return mergeBySeq(out)
+}
+
+// spinWindow is how long before a scheduled start the scheduler stops sleeping and spins:
+// Go's timers can fire up to about a millisecond late when the process is otherwise idle,
+// which would swamp the 100 µs lateness target of an open-loop schedule.
+const spinWindow = 300 * time.Microsecond
+
+// sleepUntil waits until epoch+at (monotonic), sleeping for most of the wait and spinning
+// with yields for the last spinWindow. It returns false when ctx ends first.
+func sleepUntil(ctx context.Context, epoch time.Time, at time.Duration) bool {
+	for {
+		left := at - time.Since(epoch)
+		if left <= 0 {
+			return ctx.Err() == nil
+		}
+		if left > spinWindow {
+			t := time.NewTimer(left - spinWindow)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return false
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		for time.Since(epoch) < at {
+			runtimeGosched()
+		}
+		return ctx.Err() == nil
+	}
+}
+
+// mergeBySeq flattens per-worker records into sequence order.
+func mergeBySeq(parts [][]records.Request) []records.Request {
+	total := 0
+	for _, p := range parts {
+		total += len(p)
+	}
+	out := make([]records.Request, 0, total)
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	sortBySeq(out)
+	return out
+}
+
+// cpuTime is this process's user+system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

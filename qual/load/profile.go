@@ -1,0 +1,507 @@
+package load
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/modelqual/modelqual/qual/gpu"
+	"github.com/modelqual/modelqual/qual/launch"
+	"github.com/modelqual/modelqual/qual/metrics"
+	"github.com/modelqual/modelqual/qual/provenance"
+	"github.com/modelqual/modelqual/qual/records"
+	"github.com/modelqual/modelqual/reports"
+)
+
+// ProfileInput describes a profile: one load configuration swept over concurrencies or
+// request rates against a started server, each point written to its own run directory.
+type ProfileInput struct {
+	// Endpoint is the started server (from a launch.Launcher). Its RecordsPath, when set,
+	// is read to join server records to client records by request ID; PID, when set, is
+	// used for the serving-cost CPU figures.
+	Endpoint *launch.Endpoint
+	// Load is the per-point configuration; Concurrency / RequestRate are set per point
+	// from the sweep lists below. BaseURL and Model default to the Endpoint's.
+	Load Config
+	// Concurrencies sweeps closed-loop concurrency; RequestRates sweeps open-loop rates
+	// (with Load.MaxConcurrency as the cap). Exactly one must be non-empty.
+	Concurrencies []int
+	RequestRates  []float64
+	// OutDir receives one run directory per point: <OutDir>/<Name>-c<N> or -r<R>.
+	OutDir string
+	// Name prefixes the run directories (default "profile").
+	Name string
+	// SLOs for goodput, e.g. "ttft:200ms,itl:20ms" (metrics.ParseSLOs syntax).
+	SLOs string
+	// Fingerprint names what must not change during each point (the bundle, inputs,
+	// tokenizer and source tree). The run directories are always excluded.
+	Fingerprint provenance.Spec
+	// GPUIndices are sampled with NVML during each point (nil: all visible); RequireGPU
+	// makes unavailable telemetry an error.
+	GPUIndices []int
+	RequireGPU bool
+	// InputConfig is recorded verbatim as the exports' input_config (the CLI's flags).
+	InputConfig any
+	// RecordsWait bounds the wait for the server's records after the last response
+	// (records are written when a request ends on the server; default 5 s).
+	RecordsWait time.Duration
+}
+
+// PointResult is one sweep point.
+type PointResult struct {
+	Dir     string
+	Sweep   reports.SweepPoint
+	Load    *Result
+	Joined  *records.Joined
+	Summary *reports.Summary
+	// Err is why the point failed (join, fingerprints, artifacts); artifacts are written
+	// whatever it says.
+	Err error
+}
+
+// ProfileResult is a whole sweep.
+type ProfileResult struct {
+	Points      []PointResult
+	Environment provenance.Environment
+	GPU         gpu.Inventory
+}
+
+// Err joins the points' errors.
+func (r *ProfileResult) Err() error {
+	var errs []error
+	for _, p := range r.Points {
+		if p.Err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", filepath.Base(p.Dir), p.Err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Artifact file names written next to the reports' exports in each run directory.
+const (
+	ClientRecordsFile      = "client_records.jsonl"
+	ServerRecordsFile      = "server_records.jsonl"
+	JoinedRecordsFile      = "joined_records.jsonl"
+	FingerprintsBeforeFile = "fingerprints_before.json"
+	FingerprintsAfterFile  = "fingerprints_after.json"
+	EnvironmentFile        = "environment.json"
+)
+
+// Profile runs every sweep point of in and writes its run directory: the raw client and
+// server records, the joined records, AIPerf-compatible exports and summaries (package
+// reports), fingerprints before and after, the environment and a copy of the server logs.
+// A point fails (PointResult.Err, and the returned error) when any request ID is unmatched
+// between client and server records, or a fingerprinted file changed; its raw records are
+// still written. Request-level errors do not fail a point: the caller's gate decides.
+func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
+	if in.Endpoint == nil {
+		return nil, errors.New("load.Profile: ProfileInput.Endpoint is nil; start a server with a launch.Launcher first")
+	}
+	if in.OutDir == "" {
+		return nil, errors.New("load.Profile: ProfileInput.OutDir is empty")
+	}
+	if (len(in.Concurrencies) == 0) == (len(in.RequestRates) == 0) {
+		return nil, errors.New("load.Profile: set exactly one of ProfileInput.Concurrencies and ProfileInput.RequestRates")
+	}
+	slos, err := metrics.ParseSLOs(in.SLOs)
+	if err != nil {
+		return nil, fmt.Errorf("load.Profile: SLOs: %w", err)
+	}
+	if in.Name == "" {
+		in.Name = "profile"
+	}
+	if in.RecordsWait == 0 {
+		in.RecordsWait = 5 * time.Second
+	}
+	if in.Load.BaseURL == "" {
+		in.Load.BaseURL = in.Endpoint.BaseURL
+	}
+	if in.Load.Model == "" {
+		in.Load.Model = in.Endpoint.Model
+	}
+	out, err := filepath.Abs(in.OutDir)
+	if err != nil {
+		return nil, fmt.Errorf("load.Profile: out dir: %w", err)
+	}
+	in.Fingerprint.Exclude = append(in.Fingerprint.Exclude, out)
+	res := &ProfileResult{
+		Environment: provenance.Env(ctx, in.Fingerprint.SourceRoot, in.Endpoint.Kind, in.Endpoint.Args, in.Endpoint.Env),
+		GPU:         gpu.Inspect(),
+	}
+	if in.RequireGPU {
+		if err := gpu.Require(res.GPU); err != nil {
+			return res, err
+		}
+	}
+	type point struct {
+		sweep reports.SweepPoint
+		dir   string
+	}
+	var points []point
+	for _, c := range in.Concurrencies {
+		points = append(points, point{reports.SweepPoint{Parameter: "concurrency", Value: float64(c)}, fmt.Sprintf("%s-c%d", in.Name, c)})
+	}
+	for _, r := range in.RequestRates {
+		points = append(points, point{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
+	}
+	for i, p := range points {
+		cfg := in.Load
+		if p.sweep.Parameter == "concurrency" {
+			cfg.Concurrency, cfg.RequestRate = int(p.sweep.Value), 0
+		} else {
+			cfg.RequestRate = p.sweep.Value
+		}
+		if cfg.Seed != 0 {
+			cfg.Seed += uint64(i) // distinct but reproducible per point
+		}
+		pr := profilePoint(ctx, in, cfg, p.sweep, filepath.Join(out, p.dir), slos, res)
+		res.Points = append(res.Points, pr)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return res, res.Err()
+}
+
+func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep reports.SweepPoint, dir string, slos []reports.SLO, pres *ProfileResult) PointResult {
+	pr := PointResult{Dir: dir, Sweep: sweep}
+	fail := func(err error) {
+		if err != nil {
+			pr.Err = errors.Join(pr.Err, err)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		pr.Err = fmt.Errorf("create run directory: %w", err)
+		return pr
+	}
+	before, err := provenance.Take(ctx, in.Fingerprint)
+	if err != nil {
+		pr.Err = err
+		return pr
+	}
+	fail(writeJSON(filepath.Join(dir, FingerprintsBeforeFile), before))
+	fail(writeJSON(filepath.Join(dir, EnvironmentFile), struct {
+		provenance.Environment
+		GPU gpu.Inventory `json:"gpu"`
+	}{pres.Environment, pres.GPU}))
+
+	recOffset := fileSize(in.Endpoint.RecordsPath)
+	var cpuStart, cpuEnd procCPU
+	userHook := cfg.OnPhase
+	cfg.OnPhase = func(phase string, start bool) {
+		if phase == records.PhaseProfiling && in.Endpoint.PID > 0 {
+			if start {
+				cpuStart = readProcCPU(in.Endpoint.PID)
+			} else {
+				cpuEnd = readProcCPU(in.Endpoint.PID)
+			}
+		}
+		if userHook != nil {
+			userHook(phase, start)
+		}
+	}
+	sampler, err := gpu.StartSampler(in.GPUIndices, 0, in.RequireGPU)
+	if err != nil {
+		pr.Err = err
+		return pr
+	}
+	lr, runErr := Run(ctx, cfg)
+	tel := sampler.Stop()
+	pr.Load = lr
+	fail(runErr)
+	if lr == nil {
+		return pr
+	}
+	fail(records.WriteJSONL(filepath.Join(dir, ClientRecordsFile), lr.Records))
+
+	// Join with the server's records of this point.
+	var joined *records.Joined
+	if in.Endpoint.RecordsPath != "" {
+		sv, err := waitServerRecords(ctx, in.Endpoint.RecordsPath, recOffset, lr.Records, in.RecordsWait)
+		fail(records.WriteJSONL(filepath.Join(dir, ServerRecordsFile), sv))
+		if err != nil {
+			fail(err)
+		} else {
+			j, jerr := records.Join(lr.Records, sv)
+			joined = j
+			fail(jerr)
+			if j != nil {
+				fail(records.WriteJSONL(filepath.Join(dir, JoinedRecordsFile), j.Requests))
+			}
+		}
+	}
+	pr.Joined = joined
+
+	after, err := provenance.Take(ctx, in.Fingerprint)
+	if err != nil {
+		fail(err)
+	} else {
+		fail(writeJSON(filepath.Join(dir, FingerprintsAfterFile), after))
+		fail(provenance.Compare(before, after))
+	}
+	copyLogs(in.Endpoint.LogPaths, dir)
+
+	// Exports through package reports.
+	open := cfg.RequestRate > 0
+	exp := metrics.Export(lr.Records, joined, metrics.Options{ScheduleLateness: open})
+	outTok := 0
+	for i := range lr.Records {
+		if lr.Records[i].Phase == records.PhaseProfiling && !lr.Records[i].Failed() {
+			outTok += lr.Records[i].OutputTokens()
+		}
+	}
+	tel.PerToken(outTok)
+	cost := &reports.ServingCost{ClientCPUNs: int64(lr.ClientCPU)}
+	if cpuEnd.ok && cpuStart.ok {
+		cost.FrontendCPUNs = cpuEnd.frontend - cpuStart.frontend
+		cost.WorkerCPUNs = cpuEnd.workers - cpuStart.workers
+	}
+	inputCfg := in.InputConfig
+	if inputCfg == nil {
+		inputCfg = describeConfig(cfg, lr)
+	}
+	run := &reports.Run{
+		Name:      filepath.Base(dir),
+		Records:   exp,
+		SLOs:      slos,
+		Cost:      cost,
+		Sweep:     &sweep,
+		StartTime: time.Unix(0, lr.StartUnixNs),
+		EndTime:   time.Unix(0, lr.StartUnixNs+lr.ProfilingEndNs),
+	}
+	run.InputConfig = mustJSON(map[string]any{"config": inputCfg, "seed": lr.Seed, "point": sweep})
+	run.Environment = mustJSON(struct {
+		provenance.Environment
+		GPU gpu.Inventory `json:"gpu"`
+	}{pres.Environment, pres.GPU})
+	run.Provenance = mustJSON(map[string]any{"before": before, "after": after})
+	run.GPUTelemetry = mustJSON(tel)
+	sum, err := reports.WriteRun(dir, run)
+	fail(err)
+	pr.Summary = sum
+	return pr
+}
+
+// describeConfig is the input_config recorded when the caller gave none.
+func describeConfig(cfg Config, lr *Result) map[string]any {
+	return map[string]any{
+		"endpoint": cfg.Endpoint, "stream": cfg.Stream, "concurrency": cfg.Concurrency,
+		"request_rate": cfg.RequestRate, "arrival": cfg.Arrival, "max_concurrency": cfg.MaxConcurrency,
+		"requests": cfg.Requests, "duration": cfg.Duration.String(), "warmup": cfg.Warmup,
+		"prompts": len(cfg.Prompts), "output_tokens": cfg.OutputTokens, "cancel_rate": cfg.CancelRate,
+		"cancel_delay": cfg.CancelDelay.String(), "seed": lr.Seed, "model": cfg.Model, "url": cfg.BaseURL,
+	}
+}
+
+// waitServerRecords reads the server records appended since offset, waiting (up to wait)
+// until every client request has one: servers write a record when a request ends on their
+// side, which for a cancelled request can be a little after the client gave up. Only the
+// load routes are kept (/v1/completions, /v1/chat/completions).
+func waitServerRecords(ctx context.Context, path string, offset int64, cl []records.Request, wait time.Duration) ([]records.Server, error) {
+	want := make(map[string]bool, len(cl))
+	for _, r := range cl {
+		want[r.RequestID] = true
+	}
+	deadline := time.Now().Add(wait)
+	delay := 5 * time.Millisecond
+	for {
+		sv, err := readServerFrom(path, offset)
+		if err != nil {
+			return sv, err
+		}
+		have := 0
+		for _, s := range sv {
+			if want[s.RequestID] {
+				have++
+			}
+		}
+		if have >= len(want) || time.Now().After(deadline) || ctx.Err() != nil {
+			return sv, nil
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, 100*time.Millisecond)
+	}
+}
+
+// readServerFrom decodes complete JSONL lines after offset (a last line still being written
+// is left for the next read).
+func readServerFrom(path string, offset int64) ([]records.Server, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read server records: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("read server records %s: %w", path, err)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("read server records %s: %w", path, err)
+	}
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		b = b[:i+1]
+	} else {
+		b = nil
+	}
+	sv, err := records.DecodeJSONL[records.Server](bytes.NewReader(b))
+	if err != nil {
+		return sv, fmt.Errorf("read server records %s (from byte %d): %w", path, offset, err)
+	}
+	var out []records.Server
+	for _, s := range sv {
+		if s.Route == "/v1/completions" || s.Route == "/v1/chat/completions" {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+func fileSize(path string) int64 {
+	if path == "" {
+		return 0
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+func copyLogs(paths []string, dir string) {
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		_ = os.WriteFile(filepath.Join(dir, filepath.Base(p)), b, 0o644)
+	}
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return json.RawMessage(strconv.Quote(err.Error()))
+	}
+	return b
+}
+
+// procCPU is CPU time of a server process (frontend) and its descendants (workers).
+type procCPU struct {
+	frontend, workers int64
+	ok                bool
+}
+
+// clockTick is USER_HZ, 100 on every Linux this runs on.
+const clockTick = 100
+
+// readProcCPU reads utime+stime of pid and of every process whose parent chain reaches pid.
+func readProcCPU(pid int) procCPU {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return procCPU{}
+	}
+	type st struct {
+		ppid int
+		cpu  int64
+	}
+	all := map[int]st{}
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ppid, cpu, ok := statCPU(p)
+		if ok {
+			all[p] = st{ppid, cpu}
+		}
+	}
+	root, ok := all[pid]
+	if !ok {
+		return procCPU{}
+	}
+	res := procCPU{frontend: cpuNs(pid, root.cpu), ok: true}
+	for p, s := range all {
+		if p == pid {
+			continue
+		}
+		for q, hops := s.ppid, 0; q > 1 && hops < 16; hops++ {
+			if q == pid {
+				res.workers += cpuNs(p, s.cpu)
+				break
+			}
+			q = all[q].ppid
+		}
+	}
+	return res
+}
+
+// cpuNs is a process's CPU time in ns from its threads' schedstat (nanosecond resolution),
+// or the clock-tick figure from stat when schedstat is unavailable: at 10 ms a tick, short
+// profiling windows would otherwise read as zero.
+func cpuNs(pid int, fromStat int64) int64 {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fromStat
+	}
+	var total int64
+	for _, e := range ents {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/schedstat")
+		if err != nil {
+			return fromStat
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return fromStat
+		}
+		v, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return fromStat
+		}
+		total += v
+	}
+	if total == 0 {
+		return fromStat // schedstat present but not collected
+	}
+	return total
+}
+
+// statCPU parses /proc/<pid>/stat: ppid (field 4) and utime+stime (fields 14, 15) in ns.
+func statCPU(pid int) (ppid int, cpuNs int64, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	// The command name (field 2) may hold spaces; fields resume after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	stt, _ := strconv.ParseInt(f[12], 10, 64)
+	return ppid, (ut + stt) * int64(time.Second/clockTick), true
+}

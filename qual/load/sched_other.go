@@ -1,0 +1,19 @@
+//go:build !linux
+
+package load
+
+import (
+	"context"
+	"time"
+)
+
+// schedClock falls back to Go timers (with a short spin) where timerfd does not exist.
+type schedClock struct{ epoch time.Time }
+
+func newSchedClock(epoch time.Time) (*schedClock, error) { return &schedClock{epoch: epoch}, nil }
+
+func (c *schedClock) wait(ctx context.Context, at time.Duration) bool {
+	return sleepUntil(ctx, c.epoch, at)
+}
+
+func (c *schedClock) close() {}
