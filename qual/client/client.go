@@ -118,7 +118,8 @@ type Request struct {
 // from the monotonic clock.
 type Response struct {
 	RequestID string
-	// StartNs is just before the request is written; StartUnixNs is the wall clock then.
+	// StartNs is just before the request is written; StartUnixNs is the same instant on
+	// the wall clock, derived from the epoch's wall reading plus the monotonic StartNs.
 	StartNs     int64
 	StartUnixNs int64
 	// AckNs is when the response headers arrived; EndNs when the body ended.
@@ -212,8 +213,11 @@ func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Re
 		h["Authorization"] = []string{c.auth}
 	}
 
-	resp.StartUnixNs = time.Now().UnixNano()
+	// StartUnixNs is the epoch's one wall-clock reading plus a monotonic offset, so that
+	// differences between requests' StartUnixNs are monotonic differences (METRICS.md: never
+	// subtract wall-clock readings).
 	resp.StartNs = int64(time.Since(epoch))
+	resp.StartUnixNs = epoch.UnixNano() + resp.StartNs
 	hresp, err := c.hc.Do(hreq)
 	if err != nil {
 		return c.fail(ctx, epoch, resp, err)
