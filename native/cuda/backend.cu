@@ -1,0 +1,1871 @@
+// backend.cu: the CUDA device backend (libmodelqual_cuda.so) behind native/include/mq_backend.h.
+//
+// Why this shape: the CPU runtime dlopen()s this library only when an engine is opened with device
+// "cuda", so the CPU build never needs CUDA. The runtime keeps scheduling, sampling and stop rules;
+// this file owns the weights (converted from the bundle's fp32 to bf16/fp16/fp32 at load), the KV
+// cache of every slot, the forward pass and greedy argmax.
+//
+// Numerics: weights and GEMM inputs in the chosen precision T, every product accumulated in fp32
+// (cuBLAS CUBLAS_COMPUTE_32F, and fmaf in our kernels); the residual stream, norms, RoPE, softmax
+// and logits stay fp32. The KV cache is stored in T.
+//
+// Kernels (all ours except the matrix products of more than gemv_max_b rows, which go to cuBLAS):
+//   embed            token (+ position for gpt2) embedding into the fp32 residual
+//   prep             RMSNorm / LayerNorm / SwiGLU / gelu_new / copy of one row into T (GEMM input)
+//   gemv<T,B>        small-batch matrix-vector product with the prep fused in front, the bias and
+//                    the residual add fused behind, and greedy argmax fused for the LM head
+//   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
+//   attention        causal attention of each new token over its slot's cache (prefill and decode)
+//   argmax           packed (value, -index) atomicMax; ties go to the lowest index like torch.argmax
+// A decode step (every entry appends one token) runs as a CUDA graph captured per batch bucket
+// (1, 2, 4, 8, ...); the kernels use programmatic dependent launch on Hopper so a kernel's start
+// overlaps the previous kernel's tail.
+//
+// Debug/benchmark switches (environment, read at open; also mqb_debug_set below, not part of the
+// ABI): MQB_GRAPHS=0 disables CUDA graphs, MQB_PDL=0 disables programmatic dependent launch,
+// MQB_GEMV_MAX_B=n caps the batch that uses the fused GEMV path (0 = cuBLAS always), MQB_ATTN_SPLIT=s
+// splits attention over s blocks per (token, kv head) when a step has few tokens (default 1).
+// Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
+//   qwen3.rope_theta_x10  multiply rope_theta by 10
+//   qwen3.drop_q_norm     skip q_norm
+//
+// Thread safety: one model is driven by one thread at a time (the engine's worker).
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "mq_backend.h"
+
+namespace mqcuda {
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+struct Fail : std::runtime_error {
+  explicit Fail(const std::string &m) : std::runtime_error(m) {}
+};
+
+std::string fmt(const char *f, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+void ck(cudaError_t e, const char *what) {
+  if (e != cudaSuccess)
+    throw Fail(fmt("cuda backend: %s failed: %s (%s)", what, cudaGetErrorName(e),
+                   cudaGetErrorString(e)));
+}
+
+void ckb(cublasStatus_t s, const char *what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Fail(fmt("cuda backend: cuBLAS %s failed with status %d", what, (int)s));
+}
+
+void set_err(char *err, size_t errlen, const std::string &m) {
+  if (err && errlen > 0) {
+    snprintf(err, errlen, "%s", m.c_str());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Minimal JSON reader for config.json (objects, arrays, strings, numbers, true/false/null).
+
+struct JVal {
+  enum Kind { NUL, BOOL, NUM, STR, ARR, OBJ } kind = NUL;
+  bool b = false;
+  double num = 0;
+  std::string str;
+  std::vector<JVal> arr;
+  std::vector<std::pair<std::string, JVal>> obj;
+  const JVal *get(const std::string &k) const {
+    if (kind != OBJ) return nullptr;
+    for (const auto &kv : obj)
+      if (kv.first == k) return &kv.second;
+    return nullptr;
+  }
+};
+
+class JParser {
+ public:
+  explicit JParser(const char *s) : p_(s) {}
+  JVal parse() {
+    JVal v = value();
+    ws();
+    if (*p_) fail("trailing characters");
+    return v;
+  }
+
+ private:
+  const char *p_;
+  [[noreturn]] void fail(const char *why) {
+    throw Fail(fmt("cuda backend: config_json: %s near '%.20s'", why, p_));
+  }
+  void ws() {
+    while (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t') ++p_;
+  }
+  bool lit(const char *w) {
+    size_t n = strlen(w);
+    if (strncmp(p_, w, n) == 0) {
+      p_ += n;
+      return true;
+    }
+    return false;
+  }
+  std::string string() {
+    if (*p_ != '"') fail("expected string");
+    ++p_;
+    std::string out;
+    while (*p_ && *p_ != '"') {
+      char c = *p_++;
+      if (c != '\\') {
+        out.push_back(c);
+        continue;
+      }
+      char e = *p_++;
+      switch (e) {
+        case '"': out.push_back('"'); break;
+        case '\\': out.push_back('\\'); break;
+        case '/': out.push_back('/'); break;
+        case 'b': out.push_back('\b'); break;
+        case 'f': out.push_back('\f'); break;
+        case 'n': out.push_back('\n'); break;
+        case 'r': out.push_back('\r'); break;
+        case 't': out.push_back('\t'); break;
+        case 'u': {
+          unsigned cp = 0;
+          for (int i = 0; i < 4; ++i) {
+            char h = *p_++;
+            cp <<= 4;
+            if (h >= '0' && h <= '9') cp |= h - '0';
+            else if (h >= 'a' && h <= 'f') cp |= h - 'a' + 10;
+            else if (h >= 'A' && h <= 'F') cp |= h - 'A' + 10;
+            else fail("bad \\u escape");
+          }
+          // Names we read are ASCII; other code points are kept approximately (BMP only).
+          if (cp < 0x80) out.push_back((char)cp);
+          else if (cp < 0x800) {
+            out.push_back((char)(0xC0 | (cp >> 6)));
+            out.push_back((char)(0x80 | (cp & 0x3F)));
+          } else {
+            out.push_back((char)(0xE0 | (cp >> 12)));
+            out.push_back((char)(0x80 | ((cp >> 6) & 0x3F)));
+            out.push_back((char)(0x80 | (cp & 0x3F)));
+          }
+          break;
+        }
+        default: fail("bad escape");
+      }
+    }
+    if (*p_ != '"') fail("unterminated string");
+    ++p_;
+    return out;
+  }
+  JVal value() {
+    ws();
+    JVal v;
+    if (*p_ == '{') {
+      ++p_;
+      v.kind = JVal::OBJ;
+      ws();
+      if (*p_ == '}') {
+        ++p_;
+        return v;
+      }
+      for (;;) {
+        ws();
+        std::string k = string();
+        ws();
+        if (*p_ != ':') fail("expected ':'");
+        ++p_;
+        JVal item = value();
+        v.obj.emplace_back(std::move(k), std::move(item));
+        ws();
+        if (*p_ == ',') {
+          ++p_;
+          continue;
+        }
+        if (*p_ == '}') {
+          ++p_;
+          return v;
+        }
+        fail("expected ',' or '}'");
+      }
+    }
+    if (*p_ == '[') {
+      ++p_;
+      v.kind = JVal::ARR;
+      ws();
+      if (*p_ == ']') {
+        ++p_;
+        return v;
+      }
+      for (;;) {
+        v.arr.push_back(value());
+        ws();
+        if (*p_ == ',') {
+          ++p_;
+          continue;
+        }
+        if (*p_ == ']') {
+          ++p_;
+          return v;
+        }
+        fail("expected ',' or ']'");
+      }
+    }
+    if (*p_ == '"') {
+      v.kind = JVal::STR;
+      v.str = string();
+      return v;
+    }
+    if (lit("true")) {
+      v.kind = JVal::BOOL;
+      v.b = true;
+      return v;
+    }
+    if (lit("false")) {
+      v.kind = JVal::BOOL;
+      return v;
+    }
+    if (lit("null")) return v;
+    if (*p_ == '-' || (*p_ >= '0' && *p_ <= '9')) {
+      char *end = nullptr;
+      v.kind = JVal::NUM;
+      v.num = strtod(p_, &end);
+      if (end == p_) fail("bad number");
+      p_ = end;
+      return v;
+    }
+    fail("unexpected character");
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Hyperparameters
+
+enum Family { GPT2, QWEN3 };
+
+struct Cfg {
+  Family fam = QWEN3;
+  int V = 0, H = 0, L = 0, nh = 0, nkv = 0, D = 0, I = 0, maxpos = 0;
+  double eps = 1e-6, theta = 10000;
+  bool tied = false, attn_bias = false, inv_layer_scale = false;
+};
+
+int cfg_int(const JVal &c, const char *k, int dflt, bool required) {
+  const JVal *v = c.get(k);
+  if (!v || v->kind == JVal::NUL) {
+    if (required) throw Fail(fmt("cuda backend: config.json: %s is missing", k));
+    return dflt;
+  }
+  if (v->kind != JVal::NUM || v->num <= 0 || v->num != std::floor(v->num))
+    throw Fail(fmt("cuda backend: config.json: %s must be a positive integer", k));
+  return (int)v->num;
+}
+
+double cfg_num(const JVal &c, const char *k, double dflt) {
+  const JVal *v = c.get(k);
+  if (!v || v->kind == JVal::NUL) return dflt;
+  if (v->kind != JVal::NUM) throw Fail(fmt("cuda backend: config.json: %s must be a number", k));
+  return v->num;
+}
+
+bool cfg_bool(const JVal &c, const char *k, bool dflt) {
+  const JVal *v = c.get(k);
+  if (!v || v->kind == JVal::NUL) return dflt;
+  if (v->kind != JVal::BOOL) throw Fail(fmt("cuda backend: config.json: %s must be a boolean", k));
+  return v->b;
+}
+
+std::string cfg_str(const JVal &c, const char *k, const std::string &dflt) {
+  const JVal *v = c.get(k);
+  if (!v || v->kind == JVal::NUL) return dflt;
+  if (v->kind != JVal::STR) throw Fail(fmt("cuda backend: config.json: %s must be a string", k));
+  return v->str;
+}
+
+bool fault(const char *name) {
+  const char *f = getenv("MODELQUAL_FAULTS");
+  if (!f) return false;
+  std::string s(f), n(name);
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t e = s.find(',', start);
+    if (e == std::string::npos) e = s.size();
+    std::string item = s.substr(start, e - start);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (item == n) return true;
+    start = e + 1;
+  }
+  return false;
+}
+
+Cfg parse_cfg(const std::string &family, const char *json) {
+  if (!json) throw Fail("cuda backend: config_json is NULL");
+  JVal c = JParser(json).parse();
+  if (c.kind != JVal::OBJ) throw Fail("cuda backend: config.json is not a JSON object");
+  Cfg g;
+  if (family == "gpt2") {
+    g.fam = GPT2;
+    g.V = cfg_int(c, "vocab_size", 0, true);
+    g.H = cfg_int(c, "n_embd", 0, true);
+    g.L = cfg_int(c, "n_layer", 0, true);
+    g.nh = cfg_int(c, "n_head", 0, true);
+    g.maxpos = cfg_int(c, "n_positions", 0, true);
+    if (g.H % g.nh != 0)
+      throw Fail(fmt("cuda backend: config.json: n_embd %d is not a multiple of n_head %d", g.H, g.nh));
+    g.nkv = g.nh;
+    g.D = g.H / g.nh;
+    g.I = cfg_int(c, "n_inner", 4 * g.H, false);
+    g.eps = cfg_num(c, "layer_norm_epsilon", 1e-5);
+    g.tied = true;
+    std::string act = cfg_str(c, "activation_function", "gelu_new");
+    if (act != "gelu_new")
+      throw Fail(fmt("cuda backend: config.json: activation_function %s is not supported; gelu_new is", act.c_str()));
+    if (!cfg_bool(c, "scale_attn_weights", true))
+      throw Fail("cuda backend: config.json: scale_attn_weights false is not supported");
+    g.inv_layer_scale = cfg_bool(c, "scale_attn_by_inverse_layer_idx", false);
+  } else if (family == "qwen3") {
+    g.fam = QWEN3;
+    g.V = cfg_int(c, "vocab_size", 0, true);
+    g.H = cfg_int(c, "hidden_size", 0, true);
+    g.L = cfg_int(c, "num_hidden_layers", 0, true);
+    g.nh = cfg_int(c, "num_attention_heads", 0, true);
+    g.I = cfg_int(c, "intermediate_size", 0, true);
+    g.maxpos = cfg_int(c, "max_position_embeddings", 0, true);
+    g.nkv = cfg_int(c, "num_key_value_heads", g.nh, false);
+    g.D = cfg_int(c, "head_dim", g.H / g.nh, false);
+    if (g.nh % g.nkv != 0)
+      throw Fail(fmt("cuda backend: config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d", g.nh, g.nkv));
+    if (g.D % 2 != 0) throw Fail(fmt("cuda backend: config.json: head_dim %d must be even", g.D));
+    g.eps = cfg_num(c, "rms_norm_eps", 1e-6);
+    g.theta = 10000;
+    const JVal *rp = c.get("rope_parameters");
+    if (c.get("rope_theta") && c.get("rope_theta")->kind == JVal::NUM) {
+      g.theta = c.get("rope_theta")->num;
+    } else if (rp && rp->kind == JVal::OBJ && rp->get("rope_theta") && rp->get("rope_theta")->kind == JVal::NUM) {
+      g.theta = rp->get("rope_theta")->num;
+    }
+    if (rp && rp->kind == JVal::OBJ) {
+      std::string rt = cfg_str(*rp, "rope_type", "default");
+      if (rt != "default")
+        throw Fail(fmt("cuda backend: config.json: rope_parameters.rope_type %s is not supported; only default RoPE", rt.c_str()));
+    }
+    const JVal *rs = c.get("rope_scaling");
+    if (rs && rs->kind != JVal::NUL) {
+      bool plain = rs->kind == JVal::OBJ && (!rs->get("rope_type") || (rs->get("rope_type")->kind == JVal::STR && rs->get("rope_type")->str == "default"));
+      if (!plain) throw Fail("cuda backend: config.json: rope_scaling is not supported; only default RoPE");
+    }
+    std::string act = cfg_str(c, "hidden_act", "silu");
+    if (act != "silu")
+      throw Fail(fmt("cuda backend: config.json: hidden_act %s is not supported; silu is", act.c_str()));
+    if (cfg_bool(c, "use_sliding_window", false))
+      throw Fail("cuda backend: config.json: use_sliding_window true is not supported");
+    g.tied = cfg_bool(c, "tie_word_embeddings", false);
+    g.attn_bias = cfg_bool(c, "attention_bias", false);
+    if (fault("qwen3.rope_theta_x10")) g.theta *= 10;
+  } else {
+    throw Fail(fmt("cuda backend: family %s is not supported; known: gpt2, qwen3", family.c_str()));
+  }
+  return g;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host-side precision conversion
+
+enum DType { DT_BF16, DT_F16, DT_F32 };
+
+uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
+  return (uint16_t)(u >> 16);
+}
+
+uint16_t f2h(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t fe = (x >> 23) & 0xffu;
+  uint32_t mant = x & 0x7fffffu;
+  if (fe == 0xffu) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0u));
+  int32_t e = (int32_t)fe - 127 + 15;
+  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+  if (e <= 0) {
+    if (e < -10) return (uint16_t)sign;
+    mant |= 0x800000u;
+    int shift = 14 - e;
+    uint32_t hm = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (hm & 1u))) hm++;
+    return (uint16_t)(sign | hm);
+  }
+  uint32_t hm = mant >> 13, rem = mant & 0x1fffu;
+  uint32_t r = sign | ((uint32_t)e << 10) | hm;
+  if (rem > 0x1000u || (rem == 0x1000u && (hm & 1u))) r++;
+  return (uint16_t)r;
+}
+
+size_t dt_size(DType d) { return d == DT_F32 ? 4 : 2; }
+
+// parallel_for splits [0,n) over up to 16 host threads (weight conversion of a 0.6B model).
+template <typename F>
+void parallel_for(int64_t n, F fn) {
+  int nt = (int)std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), 16);
+  if (n < 1 << 16) nt = 1;
+  std::vector<std::thread> th;
+  int64_t per = (n + nt - 1) / nt;
+  for (int t = 0; t < nt; ++t) {
+    int64_t a = t * per, b = std::min(n, a + per);
+    if (a >= b) break;
+    th.emplace_back([=] { fn(a, b); });
+  }
+  for (auto &x : th) x.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device helpers
+
+template <typename T>
+struct TT;
+template <>
+struct TT<float> {
+  static constexpr int CH = 4;  // elements per 16-byte vector
+  static __device__ __forceinline__ float tof(float x) { return x; }
+  static __device__ __forceinline__ float fromf(float x) { return x; }
+  static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
+    f[0] = __uint_as_float(v.x);
+    f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z);
+    f[3] = __uint_as_float(v.w);
+  }
+};
+template <>
+struct TT<__nv_bfloat16> {
+  static constexpr int CH = 8;
+  static __device__ __forceinline__ float tof(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 fromf(float x) { return __float2bfloat16(x); }
+  static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 t = __bfloat1622float2(h[i]);
+      f[2 * i] = t.x;
+      f[2 * i + 1] = t.y;
+    }
+  }
+};
+template <>
+struct TT<__half> {
+  static constexpr int CH = 8;
+  static __device__ __forceinline__ float tof(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half fromf(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
+    const __half2 *h = reinterpret_cast<const __half2 *>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 t = __half22float2(h[i]);
+      f[2 * i] = t.x;
+      f[2 * i + 1] = t.y;
+    }
+  }
+};
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    unsigned long long w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+// block_sum: every thread of the block must call it; red holds 32 floats of shared memory.
+__device__ float block_sum(float v, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // red may still be read from a previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = (lane < nw) ? red[lane] : 0.f;
+  return warp_sum(t);
+}
+
+// argkey packs a logit and its index so that an unsigned max picks the largest logit and, among
+// equal logits, the lowest index (torch.argmax's first occurrence).
+__device__ __forceinline__ unsigned long long argkey(float v, int idx) {
+  unsigned int u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned int)idx);
+}
+
+// Dynamic shared memory (extern __shared__), spelled through a macro so the host-only smoke test
+// (stub headers, MQB_HOST_TEST) can compile the kernels as plain functions.
+#ifdef MQB_HOST_TEST
+#define DYN_SMEM(T, name) static T name[16384]
+#else
+#define DYN_SMEM(T, name) extern __shared__ T name[]
+#endif
+
+enum PrepMode { PREP_PLAIN = 0, PREP_RMS = 1, PREP_LN = 2, PREP_SWIGLU = 3, PREP_GELU = 4 };
+
+// PrepArgs describes how the input row b of a linear layer is made:
+//   PLAIN : srcT[r*ld + k]                       (already in T)
+//   RMS   : src[r*ld + k] * rstd * w[k]          (RMSNorm)
+//   LN    : (src - mean) * rstd * w[k] + bb[k]   (LayerNorm)
+//   SWIGLU: silu(src[r*ld + k]) * src[r*ld + K + k]
+//   GELU  : gelu_new(src[r*ld + k])
+// with r = rows ? rows[b] : b.
+template <typename T>
+struct PrepArgs {
+  int mode;
+  const float *src;
+  const T *srcT;
+  int ld;
+  const int *rows;
+  const float *w;
+  const float *bb;
+  float eps;
+};
+
+__device__ __forceinline__ float gelu_new(float x) {
+  const float k = 0.7978845608028654f;  // sqrt(2/pi)
+  return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+template <typename T>
+__device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red) {
+  const int r = a.rows ? a.rows[b] : b;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if (a.mode == PREP_PLAIN) {
+    const T *x = a.srcT + (size_t)r * a.ld;
+    for (int k = tid; k < K; k += nt) dst[k] = x[k];
+    return;
+  }
+  const float *x = a.src + (size_t)r * a.ld;
+  if (a.mode == PREP_RMS) {
+    float ss = 0.f;
+    for (int k = tid; k < K; k += nt) ss += x[k] * x[k];
+    ss = block_sum(ss, red);
+    const float rstd = rsqrtf(ss / (float)K + a.eps);
+    for (int k = tid; k < K; k += nt) dst[k] = TT<T>::fromf(x[k] * rstd * a.w[k]);
+  } else if (a.mode == PREP_LN) {
+    float s = 0.f;
+    for (int k = tid; k < K; k += nt) s += x[k];
+    const float mean = block_sum(s, red) / (float)K;
+    float v = 0.f;
+    for (int k = tid; k < K; k += nt) {
+      float d = x[k] - mean;
+      v += d * d;
+    }
+    const float rstd = rsqrtf(block_sum(v, red) / (float)K + a.eps);
+    for (int k = tid; k < K; k += nt) dst[k] = TT<T>::fromf((x[k] - mean) * rstd * a.w[k] + a.bb[k]);
+  } else if (a.mode == PREP_SWIGLU) {
+    for (int k = tid; k < K; k += nt) {
+      const float g = x[k], u = x[K + k];
+      dst[k] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
+    }
+  } else {  // PREP_GELU
+    for (int k = tid; k < K; k += nt) dst[k] = TT<T>::fromf(gelu_new(x[k]));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+template <typename T>
+__global__ void __launch_bounds__(256) embed_kernel(const int *__restrict__ tok, const int *__restrict__ pos,
+                                                    const T *__restrict__ wte, const float *__restrict__ wpe,
+                                                    float *__restrict__ res, int H,
+                                                    unsigned long long *keys, int R) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x;
+  if (keys && t == 0)  // argmax keys of this step start at 0 (below every packed logit)
+    for (int i = threadIdx.x; i < R; i += blockDim.x) keys[i] = 0ull;
+  const T *e = wte + (size_t)tok[t] * H;
+  const float *pe = wpe ? wpe + (size_t)pos[t] * H : nullptr;
+  float *o = res + (size_t)t * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = TT<T>::tof(e[i]) + (pe ? pe[i] : 0.f);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int K, T *__restrict__ out) {
+  __shared__ float red[32];
+  pdl_wait();
+  pdl_trigger();
+  prep_row<T>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red);
+}
+
+__global__ void __launch_bounds__(256) add_bias_kernel(float *__restrict__ y, const float *__restrict__ bias, int N,
+                                                       int total) {
+  pdl_wait();
+  pdl_trigger();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) y[i] += bias[i % N];
+}
+
+// gemv_kernel: out[b, n] (+)= sum_k W[n, k] * x_b[k] + bias[n] for B <= 4 rows, x_b made by
+// prep_row into shared memory. Each warp owns whole output rows (grid-stride); every lane loads
+// 16-byte vectors, U of them in flight. With keys != NULL it also reduces the greedy argmax.
+template <typename T, int B>
+__global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, const T *__restrict__ W, int N,
+                                                   const float *__restrict__ bias, float *out, int accumulate,
+                                                   unsigned long long *keys) {
+  constexpr int CH = TT<T>::CH;
+  constexpr int U = 4;
+  DYN_SMEM(uint4, gsm_raw);
+  T *xs = reinterpret_cast<T *>(gsm_raw);
+  __shared__ float red[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nch = K / CH;
+  const int gw = blockIdx.x * 8 + warp, nw = gridDim.x * 8;
+  if (gw < N) {  // weights do not depend on earlier kernels: start pulling them into L2 now
+    const char *wr = reinterpret_cast<const char *>(W + (size_t)gw * K);
+    const int bytes = K * (int)sizeof(T);
+    for (int off = lane * 128; off < bytes; off += 32 * 128) prefetch_l2(wr + off);
+  }
+  pdl_wait();
+  pdl_trigger();
+  for (int b = 0; b < B; ++b) prep_row<T>(a, b, K, xs + (size_t)b * K, red);
+  __syncthreads();
+  unsigned long long best[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) best[b] = 0ull;
+  for (int row = gw; row < N; row += nw) {
+    const uint4 *wr = reinterpret_cast<const uint4 *>(W + (size_t)row * K);
+    float acc[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) acc[b] = 0.f;
+    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+      uint4 wv[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u * 32;
+        if (c < nch) wv[u] = __ldg(wr + c);
+        else wv[u] = make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u * 32;
+        if (c < nch) {
+          float wf[CH];
+          TT<T>::unpack(wv[u], wf);
+#pragma unroll
+          for (int b = 0; b < B; ++b) {
+            const uint4 xv = reinterpret_cast<const uint4 *>(xs + (size_t)b * K)[c];
+            float xf[CH];
+            TT<T>::unpack(xv, xf);
+#pragma unroll
+            for (int e = 0; e < CH; ++e) acc[b] = fmaf(wf[e], xf[e], acc[b]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b) acc[b] = warp_sum(acc[b]);
+    if (lane == 0) {
+      const float bv = bias ? bias[row] : 0.f;
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        float *o = out + (size_t)b * N + row;
+        float v = acc[b] + bv;
+        if (accumulate) v += *o;
+        *o = v;
+        if (keys) {
+          unsigned long long k = argkey(v, row);
+          best[b] = k > best[b] ? k : best[b];
+        }
+      }
+    }
+  }
+  if (keys && lane == 0) {
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (best[b]) atomicMax(keys + b, best[b]);
+  }
+}
+
+// qkv_post_kernel: grid (token, head group); each warp takes one head of the fused q|k|v row: optional
+// RMSNorm over head_dim (q_norm, k_norm), RoPE in rotate_half form, q scaled by qscale and
+// written fp32 to qout[t, h, :]; k and v appended to the token's slot in the cache.
+template <typename T>
+__global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__ qkv, const int *__restrict__ tpos,
+                                                       const int *__restrict__ tslot, int nh, int nkv, int D,
+                                                       const float *__restrict__ qn, const float *__restrict__ kn,
+                                                       float eps, const float *__restrict__ inv_freq, float qscale,
+                                                       float *__restrict__ qout, T *__restrict__ kc,
+                                                       T *__restrict__ vc, int maxctx) {
+  DYN_SMEM(float, qsm);
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  float *buf = qsm + warp * D;
+  const int p = tpos[t], s = tslot[t];
+  const int nhead = nh + 2 * nkv, half = D / 2;
+  for (int hh = blockIdx.y * nwarp + warp; hh < nhead; hh += nwarp * gridDim.y) {
+    const float *src = qkv + (size_t)t * nhead * D + (size_t)hh * D;
+    const int kind = hh < nh ? 0 : (hh < nh + nkv ? 1 : 2);
+    const float *nw = kind == 0 ? qn : (kind == 1 ? kn : nullptr);
+    float ss = 0.f;
+    for (int i = lane; i < D; i += 32) {
+      const float v = src[i];
+      buf[i] = v;
+      ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if (nw) {
+      const float rstd = rsqrtf(ss / (float)D + eps);
+      for (int i = lane; i < D; i += 32) buf[i] = buf[i] * rstd * nw[i];
+    }
+    __syncwarp();
+    for (int i = lane; i < D; i += 32) {
+      float o = buf[i];
+      if (kind != 2 && inv_freq) {
+        const float ang = (float)p * inv_freq[i < half ? i : i - half];
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        const float rot = i < half ? -buf[i + half] : buf[i - half];
+        o = o * cs + rot * sn;
+      }
+      if (kind == 0) {
+        qout[((size_t)t * nh + hh) * D + i] = o * qscale;
+      } else if (kind == 1) {
+        kc[(((size_t)s * maxctx + p) * nkv + (hh - nh)) * D + i] = TT<T>::fromf(o);
+      } else {
+        vc[(((size_t)s * maxctx + p) * nkv + (hh - nh - nkv)) * D + i] = TT<T>::fromf(o);
+      }
+    }
+    __syncwarp();
+  }
+}
+
+constexpr int ATT_THREADS = 256;
+constexpr int ATT_TILE = 512;
+constexpr int MAXG = 8;
+constexpr int ATT_SPLIT_MAX = 16;    // largest attention split (MQB_ATTN_SPLIT)
+constexpr int ATT_SPLIT_MAX_T = 64;  // split only steps of at most this many tokens
+
+size_t att_smem(int G, int D, int CH) {
+  return sizeof(float) * ((size_t)G * D + (size_t)G * ATT_TILE + (size_t)ATT_THREADS * CH * G);
+}
+
+// attention_kernel: block (token t, kv head g) attends the G = nh/nkv query heads of group g
+// over positions 0..pos[t] of the token's slot (causal for prefill, the whole cache for decode).
+// Phase 1: a thread per key position computes the G scores; softmax per tile of ATT_TILE
+// positions with a running max (online softmax); phase 2: groups of D/CH threads accumulate
+// probability-weighted 16-byte V vectors for different positions, then reduce across groups.
+// Split mode (gridDim.z = S > 1, for decode of few sequences, so more SMs work): block z takes
+// the z-th of S equal ranges of positions and writes its unnormalised partial (acc, max, sum)
+// to part_acc / part_ml; attn_combine_kernel merges them.
+template <typename T>
+__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ q, const T *__restrict__ kc,
+                                                                const T *__restrict__ vc,
+                                                                const int *__restrict__ tpos,
+                                                                const int *__restrict__ tslot, T *__restrict__ out,
+                                                                int nh, int nkv, int D, int maxctx,
+                                                                float *__restrict__ part_acc,
+                                                                float *__restrict__ part_ml) {
+  constexpr int CH = TT<T>::CH;
+  DYN_SMEM(float, asm_);
+  __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float *qs = asm_;
+  float *sc = qs + G * D;
+  float *red = sc + G * ATT_TILE;
+  const int n = tpos[t] + 1, slot = tslot[t];
+  const int S = gridDim.z, z = blockIdx.z;
+  const int span = (n + S - 1) / S;
+  const int lo = min(n, z * span), hi = min(n, lo + span);
+  for (int i = tid; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
+  if (tid < MAXG) {
+    s_m[tid] = -INFINITY;
+    s_l[tid] = 0.f;
+    s_c[tid] = 0.f;
+  }
+  __syncthreads();
+  const size_t rs = (size_t)nkv * D;
+  const T *kb = kc + ((size_t)slot * maxctx * nkv + g) * D;
+  const T *vb = vc + ((size_t)slot * maxctx * nkv + g) * D;
+  const int nch = D / CH;
+  const int ngrp = ATT_THREADS / nch;
+  const int grp = tid / nch, ch = tid % nch;
+  float acc[MAXG][CH];
+#pragma unroll
+  for (int j = 0; j < MAXG; ++j)
+#pragma unroll
+    for (int e = 0; e < CH; ++e) acc[j][e] = 0.f;
+
+  for (int t0 = lo; t0 < hi; t0 += ATT_TILE) {
+    const int tn = min(ATT_TILE, hi - t0);
+    for (int pp = tid; pp < tn; pp += ATT_THREADS) {
+      const uint4 *kr = reinterpret_cast<const uint4 *>(kb + (size_t)(t0 + pp) * rs);
+      float s[MAXG];
+#pragma unroll
+      for (int j = 0; j < MAXG; ++j) s[j] = 0.f;
+      for (int c0 = 0; c0 < nch; c0 += 8) {  // 8 independent 16-byte loads in flight
+        uint4 raw[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) raw[u] = (c0 + u < nch) ? __ldg(kr + c0 + u) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (c0 + u < nch) {
+            float kf[CH];
+            TT<T>::unpack(raw[u], kf);
+#pragma unroll
+            for (int j = 0; j < MAXG; ++j) {
+              if (j < G) {
+                const float *qq = qs + j * D + (c0 + u) * CH;
+#pragma unroll
+                for (int e = 0; e < CH; ++e) s[j] = fmaf(qq[e], kf[e], s[j]);
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < MAXG; ++j)
+        if (j < G) sc[j * ATT_TILE + pp] = s[j];
+    }
+    __syncthreads();
+    if (warp < G) {
+      float *row = sc + warp * ATT_TILE;
+      float mx = -INFINITY;
+      for (int pp = lane; pp < tn; pp += 32) mx = fmaxf(mx, row[pp]);
+      mx = warp_max(mx);
+      const float mold = s_m[warp];
+      const float mnew = fmaxf(mold, mx);
+      const float corr = (mold == -INFINITY) ? 0.f : expf(mold - mnew);
+      float sum = 0.f;
+      for (int pp = lane; pp < tn; pp += 32) {
+        const float e = expf(row[pp] - mnew);
+        row[pp] = e;
+        sum += e;
+      }
+      sum = warp_sum(sum);
+      __syncwarp();
+      if (lane == 0) {
+        s_l[warp] = s_l[warp] * corr + sum;
+        s_m[warp] = mnew;
+        s_c[warp] = corr;
+      }
+    }
+    __syncthreads();
+    if (grp < ngrp) {
+#pragma unroll
+      for (int j = 0; j < MAXG; ++j) {
+        if (j < G) {
+          const float c = s_c[j];
+#pragma unroll
+          for (int e = 0; e < CH; ++e) acc[j][e] *= c;
+        }
+      }
+      for (int p0 = grp; p0 < tn; p0 += 8 * ngrp) {  // 8 positions' V vectors in flight
+        uint4 raw[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int pp = p0 + u * ngrp;
+          raw[u] = pp < tn ? __ldg(reinterpret_cast<const uint4 *>(vb + (size_t)(t0 + pp) * rs) + ch)
+                           : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int pp = p0 + u * ngrp;
+          if (pp < tn) {
+            float vf[CH];
+            TT<T>::unpack(raw[u], vf);
+#pragma unroll
+            for (int j = 0; j < MAXG; ++j) {
+              if (j < G) {
+                const float pj = sc[j * ATT_TILE + pp];
+#pragma unroll
+                for (int e = 0; e < CH; ++e) acc[j][e] = fmaf(pj, vf[e], acc[j][e]);
+              }
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (grp < ngrp) {
+#pragma unroll
+    for (int j = 0; j < MAXG; ++j) {
+      if (j < G) {
+#pragma unroll
+        for (int e = 0; e < CH; ++e) red[((size_t)grp * G + j) * D + ch * CH + e] = acc[j][e];
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += ATT_THREADS) {
+    const int j = i / D, d = i - j * D;
+    float s = 0.f;
+    for (int gi = 0; gi < ngrp; ++gi) s += red[((size_t)gi * G + j) * D + d];
+    if (S == 1) out[((size_t)t * nh + (size_t)g * G + j) * D + d] = TT<T>::fromf(s / s_l[j]);
+    else part_acc[(((size_t)t * nkv + g) * S + z) * G * D + i] = s;
+  }
+  if (S > 1 && tid < G) {
+    float *ml = part_ml + ((((size_t)t * nkv + g) * S + z) * G + tid) * 2;
+    ml[0] = s_m[tid];
+    ml[1] = s_l[tid];
+  }
+}
+
+// attn_combine_kernel: block (token, kv head) merges the S partials of attention_kernel.
+template <typename T>
+__global__ void __launch_bounds__(256) attn_combine_kernel(const float *__restrict__ part_acc,
+                                                           const float *__restrict__ part_ml, T *__restrict__ out,
+                                                           int nh, int nkv, int D, int S) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int j = i / D;
+    const size_t base = ((size_t)t * nkv + g) * S;
+    float M = -INFINITY;
+    for (int z = 0; z < S; ++z) M = fmaxf(M, part_ml[((base + z) * G + j) * 2]);
+    float L = 0.f, A = 0.f;
+    for (int z = 0; z < S; ++z) {
+      const float mz = part_ml[((base + z) * G + j) * 2];
+      if (mz == -INFINITY) continue;  // empty range
+      const float w = expf(mz - M);
+      L += w * part_ml[((base + z) * G + j) * 2 + 1];
+      A += w * part_acc[(base + z) * G * D + i];
+    }
+    out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(A / L);
+  }
+}
+
+// argmax_kernel: grid (chunks, rows); each block reduces a chunk of one logits row.
+__global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ logits, int V,
+                                                     unsigned long long *keys) {
+  __shared__ unsigned long long wbest[8];
+  pdl_wait();
+  pdl_trigger();
+  const int r = blockIdx.y;
+  const int chunk = (V + gridDim.x - 1) / gridDim.x;
+  const int a = blockIdx.x * chunk, b = min(V, a + chunk);
+  unsigned long long best = 0ull;
+  for (int i = a + threadIdx.x; i < b; i += blockDim.x) {
+    unsigned long long k = argkey(logits[(size_t)r * V + i], i);
+    best = k > best ? k : best;
+  }
+  best = warp_max_u64(best);
+  if ((threadIdx.x & 31) == 0) wbest[threadIdx.x >> 5] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) best = wbest[w] > best ? wbest[w] : best;
+    if (best) atomicMax(keys + r, best);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model
+
+struct Layer {
+  void *w_qkv = nullptr, *w_o = nullptr, *w_up = nullptr, *w_down = nullptr;  // T, [out, in]
+  float *b_qkv = nullptr, *b_o = nullptr, *b_up = nullptr, *b_down = nullptr;
+  float *ln1_w = nullptr, *ln1_b = nullptr, *ln2_w = nullptr, *ln2_b = nullptr;
+  float *qn = nullptr, *kn = nullptr;
+  void *kc = nullptr, *vc = nullptr;  // T, [slots, maxctx, nkv, D]
+  float qscale = 1.f;
+};
+
+struct GraphEntry {
+  cudaGraphExec_t exec = nullptr;
+  bool warmed = false;
+};
+
+}  // namespace mqcuda
+
+using namespace mqcuda;
+
+struct mqb_model {
+  Cfg c;
+  DType dt = DT_BF16;
+  int dev = 0, sms = 0;
+  int max_batch = 0, max_ctx = 0, slots = 0, scratch = 0;
+  int Tcap = 0, Rcap = 0;
+  int gemv_max_b = 4;
+  int attn_split = 1;  // attention position splits for small decode batches (MQB_ATTN_SPLIT)
+  float *part_acc = nullptr, *part_ml = nullptr;
+  bool use_graphs = true, use_pdl = true;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  void *blas_ws = nullptr;
+  std::vector<void *> allocs;
+
+  void *emb = nullptr;    // T [V, H]
+  float *wpe = nullptr;   // gpt2 [maxpos, H]
+  void *lm = nullptr;     // T [V, H] (== emb when tied)
+  float *normf_w = nullptr, *normf_b = nullptr;
+  float *inv_freq = nullptr;
+  std::vector<Layer> layers;
+
+  // activations
+  float *res = nullptr, *qkv = nullptr, *qbuf = nullptr, *mlp = nullptr, *logits = nullptr;
+  void *attn = nullptr, *xbuf = nullptr;
+  unsigned long long *keys = nullptr;
+  int *meta = nullptr;      // device: tok[Tcap] pos[Tcap] slot[Tcap] rows[Rcap]
+  int *meta_h = nullptr;    // pinned host mirror
+  unsigned long long *keys_h = nullptr;
+  std::map<int, GraphEntry> graphs;
+
+  // Profiling (mqb_debug_set "profile"): eager steps with an event after every kernel; the
+  // time between consecutive events is charged to the later kernel's label.
+  bool prof = false;
+  std::string label;
+  std::vector<cudaEvent_t> evpool;
+  size_t evused = 0;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  std::map<std::string, std::pair<double, long>> pacc;
+  long psteps = 0;
+
+  int *d_tok() const { return meta; }
+  int *d_pos() const { return meta + Tcap; }
+  int *d_slot() const { return meta + 2 * Tcap; }
+  int *d_rows() const { return meta + 3 * Tcap; }
+  size_t meta_count() const { return (size_t)3 * Tcap + Rcap; }
+
+  void *dmalloc(size_t bytes) {
+    void *p = nullptr;
+    ck(cudaMalloc(&p, bytes ? bytes : 16), fmt("cudaMalloc of %zu bytes", bytes).c_str());
+    allocs.push_back(p);
+    return p;
+  }
+
+  void clear_graphs() {
+    for (auto &kv : graphs)
+      if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
+    graphs.clear();
+  }
+
+  ~mqb_model() {
+    if (dev >= 0) cudaSetDevice(dev);
+    if (stream) cudaStreamSynchronize(stream);
+    clear_graphs();
+    if (blas) cublasDestroy(blas);
+    for (void *p : allocs) cudaFree(p);
+    if (meta_h) cudaFreeHost(meta_h);
+    if (keys_h) cudaFreeHost(keys_h);
+    for (auto e : evpool) cudaEventDestroy(e);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+namespace mqcuda {
+
+void mark(mqb_model &m, const std::string &label);
+
+// launch runs a kernel on the model's stream, with programmatic dependent launch when enabled.
+template <typename... K, typename... A>
+void launch(mqb_model &m, void (*k)(K...), dim3 grid, dim3 block, size_t smem, const A &...args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = m.stream;
+  cudaLaunchAttribute attr[1];
+  if (m.use_pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+  if (e != cudaSuccess && m.use_pdl) {
+    // Programmatic dependent launch refused: say so once and continue with plain launches.
+    (void)cudaGetLastError();
+    fprintf(stderr, "cuda backend: programmatic dependent launch disabled: %s\n", cudaGetErrorString(e));
+    m.use_pdl = false;
+    cfg.attrs = nullptr;
+    cfg.numAttrs = 0;
+    e = cudaLaunchKernelEx(&cfg, k, args...);
+  }
+  ck(e, "kernel launch");
+  mark(m, m.label);
+}
+
+void mark(mqb_model &m, const std::string &label) {
+  if (!m.prof) return;
+  if (m.evused == m.evpool.size()) {
+    cudaEvent_t e;
+    ck(cudaEventCreate(&e), "cudaEventCreate");
+    m.evpool.push_back(e);
+  }
+  cudaEvent_t e = m.evpool[m.evused++];
+  ck(cudaEventRecord(e, m.stream), "cudaEventRecord");
+  m.marks.emplace_back(label, e);
+}
+
+// prof_collect runs after the stream was synchronized: charges each interval to its label.
+void prof_collect(mqb_model &m) {
+  if (!m.prof) return;
+  for (size_t i = 1; i < m.marks.size(); ++i) {
+    float ms = 0;
+    ck(cudaEventElapsedTime(&ms, m.marks[i - 1].second, m.marks[i].second), "cudaEventElapsedTime");
+    auto &a = m.pacc[m.marks[i].first];
+    a.first += ms;
+    a.second += 1;
+  }
+  m.marks.clear();
+  m.evused = 0;
+  m.psteps++;
+}
+
+template <typename T>
+cudaDataType_t cuda_type();
+template <>
+cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
+template <>
+cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+template <>
+cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
+
+// linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. Small B uses the fused GEMV
+// kernel; larger B makes the T input with prep_kernel and calls cuBLAS.
+template <typename T>
+void linear(mqb_model &m, const char *role, const PrepArgs<T> &a, int B, int K, const void *Wv, int N,
+            const float *bias, float *out, bool accumulate, unsigned long long *keys) {
+  const std::string r = role;
+  const T *W = static_cast<const T *>(Wv);
+  if (B <= m.gemv_max_b) {
+    const int blocks = std::max(1, std::min((N + 7) / 8, m.sms * 4));
+    const size_t smem = (size_t)B * K * sizeof(T);
+    const int acc = accumulate ? 1 : 0;
+    m.label = r + ":gemv";
+    switch (B) {
+      case 1: launch(m, gemv_kernel<T, 1>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys); break;
+      case 2: launch(m, gemv_kernel<T, 2>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys); break;
+      case 3: launch(m, gemv_kernel<T, 3>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys); break;
+      default: launch(m, gemv_kernel<T, 4>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys); break;
+    }
+    return;
+  }
+  const T *X;
+  if (a.mode == PREP_PLAIN && !a.rows && a.ld == K) {
+    X = a.srcT;
+  } else {
+    m.label = r + ":prep";
+    launch(m, prep_kernel<T>, dim3(B), dim3(256), 0, a, K, static_cast<T *>(m.xbuf));
+    X = static_cast<const T *>(m.xbuf);
+  }
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  ckb(cublasGemmEx(m.blas, CUBLAS_OP_T, CUBLAS_OP_N, N, B, K, &alpha, W, cuda_type<T>(), K, X, cuda_type<T>(), K,
+                   &beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+  mark(m, r + ":gemm");
+  if (bias) {
+    m.label = r + ":bias";
+    const int total = B * N;
+    launch(m, add_bias_kernel, dim3(std::min((total + 255) / 256, m.sms * 8)), dim3(256), 0, out, bias, N, total);
+  }
+  m.label = r + ":argmax";
+  if (keys) launch(m, argmax_kernel, dim3(std::max(1, std::min(64, (N + 4095) / 4096)), B), dim3(256), 0,
+                   (const float *)out, N, keys);
+}
+
+template <typename T>
+PrepArgs<T> prep(int mode, const float *src, const T *srcT, int ld, const int *rows, const float *w,
+                 const float *bb, float eps) {
+  PrepArgs<T> a;
+  a.mode = mode;
+  a.src = src;
+  a.srcT = srcT;
+  a.ld = ld;
+  a.rows = rows;
+  a.w = w;
+  a.bb = bb;
+  a.eps = eps;
+  return a;
+}
+
+// run_tokens: the forward pass over the T tokens described by the device meta arrays, logits of
+// the R rows listed in rows[] into m.logits, and (want_keys) their argmax keys into m.keys.
+template <typename T>
+void run_tokens(mqb_model &m, int Tn, int R, bool want_keys) {
+  const Cfg &c = m.c;
+  const int H = c.H, QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
+  const float eps = (float)c.eps;
+  mark(m, "start");
+  m.label = "embed";
+  launch(m, embed_kernel<T>, dim3(Tn), dim3(256), 0, (const int *)m.d_tok(), (const int *)m.d_pos(),
+         (const T *)m.emb, (const float *)m.wpe, m.res, H, want_keys ? m.keys : nullptr, R);
+  const int Gq = c.nh / c.nkv;
+  const size_t asmem = att_smem(Gq, c.D, TT<T>::CH);
+  for (int l = 0; l < c.L; ++l) {
+    Layer &ly = m.layers[l];
+    const bool q3 = c.fam == QWEN3;
+    linear<T>(m, "qkv", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps), Tn, H,
+              ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
+    m.label = "qkv_post";
+    launch(m, qkv_post_kernel<T>, dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8), dim3(256), sizeof(float) * 8 * c.D,
+           (const float *)m.qkv,
+           (const int *)m.d_pos(), (const int *)m.d_slot(), c.nh, c.nkv, c.D, (const float *)ly.qn,
+           (const float *)ly.kn, eps, (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale, m.qbuf,
+           static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx);
+    m.label = "attention";
+    const int S = (Tn <= ATT_SPLIT_MAX_T && Tn * c.nkv < m.sms) ? m.attn_split : 1;
+    launch(m, attention_kernel<T>, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, (const float *)m.qbuf,
+           (const T *)ly.kc, (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(),
+           static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx, m.part_acc, m.part_ml);
+    if (S > 1) {
+      m.label = "attn_combine";
+      launch(m, attn_combine_kernel<T>, dim3(Tn, c.nkv), dim3(256), 0, (const float *)m.part_acc,
+             (const float *)m.part_ml, static_cast<T *>(m.attn), c.nh, c.nkv, c.D, S);
+    }
+    linear<T>(m, "o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), Tn, AO,
+              ly.w_o, H, ly.b_o, m.res, true, nullptr);
+    linear<T>(m, "up", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps), Tn, H,
+              ly.w_up, q3 ? 2 * c.I : c.I, ly.b_up, m.mlp, false, nullptr);
+    linear<T>(m, "down",
+              prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr, nullptr,
+                      eps),
+              Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
+  }
+  linear<T>(m, "lm_head",
+            prep<T>(c.fam == QWEN3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, (const int *)m.d_rows(), m.normf_w,
+                    m.normf_b, eps),
+            R, H, m.lm, c.V, nullptr, m.logits, false, want_keys ? m.keys : nullptr);
+}
+
+void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys) {
+  switch (m.dt) {
+    case DT_BF16: run_tokens<__nv_bfloat16>(m, Tn, R, want_keys); break;
+    case DT_F16: run_tokens<__half>(m, Tn, R, want_keys); break;
+    default: run_tokens<float>(m, Tn, R, want_keys); break;
+  }
+}
+
+void upload_meta(mqb_model &m) {
+  ck(cudaMemcpyAsync(m.meta, m.meta_h, sizeof(int) * m.meta_count(), cudaMemcpyHostToDevice, m.stream),
+     "meta upload");
+}
+
+int decode_key(unsigned long long k) { return (int)(0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFull)); }
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+struct TensorMap {
+  std::map<std::string, const mqb_tensor *> by;
+  explicit TensorMap(const mqb_tensor *t, int n) {
+    for (int i = 0; i < n; ++i) {
+      if (!t[i].name) continue;
+      std::string s = t[i].name;
+      for (const char *pre : {"transformer.", "model."}) {
+        size_t pl = strlen(pre);
+        if (s.compare(0, pl, pre) == 0) {
+          s = s.substr(pl);
+          break;
+        }
+      }
+      by[s] = &t[i];
+    }
+  }
+  const mqb_tensor *find(const std::string &n) const {
+    auto it = by.find(n);
+    return it == by.end() ? nullptr : it->second;
+  }
+  const mqb_tensor *need(const std::string &n, std::vector<int64_t> shape) const {
+    const mqb_tensor *t = find(n);
+    if (!t) throw Fail(fmt("cuda backend: tensor %s is missing", n.c_str()));
+    bool ok = t->ndim == (int)shape.size() && t->data;
+    for (size_t i = 0; ok && i < shape.size(); ++i) ok = t->shape[i] == shape[i];
+    if (!ok) {
+      std::string want, got;
+      for (auto s : shape) want += fmt("%lld,", (long long)s);
+      for (int i = 0; i < t->ndim && i < 4; ++i) got += fmt("%lld,", (long long)t->shape[i]);
+      throw Fail(fmt("cuda backend: tensor %s has shape [%s], want [%s]%s", n.c_str(), got.c_str(), want.c_str(),
+                     t->data ? "" : " (no data)"));
+    }
+    return t;
+  }
+};
+
+// Part is a block of output rows of a fused weight: rows [0, n) of src, which is [n, K] (an
+// nn.Linear weight) or, when transposed, [K, n] (a GPT-2 Conv1D weight).
+struct Part {
+  const float *src;
+  int64_t n;
+  bool transposed;
+};
+
+void *upload_matrix(mqb_model &m, const std::vector<Part> &parts, int64_t K) {
+  int64_t N = 0;
+  for (auto &p : parts) N += p.n;
+  const size_t es = dt_size(m.dt);
+  std::vector<unsigned char> host((size_t)N * K * es);
+  int64_t r0 = 0;
+  for (const auto &p : parts) {
+    unsigned char *dst = host.data() + (size_t)r0 * K * es;
+    const DType dt = m.dt;
+    parallel_for(p.n, [&, dst, dt](int64_t a, int64_t b) {
+      for (int64_t r = a; r < b; ++r) {
+        for (int64_t k = 0; k < K; ++k) {
+          const float v = p.transposed ? p.src[k * p.n + r] : p.src[r * K + k];
+          const size_t idx = (size_t)r * K + k;
+          if (dt == DT_F32) memcpy(dst + idx * 4, &v, 4);
+          else {
+            uint16_t h = dt == DT_BF16 ? f2bf(v) : f2h(v);
+            memcpy(dst + idx * 2, &h, 2);
+          }
+        }
+      }
+    });
+    r0 += p.n;
+  }
+  void *d = m.dmalloc(host.size());
+  ck(cudaMemcpy(d, host.data(), host.size(), cudaMemcpyHostToDevice), "weight upload");
+  return d;
+}
+
+float *upload_f32(mqb_model &m, const std::vector<const mqb_tensor *> &parts) {
+  std::vector<float> host;
+  for (auto *t : parts) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+    host.insert(host.end(), t->data, t->data + n);
+  }
+  float *d = static_cast<float *>(m.dmalloc(host.size() * sizeof(float)));
+  ck(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "upload");
+  return d;
+}
+
+int env_int(const char *k, int dflt) {
+  const char *v = getenv(k);
+  if (!v || !*v) return dflt;
+  return atoi(v);
+}
+
+void load(mqb_model &m, const mqb_model_params *p) {
+  const Cfg &c = m.c;
+  TensorMap tm(p->tensors, p->n_tensors);
+  const int64_t H = c.H, D = c.D, I = c.I, V = c.V, nh = c.nh, nkv = c.nkv;
+  if (c.fam == GPT2) {
+    const mqb_tensor *wte = tm.need("wte.weight", {V, H});
+    m.emb = upload_matrix(m, {{wte->data, V, false}}, H);
+    m.lm = m.emb;
+    m.wpe = upload_f32(m, {tm.need("wpe.weight", {(int64_t)c.maxpos, H})});
+    m.normf_w = upload_f32(m, {tm.need("ln_f.weight", {H})});
+    m.normf_b = upload_f32(m, {tm.need("ln_f.bias", {H})});
+    for (int l = 0; l < c.L; ++l) {
+      Layer &ly = m.layers[l];
+      const std::string pre = fmt("h.%d.", l);
+      ly.ln1_w = upload_f32(m, {tm.need(pre + "ln_1.weight", {H})});
+      ly.ln1_b = upload_f32(m, {tm.need(pre + "ln_1.bias", {H})});
+      ly.ln2_w = upload_f32(m, {tm.need(pre + "ln_2.weight", {H})});
+      ly.ln2_b = upload_f32(m, {tm.need(pre + "ln_2.bias", {H})});
+      ly.w_qkv = upload_matrix(m, {{tm.need(pre + "attn.c_attn.weight", {H, 3 * H})->data, 3 * H, true}}, H);
+      ly.b_qkv = upload_f32(m, {tm.need(pre + "attn.c_attn.bias", {3 * H})});
+      ly.w_o = upload_matrix(m, {{tm.need(pre + "attn.c_proj.weight", {H, H})->data, H, true}}, H);
+      ly.b_o = upload_f32(m, {tm.need(pre + "attn.c_proj.bias", {H})});
+      ly.w_up = upload_matrix(m, {{tm.need(pre + "mlp.c_fc.weight", {H, I})->data, I, true}}, H);
+      ly.b_up = upload_f32(m, {tm.need(pre + "mlp.c_fc.bias", {I})});
+      ly.w_down = upload_matrix(m, {{tm.need(pre + "mlp.c_proj.weight", {I, H})->data, H, true}}, I);
+      ly.b_down = upload_f32(m, {tm.need(pre + "mlp.c_proj.bias", {H})});
+      ly.qscale = 1.f / sqrtf((float)D);
+      if (c.inv_layer_scale) ly.qscale /= (float)(l + 1);
+    }
+  } else {
+    const mqb_tensor *et = tm.need("embed_tokens.weight", {V, H});
+    m.emb = upload_matrix(m, {{et->data, V, false}}, H);
+    const mqb_tensor *lmh = tm.find("lm_head.weight");
+    if (c.tied || !lmh) {
+      if (!c.tied && !lmh) throw Fail("cuda backend: tensor lm_head.weight is missing and tie_word_embeddings is false");
+      m.lm = m.emb;
+    } else {
+      m.lm = upload_matrix(m, {{tm.need("lm_head.weight", {V, H})->data, V, false}}, H);
+    }
+    m.normf_w = upload_f32(m, {tm.need("norm.weight", {H})});
+    const bool drop_qn = fault("qwen3.drop_q_norm");
+    for (int l = 0; l < c.L; ++l) {
+      Layer &ly = m.layers[l];
+      const std::string pre = fmt("layers.%d.", l);
+      ly.ln1_w = upload_f32(m, {tm.need(pre + "input_layernorm.weight", {H})});
+      ly.ln2_w = upload_f32(m, {tm.need(pre + "post_attention_layernorm.weight", {H})});
+      const mqb_tensor *q = tm.need(pre + "self_attn.q_proj.weight", {nh * D, H});
+      const mqb_tensor *k = tm.need(pre + "self_attn.k_proj.weight", {nkv * D, H});
+      const mqb_tensor *v = tm.need(pre + "self_attn.v_proj.weight", {nkv * D, H});
+      ly.w_qkv = upload_matrix(m, {{q->data, nh * D, false}, {k->data, nkv * D, false}, {v->data, nkv * D, false}}, H);
+      ly.w_o = upload_matrix(m, {{tm.need(pre + "self_attn.o_proj.weight", {H, nh * D})->data, H, false}}, nh * D);
+      if (c.attn_bias) {
+        ly.b_qkv = upload_f32(m, {tm.need(pre + "self_attn.q_proj.bias", {nh * D}),
+                                  tm.need(pre + "self_attn.k_proj.bias", {nkv * D}),
+                                  tm.need(pre + "self_attn.v_proj.bias", {nkv * D})});
+        ly.b_o = upload_f32(m, {tm.need(pre + "self_attn.o_proj.bias", {H})});
+      }
+      if (!drop_qn) ly.qn = upload_f32(m, {tm.need(pre + "self_attn.q_norm.weight", {D})});
+      ly.kn = upload_f32(m, {tm.need(pre + "self_attn.k_norm.weight", {D})});
+      const mqb_tensor *gt = tm.need(pre + "mlp.gate_proj.weight", {I, H});
+      const mqb_tensor *ut = tm.need(pre + "mlp.up_proj.weight", {I, H});
+      ly.w_up = upload_matrix(m, {{gt->data, I, false}, {ut->data, I, false}}, H);
+      ly.w_down = upload_matrix(m, {{tm.need(pre + "mlp.down_proj.weight", {H, I})->data, H, false}}, I);
+      ly.qscale = 1.f / sqrtf((float)D);
+    }
+    std::vector<float> inv(D / 2);
+    for (int64_t j = 0; j < D / 2; ++j)
+      inv[j] = 1.0f / powf((float)c.theta, (float)(2 * j) / (float)D);
+    m.inv_freq = static_cast<float *>(m.dmalloc(inv.size() * sizeof(float)));
+    ck(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice), "inv_freq upload");
+  }
+}
+
+template <typename T>
+void set_kernel_attrs(mqb_model &m, size_t att_bytes) {
+  if (att_bytes > 48 * 1024)
+    ck(cudaFuncSetAttribute(attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
+       "cudaFuncSetAttribute(attention)");
+  (void)m;
+}
+
+void open_model(mqb_model &m, const mqb_model_params *p) {
+  if (!p) throw Fail("cuda backend: params is NULL");
+  if (p->abi_version != MQB_ABI_VERSION)
+    throw Fail(fmt("cuda backend: ABI version %d requested, this library implements %d; rebuild with make cuda",
+                   p->abi_version, MQB_ABI_VERSION));
+  const std::string family = p->family ? p->family : "";
+  m.c = parse_cfg(family, p->config_json);
+  const std::string prec = p->precision ? p->precision : "bf16";
+  if (prec == "bf16") m.dt = DT_BF16;
+  else if (prec == "fp16") m.dt = DT_F16;
+  else if (prec == "fp32") m.dt = DT_F32;
+  else throw Fail(fmt("cuda backend: precision %s is not supported; use bf16, fp16 or fp32", prec.c_str()));
+  if (p->max_batch <= 0 || p->max_context <= 0)
+    throw Fail(fmt("cuda backend: max_batch %d and max_context %d must be positive", p->max_batch, p->max_context));
+  if (p->max_context > m.c.maxpos)
+    throw Fail(fmt("cuda backend: max_context %d exceeds the model's %d positions", p->max_context, m.c.maxpos));
+  const Cfg &c = m.c;
+  const int CH = m.dt == DT_F32 ? 4 : 8;
+  const int G = c.nh / c.nkv;
+  if (G > MAXG) throw Fail(fmt("cuda backend: %d query heads per KV head is more than the supported %d", G, MAXG));
+  if (c.D % CH != 0 || c.D / CH > ATT_THREADS)
+    throw Fail(fmt("cuda backend: head_dim %d must be a multiple of %d and at most %d", c.D, CH, ATT_THREADS * CH));
+  if (c.H % CH != 0 || c.I % CH != 0 || (c.nh * c.D) % CH != 0)
+    throw Fail(fmt("cuda backend: hidden %d, intermediate %d and heads*head_dim %d must be multiples of %d", c.H,
+                   c.I, c.nh * c.D, CH));
+
+  m.dev = p->device_index;
+  ck(cudaSetDevice(m.dev), fmt("cudaSetDevice(%d)", m.dev).c_str());
+  ck(cudaDeviceGetAttribute(&m.sms, cudaDevAttrMultiProcessorCount, m.dev), "cudaDeviceGetAttribute");
+  int major = 0;
+  ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, m.dev), "cudaDeviceGetAttribute");
+  m.max_batch = p->max_batch;
+  m.max_ctx = p->max_context;
+  m.slots = m.max_batch + 1;  // the last one is the scratch slot (logits_all, graph padding)
+  m.scratch = m.max_batch;
+  m.Tcap = std::max(512, m.max_batch);
+  m.Rcap = std::max(64, m.max_batch);
+  m.use_graphs = env_int("MQB_GRAPHS", 1) != 0;
+  m.use_pdl = env_int("MQB_PDL", 1) != 0 && major >= 9;
+  m.attn_split = std::max(1, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 1)));
+  const size_t es = dt_size(m.dt);
+  const int Kmax = std::max(std::max(c.H, c.I), c.nh * c.D);
+  int gb = std::min(4, env_int("MQB_GEMV_MAX_B", 4));
+  while (gb > 0 && (size_t)gb * Kmax * es > 48 * 1024) --gb;
+  m.gemv_max_b = std::max(0, gb);
+
+  ck(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  ckb(cublasCreate(&m.blas), "cublasCreate");
+  ckb(cublasSetStream(m.blas, m.stream), "cublasSetStream");
+  const size_t ws = 64u << 20;
+  m.blas_ws = m.dmalloc(ws);
+  ckb(cublasSetWorkspace(m.blas, m.blas_ws, ws), "cublasSetWorkspace");
+  ckb(cublasSetMathMode(m.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+
+  m.layers.resize(c.L);
+  load(m, p);
+
+  // KV cache: one allocation for all layers.
+  const size_t per = (size_t)m.slots * m.max_ctx * c.nkv * c.D * es;
+  unsigned char *kv = static_cast<unsigned char *>(m.dmalloc(per * 2 * c.L));
+  for (int l = 0; l < c.L; ++l) {
+    m.layers[l].kc = kv + per * (2 * l);
+    m.layers[l].vc = kv + per * (2 * l + 1);
+  }
+  ck(cudaMemset(kv, 0, per * 2 * c.L), "cudaMemset(kv)");
+
+  const int QKV = (c.nh + 2 * c.nkv) * c.D;
+  const int MLP = c.fam == QWEN3 ? 2 * c.I : c.I;
+  m.res = static_cast<float *>(m.dmalloc(sizeof(float) * m.Tcap * c.H));
+  m.qkv = static_cast<float *>(m.dmalloc(sizeof(float) * m.Tcap * QKV));
+  m.qbuf = static_cast<float *>(m.dmalloc(sizeof(float) * m.Tcap * c.nh * c.D));
+  m.mlp = static_cast<float *>(m.dmalloc(sizeof(float) * m.Tcap * MLP));
+  m.attn = m.dmalloc(es * m.Tcap * c.nh * c.D);
+  m.xbuf = m.dmalloc(es * (size_t)m.Tcap * Kmax);
+  m.logits = static_cast<float *>(m.dmalloc(sizeof(float) * (size_t)m.Rcap * c.V));
+  m.keys = static_cast<unsigned long long *>(m.dmalloc(sizeof(unsigned long long) * m.Rcap));
+  m.part_acc = static_cast<float *>(m.dmalloc(sizeof(float) * ATT_SPLIT_MAX_T * c.nkv * ATT_SPLIT_MAX * G * c.D));
+  m.part_ml = static_cast<float *>(m.dmalloc(sizeof(float) * ATT_SPLIT_MAX_T * c.nkv * ATT_SPLIT_MAX * G * 2));
+  m.meta = static_cast<int *>(m.dmalloc(sizeof(int) * m.meta_count()));
+  ck(cudaMallocHost(reinterpret_cast<void **>(&m.meta_h), sizeof(int) * m.meta_count()), "cudaMallocHost");
+  ck(cudaMallocHost(reinterpret_cast<void **>(&m.keys_h), sizeof(unsigned long long) * m.Rcap), "cudaMallocHost");
+  memset(m.meta_h, 0, sizeof(int) * m.meta_count());
+
+  const size_t ab = att_smem(G, c.D, CH);
+  switch (m.dt) {
+    case DT_BF16: set_kernel_attrs<__nv_bfloat16>(m, ab); break;
+    case DT_F16: set_kernel_attrs<__half>(m, ab); break;
+    default: set_kernel_attrs<float>(m, ab); break;
+  }
+  ck(cudaDeviceSynchronize(), "load");
+}
+
+// run_chunk: uploads the meta already in meta_h, runs, and copies back keys/logits of R rows.
+void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, int32_t *argmax_out,
+               const std::vector<int> &row_entry) {
+  upload_meta(m);
+  run_dispatch(m, Tn, R, want_keys);
+  ck(cudaGetLastError(), "forward");
+  if (want_keys)
+    ck(cudaMemcpyAsync(m.keys_h, m.keys, sizeof(unsigned long long) * R, cudaMemcpyDeviceToHost, m.stream),
+       "argmax download");
+  ck(cudaStreamSynchronize(m.stream), "forward");
+  prof_collect(m);
+  const size_t V = m.c.V;
+  for (int r = 0; r < R; ++r) {
+    const int e = row_entry[r];
+    if (argmax_out) argmax_out[e] = decode_key(m.keys_h[r]);
+    if (logits_out)
+      ck(cudaMemcpy(logits_out + (size_t)e * V, m.logits + (size_t)r * V, sizeof(float) * V, cudaMemcpyDeviceToHost),
+         "logits download");
+  }
+}
+
+int bucket_for(const mqb_model &m, int n) {
+  int b = 1;
+  while (b < n) b *= 2;
+  return std::min(b, m.max_batch);
+}
+
+void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *tokens, const int32_t *start_pos,
+                 float *logits_out, int32_t *argmax_out) {
+  const bool graphs = m.use_graphs && !m.prof;
+  const int b = graphs ? std::max(n, bucket_for(m, n)) : n;
+  for (int i = 0; i < b; ++i) {
+    const bool real = i < n;
+    m.meta_h[i] = real ? tokens[i] : 0;
+    m.meta_h[m.Tcap + i] = real ? start_pos[i] : 0;
+    m.meta_h[2 * m.Tcap + i] = real ? slots[i] : m.scratch;
+    m.meta_h[3 * m.Tcap + i] = i;
+  }
+  upload_meta(m);
+  GraphEntry *ge = nullptr;
+  if (graphs) {
+    ge = &m.graphs[b];
+    if (!ge->warmed) {  // first use of this bucket: run eagerly (loads modules, cuBLAS heuristics)
+      run_dispatch(m, b, b, true);
+      ck(cudaGetLastError(), "forward");
+    } else {
+      if (!ge->exec) {
+        // A capture that fails (driver without PDL-in-graph support, say) must not fail the
+        // request: graphs are switched off for this model, said on stderr, and the step runs eagerly.
+        std::string why;
+        ck(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+        try {
+          run_dispatch(m, b, b, true);
+        } catch (const std::exception &e) {
+          why = e.what();
+        }
+        cudaGraph_t g = nullptr;
+        cudaError_t e = cudaStreamEndCapture(m.stream, &g);
+        if (e != cudaSuccess && why.empty()) why = fmt("cudaStreamEndCapture: %s", cudaGetErrorString(e));
+        if (why.empty()) {
+          e = cudaGraphInstantiate(&ge->exec, g, 0);
+          if (e != cudaSuccess) {
+            why = fmt("cudaGraphInstantiate: %s", cudaGetErrorString(e));
+            ge->exec = nullptr;
+          }
+        }
+        if (g) cudaGraphDestroy(g);
+        if (!why.empty()) {
+          (void)cudaGetLastError();
+          fprintf(stderr, "cuda backend: CUDA graphs disabled, running eagerly: %s\n", why.c_str());
+          m.clear_graphs();
+          m.use_graphs = false;
+          ge = nullptr;
+        }
+      }
+      if (ge) ck(cudaGraphLaunch(ge->exec, m.stream), "cudaGraphLaunch");
+      else {
+        run_dispatch(m, b, b, true);
+        ck(cudaGetLastError(), "forward");
+      }
+    }
+  } else {
+    run_dispatch(m, b, b, true);
+    ck(cudaGetLastError(), "forward");
+  }
+  ck(cudaMemcpyAsync(m.keys_h, m.keys, sizeof(unsigned long long) * n, cudaMemcpyDeviceToHost, m.stream),
+     "argmax download");
+  if (logits_out)
+    ck(cudaMemcpyAsync(logits_out, m.logits, sizeof(float) * (size_t)n * m.c.V, cudaMemcpyDeviceToHost, m.stream),
+       "logits download");
+  ck(cudaStreamSynchronize(m.stream), "decode step");
+  prof_collect(m);
+  if (ge) ge->warmed = true;
+  if (argmax_out)
+    for (int i = 0; i < n; ++i) argmax_out[i] = decode_key(m.keys_h[i]);
+}
+
+void forward(mqb_model &m, int n, const int32_t *slots, const int32_t *n_tokens, const int32_t *tokens,
+             const int32_t *start_pos, float *logits_out, int32_t *argmax_out) {
+  if (n <= 0) return;
+  if (n > m.max_batch) throw Fail(fmt("cuda backend: forward of %d entries exceeds max_batch %d", n, m.max_batch));
+  if (!slots || !n_tokens || !tokens || !start_pos) throw Fail("cuda backend: forward: NULL argument");
+  std::vector<char> seen(m.max_batch, 0);
+  bool decode = true;
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    if (slots[i] < 0 || slots[i] >= m.max_batch)
+      throw Fail(fmt("cuda backend: entry %d: slot %d outside [0, %d)", i, slots[i], m.max_batch));
+    if (seen[slots[i]]) throw Fail(fmt("cuda backend: entry %d: slot %d appears twice in one step", i, slots[i]));
+    seen[slots[i]] = 1;
+    if (n_tokens[i] <= 0) throw Fail(fmt("cuda backend: entry %d: n_tokens %d must be positive", i, n_tokens[i]));
+    if (start_pos[i] < 0 || (int64_t)start_pos[i] + n_tokens[i] > m.max_ctx)
+      throw Fail(fmt("cuda backend: entry %d: positions %d..%d exceed max_context %d", i, start_pos[i],
+                     start_pos[i] + n_tokens[i] - 1, m.max_ctx));
+    for (int j = 0; j < n_tokens[i]; ++j) {
+      const int tk = tokens[total + j];
+      if (tk < 0 || tk >= m.c.V)
+        throw Fail(fmt("cuda backend: entry %d: token %d outside the vocabulary of %d", i, tk, m.c.V));
+    }
+    total += n_tokens[i];
+    if (n_tokens[i] != 1) decode = false;
+  }
+  if (decode && n <= m.Tcap) {
+    decode_step(m, n, slots, tokens, start_pos, logits_out, argmax_out);
+    return;
+  }
+  // General path (prefill or mixed): pack tokens into chunks of at most Tcap; an entry longer
+  // than the room left is continued in the next chunk (its KV cache makes that exact).
+  const bool want_keys = argmax_out != nullptr;
+  int Tn = 0, R = 0;
+  std::vector<int> row_entry;
+  int64_t off = 0;
+  for (int i = 0; i < n; ++i) {
+    int done = 0;
+    while (done < n_tokens[i]) {
+      const int take = std::min(n_tokens[i] - done, m.Tcap - Tn);
+      for (int j = 0; j < take; ++j) {
+        m.meta_h[Tn + j] = tokens[off + done + j];
+        m.meta_h[m.Tcap + Tn + j] = start_pos[i] + done + j;
+        m.meta_h[2 * m.Tcap + Tn + j] = slots[i];
+      }
+      Tn += take;
+      done += take;
+      if (done == n_tokens[i]) {
+        m.meta_h[3 * m.Tcap + R] = Tn - 1;
+        row_entry.push_back(i);
+        ++R;
+      }
+      if (Tn == m.Tcap) {
+        run_chunk(m, Tn, R, want_keys, logits_out, argmax_out, row_entry);
+        Tn = 0;
+        R = 0;
+        row_entry.clear();
+      }
+    }
+    off += n_tokens[i];
+  }
+  if (Tn > 0) run_chunk(m, Tn, R, want_keys, logits_out, argmax_out, row_entry);
+}
+
+void logits_all(mqb_model &m, const int32_t *ids, int32_t n, float *out) {
+  if (n <= 0) return;
+  if (!ids || !out) throw Fail("cuda backend: logits_all: NULL argument");
+  if (n > m.max_ctx) throw Fail(fmt("cuda backend: logits_all of %d tokens exceeds max_context %d", n, m.max_ctx));
+  for (int i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= m.c.V)
+      throw Fail(fmt("cuda backend: logits_all: token %d at %d outside the vocabulary of %d", ids[i], i, m.c.V));
+  const int chunk = std::min(m.Tcap, m.Rcap);
+  for (int s = 0; s < n; s += chunk) {
+    const int cn = std::min(chunk, n - s);
+    for (int j = 0; j < cn; ++j) {
+      m.meta_h[j] = ids[s + j];
+      m.meta_h[m.Tcap + j] = s + j;
+      m.meta_h[2 * m.Tcap + j] = m.scratch;
+      m.meta_h[3 * m.Tcap + j] = j;
+    }
+    upload_meta(m);
+    run_dispatch(m, cn, cn, false);
+    ck(cudaGetLastError(), "logits_all");
+    ck(cudaMemcpyAsync(out + (size_t)s * m.c.V, m.logits, sizeof(float) * (size_t)cn * m.c.V,
+                       cudaMemcpyDeviceToHost, m.stream),
+       "logits download");
+    ck(cudaStreamSynchronize(m.stream), "logits_all");
+    prof_collect(m);
+  }
+}
+
+}  // namespace mqcuda
+
+// ---------------------------------------------------------------------------------------------
+// C ABI
+
+extern "C" {
+
+int32_t mqb_abi_version(void) { return MQB_ABI_VERSION; }
+
+int mqb_model_open(const mqb_model_params *p, mqb_model **out, char *err, size_t errlen) {
+  if (!out) {
+    set_err(err, errlen, "cuda backend: out is NULL");
+    return 1;
+  }
+  *out = nullptr;
+  std::unique_ptr<mqb_model> m(new mqb_model());
+  m->dev = p ? p->device_index : 0;
+  try {
+    open_model(*m, p);
+  } catch (const std::exception &e) {
+    set_err(err, errlen, e.what());
+    return 1;
+  }
+  *out = m.release();
+  return 0;
+}
+
+void mqb_model_close(mqb_model *m) { delete m; }
+
+int32_t mqb_vocab_size(const mqb_model *m) { return m ? m->c.V : 0; }
+
+int mqb_forward(mqb_model *m, int32_t n, const int32_t *slots, const int32_t *n_tokens, const int32_t *tokens,
+                const int32_t *start_pos, float *logits_out, int32_t *argmax_out, char *err, size_t errlen) {
+  if (!m) {
+    set_err(err, errlen, "cuda backend: model is NULL");
+    return 1;
+  }
+  try {
+    ck(cudaSetDevice(m->dev), "cudaSetDevice");
+    forward(*m, n, slots, n_tokens, tokens, start_pos, logits_out, argmax_out);
+  } catch (const std::exception &e) {
+    set_err(err, errlen, e.what());
+    return 1;
+  }
+  return 0;
+}
+
+int mqb_logits_all(mqb_model *m, const int32_t *ids, int32_t n, float *out, char *err, size_t errlen) {
+  if (!m) {
+    set_err(err, errlen, "cuda backend: model is NULL");
+    return 1;
+  }
+  try {
+    ck(cudaSetDevice(m->dev), "cudaSetDevice");
+    logits_all(*m, ids, n, out);
+  } catch (const std::exception &e) {
+    set_err(err, errlen, e.what());
+    return 1;
+  }
+  return 0;
+}
+
+// The cache needs no clearing: attention reads only positions below the ones a request writes,
+// and the runtime restarts a slot at position 0. Kept for the ABI.
+void mqb_slot_reset(mqb_model *m, int32_t slot) {
+  (void)m;
+  (void)slot;
+}
+
+// mqb_debug_set is not part of mq_backend.h: the benchmark driver flips "graphs", "pdl" and
+// "gemv_max_b" on one loaded model to compare variants without reloading weights.
+int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
+  if (!m || !key) return 1;
+  std::string k = key;
+  try {
+    ck(cudaSetDevice(m->dev), "cudaSetDevice");
+    ck(cudaStreamSynchronize(m->stream), "sync");
+  } catch (...) {
+    return 1;
+  }
+  m->clear_graphs();
+  if (k == "graphs") m->use_graphs = value != 0;
+  else if (k == "pdl") m->use_pdl = value != 0;
+  else if (k == "attn_split") m->attn_split = std::max(1, std::min(ATT_SPLIT_MAX, (int)value));
+  else if (k == "profile") {
+    m->prof = value != 0;
+    m->marks.clear();
+    m->evused = 0;
+    m->pacc.clear();
+    m->psteps = 0;
+  }
+  else if (k == "gemv_max_b") {
+    const size_t es = dt_size(m->dt);
+    const int Kmax = std::max(std::max(m->c.H, m->c.I), m->c.nh * m->c.D);
+    int gb = std::min(4, (int)value);
+    while (gb > 0 && (size_t)gb * Kmax * es > 48 * 1024) --gb;
+    m->gemv_max_b = std::max(0, gb);
+  } else return 1;
+  return 0;
+}
+
+// mqb_debug_profile writes the profile gathered since "profile" was set, as JSON
+// {"steps": n, "kernels": {"label": [total_ms, count], ...}}, into buf. Not part of the ABI.
+int mqb_debug_profile(mqb_model *m, char *buf, size_t len) {
+  if (!m || !buf || len == 0) return 1;
+  std::string out = fmt("{\"steps\": %ld, \"kernels\": {", m->psteps);
+  bool first = true;
+  for (const auto &kv : m->pacc) {
+    out += fmt("%s\"%s\": [%.6f, %ld]", first ? "" : ", ", kv.first.c_str(), kv.second.first, kv.second.second);
+    first = false;
+  }
+  out += "}}";
+  snprintf(buf, len, "%s", out.c_str());
+  return out.size() < len ? 0 : 1;
+}
+
+}  // extern "C"

@@ -1,0 +1,532 @@
+// emu_test: runs backend.cu on the CPU, without a GPU or nvcc, to test its logic (config and
+// tensor handling, chunked prefill, graph bucket padding, argmax, and the kernels' indexing and
+// math) against a straightforward double-precision reference of qwen3 and gpt2.
+//
+// How: the stub headers in ../stub declare the CUDA API; this file implements it on host memory.
+// A kernel launch runs the kernel body on blockDim.x CPU threads (one per CUDA thread) that walk
+// the grid's blocks together; __syncthreads, __syncwarp and warp shuffles are barriers; shared
+// memory is function-static. Stream capture records launches and cudaGraphLaunch replays them.
+// cuBLAS GemmEx is a plain loop. Build and run: ./run.sh (g++ with C++20).
+#include "../backend.cu"
+
+#include <atomic>
+#include <chrono>
+#include <barrier>
+#include <cassert>
+#include <mutex>
+#include <random>
+
+thread_local uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+static std::barrier<> *g_block = nullptr;
+static std::vector<std::unique_ptr<std::barrier<>>> g_warps;
+static float g_xf[32][32];
+static unsigned long long g_xu[32][32];
+static std::mutex g_atomic;
+
+void __syncthreads() { g_block->arrive_and_wait(); }
+void __syncwarp(unsigned) { g_warps[threadIdx.x >> 5]->arrive_and_wait(); }
+float __shfl_xor_sync(unsigned, float v, int o) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xf[w][l] = v;
+  g_warps[w]->arrive_and_wait();
+  const float r = g_xf[w][l ^ o];
+  g_warps[w]->arrive_and_wait();
+  return r;
+}
+unsigned long long __shfl_xor_sync(unsigned, unsigned long long v, int o) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xu[w][l] = v;
+  g_warps[w]->arrive_and_wait();
+  const unsigned long long r = g_xu[w][l ^ o];
+  g_warps[w]->arrive_and_wait();
+  return r;
+}
+unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+float rsqrtf(float x) { return 1.f / sqrtf(x); }
+unsigned long long atomicMax(unsigned long long *p, unsigned long long v) {
+  std::lock_guard<std::mutex> g(g_atomic);
+  auto o = *p;
+  if (v > o) *p = v;
+  return o;
+}
+float __bfloat162float(__nv_bfloat16 b) { return __uint_as_float((unsigned)b.v << 16); }
+__nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16{f2bf(f)}; }
+float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
+float __half2float(__half h) {
+  unsigned s = (h.v >> 15) & 1, e = (h.v >> 10) & 31, m = h.v & 1023;
+  float v = e == 0 ? ldexpf((float)m, -24) : (e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 1024), (int)e - 25));
+  return s ? -v : v;
+}
+__half __float2half_rn(float f) { return __half{f2h(f)}; }
+float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }
+
+const char *cudaGetErrorName(cudaError_t) { return "emu"; }
+const char *cudaGetErrorString(cudaError_t) { return "emu"; }
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int) { *v = a == cudaDevAttrMultiProcessorCount ? 132 : 9; return cudaSuccess; }
+cudaError_t cudaMalloc(void **p, size_t n) { n = (n + 255) / 256 * 256; *p = aligned_alloc(256, n); memset(*p, 0xCD, n); return cudaSuccess; }
+cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMallocHost(void **p, size_t n) { *p = calloc(1, n); return cudaSuccess; }
+cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)0x1; return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t) new double(0); return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete (double *)e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)(*(double *)b - *(double *)a); return cudaSuccess; }
+
+static std::vector<std::function<void()>> *g_rec = nullptr;
+static std::vector<std::vector<std::function<void()>>> g_graphs;
+static int n_launch = 0, n_gemm = 0, n_replay = 0;
+
+static void run_grid(dim3 grid, dim3 block, const std::function<void()> &body) {
+  gridDim = grid;
+  blockDim = block;
+  const int nt = (int)block.x;
+  assert(nt % 32 == 0);
+  std::barrier<> bar(nt);
+  g_block = &bar;
+  g_warps.clear();
+  for (int w = 0; w < nt / 32; ++w) g_warps.emplace_back(new std::barrier<>(32));
+  std::vector<std::thread> th;
+  for (int t = 0; t < nt; ++t) {
+    th.emplace_back([&, t] {
+      threadIdx = uint3{(unsigned)t, 0, 0};
+      for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+          for (unsigned bx = 0; bx < grid.x; ++bx) {
+            blockIdx = uint3{bx, by, bz};
+            body();
+            bar.arrive_and_wait();
+          }
+    });
+  }
+  for (auto &x : th) x.join();
+  ++n_launch;
+}
+
+cudaError_t emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
+  if (g_rec) g_rec->push_back([=] { run_grid(grid, block, body); });
+  else run_grid(grid, block, body);
+  return cudaSuccess;
+}
+static void enqueue(std::function<void()> f) {
+  if (g_rec) g_rec->push_back(f);
+  else f();
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  enqueue([=] {
+    *(double *)e = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
+  enqueue([=] { memcpy(d, s, n); });
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  g_rec = new std::vector<std::function<void()>>();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) {
+  g_graphs.push_back(*g_rec);
+  delete g_rec;
+  g_rec = nullptr;
+  *g = (cudaGraph_t)(uintptr_t)g_graphs.size();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) { *e = (cudaGraphExec_t)g; return cudaSuccess; }
+cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+  for (auto &f : g_graphs[(uintptr_t)e - 1]) f();
+  ++n_replay;
+  return cudaSuccess;
+}
+template <typename T> cudaError_t cudaFuncSetAttribute(T *, cudaFuncAttribute, int) { return cudaSuccess; }
+
+cublasStatus_t cublasCreate(cublasHandle_t *) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasDestroy(cublasHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *, size_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+static float ld_elem(const void *p, cudaDataType_t t, size_t i) {
+  if (t == CUDA_R_32F) return ((const float *)p)[i];
+  if (t == CUDA_R_16BF) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  return __half2float(((const __half *)p)[i]);
+}
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
+                            cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t, cublasGemmAlgo_t) {
+  assert(ta == CUBLAS_OP_T && tb == CUBLAS_OP_N && ct == CUDA_R_32F);
+  const float al = *(const float *)alpha, be = *(const float *)beta;
+  enqueue([=] {
+    float *Cf = (float *)C;
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        float s = 0;
+        for (int p = 0; p < k; ++p) s += ld_elem(A, at, (size_t)i * lda + p) * ld_elem(B, bt, (size_t)j * ldb + p);
+        float &c = Cf[(size_t)j * ldc + i];
+        c = al * s + (be != 0.f ? be * c : 0.f);
+      }
+    ++n_gemm;
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Models and references
+
+struct Owned {
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> data;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<mqb_tensor> t;
+  std::map<std::string, const std::vector<float> *> by;
+  std::mt19937 rng{42};
+  void add(const std::string &n, std::vector<int64_t> shape, float center, float spread) {
+    int64_t c = 1;
+    for (auto s : shape) c *= s;
+    std::uniform_real_distribution<float> u(-spread, spread);
+    std::vector<float> d(c);
+    for (auto &x : d) x = center + u(rng);
+    names.push_back(n);
+    data.push_back(std::move(d));
+    shapes.push_back(shape);
+  }
+  void finish() {
+    t.clear();
+    for (size_t i = 0; i < names.size(); ++i) {
+      mqb_tensor x{};
+      x.name = names[i].c_str();
+      x.data = data[i].data();
+      x.ndim = (int)shapes[i].size();
+      for (int d = 0; d < x.ndim; ++d) x.shape[d] = shapes[i][d];
+      t.push_back(x);
+      by[names[i]] = &data[i];
+    }
+  }
+  const float *w(const std::string &n) const { return by.at(n)->data(); }
+};
+
+using Vec = std::vector<double>;
+static Vec matvec(const float *W, const Vec &x, int N, int K, bool conv1d) {  // Linear [N,K] or Conv1D [K,N]
+  Vec y(N, 0.0);
+  for (int n = 0; n < N; ++n) {
+    double s = 0;
+    for (int k = 0; k < K; ++k) s += (double)(conv1d ? W[(size_t)k * N + n] : W[(size_t)n * K + k]) * x[k];
+    y[n] = s;
+  }
+  return y;
+}
+static Vec rms(const Vec &x, const float *w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  double r = 1.0 / sqrt(ss / x.size() + eps);
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * w[i];
+  return y;
+}
+static Vec lnorm(const Vec &x, const float *w, const float *b, double eps) {
+  double m = 0, v = 0;
+  for (double a : x) m += a;
+  m /= x.size();
+  for (double a : x) v += (a - m) * (a - m);
+  v /= x.size();
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = (x[i] - m) / sqrt(v + eps) * w[i] + b[i];
+  return y;
+}
+
+// ref_logits: full-sequence logits [n][V] of the reference model in double precision.
+static std::vector<Vec> ref_logits(const Owned &o, const Cfg &c, const std::vector<int> &ids) {
+  const int n = (int)ids.size(), H = c.H, D = c.D, nh = c.nh, nkv = c.nkv, G = nh / nkv;
+  const bool q3 = c.fam == QWEN3;
+  std::vector<Vec> x(n);
+  for (int t = 0; t < n; ++t) {
+    x[t].resize(H);
+    for (int i = 0; i < H; ++i)
+      x[t][i] = q3 ? o.w("model.embed_tokens.weight")[(size_t)ids[t] * H + i]
+                   : o.w("transformer.wte.weight")[(size_t)ids[t] * H + i] + o.w("transformer.wpe.weight")[(size_t)t * H + i];
+  }
+  for (int l = 0; l < c.L; ++l) {
+    std::vector<Vec> q(n), k(n), v(n);
+    const std::string p = q3 ? "model.layers." + std::to_string(l) + "." : "transformer.h." + std::to_string(l) + ".";
+    for (int t = 0; t < n; ++t) {
+      if (q3) {
+        Vec h = rms(x[t], o.w(p + "input_layernorm.weight"), c.eps);
+        q[t] = matvec(o.w(p + "self_attn.q_proj.weight"), h, nh * D, H, false);
+        k[t] = matvec(o.w(p + "self_attn.k_proj.weight"), h, nkv * D, H, false);
+        v[t] = matvec(o.w(p + "self_attn.v_proj.weight"), h, nkv * D, H, false);
+        auto headnorm_rope = [&](Vec &z, int heads, const float *nw) {
+          for (int hh = 0; hh < heads; ++hh) {
+            Vec seg(z.begin() + hh * D, z.begin() + (hh + 1) * D);
+            seg = rms(seg, nw, c.eps);
+            Vec out(D);
+            for (int i = 0; i < D; ++i) {
+              int j = i % (D / 2);
+              double invf = 1.0 / pow(c.theta, 2.0 * j / D), ang = t * invf;
+              double rot = i < D / 2 ? -seg[i + D / 2] : seg[i - D / 2];
+              out[i] = seg[i] * cos(ang) + rot * sin(ang);
+            }
+            std::copy(out.begin(), out.end(), z.begin() + hh * D);
+          }
+        };
+        headnorm_rope(q[t], nh, o.w(p + "self_attn.q_norm.weight"));
+        headnorm_rope(k[t], nkv, o.w(p + "self_attn.k_norm.weight"));
+      } else {
+        Vec h = lnorm(x[t], o.w(p + "ln_1.weight"), o.w(p + "ln_1.bias"), c.eps);
+        Vec qkv = matvec(o.w(p + "attn.c_attn.weight"), h, 3 * H, H, true);
+        for (int i = 0; i < 3 * H; ++i) qkv[i] += o.w(p + "attn.c_attn.bias")[i];
+        q[t] = Vec(qkv.begin(), qkv.begin() + H);
+        k[t] = Vec(qkv.begin() + H, qkv.begin() + 2 * H);
+        v[t] = Vec(qkv.begin() + 2 * H, qkv.end());
+      }
+    }
+    for (int t = 0; t < n; ++t) {
+      Vec a(nh * D, 0.0);
+      for (int hh = 0; hh < nh; ++hh) {
+        const int g = hh / G;
+        std::vector<double> s(t + 1);
+        double mx = -1e300;
+        for (int u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int i = 0; i < D; ++i) d += q[t][hh * D + i] * k[u][g * D + i];
+          s[u] = d / sqrt((double)D);
+          mx = std::max(mx, s[u]);
+        }
+        double sum = 0;
+        for (auto &e : s) sum += (e = exp(e - mx));
+        for (int u = 0; u <= t; ++u)
+          for (int i = 0; i < D; ++i) a[hh * D + i] += s[u] / sum * v[u][g * D + i];
+      }
+      if (q3) {
+        Vec ao = matvec(o.w(p + "self_attn.o_proj.weight"), a, H, nh * D, false);
+        for (int i = 0; i < H; ++i) x[t][i] += ao[i];
+        Vec h2 = rms(x[t], o.w(p + "post_attention_layernorm.weight"), c.eps);
+        Vec gt = matvec(o.w(p + "mlp.gate_proj.weight"), h2, c.I, H, false);
+        Vec up = matvec(o.w(p + "mlp.up_proj.weight"), h2, c.I, H, false);
+        Vec act(c.I);
+        for (int i = 0; i < c.I; ++i) act[i] = gt[i] / (1 + exp(-gt[i])) * up[i];
+        Vec dn = matvec(o.w(p + "mlp.down_proj.weight"), act, H, c.I, false);
+        for (int i = 0; i < H; ++i) x[t][i] += dn[i];
+      } else {
+        Vec ao = matvec(o.w(p + "attn.c_proj.weight"), a, H, H, true);
+        for (int i = 0; i < H; ++i) x[t][i] += ao[i] + o.w(p + "attn.c_proj.bias")[i];
+        Vec h2 = lnorm(x[t], o.w(p + "ln_2.weight"), o.w(p + "ln_2.bias"), c.eps);
+        Vec f = matvec(o.w(p + "mlp.c_fc.weight"), h2, c.I, H, true);
+        for (int i = 0; i < c.I; ++i) {
+          double z = f[i] + o.w(p + "mlp.c_fc.bias")[i];
+          f[i] = 0.5 * z * (1 + tanh(sqrt(2 / M_PI) * (z + 0.044715 * z * z * z)));
+        }
+        Vec pr = matvec(o.w(p + "mlp.c_proj.weight"), f, H, c.I, true);
+        for (int i = 0; i < H; ++i) x[t][i] += pr[i] + o.w(p + "mlp.c_proj.bias")[i];
+      }
+    }
+  }
+  std::vector<Vec> out(n);
+  for (int t = 0; t < n; ++t) {
+    Vec h = q3 ? rms(x[t], o.w("model.norm.weight"), c.eps)
+               : lnorm(x[t], o.w("transformer.ln_f.weight"), o.w("transformer.ln_f.bias"), c.eps);
+    out[t] = matvec(q3 ? o.w("model.embed_tokens.weight") : o.w("transformer.wte.weight"), h, c.V, H, false);
+  }
+  return out;
+}
+
+static const char *QCFG = R"({"vocab_size":300,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+ "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"max_position_embeddings":512,"rms_norm_eps":1e-06,
+ "tie_word_embeddings":true,"rope_parameters":{"rope_type":"default","rope_theta":1000000.0}})";
+static const char *GCFG = R"({"vocab_size":300,"n_embd":64,"n_layer":2,"n_head":4,"n_positions":128,"n_inner":null,
+ "activation_function":"gelu_new","layer_norm_epsilon":1e-05})";
+
+static Owned make_qwen3() {
+  Owned o;
+  o.add("model.embed_tokens.weight", {300, 64}, 0, 0.5f);
+  for (int l = 0; l < 2; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    o.add(p + "input_layernorm.weight", {64}, 1, 0.3f);
+    o.add(p + "post_attention_layernorm.weight", {64}, 1, 0.3f);
+    o.add(p + "self_attn.q_proj.weight", {64, 64}, 0, 0.25f);
+    o.add(p + "self_attn.k_proj.weight", {32, 64}, 0, 0.25f);
+    o.add(p + "self_attn.v_proj.weight", {32, 64}, 0, 0.25f);
+    o.add(p + "self_attn.o_proj.weight", {64, 64}, 0, 0.1f);
+    o.add(p + "self_attn.q_norm.weight", {16}, 1, 0.3f);
+    o.add(p + "self_attn.k_norm.weight", {16}, 1, 0.3f);
+    o.add(p + "mlp.gate_proj.weight", {128, 64}, 0, 0.2f);
+    o.add(p + "mlp.up_proj.weight", {128, 64}, 0, 0.2f);
+    o.add(p + "mlp.down_proj.weight", {64, 128}, 0, 0.1f);
+  }
+  o.add("model.norm.weight", {64}, 1, 0.3f);
+  o.finish();
+  return o;
+}
+static Owned make_gpt2() {
+  Owned o;
+  o.add("transformer.wte.weight", {300, 64}, 0, 0.5f);
+  o.add("transformer.wpe.weight", {128, 64}, 0, 0.2f);
+  for (int l = 0; l < 2; ++l) {
+    std::string p = "transformer.h." + std::to_string(l) + ".";
+    o.add(p + "ln_1.weight", {64}, 1, 0.3f);
+    o.add(p + "ln_1.bias", {64}, 0, 0.2f);
+    o.add(p + "ln_2.weight", {64}, 1, 0.3f);
+    o.add(p + "ln_2.bias", {64}, 0, 0.2f);
+    o.add(p + "attn.c_attn.weight", {64, 192}, 0, 0.25f);
+    o.add(p + "attn.c_attn.bias", {192}, 0, 0.2f);
+    o.add(p + "attn.c_proj.weight", {64, 64}, 0, 0.1f);
+    o.add(p + "attn.c_proj.bias", {64}, 0, 0.1f);
+    o.add(p + "mlp.c_fc.weight", {64, 256}, 0, 0.2f);
+    o.add(p + "mlp.c_fc.bias", {256}, 0, 0.2f);
+    o.add(p + "mlp.c_proj.weight", {256, 64}, 0, 0.1f);
+    o.add(p + "mlp.c_proj.bias", {64}, 0, 0.1f);
+  }
+  o.add("transformer.ln_f.weight", {64}, 1, 0.3f);
+  o.add("transformer.ln_f.bias", {64}, 0, 0.2f);
+  o.finish();
+  return o;
+}
+
+static int failures = 0;
+static void check(bool ok, const std::string &what) {
+  printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+  if (!ok) ++failures;
+}
+
+static double maxdiff(const float *a, const Vec &b) {
+  double m = 0;
+  for (size_t i = 0; i < b.size(); ++i) m = std::max(m, fabs((double)a[i] - b[i]));
+  return m;
+}
+static int argmax_ref(const Vec &v) { return (int)(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+static void run_family(const char *family, const char *cfgjson, Owned &o, const char *prec, double tol, int maxctx) {
+  Cfg c = parse_cfg(family, cfgjson);
+  mqb_model_params p{};
+  p.abi_version = 1;
+  p.family = family;
+  p.config_json = cfgjson;
+  p.precision = prec;
+  p.max_batch = 8;
+  p.max_context = maxctx;
+  p.tensors = o.t.data();
+  p.n_tensors = (int)o.t.size();
+  mqb_model *m = nullptr;
+  char err[512];
+  if (mqb_model_open(&p, &m, err, sizeof err)) {
+    check(false, std::string("open: ") + err);
+    return;
+  }
+  std::mt19937 rng(7);
+  auto rnd_ids = [&](int n) {
+    std::vector<int> v(n);
+    for (auto &x : v) x = (int)(rng() % 300);
+    return v;
+  };
+  const int V = c.V;
+  // logits_all over 70 tokens: two chunks of the 64-row logits buffer.
+  {
+    std::vector<int> ids = rnd_ids(70);
+    std::vector<float> out((size_t)70 * V);
+    int rc = mqb_logits_all(m, ids.data(), 70, out.data(), err, sizeof err);
+    auto ref = ref_logits(o, c, ids);
+    double md = 0;
+    for (int t = 0; t < 70; ++t) md = std::max(md, maxdiff(out.data() + (size_t)t * V, ref[t]));
+    check(rc == 0 && md < tol, std::string(family) + " " + prec + " logits_all max|d| = " + std::to_string(md));
+  }
+  // Batched generation with teacher-forced reference: prefill of several lengths in one call,
+  // then decode steps; batches 6 (cuBLAS, bucket 8), 3 (GEMV B=4 with padding), 1, and 3 again
+  // without graphs.
+  for (int variant = 0; variant < 4; ++variant) {
+    std::vector<int> lens = variant == 0 ? std::vector<int>{5, 20, 9, 33, 2, 12}
+                          : variant == 2 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
+    if (variant == 3) mqb_debug_set(m, "graphs", 0);
+    const int n = (int)lens.size(), steps = 5;
+    std::vector<std::vector<int>> seqs;
+    std::vector<int32_t> slots, nt, sp, toks;
+    for (int i = 0; i < n; ++i) {
+      seqs.push_back(rnd_ids(lens[i]));
+      slots.push_back(7 - i);  // slots in a different order than entries
+      nt.push_back(lens[i]);
+      sp.push_back(0);
+      toks.insert(toks.end(), seqs[i].begin(), seqs[i].end());
+    }
+    std::vector<std::vector<std::vector<float>>> got(n);  // [seq][step][V]
+    std::vector<std::vector<int>> am_got(n);
+    std::vector<float> lo((size_t)n * V);
+    std::vector<int32_t> am(n);
+    for (int s = 0; s <= steps; ++s) {
+      int rc = mqb_forward(m, n, slots.data(), nt.data(), toks.data(), sp.data(), lo.data(), am.data(), err, sizeof err);
+      if (rc) {
+        check(false, std::string("forward: ") + err);
+        return;
+      }
+      std::vector<int32_t> next;
+      for (int i = 0; i < n; ++i) {
+        got[i].emplace_back(lo.begin() + (size_t)i * V, lo.begin() + (size_t)(i + 1) * V);
+        am_got[i].push_back(am[i]);
+        // feed a token that is NOT the argmax sometimes, to keep the path teacher-forced
+        int t = (s % 2 == 0) ? am[i] : (int)(rng() % 300);
+        seqs[i].push_back(t);
+        next.push_back(t);
+        sp[i] += nt[i];
+        nt[i] = 1;
+      }
+      toks = next;
+    }
+    double md = 0;
+    bool am_ok = true;
+    for (int i = 0; i < n; ++i) {
+      std::vector<int> ids(seqs[i].begin(), seqs[i].end() - 1);
+      auto ref = ref_logits(o, c, ids);
+      for (int s = 0; s <= steps; ++s) {
+        const Vec &r = ref[lens[i] - 1 + s];
+        md = std::max(md, maxdiff(got[i][s].data(), r));
+        int a = (int)(std::max_element(got[i][s].begin(), got[i][s].end()) - got[i][s].begin());
+        if (a != am_got[i][s]) am_ok = false;
+        (void)argmax_ref;
+      }
+    }
+    if (variant == 3) mqb_debug_set(m, "graphs", 1);
+    check(md < tol, std::string(family) + " " + prec + " batch " + std::to_string(n) + (variant == 3 ? " no-graph" : "") +
+                        " prefill+decode max|d| = " + std::to_string(md));
+    check(am_ok, std::string(family) + " " + prec + " argmax_out == argmax(logits_out)");
+  }
+  if (std::string(prec) == "fp32" && std::string(family) == "qwen3") {  // profiling mode bookkeeping
+    mqb_debug_set(m, "profile", 1);
+    std::vector<int32_t> sl{0}, one{1}, tk{5}, ps{0}, am(1);
+    mqb_forward(m, 1, sl.data(), one.data(), tk.data(), ps.data(), nullptr, am.data(), err, sizeof err);
+    char buf[4096];
+    int rc = mqb_debug_profile(m, buf, sizeof buf);
+    printf("profile: %s\n", buf);
+    check(rc == 0 && strstr(buf, "\"attention\": [") && strstr(buf, "\"lm_head:gemv\": [") && strstr(buf, "\"steps\": 1"),
+          "profile JSON has per-kernel entries");
+    mqb_debug_set(m, "profile", 0);
+  }
+  mqb_model_close(m);
+}
+
+int main() {
+  setvbuf(stdout, nullptr, _IONBF, 0);
+  assert(f2h(1.0f) == 0x3C00 && f2h(65504.f) == 0x7BFF && f2h(1e-7f) == 0x0002 && f2h(0.1f) == 0x2E66);
+  assert(f2bf(1.0f) == 0x3F80 && f2bf(-0.1f) == 0xBDCD);
+  assert(__half2float(__half{0x2E66}) == 0.0999755859375f);
+  Owned q = make_qwen3(), g = make_gpt2();
+  // EMU_ONLY=family:precision runs one configuration (the whole set takes many minutes on 2 cores).
+  const char *only = getenv("EMU_ONLY");
+  auto want = [&](const char *f, const char *p) { return !only || std::string(only) == std::string(f) + ":" + p; };
+  if (want("qwen3", "fp32")) run_family("qwen3", QCFG, q, "fp32", 2e-4, 256);
+  if (want("gpt2", "fp32")) run_family("gpt2", GCFG, g, "fp32", 2e-4, 128);
+  if (want("qwen3", "bf16")) run_family("qwen3", QCFG, q, "bf16", 0.25, 256);
+  if (want("qwen3", "fp16")) run_family("qwen3", QCFG, q, "fp16", 0.05, 256);
+  if (want("gpt2", "bf16")) run_family("gpt2", GCFG, g, "bf16", 0.25, 128);
+  printf("launches %d, gemms %d, graph replays %d\n", n_launch, n_gemm, n_replay);
+  printf("%d passed, %d failed\n", failures == 0 ? 1 : 0, failures);
+  return failures ? 1 : 0;
+}
