@@ -1,0 +1,150 @@
+package native
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelqual/modelqual/fixtures"
+	"github.com/modelqual/modelqual/native/bundle"
+)
+
+// BenchmarkDecode measures greedy decode throughput through the Go API and the C ABI: one op
+// is one engine step, which decodes one token for each of the batch's sequences. Prefill steps
+// are excluded (timer stopped), so tokens/s is decode only.
+func BenchmarkDecode(b *testing.B) {
+	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
+		for _, batch := range []int{1, 8} {
+			b.Run(fmt.Sprintf("%s/batch=%d", name, batch), func(b *testing.B) {
+				e := openEngine(b, name, Params{MaxBatch: batch})
+				s := Sampling{MaxNewTokens: 200, IgnoreEOS: true}
+				refill := func() {
+					for e.Active() < batch {
+						if _, err := e.Add(testPrompts[e.Active()%len(testPrompts)], s); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if _, err := e.Step(nil); err != nil { // prefill + first token
+						b.Fatal(err)
+					}
+				}
+				refill()
+				tokens := 0
+				count := func(ev Event) {
+					if ev.Token >= 0 {
+						tokens++
+					}
+				}
+				b.ResetTimer()
+				start := time.Now()
+				var paused time.Duration
+				for i := 0; i < b.N; i++ {
+					if e.Active() < batch {
+						b.StopTimer()
+						t0 := time.Now()
+						refill()
+						paused += time.Since(t0)
+						b.StartTimer()
+					}
+					if _, err := e.Step(count); err != nil {
+						b.Fatal(err)
+					}
+				}
+				el := time.Since(start) - paused
+				b.ReportMetric(float64(tokens)/el.Seconds(), "tokens/s")
+			})
+		}
+	}
+}
+
+// BenchmarkBundleOpen measures opening (and fully validating: sha256 of every section and of
+// the tensor data) a bundle.
+func BenchmarkBundleOpen(b *testing.B) {
+	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
+		b.Run(name, func(b *testing.B) {
+			path := testBundle(b, name).Path()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				bb, err := bundle.Open(path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				bb.Close()
+			}
+		})
+	}
+}
+
+// BenchmarkEngineOpen measures native.Open on an opened bundle (weights are used in place).
+func BenchmarkEngineOpen(b *testing.B) {
+	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
+		b.Run(name, func(b *testing.B) {
+			bb := testBundle(b, name)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				e, err := Open(bb, Params{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				e.Close()
+			}
+		})
+	}
+}
+
+func rssBytes(b *testing.B) int64 {
+	raw, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		b.Skipf("no /proc/self/statm: %v", err)
+	}
+	f := strings.Fields(string(raw))
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}
+
+// BenchmarkLoadRSS reports the resident memory a loaded, warmed engine adds to the process
+// (bundle.Open + native.Open + an 8-sequence decode), against the bytes of its weights. The
+// bundle is mapped afresh, so its pages count even when another mapping already holds them.
+func BenchmarkLoadRSS(b *testing.B) {
+	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
+		b.Run(name, func(b *testing.B) {
+			path := testBundle(b, name).Path()
+			var ratio float64
+			for i := 0; i < b.N; i++ {
+				before := rssBytes(b)
+				bb, err := bundle.Open(path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				e, err := Open(bb, Params{MaxBatch: 8})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for j := 0; j < 8; j++ {
+					if _, err := e.Add(testPrompts[j%len(testPrompts)], Sampling{MaxNewTokens: 16, IgnoreEOS: true}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for e.Active() > 0 {
+					if _, err := e.Step(nil); err != nil {
+						b.Fatal(err)
+					}
+				}
+				after := rssBytes(b)
+				var weights int64
+				for _, t := range bb.Header().Tensors {
+					weights += t.Size
+				}
+				ratio = float64(after-before) / float64(weights)
+				b.ReportMetric(float64(after-before)/(1<<20), "rss-MiB")
+				b.ReportMetric(float64(weights)/(1<<20), "weights-MiB")
+				e.Close()
+				bb.Close()
+			}
+			b.ReportMetric(ratio, "rss/weights")
+		})
+	}
+}

@@ -1,0 +1,153 @@
+// cuda_backend.cc: the loader side of include/mq_backend.h. The CPU runtime never links CUDA;
+// device "cuda" dlopen()s libmodelqual_cuda.so (built by `make cuda` from native/cuda) and
+// drives it through the same scheduler as the CPU models.
+//
+// Search order: $MODELQUAL_CUDA_LIB, then libmodelqual_cuda.so next to the running
+// executable, then the dynamic loader's default search path.
+#include <dlfcn.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "mq_backend.h"
+#include "runtime.h"
+
+namespace mq {
+namespace {
+
+const char *const kLib = "libmodelqual_cuda.so";
+
+struct Api {
+  int32_t (*abi_version)(void);
+  int (*model_open)(const mqb_model_params *, mqb_model **, char *, size_t);
+  void (*model_close)(mqb_model *);
+  int32_t (*vocab_size)(const mqb_model *);
+  int (*forward)(mqb_model *, int32_t, const int32_t *, const int32_t *, const int32_t *, const int32_t *, float *,
+                 int32_t *, char *, size_t);
+  int (*logits_all)(mqb_model *, const int32_t *, int32_t, float *, char *, size_t);
+  void (*slot_reset)(mqb_model *, int32_t);
+};
+
+std::string exe_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  buf[n] = 0;
+  std::string s(buf);
+  size_t slash = s.rfind('/');
+  return slash == std::string::npos ? "" : s.substr(0, slash);
+}
+
+void *open_lib(std::string *tried) {
+  std::vector<std::string> cands;
+  if (const char *env = getenv("MODELQUAL_CUDA_LIB"))
+    if (*env) cands.push_back(env);
+  std::string d = exe_dir();
+  if (!d.empty()) cands.push_back(d + "/" + kLib);
+  cands.push_back(kLib);
+  for (auto &c : cands) {
+    dlerror();
+    void *h = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h) return h;
+    const char *e = dlerror();
+    *tried += std::string(tried->empty() ? "" : "; ") + (e ? e : (c + ": unknown error").c_str());
+  }
+  return nullptr;
+}
+
+class Cuda : public Backend {
+ public:
+  Cuda(const mq_engine_params &p, const std::string &family, int max_batch, int max_context) {
+    std::string tried;
+    lib_ = open_lib(&tried);
+    if (!lib_)
+      throw Error(MQ_ERR_LOAD, std::string("device cuda: cannot load ") + kLib + ": " + tried +
+                                   "; build it with make cuda (or set MODELQUAL_CUDA_LIB to its path)");
+    sym(api_.abi_version, "mqb_abi_version");
+    sym(api_.model_open, "mqb_model_open");
+    sym(api_.model_close, "mqb_model_close");
+    sym(api_.vocab_size, "mqb_vocab_size");
+    sym(api_.forward, "mqb_forward");
+    sym(api_.logits_all, "mqb_logits_all");
+    sym(api_.slot_reset, "mqb_slot_reset");
+    int32_t v = api_.abi_version();
+    if (v != MQB_ABI_VERSION)
+      throw Error(MQ_ERR_LOAD, "device cuda: " + std::string(kLib) + " speaks backend ABI " + std::to_string(v) +
+                                   ", this runtime speaks " + std::to_string(MQB_ABI_VERSION) + "; rebuild it with make cuda");
+    std::vector<mqb_tensor> ts(p.n_tensors);
+    for (int i = 0; i < p.n_tensors; i++) {
+      ts[i].name = p.tensors[i].name;
+      ts[i].data = p.tensors[i].data;
+      std::memcpy(ts[i].shape, p.tensors[i].shape, sizeof(ts[i].shape));
+      ts[i].ndim = p.tensors[i].ndim;
+    }
+    mqb_model_params mp;
+    std::memset(&mp, 0, sizeof(mp));
+    mp.abi_version = MQB_ABI_VERSION;
+    mp.family = family.c_str();
+    mp.config_json = p.config_json ? p.config_json : "{}";
+    mp.precision = p.precision ? p.precision : "fp32";
+    mp.max_batch = max_batch;
+    mp.max_context = max_context;
+    mp.device_index = p.device_index;
+    mp.tensors = ts.data();
+    mp.n_tensors = (int32_t)ts.size();
+    char err[1024] = {0};
+    if (api_.model_open(&mp, &model_, err, sizeof(err)) != 0 || !model_)
+      throw Error(MQ_ERR_LOAD, std::string("device cuda: model open failed: ") + err);
+    vocab_ = api_.vocab_size(model_);
+    max_batch_ = max_batch;
+  }
+
+  ~Cuda() override {
+    if (model_) api_.model_close(model_);
+    // The library is left loaded: CUDA runtimes do not support being unloaded and reloaded.
+  }
+
+  int vocab() const override { return vocab_; }
+  std::string device() const override { return "cuda"; }
+
+  void forward(const Batch &b, float *logits, int32_t *argmax) override {
+    std::vector<int32_t> slots(b.slot.begin(), b.slot.end()), ntok(b.ntok.begin(), b.ntok.end()),
+        pos(b.pos.begin(), b.pos.end());
+    char err[1024] = {0};
+    if (api_.forward(model_, b.n, slots.data(), ntok.data(), b.tokens.data(), pos.data(), logits, argmax, err,
+                     sizeof(err)) != 0)
+      throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
+  }
+
+  void logits_all(const int32_t *ids, int n, int slot, float *out) override {
+    (void)slot;  // the backend keeps its own scratch slot
+    char err[1024] = {0};
+    if (api_.logits_all(model_, ids, n, out, err, sizeof(err)) != 0)
+      throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
+  }
+
+  void reset_slot(int slot) override {
+    if (slot >= 0 && slot < max_batch_) api_.slot_reset(model_, slot);
+  }
+
+ private:
+  template <typename F>
+  void sym(F &f, const char *name) {
+    f = reinterpret_cast<F>(dlsym(lib_, name));
+    if (!f)
+      throw Error(MQ_ERR_LOAD, std::string("device cuda: ") + kLib + " lacks symbol " + name +
+                                   "; rebuild it with make cuda");
+  }
+  void *lib_ = nullptr;
+  Api api_{};
+  mqb_model *model_ = nullptr;
+  int vocab_ = 0;
+  int max_batch_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda(const mq_engine_params &p, const std::string &family, int n_slots,
+                                   int max_context) {
+  return std::unique_ptr<Backend>(new Cuda(p, family, n_slots, max_context));
+}
+
+}  // namespace mq

@@ -1,0 +1,425 @@
+// engine.cc: the C ABI of modelqual.h: engine lifetime, validation, the step scheduler
+// (continuous batching: queued prompts are prefilled in the same forward pass that decodes one
+// token for every running sequence), sampling and stop rules. Models live in models/*.cc.
+//
+// Faults owned here (MODELQUAL_FAULTS, comma-separated, read once per mq_engine_open):
+//   qwen3.rope_theta_x10  multiply the qwen3 rope_theta by 10
+//   qwen3.drop_q_norm     skip the qwen3 per-head q_norm
+// They plant real defects so parity gates can be shown to fail; unknown names are ignored.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "runtime.h"
+
+using namespace mq;
+
+static thread_local std::string g_last_error;
+
+static mq_status fail(mq_status s, const std::string &msg) {
+  g_last_error = msg;
+  return s;
+}
+
+namespace {
+
+// SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator; one per sequence so a
+// seed reproduces its tokens whatever else shares the batch.
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (double)(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+};
+
+struct Seq {
+  uint64_t id;
+  int slot;
+  std::vector<int32_t> prompt;
+  mq_sampling s;
+  Rng rng;
+  int pos = 0;  // tokens in the KV cache
+  bool prefilled = false;
+  int32_t last = -1;
+  int n_out = 0;
+  int64_t added_ns = 0, first_ns = 0;
+};
+
+bool has_fault(const char *name) {
+  const char *env = getenv("MODELQUAL_FAULTS");
+  if (!env) return false;
+  std::string s(env);
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string f = s.substr(i, j - i);
+    f.erase(0, f.find_first_not_of(" \t"));
+    f.erase(f.find_last_not_of(" \t") + 1);
+    if (f == name) return true;
+    i = j + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
+struct mq_engine {
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<Weights> weights;
+  std::unique_ptr<Backend> be;
+  std::string family, device;
+  int max_batch = 0, max_context = 0, vocab = 0, n_threads = 1;
+  int64_t step_delay_ns = 0;
+  std::vector<int32_t> eos;
+  std::vector<std::unique_ptr<Seq>> slots;
+  int live = 0;
+  uint64_t next_id = 1;
+  std::mutex cancel_mu;
+  std::vector<uint64_t> cancels;
+  // per-step scratch
+  Batch batch;
+  std::vector<Seq *> members;
+  std::vector<float> logits;
+  std::vector<int32_t> argmax;
+  std::vector<mq_event> events;
+  std::vector<int32_t> cand;
+  std::vector<double> prob;
+};
+
+// sample draws a token from logits with temperature, then top-k, then top-p (nucleus), the
+// order transformers' generate applies them; the lowest id wins ties.
+static int32_t sample(mq_engine *e, const float *lg, const mq_sampling &s, Rng &rng) {
+  const int V = e->vocab;
+  auto &cand = e->cand;
+  auto better = [lg](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); };
+  cand.resize(V);
+  std::iota(cand.begin(), cand.end(), 0);
+  int n = V;
+  if (s.top_k > 0 && s.top_k < V) {
+    std::nth_element(cand.begin(), cand.begin() + s.top_k, cand.end(), better);
+    n = s.top_k;
+  }
+  const bool top_p = s.top_p > 0 && s.top_p < 1;
+  if (top_p) std::sort(cand.begin(), cand.begin() + n, better);
+  float mx = -INFINITY;
+  for (int i = 0; i < n; i++) mx = std::max(mx, lg[cand[i]]);
+  auto &p = e->prob;
+  p.resize(n);
+  double sum = 0;
+  const double invT = 1.0 / s.temperature;
+  for (int i = 0; i < n; i++) sum += (p[i] = std::exp(((double)lg[cand[i]] - mx) * invT));
+  if (top_p) {
+    double cum = 0, limit = s.top_p * sum;
+    int keep = 0;
+    while (keep < n) {
+      cum += p[keep++];
+      if (cum >= limit) break;
+    }
+    n = keep;
+    sum = cum;
+  }
+  double u = rng.uniform() * sum, acc = 0;
+  for (int i = 0; i < n; i++) {
+    acc += p[i];
+    if (u < acc) return cand[i];
+  }
+  return cand[n - 1];
+}
+
+extern "C" {
+
+int32_t mq_abi_version(void) { return MQ_ABI_VERSION; }
+
+const char *mq_last_error(void) { return g_last_error.c_str(); }
+
+mq_engine_params mq_engine_default_params(void) {
+  mq_engine_params p;
+  std::memset(&p, 0, sizeof(p));
+  p.max_batch = 8;
+  p.max_context = 0;
+  p.device = "cpu";
+  p.precision = "fp32";
+  return p;
+}
+
+mq_sampling mq_sampling_default(void) {
+  mq_sampling s;
+  std::memset(&s, 0, sizeof(s));
+  s.max_new_tokens = 16;
+  return s;
+}
+
+mq_status mq_engine_open(const mq_engine_params *p, mq_engine **out) {
+  if (!p || !out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_open: params and out must not be NULL");
+  *out = nullptr;
+  std::unique_ptr<mq_engine> e(new mq_engine);
+  try {
+    e->family = p->family ? p->family : "";
+    e->device = p->device && *p->device ? p->device : "cpu";
+    e->max_batch = p->max_batch;
+    e->max_context = p->max_context;
+    if (e->max_batch < 1) return fail(MQ_ERR_INVALID_ARGUMENT, "max_batch " + std::to_string(p->max_batch) + " must be >= 1");
+    if (e->max_context < 1)
+      return fail(MQ_ERR_INVALID_ARGUMENT, "max_context " + std::to_string(p->max_context) + " must be >= 1");
+    if (e->device != "cpu" && e->device != "cuda")
+      return fail(MQ_ERR_INVALID_ARGUMENT, "device \"" + e->device + "\" is not supported; use cpu or cuda");
+    int n = p->n_threads;
+    if (n <= 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    e->n_threads = std::max(1, n);
+    e->eos.assign(p->eos_ids, p->eos_ids + std::max(0, p->n_eos_ids));
+    e->step_delay_ns = p->hparams.step_delay_ns;
+
+    ModelArgs a;
+    a.hp = p->hparams;
+    a.max_batch = e->max_batch;
+    a.n_slots = e->max_batch + 1;  // the last slot is the scratch slot of mq_engine_logits
+    a.max_context = e->max_context;
+    a.fault_rope_theta_x10 = has_fault("qwen3.rope_theta_x10");
+    a.fault_drop_q_norm = has_fault("qwen3.drop_q_norm");
+    if (e->family == "mock") {
+      e->pool.reset(new ThreadPool(1));
+      a.pool = e->pool.get();
+      e->be = make_mock(a);
+    } else if (e->device == "cuda") {
+      if (e->family != "gpt2" && e->family != "qwen3")
+        return fail(MQ_ERR_LOAD, "family \"" + e->family + "\" has no native model; known: gpt2, qwen3, mock");
+      e->pool.reset(new ThreadPool(1));
+      e->be = make_cuda(*p, e->family, e->max_batch, e->max_context);
+    } else {
+      if (a.hp.vocab_size < 1 || a.hp.hidden_size < 1 || a.hp.num_layers < 1 || a.hp.num_heads < 1)
+        return fail(MQ_ERR_INVALID_ARGUMENT, "hparams of family \"" + e->family + "\" are incomplete");
+      e->pool.reset(new ThreadPool(e->n_threads));
+      e->weights.reset(new Weights(p->tensors, p->n_tensors));
+      a.pool = e->pool.get();
+      a.w = e->weights.get();
+      if (e->family == "gpt2")
+        e->be = make_gpt2(a);
+      else if (e->family == "qwen3")
+        e->be = make_qwen3(a);
+      else
+        return fail(MQ_ERR_LOAD, "family \"" + e->family + "\" has no native model; known: gpt2, qwen3, mock");
+    }
+    e->vocab = e->be->vocab();
+    if (e->family == "mock" || e->device == "cuda") e->n_threads = 1;
+    e->slots.resize(e->max_batch);
+  } catch (const Error &err) {
+    return fail(err.status, err.what());
+  } catch (const std::exception &err) {
+    return fail(MQ_ERR_INTERNAL, std::string("mq_engine_open: ") + err.what());
+  }
+  *out = e.release();
+  return MQ_OK;
+}
+
+void mq_engine_close(mq_engine *e) { delete e; }
+
+mq_status mq_engine_info_get(const mq_engine *e, mq_engine_info *out) {
+  if (!e || !out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_info_get: NULL argument");
+  out->vocab_size = e->vocab;
+  out->max_context = e->max_context;
+  out->max_batch = e->max_batch;
+  out->n_threads = e->n_threads;
+  out->step_delay_ns = e->step_delay_ns;
+  out->device = e->device.c_str();
+  return MQ_OK;
+}
+
+mq_status mq_engine_add(mq_engine *e, const int32_t *prompt, int32_t n, const mq_sampling *s, uint64_t *seq_out) {
+  if (!e || !s || !seq_out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_add: NULL argument");
+  if (n <= 0 || !prompt) return fail(MQ_ERR_INVALID_ARGUMENT, "prompt is empty; pass at least one token id");
+  for (int i = 0; i < n; i++)
+    if (prompt[i] < 0 || prompt[i] >= e->vocab)
+      return fail(MQ_ERR_INVALID_ARGUMENT, "prompt[" + std::to_string(i) + "] = " + std::to_string(prompt[i]) +
+                                               " is outside the vocabulary [0, " + std::to_string(e->vocab) + ")");
+  if (s->max_new_tokens < 1) return fail(MQ_ERR_INVALID_ARGUMENT, "max_new_tokens must be >= 1");
+  if ((int64_t)n + s->max_new_tokens > e->max_context)
+    return fail(MQ_ERR_INVALID_ARGUMENT, "prompt tokens (" + std::to_string(n) + ") + max_new_tokens (" +
+                                             std::to_string(s->max_new_tokens) + ") exceeds max_context " +
+                                             std::to_string(e->max_context) + "; shorten the prompt or lower max_new_tokens");
+  if (!(s->temperature >= 0) || !std::isfinite(s->temperature))
+    return fail(MQ_ERR_INVALID_ARGUMENT, "temperature must be a finite number >= 0");
+  if (s->top_k < 0) return fail(MQ_ERR_INVALID_ARGUMENT, "top_k must be >= 0 (0 = off)");
+  if (!(s->top_p >= 0) || !std::isfinite(s->top_p))
+    return fail(MQ_ERR_INVALID_ARGUMENT, "top_p must be a finite number >= 0 (0 or 1 = off)");
+  int slot = -1;
+  for (int i = 0; i < e->max_batch && slot < 0; i++)
+    if (!e->slots[i]) slot = i;
+  if (slot < 0)
+    return fail(MQ_ERR_BATCH_FULL, "all " + std::to_string(e->max_batch) +
+                                       " slots hold live sequences (max_batch); retry after a sequence finishes");
+  std::unique_ptr<Seq> q(new Seq);
+  q->id = e->next_id++;
+  q->slot = slot;
+  q->prompt.assign(prompt, prompt + n);
+  q->s = *s;
+  q->rng.s = s->seed;
+  q->added_ns = now_ns();
+  *seq_out = q->id;
+  e->slots[slot] = std::move(q);
+  e->live++;
+  return MQ_OK;
+}
+
+void mq_engine_cancel(mq_engine *e, uint64_t seq) {
+  if (!e) return;
+  std::lock_guard<std::mutex> l(e->cancel_mu);
+  e->cancels.push_back(seq);
+}
+
+int32_t mq_engine_active(const mq_engine *e) { return e ? e->live : 0; }
+
+static mq_event done_event(const Seq &q, int32_t token, mq_finish_reason r) {
+  mq_event ev;
+  std::memset(&ev, 0, sizeof(ev));
+  ev.seq = q.id;
+  ev.token = token;
+  ev.done = 1;
+  ev.reason = r;
+  ev.added_ns = q.added_ns;
+  ev.first_token_ns = q.first_ns;
+  ev.done_ns = now_ns();
+  ev.prompt_tokens = (int32_t)q.prompt.size();
+  ev.output_tokens = q.n_out;
+  return ev;
+}
+
+static void release(mq_engine *e, int slot) {
+  e->slots[slot].reset();
+  e->be->reset_slot(slot);
+  e->live--;
+}
+
+mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t *active_out) {
+  if (!e) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_step: engine is NULL");
+  auto &ev = e->events;
+  ev.clear();
+  mq_status st = MQ_OK;
+
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> l(e->cancel_mu);
+    cancels.swap(e->cancels);
+  }
+  for (uint64_t id : cancels)
+    for (int i = 0; i < e->max_batch; i++)
+      if (e->slots[i] && e->slots[i]->id == id) {
+        ev.push_back(done_event(*e->slots[i], -1, MQ_FINISH_CANCELLED));
+        release(e, i);
+      }
+
+  Batch &b = e->batch;
+  b.n = 0;
+  b.slot.clear();
+  b.ntok.clear();
+  b.pos.clear();
+  b.off.clear();
+  b.tokens.clear();
+  e->members.clear();
+  bool all_greedy = true;
+  for (int i = 0; i < e->max_batch; i++) {
+    Seq *q = e->slots[i].get();
+    if (!q) continue;
+    b.slot.push_back(i);
+    b.off.push_back(b.rows());
+    b.pos.push_back(q->pos);
+    if (!q->prefilled) {
+      b.ntok.push_back((int)q->prompt.size());
+      b.tokens.insert(b.tokens.end(), q->prompt.begin(), q->prompt.end());
+    } else {
+      b.ntok.push_back(1);
+      b.tokens.push_back(q->last);
+    }
+    b.n++;
+    e->members.push_back(q);
+    if (q->s.temperature > 0) all_greedy = false;
+  }
+
+  if (b.n > 0) {
+    // Logits are materialised only when some sequence samples: greedy needs the argmax alone.
+    const bool need_logits = !e->be->deterministic() && !all_greedy;
+    if (need_logits) e->logits.resize((size_t)b.n * e->vocab);
+    e->argmax.assign(b.n, -1);
+    std::string err;
+    try {
+      e->be->forward(b, need_logits ? e->logits.data() : nullptr, e->argmax.data());
+    } catch (const std::exception &x) {
+      err = x.what();
+    }
+    if (!err.empty()) {
+      for (Seq *q : e->members) {
+        ev.push_back(done_event(*q, -1, MQ_FINISH_ERROR));
+        release(e, q->slot);
+      }
+      st = fail(MQ_ERR_BACKEND, "forward pass failed: " + err);
+    } else {
+      const int64_t t = now_ns();
+      for (int i = 0; i < b.n; i++) {
+        Seq *q = e->members[i];
+        q->pos += b.ntok[i];
+        q->prefilled = true;
+        int32_t tok = e->argmax[i];
+        if (!e->be->deterministic() && q->s.temperature > 0)
+          tok = sample(e, e->logits.data() + (size_t)i * e->vocab, q->s, q->rng);
+        q->last = tok;
+        q->n_out++;
+        if (q->first_ns == 0) q->first_ns = t;
+        mq_finish_reason r = MQ_FINISH_NONE;
+        if (!q->s.ignore_eos && std::find(e->eos.begin(), e->eos.end(), tok) != e->eos.end())
+          r = MQ_FINISH_STOP;
+        else if (q->n_out >= (int)q->s.max_new_tokens)
+          r = MQ_FINISH_LENGTH;
+        if (r != MQ_FINISH_NONE) {
+          ev.push_back(done_event(*q, tok, r));
+          release(e, q->slot);
+        } else {
+          mq_event x;
+          std::memset(&x, 0, sizeof(x));
+          x.seq = q->id;
+          x.token = tok;
+          ev.push_back(x);
+        }
+      }
+    }
+  }
+  if (active_out) *active_out = e->live;
+  // Callbacks run after the engine state is consistent, so they may call add or cancel.
+  if (cb) {
+    std::vector<mq_event> out;
+    out.swap(ev);
+    for (const mq_event &x : out) cb(&x, user);
+    out.swap(ev);
+  }
+  if (active_out) *active_out = e->live;
+  return st;
+}
+
+mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *out) {
+  if (!e || !ids || !out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_logits: NULL argument");
+  if (n <= 0) return fail(MQ_ERR_INVALID_ARGUMENT, "ids is empty; pass at least one token id");
+  if (n > e->max_context)
+    return fail(MQ_ERR_INVALID_ARGUMENT, "ids has " + std::to_string(n) + " tokens, more than max_context " +
+                                             std::to_string(e->max_context));
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= e->vocab)
+      return fail(MQ_ERR_INVALID_ARGUMENT, "ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                                               " is outside the vocabulary [0, " + std::to_string(e->vocab) + ")");
+  try {
+    e->be->logits_all(ids, n, e->max_batch, out);
+    e->be->reset_slot(e->max_batch);
+  } catch (const std::exception &x) {
+    return fail(MQ_ERR_BACKEND, std::string("logits: ") + x.what());
+  }
+  return MQ_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,165 @@
+/* modelqual.h: the C ABI of the modelqual native runtime (C++17, fp32 CPU inference with an
+ * optional CUDA backend loaded at run time).
+ *
+ * Why a C ABI: the Go package native is its only caller today, but a stable C surface keeps the
+ * cgo boundary in one file and lets other hosts (a C test, a Python ctypes probe) drive the
+ * same engine. Conventions follow llama.h: opaque handles, *_default_params() returning a
+ * struct by value, paired mq_engine_open/mq_engine_close, callbacks with a user pointer, and
+ * status codes whose message is read with mq_last_error() on the failing thread.
+ *
+ * Threading: an engine is driven by one thread (mq_engine_add/step/logits/info/close);
+ * mq_engine_cancel may be called from any thread at any time before close.
+ */
+#ifndef MODELQUAL_H
+#define MODELQUAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define MQ_API __declspec(dllexport)
+#else
+#define MQ_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MQ_ABI_VERSION 1
+
+typedef struct mq_engine mq_engine; /* opaque */
+
+typedef enum {
+  MQ_OK = 0,
+  MQ_ERR_INVALID_ARGUMENT = 1, /* a request or parameter failed validation */
+  MQ_ERR_BATCH_FULL = 2,       /* every KV-cache slot holds a live sequence */
+  MQ_ERR_LOAD = 3,             /* model or backend could not be loaded */
+  MQ_ERR_BACKEND = 4,          /* the forward pass failed (device error) */
+  MQ_ERR_INTERNAL = 5
+} mq_status;
+
+/* Why a sequence ended (mq_event.reason when done != 0). */
+typedef enum {
+  MQ_FINISH_NONE = 0,
+  MQ_FINISH_STOP = 1,      /* an EOS token was generated */
+  MQ_FINISH_LENGTH = 2,    /* max_new_tokens reached */
+  MQ_FINISH_CANCELLED = 3, /* mq_engine_cancel */
+  MQ_FINISH_ERROR = 4      /* the forward pass failed */
+} mq_finish_reason;
+
+/* A host tensor (fp32, row-major, Hugging Face name and layout). The data must stay valid
+ * until mq_engine_close: the runtime reads weights in place (zero copy from the bundle mmap). */
+typedef struct {
+  const char *name;
+  const float *data;
+  int64_t shape[4];
+  int32_t ndim;
+} mq_tensor;
+
+/* Model hyperparameters, resolved by the caller from config.json (names differ per family;
+ * fields a family does not use are 0). */
+typedef struct {
+  int32_t vocab_size;
+  int32_t hidden_size;
+  int32_t num_layers;
+  int32_t num_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t intermediate_size;
+  int32_t max_positions; /* learned/rope position limit of the checkpoint */
+  float norm_eps;        /* layer_norm_epsilon (gpt2) or rms_norm_eps (qwen3) */
+  double rope_theta;     /* qwen3 */
+  int32_t tie_word_embeddings;
+  int32_t attention_bias; /* qwen3: q/k/v/o projections carry biases */
+  int32_t scale_attn_by_inverse_layer_idx; /* gpt2 */
+  int64_t step_delay_ns;  /* mock: sleep per engine step */
+} mq_hparams;
+
+typedef struct {
+  int32_t n_threads;   /* 0 = all online cores */
+  int32_t max_batch;   /* concurrent sequences (KV-cache slots) */
+  int32_t max_context; /* prompt + generated tokens per sequence */
+  const char *device;  /* "cpu" (default) | "cuda" */
+  int32_t device_index;
+  const char *family;      /* "gpt2" | "qwen3" | "mock" */
+  const char *config_json; /* config.json verbatim (handed to the cuda backend) */
+  const char *precision;   /* "fp32" (cpu); cuda may take "bf16" | "fp16" */
+  mq_hparams hparams;
+  const mq_tensor *tensors; /* copied by name at open; data pointers are kept */
+  int32_t n_tensors;
+  const int32_t *eos_ids; /* copied at open */
+  int32_t n_eos_ids;
+} mq_engine_params;
+
+typedef struct {
+  uint32_t max_new_tokens; /* >= 1 */
+  float temperature;       /* 0 = greedy */
+  int32_t top_k;           /* 0 = off */
+  float top_p;             /* 0 or >= 1 = off */
+  uint64_t seed;           /* per-sequence PRNG seed */
+  int32_t ignore_eos;
+} mq_sampling;
+
+typedef struct {
+  uint64_t seq;
+  int32_t token; /* -1 when the event carries no token (cancel, error) */
+  int32_t done;
+  int32_t reason; /* mq_finish_reason */
+  /* Set when done: CLOCK_MONOTONIC nanoseconds and token counts. */
+  int64_t added_ns;
+  int64_t first_token_ns;
+  int64_t done_ns;
+  int32_t prompt_tokens;
+  int32_t output_tokens;
+} mq_event;
+
+typedef void (*mq_event_callback)(const mq_event *ev, void *user);
+
+typedef struct {
+  int32_t vocab_size;
+  int32_t max_context;
+  int32_t max_batch;
+  int32_t n_threads;
+  int64_t step_delay_ns;
+  const char *device; /* valid until close */
+} mq_engine_info;
+
+MQ_API int32_t mq_abi_version(void);
+
+/* The message of the last failing call on this thread ("" when none). */
+MQ_API const char *mq_last_error(void);
+
+MQ_API mq_engine_params mq_engine_default_params(void);
+MQ_API mq_sampling mq_sampling_default(void);
+
+/* Opens an engine. Reads MODELQUAL_FAULTS once (see engine.cc for the faults it owns). */
+MQ_API mq_status mq_engine_open(const mq_engine_params *p, mq_engine **out);
+MQ_API void mq_engine_close(mq_engine *e);
+
+MQ_API mq_status mq_engine_info_get(const mq_engine *e, mq_engine_info *out);
+
+/* Queues a sequence; it is prefilled at the next step. */
+MQ_API mq_status mq_engine_add(mq_engine *e, const int32_t *prompt, int32_t n_prompt,
+                               const mq_sampling *s, uint64_t *seq_out);
+
+/* Thread-safe. Ends the sequence at the next step (reason CANCELLED); unknown ids are ignored. */
+MQ_API void mq_engine_cancel(mq_engine *e, uint64_t seq);
+
+/* One engine step: applies cancels, prefills queued sequences, decodes one token for every
+ * running sequence in one batched forward pass, and calls cb once per sequence touched
+ * (a token, and/or done). *active_out receives the sequences still live afterwards. */
+MQ_API mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user,
+                                int32_t *active_out);
+
+MQ_API int32_t mq_engine_active(const mq_engine *e);
+
+/* Full-vocabulary logits at every position of ids: out holds n*vocab_size floats. Uses a
+ * scratch KV slot, so it never disturbs live sequences. */
+MQ_API mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MODELQUAL_H */

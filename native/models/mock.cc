@@ -1,0 +1,53 @@
+// models/mock.cc: the mock family: no weights, one deterministic token per step after a set
+// delay. It measures the serving path's own cost (HTTP, scheduling, streaming) with an engine
+// whose cadence is known exactly, as serving teams do with a CPU engine mock.
+//
+// The token generated at sequence position p is mock_token(p): the GPT-2 byte-level ids of
+// 'a'..'z' in a cycle (ids 64..89), so detokenized output reads "abc...", or p mod vocab for a
+// vocabulary too small to hold them.
+#include <time.h>
+
+#include "../runtime.h"
+
+namespace mq {
+namespace {
+
+class Mock : public Backend {
+ public:
+  explicit Mock(const ModelArgs &a) : V_(a.hp.vocab_size), delay_ns_(a.hp.step_delay_ns) {}
+  int vocab() const override { return V_; }
+  bool deterministic() const override { return true; }
+
+  int32_t token_at(int p) const { return V_ >= 90 ? 64 + p % 26 : p % V_; }
+
+  void forward(const Batch &b, float *logits, int32_t *argmax) override {
+    (void)logits;
+    if (delay_ns_ > 0) {
+      struct timespec ts = {(time_t)(delay_ns_ / 1000000000LL), (long)(delay_ns_ % 1000000000LL)};
+      while (nanosleep(&ts, &ts) != 0) {
+      }
+    }
+    for (int i = 0; i < b.n; i++) argmax[i] = token_at(b.pos[i] + b.ntok[i]);
+  }
+
+  // logits_all: a one-hot distribution on the token forward would generate next.
+  void logits_all(const int32_t *ids, int n, int slot, float *out) override {
+    (void)ids;
+    (void)slot;
+    for (int j = 0; j < n; j++) {
+      float *row = out + (size_t)j * V_;
+      for (int v = 0; v < V_; v++) row[v] = 0.f;
+      row[token_at(j + 1)] = 1.f;
+    }
+  }
+
+ private:
+  int V_;
+  int64_t delay_ns_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_mock(const ModelArgs &a) { return std::unique_ptr<Backend>(new Mock(a)); }
+
+}  // namespace mq

@@ -1,0 +1,430 @@
+// Package native runs transformer inference in the C++ runtime of this directory (fp32 on CPU,
+// or a CUDA backend loaded at run time) and is the project's only cgo binding.
+//
+// Why one package: every crossing of the Go/C boundary (pointer pinning, handle lifetimes,
+// string freeing) lives in this file, so the rest of the project stays pure Go. `go build`
+// compiles the runtime (native/*.cc, which include native/models/*.cc); no separate step.
+//
+// An Engine holds one model, a KV cache with Params.MaxBatch slots, and a scheduler that
+// batches every live sequence through each forward pass step by step. It is driven by one
+// goroutine (Add, Step, Logits, Info, Close); only Cancel may be called concurrently.
+package native
+
+/*
+#cgo CPPFLAGS: -I${SRCDIR}/include
+#cgo CXXFLAGS: -O3 -std=c++17 -march=x86-64-v3 -Wall -Wno-maybe-uninitialized -Wno-comment
+#cgo LDFLAGS: -lstdc++ -lm -ldl -lpthread
+#include <stdlib.h>
+#include "modelqual.h"
+
+extern void mqGoEvent(mq_event *ev, uintptr_t user);
+
+static void mq_go_event_trampoline(const mq_event *ev, void *user) {
+	mqGoEvent((mq_event *)ev, (uintptr_t)user);
+}
+
+static mq_status mq_go_step(mq_engine *e, uintptr_t user, int32_t *active) {
+	return mq_engine_step(e, mq_go_event_trampoline, (void *)user, active);
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/cgo"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/modelqual/modelqual/native/bundle"
+)
+
+// ErrBatchFull is returned (wrapped) by Add when every slot holds a live sequence; the caller
+// should queue the request and retry after a Step finished one.
+var ErrBatchFull = errors.New("native: batch full")
+
+// ErrClosed is returned by calls on a closed engine.
+var ErrClosed = errors.New("native: engine is closed")
+
+// Params selects how an engine runs. Zero fields take the bundle's build settings.
+type Params struct {
+	Threads    int    // worker threads for the CPU runtime; 0 = all cores
+	MaxBatch   int    // concurrent sequences; 0 = bundle provenance build.max_batch (else 8)
+	MaxContext int    // prompt + new tokens per sequence; 0 = bundle build.max_context (else the model's limit)
+	Device     string // "cpu" (default) or "cuda"
+}
+
+// DefaultParams are the parameters Open uses for zero fields: all cores, the bundle's batch
+// and context, CPU.
+func DefaultParams() Params {
+	return Params{Device: "cpu"}
+}
+
+// Info describes an opened engine.
+type Info struct {
+	Family     string
+	VocabSize  int
+	MaxContext int
+	MaxBatch   int
+	EOSIDs     []int32
+	Device     string
+	StepDelay  time.Duration // mock family only
+	Threads    int
+}
+
+// Sampling controls one sequence's generation. The zero value (plus MaxNewTokens) is greedy.
+type Sampling struct {
+	MaxNewTokens int
+	Temperature  float32 // 0 = greedy (argmax, lowest id on ties)
+	TopK         int     // 0 = off
+	TopP         float32 // 0 or 1 = off
+	Seed         uint64  // same seed and inputs => same sampled tokens
+	IgnoreEOS    bool
+}
+
+// SeqID names one sequence of an engine.
+type SeqID uint64
+
+// FinishReason says why a sequence ended.
+type FinishReason string
+
+// Finish reasons, as reported in the Done event.
+const (
+	FinishStop      FinishReason = "stop"      // EOS generated (the EOS token is the event's Token)
+	FinishLength    FinishReason = "length"    // MaxNewTokens generated
+	FinishCancelled FinishReason = "cancelled" // Cancel took effect
+	FinishError     FinishReason = "error"     // the forward pass failed
+)
+
+// Timing is the engine's own account of one sequence (CLOCK_MONOTONIC nanoseconds).
+type Timing struct {
+	AddedNs, FirstTokenNs, DoneNs int64
+	PromptTokens, OutputTokens    int
+}
+
+// Event is one step's news for one sequence: a new token, the end, or both.
+type Event struct {
+	Seq    SeqID
+	Token  int32 // -1 when none
+	Done   bool
+	Reason FinishReason // set when Done
+	Timing Timing       // set when Done
+}
+
+// Engine is an opened model with its scheduler. Not goroutine-safe except Cancel.
+type Engine struct {
+	c      *C.mq_engine
+	b      *bundle.Bundle // keeps the weights' mapping referenced for the engine's lifetime
+	info   Info
+	handle cgo.Handle
+	stepFn func(Event)
+	mu     sync.RWMutex // guards c against Close while Cancel runs on another goroutine
+}
+
+// call runs one C call and reads its error message on the same OS thread: mq_last_error is
+// thread-local, and a goroutine may otherwise move between threads between the two calls.
+func call(f func() C.mq_status) (C.mq_status, string) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if st := f(); st != C.MQ_OK {
+		return st, C.GoString(C.mq_last_error())
+	}
+	return C.MQ_OK, ""
+}
+
+// Open loads the model of b. Weights are read in place from b's mapping (zero copy), so b must
+// stay open until the engine is closed.
+func Open(b *bundle.Bundle, p Params) (*Engine, error) {
+	if b == nil {
+		return nil, errors.New("native.Open: bundle is nil; open one with bundle.Open")
+	}
+	h := b.Header()
+	spec, err := modelSpecFor(h)
+	if err != nil {
+		return nil, fmt.Errorf("native.Open %s: %w", b.Path(), err)
+	}
+	if p.Device == "" {
+		p.Device = "cpu"
+	}
+	if p.Device != "cpu" && p.Device != "cuda" {
+		return nil, fmt.Errorf("native.Open %s: Params.Device %q is not supported; use cpu or cuda", b.Path(), p.Device)
+	}
+	if p.MaxBatch == 0 {
+		p.MaxBatch = h.Provenance.Build.MaxBatch
+		if p.MaxBatch == 0 {
+			p.MaxBatch = 8
+		}
+	}
+	if p.MaxContext == 0 {
+		p.MaxContext = h.Provenance.Build.MaxContext
+		if p.MaxContext == 0 || p.MaxContext > spec.hp.MaxPositions {
+			p.MaxContext = spec.hp.MaxPositions
+		}
+	}
+	if p.MaxBatch < 1 || p.MaxContext < 1 || p.Threads < 0 {
+		return nil, fmt.Errorf("native.Open %s: Params %+v: MaxBatch and MaxContext must be >= 1 and Threads >= 0", b.Path(), p)
+	}
+	if spec.hp.MaxPositions > 0 && p.MaxContext > spec.hp.MaxPositions {
+		return nil, fmt.Errorf("native.Open %s: Params.MaxContext %d exceeds the model's position limit %d", b.Path(), p.MaxContext, spec.hp.MaxPositions)
+	}
+
+	// Everything handed to C lives in C memory (names, tensor table, config) or in the
+	// bundle's mmap (weights), so no Go pointer is retained by C.
+	var cp C.mq_engine_params = C.mq_engine_default_params()
+	cp.n_threads = C.int32_t(p.Threads)
+	cp.max_batch = C.int32_t(p.MaxBatch)
+	cp.max_context = C.int32_t(p.MaxContext)
+	cstrs := []*C.char{}
+	cstr := func(s string) *C.char {
+		c := C.CString(s)
+		cstrs = append(cstrs, c)
+		return c
+	}
+	defer func() {
+		for _, c := range cstrs {
+			C.free(unsafe.Pointer(c))
+		}
+	}()
+	cp.device = cstr(p.Device)
+	cp.family = cstr(h.Family)
+	cp.config_json = cstr(string(h.Config))
+	prec := h.Provenance.Build.Precision
+	if prec == "" || p.Device == "cpu" {
+		prec = "fp32"
+	}
+	cp.precision = cstr(prec)
+	cp.hparams = spec.hp.toC()
+
+	n := len(h.Tensors)
+	if n > 0 {
+		tab := (*[1 << 28]C.mq_tensor)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(C.mq_tensor{}))))[:n:n]
+		defer C.free(unsafe.Pointer(&tab[0]))
+		for i, ti := range h.Tensors {
+			if ti.DType != "F32" {
+				return nil, fmt.Errorf("native.Open %s: tensor %s has dtype %s; the runtime reads F32 only (rebuild the bundle)", b.Path(), ti.Name, ti.DType)
+			}
+			if len(ti.Shape) > 4 {
+				return nil, fmt.Errorf("native.Open %s: tensor %s has %d dimensions; at most 4 are supported", b.Path(), ti.Name, len(ti.Shape))
+			}
+			_, data, err := b.Tensor(ti.Name)
+			if err != nil {
+				return nil, fmt.Errorf("native.Open %s: %w", b.Path(), err)
+			}
+			tab[i].name = cstr(ti.Name)
+			if len(data) > 0 {
+				tab[i].data = (*C.float)(unsafe.Pointer(&data[0]))
+			}
+			tab[i].ndim = C.int32_t(len(ti.Shape))
+			for d, s := range ti.Shape {
+				tab[i].shape[d] = C.int64_t(s)
+			}
+		}
+		cp.tensors = &tab[0]
+		cp.n_tensors = C.int32_t(n)
+	}
+	if len(spec.eos) > 0 {
+		eos := (*[1 << 20]C.int32_t)(C.calloc(C.size_t(len(spec.eos)), 4))[:len(spec.eos):len(spec.eos)]
+		defer C.free(unsafe.Pointer(&eos[0]))
+		for i, id := range spec.eos {
+			eos[i] = C.int32_t(id)
+		}
+		cp.eos_ids = &eos[0]
+		cp.n_eos_ids = C.int32_t(len(spec.eos))
+	}
+
+	var ce *C.mq_engine
+	if st, msg := call(func() C.mq_status { return C.mq_engine_open(&cp, &ce) }); st != C.MQ_OK {
+		return nil, fmt.Errorf("native.Open %s: %s", b.Path(), msg)
+	}
+	e := &Engine{c: ce, b: b}
+	var ci C.mq_engine_info
+	C.mq_engine_info_get(ce, &ci)
+	e.info = Info{
+		Family:     h.Family,
+		VocabSize:  int(ci.vocab_size),
+		MaxContext: int(ci.max_context),
+		MaxBatch:   int(ci.max_batch),
+		EOSIDs:     append([]int32(nil), spec.eos...),
+		Device:     C.GoString(ci.device),
+		StepDelay:  time.Duration(ci.step_delay_ns),
+		Threads:    int(ci.n_threads),
+	}
+	e.handle = cgo.NewHandle(e)
+	return e, nil
+}
+
+// Info describes the engine (copied; safe to keep).
+func (e *Engine) Info() Info {
+	i := e.info
+	i.EOSIDs = append([]int32(nil), e.info.EOSIDs...)
+	return i
+}
+
+// Add queues a sequence; it is prefilled and gets its first token at the next Step. Errors
+// name the offending field; a full batch returns an error wrapping ErrBatchFull.
+func (e *Engine) Add(prompt []int32, s Sampling) (SeqID, error) {
+	if e.c == nil {
+		return 0, ErrClosed
+	}
+	if len(prompt) == 0 {
+		return 0, errors.New("native.Add: prompt is empty; pass at least one token id")
+	}
+	if s.MaxNewTokens < 1 {
+		return 0, fmt.Errorf("native.Add: max_new_tokens %d must be >= 1", s.MaxNewTokens)
+	}
+	if s.TopK < 0 || s.Temperature < 0 || s.TopP < 0 {
+		return 0, fmt.Errorf("native.Add: temperature %g, top_k %d, top_p %g must not be negative", s.Temperature, s.TopK, s.TopP)
+	}
+	cs := C.mq_sampling{
+		max_new_tokens: C.uint32_t(s.MaxNewTokens),
+		temperature:    C.float(s.Temperature),
+		top_k:          C.int32_t(s.TopK),
+		top_p:          C.float(s.TopP),
+		seed:           C.uint64_t(s.Seed),
+	}
+	if s.IgnoreEOS {
+		cs.ignore_eos = 1
+	}
+	var pin runtime.Pinner
+	pin.Pin(&prompt[0])
+	defer pin.Unpin()
+	var id C.uint64_t
+	st, msg := call(func() C.mq_status {
+		return C.mq_engine_add(e.c, (*C.int32_t)(unsafe.Pointer(&prompt[0])), C.int32_t(len(prompt)), &cs, &id)
+	})
+	switch st {
+	case C.MQ_OK:
+		return SeqID(id), nil
+	case C.MQ_ERR_BATCH_FULL:
+		return 0, fmt.Errorf("%w: %s", ErrBatchFull, msg)
+	default:
+		return 0, errors.New("native.Add: " + msg)
+	}
+}
+
+// Cancel ends the sequence at the next Step (Done event with reason "cancelled"). Safe to call
+// from any goroutine; unknown or finished ids are ignored.
+func (e *Engine) Cancel(id SeqID) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.c != nil {
+		C.mq_engine_cancel(e.c, C.uint64_t(id))
+	}
+}
+
+// Step runs one engine step: cancels, prefill of queued sequences, and one decoded token for
+// every running sequence, batched through one forward pass. fn is called once per sequence
+// touched, before Step returns. It returns the number of sequences still live.
+func (e *Engine) Step(fn func(Event)) (active int, err error) {
+	if e.c == nil {
+		return 0, ErrClosed
+	}
+	e.stepFn = fn
+	defer func() { e.stepFn = nil }()
+	var a C.int32_t
+	if st, msg := call(func() C.mq_status { return C.mq_go_step(e.c, C.uintptr_t(e.handle), &a) }); st != C.MQ_OK {
+		return int(a), fmt.Errorf("native.Step: %s", msg)
+	}
+	return int(a), nil
+}
+
+//export mqGoEvent
+func mqGoEvent(ev *C.mq_event, user C.uintptr_t) {
+	e := cgo.Handle(user).Value().(*Engine)
+	if e.stepFn == nil {
+		return
+	}
+	out := Event{Seq: SeqID(ev.seq), Token: int32(ev.token), Done: ev.done != 0}
+	if out.Done {
+		switch ev.reason {
+		case C.MQ_FINISH_STOP:
+			out.Reason = FinishStop
+		case C.MQ_FINISH_LENGTH:
+			out.Reason = FinishLength
+		case C.MQ_FINISH_CANCELLED:
+			out.Reason = FinishCancelled
+		default:
+			out.Reason = FinishError
+		}
+		out.Timing = Timing{
+			AddedNs:      int64(ev.added_ns),
+			FirstTokenNs: int64(ev.first_token_ns),
+			DoneNs:       int64(ev.done_ns),
+			PromptTokens: int(ev.prompt_tokens),
+			OutputTokens: int(ev.output_tokens),
+		}
+	}
+	e.stepFn(out)
+}
+
+// Active is the number of live sequences (queued or running).
+func (e *Engine) Active() int {
+	if e.c == nil {
+		return 0
+	}
+	return int(C.mq_engine_active(e.c))
+}
+
+// Logits returns full-vocabulary logits at every position of ids (len(ids)*VocabSize floats,
+// row-major by position), computed in a scratch slot without disturbing live sequences.
+func (e *Engine) Logits(ids []int32) ([]float32, error) {
+	if e.c == nil {
+		return nil, ErrClosed
+	}
+	if len(ids) == 0 {
+		return nil, errors.New("native.Logits: ids is empty; pass at least one token id")
+	}
+	out := make([]float32, len(ids)*e.info.VocabSize)
+	var pin runtime.Pinner
+	pin.Pin(&ids[0])
+	pin.Pin(&out[0])
+	defer pin.Unpin()
+	st, msg := call(func() C.mq_status {
+		return C.mq_engine_logits(e.c, (*C.int32_t)(unsafe.Pointer(&ids[0])), C.int32_t(len(ids)), (*C.float)(unsafe.Pointer(&out[0])))
+	})
+	if st != C.MQ_OK {
+		return nil, errors.New("native.Logits: " + msg)
+	}
+	return out, nil
+}
+
+// Close frees the engine (threads, KV cache). Live sequences are dropped without events.
+// The bundle may be closed afterwards. Calling Close twice is a no-op.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.c == nil {
+		return nil
+	}
+	C.mq_engine_close(e.c)
+	e.c = nil
+	e.handle.Delete()
+	return nil
+}
+
+func (h hparams) toC() C.mq_hparams {
+	flag := func(v bool) C.int32_t {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	return C.mq_hparams{
+		vocab_size:                      C.int32_t(h.VocabSize),
+		hidden_size:                     C.int32_t(h.HiddenSize),
+		num_layers:                      C.int32_t(h.NumLayers),
+		num_heads:                       C.int32_t(h.NumHeads),
+		num_kv_heads:                    C.int32_t(h.NumKVHeads),
+		head_dim:                        C.int32_t(h.HeadDim),
+		intermediate_size:               C.int32_t(h.IntermediateSize),
+		max_positions:                   C.int32_t(h.MaxPositions),
+		norm_eps:                        C.float(h.NormEps),
+		rope_theta:                      C.double(h.RopeTheta),
+		tie_word_embeddings:             flag(h.TieWordEmbeddings),
+		attention_bias:                  flag(h.AttentionBias),
+		scale_attn_by_inverse_layer_idx: flag(h.ScaleAttnByInverseLayerIdx),
+		step_delay_ns:                   C.int64_t(h.StepDelayNs),
+	}
+}
