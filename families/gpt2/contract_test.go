@@ -1,0 +1,13 @@
+package gpt2_test
+
+import (
+	"context"
+
+	. "github.com/onsi/ginkgo/v2"
+
+	"github.com/modelqual/modelqual/qual/spec"
+)
+
+var _ = Describe("gpt2 context contract", suite.Labels(), spec.Task(spec.TaskText), spec.Premerge(), func() {
+	spec.ContextContract(context.Background(), suite.ContextInput)
+})

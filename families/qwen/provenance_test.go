@@ -1,0 +1,13 @@
+package qwen_test
+
+import (
+	"context"
+
+	. "github.com/onsi/ginkgo/v2"
+
+	"github.com/modelqual/modelqual/qual/spec"
+)
+
+var _ = Describe("qwen provenance", suite.Labels(), spec.Task(spec.TaskText), spec.Premerge(), func() {
+	spec.BundleProvenance(context.Background(), suite.ProvenanceInput)
+})

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"text/template"
+)
+
+func init() {
+	register("new-family", "scaffold a family folder (suite, pending gate specs, reference stub, manifest template)", runNewFamily)
+}
+
+const newFamilyUsage = `Usage: qual new-family NAME [--owner OWNER] [--native-family F] [--checkpoint ORG/NAME]
+
+Creates families/NAME with everything a family needs, in a state that compiles and whose
+specs are pending until the owner finishes it:
+
+  doc.go                       the package doc
+  suite_test.go                the Ginkgo suite (RunSpecs) and, commented out, the spec.NewSuite call
+  gates_test.go                one pending spec per gate, labelled NAME, owner:OWNER, premerge
+  reference/reference.go       the reference forward pass stub (Load, GreedyLogits, EachLogits)
+  manifest.yaml.example        the manifest to fill in and rename to manifest.yaml
+  thresholds.yaml.example      the parity tolerances to fill in and rename to thresholds.yaml
+  corpus.jsonl                 two example prompts; a family needs at least 12
+
+Then: write reference/reference.go from the architecture's definition (see
+families/qwen/reference), generate goldens, fill in the manifest and thresholds, replace the
+pending specs with the qual/spec gates (see families/qwen/*_test.go), and add the native model
+file in native/models/. Nothing in qual/ changes. NAME must be a lowercase Go identifier.
+
+Flags:
+`
+
+var familyIdent = regexp.MustCompile(`^[a-z][a-z0-9]*$`)
+
+func runNewFamily(args []string) int {
+	fs := flag.NewFlagSet("new-family", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), newFamilyUsage)
+		fs.PrintDefaults()
+	}
+	owner := fs.String("owner", "", "owner label value (owner:OWNER); default NAME-owners")
+	native := fs.String("native-family", "", "bundle family of the native model code (default NAME)")
+	checkpoint := fs.String("checkpoint", "", "hub checkpoint id ORG/NAME for the manifest template (default ORG/NAME)")
+	dir := fs.String("dir", "", "folder to create (default <repo>/families/NAME); for tests")
+	// Flags may follow the name: qual new-family mistral --owner alice.
+	var name string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if name == "" && fs.NArg() == 1 {
+		name = fs.Arg(0)
+	} else if fs.NArg() > 0 || name == "" {
+		fs.Usage()
+		return 2
+	}
+	if !familyIdent.MatchString(name) || name == "internal" {
+		fmt.Fprintf(os.Stderr, "qual new-family: %q must be a lowercase Go identifier such as \"mistral\" (it names the folder, the package and the label)\n", name)
+		return 2
+	}
+	if *owner == "" {
+		*owner = name + "-owners"
+	}
+	if *native == "" {
+		*native = name
+	}
+	if *checkpoint == "" {
+		*checkpoint = "ORG/NAME"
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "qual new-family: %v\n", err)
+		return 1
+	}
+	target := *dir
+	if target == "" {
+		target = filepath.Join(root, "families", name)
+	}
+	target, _ = filepath.Abs(target)
+	rel, err := filepath.Rel(root, target)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		fmt.Fprintf(os.Stderr, "qual new-family: %s is outside the repository %s; the family must live inside the module\n", target, root)
+		return 2
+	}
+	if _, err := os.Stat(target); err == nil {
+		fmt.Fprintf(os.Stderr, "qual new-family: %s already exists; pick another name or remove it\n", target)
+		return 1
+	}
+	data := scaffoldData{Name: name, Owner: *owner, Native: *native, Checkpoint: *checkpoint,
+		Import: "github.com/modelqual/modelqual/" + filepath.ToSlash(rel)}
+	if err := writeScaffold(target, data); err != nil {
+		_ = os.RemoveAll(target)
+		fmt.Fprintf(os.Stderr, "qual new-family: %v\n", err)
+		return 1
+	}
+	fmt.Printf("created %s\nnext: go vet ./%s/... && go run github.com/onsi/ginkgo/v2/ginkgo --label-filter=%s ./%s (its specs are pending)\n",
+		target, filepath.ToSlash(rel), name, filepath.ToSlash(rel))
+	return 0
+}
+
+type scaffoldData struct{ Name, Owner, Native, Checkpoint, Import string }
+
+func writeScaffold(dir string, d scaffoldData) error {
+	files := map[string]string{
+		"doc.go":                  scaffoldDoc,
+		"suite_test.go":           scaffoldSuite,
+		"gates_test.go":           scaffoldGates,
+		"reference/reference.go":  scaffoldReference,
+		"manifest.yaml.example":   scaffoldManifest,
+		"thresholds.yaml.example": scaffoldThresholds,
+		"corpus.jsonl":            scaffoldCorpus,
+	}
+	for name, text := range files {
+		t, err := template.New(name).Delims("<<", ">>").Parse(text)
+		if err != nil {
+			return fmt.Errorf("template %s: %w", name, err)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		err = t.Execute(f, d)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+const scaffoldDoc = `// Package <<.Name>> is the <<.Name>> family's qualification suite (scaffolded by qual
+// new-family): spec files calling qual/spec, manifest.yaml, thresholds.yaml, corpus.jsonl and
+// the family-owned reference forward pass in <<.Name>>/reference.
+package <<.Name>>
+`
+
+const scaffoldSuite = `package <<.Name>>_test
+
+import (
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+func TestFamily(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "<<.Name>> family")
+}
+
+// When manifest.yaml, thresholds.yaml, the corpus and the reference exist, replace this
+// comment with the suite (see families/qwen/suite_test.go):
+//
+//	var suite = spec.NewSuite(spec.SuiteInput{
+//		Family: "<<.Name>>",
+//		Reference: func(dir string) (spec.Reference, error) { return reference.Load(dir) },
+//	})
+`
+
+const scaffoldGates = `package <<.Name>>_test
+
+import (
+	. "github.com/onsi/ginkgo/v2"
+
+	"github.com/modelqual/modelqual/qual/spec"
+)
+
+// Pending until the family is complete. Replace each with its qual/spec gate, one file per
+// gate, as families/qwen does, e.g.
+//
+//	var _ = Describe("<<.Name>> parity", suite.Labels(), spec.Task(spec.TaskText), spec.Premerge(), func() {
+//		spec.ParityGate(context.Background(), suite.ParityInput)
+//	})
+var _ = Describe("<<.Name>> qualification", spec.Family("<<.Name>>"), spec.Owner("<<.Owner>>"), spec.Premerge(), func() {
+	PIt("serves the bundle the manifest names (spec.BundleProvenance)", spec.Gate(spec.GateProvenance))
+	PIt("matches the family reference on the corpus (spec.ParityGate)", spec.Gate(spec.GateParity))
+	PIt("matches the transformers golden (spec.GoldenParity)", spec.Gate(spec.GateParity))
+	PIt("streams deltas that concatenate to the answer (spec.StreamingParity)", spec.Gate(spec.GateParity), spec.Task(spec.TaskStream))
+	PIt("honours the context contract (spec.ContextContract)", spec.Gate(spec.GateContract))
+	PIt("sustains the manifest's load profiles (suite.LoadProfiles)", spec.Gate(spec.GateLoad))
+})
+`
+
+const scaffoldReference = `// Package reference is the <<.Name>> family's own forward pass, in float64 on gonum, to be
+// written from the architecture's definition (not from the native engine's code) so that the
+// parity gate compares two independent implementations. See families/qwen/reference.
+package reference
+
+import "fmt"
+
+// Model is a loaded <<.Name>> checkpoint.
+type Model struct{ Dir string }
+
+// Load reads config.json and model.safetensors from a checkpoint directory.
+func Load(dir string) (*Model, error) {
+	return nil, fmt.Errorf("<<.Name>> reference: not written yet; implement Load, GreedyLogits and EachLogits in %s", "families/<<.Name>>/reference")
+}
+
+// GreedyLogits returns the steps tokens greedy decoding chooses after ids (EOS ignored) and,
+// per step, the logits row that chose each.
+func (m *Model) GreedyLogits(ids []int32, steps int) ([]int32, [][]float64, error) {
+	return nil, nil, fmt.Errorf("<<.Name>> reference: GreedyLogits not written yet")
+}
+
+// EachLogits calls fn with the full-vocabulary logits of every position of ids, in order.
+func (m *Model) EachLogits(ids []int32, fn func(pos int, row []float64) error) error {
+	return fmt.Errorf("<<.Name>> reference: EachLogits not written yet")
+}
+`
+
+const scaffoldManifest = `# <<.Name>> family manifest (fill in, then rename to manifest.yaml). Owner: <<.Owner>>.
+# Schema: qual/manifest. Every field is checked; unknown fields are errors.
+family: <<.Name>>
+native_family: <<.Native>>          # the bundle family of native/models/<<.Native>>.cc
+owner: <<.Owner>>
+tasks: [text]
+checkpoint:
+  id: <<.Checkpoint>>
+  revision: 0000000000000000000000000000000000000000   # the 40-hex hub commit; a branch name is refused
+  # fixture: <<.Name>>-tiny          # a generated tiny fixture standing in for the checkpoint (fixtures.Ensure)
+build:
+  precision: fp32
+  max_context: 1024
+  max_batch: 16
+  backend: cpu
+server:
+  workers: 1
+  startup_timeout: 60s
+  request_timeout: 60s
+profiles:
+  - name: completions-closed
+    premerge: true
+    endpoint: completions
+    stream: false
+    concurrency: [1, 4]
+    requests: 24
+    warmup: 4
+    input_tokens_mean: 32
+    input_tokens_stddev: 0
+    output_tokens: 16
+`
+
+const scaffoldThresholds = `# <<.Name>> parity tolerances (fill in, then rename to thresholds.yaml). Owner: <<.Owner>>.
+max_abs_logit_diff: 1.0e-4   # fp32 engine vs float64 reference, every logit of every position
+greedy_steps: 32
+corpus_min_pass: 12          # at least this many corpus prompts must pass
+`
+
+const scaffoldCorpus = `{"name":"short-hello","prompt":"Hello"}
+{"name":"code-python","prompt":"def add(a, b):\n    return a + b\n"}
+`

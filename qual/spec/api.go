@@ -1,0 +1,361 @@
+package spec
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/modelqual/modelqual/native/bundle"
+)
+
+// API is the gates' correctness client for a served model: plain encoding/json, every field of
+// a response decoded, because a gate must see what the server said, not measure it (qual/client
+// is the measuring client). It speaks the OpenAI routes and modelqual's extension routes
+// (/tokenize, /mq/v1/logits, /mq/v1/bundle).
+type API struct {
+	BaseURL string // server root, without /v1
+	Model   string
+	APIKey  string
+	HTTP    *http.Client
+}
+
+// NewAPI returns an API with a client whose timeout is requestTimeout (0: 2 minutes).
+func NewAPI(baseURL, model, apiKey string, requestTimeout time.Duration) *API {
+	if requestTimeout <= 0 {
+		requestTimeout = 2 * time.Minute
+	}
+	return &API{BaseURL: strings.TrimRight(baseURL, "/"), Model: model, APIKey: apiKey,
+		HTTP: &http.Client{Timeout: requestTimeout}}
+}
+
+// APIError is a non-2xx answer: the status and the OpenAI error body.
+type APIError struct {
+	Route   string
+	Status  int
+	Type    string
+	Param   string
+	Code    any
+	Message string
+	Body    string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("%s: HTTP %d %s: %s", e.Route, e.Status, e.Type, e.Message)
+}
+
+// StatusOf returns the HTTP status of an *APIError, 200 for nil, and 0 for other errors.
+func StatusOf(err error) int {
+	var ae *APIError
+	switch {
+	case err == nil:
+		return 200
+	case errors.As(err, &ae):
+		return ae.Status
+	}
+	return 0
+}
+
+func (a *API) do(ctx context.Context, method, route string, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, fmt.Errorf("%s: encode request: %w", route, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.BaseURL+route, rd)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", route, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if a.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+a.APIKey)
+	}
+	resp, err := a.HTTP.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, route, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		ae := &APIError{Route: method + " " + route, Status: resp.StatusCode, Body: string(raw)}
+		var eb struct {
+			Error struct {
+				Message string `json:"message"`
+				Type    string `json:"type"`
+				Param   string `json:"param"`
+				Code    any    `json:"code"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(raw, &eb) == nil {
+			ae.Message, ae.Type, ae.Param, ae.Code = eb.Error.Message, eb.Error.Type, eb.Error.Param, eb.Error.Code
+		}
+		if ae.Message == "" {
+			ae.Message = strings.TrimSpace(string(raw))
+		}
+		return nil, ae
+	}
+	return resp, nil
+}
+
+func (a *API) getJSON(ctx context.Context, method, route string, body, out any) error {
+	resp, err := a.do(ctx, method, route, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode response: %w", method, route, err)
+	}
+	return nil
+}
+
+// BundleInfo is GET /mq/v1/bundle: the served bundle's header (with provenance) and hash.
+type BundleInfo struct {
+	Header       bundle.Header `json:"header"`
+	BundleSHA256 string        `json:"bundle_sha256"`
+	BundlePath   string        `json:"bundle_path"`
+}
+
+// Bundle asks the server which bundle it serves.
+func (a *API) Bundle(ctx context.Context) (*BundleInfo, error) {
+	var b BundleInfo
+	if err := a.getJSON(ctx, http.MethodGet, "/mq/v1/bundle", nil, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// Logits is POST /mq/v1/logits: the engine's full-vocabulary logits at every position of ids,
+// row-major (positions × vocab). The answer is large (a 300-token prompt over Qwen3's 151,936
+// tokens is 180 MB of float32, base64 encoded), so the data string is cut out of the body and
+// base64-decoded directly instead of going through encoding/json.
+func (a *API) Logits(ctx context.Context, ids []int32) (data []float32, vocab int, err error) {
+	const route = "/mq/v1/logits"
+	resp, err := a.do(ctx, http.MethodPost, route, map[string]any{"model": a.Model, "prompt_token_ids": ids})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, 0, fmt.Errorf("POST %s: read response: %w", route, err)
+	}
+	var raw []byte
+	if i := bytes.Index(body, []byte(`"data":"`)); i >= 0 {
+		j := bytes.IndexByte(body[i+8:], '"')
+		if j < 0 {
+			return nil, 0, fmt.Errorf("POST %s: unterminated data string", route)
+		}
+		raw = body[i+8 : i+8+j]
+		body = append(body[:i:i], append([]byte(`"data":""`), body[i+8+j+1:]...)...)
+	}
+	var r struct {
+		Object    string `json:"object"`
+		VocabSize int    `json:"vocab_size"`
+		Positions int    `json:"positions"`
+		DType     string `json:"dtype"`
+		Encoding  string `json:"encoding"`
+	}
+	if err := json.Unmarshal(body, &r); err != nil {
+		return nil, 0, fmt.Errorf("POST %s: decode response: %w", route, err)
+	}
+	bin := make([]byte, base64.StdEncoding.DecodedLen(len(raw)))
+	n, err := base64.StdEncoding.Decode(bin, raw)
+	if err != nil {
+		return nil, 0, fmt.Errorf("POST %s: data is not base64: %w", route, err)
+	}
+	bin = bin[:n]
+	switch {
+	case r.DType != "float32" || r.Encoding != "base64":
+		return nil, 0, fmt.Errorf("POST %s: dtype %q encoding %q; want float32 base64", route, r.DType, r.Encoding)
+	case r.Positions != len(ids):
+		return nil, 0, fmt.Errorf("POST %s: %d positions for %d ids", route, r.Positions, len(ids))
+	case r.VocabSize <= 0 || len(bin) != 4*r.Positions*r.VocabSize:
+		return nil, 0, fmt.Errorf("POST %s: %d data bytes for %d positions × vocab %d", route, len(bin), r.Positions, r.VocabSize)
+	}
+	out := make([]float32, r.Positions*r.VocabSize)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(bin[4*i:]))
+	}
+	return out, r.VocabSize, nil
+}
+
+// Tokenized is POST /tokenize's answer.
+type Tokenized struct {
+	Tokens      []int32 `json:"tokens"`
+	Count       int     `json:"count"`
+	MaxModelLen int     `json:"max_model_len"`
+	Rendered    string  `json:"rendered"`
+}
+
+// TokenizeChat renders and tokenizes a conversation with the served checkpoint's template.
+func (a *API) TokenizeChat(ctx context.Context, p Prompt) (*Tokenized, error) {
+	body := map[string]any{"model": a.Model, "messages": p.Messages, "add_generation_prompt": p.AddGenerationPrompt}
+	if p.ChatTemplateKwargs != nil {
+		body["chat_template_kwargs"] = p.ChatTemplateKwargs
+	}
+	var t Tokenized
+	if err := a.getJSON(ctx, http.MethodPost, "/tokenize", body, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// Tokenize tokenizes a raw prompt with the served tokenizer.
+func (a *API) Tokenize(ctx context.Context, text string) (*Tokenized, error) {
+	var t Tokenized
+	if err := a.getJSON(ctx, http.MethodPost, "/tokenize", map[string]any{"model": a.Model, "prompt": text}, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// Answer is one completion or chat answer, streamed or not.
+type Answer struct {
+	Text             string
+	Deltas           []string // streamed content deltas in order (nil when not streamed)
+	FinishReason     string
+	PromptTokens     int
+	CompletionTokens int
+	HasUsage         bool
+	SawDone          bool // the stream ended with data: [DONE]
+}
+
+type choice struct {
+	Text    string `json:"text"`
+	Message *struct {
+		Content          *string `json:"content"`
+		ReasoningContent *string `json:"reasoning_content"`
+	} `json:"message"`
+	Delta *struct {
+		Content          *string `json:"content"`
+		ReasoningContent *string `json:"reasoning_content"`
+	} `json:"delta"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+type completionBody struct {
+	Choices []choice `json:"choices"`
+	Usage   *usage   `json:"usage"`
+}
+
+// Complete posts body to route ("/v1/completions" or "/v1/chat/completions"), adding the
+// model, and returns the answer. With body["stream"] true it reads the SSE stream.
+func (a *API) Complete(ctx context.Context, route string, body map[string]any) (*Answer, error) {
+	b := map[string]any{"model": a.Model}
+	for k, v := range body {
+		b[k] = v
+	}
+	resp, err := a.do(ctx, http.MethodPost, route, b)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	ans := &Answer{}
+	if s, _ := b["stream"].(bool); !s {
+		var cb completionBody
+		if err := json.NewDecoder(resp.Body).Decode(&cb); err != nil {
+			return nil, fmt.Errorf("POST %s: decode response: %w", route, err)
+		}
+		if len(cb.Choices) != 1 {
+			return nil, fmt.Errorf("POST %s: %d choices, want 1", route, len(cb.Choices))
+		}
+		ans.Text = cb.Choices[0].content()
+		if cb.Choices[0].FinishReason != nil {
+			ans.FinishReason = *cb.Choices[0].FinishReason
+		}
+		ans.setUsage(cb.Usage)
+		return ans, nil
+	}
+	ans.Deltas = []string{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var text strings.Builder
+	for sc.Scan() {
+		line := sc.Text()
+		data, ok := strings.CutPrefix(line, "data:")
+		if !ok {
+			continue
+		}
+		data = strings.TrimSpace(data)
+		if data == "[DONE]" {
+			ans.SawDone = true
+			break
+		}
+		var ev struct {
+			completionBody
+			Error *struct {
+				Message string `json:"message"`
+				Type    string `json:"type"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return ans, fmt.Errorf("POST %s: stream event %q: %w", route, data, err)
+		}
+		if ev.Error != nil {
+			return ans, fmt.Errorf("POST %s: error event in stream: %s: %s", route, ev.Error.Type, ev.Error.Message)
+		}
+		for _, c := range ev.Choices {
+			if d := c.content(); d != "" {
+				ans.Deltas = append(ans.Deltas, d)
+				text.WriteString(d)
+			}
+			if c.FinishReason != nil && *c.FinishReason != "" {
+				ans.FinishReason = *c.FinishReason
+			}
+		}
+		ans.setUsage(ev.Usage)
+	}
+	if err := sc.Err(); err != nil {
+		return ans, fmt.Errorf("POST %s: read stream: %w", route, err)
+	}
+	ans.Text = text.String()
+	return ans, nil
+}
+
+func (a *Answer) setUsage(u *usage) {
+	if u != nil {
+		a.HasUsage = true
+		a.PromptTokens, a.CompletionTokens = u.PromptTokens, u.CompletionTokens
+	}
+}
+
+// content is a choice's text: completions' text, or chat's reasoning then content.
+func (c choice) content() string {
+	var s string
+	s += c.Text
+	for _, m := range []*struct {
+		Content          *string `json:"content"`
+		ReasoningContent *string `json:"reasoning_content"`
+	}{c.Message, c.Delta} {
+		if m == nil {
+			continue
+		}
+		if m.ReasoningContent != nil {
+			s += *m.ReasoningContent
+		}
+		if m.Content != nil {
+			s += *m.Content
+		}
+	}
+	return s
+}

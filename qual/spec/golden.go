@@ -1,0 +1,202 @@
+package spec
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/modelqual/modelqual/server/tokenizer"
+)
+
+// Golden is a fixture's transformers golden outputs (fixtures/golden/<fixture>.json, made by
+// fixtures/golden/make_golden.py): for every corpus prompt, the prompt ids, 32 greedy ids
+// (EOS ignored) and the top-5 logits of every step.
+type Golden struct {
+	Fixture             string         `json:"fixture"`
+	Revision            string         `json:"revision"`
+	TransformersVersion string         `json:"transformers_version"`
+	TorchVersion        string         `json:"torch_version"`
+	Device              string         `json:"device"`
+	DType               string         `json:"dtype"`
+	GreedySteps         int            `json:"greedy_steps"`
+	Prompts             []GoldenPrompt `json:"prompts"`
+}
+
+// GoldenPrompt is the golden of one corpus prompt.
+type GoldenPrompt struct {
+	Name      string       `json:"name"`
+	PromptIDs []int32      `json:"prompt_ids"`
+	GreedyIDs []int32      `json:"greedy_ids"`
+	Steps     []GoldenStep `json:"steps"`
+}
+
+// GoldenStep holds the five highest logits of the distribution that chose one greedy token.
+type GoldenStep struct {
+	Top5IDs    []int32   `json:"top5_ids"`
+	Top5Logits []float64 `json:"top5_logits"`
+}
+
+// ErrGoldenMissing is wrapped by LoadGolden when the golden file does not exist yet.
+var ErrGoldenMissing = errors.New("golden file missing")
+
+// GoldenPath is where fixture's golden lives in the repository rooted at root.
+func GoldenPath(root, fixture string) string {
+	return filepath.Join(root, "fixtures", "golden", fixture+".json")
+}
+
+// LoadGolden reads and checks a golden file.
+func LoadGolden(path string) (*Golden, error) {
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s does not exist; run fixtures/golden/make_golden.py (torch and transformers 5.17, no GPU needed) and commit its output", ErrGoldenMissing, path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("golden: %w", err)
+	}
+	var g Golden
+	if err := json.Unmarshal(raw, &g); err != nil {
+		return nil, fmt.Errorf("golden %s: %w", path, err)
+	}
+	if len(g.Prompts) == 0 {
+		return nil, fmt.Errorf("golden %s: no prompts", path)
+	}
+	for i, p := range g.Prompts {
+		if len(p.GreedyIDs) != len(p.Steps) || len(p.PromptIDs) == 0 || len(p.GreedyIDs) == 0 {
+			return nil, fmt.Errorf("golden %s: prompts[%d] %q has %d prompt ids, %d greedy ids and %d steps; want a prompt and one step per greedy id",
+				path, i, p.Name, len(p.PromptIDs), len(p.GreedyIDs), len(p.Steps))
+		}
+		for s, st := range p.Steps {
+			if len(st.Top5IDs) != len(st.Top5Logits) || len(st.Top5IDs) == 0 {
+				return nil, fmt.Errorf("golden %s: prompts[%d].steps[%d]: %d ids, %d logits", path, i, s, len(st.Top5IDs), len(st.Top5Logits))
+			}
+		}
+	}
+	return &g, nil
+}
+
+// GoldenInput is the input of GoldenParity and CheckGolden.
+type GoldenInput struct {
+	// API reaches the served model.
+	API *API
+	// Golden is the fixture's transformers golden; Path is used when Golden is nil.
+	Golden *Golden
+	Path   string
+	// Revision, when set, must equal the golden's fixture revision (the manifest's pin).
+	Revision string
+	// Tokenizer decodes golden tokens into the text the server must return, and encodes
+	// Corpus prompts to check that the client tokenizer reproduces the golden prompt ids.
+	Tokenizer *tokenizer.Tokenizer
+	Corpus    []Prompt
+	// Tolerance bounds |served − transformers| on the golden top-5 logits (1e-3 when 0:
+	// float32 on two different kernels).
+	Tolerance float64
+}
+
+// CheckGolden compares the served model with the upstream implementation's golden outputs:
+// for every golden prompt the served greedy generation returns the golden tokens' text, and
+// the engine's logits, teacher-forced on the golden tokens, pick each golden token and agree
+// on the golden top-5 logits within the tolerance.
+func CheckGolden(ctx context.Context, in GoldenInput) error {
+	const fn = "spec.CheckGolden"
+	switch {
+	case in.API == nil:
+		return fmt.Errorf("%s: GoldenInput.API is nil", fn)
+	case in.Tokenizer == nil:
+		return fmt.Errorf("%s: GoldenInput.Tokenizer is nil", fn)
+	case in.Golden == nil && in.Path == "":
+		return fmt.Errorf("%s: GoldenInput.Golden and GoldenInput.Path are both empty", fn)
+	}
+	g := in.Golden
+	if g == nil {
+		var err error
+		if g, err = LoadGolden(in.Path); err != nil {
+			return err
+		}
+	}
+	if in.Revision != "" && g.Revision != in.Revision {
+		return fmt.Errorf("%s: golden %s was made from fixture revision %s, the manifest pins %s; rerun fixtures/golden/make_golden.py", fn, g.Fixture, g.Revision, in.Revision)
+	}
+	tol := in.Tolerance
+	if tol == 0 {
+		tol = 1e-3
+	}
+	byName := map[string]Prompt{}
+	for _, p := range in.Corpus {
+		byName[p.Name] = p
+	}
+	var problems []string
+	for _, gp := range g.Prompts {
+		if p, ok := byName[gp.Name]; ok {
+			ids, err := PromptIDs(in.Tokenizer, p)
+			if err != nil {
+				return err
+			}
+			if !equalIDs(ids, gp.PromptIDs) {
+				problems = append(problems, fmt.Sprintf("prompt %q: client tokenizer gives %d ids, transformers %d (first difference at %d)",
+					gp.Name, len(ids), len(gp.PromptIDs), firstDiff(ids, gp.PromptIDs)))
+			}
+		}
+		steps := len(gp.GreedyIDs)
+		ans, err := in.API.Complete(ctx, "/v1/completions", map[string]any{
+			"prompt": gp.PromptIDs, "max_tokens": steps, "temperature": 0, "ignore_eos": true,
+		})
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("prompt %q: generation failed: %v", gp.Name, err))
+		} else if want := in.Tokenizer.Decode(gp.GreedyIDs); ans.Text != want {
+			problems = append(problems, fmt.Sprintf("prompt %q: %s", gp.Name, textDivergence(in.Tokenizer, gp.GreedyIDs, ans.Text)))
+		}
+		seq := append(append([]int32(nil), gp.PromptIDs...), gp.GreedyIDs[:steps-1]...)
+		served, vocab, err := in.API.Logits(ctx, seq)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("prompt %q: logits failed: %v", gp.Name, err))
+			continue
+		}
+		worst, worstStep := 0.0, -1
+		for s := 0; s < steps; s++ {
+			row := served[(len(gp.PromptIDs)-1+s)*vocab:][:vocab]
+			best := 0
+			for j := range row {
+				if row[j] > row[best] {
+					best = j
+				}
+			}
+			for k, id := range gp.Steps[s].Top5IDs {
+				if d := math.Abs(float64(row[id]) - gp.Steps[s].Top5Logits[k]); d > worst || math.IsNaN(d) {
+					worst, worstStep = d, s
+				}
+			}
+			if int32(best) != gp.GreedyIDs[s] {
+				problems = append(problems, fmt.Sprintf("prompt %q: greedy step %d: engine argmax %d, transformers chose %d", gp.Name, s, best, gp.GreedyIDs[s]))
+				break
+			}
+		}
+		if worst > tol || math.IsNaN(worst) {
+			problems = append(problems, fmt.Sprintf("prompt %q: top-5 logit at step %d differs from transformers by %.3g > %.3g", gp.Name, worstStep, worst, tol))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("served model disagrees with transformers %s golden %s on %d checks:\n  %s",
+			g.TransformersVersion, g.Fixture, len(problems), strings.Join(problems, "\n  "))
+	}
+	return nil
+}
+
+func equalIDs(a, b []int32) bool { return firstDiff(a, b) < 0 }
+
+// firstDiff is the first index where a and b differ (or the shorter length), -1 if equal.
+func firstDiff(a, b []int32) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
