@@ -1,0 +1,261 @@
+package server_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Benchmarks of the serving stack, as in the CPU-engine-mock frontend study
+// (../shared/seeds/004): the mock engine with no step delay makes the frontend and the worker
+// protocol the only costs, so CPU per output token of each process is the figure of merit.
+// CPU time is utime+stime from /proc/<pid>/stat over the measurement window.
+
+// cpuTicks returns utime+stime of pid in clock ticks.
+func cpuTicks(tb testing.TB, pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		tb.Fatalf("read /proc/%d/stat: %v", pid, err)
+	}
+	// Fields after the parenthesized command name; utime and stime are fields 14 and 15.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + s
+}
+
+// clkTck is sysconf(_SC_CLK_TCK), 100 on Linux.
+const clkTck = 100
+
+func (s *testServer) workerPIDs(tb testing.TB) []int {
+	resp, err := http.Get(s.url + "/health")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h struct {
+		PIDs []int `json:"worker_pids"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		tb.Fatal(err)
+	}
+	return h.PIDs
+}
+
+type streamStats struct {
+	ttft   time.Duration
+	tokens int
+	bytes  int64
+}
+
+// streamOnce sends one streaming completion and reads it like a lean SSE client: content
+// events are counted as they arrive; the first one sets TTFT.
+func streamOnce(tb testing.TB, client *http.Client, url, body string) streamStats {
+	start := time.Now()
+	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		tb.Error(err)
+		return streamStats{}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		tb.Errorf("status %d: %s", resp.StatusCode, b)
+		return streamStats{}
+	}
+	var st streamStats
+	r := bufio.NewReaderSize(resp.Body, 64<<10)
+	for {
+		line, err := r.ReadSlice('\n')
+		st.bytes += int64(len(line))
+		if err != nil {
+			break
+		}
+		if bytes.HasPrefix(line, []byte("data: {")) && bytes.Contains(line, []byte(`"finish_reason":null`)) {
+			if st.tokens == 0 {
+				st.ttft = time.Since(start)
+			}
+			st.tokens++
+		}
+	}
+	return st
+}
+
+var (
+	sharedMu      sync.Mutex
+	sharedServers = map[string]*testServer{}
+)
+
+// sharedServer starts one server per configuration for all iterations of a benchmark (the
+// benchmark function is called several times while b.N is calibrated).
+func sharedServer(b *testing.B, bundlePath string, args ...string) *testServer {
+	key := bundlePath + strings.Join(args, " ")
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if s, ok := sharedServers[key]; ok {
+		return s
+	}
+	s := startServerNoCleanup(b, bundlePath, args...)
+	sharedServers[key] = s
+	return s
+}
+
+func stopSharedServers() {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	for k, s := range sharedServers {
+		s.stop()
+		delete(sharedServers, k)
+	}
+}
+
+func startServerNoCleanup(tb testing.TB, bundlePath string, args ...string) *testServer {
+	// startServer registers cleanup on tb; benchmarks reuse servers across calls, so run it
+	// under a throwaway test context that never cleans up.
+	holder := &noCleanupTB{TB: tb}
+	return startServer(holder, bundlePath, args...)
+}
+
+type noCleanupTB struct{ testing.TB }
+
+func (n *noCleanupTB) Cleanup(func()) {}
+func (n *noCleanupTB) TempDir() string {
+	d, err := os.MkdirTemp("", "qual-server-bench-")
+	if err != nil {
+		n.TB.Fatal(err)
+	}
+	return d
+}
+
+// runLoad sends total streaming requests over conc connections and reports throughput, TTFT
+// percentiles, CPU per token of frontend and workers, and response bytes per token.
+func runLoad(b *testing.B, s *testServer, conc, total int, body string) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc * 2, DisableCompression: true}}
+	// Warm up: one request per connection.
+	var wg sync.WaitGroup
+	for i := 0; i < conc; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); streamOnce(b, client, s.url, body) }()
+	}
+	wg.Wait()
+
+	pids := s.workerPIDs(b)
+	fe0 := cpuTicks(b, s.cmd.Process.Pid)
+	var wk0 int64
+	for _, p := range pids {
+		wk0 += cpuTicks(b, p)
+	}
+	stats := make([]streamStats, total)
+	next := make(chan int, total)
+	for i := 0; i < total; i++ {
+		next <- i
+	}
+	close(next)
+	profDone := make(chan struct{})
+	if dir := os.Getenv("QUAL_BENCH_PPROF"); dir != "" {
+		// A CPU profile of the frontend over the first seconds of the window (needs --pprof).
+		go func() {
+			defer close(profDone)
+			resp, err := http.Get(s.url + "/debug/pprof/profile?seconds=3")
+			if err != nil {
+				b.Errorf("profile: %v", err)
+				return
+			}
+			defer resp.Body.Close()
+			f, _ := os.Create(filepath.Join(dir, "frontend.cpu.pprof"))
+			io.Copy(f, resp.Body)
+			f.Close()
+		}()
+	} else {
+		close(profDone)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for c := 0; c < conc; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				stats[i] = streamOnce(b, client, s.url, body)
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	b.StopTimer()
+	<-profDone
+	fe := cpuTicks(b, s.cmd.Process.Pid) - fe0
+	var wk int64
+	for _, p := range pids {
+		wk += cpuTicks(b, p)
+	}
+	wk -= wk0
+
+	var tokens int
+	var byteCount int64
+	ttfts := make([]float64, 0, total)
+	for _, st := range stats {
+		tokens += st.tokens
+		byteCount += st.bytes
+		ttfts = append(ttfts, float64(st.ttft)/float64(time.Millisecond))
+	}
+	slices.Sort(ttfts)
+	pct := func(p float64) float64 { return ttfts[min(len(ttfts)-1, int(p*float64(len(ttfts))))] }
+	usPerTick := 1e6 / clkTck
+	b.ReportMetric(float64(tokens)/el.Seconds(), "tokens/s")
+	b.ReportMetric(pct(0.50), "ttft_p50_ms")
+	b.ReportMetric(pct(0.99), "ttft_p99_ms")
+	b.ReportMetric(float64(fe)*usPerTick/float64(tokens), "frontend_us/token")
+	b.ReportMetric(float64(wk)*usPerTick/float64(tokens), "worker_us/token")
+	b.ReportMetric(float64(byteCount)/float64(tokens), "resp_bytes/token")
+	b.ReportMetric(0, "ns/op") // per-request wall time is not meaningful under concurrency
+}
+
+// BenchmarkFrontendMockC32 is the frontend-cost study (QUAL_BENCH_PPROF=DIR also writes a CPU
+// profile of the frontend to DIR/frontend.cpu.pprof): mock engine with 0 delay, 32
+// concurrent streams, 64 output tokens each. b.N is the number of requests.
+func BenchmarkFrontendMockC32(b *testing.B) {
+	s := sharedServer(b, mockBundle(b, 0), "--max-batch", "32", "--queue-depth", "64", "--pprof")
+	total := max(b.N, 64)
+	runLoad(b, s, 32, total, `{"prompt":"Hello world","max_tokens":64,"ignore_eos":true,"stream":true}`)
+}
+
+// BenchmarkQwenTinyC1 and C8: real engine throughput, 32 tokens per request.
+func BenchmarkQwenTinyC1(b *testing.B) {
+	s := sharedServer(b, qwenBundle(b), "--max-batch", "8")
+	runLoad(b, s, 1, max(b.N, 4), `{"prompt":"The capital of France is","max_tokens":32,"ignore_eos":true,"stream":true}`)
+}
+
+func BenchmarkQwenTinyC8(b *testing.B) {
+	s := sharedServer(b, qwenBundle(b), "--max-batch", "8")
+	runLoad(b, s, 8, max(b.N, 16), `{"prompt":"The capital of France is","max_tokens":32,"ignore_eos":true,"stream":true}`)
+}
+
+// BenchmarkStartToReady measures process start to /health ready on the tiny bundles.
+func BenchmarkStartToReady(b *testing.B) {
+	for _, bc := range []struct{ name, bundle string }{{"mock", mockBundle(b, 0)}, {"qwen3-tiny", qwenBundle(b)}} {
+		b.Run(bc.name, func(b *testing.B) {
+			var total time.Duration
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				s := startServerNoCleanup(b, bc.bundle, "--max-batch", "8")
+				total += time.Since(start)
+				s.stop()
+				os.RemoveAll(filepath.Dir(s.records))
+			}
+			b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms_to_ready")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}

@@ -1,0 +1,584 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/modelqual/modelqual/server/tokenizer"
+	"github.com/modelqual/modelqual/server/wire"
+)
+
+func readAllLimited(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+}
+
+// DefaultCompletionMaxTokens is OpenAI's default max_tokens for /v1/completions; chat
+// defaults to the rest of the context.
+const DefaultCompletionMaxTokens = 16
+
+// cancelWait bounds how long a handler waits for the engine to confirm a cancellation (so
+// that its record carries the engine's timings and the slot is known free).
+const cancelWait = 5 * time.Second
+
+// render applies the checkpoint's chat template.
+func (s *Server) render(msgs []Message, addGen bool, kwargs map[string]any) (string, *APIError) {
+	if !s.tok.HasChatTemplate() {
+		return "", badRequest("messages", "model %q has no chat template; send plain /v1/completions requests", s.cfg.ModelName)
+	}
+	if s.faults.noGenPrompt {
+		addGen = false
+	}
+	text, err := s.tok.ApplyChatTemplate(msgs, addGen, kwargs)
+	if err != nil {
+		return "", badRequest("messages", "chat template failed on these messages: %v", err)
+	}
+	return text, nil
+}
+
+// checkIDs refuses token ids outside the vocabulary.
+func (s *Server) checkIDs(ids []int32, param string) *APIError {
+	for i, id := range ids {
+		if id < 0 || int(id) >= s.info.VocabSize {
+			return badRequest(fmt.Sprintf("%s[%d]", param, i), "token id %d at %s[%d] is outside the vocabulary [0, %d)", id, param, i, s.info.VocabSize)
+		}
+	}
+	return nil
+}
+
+func idsBytes(ids []int32) []byte {
+	b := make([]byte, 4*len(ids))
+	for i, id := range ids {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(id))
+	}
+	return b
+}
+
+// promptIDs tokenizes the request's prompt and fills the record's prompt digest.
+func (s *Server) promptIDs(q *reqState, req *GenRequest) ([]int32, *APIError) {
+	var ids []int32
+	var promptBytes []byte
+	param := "prompt"
+	switch {
+	case req.Chat:
+		param = "messages"
+		text, aerr := s.render(req.Messages, req.AddGenerationPrompt, req.ChatTemplateKwargs)
+		if aerr != nil {
+			return nil, aerr
+		}
+		ids, promptBytes = s.tok.Encode(text), []byte(text)
+	case req.HasPromptIDs:
+		if aerr := s.checkIDs(req.PromptIDs, "prompt"); aerr != nil {
+			return nil, aerr
+		}
+		ids, promptBytes = req.PromptIDs, idsBytes(req.PromptIDs)
+	default:
+		ids, promptBytes = s.tok.Encode(req.Prompt), []byte(req.Prompt)
+	}
+	q.rec.PromptSHA256, q.rec.PromptBytes, q.rec.InputTokens = sha256Hex(promptBytes), len(promptBytes), len(ids)
+	if len(ids) == 0 {
+		return nil, badRequest(param, "`%s` is empty after tokenization; send at least one token", param)
+	}
+	return ids, nil
+}
+
+// capacity applies the context contract: prompt + max_tokens must fit the bundle's context.
+func (s *Server) capacity(req *GenRequest, n int) (int, *APIError) {
+	ctx := s.info.MaxContext
+	param := "prompt"
+	if req.Chat {
+		param = "messages"
+	}
+	if n >= ctx {
+		e := badRequest(param, "the prompt has %d tokens; this model's context is %d tokens (prompt + max_tokens); shorten the prompt", n, ctx)
+		e.Code = "context_length_exceeded"
+		return 0, e
+	}
+	maxTok := req.MaxTokens
+	if maxTok == 0 {
+		if req.Chat {
+			return ctx - n, nil
+		}
+		return min(DefaultCompletionMaxTokens, ctx-n), nil
+	}
+	if n+maxTok > ctx {
+		name := "max_tokens"
+		if req.Chat {
+			name = "max_tokens (or max_completion_tokens)"
+		}
+		e := badRequest("max_tokens", "prompt (%d tokens) + %s (%d) = %d exceeds this model's context of %d tokens; lower %s to at most %d or shorten the prompt",
+			n, name, maxTok, n+maxTok, ctx, name, ctx-n)
+		e.Code = "context_length_exceeded"
+		return 0, e
+	}
+	return maxTok, nil
+}
+
+func (s *Server) handleGenerate(q *reqState, chat bool) {
+	body, ok := q.readBody()
+	if !ok {
+		return
+	}
+	req, aerr := DecodeRequest(body, chat)
+	if aerr != nil {
+		q.fail(aerr)
+		return
+	}
+	q.rec.Stream = req.Stream
+	if req.Model != "" && req.Model != s.cfg.ModelName {
+		q.fail(s.unknownModel(req.Model))
+		return
+	}
+	ids, aerr := s.promptIDs(q, req)
+	if aerr != nil {
+		q.fail(aerr)
+		return
+	}
+	maxTok, aerr := s.capacity(req, len(ids))
+	if aerr != nil {
+		q.fail(aerr)
+		return
+	}
+	t := s.pool.newTask()
+	t.prompt = ids
+	t.samp = wire.Sampling{MaxNewTokens: uint32(maxTok), Temperature: float32(req.Temperature),
+		TopK: int32(req.TopK), TopP: float32(req.TopP), Seed: req.Seed, IgnoreEOS: req.IgnoreEOS}
+	if !req.HasSeed {
+		t.samp.Seed = t.id*0x9e3779b97f4a7c15 ^ uint64(time.Now().UnixNano())
+	}
+	ctx := q.r.Context()
+	if s.cfg.RequestTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)
+		defer cancel()
+	}
+	if !s.schedule(q, t, ctx) {
+		return
+	}
+	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: stopMatcher{stops: req.Stop}}
+	if req.Stream {
+		g.stream()
+	} else {
+		g.collect()
+	}
+}
+
+// schedule runs t on a worker, answering 429/503/499/504 when it cannot.
+func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
+	err := s.pool.run(t, ctx.Done(), func() error { return context.Cause(ctx) })
+	if t.worker != nil {
+		q.rec.WorkerID = t.worker.index
+	}
+	q.rec.QueueWaitNs = t.queueWait.Nanoseconds()
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, errQueueFull):
+		q.fail(&APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full",
+			Message: fmt.Sprintf("every batch slot is busy and the queue is full (--queue-depth %d); retry later", s.cfg.QueueDepth)})
+	case errors.Is(err, errClosing):
+		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server is shutting down"})
+	default:
+		q.failContext(ctx)
+	}
+	return false
+}
+
+// failContext answers a request whose context ended before it could be answered.
+func (q *reqState) failContext(ctx context.Context) {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		q.fail(&APIError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "request_timeout",
+			Message: fmt.Sprintf("the request did not finish within --request-timeout %v", q.s.cfg.RequestTimeout)})
+		return
+	}
+	// The client went away; nothing will read this answer (499 as nginx records it).
+	q.rec.FinishReason = "cancelled"
+	q.fail(&APIError{Status: 499, Type: "client_closed_request", Message: "the client closed the connection"})
+}
+
+// gen is one generation request being turned from engine tokens into text.
+type gen struct {
+	s   *Server
+	q   *reqState
+	t   *task
+	req *GenRequest
+	ctx context.Context
+
+	dec     *tokenizer.StreamDecoder
+	stop    stopMatcher
+	out     []byte // all text sent (or to be sent), for the response and the record digest
+	ntok    int    // engine tokens consumed
+	stopped bool   // a stop string matched
+	gone    bool   // the client disconnected or the request timed out
+
+	// streaming
+	w                      http.ResponseWriter
+	flusher                http.Flusher
+	buf                    []byte
+	prefix, suffix, header []byte
+	held                   []byte // fault server.swallow_final_delta: the last chunk, held back
+	spare                  []int32
+	firstSent              bool
+}
+
+// consume turns engine tokens into text: EOS tokens produce none (unless ignore_eos), an
+// incomplete UTF-8 sequence is held by the stream decoder, a possible stop-string prefix by
+// the stop matcher.
+func (g *gen) consume(toks []int32) {
+	for _, tok := range toks {
+		if g.stopped {
+			return
+		}
+		g.ntok++
+		if !g.req.IgnoreEOS && g.isEOS(tok) {
+			continue
+		}
+		if text := g.dec.Add(tok); text != "" {
+			g.push(text)
+		}
+	}
+}
+
+func (g *gen) isEOS(tok int32) bool {
+	for _, e := range g.s.info.EOSIDs {
+		if e == tok {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *gen) push(text string) {
+	emit, hit := g.stop.feed(text)
+	if emit != "" {
+		g.out = append(g.out, emit...)
+		if g.w != nil {
+			g.appendChunk(emit)
+		}
+	}
+	if hit {
+		g.stopped = true
+		g.s.pool.cancel(g.t) // the rest of the generation is not wanted: free the slot
+	}
+}
+
+// finishText flushes held text once the engine is done.
+func (g *gen) finishText() {
+	if g.stopped {
+		return
+	}
+	if tail := g.dec.Flush(); tail != "" {
+		g.push(tail)
+	}
+	if !g.stopped {
+		if rest := g.stop.flush(); rest != "" {
+			g.out = append(g.out, rest...)
+			if g.w != nil {
+				g.appendChunk(rest)
+			}
+		}
+	}
+}
+
+// wait blocks until the task has news. On disconnect or timeout it cancels the task and waits
+// (bounded) for the engine to confirm, so the slot is free when the handler returns.
+func (g *gen) wait() {
+	select {
+	case <-g.t.notify:
+		return
+	case <-g.ctx.Done():
+	}
+	g.abandon()
+}
+
+func (g *gen) abandon() {
+	if g.gone {
+		return
+	}
+	g.gone = true
+	g.s.pool.cancel(g.t)
+	deadline := time.NewTimer(cancelWait)
+	defer deadline.Stop()
+	for {
+		g.t.mu.Lock()
+		done := g.t.done
+		g.t.mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-g.t.notify:
+		case <-deadline.C:
+			return
+		}
+	}
+}
+
+// finishReason maps the engine's reason (and a stop-string match) to OpenAI's.
+func (g *gen) finishReason() string {
+	if g.stopped {
+		return "stop"
+	}
+	switch g.t.res.Reason {
+	case wire.ReasonStop:
+		return "stop"
+	case wire.ReasonLength:
+		return "length"
+	case wire.ReasonCancelled:
+		return "cancelled"
+	}
+	return "error"
+}
+
+// engineError is non-nil when the task failed in (or with) its worker.
+func (g *gen) engineError() *APIError {
+	if g.stopped {
+		return nil
+	}
+	if g.t.fail != nil {
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "worker_crashed", Message: g.t.fail.Error()}
+	}
+	if g.t.res.Reason == wire.ReasonError {
+		return &APIError{Status: http.StatusInternalServerError, Type: "server_error", Code: "engine_error", Message: "the engine failed this request: " + g.t.res.Message}
+	}
+	return nil
+}
+
+// fillRecord copies the outcome into the request record.
+func (g *gen) fillRecord() {
+	r := &g.q.rec
+	res := g.t.res
+	if res.DoneNs > 0 && res.AddedNs > 0 {
+		r.TaskWallNs = res.DoneNs - res.AddedNs
+	}
+	if res.FirstTokenNs > 0 && res.AddedNs > 0 {
+		r.TaskTTFTNs = res.FirstTokenNs - res.AddedNs
+	}
+	r.OutputTokens = g.ntok
+	r.OutputSHA256, r.OutputBytes = sha256Hex(g.out), len(g.out)
+	if r.FinishReason == "" {
+		r.FinishReason = g.finishReason()
+	}
+	g.s.m.inputTokens.Add(float64(len(g.t.prompt)))
+	g.s.m.outputTokens.Add(float64(g.ntok))
+}
+
+// collect serves a non-streaming request.
+func (g *gen) collect() {
+	for {
+		toks, done := g.t.take(g.spare)
+		g.consume(toks)
+		g.spare = toks
+		if done {
+			break
+		}
+		g.wait()
+		if g.gone {
+			g.consume(g.takeAll())
+			g.fillRecord()
+			g.q.failContext(g.ctx)
+			return
+		}
+	}
+	g.finishText()
+	defer g.fillRecord()
+	if aerr := g.engineError(); aerr != nil {
+		g.q.fail(aerr)
+		return
+	}
+	s := g.s
+	b := make([]byte, 0, 256+2*len(g.out))
+	b = g.appendHead(b, false)
+	if g.req.Chat {
+		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
+		b = appendJSONString(b, string(g.out))
+		b = append(b, `},"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `,"choices":[{"index":0,"text":`...)
+		b = appendJSONString(b, string(g.out))
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+	}
+	b = appendJSONString(b, g.finishReason())
+	b = append(b, "}]"...)
+	b = g.appendUsage(b)
+	b = append(b, '}')
+	g.q.status = http.StatusOK
+	h := g.q.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	g.q.w.WriteHeader(http.StatusOK)
+	_, _ = g.q.w.Write(b)
+	g.q.ttft = time.Since(g.q.start)
+	_ = s
+}
+
+func (g *gen) takeAll() []int32 {
+	toks, _ := g.t.take(nil)
+	return toks
+}
+
+// appendHead appends `{"id":...,"object":...,"created":...,"model":...` (no closing brace).
+func (g *gen) appendHead(b []byte, chunk bool) []byte {
+	id := "cmpl-" + g.q.rec.RequestID
+	object := "text_completion"
+	if g.req.Chat {
+		id = "chatcmpl-" + g.q.rec.RequestID
+		object = "chat.completion"
+		if chunk {
+			object = "chat.completion.chunk"
+		}
+	}
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"object":"`...)
+	b = append(b, object...)
+	b = append(b, `","created":`...)
+	b = strconv.AppendInt(b, g.s.created, 10)
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, g.s.cfg.ModelName)
+	return b
+}
+
+func (g *gen) appendUsage(b []byte) []byte {
+	b = append(b, `,"usage":{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(len(g.t.prompt)), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(g.ntok), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(len(g.t.prompt)+g.ntok), 10)
+	return append(b, '}')
+}
+
+// stream serves a streaming request as Server-Sent Events in OpenAI's chunk format. Chunk
+// templates are encoded once per request; each token's text is JSON-escaped straight into a
+// reused buffer, and everything an engine step produced goes out with one write and one flush.
+func (g *gen) stream() {
+	w := g.q.w
+	g.w = w
+	g.flusher, _ = w.(http.Flusher)
+	g.header = g.appendHead(make([]byte, 0, 160), true)
+	g.prefix = append(append([]byte("data: "), g.header...), `,"choices":[{"index":0,`...)
+	if g.req.Chat {
+		g.prefix = append(g.prefix, `"delta":{"content":"`...)
+		g.suffix = []byte(`"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	} else {
+		g.prefix = append(g.prefix, `"text":"`...)
+		g.suffix = []byte(`","logprobs":null,"finish_reason":null}]}` + "\n\n")
+	}
+	g.buf = make([]byte, 0, 4096)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	g.q.status = http.StatusOK
+	if g.req.Chat {
+		g.buf = append(g.buf, "data: "...)
+		g.buf = append(g.buf, g.header...)
+		g.buf = append(g.buf, `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+	}
+	g.send()
+	for {
+		toks, done := g.t.take(g.spare)
+		g.consume(toks)
+		g.spare = toks
+		if done {
+			break
+		}
+		if len(g.buf) > 0 && !g.send() {
+			g.abandon()
+			g.consume(g.takeAll())
+			g.q.rec.FinishReason = "cancelled"
+			g.q.rec.ErrorType = "client_disconnected"
+			g.fillRecord()
+			return
+		}
+		g.wait()
+		if g.gone {
+			g.consume(g.takeAll())
+			g.fillRecord()
+			if errors.Is(g.ctx.Err(), context.DeadlineExceeded) {
+				e := &APIError{Type: "timeout_error", Code: "request_timeout", Message: fmt.Sprintf("the request did not finish within --request-timeout %v", g.s.cfg.RequestTimeout)}
+				g.streamError(e)
+			} else {
+				g.q.rec.FinishReason = "cancelled"
+				g.q.rec.ErrorType = "client_disconnected"
+			}
+			return
+		}
+	}
+	g.finishText()
+	defer g.fillRecord()
+	if aerr := g.engineError(); aerr != nil {
+		g.streamError(aerr)
+		return
+	}
+	g.held = nil // fault server.swallow_final_delta: the last content delta is never sent
+	reason := g.finishReason()
+	g.buf = append(g.buf, "data: "...)
+	g.buf = append(g.buf, g.header...)
+	if g.req.Chat {
+		g.buf = append(g.buf, `,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"`...)
+	} else {
+		g.buf = append(g.buf, `,"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"`...)
+	}
+	g.buf = append(g.buf, reason...)
+	g.buf = append(g.buf, `"}]}`+"\n\n"...)
+	if g.req.IncludeUsage {
+		g.buf = append(g.buf, "data: "...)
+		g.buf = append(g.buf, g.header...)
+		g.buf = append(g.buf, `,"choices":[]`...)
+		g.buf = g.appendUsage(g.buf)
+		g.buf = append(g.buf, "}\n\n"...)
+	}
+	g.buf = append(g.buf, "data: [DONE]\n\n"...)
+	g.send()
+}
+
+// appendChunk adds one content delta event to the write buffer.
+func (g *gen) appendChunk(text string) {
+	if g.s.faults.swallowFinalDelta {
+		g.buf = append(g.buf, g.held...)
+		g.held = append(g.held[:0], g.prefix...)
+		g.held = appendJSONStringBody(g.held, text)
+		g.held = append(g.held, g.suffix...)
+		return
+	}
+	g.buf = append(g.buf, g.prefix...)
+	g.buf = appendJSONStringBody(g.buf, text)
+	g.buf = append(g.buf, g.suffix...)
+}
+
+// send writes and flushes the buffer; false when the client is gone.
+func (g *gen) send() bool {
+	if len(g.buf) == 0 {
+		return true
+	}
+	_, err := g.w.Write(g.buf)
+	g.buf = g.buf[:0]
+	if err == nil && g.flusher != nil {
+		g.flusher.Flush()
+	}
+	if !g.firstSent && len(g.out) > 0 {
+		g.firstSent = true
+		g.q.ttft = time.Since(g.q.start)
+	}
+	return err == nil && g.ctx.Err() == nil
+}
+
+// streamError ends a stream that already answered 200 with an OpenAI error event (what
+// OpenAI's SDKs surface as an error), then [DONE].
+func (g *gen) streamError(e *APIError) {
+	g.q.rec.ErrorType, g.q.rec.ErrorMessage = e.Type, e.Message
+	g.q.rec.FinishReason = "error"
+	g.held = nil
+	g.buf = append(g.buf, "data: "...)
+	g.buf = append(g.buf, e.body()...)
+	g.buf = append(g.buf, "\n\ndata: [DONE]\n\n"...)
+	g.send()
+}

@@ -1,0 +1,574 @@
+// Package server is qual-server's HTTP frontend: OpenAI-compatible routes over worker
+// processes that each hold one native engine (package worker, protocol in package wire),
+// with request records, Prometheus metrics and OpenAI-shaped errors.
+//
+// Why a frontend in its own process: the product qualified by modelqual is the whole serving
+// stack, so its cost per token must be measured and small (issue 3: ≤ 3 µs of frontend CPU per
+// streamed token), and an engine crash must fail only the requests it held. The frontend owns
+// tokenization (loaded once), chat templates, stop strings, UTF-8-safe deltas and SSE framing;
+// workers own only the engine step loop.
+//
+// Faults (env MODELQUAL_FAULTS, comma-separated, read once at start; used to prove that the
+// harness's gates catch real defects):
+//
+//	server.swallow_final_delta          drop the last content delta of every stream
+//	server.template_no_generation_prompt render chat without the generation prompt
+//	server.drop_record                  skip writing every 5th request record
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/server/tokenizer"
+	"github.com/modelqual/modelqual/server/wire"
+)
+
+// Config is qual-server's configuration; flags map one to one (see ParseFlags).
+type Config struct {
+	Bundle         string
+	ModelName      string
+	Host           string
+	Port           int
+	Workers        int
+	MaxBatch       int // per worker; 0: the bundle's build setting
+	QueueDepth     int
+	StartupTimeout time.Duration
+	RequestTimeout time.Duration // 0: none
+	DrainTimeout   time.Duration
+	Records        string
+	APIKey         string
+	Pprof          bool
+	Device         string
+	Threads        int
+	MaxBodyBytes   int64
+	// Exe is the binary started in worker mode; default os.Executable().
+	Exe string
+}
+
+type faults struct {
+	swallowFinalDelta bool
+	noGenPrompt       bool
+	dropRecord        bool
+}
+
+func parseFaults(s string) faults {
+	var f faults
+	for _, name := range strings.Split(s, ",") {
+		switch strings.TrimSpace(name) {
+		case "server.swallow_final_delta":
+			f.swallowFinalDelta = true
+		case "server.template_no_generation_prompt":
+			f.noGenPrompt = true
+		case "server.drop_record":
+			f.dropRecord = true
+		}
+	}
+	return f
+}
+
+const (
+	stateLoading int32 = iota
+	stateReady
+	stateDraining
+)
+
+// Server is one running qual-server frontend.
+type Server struct {
+	cfg     Config
+	faults  faults
+	m       *metrics
+	pool    *pool
+	records *recordWriter
+
+	state       atomic.Int32
+	tok         *tokenizer.Tokenizer
+	header      json.RawMessage // the bundle header as served by /mq/v1/bundle
+	fileSum     string
+	fileSumErr  error
+	fileSumDone chan struct{}
+	info        wire.Info
+	eos         map[int32]bool
+	created     int64
+
+	httpSrv    *http.Server
+	ln         net.Listener
+	baseCancel context.CancelFunc
+	handlers   sync.WaitGroup
+	startedAt  time.Time
+	readyAt    time.Time
+}
+
+// New checks cfg and opens the records file; Start does the rest.
+func New(cfg Config) (*Server, error) {
+	if cfg.Bundle == "" {
+		return nil, errors.New("qual-server: --bundle is required: the .mqb file to serve (qual bundle build makes one)")
+	}
+	if cfg.ModelName == "" {
+		return nil, errors.New("qual-server: --model-name is required: the name clients send as \"model\"")
+	}
+	if cfg.Workers < 1 {
+		return nil, fmt.Errorf("qual-server: --workers %d must be at least 1", cfg.Workers)
+	}
+	if cfg.QueueDepth < 0 {
+		return nil, fmt.Errorf("qual-server: --queue-depth %d must not be negative", cfg.QueueDepth)
+	}
+	if cfg.Device != "cpu" && cfg.Device != "cuda" {
+		return nil, fmt.Errorf("qual-server: --device %q: use cpu or cuda", cfg.Device)
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("qual-server: find own binary for worker processes: %w", err)
+		}
+		cfg.Exe = exe
+	}
+	if _, err := os.Stat(cfg.Bundle); err != nil {
+		return nil, fmt.Errorf("qual-server: --bundle %s: %w", cfg.Bundle, err)
+	}
+	s := &Server{cfg: cfg, faults: parseFaults(os.Getenv("MODELQUAL_FAULTS")), m: newMetrics(), created: time.Now().Unix()}
+	if cfg.Records != "" {
+		rw, err := openRecords(cfg.Records, s.faults.dropRecord)
+		if err != nil {
+			return nil, err
+		}
+		s.records = rw
+	}
+	s.pool = newPool(PoolConfig{
+		Exe: cfg.Exe, Bundle: cfg.Bundle, Workers: cfg.Workers, MaxBatch: cfg.MaxBatch,
+		QueueDepth: cfg.QueueDepth, Device: cfg.Device, Threads: cfg.Threads,
+		StartupTimeout: cfg.StartupTimeout,
+	}, s.m)
+	return s, nil
+}
+
+// Start listens (so /health answers "loading" at once), then loads the bundle's tokenizer in
+// this process while the workers open their engines in parallel. It returns when the server is
+// ready, or with the first load error.
+func (s *Server) Start() error {
+	s.startedAt = time.Now()
+	addr := net.JoinHostPort(s.cfg.Host, strconv.Itoa(s.cfg.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("qual-server: listen on %s: %w; pick another --port or stop what holds it", addr, err)
+	}
+	s.ln = ln
+	base, cancel := context.WithCancel(context.Background())
+	s.baseCancel = cancel
+	s.httpSrv = &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return base },
+		ErrorLog:          log.New(os.Stderr, "qual-server http: ", 0),
+	}
+	go func() {
+		if err := s.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Printf("serve: %v", err)
+		}
+	}()
+	log.Printf("listening on %s (loading %s)", ln.Addr(), s.cfg.Bundle)
+
+	poolErr := make(chan error, 1)
+	go func() { poolErr <- s.pool.start() }()
+	loadErr := s.loadFrontend()
+	if err := <-poolErr; err != nil {
+		return err
+	}
+	if loadErr != nil {
+		return loadErr
+	}
+	info, _ := s.pool.engineInfo()
+	s.info = info
+	s.eos = map[int32]bool{}
+	for _, id := range info.EOSIDs {
+		s.eos[id] = true
+	}
+	s.readyAt = time.Now()
+	s.state.Store(stateReady)
+	log.Printf("ready in %v: model %q, %d workers, batch %d each, context %d, queue %d",
+		s.readyAt.Sub(s.startedAt).Round(time.Millisecond), s.cfg.ModelName, s.cfg.Workers, info.MaxBatch, info.MaxContext, s.cfg.QueueDepth)
+	return nil
+}
+
+// loadFrontend reads the bundle's header and tokenizer sections. It does not map or hash the
+// tensor data: each worker's bundle.Open validates everything before its engine serves, and
+// the whole-file sha256 (for /mq/v1/bundle) is computed in the background, so start-to-ready
+// is the slower of the tokenizer parse and the engine load rather than their sum.
+func (s *Server) loadFrontend() error {
+	t0 := time.Now()
+	defer func() {
+		log.Printf("frontend loaded bundle header and tokenizer in %v", time.Since(t0).Round(time.Millisecond))
+	}()
+	f, err := os.Open(s.cfg.Bundle)
+	if err != nil {
+		return fmt.Errorf("qual-server: open bundle: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("qual-server: stat bundle: %w", err)
+	}
+	h, err := bundle.ReadHeader(f, st.Size(), s.cfg.Bundle)
+	if err != nil {
+		return fmt.Errorf("qual-server: %w", err)
+	}
+	hdr, err := json.Marshal(h)
+	if err != nil {
+		return fmt.Errorf("qual-server: encode bundle header: %w", err)
+	}
+	s.header = hdr
+	s.fileSumDone = make(chan struct{})
+	go func() {
+		defer close(s.fileSumDone)
+		g, err := os.Open(s.cfg.Bundle)
+		if err != nil {
+			s.fileSumErr = err
+			return
+		}
+		defer g.Close()
+		hs := sha256.New()
+		if _, err := io.Copy(hs, g); err != nil {
+			s.fileSumErr = err
+			return
+		}
+		s.fileSum = hex.EncodeToString(hs.Sum(nil))
+	}()
+	section := func(name string) ([]byte, error) {
+		for _, sec := range h.Sections {
+			if sec.Name == name {
+				b := make([]byte, sec.Size)
+				if _, err := f.ReadAt(b, sec.Offset); err != nil {
+					return nil, fmt.Errorf("qual-server: bundle %s: read section %s: %w", s.cfg.Bundle, name, err)
+				}
+				if got := sha256Hex(b); got != sec.SHA256 {
+					return nil, fmt.Errorf("qual-server: bundle %s: section %s has sha256 %s, header says %s; the file is corrupt, rebuild it", s.cfg.Bundle, name, got, sec.SHA256)
+				}
+				return b, nil
+			}
+		}
+		return nil, fmt.Errorf("qual-server: bundle %s has no section %s; rebuild it with qual bundle build", s.cfg.Bundle, name)
+	}
+	tj, err := section(bundle.SectionTokenizer)
+	if err != nil {
+		return err
+	}
+	tc, err := section(bundle.SectionTokenizerConfig)
+	if err != nil {
+		return err
+	}
+	t, err := tokenizer.FromBytes(tj, tc)
+	if err != nil {
+		return fmt.Errorf("qual-server: tokenizer of bundle %s: %w", s.cfg.Bundle, err)
+	}
+	s.tok = t
+	return nil
+}
+
+// Addr is the address the server listens on (useful with --port 0).
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// WorkerPIDs lists the live worker processes.
+func (s *Server) WorkerPIDs() []int { return s.pool.workerPIDs() }
+
+// Shutdown drains: new requests get 503, in-flight requests may finish until the drain
+// deadline (then they are cancelled), workers are stopped, and the records file is flushed and
+// closed. Its error is the records file's, so exit status says whether every record landed.
+func (s *Server) Shutdown(deadline time.Duration) error {
+	s.state.Store(stateDraining)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	if s.httpSrv != nil {
+		if err := s.httpSrv.Shutdown(ctx); err != nil {
+			log.Printf("drain deadline %v passed; cancelling in-flight requests", deadline)
+			s.baseCancel()
+			_ = s.httpSrv.Close()
+		}
+	}
+	// Handlers write their records before returning; wait for the last ones.
+	done := make(chan struct{})
+	go func() { s.handlers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		log.Print("some handlers did not finish 10 s after the drain; their records may be missing")
+	}
+	s.pool.close(5 * time.Second)
+	if s.baseCancel != nil {
+		s.baseCancel()
+	}
+	return s.records.close()
+}
+
+// ServeHTTP routes requests. Hand-written rather than http.ServeMux so 404 and 405 carry
+// OpenAI error bodies and so the records know the route.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	var route string
+	var method string
+	var h func(*reqState)
+	switch path {
+	case "/health":
+		s.handleHealth(w, r)
+		return
+	case "/metrics":
+		promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+		return
+	case "/v1/models":
+		route, method, h = path, http.MethodGet, s.handleModels
+	case "/v1/completions":
+		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleGenerate(q, false) }
+	case "/v1/chat/completions":
+		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleGenerate(q, true) }
+	case "/tokenize":
+		route, method, h = path, http.MethodPost, s.handleTokenize
+	case "/detokenize":
+		route, method, h = path, http.MethodPost, s.handleDetokenize
+	case "/mq/v1/logits":
+		route, method, h = path, http.MethodPost, s.handleLogits
+	case "/mq/v1/bundle":
+		route, method, h = path, http.MethodGet, s.handleBundle
+	default:
+		if s.cfg.Pprof && strings.HasPrefix(path, "/debug/pprof/") {
+			servePprof(w, r)
+			return
+		}
+		if strings.HasPrefix(path, "/v1/models/") {
+			route, method, h = "/v1/models/{model}", http.MethodGet, s.handleModel
+			break
+		}
+		recorded := strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/mq/")
+		q := s.begin(w, r, path, recorded)
+		q.fail(&APIError{Status: http.StatusNotFound, Type: "not_found_error", Message: fmt.Sprintf("no route %s %s; see /v1/models, /v1/completions, /v1/chat/completions", r.Method, path)})
+		s.end(q)
+		return
+	}
+	q := s.begin(w, r, route, true)
+	defer s.end(q)
+	if r.Method != method {
+		w.Header().Set("Allow", method)
+		q.fail(&APIError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Message: fmt.Sprintf("%s does not accept %s; use %s", route, r.Method, method)})
+		return
+	}
+	if s.cfg.APIKey != "" && !s.authorized(r) {
+		q.fail(&APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key", Message: "missing or wrong API key; send Authorization: Bearer <key> as given to --api-key"})
+		return
+	}
+	switch s.state.Load() {
+	case stateLoading:
+		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "loading", Message: "the model is still loading; poll /health until it answers ready"})
+		return
+	case stateDraining:
+		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server is shutting down"})
+		return
+	}
+	h(q)
+}
+
+func servePprof(w http.ResponseWriter, r *http.Request) {
+	switch strings.TrimPrefix(r.URL.Path, "/debug/pprof/") {
+	case "cmdline":
+		pprof.Cmdline(w, r)
+	case "profile":
+		pprof.Profile(w, r)
+	case "symbol":
+		pprof.Symbol(w, r)
+	case "trace":
+		pprof.Trace(w, r)
+	default:
+		pprof.Index(w, r)
+	}
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.APIKey)) == 1
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	switch s.state.Load() {
+	case stateLoading:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"status":"loading"}`))
+		return
+	case stateDraining:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"status":"draining"}`))
+		return
+	}
+	n := s.pool.readyWorkers()
+	if n == 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"status":"unavailable"}`))
+		return
+	}
+	b, _ := json.Marshal(map[string]any{"status": "ready", "workers": n, "model": s.cfg.ModelName,
+		"worker_pids": s.pool.workerPIDs(), "startup_ns": s.readyAt.Sub(s.startedAt).Nanoseconds()})
+	_, _ = w.Write(b)
+}
+
+func (s *Server) modelObject() map[string]any {
+	return map[string]any{"id": s.cfg.ModelName, "object": "model", "created": s.created, "owned_by": "modelqual",
+		"max_model_len": s.info.MaxContext}
+}
+
+func (s *Server) handleModels(q *reqState) {
+	q.writeJSON(http.StatusOK, map[string]any{"object": "list", "data": []any{s.modelObject()}})
+}
+
+func (s *Server) handleModel(q *reqState) {
+	id := strings.TrimPrefix(q.r.URL.Path, "/v1/models/")
+	if id != s.cfg.ModelName {
+		q.fail(s.unknownModel(id))
+		return
+	}
+	q.writeJSON(http.StatusOK, s.modelObject())
+}
+
+func (s *Server) handleBundle(q *reqState) {
+	<-s.fileSumDone
+	if s.fileSumErr != nil {
+		q.fail(&APIError{Status: 500, Type: "server_error", Message: "hash bundle file: " + s.fileSumErr.Error()})
+		return
+	}
+	q.writeJSON(http.StatusOK, map[string]any{"header": s.header, "bundle_sha256": s.fileSum, "bundle_path": s.cfg.Bundle})
+}
+
+func (s *Server) unknownModel(name string) *APIError {
+	return &APIError{Status: http.StatusNotFound, Type: "not_found_error", Param: "model", Code: "model_not_found",
+		Message: fmt.Sprintf("model %q does not exist; this server serves %q", name, s.cfg.ModelName)}
+}
+
+// reqState is one request's bookkeeping: its record, metrics labels and response writer.
+type reqState struct {
+	s        *Server
+	w        http.ResponseWriter
+	r        *http.Request
+	rec      Record
+	start    time.Time
+	recorded bool
+	status   int
+	ttft     time.Duration
+}
+
+func newRequestID() string {
+	var b [16]byte
+	x, y := rand.Uint64(), rand.Uint64()
+	for i := 0; i < 8; i++ {
+		b[i], b[8+i] = byte(x>>(8*i)), byte(y>>(8*i))
+	}
+	const hx = "0123456789abcdef"
+	out := make([]byte, 32)
+	for i, c := range b {
+		out[2*i], out[2*i+1] = hx[c>>4], hx[c&0xf]
+	}
+	return string(out)
+}
+
+// validRequestID accepts client ids that are safe to echo and record.
+func validRequestID(id string) bool {
+	if id == "" || len(id) > 200 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) begin(w http.ResponseWriter, r *http.Request, route string, recorded bool) *reqState {
+	s.handlers.Add(1)
+	s.m.inflight.Inc()
+	id := r.Header.Get("X-Request-Id")
+	if !validRequestID(id) {
+		id = newRequestID()
+	}
+	w.Header().Set("X-Request-Id", id)
+	now := time.Now()
+	return &reqState{s: s, w: w, r: r, start: now, recorded: recorded,
+		rec: Record{RequestID: id, Route: route, Model: s.cfg.ModelName, StartUnixNs: now.UnixNano(), WorkerID: -1}}
+}
+
+func (s *Server) end(q *reqState) {
+	el := time.Since(q.start)
+	q.rec.Status = q.status
+	q.rec.HTTPLatencyNs = el.Nanoseconds()
+	s.m.requests.WithLabelValues(q.rec.Route, strconv.Itoa(q.status)).Inc()
+	s.m.latency.WithLabelValues(q.rec.Route).Observe(el.Seconds())
+	if q.ttft > 0 {
+		s.m.ttft.WithLabelValues(q.rec.Route).Observe(q.ttft.Seconds())
+	}
+	if q.recorded {
+		s.records.write(&q.rec)
+	}
+	s.m.inflight.Dec()
+	s.handlers.Done()
+}
+
+// fail answers with e (unless a streaming response already started; see streamError).
+func (q *reqState) fail(e *APIError) {
+	q.rec.ErrorType = e.Type
+	q.rec.ErrorMessage = e.Message
+	if q.rec.FinishReason == "" {
+		q.rec.FinishReason = "error"
+	}
+	q.status = e.Status
+	h := q.w.Header()
+	h.Set("Content-Type", "application/json")
+	q.w.WriteHeader(e.Status)
+	_, _ = q.w.Write(e.body())
+}
+
+func (q *reqState) writeJSON(status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		q.fail(&APIError{Status: 500, Type: "server_error", Message: "encode response: " + err.Error()})
+		return
+	}
+	q.status = status
+	q.w.Header().Set("Content-Type", "application/json")
+	q.w.WriteHeader(status)
+	_, _ = q.w.Write(b)
+}
+
+// readBody reads the request body within --max-body, answering 413 past it.
+func (q *reqState) readBody() ([]byte, bool) {
+	body, err := readAllLimited(q.w, q.r, q.s.cfg.MaxBodyBytes)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			q.fail(&APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+				Message: fmt.Sprintf("request body is larger than the %d-byte limit", mbe.Limit)})
+		} else {
+			q.fail(badRequest("", "read request body: %v", err))
+		}
+		return nil, false
+	}
+	q.rec.PromptBytes = 0
+	return body, true
+}

@@ -1,0 +1,157 @@
+package server
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestStopMatcherHoldsPrefixes(t *testing.T) {
+	cases := []struct {
+		stops  []string
+		pieces []string
+		want   string
+		stop   bool
+	}{
+		{nil, []string{"ab", "cd"}, "abcd", false},
+		{[]string{"END"}, []string{"hello E", "N", "D more"}, "hello ", true},
+		{[]string{"END"}, []string{"hello E", "N", "x"}, "hello ENx", false},
+		{[]string{"</s>", "\n\n"}, []string{"a\n", "\nb"}, "a", true},
+		{[]string{"xyz", "yq"}, []string{"axy", "q"}, "ax", true},
+		{[]string{"世界"}, []string{"你好世", "界!"}, "你好", true},
+	}
+	for _, c := range cases {
+		m := stopMatcher{stops: c.stops}
+		var got strings.Builder
+		stopped := false
+		for _, p := range c.pieces {
+			emit, hit := m.feed(p)
+			got.WriteString(emit)
+			if hit {
+				stopped = true
+				break
+			}
+		}
+		if !stopped {
+			got.WriteString(m.flush())
+		}
+		if got.String() != c.want || stopped != c.stop {
+			t.Errorf("stops %q pieces %q: got %q stopped=%v, want %q %v", c.stops, c.pieces, got.String(), stopped, c.want, c.stop)
+		}
+	}
+}
+
+func TestStopMatcherNeverEmitsStopText(t *testing.T) {
+	// Whatever the split of the text into pieces, the emitted text is the prefix before the
+	// first stop string.
+	text := "one two <STOP> three"
+	for cut1 := 0; cut1 <= len(text); cut1++ {
+		for cut2 := cut1; cut2 <= len(text); cut2++ {
+			m := stopMatcher{stops: []string{"<STOP>"}}
+			var got strings.Builder
+			for _, p := range []string{text[:cut1], text[cut1:cut2], text[cut2:]} {
+				emit, hit := m.feed(p)
+				got.WriteString(emit)
+				if hit {
+					break
+				}
+			}
+			if got.String() != "one two " {
+				t.Fatalf("cuts %d,%d: %q", cut1, cut2, got.String())
+			}
+		}
+	}
+}
+
+func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
+	for _, s := range []string{"", "plain", "quote\" back\\slash", "ctl\x00\x01\x1f\t\n\r", "héllo 世界 🌍", "\u2028\u2029", "bad\xffutf8\xc3"} {
+		got := appendJSONString(nil, s)
+		var back string
+		if err := json.Unmarshal(got, &back); err != nil {
+			t.Fatalf("%q encodes to invalid JSON %s: %v", s, got, err)
+		}
+		if want := strings.ToValidUTF8(s, "\ufffd"); back != want {
+			t.Errorf("%q round-trips to %q, want %q", s, back, want)
+		}
+		if !utf8.Valid(got) {
+			t.Errorf("%q encodes to invalid UTF-8", s)
+		}
+	}
+}
+
+func TestAppendJSONStringDoesNotAllocate(t *testing.T) {
+	buf := make([]byte, 0, 256)
+	allocs := testing.AllocsPerRun(1000, func() {
+		buf = appendJSONStringBody(buf[:0], "token text with \"quotes\" and 世界")
+	})
+	if allocs != 0 {
+		t.Errorf("appendJSONStringBody allocates %v times per call", allocs)
+	}
+}
+
+func TestDecodeRequestDefaultsAndFields(t *testing.T) {
+	r, err := DecodeRequest([]byte(`{"model":"m","prompt":"hi","max_tokens":7,"temperature":0,"top_p":0.5,"top_k":3,"seed":-1,"stop":["a","b"],"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},"n":1,"logprobs":null,"user":"u"}`), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Prompt != "hi" || r.MaxTokens != 7 || r.Temperature != 0 || r.TopP != 0.5 || r.TopK != 3 || !r.HasSeed || r.Seed != ^uint64(0) ||
+		len(r.Stop) != 2 || !r.IgnoreEOS || !r.Stream || !r.IncludeUsage {
+		t.Errorf("decoded %+v", r)
+	}
+	c, err := DecodeRequest([]byte(`{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":9,"chat_template_kwargs":{"enable_thinking":false}}`), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxTokens != 9 || c.ChatTemplateKwargs["enable_thinking"] != false || !c.AddGenerationPrompt || c.Temperature != 1 {
+		t.Errorf("decoded chat %+v", c)
+	}
+	b, err := DecodeRequest([]byte(`{"prompt":[[1,2,3]]}`), false)
+	if err != nil || !b.HasPromptIDs || len(b.PromptIDs) != 3 {
+		t.Errorf("batch-of-one id prompt: %+v %v", b, err)
+	}
+}
+
+// FuzzDecodeRequest: the decoder never panics; it either accepts a request that satisfies the
+// invariants the server relies on, or returns a 4xx error with a message. The seed corpus lives
+// in testdata/fuzz/FuzzDecodeRequest.
+func FuzzDecodeRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt":"hi","max_tokens":3}`,
+		`{"prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"messages":[{"role":"user","content":"hi"}],"stop":["x"],"top_p":0.9}`,
+		`{"messages":[{"role":"system","content":"s"},{"role":"assistant","content":"a","name":"n"}],"chat_template_kwargs":{"enable_thinking":false}}`,
+		`{"prompt":"x","n":2}`, `[]`, `{`, `null`, "{\"prompt\":\"\xff\"}", `{"prompt":[[1],[2]]}`,
+		`{"prompt":"x","max_tokens":1e400}`, `{"prompt":"x","top_k":-1,"seed":18446744073709551615}`,
+	} {
+		f.Add([]byte(s), s[0] == '{' && strings.Contains(s, "messages"))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		r, err := DecodeRequest(body, chat)
+		if err != nil {
+			if err.Status < 400 || err.Status > 499 || err.Message == "" || !json.Valid(err.body()) {
+				t.Fatalf("bad error %+v", err)
+			}
+			return
+		}
+		if chat && len(r.Messages) == 0 || !chat && r.Prompt == "" && !r.HasPromptIDs && r.Prompt != "" {
+			t.Fatalf("accepted request without prompt: %+v", r)
+		}
+		if r.MaxTokens < 0 || r.TopP <= 0 || r.TopP > 1 || r.Temperature < 0 || r.Temperature > 2 || r.TopK < 0 {
+			t.Fatalf("accepted out-of-range controls: %+v", r)
+		}
+		for _, m := range r.Messages {
+			if _, ok := m["role"].(string); !ok {
+				t.Fatalf("message without role accepted: %v", m)
+			}
+			if _, ok := m["content"].(string); !ok {
+				t.Fatalf("message without string content accepted: %v", m)
+			}
+		}
+		for _, s := range r.Stop {
+			if s == "" {
+				t.Fatal("empty stop string accepted")
+			}
+		}
+	})
+}

@@ -1,0 +1,153 @@
+package worker
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/modelqual/modelqual/native"
+	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/server/wire"
+)
+
+// nativeEngine adapts *native.Engine to Engine.
+type nativeEngine struct {
+	e  *native.Engine
+	fn func(Event)
+	cb func(native.Event) // bound once, so Step allocates no closure per step
+}
+
+func newNativeEngine(e *native.Engine) *nativeEngine {
+	n := &nativeEngine{e: e}
+	n.cb = func(ev native.Event) {
+		out := Event{Seq: uint64(ev.Seq), Token: ev.Token, Done: ev.Done}
+		if ev.Done {
+			out.Reason = reasonOf(ev.Reason)
+			out.AddedNs, out.FirstTokenNs, out.DoneNs = ev.Timing.AddedNs, ev.Timing.FirstTokenNs, ev.Timing.DoneNs
+			out.PromptTokens, out.OutputTokens = ev.Timing.PromptTokens, ev.Timing.OutputTokens
+		}
+		n.fn(out)
+	}
+	return n
+}
+
+func reasonOf(r native.FinishReason) wire.Reason {
+	switch r {
+	case native.FinishStop:
+		return wire.ReasonStop
+	case native.FinishLength:
+		return wire.ReasonLength
+	case native.FinishCancelled:
+		return wire.ReasonCancelled
+	}
+	return wire.ReasonError
+}
+
+func (n *nativeEngine) Add(prompt []int32, s wire.Sampling) (uint64, error) {
+	id, err := n.e.Add(prompt, native.Sampling{
+		MaxNewTokens: int(s.MaxNewTokens), Temperature: s.Temperature, TopK: int(s.TopK),
+		TopP: s.TopP, Seed: s.Seed, IgnoreEOS: s.IgnoreEOS,
+	})
+	if errors.Is(err, native.ErrBatchFull) {
+		return 0, ErrBatchFull
+	}
+	return uint64(id), err
+}
+
+func (n *nativeEngine) Cancel(seq uint64) { n.e.Cancel(native.SeqID(seq)) }
+
+func (n *nativeEngine) Step(fn func(Event)) (int, error) {
+	n.fn = fn
+	return n.e.Step(n.cb)
+}
+
+func (n *nativeEngine) Active() int                           { return n.e.Active() }
+func (n *nativeEngine) Logits(ids []int32) ([]float32, error) { return n.e.Logits(ids) }
+func (n *nativeEngine) Close() error                          { return n.e.Close() }
+
+// Protocol file descriptors the frontend passes to a worker (exec.Cmd.ExtraFiles).
+const (
+	fdIn  = 3
+	fdOut = 4
+)
+
+// Main is `qual-server worker ...`: open the bundle and one native engine, then serve the wire
+// protocol on fds 3 (in) and 4 (out) until the frontend closes fd 3. Not meant to be run by
+// hand; the frontend starts it.
+func Main(args []string) int {
+	log.SetPrefix(fmt.Sprintf("qual-server worker[%d] ", os.Getpid()))
+	fs := flag.NewFlagSet("qual-server worker", flag.ContinueOnError)
+	path := fs.String("bundle", "", "bundle file")
+	device := fs.String("device", "cpu", "cpu or cuda")
+	threads := fs.Int("threads", 0, "engine threads (0: all cores)")
+	maxBatch := fs.Int("max-batch", 0, "batch slots (0: the bundle's build setting)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	in := os.NewFile(fdIn, "frontend-in")
+	out := os.NewFile(fdOut, "frontend-out")
+	if in == nil || out == nil {
+		log.Print("worker mode needs the protocol pipes on fds 3 and 4; it is started by qual-server, not by hand")
+		return 2
+	}
+	// The frontend coordinates shutdown (EOF on fd 3) and SIGTERM drain; a terminal's Ctrl-C
+	// reaching the whole process group must not kill engines under in-flight requests.
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGPIPE)
+
+	start := time.Now()
+	eng, info, err := open(*path, native.Params{Threads: *threads, MaxBatch: *maxBatch, Device: *device})
+	if err != nil {
+		w := wire.NewWriter(out)
+		w.Fatal(err.Error())
+		_ = w.Flush()
+		log.Print(err)
+		return 1
+	}
+	info.LoadNs = int64(time.Since(start))
+	if err := Serve(eng, info, in, out); err != nil && !errors.Is(err, io.ErrClosedPipe) && !errors.Is(err, syscall.EPIPE) {
+		log.Printf("serve: %v", err)
+		return 1
+	}
+	return 0
+}
+
+func open(path string, p native.Params) (Engine, wire.Info, error) {
+	if path == "" {
+		return nil, wire.Info{}, errors.New("worker: --bundle is required")
+	}
+	b, err := bundle.Open(path)
+	if err != nil {
+		return nil, wire.Info{}, fmt.Errorf("worker: open bundle: %w", err)
+	}
+	e, err := native.Open(b, p)
+	if err != nil {
+		b.Close()
+		return nil, wire.Info{}, fmt.Errorf("worker: open engine on %s: %w", path, err)
+	}
+	ni := e.Info()
+	info := wire.Info{
+		PID: os.Getpid(), Family: ni.Family, VocabSize: ni.VocabSize, MaxContext: ni.MaxContext,
+		MaxBatch: ni.MaxBatch, EOSIDs: ni.EOSIDs, Device: ni.Device, StepDelayNs: int64(ni.StepDelay),
+	}
+	return &closingEngine{nativeEngine: newNativeEngine(e), b: b}, info, nil
+}
+
+// closingEngine also unmaps the bundle when the engine closes.
+type closingEngine struct {
+	*nativeEngine
+	b *bundle.Bundle
+}
+
+func (c *closingEngine) Close() error {
+	err := c.nativeEngine.Close()
+	if cerr := c.b.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,245 @@
+// Package worker is qual-server's worker mode: one process holding one native engine, driven
+// by the frontend over the wire protocol on two inherited pipes.
+//
+// Why a separate process: the engine is native code; a crash, an abort or a hang in it must
+// cost only the requests it holds, never the HTTP frontend or the other engines (issue 3). The
+// worker runs the engine's step loop on one goroutine (the engine is not goroutine-safe), and
+// sends every token of one step in one frame with one write.
+package worker
+
+import (
+	"errors"
+	"io"
+
+	"github.com/modelqual/modelqual/server/wire"
+)
+
+// ErrBatchFull is returned by Engine.Add when every batch slot is taken; the worker keeps the
+// request pending and adds it after a sequence finishes.
+var ErrBatchFull = errors.New("engine batch full")
+
+// Event is one engine event: a token of a sequence, its end, or both.
+type Event struct {
+	Seq          uint64
+	Token        int32 // -1 when none
+	Done         bool
+	Reason       wire.Reason
+	AddedNs      int64
+	FirstTokenNs int64
+	DoneNs       int64
+	PromptTokens int
+	OutputTokens int
+}
+
+// Engine is what the worker needs from an inference engine. The native engine is adapted to it
+// in native.go; tests may drive the loop with another implementation.
+type Engine interface {
+	Add(prompt []int32, s wire.Sampling) (seq uint64, err error)
+	Cancel(seq uint64)
+	// Step runs one engine step and calls fn for each event; it returns the number of
+	// sequences still active.
+	Step(fn func(Event)) (active int, err error)
+	Active() int
+	Logits(ids []int32) ([]float32, error)
+	Close() error
+}
+
+type command struct {
+	typ    uint8
+	id     uint64
+	samp   wire.Sampling
+	prompt []int32
+}
+
+type pendingReq struct {
+	id     uint64
+	samp   wire.Sampling
+	prompt []int32
+}
+
+// loop is the state of one worker session.
+type loop struct {
+	eng     Engine
+	out     *wire.Writer
+	bySeq   map[uint64]uint64 // engine sequence → frontend request id
+	byID    map[uint64]uint64 // frontend request id → engine sequence
+	pending []pendingReq
+	dones   []wire.Done
+	info    wire.Info
+	sent    uint64 // Deltas frames sent
+	acked   uint64 // Deltas frames the parent has consumed
+}
+
+// blocked reports whether the loop must wait for a command: nothing to run, or the parent is
+// AckWindow frames behind.
+func (l *loop) blocked() bool {
+	return l.eng.Active() == 0 && len(l.pending) == 0 || l.sent-l.acked >= wire.AckWindow
+}
+
+// Serve runs the protocol over in/out until in reaches EOF (the frontend closed the pipe or
+// died), then closes the engine. hello.Info describes eng. It returns the first write or
+// engine error; EOF on in is a clean end.
+func Serve(eng Engine, info wire.Info, in io.Reader, out io.Writer) error {
+	l := &loop{eng: eng, out: wire.NewWriter(out), bySeq: map[uint64]uint64{}, byID: map[uint64]uint64{}, info: info}
+	l.out.Hello(wire.Hello{Version: wire.Version, Caps: wire.AllCaps, Info: info})
+	if err := l.out.Flush(); err != nil {
+		return err
+	}
+	cmds := make(chan command, 1024)
+	readErr := make(chan error, 1)
+	go readCommands(in, cmds, readErr)
+	defer eng.Close()
+	for {
+		for l.blocked() {
+			c, ok := <-cmds
+			if !ok {
+				return cleanEOF(<-readErr)
+			}
+			l.handle(c)
+		}
+	drain:
+		for {
+			select {
+			case c, ok := <-cmds:
+				if !ok {
+					return cleanEOF(<-readErr)
+				}
+				l.handle(c)
+			default:
+				break drain
+			}
+		}
+		l.admit()
+		if eng.Active() > 0 && l.sent-l.acked < wire.AckWindow {
+			if err := l.step(); err != nil {
+				return err
+			}
+		}
+		if err := l.out.Flush(); err != nil {
+			return err
+		}
+	}
+}
+
+func cleanEOF(err error) error {
+	if err == nil || errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+func readCommands(in io.Reader, cmds chan<- command, readErr chan<- error) {
+	r := wire.NewReader(in)
+	defer close(cmds)
+	for {
+		typ, p, err := r.Next()
+		if err != nil {
+			readErr <- err
+			return
+		}
+		c := command{typ: typ}
+		switch typ {
+		case wire.TypeSubmit:
+			c.id, c.samp, c.prompt, err = wire.DecodeSubmit(p, nil)
+		case wire.TypeCancel:
+			c.id, err = wire.DecodeCancel(p)
+		case wire.TypeLogits:
+			c.id, c.prompt, err = wire.DecodeLogits(p, nil)
+		case wire.TypeAck:
+			c.id, err = wire.DecodeCancel(p)
+		default:
+			continue // a newer frontend's optional message: ignore
+		}
+		if err != nil {
+			readErr <- err
+			return
+		}
+		cmds <- c
+	}
+}
+
+func (l *loop) handle(c command) {
+	switch c.typ {
+	case wire.TypeAck:
+		l.acked = max(l.acked, c.id)
+	case wire.TypeSubmit:
+		l.pending = append(l.pending, pendingReq{id: c.id, samp: c.samp, prompt: c.prompt})
+	case wire.TypeCancel:
+		for i, p := range l.pending {
+			if p.id == c.id {
+				l.pending = append(l.pending[:i], l.pending[i+1:]...)
+				l.out.Done(wire.Done{ID: c.id, Reason: wire.ReasonCancelled, PromptTokens: uint32(len(p.prompt))})
+				return
+			}
+		}
+		if seq, ok := l.byID[c.id]; ok {
+			l.eng.Cancel(seq)
+		}
+	case wire.TypeLogits:
+		logits, err := l.eng.Logits(c.prompt)
+		if err != nil {
+			l.out.LogitsResult(c.id, l.info.VocabSize, 0, nil, err.Error())
+			return
+		}
+		l.out.LogitsResult(c.id, l.info.VocabSize, len(c.prompt), logits, "")
+	}
+}
+
+// admit adds pending requests to the engine in arrival order until the batch is full.
+func (l *loop) admit() {
+	n := 0
+	for _, p := range l.pending {
+		seq, err := l.eng.Add(p.prompt, p.samp)
+		if errors.Is(err, ErrBatchFull) {
+			break
+		}
+		n++
+		if err != nil {
+			l.out.Done(wire.Done{ID: p.id, Reason: wire.ReasonError, PromptTokens: uint32(len(p.prompt)), Message: err.Error()})
+			continue
+		}
+		l.bySeq[seq] = p.id
+		l.byID[p.id] = seq
+	}
+	l.pending = append(l.pending[:0], l.pending[n:]...)
+}
+
+func (l *loop) step() error {
+	d := l.out.BeginDeltas()
+	l.dones = l.dones[:0]
+	_, err := l.eng.Step(func(ev Event) {
+		id, ok := l.bySeq[ev.Seq]
+		if !ok {
+			return
+		}
+		if ev.Token >= 0 {
+			d.Add(id, ev.Token)
+		}
+		if ev.Done {
+			l.dones = append(l.dones, wire.Done{
+				ID: id, Reason: ev.Reason, AddedNs: ev.AddedNs, FirstTokenNs: ev.FirstTokenNs, DoneNs: ev.DoneNs,
+				PromptTokens: uint32(ev.PromptTokens), OutputTokens: uint32(ev.OutputTokens),
+			})
+			delete(l.bySeq, ev.Seq)
+			delete(l.byID, id)
+		}
+	})
+	if d.End() {
+		l.sent++
+	}
+	for _, done := range l.dones {
+		l.out.Done(done)
+	}
+	if err != nil {
+		// A failed step leaves the engine in an unknown state: fail everything it held and
+		// let the frontend replace this worker.
+		for seq, id := range l.bySeq {
+			l.out.Done(wire.Done{ID: id, Reason: wire.ReasonError, Message: "engine step failed: " + err.Error()})
+			delete(l.bySeq, seq)
+			delete(l.byID, id)
+		}
+		_ = l.out.Flush()
+		return err
+	}
+	return nil
+}
