@@ -145,16 +145,8 @@ func (c *ContainerLauncher) Start(ctx context.Context) (*Endpoint, error) {
 	}
 	defer cli.Close()
 	gpus := normalizeGPUs(o.GPUs)
-	if len(gpus) > 0 {
-		ok, runtimes, err := NVIDIARuntime(pre, cli)
-		if err != nil {
-			return nil, fmt.Errorf("launch container: check for the NVIDIA runtime: %w", err)
-		}
-		if !ok {
-			return nil, fmt.Errorf("launch container: GPUs %s requested but the Docker engine has no NVIDIA runtime (runtimes: %s); "+
-				"install the NVIDIA Container Toolkit and configure Docker (nvidia-ctk runtime configure), or run without --gpus; "+
-				"refusing to run on CPU silently", strings.Join(gpus, ","), strings.Join(runtimes, ", "))
-		}
+	if err := checkNVIDIARuntime(pre, cli, gpus); err != nil {
+		return nil, err
 	}
 
 	if _, err := cli.ImageInspect(pre, o.Image); err != nil {
@@ -200,22 +192,7 @@ func (c *ContainerLauncher) Start(ctx context.Context) (*Endpoint, error) {
 		testcontainers.WithExposedPorts(containerPort),
 		testcontainers.WithEnv(env),
 		testcontainers.WithLogConsumerConfig(&testcontainers.LogConsumerConfig{Consumers: []testcontainers.LogConsumer{logs}}),
-		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
-			hc.Mounts = append(hc.Mounts,
-				mount.Mount{Type: mount.TypeBind, Source: bundle, Target: containerBundlePath, ReadOnly: true},
-				mount.Mount{Type: mount.TypeBind, Source: recDir, Target: containerRecordsDir},
-			)
-			hc.ReadonlyRootfs = true
-			if len(gpus) > 0 {
-				dr := container.DeviceRequest{Capabilities: [][]string{{"gpu"}}}
-				if len(gpus) == 1 && gpus[0] == "all" {
-					dr.Count = -1
-				} else {
-					dr.DeviceIDs = gpus
-				}
-				hc.DeviceRequests = append(hc.DeviceRequests, dr)
-			}
-		}),
+		testcontainers.WithHostConfigModifier(hostConfigModifier(bundle, recDir, gpus)),
 		testcontainers.WithWaitStrategyAndDeadline(o.StartupTimeout, health),
 	}
 	// Bound the whole start: the wait strategy has its deadline, and the context covers
@@ -278,6 +255,49 @@ func (c *ContainerLauncher) Start(ctx context.Context) (*Endpoint, error) {
 	}
 	ep.BaseURL = strings.Replace(ep.BaseURL, "://localhost:", "://127.0.0.1:", 1)
 	return ep, nil
+}
+
+// checkNVIDIARuntime refuses a GPU request (gpus not empty) on an engine without the NVIDIA
+// runtime, with what to do; without it Docker would reject the device request with a terse
+// "could not select device driver" or, worse, a CPU image would start.
+func checkNVIDIARuntime(ctx context.Context, cli client.APIClient, gpus []string) error {
+	if len(gpus) == 0 {
+		return nil
+	}
+	ok, runtimes, err := NVIDIARuntime(ctx, cli)
+	if err != nil {
+		return fmt.Errorf("launch container: check for the NVIDIA runtime: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("launch container: GPUs %s requested but the Docker engine has no NVIDIA runtime (runtimes: %s); "+
+			"install the NVIDIA Container Toolkit and configure Docker (nvidia-ctk runtime configure), or run without --gpus; "+
+			"refusing to run on CPU silently", strings.Join(gpus, ","), strings.Join(runtimes, ", "))
+	}
+	return nil
+}
+
+// hostConfigModifier is the container's host configuration: the bundle mounted read-only,
+// the records folder writable, a read-only root file system, and, when GPUs are requested,
+// one device request with capability "gpu" naming the devices by ID (UUIDs from the go-nvml
+// inventory, so the container gets exactly the GPUs this test process owns whatever the
+// enumeration order) or Count -1 for "all".
+func hostConfigModifier(bundle, recDir string, gpus []string) func(*container.HostConfig) {
+	return func(hc *container.HostConfig) {
+		hc.Mounts = append(hc.Mounts,
+			mount.Mount{Type: mount.TypeBind, Source: bundle, Target: containerBundlePath, ReadOnly: true},
+			mount.Mount{Type: mount.TypeBind, Source: recDir, Target: containerRecordsDir},
+		)
+		hc.ReadonlyRootfs = true
+		if len(gpus) > 0 {
+			dr := container.DeviceRequest{Capabilities: [][]string{{"gpu"}}} // as docker run --gpus builds it
+			if len(gpus) == 1 && gpus[0] == "all" {
+				dr.Count = -1
+			} else {
+				dr.DeviceIDs = append([]string(nil), gpus...)
+			}
+			hc.DeviceRequests = append(hc.DeviceRequests, dr)
+		}
+	}
 }
 
 // normalizeGPUs splits comma lists and drops empties; "all" stands alone.

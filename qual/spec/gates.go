@@ -9,6 +9,7 @@ import (
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
 
+	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/provenance"
 )
 
@@ -173,8 +174,15 @@ func (s *Suite) GoldenInput() GoldenInput {
 	if fixture == "" {
 		fixture = filepath.Base(s.Manifest.Checkpoint.ID)
 	}
-	return GoldenInput{API: s.API, Path: GoldenPath(s.State.RepoRoot, fixture), Revision: s.Manifest.Checkpoint.Revision,
+	in := GoldenInput{API: s.API, Path: GoldenPath(s.State.RepoRoot, fixture), Revision: s.Manifest.Checkpoint.Revision,
 		Tokenizer: s.Tokenizer, Corpus: s.Corpus}
+	if s.State.Device == "cuda" {
+		// The golden is transformers in float32; a bf16 engine drifts from it within the gpu
+		// tolerance and may take another greedy path after a while.
+		t := s.Threshold()
+		in.Tolerance, in.MaxSteps = t.MaxAbsLogitDiff, t.GreedySteps
+	}
+	return in
 }
 
 // StreamingInput is the streaming gate's input for this suite: prompts of the given kind
@@ -207,8 +215,13 @@ func (s *Suite) ContextInput() ContextInput {
 func (s *Suite) LoadInput(name string) LoadInput {
 	p, ok := s.Manifest.Profile(name)
 	gomega.Expect(ok).To(gomega.BeTrue(), "profile %q is not in %s", name, s.Manifest.Path())
-	return LoadInput{Endpoint: s.Endpoint, Profile: p, Tokenizer: s.Tokenizer, OutDir: s.ArtifactDir("load"),
+	in := LoadInput{Endpoint: s.Endpoint, Profile: p, Tokenizer: s.Tokenizer, OutDir: s.ArtifactDir("load"),
 		RequestTimeout: s.Manifest.Server.RequestTimeout.Duration, Fingerprint: s.fingerprint()}
+	if s.State.Device == "cuda" {
+		in.GPUIndices, in.RequireGPU = gpu.Indices(s.GPUs), true
+		in.OutDir = s.ArtifactDir("load-gpu")
+	}
+	return in
 }
 
 func (s *Suite) fingerprint() provenance.Spec {

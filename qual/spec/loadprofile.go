@@ -39,6 +39,11 @@ type LoadInput struct {
 	// MixWarmupIntoMeasurement plants the "warmup mixed into measurement" defect in the load
 	// generator; only the test proving that this gate bites sets it.
 	MixWarmupIntoMeasurement bool
+	// GPUIndices are the NVML indices of the server's GPUs, sampled during every point (nil:
+	// all visible); RequireGPU makes missing telemetry a failure and adds the GPU figures
+	// (memory high-water, utilization, power, energy, joules per output token).
+	GPUIndices []int
+	RequireGPU bool
 }
 
 // Figure is one number a load gate reports (and attaches to the JUnit report).
@@ -116,6 +121,8 @@ func CheckLoad(ctx context.Context, in LoadInput) (*LoadResult, error) {
 		Name:          p.Name,
 		SLOs:          goodputSLOs,
 		Fingerprint:   in.Fingerprint,
+		GPUIndices:    in.GPUIndices,
+		RequireGPU:    in.RequireGPU,
 	})
 	res := &LoadResult{Profile: pr}
 	if pr == nil {
@@ -129,6 +136,13 @@ func CheckLoad(ctx context.Context, in LoadInput) (*LoadResult, error) {
 		res.Dirs = append(res.Dirs, pt.Dir)
 		label := fmt.Sprintf("%s=%s", pt.Sweep.Parameter, strconv.FormatFloat(pt.Sweep.Value, 'f', -1, 64))
 		problems = append(problems, checkPoint(p, label, pt, in.Endpoint.RecordsPath != "")...)
+		if in.RequireGPU {
+			figs, problem := gpuFigures(p.Name, label, pt)
+			res.Figures = append(res.Figures, figs...)
+			if problem != "" {
+				problems = append(problems, problem)
+			}
+		}
 		if pt.Summary == nil {
 			continue
 		}

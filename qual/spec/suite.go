@@ -23,6 +23,7 @@ import (
 
 	"github.com/modelqual/modelqual/fixtures"
 	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/manifest"
 	"github.com/modelqual/modelqual/server/tokenizer"
@@ -84,6 +85,13 @@ type State struct {
 	BundleSHA256 string   `json:"bundle_sha256,omitempty"`
 	Artifacts    string   `json:"artifacts"`
 	RepoRoot     string   `json:"repo_root"`
+	// Device is "cuda" for a GPU run (see gpu.go), where each process starts its own server
+	// on its own GPUs, and Precision the GPU bundle's precision; "" for a CPU run.
+	Device    string `json:"device,omitempty"`
+	Precision string `json:"precision,omitempty"`
+	// GPUSkip says why a GPU run found no GPU; nothing was built or started and every gpu
+	// spec skips with this reason.
+	GPUSkip string `json:"gpu_skip,omitempty"`
 }
 
 // Suite is a family suite: its manifest, thresholds and corpus (read while the spec tree is
@@ -101,6 +109,8 @@ type Suite struct {
 	API       *API
 	Tokenizer *tokenizer.Tokenizer
 	Endpoint  *launch.Endpoint
+	// GPUs are this process's GPUs on a GPU run (its server's and the telemetry's), else nil.
+	GPUs []gpu.Device
 
 	loadReference func(string) (Reference, error)
 	refOnce       sync.Once
@@ -166,9 +176,9 @@ func (s *Suite) Reference() (Reference, error) {
 }
 
 // Threshold returns the tolerances for the suite's backend: thresholds.yaml's gpu section on
-// a cuda build when present, else the top level.
+// a cuda build (the manifest's, or a GPU run's) when present, else the top level.
 func (s *Suite) Threshold() manifest.Thresholds {
-	if s.Manifest.Build.Backend == "cuda" && s.Thresholds.GPU != nil {
+	if (s.Manifest.Build.Backend == "cuda" || s.State.Device == "cuda") && s.Thresholds.GPU != nil {
 		return *s.Thresholds.GPU
 	}
 	return *s.Thresholds
@@ -242,23 +252,23 @@ func (s *Suite) prepare(ctx context.Context) (State, error) {
 	if err := os.MkdirAll(st.Artifacts, 0o755); err != nil {
 		return st, fmt.Errorf("spec: create artifact folder: %w", err)
 	}
+	if s.gpuRun() && st.Launcher != "external" {
+		inv := gpu.Inspect()
+		if !inv.Available {
+			st.GPUSkip = inv.Reason
+			fmt.Fprintf(os.Stderr, "modelqual %s: GPU run without a GPU: %s; the gpu specs skip\n", s.Family, inv.Reason)
+			return st, nil
+		}
+		st.Device = "cuda"
+		if st.Precision, err = gpuPrecision(); err != nil {
+			return st, err
+		}
+	}
 	cache := fixtures.DefaultCacheDir()
 	if st.Checkpoint, st.Revision, err = s.checkpoint(cache); err != nil {
 		return st, err
 	}
-	opts := []launch.Option{
-		launch.WithModel(s.Family),
-		launch.WithRunDir(filepath.Join(st.Artifacts, "server")),
-		launch.WithStartupTimeout(s.Manifest.Server.StartupTimeout.Duration),
-		launch.WithArgs("--workers", strconv.Itoa(s.Manifest.Server.Workers),
-			"--request-timeout", s.Manifest.Server.RequestTimeout.Duration.String()),
-	}
-	if s.Manifest.Build.MaxBatch > 0 {
-		opts = append(opts, launch.WithArgs("--max-batch", strconv.Itoa(s.Manifest.Build.MaxBatch)))
-	}
-	if f := os.Getenv("MODELQUAL_FAULTS"); f != "" {
-		opts = append(opts, launch.WithFaults(f))
-	}
+	opts := s.serverOptions(filepath.Join(st.Artifacts, "server"))
 	switch st.Launcher {
 	case "external":
 		st.BaseURL = externalURL()
@@ -274,14 +284,54 @@ func (s *Suite) prepare(ctx context.Context) (State, error) {
 		if err := BuildBinaries(ctx, root, binDir(root)); err != nil {
 			return st, err
 		}
-		if st.Bundle, st.BundleSHA256, err = s.bundle(ctx, cache, st.Checkpoint, st.Revision); err != nil {
+		if st.Bundle, st.BundleSHA256, err = s.bundle(ctx, cache, st); err != nil {
 			return st, err
 		}
 		opts = append(opts, launch.WithBundle(st.Bundle), launch.WithServerBin(filepath.Join(binDir(root), "qual-server")))
 	}
-	l, err := launch.New(st.Launcher, opts...)
+	if st.Device == "cuda" {
+		// Every process starts its own server on its own GPUs (setupEach).
+		return st, nil
+	}
+	ep, err := s.start(ctx, st, opts)
 	if err != nil {
 		return st, err
+	}
+	st.setEndpoint(ep)
+	return st, nil
+}
+
+// setEndpoint records where a started server listens and how it was started.
+func (st *State) setEndpoint(ep *launch.Endpoint) {
+	st.BaseURL, st.Model, st.RecordsPath, st.LogPaths = ep.BaseURL, ep.Model, ep.RecordsPath, ep.LogPaths
+	st.PID, st.Args, st.Env = ep.PID, ep.Args, ep.Env
+}
+
+// serverOptions are the launcher options every server of the suite shares: the model name,
+// the run directory, the manifest's server settings and the faults to plant.
+func (s *Suite) serverOptions(runDir string) []launch.Option {
+	opts := []launch.Option{
+		launch.WithModel(s.Family),
+		launch.WithRunDir(runDir),
+		launch.WithStartupTimeout(s.Manifest.Server.StartupTimeout.Duration),
+		launch.WithArgs("--workers", strconv.Itoa(s.Manifest.Server.Workers),
+			"--request-timeout", s.Manifest.Server.RequestTimeout.Duration.String()),
+	}
+	if s.Manifest.Build.MaxBatch > 0 {
+		opts = append(opts, launch.WithArgs("--max-batch", strconv.Itoa(s.Manifest.Build.MaxBatch)))
+	}
+	if f := os.Getenv("MODELQUAL_FAULTS"); f != "" {
+		opts = append(opts, launch.WithFaults(f))
+	}
+	return opts
+}
+
+// start starts a server with the launcher of st and registers its cleanup the moment
+// anything started.
+func (s *Suite) start(ctx context.Context, st State, opts []launch.Option) (*launch.Endpoint, error) {
+	l, err := launch.New(st.Launcher, opts...)
+	if err != nil {
+		return nil, err
 	}
 	ep, err := l.Start(ctx)
 	if ep != nil {
@@ -290,16 +340,41 @@ func (s *Suite) prepare(ctx context.Context) (State, error) {
 		ginkgo.DeferCleanup(func(ctx context.Context) error { return ep.Stop(ctx) }, ginkgo.NodeTimeout(time.Minute))
 	}
 	if err != nil {
-		return st, fmt.Errorf("spec: start the %s server for %s: %w", st.Launcher, s.Family, err)
+		return ep, fmt.Errorf("spec: start the %s server for %s: %w", st.Launcher, s.Family, err)
 	}
-	st.BaseURL, st.Model, st.RecordsPath, st.LogPaths = ep.BaseURL, ep.Model, ep.RecordsPath, ep.LogPaths
-	st.PID, st.Args, st.Env = ep.PID, ep.Args, ep.Env
-	return st, nil
+	return ep, nil
+}
+
+// startGPUServer starts this process's server of a GPU run on this process's GPUs, passed
+// by UUID (CUDA_VISIBLE_DEVICES for a process, DeviceIDs for a container).
+func (s *Suite) startGPUServer(ctx context.Context, st *State) error {
+	set, err := processGPUs()
+	if err != nil {
+		return err
+	}
+	s.GPUs = set
+	runDir := filepath.Join(st.Artifacts, fmt.Sprintf("server-p%d", ginkgo.GinkgoParallelProcess()))
+	opts := append(s.serverOptions(runDir), launch.WithBundle(st.Bundle),
+		launch.WithServerBin(filepath.Join(binDir(st.RepoRoot), "qual-server")), launch.WithGPUs(gpu.UUIDs(set)...))
+	ep, err := s.start(ctx, *st, opts)
+	if err != nil {
+		return err
+	}
+	st.setEndpoint(ep)
+	return nil
 }
 
 func (s *Suite) setupEach(ctx ginkgo.SpecContext, data []byte) {
 	if err := json.Unmarshal(data, &s.State); err != nil {
 		ginkgo.Fail(fmt.Sprintf("spec: decode suite state: %v", err))
+	}
+	if s.State.GPUSkip != "" {
+		return // no server: every gpu spec skips (RequireGPU)
+	}
+	if s.State.Device == "cuda" {
+		if err := s.startGPUServer(ctx, &s.State); err != nil {
+			ginkgo.Fail(err.Error())
+		}
 	}
 	st := s.State
 	s.API = NewAPI(st.BaseURL, st.Model, st.APIKey, s.Manifest.Server.RequestTimeout.Duration)
@@ -373,8 +448,9 @@ func (s *Suite) checkpoint(cache string) (dir, rev string, err error) {
 // bundle returns the bundle for the manifest's checkpoint and build settings from the
 // content-keyed cache, building it on a miss, and refuses it, before any server starts, when
 // its header does not match the manifest.
-func (s *Suite) bundle(ctx context.Context, cache, checkpointDir, revision string) (path, sum string, err error) {
-	m := s.Manifest
+func (s *Suite) bundle(ctx context.Context, cache string, st State) (path, sum string, err error) {
+	m := s.buildManifest(st)
+	checkpointDir, revision := st.Checkpoint, st.Revision
 	key, err := bundleKey(m, revision)
 	if err != nil {
 		return "", "", err

@@ -1,0 +1,191 @@
+package spec
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/ginkgo/v2/types"
+
+	"github.com/modelqual/modelqual/qual/gpu"
+	"github.com/modelqual/modelqual/qual/load"
+	"github.com/modelqual/modelqual/qual/manifest"
+)
+
+// GPU runs: when a run selects the gpu specs alone (`ginkgo --label-filter=gpu`, or
+// MODELQUAL_GPU=1), the suite builds the manifest's checkpoint into a cuda bundle of reduced
+// precision and every parallel Ginkgo process starts its own server with --device cuda on
+// its own GPU set; the gpu specs then run the CPU gates against it with thresholds.yaml's gpu
+// tolerances. Where no GPU is present (no NVIDIA driver, NVML reports none) nothing is built
+// or started and every gpu spec skips, saying why.
+const (
+	// EnvGPU forces the GPU run on ("1") or off ("0") whatever the label filter says.
+	EnvGPU = "MODELQUAL_GPU"
+	// EnvGPUs restricts the GPUs the run may use: "all" (default) or a comma-separated list
+	// of NVML indices or UUIDs. The list is split among the parallel processes
+	// (gpu.ForProcess): with at least as many GPUs as processes each gets a disjoint set.
+	EnvGPUs = "MODELQUAL_GPUS"
+	// EnvGPUPrecision is the precision of the GPU bundle: bf16 (default) or fp16.
+	EnvGPUPrecision = "MODELQUAL_GPU_PRECISION"
+)
+
+// gpuRun reports whether this run qualifies the family on GPUs: MODELQUAL_GPU when set,
+// else whether the label filter selects the family's gpu specs and none of its CPU ones (so
+// `--label-filter=premerge` and a plain `go test` keep the CPU server).
+func (s *Suite) gpuRun() bool {
+	switch strings.ToLower(os.Getenv(EnvGPU)) {
+	case "1", "true", "yes":
+		return true
+	case "0", "false", "no":
+		return false
+	}
+	return labelFilterSelectsOnly(ginkgo.GinkgoLabelFilter(), PlacementGPU, s.Labels())
+}
+
+// labelFilterSelectsOnly reports whether filter matches some spec labelled label and no
+// spec without it (unlabelled by placement, or premerge), where a spec carries the suite's
+// labels base plus at most one task or gate label. Ginkgo cannot list the specs a filter
+// selects before they run, so this checks the label sets family specs actually carry.
+func labelFilterSelectsOnly(filter, label string, base []string) bool {
+	if filter == "" {
+		return false
+	}
+	match, err := types.ParseLabelFilter(filter)
+	if err != nil {
+		return false
+	}
+	with := func(extra ...string) []string { return append(append([]string{}, base...), extra...) }
+	selected := false
+	for _, extra := range append([]string{""}, append(append([]string{}, tasks...), gates...)...) {
+		set := with()
+		if extra != "" {
+			set = with(extra)
+		}
+		if match(set) || match(append(set, PlacementPremerge)) {
+			return false
+		}
+		if match(append(set, label)) {
+			selected = true
+		}
+	}
+	return selected
+}
+
+// gpuPrecision is the GPU bundle's precision (MODELQUAL_GPU_PRECISION, default bf16).
+func gpuPrecision() (string, error) {
+	p := os.Getenv(EnvGPUPrecision)
+	switch p {
+	case "":
+		return "bf16", nil
+	case "bf16", "fp16", "fp32":
+		return p, nil
+	}
+	return "", fmt.Errorf("spec: %s=%q: use bf16, fp16 or fp32", EnvGPUPrecision, p)
+}
+
+// buildManifest is the manifest the suite's bundle is built and checked against: the
+// family's own, or for a GPU run a copy whose build section asks for the cuda backend at the
+// state's precision (the bundle's provenance then records both).
+func (s *Suite) buildManifest(st State) *manifest.Manifest {
+	if st.Device != "cuda" {
+		return s.Manifest
+	}
+	m := *s.Manifest
+	m.Build.Backend = "cuda"
+	m.Build.Precision = st.Precision
+	return &m
+}
+
+// processGPUs is this Ginkgo process's GPU set: the run's GPUs (MODELQUAL_GPUS) split by
+// GinkgoParallelProcess() among the run's processes.
+func processGPUs() ([]gpu.Device, error) {
+	devs, err := gpu.Select(gpu.Inspect(), os.Getenv(EnvGPUs))
+	if err != nil {
+		return nil, fmt.Errorf("spec: GPUs for this run (%s=%q): %w", EnvGPUs, os.Getenv(EnvGPUs), err)
+	}
+	cfg, _ := ginkgo.GinkgoConfiguration()
+	set := gpu.ForProcess(devs, ginkgo.GinkgoParallelProcess(), cfg.ParallelTotal)
+	if len(set) == 0 {
+		return nil, fmt.Errorf("spec: no GPU left for Ginkgo process %d", ginkgo.GinkgoParallelProcess())
+	}
+	return set, nil
+}
+
+// RequireGPU skips the calling spec, with the reason, unless this process's server runs on
+// GPUs: no GPU on the machine (the reason NVML gave), or a run that did not select the gpu
+// specs alone (their CPU server would make a GPU gate meaningless).
+func (s *Suite) RequireGPU() {
+	ginkgo.GinkgoHelper()
+	switch {
+	case s.State.GPUSkip != "":
+		ginkgo.Skip("no GPU: " + s.State.GPUSkip)
+	case s.State.Device != "cuda":
+		ginkgo.Skip(fmt.Sprintf("needs the suite's server on a GPU; this run's server is on %s (select the gpu specs alone with --label-filter=gpu, or set %s=1)",
+			orDefault(s.State.Device, "cpu"), EnvGPU))
+	}
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+// GPULoadProfiles declares, for a GPU run, one LoadProfile per premerge profile of the
+// manifest, named "gpu-<profile>", whose run directories carry the go-nvml figures of this
+// process's GPUs and which fails when that telemetry is unavailable.
+func (s *Suite) GPULoadProfiles(ctx context.Context) {
+	for _, p := range s.Manifest.Profiles {
+		if !p.Premerge {
+			continue
+		}
+		name := p.Name
+		LoadProfile(ctx, "gpu-"+name, func() LoadInput { return s.LoadInput(name) })
+	}
+}
+
+// gpuFigures reads a sweep point's go-nvml telemetry from its summary and turns it into
+// figures: memory high-water, utilization, power, energy and energy per output token (the
+// energy counter's delta over the point, warmup included, over all output tokens of the
+// point). It returns a problem when the telemetry is missing or unavailable.
+func gpuFigures(profile, label string, pt load.PointResult) ([]Figure, string) {
+	if pt.Summary == nil || len(pt.Summary.GPUTelemetry) == 0 {
+		return nil, fmt.Sprintf("%s: no GPU telemetry in %s", label, filepath.Join(pt.Dir, "summary.json"))
+	}
+	var tel gpu.Telemetry
+	if err := json.Unmarshal(pt.Summary.GPUTelemetry, &tel); err != nil {
+		return nil, fmt.Sprintf("%s: GPU telemetry in %s: %v", label, pt.Dir, err)
+	}
+	if !tel.Available || len(tel.Devices) == 0 {
+		return nil, fmt.Sprintf("%s: GPU telemetry unavailable on a GPU run: %s", label, tel.Reason)
+	}
+	outTokens := 0
+	if pt.Load != nil {
+		for _, r := range pt.Load.Records {
+			outTokens += r.OutputTokens()
+		}
+	}
+	tel.PerToken(outTokens)
+	var hw uint64
+	var util, power float64
+	for _, d := range tel.Devices {
+		hw = max(hw, d.MemoryHighWaterBytes)
+		util += d.UtilizationAvg / float64(len(tel.Devices))
+		power += d.PowerAvgW
+	}
+	fig := func(name string, v float64, unit string) Figure {
+		return Figure{Profile: profile, Point: label, Name: name, Value: v, Unit: unit}
+	}
+	return []Figure{
+		fig("gpu.memory_high_water", float64(hw)/(1<<20), "MiB"),
+		fig("gpu.utilization_avg", util, "%"),
+		fig("gpu.power_avg", power, "W"),
+		fig("gpu.energy", tel.EnergyJ, "J"),
+		fig("gpu.joules_per_output_token", tel.JoulesPerOutputToken, "J/token"),
+	}, ""
+}
