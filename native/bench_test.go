@@ -12,52 +12,63 @@ import (
 	"github.com/modelqual/modelqual/native/bundle"
 )
 
-// BenchmarkDecode measures greedy decode throughput through the Go API and the C ABI: one op
-// is one engine step, which decodes one token for each of the batch's sequences. Prefill steps
-// are excluded (timer stopped), so tokens/s is decode only.
+// BenchmarkDecode measures decode throughput through the Go API and the C ABI: one op is one
+// engine step, which decodes one token for each of the batch's sequences. Prefill steps are
+// excluded (timer stopped), so tokens/s is decode only. "greedy" is temperature 0; "t=1" is
+// OpenAI's default temperature 1 (full-vocabulary softmax sampling), what a client that sets
+// no temperature gets.
 func BenchmarkDecode(b *testing.B) {
 	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
 		for _, batch := range []int{1, 8} {
-			b.Run(fmt.Sprintf("%s/batch=%d", name, batch), func(b *testing.B) {
-				e := openEngine(b, name, Params{MaxBatch: batch})
-				s := Sampling{MaxNewTokens: 200, IgnoreEOS: true}
-				refill := func() {
-					for e.Active() < batch {
-						if _, err := e.Add(testPrompts[e.Active()%len(testPrompts)], s); err != nil {
-							b.Fatal(err)
-						}
-					}
-					if _, err := e.Step(nil); err != nil { // prefill + first token
-						b.Fatal(err)
-					}
+			for _, temp := range []float32{0, 1} {
+				mode := "greedy"
+				if temp > 0 {
+					mode = "t=1"
 				}
-				refill()
-				tokens := 0
-				count := func(ev Event) {
-					if ev.Token >= 0 {
-						tokens++
-					}
-				}
-				b.ResetTimer()
-				start := time.Now()
-				var paused time.Duration
-				for i := 0; i < b.N; i++ {
-					if e.Active() < batch {
-						b.StopTimer()
-						t0 := time.Now()
-						refill()
-						paused += time.Since(t0)
-						b.StartTimer()
-					}
-					if _, err := e.Step(count); err != nil {
-						b.Fatal(err)
-					}
-				}
-				el := time.Since(start) - paused
-				b.ReportMetric(float64(tokens)/el.Seconds(), "tokens/s")
-			})
+				b.Run(fmt.Sprintf("%s/batch=%d/%s", name, batch, mode), func(b *testing.B) {
+					benchDecode(b, name, batch, Sampling{MaxNewTokens: 200, IgnoreEOS: true, Temperature: temp, Seed: 1})
+				})
+			}
 		}
 	}
+}
+
+func benchDecode(b *testing.B, name string, batch int, s Sampling) {
+	e := openEngine(b, name, Params{MaxBatch: batch})
+	refill := func() {
+		for e.Active() < batch {
+			if _, err := e.Add(testPrompts[e.Active()%len(testPrompts)], s); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := e.Step(nil); err != nil { // prefill + first token
+			b.Fatal(err)
+		}
+	}
+	refill()
+	tokens := 0
+	count := func(ev Event) {
+		if ev.Token >= 0 {
+			tokens++
+		}
+	}
+	b.ResetTimer()
+	start := time.Now()
+	var paused time.Duration
+	for i := 0; i < b.N; i++ {
+		if e.Active() < batch {
+			b.StopTimer()
+			t0 := time.Now()
+			refill()
+			paused += time.Since(t0)
+			b.StartTimer()
+		}
+		if _, err := e.Step(count); err != nil {
+			b.Fatal(err)
+		}
+	}
+	el := time.Since(start) - paused
+	b.ReportMetric(float64(tokens)/el.Seconds(), "tokens/s")
 }
 
 // BenchmarkBundleOpen measures opening (and fully validating: sha256 of every section and of

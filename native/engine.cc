@@ -73,6 +73,37 @@ bool has_fault(const char *name) {
 
 }  // namespace
 
+// SampleScratch is one sampling thread's working memory, kept across steps.
+struct SampleScratch {
+  std::vector<int32_t> cand;
+  std::vector<double> prob;
+  std::vector<float> p;
+  std::vector<float> block;
+};
+
+// exp_neg returns e^x for x <= 0 to about 2e-7 relative error (x below -87 gives 0): a
+// branch-free Cody-Waite reduction to 2^n * 2^f with a degree-6 polynomial for 2^f, so the
+// compiler vectorises the full-vocabulary softmax loop (std::exp does not vectorise without
+// -ffast-math). Sampling needs relative accuracy, not bit equality with libm.
+static inline float exp_neg(float x) {
+  x = std::max(x, -87.0f);
+  const float t = x * 1.44269504088896341f;  // x * log2(e)
+  const float n = std::floor(t);
+  const float f = t - n;  // [0, 1)
+  float y = 1.5353362e-4f;
+  y = y * f + 1.3398874e-3f;
+  y = y * f + 9.6181291e-3f;
+  y = y * f + 5.5503342e-2f;
+  y = y * f + 2.4022652e-1f;
+  y = y * f + 6.9314718e-1f;
+  y = y * f + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &y, sizeof(bits));
+  bits += (int32_t)n << 23;
+  std::memcpy(&y, &bits, sizeof(y));
+  return y;
+}
+
 struct mq_engine {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Weights> weights;
@@ -92,15 +123,53 @@ struct mq_engine {
   std::vector<float> logits;
   std::vector<int32_t> argmax;
   std::vector<mq_event> events;
-  std::vector<int32_t> cand;
-  std::vector<double> prob;
+  std::vector<int32_t> sampled;
+  std::vector<SampleScratch> scratch;  // one per pool thread
 };
 
 // sample draws a token from logits with temperature, then top-k, then top-p (nucleus), the
 // order transformers' generate applies them; the lowest id wins ties.
-static int32_t sample(mq_engine *e, const float *lg, const mq_sampling &s, Rng &rng) {
-  const int V = e->vocab;
-  auto &cand = e->cand;
+static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, SampleScratch &sc) {
+  if (!(s.top_k > 0 && s.top_k < V) && !(s.top_p > 0 && s.top_p < 1)) {
+    // Plain temperature sampling (OpenAI's default, temperature 1): one pass for the
+    // maximum, one vectorised pass for the weights, one scan for the draw; no index array.
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = std::max(mx, lg[i]);
+    auto &p = sc.p;
+    p.resize(V);
+    const float invT = (float)(1.0 / s.temperature);
+    // Weights in blocks of L with one sum per block: the weight loop vectorises, and the draw
+    // scans the block sums first (V/L additions) and then L weights of one block.
+    constexpr int L = 16;
+    const int nb = V / L;
+    auto &bs = sc.block;
+    bs.resize(nb);
+    for (int blk = 0; blk < nb; blk++) {
+      const float *x = lg + blk * L;
+      float *w = p.data() + blk * L;
+      float acc = 0;
+      for (int j = 0; j < L; j++) acc += (w[j] = exp_neg((x[j] - mx) * invT));
+      bs[blk] = acc;
+    }
+    double sum = 0;
+    for (int blk = 0; blk < nb; blk++) sum += bs[blk];
+    for (int k = nb * L; k < V; k++) sum += (p[k] = exp_neg((lg[k] - mx) * invT));
+    const double u = rng.uniform() * sum;
+    double acc = 0;
+    int k = 0;
+    for (int blk = 0; blk < nb; blk++, k += L) {
+      if (u < acc + bs[blk]) break;
+      acc += bs[blk];
+    }
+    for (; k < V; k++) {
+      acc += p[k];
+      if (u < acc) return k;
+    }
+    for (k = V - 1; k >= 0; k--)  // rounding put u past the total: the last possible token
+      if (p[k] > 0) return k;
+    return 0;
+  }
+  auto &cand = sc.cand;
   auto better = [lg](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); };
   cand.resize(V);
   std::iota(cand.begin(), cand.end(), 0);
@@ -113,7 +182,7 @@ static int32_t sample(mq_engine *e, const float *lg, const mq_sampling &s, Rng &
   if (top_p) std::sort(cand.begin(), cand.begin() + n, better);
   float mx = -INFINITY;
   for (int i = 0; i < n; i++) mx = std::max(mx, lg[cand[i]]);
-  auto &p = e->prob;
+  auto &p = sc.prob;
   p.resize(n);
   double sum = 0;
   const double invT = 1.0 / s.temperature;
@@ -362,14 +431,26 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
       }
       st = fail(MQ_ERR_BACKEND, "forward pass failed: " + err);
     } else {
+      // Sampling is independent per sequence (each has its own RNG), so sequences are
+      // spread over the pool; the result does not depend on the thread count.
+      e->sampled.assign(e->argmax.begin(), e->argmax.end());
+      if (need_logits) {
+        e->scratch.resize(e->pool->size());
+        e->pool->run([&](int t, int nt) {
+          for (int i = t; i < b.n; i += nt) {
+            Seq *q = e->members[i];
+            if (q->s.temperature > 0)
+              e->sampled[i] = sample(e->vocab, e->logits.data() + (size_t)i * e->vocab, q->s,
+                                     q->rng, e->scratch[t]);
+          }
+        });
+      }
       const int64_t t = now_ns();
       for (int i = 0; i < b.n; i++) {
         Seq *q = e->members[i];
         q->pos += b.ntok[i];
         q->prefilled = true;
-        int32_t tok = e->argmax[i];
-        if (!e->be->deterministic() && q->s.temperature > 0)
-          tok = sample(e, e->logits.data() + (size_t)i * e->vocab, q->s, q->rng);
+        const int32_t tok = e->sampled[i];
         q->last = tok;
         q->n_out++;
         if (q->first_ns == 0) q->first_ns = t;

@@ -91,6 +91,11 @@ func Serve(eng Engine, info wire.Info, in io.Reader, out io.Writer) error {
 	defer eng.Close()
 	for {
 		for l.blocked() {
+			// Answers produced while idle (logits, cancelled pending requests) go out before
+			// waiting again.
+			if err := l.out.Flush(); err != nil {
+				return err
+			}
 			c, ok := <-cmds
 			if !ok {
 				return cleanEOF(<-readErr)
