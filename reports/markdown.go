@@ -1,6 +1,7 @@
 package reports
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -64,7 +65,53 @@ func Markdown(s *Summary) string {
 			fmt.Fprintf(&b, "| %d | %s | %d | %s |\n", e.Details.Code, mdEscape(e.Details.Type), e.Count, mdEscape(truncate(e.Details.Message, 120)))
 		}
 	}
+	gpuMarkdown(&b, s.GPUTelemetry)
 	return b.String()
+}
+
+// gpuTelemetry is the part of the GPU telemetry blob (written by qual/gpu's sampler) that
+// summary.md shows; reports reads it by its JSON keys so that it imports nothing of qual.
+type gpuTelemetry struct {
+	Available bool    `json:"available"`
+	Reason    string  `json:"reason"`
+	EnergyJ   float64 `json:"energy_j"`
+	JPerToken float64 `json:"joules_per_output_token"`
+	Devices   []struct {
+		Index         int     `json:"index"`
+		UUID          string  `json:"uuid"`
+		UtilAvg       float64 `json:"gpu_utilization_avg_pct"`
+		UtilMax       float64 `json:"gpu_utilization_max_pct"`
+		MemHighWater  uint64  `json:"memory_high_water_bytes"`
+		PowerAvg      float64 `json:"power_avg_w"`
+		PowerMax      float64 `json:"power_max_w"`
+		DeviceEnergyJ float64 `json:"energy_j"`
+	} `json:"devices"`
+}
+
+// gpuMarkdown adds the GPU figures of a run that recorded telemetry: per device the memory
+// high-water, utilisation, power and energy, and the run's joules per output token. A run
+// that recorded telemetry as unavailable gets one line saying why.
+func gpuMarkdown(b *strings.Builder, blob json.RawMessage) {
+	if len(blob) == 0 {
+		return
+	}
+	var t gpuTelemetry
+	if err := json.Unmarshal(blob, &t); err != nil {
+		fmt.Fprintf(b, "\nGPU telemetry could not be read: %s.\n", mdEscape(err.Error()))
+		return
+	}
+	if !t.Available {
+		if t.Reason != "" {
+			fmt.Fprintf(b, "\nGPU telemetry unavailable: %s.\n", mdEscape(t.Reason))
+		}
+		return
+	}
+	b.WriteString("\n| GPU | Memory high-water (MiB) | Utilization avg / max (%) | Power avg / max (W) | Energy (J) |\n|---|--:|--:|--:|--:|\n")
+	for _, d := range t.Devices {
+		fmt.Fprintf(b, "| %d %s | %s | %s / %s | %s / %s | %s |\n", d.Index, mdEscape(d.UUID),
+			two(float64(d.MemHighWater)/(1<<20)), two(d.UtilAvg), two(d.UtilMax), two(d.PowerAvg), two(d.PowerMax), two(d.DeviceEnergyJ))
+	}
+	fmt.Fprintf(b, "\nGPU energy %s J, %s J per output token.\n", two(t.EnergyJ), two(t.JPerToken))
 }
 
 func count(p *PhaseStats, tag string) int {

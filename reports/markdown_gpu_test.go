@@ -1,0 +1,30 @@
+package reports
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// The GPU blob below uses the keys qual/gpu's Telemetry writes; summary.md must show the
+// memory high-water, utilisation, power, energy and joules per output token from it.
+func TestMarkdownShowsGPUTelemetry(t *testing.T) {
+	blob := json.RawMessage(`{"available":true,"interval_ns":100000000,"energy_j":96,"joules_per_output_token":0.375,
+		"devices":[{"index":0,"uuid":"GPU-1234","gpu_utilization_avg_pct":37.5,"gpu_utilization_max_pct":90,
+		"memory_used_bytes":1048576,"memory_high_water_bytes":18114150400,"power_avg_w":184.25,"power_max_w":301,"energy_j":96,"samples":12}]}`)
+	md := Markdown(&Summary{Run: Run{Name: "gpu", GPUTelemetry: blob}})
+	// 18114150400 B / 2^20 = 17275.00 MiB.
+	for _, want := range []string{"| 0 GPU-1234 | 17275.00 | 37.50 / 90.00 | 184.25 / 301.00 | 96.00 |", "0.38 J per output token"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("summary.md lacks %q:\n%s", want, md)
+		}
+	}
+
+	md = Markdown(&Summary{Run: Run{Name: "cpu", GPUTelemetry: json.RawMessage(`{"available":false,"reason":"NVML: libnvidia-ml.so not found"}`)}})
+	if !strings.Contains(md, "GPU telemetry unavailable: NVML: libnvidia-ml.so not found.") {
+		t.Errorf("summary.md does not say why GPU telemetry is missing:\n%s", md)
+	}
+	if md := Markdown(&Summary{Run: Run{Name: "none"}}); strings.Contains(md, "GPU") {
+		t.Errorf("summary.md mentions GPUs for a run that recorded no telemetry:\n%s", md)
+	}
+}
