@@ -112,6 +112,9 @@ type Request struct {
 	IgnoreEOS bool
 	// Extra fields merged into the built body (temperature, chat_template_kwargs, ...).
 	Extra map[string]any
+	// CancelAfter > 0 cancels the request that long after its start (StartNs), as a
+	// client-side cancellation (Response.Cancelled).
+	CancelAfter time.Duration
 }
 
 // Response is what one request measured. Times are ns since the epoch passed to Do, read
@@ -194,6 +197,11 @@ func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Re
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
+	var cancelReq context.CancelFunc
+	if req.CancelAfter > 0 {
+		ctx, cancelReq = context.WithCancel(ctx)
+		defer cancelReq()
+	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
 	if err != nil {
 		resp.Err = &Error{Type: "ClientError", Message: err.Error()}
@@ -218,6 +226,11 @@ func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Re
 	// subtract wall-clock readings).
 	resp.StartNs = int64(time.Since(epoch))
 	resp.StartUnixNs = epoch.UnixNano() + resp.StartNs
+	if cancelReq != nil {
+		// Armed after the start is stamped, so the delay is measured from StartNs.
+		t := time.AfterFunc(req.CancelAfter, cancelReq)
+		defer t.Stop()
+	}
 	hresp, err := c.hc.Do(hreq)
 	if err != nil {
 		return c.fail(ctx, epoch, resp, err)

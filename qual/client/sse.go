@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 )
 
@@ -125,6 +126,8 @@ func (s *stampedReader) line() ([]byte, int64, error) {
 	}
 }
 
+var readerPool = sync.Pool{New: func() any { return new(stampedReader) }}
+
 var (
 	dataPrefix = []byte("data:")
 	doneData   = []byte("[DONE]")
@@ -133,8 +136,14 @@ var (
 // readStream reads an SSE body, stamping content events and collecting text, finish
 // reason, usage and any error event into resp.
 func readStream(body io.Reader, epoch time.Time, resp *Response) error {
-	var sr stampedReader
-	sr.init(body, epoch, nil)
+	// Readers (their line buffer and fill list) are pooled across requests: a stream's
+	// 4 KiB buffer would otherwise be allocated, and collected, once per request.
+	sr := readerPool.Get().(*stampedReader)
+	defer func() {
+		sr.r = nil
+		readerPool.Put(sr)
+	}()
+	sr.init(body, epoch, sr.buf)
 	var data []byte // joined data lines of the current event (only when multi-line)
 	nData := 0
 	var evStart int64 = -1

@@ -329,17 +329,14 @@ func (r *run) one(ctx context.Context, phase, idPrefix string, seq int, worker s
 	pi := seq % len(cfg.Prompts)
 	id := fmt.Sprintf("%s-%s%d", cfg.RunID, idPrefix, seq)
 	req := client.Request{ID: id, Endpoint: cfg.Endpoint, Stream: cfg.Stream, Body: r.bodies[pi]}
-	rctx := ctx
 	if cancel != nil {
 		if yes, d := cancel(seq); yes {
-			var stop context.CancelFunc
-			rctx, stop = context.WithCancel(ctx)
-			t := time.AfterFunc(d, stop)
-			defer t.Stop()
-			defer stop()
+			// The client arms the cancellation when it stamps the start, so the request is
+			// cancelled d after StartNs (not d after this point, which is earlier).
+			req.CancelAfter = max(d, 1)
 		}
 	}
-	_ = r.cl.Do(rctx, r.epoch, &req, resp)
+	_ = r.cl.Do(ctx, r.epoch, &req, resp)
 	rec := toRecord(resp, cfg, phase, seq, worker, cfg.Prompts[pi].InputTokens)
 	if resp.Cancelled && ctx.Err() != nil {
 		// The run itself was cancelled; this is not a planned cancellation.
@@ -448,6 +445,39 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 	} else {
 		defer clock.close()
 	}
+	// Requests are handed to idle worker goroutines waiting on an unbuffered channel, so a
+	// dispatch is one channel hand-off to a goroutine whose stack has already grown to what
+	// a request needs (a fresh goroutine starts with a small stack that the HTTP client grows
+	// by copying, before the request's start is stamped). A new worker is spawned only when
+	// none is idle, so in-flight requests are never limited by the pool.
+	type job struct {
+		seq   int
+		sched time.Duration
+	}
+	jobs := make(chan job)
+	do := func(j job, resp *client.Response) {
+		rec := r.one(ctx, records.PhaseProfiling, "", j.seq, "scheduler", cancel, resp)
+		if sem != nil {
+			<-sem
+		}
+		rec.ScheduledNs = int64(j.sched)
+		rec.LatenessNs = resp.StartNs - int64(j.sched)
+		mu.Lock()
+		recs = append(recs, rec)
+		mu.Unlock()
+		prog.add(rec.Error != nil)
+	}
+	worker := func(j job) {
+		defer wg.Done()
+		var resp client.Response
+		for {
+			do(j, &resp)
+			var ok bool
+			if j, ok = <-jobs; !ok {
+				return
+			}
+		}
+	}
 	at := float64(start)
 	for seq := 0; n < 0 || seq < n; seq++ {
 		if seq > 0 {
@@ -477,22 +507,18 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 				break
 			}
 		}
-		wg.Add(1)
-		go func(seq int, sched time.Duration) {
-			defer wg.Done()
-			var resp client.Response
-			rec := r.one(ctx, records.PhaseProfiling, "", seq, "scheduler", cancel, &resp)
-			if sem != nil {
-				<-sem
-			}
-			rec.ScheduledNs = int64(sched)
-			rec.LatenessNs = resp.StartNs - int64(sched)
-			mu.Lock()
-			recs = append(recs, rec)
-			mu.Unlock()
-			prog.add(rec.Error != nil)
-		}(seq, sched)
+		j := job{seq, sched}
+		select {
+		case jobs <- j:
+		default:
+			wg.Add(1)
+			go worker(j)
+		}
+		// Let the worker run now, up to its request's start, instead of after this loop has
+		// armed the timer for the next request and parked.
+		runtimeGosched()
 	}
+	close(jobs)
 	wg.Wait()
 	out := [][]records.Request{recs}
 	return mergeBySeq(out)
