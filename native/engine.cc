@@ -8,6 +8,8 @@
 // They plant real defects so parity gates can be shown to fail; unknown names are ignored.
 #include <unistd.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -104,6 +106,29 @@ static inline float exp_neg(float x) {
   return y;
 }
 
+// exp_weights writes w[j] = exp_neg((x[j] - mx) * invT) for j < n (n a multiple of 8) with
+// AVX2, the same operations in the same order as the scalar code compiles to (GCC does not
+// vectorise std::floor without -fno-trapping-math): bit-identical weights.
+static void exp_weights(const float *x, float *w, int n, float mx, float invT) {
+  const __m256 vmx = _mm256_set1_ps(mx), vinv = _mm256_set1_ps(invT), lo = _mm256_set1_ps(-87.0f);
+  const __m256 l2e = _mm256_set1_ps(1.44269504088896341f);
+  for (int j = 0; j + 8 <= n; j += 8) {
+    __m256 d = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vmx), vinv);
+    d = _mm256_max_ps(lo, d);  // std::max(d, -87): keeps d when d is NaN
+    const __m256 t = _mm256_mul_ps(d, l2e);
+    const __m256 nf = _mm256_floor_ps(t);
+    const __m256 f = _mm256_sub_ps(t, nf);
+    __m256 y = _mm256_fmadd_ps(_mm256_set1_ps(1.5353362e-4f), f, _mm256_set1_ps(1.3398874e-3f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(9.6181291e-3f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(5.5503342e-2f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(2.4022652e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(6.9314718e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_add_epi32(_mm256_castps_si256(y), _mm256_slli_epi32(_mm256_cvttps_epi32(nf), 23));
+    _mm256_storeu_ps(w + j, _mm256_castsi256_ps(bits));
+  }
+}
+
 struct mq_engine {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Weights> weights;
@@ -133,8 +158,22 @@ static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, Sa
   if (!(s.top_k > 0 && s.top_k < V) && !(s.top_p > 0 && s.top_p < 1)) {
     // Plain temperature sampling (OpenAI's default, temperature 1): one pass for the
     // maximum, one vectorised pass for the weights, one scan for the draw; no index array.
+    // The maximum in 16 independent chains (max is exact, so the order does not matter).
     float mx = -INFINITY;
-    for (int i = 0; i < V; i++) mx = std::max(mx, lg[i]);
+    {
+      // _mm256_max_ps(x, m) keeps m when x is NaN or equal, as std::max(m, x) does.
+      __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+      int i = 0;
+      for (; i + 16 <= V; i += 16) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(lg + i), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(lg + i + 8), m1);
+      }
+      float m16[16];
+      _mm256_storeu_ps(m16, m0);
+      _mm256_storeu_ps(m16 + 8, m1);
+      for (int j = 0; j < 16; j++) mx = std::max(mx, m16[j]);
+      for (; i < V; i++) mx = std::max(mx, lg[i]);
+    }
     auto &p = sc.p;
     p.resize(V);
     const float invT = (float)(1.0 / s.temperature);
@@ -144,9 +183,23 @@ static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, Sa
     const int nb = V / L;
     auto &bs = sc.block;
     bs.resize(nb);
-    for (int blk = 0; blk < nb; blk++) {
-      const float *x = lg + blk * L;
-      float *w = p.data() + blk * L;
+    // Each block's sum adds its L weights in order from 0; G blocks are summed side by side
+    // so the G dependency chains overlap (same operations, same order per block).
+    constexpr int G = 8;
+    int blk = 0;
+    for (; blk + G <= nb; blk += G) {
+      const float *x = lg + (size_t)blk * L;
+      float *w = p.data() + (size_t)blk * L;
+      exp_weights(x, w, G * L, mx, invT);
+      float acc[G];
+      for (int g = 0; g < G; g++) acc[g] = 0;
+      for (int j = 0; j < L; j++)
+        for (int g = 0; g < G; g++) acc[g] += w[g * L + j];
+      for (int g = 0; g < G; g++) bs[blk + g] = acc[g];
+    }
+    for (; blk < nb; blk++) {
+      const float *x = lg + (size_t)blk * L;
+      float *w = p.data() + (size_t)blk * L;
       float acc = 0;
       for (int j = 0; j < L; j++) acc += (w[j] = exp_neg((x[j] - mx) * invT));
       bs[blk] = acc;

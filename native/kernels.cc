@@ -450,6 +450,11 @@ static bool have_avx512_bf16() {
   return ok;
 }
 
+static bool have_avx512_vnni() {
+  static const bool ok = have_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
 static void *map_anon(size_t bytes) {
   void *m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return m == MAP_FAILED ? nullptr : m;
@@ -460,13 +465,58 @@ LMHead::LMHead(const float *W, int N, int K) : W_(W), N_(N), K_(K), nb_(0) {
   nb_ = N / 16;
   bytes_ = (size_t)nb_ * K * 16 * sizeof(float);
   qbytes_ = (size_t)nb_ * ((K + 1) / 2) * 32 * sizeof(uint16_t);
+  const int K4 = (K + 3) / 4;
+  // K <= 32768 keeps the int32 sums (|S| <= K * 255 * 127) from overflowing.
   p_ = (float *)map_anon(bytes_);
-  q_ = have_avx512_bf16() ? (uint16_t *)map_anon(qbytes_) : nullptr;
+  // K <= 32768 keeps the int32 sums (|S| <= K * 255 * 127) from overflowing.
+  if (p_ && have_avx512_vnni() && K <= 32768) {
+    q8bytes_ = (size_t)nb_ * K4 * 64;
+    q8_ = (int8_t *)map_anon(q8bytes_);
+  }
+  if (q8_) {
+    // Per-row symmetric int8: q = round(w / s), s = float(rowmax / 127), so |w - s q| <= s/2
+    // (up to the 2^-53 relative error of the double quotient). Rows must be finite and either
+    // zero or far above the float denormal range, else the bf16 screen is used instead.
+    sw_.resize((size_t)nb_ * 16);
+    corr_.resize((size_t)nb_ * 16);
+    bool ok = true;
+    for (int b = 0; ok && b < nb_; b++)
+      for (int j = 0; j < 16; j++) {
+        const size_t r = (size_t)b * 16 + j;
+        const float *src = W + r * K;
+        float m = 0;
+        for (int k = 0; k < K; k++) m = std::max(m, std::fabs(src[k]));
+        if (!std::isfinite(m) || (m != 0 && m < 1e-30f)) {
+          ok = false;
+          break;
+        }
+        const float sc = m == 0 ? 1.0f : (float)((double)m / 127.0);
+        const double inv = 1.0 / (double)sc;
+        int32_t sum = 0;
+        for (int k = 0; k < K; k++) {
+          double qd = std::nearbyint((double)src[k] * inv);
+          int q = (int)std::max(-127.0, std::min(127.0, qd));
+          q8_[(size_t)b * K4 * 64 + (size_t)(k / 4) * 64 + j * 4 + (k % 4)] = (int8_t)q;
+          sum += q;
+        }
+        sw_[r] = sc;
+        corr_[r] = 128 * sum;
+      }
+    if (!ok) {
+      munmap(q8_, q8bytes_);
+      q8_ = nullptr;
+      std::vector<float>().swap(sw_);
+      std::vector<int32_t>().swap(corr_);
+    }
+  }
+  q_ = (!q8_ && have_avx512_bf16()) ? (uint16_t *)map_anon(qbytes_) : nullptr;
   if (!p_) {  // fall back to the unpacked kernel
     if (p_) munmap(p_, bytes_);
     if (q_) munmap(q_, qbytes_);
+    if (q8_) munmap(q8_, q8bytes_);
     p_ = nullptr;
     q_ = nullptr;
+    q8_ = nullptr;
     nb_ = 0;
     return;
   }
@@ -492,6 +542,7 @@ LMHead::LMHead(const float *W, int N, int K) : W_(W), N_(N), K_(K), nb_(0) {
 LMHead::~LMHead() {
   if (p_) munmap(p_, bytes_);
   if (q_) munmap(q_, qbytes_);
+  if (q8_) munmap(q8_, q8bytes_);
 }
 
 void LMHead::row(int v, float *out) const {
@@ -681,6 +732,134 @@ __attribute__((target("avx512f,avx512dq"))) static void exact_block(const float 
   _mm512_storeu_ps(out16, v);
 }
 
+// ---- greedy screening in int8 ------------------------------------------------------------------
+//
+// With AVX512-VNNI the screen uses int8 instead (vpdpbusd: 64 multiply-adds per instruction,
+// exact int32 sums). W rows are quantised symmetrically with a float scale sw per row
+// (|w - sw qw| <= sw/2, sw <= wmax/127 (1+u)); each token's x with one scale sx =
+// float(max|x| / 127) (|x - sx qx| <= sx/2), stored offset by 128 as u8, the offset removed
+// with corr = 128 Σ qw. The approximate logit is fl(fl(S sw) sx), S the exact int dot. Then
+//   |Σ x w - sw sx S| <= Σ |x| sw/2 + Σ (sx/2) |sw qw| <= wmax/254 (||x||_1 + K max|x|) (1+3u)
+//   |fl(fl(S sw) sx) - sw sx S| <= (2u + u^2) sw sx Σ|qx||qw| <= 3u K max|x| wmax
+// and the exact fp32 logits add γ_n ||x||_1 wmax; the candidate argument is the bf16 one.
+
+template <int TG>
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512vnni"))) static void screen8_range(
+    const int8_t *q, int K4, const uint32_t *xq, const float *sw, const int32_t *corr, const float *sx, int b0,
+    int b1, const float *bound2, Screen *sc) {
+  const size_t block = (size_t)K4 * 64;
+  for (int b = b0; b < b1; b++) {
+    const int8_t *qb = q + (size_t)b * block;
+    if (TG <= 2 && b + 2 * prefetch_blocks < b1) prefetch_block(q + (b + 2 * prefetch_blocks) * block, block);
+    const int C = TG >= 4 ? 1 : 4 / TG;  // chains per token (int sums: exact in any order)
+    __m512i acc[TG][4];
+    for (int t = 0; t < TG; t++)
+      for (int c = 0; c < C; c++) acc[t][c] = _mm512_setzero_si512();
+    int k = 0;
+    for (; k + C <= K4; k += C)
+      for (int c = 0; c < C; c++) {
+        __m512i w = _mm512_load_si512((const void *)(qb + (size_t)(k + c) * 64));
+        for (int t = 0; t < TG; t++)
+          acc[t][c] = _mm512_dpbusd_epi32(acc[t][c], _mm512_set1_epi32((int)xq[(size_t)t * K4 + k + c]), w);
+      }
+    for (; k < K4; k++) {
+      __m512i w = _mm512_load_si512((const void *)(qb + (size_t)k * 64));
+      for (int t = 0; t < TG; t++)
+        acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], _mm512_set1_epi32((int)xq[(size_t)t * K4 + k]), w);
+    }
+    const __m512i cv = _mm512_loadu_si512((const void *)(corr + (size_t)b * 16));
+    const __m512 swv = _mm512_loadu_ps(sw + (size_t)b * 16);
+    for (int t = 0; t < TG; t++) {
+      __m512i si = acc[t][0];
+      for (int c = 1; c < C; c++) si = _mm512_add_epi32(si, acc[t][c]);
+      si = _mm512_sub_epi32(si, cv);
+      __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(si), swv), _mm512_set1_ps(sx[t]));
+      Screen &s = sc[t];
+      __mmask16 keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(s.thr), _CMP_GE_OQ);
+      if (!keep) continue;  // no lane reaches the threshold
+      float m = _mm512_reduce_max_ps(v);
+      if (m > s.m) {
+        s.m = m;
+        s.thr = m - bound2[t];
+        keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(s.thr), _CMP_GE_OQ);
+      }
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, v);
+      while (keep) {
+        int j = __builtin_ctz((unsigned)keep);
+        keep &= keep - 1;
+        s.cands.push_back({b * 16 + j, lanes[j]});
+      }
+    }
+  }
+}
+
+static void screen8_rows(const int8_t *q, int K4, const uint32_t *xq, const float *sw, const int32_t *corr,
+                         const float *sx, int T, int b0, int b1, const float *bound2, Screen *sc) {
+  const int chunk = 64;
+  for (int c0 = b0; c0 < b1; c0 += chunk) {
+    int c1 = std::min(b1, c0 + chunk);
+    int t = 0;
+    for (; t + 8 <= T; t += 8)
+      screen8_range<8>(q, K4, xq + (size_t)t * K4, sw, corr, sx + t, c0, c1, bound2 + t, sc + t);
+    if (t + 4 <= T) {
+      screen8_range<4>(q, K4, xq + (size_t)t * K4, sw, corr, sx + t, c0, c1, bound2 + t, sc + t);
+      t += 4;
+    }
+    if (t + 2 <= T) {
+      screen8_range<2>(q, K4, xq + (size_t)t * K4, sw, corr, sx + t, c0, c1, bound2 + t, sc + t);
+      t += 2;
+    }
+    if (t < T) screen8_range<1>(q, K4, xq + (size_t)t * K4, sw, corr, sx + t, c0, c1, bound2 + t, sc + t);
+  }
+}
+
+// finish_greedy recomputes the surviving candidates of every token exactly (see greedy).
+static void finish_greedy(const float *p, const float *W, int K, int N, int nb, const float *x, int T, int n_parts,
+                          const std::vector<Screen> &sc, const float *bound2, int32_t *argmax);
+
+void LMHead::greedy8(ThreadPool *pool, const float *x, int T, int32_t *argmax) const {
+  const int K4 = (K_ + 3) / 4;
+  std::vector<uint32_t> xq((size_t)T * K4, 0x80808080u);  // padding: qx = 0
+  std::vector<float> sx(T), bound2(T);
+  const double u = std::ldexp(1.0, -24);
+  const double n = (double)(K_ + CH + 1);
+  const double gamma = n * u / (1 - n * u);
+  for (int t = 0; t < T; t++) {
+    const float *xt = x + (size_t)t * K_;
+    double l1 = 0, xm = 0;
+    for (int k = 0; k < K_; k++) {
+      l1 += std::fabs(xt[k]);
+      xm = std::max(xm, (double)std::fabs(xt[k]));
+    }
+    const float s = (float)(xm / 127.0);
+    double bound = (wmax_ / 254.0 * (l1 + K_ * xm) * 1.01 + 3 * u * K_ * xm * wmax_ * 1.01 + gamma * l1 * wmax_) *
+                       1.001 +
+                   1e-30;
+    bound2[t] = (float)(2 * bound * 1.0001);
+    if (!std::isfinite(bound2[t]) || !std::isfinite(l1) || !(xm >= 1e-30) || !(s > 0)) {
+      std::vector<float> tmp((size_t)T * N_);  // no safe screen: compute all logits exactly
+      forward(pool, x, T, tmp.data(), argmax);
+      return;
+    }
+    sx[t] = s;
+    for (int k = 0; k < K_; k++) {
+      double qd = std::nearbyint((double)xt[k] / (double)s);
+      int q = (int)std::max(-127.0, std::min(127.0, qd)) + 128;
+      uint32_t &w = xq[(size_t)t * K4 + k / 4];
+      w = (w & ~(0xffu << (8 * (k % 4)))) | ((uint32_t)q << (8 * (k % 4)));
+    }
+  }
+  int n_parts = ((double)T * K_ * N_ < parallel_threshold) ? 1 : pool->size();
+  std::vector<Screen> sc((size_t)n_parts * T);
+  run_parts(pool, n_parts, nb_, [&](int i, int, int b0, int b1) {
+    if (b0 < b1)
+      screen8_rows(q8_, K4, xq.data(), sw_.data(), corr_.data(), sx.data(), T, b0, b1, bound2.data(),
+                   sc.data() + (size_t)i * T);
+  });
+  finish_greedy(p_, W_, K_, N_, nb_, x, T, n_parts, sc, bound2.data(), argmax);
+}
+
 void LMHead::greedy(ThreadPool *pool, const float *x, int T, int32_t *argmax) const {
   const int K2 = (K_ + 1) / 2;
   std::vector<uint32_t> xp((size_t)T * K2, 0);
@@ -712,9 +891,14 @@ void LMHead::greedy(ThreadPool *pool, const float *x, int T, int32_t *argmax) co
   run_parts(pool, n_parts, nb_, [&](int i, int, int b0, int b1) {
     if (b0 < b1) screen_rows(q_, K2, xp.data(), T, b0, b1, bound2.data(), sc.data() + (size_t)i * T);
   });
+  finish_greedy(p_, W_, K_, N_, nb_, x, T, n_parts, sc, bound2.data(), argmax);
+}
+
+static void finish_greedy(const float *p, const float *W, int K, int N, int nb, const float *x, int T, int n_parts,
+                          const std::vector<Screen> &sc, const float *bound2, int32_t *argmax) {
   float lanes[16];
   for (int t = 0; t < T; t++) {
-    const float *xt = x + (size_t)t * K_;
+    const float *xt = x + (size_t)t * K;
     float m = -INFINITY;
     for (int i = 0; i < n_parts; i++) m = std::max(m, sc[(size_t)i * T + t].m);
     const float thr = m - bound2[t];
@@ -725,12 +909,12 @@ void LMHead::greedy(ThreadPool *pool, const float *x, int T, int32_t *argmax) co
         if (c.v < thr) continue;
         int b = c.row / 16;
         if (b != last_block) {
-          exact_block(p_, K_, xt, b, lanes);
+          exact_block(p, K, xt, b, lanes);
           last_block = b;
         }
         best.see(lanes[c.row % 16], c.row);
       }
-    for (int r = nb_ * 16; r < N_; r++) best.see(dot(xt, W_ + (size_t)r * K_, K_), r);
+    for (int r = nb * 16; r < N; r++) best.see(dot(xt, W + (size_t)r * K, K), r);
     argmax[t] = best.i;
   }
 }
@@ -740,6 +924,10 @@ void LMHead::forward(ThreadPool *pool, const float *x, int T, float *y, int32_t 
     std::vector<float> tmp;
     if (!y) tmp.resize((size_t)T * N_);
     lm_head(pool, x, T, K_, W_, N_, y ? y : tmp.data(), argmax);
+    return;
+  }
+  if (!y && argmax && q8_) {
+    greedy8(pool, x, T, argmax);
     return;
   }
   if (!y && argmax && q_) {

@@ -143,7 +143,7 @@ void lm_head(ThreadPool *pool, const float *x, int T, int K, const float *W, int
 // LMHead is the output projection W [N, K] (N = vocabulary). On AVX-512 machines it keeps a
 // copy of W repacked as [N/16][K][16], so 16 logits accumulate in the lanes of one register
 // with no horizontal reductions and each loaded weight vector serves every batched token,
-// plus a bf16 copy in the same layout for greedy screening; the bundle pages of W are then
+// plus an int8 (AVX512-VNNI) or else bf16 copy for greedy screening; the bundle pages of W are then
 // released from this process (madvise), and rows of a tied embedding are read back from the
 // packed copy (row()). Elsewhere it uses W in place.
 class LMHead {
@@ -168,6 +168,13 @@ class LMHead {
   float *p_ = nullptr;     // fp32 [nb][K][16]
   uint16_t *q_ = nullptr;  // bf16 [nb][K][16], for greedy screening
   size_t bytes_ = 0, qbytes_ = 0;
+  // int8 screen (AVX512-VNNI): q8_ [nb][K/4][16][4] with per-row scales sw_ and offset
+  // corrections corr_ = 128 * sum(q8 row); used instead of the bf16 screen when present.
+  void greedy8(ThreadPool *pool, const float *x, int T, int32_t *argmax) const;
+  int8_t *q8_ = nullptr;
+  size_t q8bytes_ = 0;
+  std::vector<float> sw_;
+  std::vector<int32_t> corr_;
   float wmax_ = 0;  // max |W|
 };
 void layer_norm(const float *x, int T, int D, const float *g, const float *b, float eps, float *y);
