@@ -1,34 +1,12 @@
 package native
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/modelqual/modelqual/fixtures"
 )
-
-// golden is fixtures/golden/<fixture>.json: greedy continuations and per-step top-5 logits
-// from Hugging Face transformers (fp32, CPU) on the fixture checkpoint, made by
-// fixtures/golden/make_golden.py.
-type golden struct {
-	Fixture             string `json:"fixture"`
-	Revision            string `json:"revision"`
-	TransformersVersion string `json:"transformers_version"`
-	GreedySteps         int    `json:"greedy_steps"`
-	Prompts             []struct {
-		Name      string  `json:"name"`
-		PromptIDs []int32 `json:"prompt_ids"`
-		GreedyIDs []int32 `json:"greedy_ids"`
-		Steps     []struct {
-			Top5IDs    []int32   `json:"top5_ids"`
-			Top5Logits []float64 `json:"top5_logits"`
-		} `json:"steps"`
-	} `json:"prompts"`
-}
 
 // goldenTolerance is the issue's native-vs-transformers bound on |Δlogit| (fp32 both sides;
 // the slack covers different summation orders).
@@ -41,14 +19,10 @@ const goldenTolerance = 1e-3
 func TestGoldenParity(t *testing.T) {
 	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
 		t.Run(name, func(t *testing.T) {
-			path := filepath.Join("..", "fixtures", "golden", name+".json")
-			raw, err := os.ReadFile(path)
+			path := fixtures.GoldenPath("..", name)
+			g, err := fixtures.LoadGolden(path) // a missing file is an error naming the script
 			if err != nil {
-				t.Fatalf("golden outputs for %s are missing (%v): run fixtures/golden/make_golden.py (needs torch and transformers) and commit %s", name, err, path)
-			}
-			var g golden
-			if err := json.Unmarshal(raw, &g); err != nil {
-				t.Fatalf("%s: %v", path, err)
+				t.Fatal(err)
 			}
 			_, rev, err := fixtures.Ensure(fixtures.DefaultCacheDir(), name)
 			if err != nil {

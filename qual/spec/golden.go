@@ -2,82 +2,27 @@ package spec
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 
+	"github.com/modelqual/modelqual/fixtures"
 	"github.com/modelqual/modelqual/server/tokenizer"
 )
 
-// Golden is a fixture's transformers golden outputs (fixtures/golden/<fixture>.json, made by
-// fixtures/golden/make_golden.py): for every corpus prompt, the prompt ids, 32 greedy ids
-// (EOS ignored) and the top-5 logits of every step.
-type Golden struct {
-	Fixture             string         `json:"fixture"`
-	Revision            string         `json:"revision"`
-	TransformersVersion string         `json:"transformers_version"`
-	TorchVersion        string         `json:"torch_version"`
-	Device              string         `json:"device"`
-	DType               string         `json:"dtype"`
-	GreedySteps         int            `json:"greedy_steps"`
-	Prompts             []GoldenPrompt `json:"prompts"`
-}
+// The transformers golden format lives in package fixtures, next to the script that writes
+// it; these names keep the spec API that family suites use.
+type (
+	Golden       = fixtures.Golden
+	GoldenPrompt = fixtures.GoldenPrompt
+	GoldenStep   = fixtures.GoldenStep
+)
 
-// GoldenPrompt is the golden of one corpus prompt.
-type GoldenPrompt struct {
-	Name      string       `json:"name"`
-	PromptIDs []int32      `json:"prompt_ids"`
-	GreedyIDs []int32      `json:"greedy_ids"`
-	Steps     []GoldenStep `json:"steps"`
-}
-
-// GoldenStep holds the five highest logits of the distribution that chose one greedy token.
-type GoldenStep struct {
-	Top5IDs    []int32   `json:"top5_ids"`
-	Top5Logits []float64 `json:"top5_logits"`
-}
-
-// ErrGoldenMissing is wrapped by LoadGolden when the golden file does not exist yet.
-var ErrGoldenMissing = errors.New("golden file missing")
-
-// GoldenPath is where fixture's golden lives in the repository rooted at root.
-func GoldenPath(root, fixture string) string {
-	return filepath.Join(root, "fixtures", "golden", fixture+".json")
-}
-
-// LoadGolden reads and checks a golden file.
-func LoadGolden(path string) (*Golden, error) {
-	raw, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %s does not exist; run fixtures/golden/make_golden.py (torch and transformers 5.17, no GPU needed) and commit its output", ErrGoldenMissing, path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("golden: %w", err)
-	}
-	var g Golden
-	if err := json.Unmarshal(raw, &g); err != nil {
-		return nil, fmt.Errorf("golden %s: %w", path, err)
-	}
-	if len(g.Prompts) == 0 {
-		return nil, fmt.Errorf("golden %s: no prompts", path)
-	}
-	for i, p := range g.Prompts {
-		if len(p.GreedyIDs) != len(p.Steps) || len(p.PromptIDs) == 0 || len(p.GreedyIDs) == 0 {
-			return nil, fmt.Errorf("golden %s: prompts[%d] %q has %d prompt ids, %d greedy ids and %d steps; want a prompt and one step per greedy id",
-				path, i, p.Name, len(p.PromptIDs), len(p.GreedyIDs), len(p.Steps))
-		}
-		for s, st := range p.Steps {
-			if len(st.Top5IDs) != len(st.Top5Logits) || len(st.Top5IDs) == 0 {
-				return nil, fmt.Errorf("golden %s: prompts[%d].steps[%d]: %d ids, %d logits", path, i, s, len(st.Top5IDs), len(st.Top5Logits))
-			}
-		}
-	}
-	return &g, nil
-}
+var (
+	ErrGoldenMissing = fixtures.ErrGoldenMissing
+	GoldenPath       = fixtures.GoldenPath
+	LoadGolden       = fixtures.LoadGolden
+)
 
 // GoldenInput is the input of GoldenParity and CheckGolden.
 type GoldenInput struct {
