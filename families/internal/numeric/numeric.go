@@ -42,14 +42,7 @@ func MulT(x, w Matrix, bias []float64) Matrix {
 	if x.Cols != w.Cols {
 		panic(fmt.Sprintf("numeric.MulT: x is %dx%d, w is %dx%d", x.Rows, x.Cols, w.Rows, w.Cols))
 	}
-	y := NewMatrix(x.Rows, w.Rows)
-	addBias(y, bias)
-	beta := 0.0
-	if bias != nil {
-		beta = 1
-	}
-	blas64.Gemm(blas.NoTrans, blas.Trans, 1, x.general(), w.general(), beta, y.general())
-	return y
+	return gemm(x, w, blas.Trans, w.Rows, bias)
 }
 
 // Mul returns x·w (+ bias), the Conv1D convention: w is in×out. It panics when the inner
@@ -58,13 +51,19 @@ func Mul(x, w Matrix, bias []float64) Matrix {
 	if x.Cols != w.Rows {
 		panic(fmt.Sprintf("numeric.Mul: x is %dx%d, w is %dx%d", x.Rows, x.Cols, w.Rows, w.Cols))
 	}
-	y := NewMatrix(x.Rows, w.Cols)
+	return gemm(x, w, blas.NoTrans, w.Cols, bias)
+}
+
+// gemm returns x·op(w) (+ bias) with out columns; the bias is laid into y first and gemm
+// accumulates onto it (beta 1).
+func gemm(x, w Matrix, tw blas.Transpose, out int, bias []float64) Matrix {
+	y := NewMatrix(x.Rows, out)
 	addBias(y, bias)
 	beta := 0.0
 	if bias != nil {
 		beta = 1
 	}
-	blas64.Gemm(blas.NoTrans, blas.NoTrans, 1, x.general(), w.general(), beta, y.general())
+	blas64.Gemm(blas.NoTrans, tw, 1, x.general(), w.general(), beta, y.general())
 	return y
 }
 
