@@ -25,6 +25,8 @@ struct Api {
   int32_t (*vocab_size)(const mqb_model *);
   int (*forward)(mqb_model *, int32_t, const int32_t *, const int32_t *, const int32_t *, const int32_t *, float *,
                  int32_t *, char *, size_t);
+  int (*forward_sampled)(mqb_model *, int32_t, const int32_t *, const int32_t *, const int32_t *, const int32_t *,
+                         const float *, const uint64_t *, int32_t *, char *, size_t);
   int (*logits_all)(mqb_model *, const int32_t *, int32_t, float *, char *, size_t);
   void (*slot_reset)(mqb_model *, int32_t);
 };
@@ -69,6 +71,7 @@ class Cuda : public Backend {
     sym(api_.model_close, "mqb_model_close");
     sym(api_.vocab_size, "mqb_vocab_size");
     sym(api_.forward, "mqb_forward");
+    sym(api_.forward_sampled, "mqb_forward_sampled");
     sym(api_.logits_all, "mqb_logits_all");
     sym(api_.slot_reset, "mqb_slot_reset");
     int32_t v = api_.abi_version();
@@ -114,6 +117,17 @@ class Cuda : public Backend {
     char err[1024] = {0};
     if (api_.forward(model_, b.n, slots.data(), ntok.data(), b.tokens.data(), pos.data(), logits, argmax, err,
                      sizeof(err)) != 0)
+      throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
+  }
+
+  bool samples_on_device() const override { return true; }
+
+  void forward_sampled(const Batch &b, const float *temperature, const uint64_t *rng_key, int32_t *out) override {
+    std::vector<int32_t> slots(b.slot.begin(), b.slot.end()), ntok(b.ntok.begin(), b.ntok.end()),
+        pos(b.pos.begin(), b.pos.end());
+    char err[1024] = {0};
+    if (api_.forward_sampled(model_, b.n, slots.data(), ntok.data(), b.tokens.data(), pos.data(), temperature,
+                             rng_key, out, err, sizeof(err)) != 0)
       throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
   }
 

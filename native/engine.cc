@@ -149,6 +149,8 @@ struct mq_engine {
   std::vector<int32_t> argmax;
   std::vector<mq_event> events;
   std::vector<int32_t> sampled;
+  std::vector<float> temps;     // device sampling: per-entry temperature
+  std::vector<uint64_t> keys;   // device sampling: per-entry random key
   std::vector<SampleScratch> scratch;  // one per pool thread
 };
 
@@ -467,13 +469,33 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
   }
 
   if (b.n > 0) {
-    // Logits are materialised only when some sequence samples: greedy needs the argmax alone.
-    const bool need_logits = !e->be->deterministic() && !all_greedy;
+    // A backend that samples on the device draws plain temperature samples there (no logits to
+    // the host); top-k or top-p in the batch send the whole step through the host sampler.
+    bool on_device = !all_greedy && e->be->samples_on_device();
+    for (int i = 0; on_device && i < b.n; i++) {
+      const mq_sampling &s = e->members[i]->s;
+      if (s.temperature > 0 && ((s.top_k > 0 && s.top_k < e->vocab) || (s.top_p > 0 && s.top_p < 1)))
+        on_device = false;
+    }
+    // Logits are materialised only when some sequence samples on the host: greedy needs the
+    // argmax alone.
+    const bool need_logits = !e->be->deterministic() && !all_greedy && !on_device;
     if (need_logits) e->logits.resize((size_t)b.n * e->vocab);
     e->argmax.assign(b.n, -1);
     std::string err;
     try {
-      e->be->forward(b, need_logits ? e->logits.data() : nullptr, e->argmax.data());
+      if (on_device) {
+        e->temps.resize(b.n);
+        e->keys.resize(b.n);
+        for (int i = 0; i < b.n; i++) {
+          Seq *q = e->members[i];
+          e->temps[i] = q->s.temperature > 0 ? (float)q->s.temperature : 0.f;
+          e->keys[i] = q->s.temperature > 0 ? q->rng.next() : 0;  // one draw per sampled token, as on the host
+        }
+        e->be->forward_sampled(b, e->temps.data(), e->keys.data(), e->argmax.data());
+      } else {
+        e->be->forward(b, need_logits ? e->logits.data() : nullptr, e->argmax.data());
+      }
     } catch (const std::exception &x) {
       err = x.what();
     }

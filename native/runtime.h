@@ -87,6 +87,15 @@ class Backend {
   // deterministic backends (mock) choose tokens themselves: the engine uses argmax as-is and
   // skips sampling; logits may then be left unwritten by forward.
   virtual bool deterministic() const { return false; }
+  // samples_on_device backends draw plain temperature samples themselves (forward_sampled), so
+  // the logits never cross to the host; top-k/top-p still go through forward's logits.
+  virtual bool samples_on_device() const { return false; }
+  // forward_sampled: like forward, but out[i] is entry i's next token: the argmax when
+  // temperature[i] <= 0, else a draw from softmax(logits / temperature[i]) keyed by rng_key[i].
+  virtual void forward_sampled(const Batch &b, const float *temperature, const uint64_t *rng_key, int32_t *out) {
+    (void)b, (void)temperature, (void)rng_key, (void)out;
+    throw Error(MQ_ERR_BACKEND, "this backend does not sample on the device");
+  }
 };
 
 // KVCache holds keys and values per layer and slot: [layer][slot][position][kv_dim]. The memory

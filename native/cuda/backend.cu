@@ -1,9 +1,11 @@
 // backend.cu: the CUDA device backend (libmodelqual_cuda.so) behind native/include/mq_backend.h.
 //
 // Why this shape: the CPU runtime dlopen()s this library only when an engine is opened with device
-// "cuda", so the CPU build never needs CUDA. The runtime keeps scheduling, sampling and stop rules;
-// this file owns the weights (converted from the bundle's fp32 to bf16/fp16/fp32 at load), the KV
-// cache of every slot, the forward pass and greedy argmax.
+// "cuda", so the CPU build never needs CUDA. The runtime keeps scheduling, top-k/top-p sampling and
+// stop rules; this file owns the weights (converted from the bundle's fp32 to bf16/fp16/fp32 at
+// load), the KV cache of every slot, the forward pass and the token choice of greedy and plain
+// temperature requests (argmax, or Gumbel-max sampling fused into the same reduction:
+// mqb_forward_sampled). megakernel.cuh holds an opt-in persistent decode kernel (MQB_MEGAKERNEL=1).
 //
 // Numerics: weights and GEMM inputs in the chosen precision T, every product accumulated in fp32
 // (cuBLAS CUBLAS_COMPUTE_32F, and fmaf in our kernels); the residual stream, norms, RoPE, softmax
@@ -16,7 +18,8 @@
 //                    the residual add fused behind, and greedy argmax fused for the LM head
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
 //   attention        causal attention of each new token over its slot's cache (prefill and decode)
-//   argmax           packed (value, -index) atomicMax; ties go to the lowest index like torch.argmax
+//   argmax           packed (value, -index) atomicMax; ties go to the lowest index like torch.argmax;
+//                    with a temperature the value is logit/T + Gumbel noise (gumbel_score)
 // A decode step (every entry appends one token) runs as a CUDA graph captured per batch bucket
 // (1, 2, 4, 8, ...); the kernels use programmatic dependent launch on Hopper so a kernel's start
 // overlaps the previous kernel's tail.
@@ -549,6 +552,32 @@ __device__ __forceinline__ unsigned long long argkey(float v, int idx) {
   return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned int)idx);
 }
 
+// Samp carries the per-row sampling of a step: inv_temp[r] > 0 draws row r's token from
+// softmax(logits / T) with the Gumbel-max trick (key rkey[r], fresh per step); 0 is greedy.
+struct Samp {
+  const float *inv_temp;
+  const unsigned long long *rkey;
+};
+
+// gumbel_score: logit/T plus a Gumbel(0,1) variate hashed from (key, idx) (splitmix64), so that
+// the argmax over the vocabulary is an exact draw from softmax(logits/T). 24 bits of uniform
+// resolution: the variate lies within +-17.3.
+__device__ __forceinline__ float gumbel_score(float v, float invT, unsigned long long key, int idx) {
+  unsigned long long z = key + (unsigned long long)(idx + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const float w = ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);  // uniform on (0, 1)
+  const float e = -log1pf(-w);                                       // Exp(1)
+  return v * invT - logf(e);
+}
+
+// score_key is the argmax key of logit v at idx for row r under s (greedy when not sampling).
+__device__ __forceinline__ unsigned long long score_key(float v, int idx, int r, const Samp &s) {
+  const float it = s.inv_temp ? s.inv_temp[r] : 0.f;
+  return argkey(it > 0.f ? gumbel_score(v, it, s.rkey[r], idx) : v, idx);
+}
+
 // Dynamic shared memory (extern __shared__), spelled through a macro so the host-only smoke test
 // (stub headers, MQB_HOST_TEST) can compile the kernels as plain functions.
 #ifdef MQB_HOST_TEST
@@ -660,7 +689,7 @@ __global__ void __launch_bounds__(256) add_bias_kernel(float *__restrict__ y, co
 template <typename T, int B>
 __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, const T *__restrict__ W, int N,
                                                    const float *__restrict__ bias, float *out, int accumulate,
-                                                   unsigned long long *keys) {
+                                                   unsigned long long *keys, Samp samp) {
   constexpr int CH = TT<T>::CH;
   constexpr int U = 4;
   DYN_SMEM(uint4, gsm_raw);
@@ -722,7 +751,7 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
         if (accumulate) v += *o;
         *o = v;
         if (keys) {
-          unsigned long long k = argkey(v, row);
+          unsigned long long k = score_key(v, row, b, samp);
           best[b] = k > best[b] ? k : best[b];
         }
       }
@@ -992,7 +1021,7 @@ __global__ void __launch_bounds__(256) attn_combine_kernel(const float *__restri
 
 // argmax_kernel: grid (chunks, rows); each block reduces a chunk of one logits row.
 __global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ logits, int V,
-                                                     unsigned long long *keys) {
+                                                     unsigned long long *keys, Samp samp) {
   __shared__ unsigned long long wbest[8];
   pdl_wait();
   pdl_trigger();
@@ -1001,7 +1030,7 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ l
   const int a = blockIdx.x * chunk, b = min(V, a + chunk);
   unsigned long long best = 0ull;
   for (int i = a + threadIdx.x; i < b; i += blockDim.x) {
-    unsigned long long k = argkey(logits[(size_t)r * V + i], i);
+    unsigned long long k = score_key(logits[(size_t)r * V + i], i, r, samp);
     best = k > best ? k : best;
   }
   best = warp_max_u64(best);
@@ -1012,6 +1041,10 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ l
     if (best) atomicMax(keys + r, best);
   }
 }
+
+#ifndef MQB_HOST_TEST
+#include "megakernel.cuh"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Model
@@ -1061,6 +1094,17 @@ struct mqb_model {
   void *attn = nullptr, *xbuf = nullptr;
   unsigned long long *keys = nullptr;
   int *meta = nullptr;      // device: tok[Tcap] pos[Tcap] slot[Tcap] rows[Rcap]
+  // Sampling on the device (mqb_forward_sampled): per logits row 1/T (0 = greedy) and a key.
+  float *samp_temp = nullptr, *samp_temp_h = nullptr;
+  unsigned long long *samp_key = nullptr, *samp_key_h = nullptr;
+  // Decode megakernel (megakernel.cuh): usable for this model and device, launch shape, the
+  // per-layer pointer table on the device, the grid barrier and the SwiGLU activation buffer.
+  bool use_mk = false;
+  int mk_grid = 0;
+  size_t mk_smem = 0;
+  void *mk_layers = nullptr, *act = nullptr;
+  unsigned int *mk_bar = nullptr, *mk_att_cnt = nullptr;
+  int mk_dbg = 0;  // mqb_debug_set "mk_skip": phases the megakernel skips (timing breakdown only)
   int *meta_h = nullptr;    // pinned host mirror
   unsigned long long *keys_h = nullptr;
   std::map<int, GraphEntry> graphs;
@@ -1102,6 +1146,8 @@ struct mqb_model {
     for (void *p : allocs) cudaFree(p);
     if (meta_h) cudaFreeHost(meta_h);
     if (keys_h) cudaFreeHost(keys_h);
+    if (samp_temp_h) cudaFreeHost(samp_temp_h);
+    if (samp_key_h) cudaFreeHost(samp_key_h);
     for (auto e : evpool) cudaEventDestroy(e);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -1180,7 +1226,7 @@ cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 // kernel; larger B makes the T input with prep_kernel and calls cuBLAS.
 template <typename T>
 void linear(mqb_model &m, const char *role, const PrepArgs<T> &a, int B, int K, const void *Wv, int N,
-            const float *bias, float *out, bool accumulate, unsigned long long *keys) {
+            const float *bias, float *out, bool accumulate, unsigned long long *keys, Samp samp = Samp{}) {
   const std::string r = role;
   const T *W = static_cast<const T *>(Wv);
   if (B <= m.gemv_max_b) {
@@ -1189,10 +1235,10 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a, int B, int K, 
     const int acc = accumulate ? 1 : 0;
     m.label = r + ":gemv";
     switch (B) {
-      case 1: launch(m, gemv_kernel<T, 1>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys); break;
-      case 2: launch(m, gemv_kernel<T, 2>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys); break;
-      case 3: launch(m, gemv_kernel<T, 3>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys); break;
-      default: launch(m, gemv_kernel<T, 4>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys); break;
+      case 1: launch(m, gemv_kernel<T, 1>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
+      case 2: launch(m, gemv_kernel<T, 2>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
+      case 3: launch(m, gemv_kernel<T, 3>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
+      default: launch(m, gemv_kernel<T, 4>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
     }
     return;
   }
@@ -1216,7 +1262,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a, int B, int K, 
   }
   m.label = r + ":argmax";
   if (keys) launch(m, argmax_kernel, dim3(std::max(1, std::min(64, (N + 4095) / 4096)), B), dim3(256), 0,
-                   (const float *)out, N, keys);
+                   (const float *)out, N, keys, samp);
 }
 
 template <typename T>
@@ -1280,7 +1326,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys) {
   linear<T>(m, "lm_head",
             prep<T>(c.fam == QWEN3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, (const int *)m.d_rows(), m.normf_w,
                     m.normf_b, eps),
-            R, H, m.lm, c.V, nullptr, m.logits, false, want_keys ? m.keys : nullptr);
+            R, H, m.lm, c.V, nullptr, m.logits, false, want_keys ? m.keys : nullptr, Samp{m.samp_temp, m.samp_key});
 }
 
 void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys) {
@@ -1294,6 +1340,164 @@ void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys) {
 void upload_meta(mqb_model &m) {
   ck(cudaMemcpyAsync(m.meta, m.meta_h, sizeof(int) * m.meta_count(), cudaMemcpyHostToDevice, m.stream),
      "meta upload");
+  ck(cudaMemcpyAsync(m.samp_temp, m.samp_temp_h, sizeof(float) * m.Rcap, cudaMemcpyHostToDevice, m.stream),
+     "sampling upload");
+  ck(cudaMemcpyAsync(m.samp_key, m.samp_key_h, sizeof(unsigned long long) * m.Rcap, cudaMemcpyHostToDevice,
+                     m.stream),
+     "sampling upload");
+}
+
+// set_samp fills logits row r's sampling from entry e of the caller's arrays (NULL: greedy).
+void set_samp(mqb_model &m, int r, int e, const float *temp, const uint64_t *rkey) {
+  const float t = temp && e >= 0 ? temp[e] : 0.f;
+  m.samp_temp_h[r] = t > 0.f ? 1.f / t : 0.f;
+  m.samp_key_h[r] = rkey && e >= 0 ? (unsigned long long)rkey[e] : 0ull;
+}
+
+int env_int(const char *k, int dflt);
+
+#ifndef MQB_HOST_TEST
+// mk_launch runs one decode step of b entries (meta already uploaded) as the megakernel.
+template <typename T>
+void mk_launch_t(mqb_model &m, int b, bool want_logits) {
+  const Cfg &c = m.c;
+  mk::Args a;
+  a.L = c.L;
+  a.H = c.H;
+  a.nh = c.nh;
+  a.nkv = c.nkv;
+  a.D = c.D;
+  a.I = c.I;
+  a.V = c.V;
+  a.maxctx = m.max_ctx;
+  a.B = b;
+  a.eps = (float)c.eps;
+  a.tok = m.d_tok();
+  a.pos = m.d_pos();
+  a.slot = m.d_slot();
+  a.emb = m.emb;
+  a.lm = m.lm;
+  a.normf = m.normf_w;
+  a.inv_freq = m.inv_freq;
+  a.layers = static_cast<const mk::LayerW *>(m.mk_layers);
+  a.res = m.res;
+  a.qkv = m.qkv;
+  a.attn = m.attn;
+  a.act = m.act;
+  a.logits = want_logits ? m.logits : nullptr;  // 4*V bytes per entry of traffic otherwise
+  a.keys = m.keys;
+  a.inv_temp = m.samp_temp;
+  a.rkey = m.samp_key;
+  a.bar = m.mk_bar;
+  a.part_acc = m.part_acc;
+  a.part_ml = m.part_ml;
+  a.att_cnt = m.mk_att_cnt;
+  a.dbg = m.mk_dbg;
+  ck(cudaMemsetAsync(m.mk_bar, 0, sizeof(unsigned int), m.stream), "grid barrier reset");
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(m.mk_grid);
+  cfg.blockDim = dim3(mk::THREADS);
+  cfg.dynamicSmemBytes = m.mk_smem;
+  cfg.stream = m.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t e;
+  switch ((b + 7) / 8) {
+    case 1: e = cudaLaunchKernelEx(&cfg, mk::decode_kernel<T, 1>, a); break;
+    case 2: e = cudaLaunchKernelEx(&cfg, mk::decode_kernel<T, 2>, a); break;
+    case 3: e = cudaLaunchKernelEx(&cfg, mk::decode_kernel<T, 3>, a); break;
+    default: e = cudaLaunchKernelEx(&cfg, mk::decode_kernel<T, 4>, a); break;
+  }
+  ck(e, "decode megakernel launch");
+  mark(m, "megakernel");
+}
+
+template <typename T>
+void mk_attrs(size_t smem) {
+  ck(cudaFuncSetAttribute(mk::decode_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "mk attr");
+  ck(cudaFuncSetAttribute(mk::decode_kernel<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "mk attr");
+  ck(cudaFuncSetAttribute(mk::decode_kernel<T, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "mk attr");
+  ck(cudaFuncSetAttribute(mk::decode_kernel<T, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "mk attr");
+}
+
+template <typename T>
+int mk_occupancy(size_t smem) {
+  int n = 0;
+  ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mk::decode_kernel<T, 4>, mk::THREADS, smem), "mk occupancy");
+  return n;
+}
+
+// mk_setup prepares the megakernel for decode steps of at most mk::MAXB entries where it applies:
+// qwen3 with bf16/fp16 weights, shapes the tiles divide, a device with cooperative launch and
+// room for one block per SM. It runs only with MQB_MEGAKERNEL=1 (or mqb_debug_set
+// "megakernel"): on the H200 it is not yet faster than the per-kernel path (NOTES.md, run 3).
+void mk_setup(mqb_model &m) {
+  const Cfg &c = m.c;
+  const int G = c.nh / c.nkv, QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
+  std::string why;
+  const bool want = env_int("MQB_MEGAKERNEL", 0) != 0;
+  if (c.fam != QWEN3) why = "family is not qwen3";
+  else if (m.dt == DT_F32) why = "precision fp32";
+  else if (c.attn_bias) why = "attention biases";
+  else if (c.H % 32 || AO % 32 || c.I % 32 || QKV % 16 || c.V % 16 || c.D % 8 || c.D > 256 ||
+           (G != 1 && G != 2 && G != 4 && G != 8))
+    why = fmt("shapes (hidden %d, heads*dim %d, intermediate %d, vocab %d, head_dim %d) do not fit its tiles", c.H,
+              AO, c.I, c.V, c.D);
+  int coop = 0, optin = 0;
+  if (why.empty()) {
+    ck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, m.dev), "cudaDeviceGetAttribute");
+    ck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, m.dev), "cudaDeviceGetAttribute");
+    m.mk_smem = mk::smem_bytes(4, c.H, G, c.D);
+    if (!coop) why = "the device has no cooperative launch";
+    else if ((int)m.mk_smem > optin)
+      why = fmt("needs %zu bytes of shared memory per block, the device has %d", m.mk_smem, optin);
+  }
+  if (why.empty()) {
+    int occ = 0;
+    if (m.dt == DT_BF16) {
+      mk_attrs<__nv_bfloat16>(m.mk_smem);
+      occ = mk_occupancy<__nv_bfloat16>(m.mk_smem);
+    } else {
+      mk_attrs<__half>(m.mk_smem);
+      occ = mk_occupancy<__half>(m.mk_smem);
+    }
+    if (occ < 1) why = "no block fits on an SM";
+  }
+  if (!why.empty()) {
+    if (want) fprintf(stderr, "cuda backend: decode megakernel off (%s); decode runs kernel by kernel\n", why.c_str());
+    return;
+  }
+  std::vector<mk::LayerW> lw(c.L);
+  for (int l = 0; l < c.L; ++l) {
+    const Layer &ly = m.layers[l];
+    lw[l] = mk::LayerW{ly.w_qkv, ly.w_o, ly.w_up, ly.w_down, ly.ln1_w, ly.ln2_w, ly.qn, ly.kn, ly.kc, ly.vc, ly.qscale};
+  }
+  m.mk_layers = m.dmalloc(sizeof(mk::LayerW) * lw.size());
+  ck(cudaMemcpy(m.mk_layers, lw.data(), sizeof(mk::LayerW) * lw.size(), cudaMemcpyHostToDevice), "mk layers upload");
+  m.mk_bar = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int)));
+  m.mk_att_cnt = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int) * mk::MAXB * c.nkv));
+  ck(cudaMemset(m.mk_att_cnt, 0, sizeof(unsigned int) * mk::MAXB * c.nkv), "cudaMemset(mk_att_cnt)");
+  m.act = m.dmalloc(dt_size(m.dt) * (size_t)mk::MAXB * c.I);
+  m.mk_grid = m.sms;
+  m.use_mk = want;  // prepared either way, so mqb_debug_set("megakernel", 1) can compare
+}
+#endif
+
+// step_dispatch runs the decode step of b entries whose meta is uploaded: the megakernel when it
+// applies, else kernel by kernel (the profile always goes kernel by kernel).
+void step_dispatch(mqb_model &m, int b, bool want_logits) {
+#ifndef MQB_HOST_TEST
+  if (m.use_mk && !m.prof && b <= mk::MAXB) {
+    if (m.dt == DT_BF16) mk_launch_t<__nv_bfloat16>(m, b, want_logits);
+    else mk_launch_t<__half>(m, b, want_logits);
+    return;
+  }
+#endif
+  (void)want_logits;  // the kernel-by-kernel path always writes the logits buffer
+  run_dispatch(m, b, b, true);
 }
 
 int decode_key(unsigned long long k) { return (int)(0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFull)); }
@@ -1554,6 +1758,12 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.meta = static_cast<int *>(m.dmalloc(sizeof(int) * m.meta_count()));
   ck(cudaMallocHost(reinterpret_cast<void **>(&m.meta_h), sizeof(int) * m.meta_count()), "cudaMallocHost");
   ck(cudaMallocHost(reinterpret_cast<void **>(&m.keys_h), sizeof(unsigned long long) * m.Rcap), "cudaMallocHost");
+  m.samp_temp = static_cast<float *>(m.dmalloc(sizeof(float) * m.Rcap));
+  m.samp_key = static_cast<unsigned long long *>(m.dmalloc(sizeof(unsigned long long) * m.Rcap));
+  ck(cudaMallocHost(reinterpret_cast<void **>(&m.samp_temp_h), sizeof(float) * m.Rcap), "cudaMallocHost");
+  ck(cudaMallocHost(reinterpret_cast<void **>(&m.samp_key_h), sizeof(unsigned long long) * m.Rcap), "cudaMallocHost");
+  memset(m.samp_temp_h, 0, sizeof(float) * m.Rcap);
+  memset(m.samp_key_h, 0, sizeof(unsigned long long) * m.Rcap);
   memset(m.meta_h, 0, sizeof(int) * m.meta_count());
 
   const size_t ab = att_smem(G, c.D, CH);
@@ -1562,6 +1772,9 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
     case DT_F16: set_kernel_attrs<__half>(m, ab); break;
     default: set_kernel_attrs<float>(m, ab); break;
   }
+#ifndef MQB_HOST_TEST
+  mk_setup(m);
+#endif
   ck(cudaDeviceSynchronize(), "load");
 }
 
@@ -1593,7 +1806,7 @@ int bucket_for(const mqb_model &m, int n) {
 }
 
 void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *tokens, const int32_t *start_pos,
-                 float *logits_out, int32_t *argmax_out) {
+                 const float *temp, const uint64_t *rkey, float *logits_out, int32_t *argmax_out) {
   const bool graphs = m.use_graphs && !m.prof;
   const int b = graphs ? std::max(n, bucket_for(m, n)) : n;
   for (int i = 0; i < b; ++i) {
@@ -1602,13 +1815,14 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
     m.meta_h[m.Tcap + i] = real ? start_pos[i] : 0;
     m.meta_h[2 * m.Tcap + i] = real ? slots[i] : m.scratch;
     m.meta_h[3 * m.Tcap + i] = i;
+    set_samp(m, i, real ? i : -1, temp, rkey);
   }
   upload_meta(m);
   GraphEntry *ge = nullptr;
   if (graphs) {
-    ge = &m.graphs[b];
+    ge = &m.graphs[b * 2 + (logits_out ? 1 : 0)];  // the megakernel's graph bakes in whether logits are written
     if (!ge->warmed) {  // first use of this bucket: run eagerly (loads modules, cuBLAS heuristics)
-      run_dispatch(m, b, b, true);
+      step_dispatch(m, b, logits_out != nullptr);
       ck(cudaGetLastError(), "forward");
     } else {
       if (!ge->exec) {
@@ -1617,7 +1831,7 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
         std::string why;
         ck(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
         try {
-          run_dispatch(m, b, b, true);
+          step_dispatch(m, b, logits_out != nullptr);
         } catch (const std::exception &e) {
           why = e.what();
         }
@@ -1642,12 +1856,12 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
       }
       if (ge) ck(cudaGraphLaunch(ge->exec, m.stream), "cudaGraphLaunch");
       else {
-        run_dispatch(m, b, b, true);
+        step_dispatch(m, b, logits_out != nullptr);
         ck(cudaGetLastError(), "forward");
       }
     }
   } else {
-    run_dispatch(m, b, b, true);
+    step_dispatch(m, b, logits_out != nullptr);
     ck(cudaGetLastError(), "forward");
   }
   ck(cudaMemcpyAsync(m.keys_h, m.keys, sizeof(unsigned long long) * n, cudaMemcpyDeviceToHost, m.stream),
@@ -1663,7 +1877,8 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
 }
 
 void forward(mqb_model &m, int n, const int32_t *slots, const int32_t *n_tokens, const int32_t *tokens,
-             const int32_t *start_pos, float *logits_out, int32_t *argmax_out) {
+             const int32_t *start_pos, const float *temp, const uint64_t *rkey, float *logits_out,
+             int32_t *argmax_out) {
   if (n <= 0) return;
   if (n > m.max_batch) throw Fail(fmt("cuda backend: forward of %d entries exceeds max_batch %d", n, m.max_batch));
   if (!slots || !n_tokens || !tokens || !start_pos) throw Fail("cuda backend: forward: NULL argument");
@@ -1688,7 +1903,7 @@ void forward(mqb_model &m, int n, const int32_t *slots, const int32_t *n_tokens,
     if (n_tokens[i] != 1) decode = false;
   }
   if (decode && n <= m.Tcap) {
-    decode_step(m, n, slots, tokens, start_pos, logits_out, argmax_out);
+    decode_step(m, n, slots, tokens, start_pos, temp, rkey, logits_out, argmax_out);
     return;
   }
   // General path (prefill or mixed): pack tokens into chunks of at most Tcap; an entry longer
@@ -1710,6 +1925,7 @@ void forward(mqb_model &m, int n, const int32_t *slots, const int32_t *n_tokens,
       done += take;
       if (done == n_tokens[i]) {
         m.meta_h[3 * m.Tcap + R] = Tn - 1;
+        set_samp(m, R, i, temp, rkey);
         row_entry.push_back(i);
         ++R;
       }
@@ -1740,6 +1956,7 @@ void logits_all(mqb_model &m, const int32_t *ids, int32_t n, float *out) {
       m.meta_h[m.Tcap + j] = s + j;
       m.meta_h[2 * m.Tcap + j] = m.scratch;
       m.meta_h[3 * m.Tcap + j] = j;
+      set_samp(m, j, -1, nullptr, nullptr);
     }
     upload_meta(m);
     run_dispatch(m, cn, cn, false);
@@ -1791,7 +2008,28 @@ int mqb_forward(mqb_model *m, int32_t n, const int32_t *slots, const int32_t *n_
   }
   try {
     ck(cudaSetDevice(m->dev), "cudaSetDevice");
-    forward(*m, n, slots, n_tokens, tokens, start_pos, logits_out, argmax_out);
+    forward(*m, n, slots, n_tokens, tokens, start_pos, nullptr, nullptr, logits_out, argmax_out);
+  } catch (const std::exception &e) {
+    set_err(err, errlen, e.what());
+    return 1;
+  }
+  return 0;
+}
+
+int mqb_forward_sampled(mqb_model *m, int32_t n, const int32_t *slots, const int32_t *n_tokens,
+                        const int32_t *tokens, const int32_t *start_pos, const float *temperature,
+                        const uint64_t *rng_key, int32_t *token_out, char *err, size_t errlen) {
+  if (!m) {
+    set_err(err, errlen, "cuda backend: model is NULL");
+    return 1;
+  }
+  if (!token_out || !temperature || !rng_key) {
+    set_err(err, errlen, "cuda backend: mqb_forward_sampled: temperature, rng_key and token_out are required");
+    return 1;
+  }
+  try {
+    ck(cudaSetDevice(m->dev), "cudaSetDevice");
+    forward(*m, n, slots, n_tokens, tokens, start_pos, temperature, rng_key, nullptr, token_out);
   } catch (const std::exception &e) {
     set_err(err, errlen, e.what());
     return 1;
@@ -1835,6 +2073,14 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   m->clear_graphs();
   if (k == "graphs") m->use_graphs = value != 0;
   else if (k == "pdl") m->use_pdl = value != 0;
+#ifndef MQB_HOST_TEST
+  else if (k == "mk_skip") m->mk_dbg = value;
+  else if (k == "megakernel") {
+    if (value == 0) m->use_mk = false;
+    else if (m->mk_grid > 0) m->use_mk = true;
+    else return 1;
+  }
+#endif
   else if (k == "attn_split") m->attn_split = std::max(1, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "profile") {
     m->prof = value != 0;

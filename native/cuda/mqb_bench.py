@@ -45,6 +45,9 @@ class MqbParams(ctypes.Structure):
                 ("n_tensors", ctypes.c_int32)]
 
 
+ABI = 2  # MQB_ABI_VERSION of native/include/mq_backend.h
+
+
 def load_lib(path):
     lib = ctypes.CDLL(os.path.abspath(path))
     lib.mqb_abi_version.restype = ctypes.c_int32
@@ -57,6 +60,9 @@ def load_lib(path):
     lib.mqb_forward.argtypes = [ctypes.c_void_p, ctypes.c_int32, C_I32P, C_I32P, C_I32P, C_I32P, C_F32P,
                                 C_I32P, C_CHARP, ctypes.c_size_t]
     lib.mqb_forward.restype = ctypes.c_int
+    lib.mqb_forward_sampled.argtypes = [ctypes.c_void_p, ctypes.c_int32, C_I32P, C_I32P, C_I32P, C_I32P, C_F32P,
+                                        ctypes.POINTER(ctypes.c_uint64), C_I32P, C_CHARP, ctypes.c_size_t]
+    lib.mqb_forward_sampled.restype = ctypes.c_int
     lib.mqb_logits_all.argtypes = [ctypes.c_void_p, C_I32P, ctypes.c_int32, C_F32P, C_CHARP,
                                    ctypes.c_size_t]
     lib.mqb_logits_all.restype = ctypes.c_int
@@ -65,7 +71,7 @@ def load_lib(path):
     lib.mqb_debug_set.restype = ctypes.c_int
     lib.mqb_debug_profile.argtypes = [ctypes.c_void_p, C_CHARP, ctypes.c_size_t]
     lib.mqb_debug_profile.restype = ctypes.c_int
-    assert lib.mqb_abi_version() == 1, "ABI version mismatch"
+    assert lib.mqb_abi_version() == ABI, "ABI version mismatch"
     return lib
 
 
@@ -92,7 +98,7 @@ class Backend:
                 arr[i].shape[d] = h.shape[d]
             arr[i].ndim = h.dim()
         cj = config_json.encode()
-        p = MqbParams(1, family.encode(), cj, precision.encode(), max_batch, max_context, 0,
+        p = MqbParams(ABI, family.encode(), cj, precision.encode(), max_batch, max_context, 0,
                       ctypes.cast(arr, ctypes.POINTER(MqbTensor)), len(items))
         err = ctypes.create_string_buffer(4096)
         m = ctypes.c_void_p()
@@ -132,6 +138,17 @@ class Backend:
         if rc != 0:
             raise RuntimeError("mqb_forward: " + self.err.value.decode())
         return list(am), lo
+
+    def forward_sampled(self, slots, ntoks, tokens, start_pos, temps, keys):
+        """Next token of every entry drawn on the device (temperature <= 0: argmax)."""
+        n = len(slots)
+        out = (ctypes.c_int32 * n)()
+        rc = self.lib.mqb_forward_sampled(self.m, n, i32arr(slots), i32arr(ntoks), i32arr(tokens), i32arr(start_pos),
+                                          (ctypes.c_float * n)(*temps), (ctypes.c_uint64 * n)(*keys), out,
+                                          self.err, 4096)
+        if rc != 0:
+            raise RuntimeError("mqb_forward_sampled: " + self.err.value.decode())
+        return list(out)
 
     def profile(self):
         buf = ctypes.create_string_buffer(1 << 16)
@@ -266,6 +283,15 @@ def parity(args):
     lens = [5, 17, 33, 64, 9, 40]
     for family in os.environ.get("PARITY_FAMILIES", "qwen3,gpt2").split(","):
         model = tiny_model(family, 1234)
+        if os.environ.get("SAMPLING_ONLY"):  # the device sampler alone (default decode path)
+            sd = {k: v.clone() for k, v in model.state_dict().items()}
+            V = model.config.vocab_size
+            g = torch.Generator().manual_seed(7)
+            prompt = torch.randint(0, V, (17,), generator=g).tolist()
+            for prec in ["bf16"]:
+                results["configs"].append(dict(family=family, precision=prec, sampling=sampling_check(
+                    load_lib(args.lib), family, config_json(model.config, model), sd, prec, prompt, V)))
+            continue
         cj = config_json(model.config, model)
         sd = {k: v.clone() for k, v in model.state_dict().items()}
         V = model.config.vocab_size
@@ -296,9 +322,14 @@ def parity(args):
                     argmax_agree_fp32=float((la.argmax(-1) == la32.argmax(-1)).float().mean()))
                 runs = []
                 for batch_name, idxs in [("batch6", [0, 1, 2, 3, 4, 5]), ("batch3", [0, 1, 2]), ("batch1", [3]),
-                                         ("batch3_nograph", [0, 1, 2])]:
+                                         ("batch3_nograph", [0, 1, 2]), ("batch3_megakernel", [0, 1, 2])]:
                     if batch_name == "batch3_nograph":
                         be.set("graphs", 0)
+                    if batch_name == "batch3_megakernel":
+                        try:
+                            be.set("megakernel", 1)
+                        except RuntimeError:
+                            pass
                     ps = [prompts[i] for i in idxs]
                     n = len(ps)
                     toks, lo = be.forward(list(range(n)), [len(p) for p in ps], [t for p in ps for t in p], [0] * n,
@@ -314,6 +345,11 @@ def parity(args):
                         pos = [p + 1 for p in pos]
                     if batch_name == "batch3_nograph":
                         be.set("graphs", 1)
+                    if batch_name == "batch3_megakernel":
+                        try:
+                            be.set("megakernel", 0)
+                        except RuntimeError:
+                            pass
                     r = dict(name=batch_name, seqs=[])
                     md32 = md16 = 0.0
                     for j, i in enumerate(idxs):
@@ -337,8 +373,12 @@ def parity(args):
                 entry["graph_equals_eager"] = b3 == b3n
                 # batch composition must not change a sequence's tokens much; report equality
                 entry["batch6_vs_batch3_same_tokens"] = [s["tokens"] for s in runs[0]["seqs"][:3]] == b3
+                # the megakernel (default for qwen3 bf16/fp16) against the per-kernel path
+                entry["megakernel_equals_per_kernel_tokens"] = b3 == [s["tokens"] for s in runs[4]["seqs"]]
                 entry["runs"] = runs
                 be.close()
+                if prec != "fp32":
+                    entry["sampling"] = sampling_check(lib, family, cj, sd, prec, prompts[1], V)
             except Exception as e:  # keep going: one failing config must not hide the others
                 import traceback
                 traceback.print_exc()
@@ -347,6 +387,66 @@ def parity(args):
             summarize_parity(entry)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
+
+
+def sampling_check(lib, family, cj, sd, prec, prompt, V):
+    """Device Gumbel-max sampling against softmax(logits/T): 32 slots hold the same history, so
+    every entry of a step draws from the same distribution; 120 steps at the same position give
+    3,840 draws. Also a wrong temperature (the planted defect) must fail the same test, and
+    temperature-0 entries in the same batch must return the argmax."""
+    import torch
+    be = Backend(lib, family, cj, sd, prec, max_batch=32, max_context=256)
+    n = 32
+    toks, _ = be.forward(list(range(n)), [len(prompt)] * n, prompt * n, [0] * n)
+    x, pos = toks[0], len(prompt)
+    _, lo = be.forward([0], [1], [x], [pos], want_logits=True)
+    lg = lo[0].double()
+    lo_t, hi_t = 1e-4, 10.0  # temperature with the top probability near 0.5
+    for _ in range(60):
+        mid = (lo_t * hi_t) ** 0.5
+        if torch.softmax(lg / mid, 0).max() > 0.5:
+            lo_t = mid
+        else:
+            hi_t = mid
+    T = (lo_t * hi_t) ** 0.5
+    g = torch.Generator().manual_seed(5)
+    counts = torch.zeros(V, dtype=torch.float64)
+    greedy_ok = True
+    argmax = int(lg.argmax())
+    steps = 120
+    for _ in range(steps):
+        keys = torch.randint(0, 2 ** 62, (n,), generator=g).tolist()
+        temps = [T] * (n - 2) + [0.0, 0.0]
+        out = be.forward_sampled(list(range(n)), [1] * n, [x] * n, [pos] * n, temps, keys)
+        for t in out[:n - 2]:
+            counts[t] += 1
+        greedy_ok = greedy_ok and out[n - 2] == argmax and out[n - 1] == argmax
+    be.close()
+    N = counts.sum()
+
+    def chi2(temp):
+        p = torch.softmax(lg / temp, 0)
+        e = p * N
+        big = e >= 5
+        obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+        exp = torch.cat([e[big], e[~big].sum().view(1)])
+        keep = exp > 0
+        stat = float((((obs - exp) ** 2)[keep] / exp[keep]).sum())
+        dof = int(keep.sum()) - 1
+        tvd = float(0.5 * (counts / N - p).abs().sum())
+        return stat, dof, tvd
+
+    s_ok, d_ok, tvd_ok = chi2(T)
+    s_bad, d_bad, tvd_bad = chi2(T * 1.5)
+    r = dict(temperature=T, draws=int(N), top_prob=float(torch.softmax(lg / T, 0).max()),
+             chi2=s_ok, dof=d_ok, tvd=tvd_ok, chi2_wrong_T=s_bad, dof_wrong_T=d_bad, tvd_wrong_T=tvd_bad,
+             greedy_entries_are_argmax=greedy_ok,
+             # 99.9th percentile of chi2 is below dof + 3.1*sqrt(2 dof) + 10 for these dof
+             passes=s_ok < d_ok + 3.1 * (2 * d_ok) ** 0.5 + 10, wrong_T_fails=s_bad >= d_bad + 3.1 * (2 * d_bad) ** 0.5 + 10)
+    print("SAMPLING %s %s: T=%.4g draws=%d chi2=%.1f/dof %d (tvd %.3f) pass=%s; wrong T: chi2=%.1f/dof %d fail=%s; "
+          "greedy entries argmax=%s" % (family, prec, T, N, s_ok, d_ok, tvd_ok, r["passes"], s_bad, d_bad,
+                                        r["wrong_T_fails"], greedy_ok), flush=True)
+    return r
 
 
 def summarize_parity(e):
@@ -365,7 +465,8 @@ def summarize_parity(e):
         cons = all(s["argmax_consistent"] for s in r["seqs"])
         print("   %-15s decode max|d| vs hf32 %.3g vs hf bf16 %.3g | greedy = hf32 %d/%d (first mismatch %s), = hf bf16 %d/%d | argmax==logits %s"
               % (r["name"], r["max_abs_vs_fp32"], r["max_abs_vs_bf16"], g32, tot, first, g16, tot, cons), flush=True)
-    print("   graph==eager %s, batch6 prefix==batch3 %s" % (e["graph_equals_eager"], e["batch6_vs_batch3_same_tokens"]),
+    print("   graph==eager %s, batch6 prefix==batch3 %s, megakernel==per-kernel tokens %s"
+          % (e["graph_equals_eager"], e["batch6_vs_batch3_same_tokens"], e.get("megakernel_equals_per_kernel_tokens")),
           flush=True)
 
 
@@ -471,8 +572,12 @@ def bench(args):
           % (bw / 1e9, weight_bytes / 1e9, bound, 0.7 * bound), flush=True)
 
     prompt_len, warm, steps = 32, 16, int(os.environ.get("BENCH_STEPS", "400"))
-    variants = [("default", {}), ("no_pdl", {"pdl": 0}), ("no_graphs", {"graphs": 0}),
-                ("cublas_only", {"gemv_max_b": 0}), ("split4", {"attn_split": 4}), ("split8", {"attn_split": 8})]
+    # mk_skip variants time the megakernel without its attention (1), its matrix products (2) or
+    # both (3): what is left is barriers, staging and the LM-head epilogue (timing only; wrong tokens).
+    variants = [("default", {}), ("no_graphs", {"graphs": 0}), ("cublas_only", {"gemv_max_b": 0}),
+                ("megakernel", {"megakernel": 1}), ("mk_no_attn", {"megakernel": 1, "mk_skip": 1}),
+                ("mk_no_layer_gemm", {"megakernel": 1, "mk_skip": 2}),
+                ("mk_barriers_only", {"megakernel": 1, "mk_skip": 3})]
     if os.environ.get("BENCH_VARIANTS"):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")
         variants = [v for v in variants if v[0] in keep_v]
@@ -480,13 +585,13 @@ def bench(args):
     gen_ref = {}
     for B in (1, 32):
         for name, opts in variants:
-            if name in ("cublas_only", "split4", "split8") and B == 32:
+            if name in ("cublas_only",) and B == 32:
                 continue
             for k, v in opts.items():
                 be.set(k, v)
             tps, step_s, gen = bench_ours(be, B, prompt_len, warm, steps, V, seed=B)
             for k in opts:
-                be.set(k, {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 1}[k])
+                be.set(k, {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 1, "megakernel": 0, "mk_skip": 0}[k])
             key = "b%d_%s" % (B, name)
             ours[key] = dict(tok_s=tps, step_ms=step_s * 1e3)
             if name == "default":
@@ -497,6 +602,22 @@ def bench(args):
                   % (B, name, tps, step_s * 1e3,
                      "" if name == "default" else "  same tokens: %s" % ours[key]["same_tokens_as_default"]),
                   flush=True)
+    # Sampling at temperature 1 on the device (OpenAI's default), batch 32.
+    B = 32
+    g = torch.Generator().manual_seed(3)
+    prompts = torch.randint(0, V, (B, prompt_len), generator=g).tolist()
+    toks, _ = be.forward(list(range(B)), [prompt_len] * B, [t for p in prompts for t in p], [0] * B)
+    pos = prompt_len
+    for i in range(warm + steps):
+        if i == warm:
+            t0 = time.perf_counter()
+        keys = [(i * 7919 + j) * 2654435761 % (1 << 62) for j in range(B)]
+        toks = be.forward_sampled(list(range(B)), [1] * B, toks, [pos] * B, [1.0] * B, keys)
+        pos += 1
+    dt = time.perf_counter() - t0
+    ours["b32_sampled_t1"] = dict(tok_s=B * steps / dt, step_ms=dt / steps * 1e3)
+    print("BENCH ours batch 32 sampled T=1 %9.0f tok/s  (%.3f ms/step)" % (B * steps / dt, dt / steps * 1e3),
+          flush=True)
     res["ours"] = ours
 
     # Per-kernel breakdown: eager steps with an event after every kernel (no graph, so small

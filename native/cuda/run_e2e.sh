@@ -33,7 +33,7 @@ left() { echo $(( DEADLINE - $(elapsed) )); }
 
 # --- binaries -----------------------------------------------------------------------------
 if [ -f bin/e2e.tgz ]; then
-  tar -C "$W/bin" -xzf bin/e2e.tgz || { say "FAIL unpack bin/e2e.tgz"; exit 1; }
+  tar -C "$W/bin" -xf bin/e2e.tgz || { say "FAIL unpack bin/e2e.tgz"; exit 1; }
 elif [ -x bin/qual ] && [ -x bin/qual-server ]; then
   cp bin/qual bin/qual-server "$W/bin/"
 else
@@ -116,6 +116,21 @@ for r in res:
     print("generate", dev, json.dumps(r))
 EOF
 
+# --- the families' gpu specs: `ginkgo --label-filter=gpu` as compiled test binaries -------------
+# (go test -c -o bin/e2e/FAMILY.test ./families/FAMILY on the CPU machine; the suite uses the
+# prebuilt qual and qual-server in MODELQUAL_BIN because this machine has no Go.)
+for fam in ${E2E_SPECS:-qwen gpt2}; do
+  [ -x "$W/bin/$fam.test" ] || { say "skipped the $fam gpu specs: no $fam.test in the carried binaries"; continue; }
+  [ "$(left)" -gt 60 ] || { say "skipped the $fam gpu specs: $(left) s left of E2E_DEADLINE"; continue; }
+  ts=$(date +%s)
+  ( cd "families/$fam" && MODELQUAL_ARTIFACTS="$W/specs" timeout $(( $(left) - 20 )) "$W/bin/$fam.test" \
+      -ginkgo.label-filter=gpu -ginkgo.no-color -ginkgo.junit-report="$W/junit-gpu-$fam.xml" -test.timeout 600s ) \
+      > "$W/specs-$fam.log" 2>&1
+  rc=$?
+  say "gpu specs $fam: rc $rc in $(( $(date +%s) - ts )) s"
+  grep -E "^Ran [0-9]+ of|^(PASS|FAIL)|SUCCESS!|FAIL!|\[FAIL\]|skip" "$W/specs-$fam.log" | tail -12 | tee -a "$LOG"
+done
+
 # --- qual profile through qual-server (launched by the harness on the GPU) ---------------------
 # profile NAME BUNDLE CONC REQUESTS OUTTOK -> summary lines in the log, reports in $W/prof-NAME
 profile() {
@@ -160,7 +175,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "**", "summary.json"), recur
 EOF
   return $rc
 }
-profile qwen3-tiny "$TINY" 1,8,32 64 64 || say "FAIL profile qwen3-tiny (rc $?); see the log tail above"
+[ "${E2E_TINY_PROFILE:-1}" = 1 ] && { profile qwen3-tiny "$TINY" 1,8,32 64 64 || say "FAIL profile qwen3-tiny (rc $?); see the log tail above"; }
 
 # --- optional: the Qwen3-0.6B-shaped bf16 fixture for realistic TTFT/ITL ----------------------
 if [ "$DEV" = cuda ] && [ "${E2E_BIG:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
@@ -176,7 +191,7 @@ else
 fi
 
 # --- what comes back: the log, parity JSON, and the reports (summaries only) ------------------
-( cd "$W" && find . -path './prof-*' \( -name summary.json -o -name summary.md \) -print0 | tar --null -czf "$OUT/reports.tgz" -T - ) 2>/dev/null
+( cd "$W" && find . \( -path './prof-*' -o -path './specs/*' \) \( -name summary.json -o -name summary.md \) -print0 -o -name 'junit-gpu-*.xml' -print0 -o -name 'specs-*.log' -print0 | tar --null -czf "$OUT/reports.tgz" -T - ) 2>/dev/null
 { for f in "$W"/profile-*.log "$W/bundle.log"; do [ -f "$f" ] && { echo "== $f"; tail -15 "$f"; }; done
   [ -f "$W/build.log" ] && { echo "== build.log"; grep -iE "error|warning: .*spill" "$W/build.log" | head -10; }
   find "$W" -name 'server.stderr.log' -exec sh -c 'echo "== $1"; tail -15 "$1"' _ {} \; ; } > "$OUT/logs_tail.txt" 2>&1
