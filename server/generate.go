@@ -238,7 +238,7 @@ func (g *gen) consume(toks []int32) {
 		if !g.req.IgnoreEOS && g.isEOS(tok) {
 			continue
 		}
-		if text := g.dec.Add(tok); text != "" {
+		if text := g.dec.AddBytes(tok); len(text) > 0 {
 			g.push(text)
 		}
 	}
@@ -253,9 +253,15 @@ func (g *gen) isEOS(tok int32) bool {
 	return false
 }
 
-func (g *gen) push(text string) {
-	emit, hit := g.stop.feed(text)
-	if emit != "" {
+// push sends decoded text (valid until the decoder's next call) through the stop matcher.
+func (g *gen) push(text []byte) {
+	emit, hit := text, false
+	if len(g.stop.stops) > 0 {
+		var s string
+		s, hit = g.stop.feed(string(text))
+		emit = []byte(s)
+	}
+	if len(emit) > 0 {
 		g.out = append(g.out, emit...)
 		if g.w != nil {
 			g.appendChunk(emit)
@@ -273,13 +279,13 @@ func (g *gen) finishText() {
 		return
 	}
 	if tail := g.dec.Flush(); tail != "" {
-		g.push(tail)
+		g.push([]byte(tail))
 	}
 	if !g.stopped {
 		if rest := g.stop.flush(); rest != "" {
 			g.out = append(g.out, rest...)
 			if g.w != nil {
-				g.appendChunk(rest)
+				g.appendChunk([]byte(rest))
 			}
 		}
 	}
@@ -541,7 +547,7 @@ func (g *gen) stream() {
 }
 
 // appendChunk adds one content delta event to the write buffer.
-func (g *gen) appendChunk(text string) {
+func (g *gen) appendChunk(text []byte) {
 	if g.s.faults.swallowFinalDelta {
 		g.buf = append(g.buf, g.held...)
 		g.held = append(g.held[:0], g.prefix...)

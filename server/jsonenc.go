@@ -22,8 +22,8 @@ func appendJSONString(b []byte, s string) []byte {
 }
 
 // appendJSONStringBody is appendJSONString without the quotes, for text appended into a
-// pre-encoded chunk template.
-func appendJSONStringBody(b []byte, s string) []byte {
+// pre-encoded chunk template; the streaming path passes the decoder's bytes.
+func appendJSONStringBody[T string | []byte](b []byte, s T) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
@@ -49,7 +49,7 @@ func appendJSONStringBody(b []byte, s string) []byte {
 			start = i
 			continue
 		}
-		r, size := utf8.DecodeRuneInString(s[i:])
+		r, size := decodeRune(s[i:])
 		if r == utf8.RuneError && size == 1 {
 			b = append(b, s[start:i]...)
 			b = append(b, `\ufffd`...)
@@ -69,4 +69,10 @@ func appendJSONStringBody(b []byte, s string) []byte {
 		i += size
 	}
 	return append(b, s[start:]...)
+}
+
+// decodeRune is utf8.DecodeRuneInString for either form; a conversion of at most UTFMax bytes
+// that does not escape is made on the stack, so it allocates nothing.
+func decodeRune[T string | []byte](s T) (rune, int) {
+	return utf8.DecodeRuneInString(string(s[:min(len(s), utf8.UTFMax)]))
 }

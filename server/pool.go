@@ -22,9 +22,9 @@ const WorkerCommand = "worker"
 // reader goroutine, ended by the worker's Done (or by the worker's death).
 //
 // Hand-off between the reader and the HTTP handler is a mutex-protected token slice plus a
-// one-slot notify channel: the reader appends every token of an engine step and signals once;
-// the handler swaps the slice out and writes all of it with one flush. No channel operation or
-// allocation per token.
+// one-slot notify channel: the reader appends every token it has read and, once it has caught
+// up with the worker, signals each task once; the handler swaps the slice out and writes all
+// of it with one flush. No channel operation or allocation per token.
 type task struct {
 	id     uint64
 	prompt []int32
@@ -44,6 +44,10 @@ type task struct {
 	fail   error // the worker died or the request never reached an engine
 	logitV []byte
 	vocab  int
+
+	// owned by the worker's reader goroutine
+	started bool // a token has been read for this task
+	pending bool // in the reader's list of tasks to signal
 }
 
 func (t *task) signal() {
@@ -267,6 +271,13 @@ func (p *pool) spawn(index, gen int) error {
 
 // read is the worker's reader goroutine: the frontend's side of the hot path.
 func (p *pool) read(w *workerProc, r *wire.Reader) {
+	// Tasks with new tokens are signalled once the reader has caught up with the worker, and
+	// tasks receiving their first token are signalled before the others: Go runs readied
+	// goroutines in order (but for the last one readied, which runs first). Under load every
+	// stream's handler is runnable at once, and closed-loop clients arrive in bursts; without
+	// this a new request's first token waits behind a whole round of other streams' writes,
+	// which is its time to first token.
+	var ready, first []*task
 	addToken := func(id uint64, tok int32) {
 		t := w.tasks[id]
 		if t == nil {
@@ -275,8 +286,28 @@ func (p *pool) read(w *workerProc, r *wire.Reader) {
 		t.mu.Lock()
 		t.toks = append(t.toks, tok)
 		t.mu.Unlock()
-		t.signal()
+		if t.pending {
+			return
+		}
+		t.pending = true
+		if t.started {
+			ready = append(ready, t)
+		} else {
+			t.started = true
+			first = append(first, t)
+		}
 	}
+	signalAll := func() {
+		for _, list := range [2][]*task{first, ready} {
+			for i, t := range list {
+				t.pending = false
+				t.signal()
+				list[i] = nil
+			}
+		}
+		ready, first = ready[:0], first[:0]
+	}
+	defer signalAll()
 	var consumed, acked uint64 // Deltas frames handled, and acknowledged to the worker
 	ack := func(out *wire.Writer) { out.Ack(consumed) }
 	for {
@@ -321,10 +352,14 @@ func (p *pool) read(w *workerProc, r *wire.Reader) {
 			_ = w.cmd.Process.Kill()
 			return
 		}
-		if consumed != acked && !r.Buffered() {
-			// Caught up with the worker: let it step again. While behind, acks are batched.
-			acked = consumed
-			_ = w.send(ack)
+		if !r.Buffered() {
+			// Caught up with the worker: let it step again (while behind, acks are batched),
+			// then wake the handlers.
+			if consumed != acked {
+				acked = consumed
+				_ = w.send(ack)
+			}
+			signalAll()
 		}
 	}
 }

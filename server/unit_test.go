@@ -77,13 +77,18 @@ func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
 		if !utf8.Valid(got) {
 			t.Errorf("%q encodes to invalid UTF-8", s)
 		}
+		if fromBytes := appendJSONStringBody(nil, []byte(s)); string(fromBytes) != string(got[1:len(got)-1]) {
+			t.Errorf("%q encodes from bytes to %s, from a string to %s", s, fromBytes, got)
+		}
 	}
 }
 
 func TestAppendJSONStringDoesNotAllocate(t *testing.T) {
 	buf := make([]byte, 0, 256)
+	text := []byte("bytes from the stream decoder: 世界 \u2028 \xff")
 	allocs := testing.AllocsPerRun(1000, func() {
 		buf = appendJSONStringBody(buf[:0], "token text with \"quotes\" and 世界")
+		buf = appendJSONStringBody(buf, text)
 	})
 	if allocs != 0 {
 		t.Errorf("appendJSONStringBody allocates %v times per call", allocs)

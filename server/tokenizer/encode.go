@@ -86,13 +86,17 @@ func parseDecoder(raw []byte) (decoder, error) {
 
 func (t *Tokenizer) decodeBytes(dst []byte, ids []int32, first bool) ([]byte, bool) {
 	for _, id := range ids {
-		if id < 0 || int(id) >= len(t.idToToken) || t.idToToken[id] == "" {
-			continue
-		}
-		dst = t.decoder.appendToken(dst, t.idToToken[id], first)
-		first = false
+		dst, first = t.appendID(dst, id, first)
 	}
 	return dst, first
+}
+
+// appendID appends the raw bytes of one id; ids without a token add nothing.
+func (t *Tokenizer) appendID(dst []byte, id int32, first bool) ([]byte, bool) {
+	if id < 0 || int(id) >= len(t.idToToken) || t.idToToken[id] == "" {
+		return dst, first
+	}
+	return t.decoder.appendToken(dst, t.idToToken[id], first), false
 }
 
 func (t *Tokenizer) decode(ids []int32) string {
@@ -134,16 +138,22 @@ func (t *Tokenizer) NewStreamDecoder() *StreamDecoder {
 // Add appends one id and returns the text that is now final ("" while a character is
 // incomplete or the id has no token).
 func (d *StreamDecoder) Add(id int32) string {
-	d.pending, d.first = d.t.decodeBytes(d.pending, []int32{id}, d.first)
+	return string(d.AddBytes(id))
+}
+
+// AddBytes is Add without a string per token, for the streaming hot path: the returned text
+// (empty while a character is incomplete) is valid until the next call on d.
+func (d *StreamDecoder) AddBytes(id int32) []byte {
+	d.pending, d.first = d.t.appendID(d.pending, id, d.first)
 	keep := incompleteTail(d.pending)
 	ready := d.pending[:len(d.pending)-keep]
 	if len(ready) == 0 {
-		return ""
+		return nil
 	}
 	d.out = appendLossy(d.out[:0], ready)
 	n := copy(d.pending, d.pending[len(ready):])
 	d.pending = d.pending[:n]
-	return string(d.out)
+	return d.out
 }
 
 // Flush returns whatever is held back (as U+FFFD for an incomplete character, as Decode

@@ -147,3 +147,26 @@ func TestRoundTripUnicodeCorpus(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamDecoderAddBytes checks that the byte form streams the same text as Add and, once
+// its buffers have grown, allocates nothing per token (it is the frontend's per-token path).
+func TestStreamDecoderAddBytes(t *testing.T) {
+	tok := fixtureTokenizer(t, "qwen3")
+	ids := tok.Encode(strings.Join(unicodeCorpus, "\n"))
+	d := tok.NewStreamDecoder()
+	var got []byte
+	for _, id := range ids {
+		got = append(got, d.AddBytes(id)...)
+	}
+	got = append(got, d.Flush()...)
+	if want := streamAll(t, tok, ids); string(got) != want {
+		t.Fatalf("AddBytes streamed %q, Add %q", got, want)
+	}
+	i := 0
+	if allocs := testing.AllocsPerRun(1000, func() {
+		d.AddBytes(ids[i%len(ids)])
+		i++
+	}); allocs != 0 {
+		t.Errorf("AddBytes allocates %v times per token, want 0", allocs)
+	}
+}
