@@ -431,7 +431,7 @@ KVCache::~KVCache() {
 
 }  // namespace mq
 
-// ---- packed LM head ---------------------------------------------------------------------------
+// ---- LM head ----------------------------------------------------------------------------------
 
 namespace mq {
 
@@ -463,13 +463,9 @@ static void *map_anon(size_t bytes) {
 LMHead::LMHead(const float *W, int N, int K) : W_(W), N_(N), K_(K), nb_(0) {
   if (!have_avx512() || N < 16) return;
   nb_ = N / 16;
-  bytes_ = (size_t)nb_ * K * 16 * sizeof(float);
-  qbytes_ = (size_t)nb_ * ((K + 1) / 2) * 32 * sizeof(uint16_t);
   const int K4 = (K + 3) / 4;
   // K <= 32768 keeps the int32 sums (|S| <= K * 255 * 127) from overflowing.
-  p_ = (float *)map_anon(bytes_);
-  // K <= 32768 keeps the int32 sums (|S| <= K * 255 * 127) from overflowing.
-  if (p_ && have_avx512_vnni() && K <= 32768) {
+  if (have_avx512_vnni() && K <= 32768) {
     q8bytes_ = (size_t)nb_ * K4 * 64;
     q8_ = (int8_t *)map_anon(q8bytes_);
   }
@@ -509,106 +505,218 @@ LMHead::LMHead(const float *W, int N, int K) : W_(W), N_(N), K_(K), nb_(0) {
       std::vector<int32_t>().swap(corr_);
     }
   }
-  q_ = (!q8_ && have_avx512_bf16()) ? (uint16_t *)map_anon(qbytes_) : nullptr;
-  if (!p_) {  // fall back to the unpacked kernel
-    if (p_) munmap(p_, bytes_);
-    if (q_) munmap(q_, qbytes_);
-    if (q8_) munmap(q8_, q8bytes_);
-    p_ = nullptr;
-    q_ = nullptr;
-    q8_ = nullptr;
-    nb_ = 0;
-    return;
+  if (!q8_ && have_avx512_bf16()) {
+    qbytes_ = (size_t)nb_ * ((K + 1) / 2) * 32 * sizeof(uint16_t);
+    q_ = (uint16_t *)map_anon(qbytes_);
   }
+  if (!q8_ && !q_) return;  // no screen: greedy decoding reads W like sampling does
   for (int b = 0; b < nb_; b++)
     for (int j = 0; j < 16; j++) {
       const float *src = W + ((size_t)b * 16 + j) * K;
-      size_t base = (size_t)b * K * 16 + j;
       for (int k = 0; k < K; k++) {
-        p_[base + (size_t)k * 16] = src[k];
         // bf16 pairs (k, k+1) of a row are adjacent, as vdpbf16ps consumes them.
         if (q_) q_[(size_t)b * ((K + 1) / 2) * 32 + (size_t)(k / 2) * 32 + j * 2 + (k % 2)] = to_bf16(src[k]);
         wmax_ = std::max(wmax_, std::fabs(src[k]));
       }
     }
-  // Release the packed rows' bundle pages (whole pages strictly inside them) from this
-  // process: the mapping is read-only and file-backed, so a later read just faults them back.
+  // Greedy decoding reads the screen instead of W, so release the bundle pages of W that
+  // building it touched (whole pages strictly inside W): the mapping is read-only and
+  // file-backed, so a later read (a rescored row, a token embedding, a sampling step) just
+  // faults them back from the page cache.
   const uintptr_t page = 4096;
   uintptr_t a = ((uintptr_t)W + page - 1) & ~(page - 1);
-  uintptr_t e = ((uintptr_t)(W + (size_t)nb_ * 16 * K)) & ~(page - 1);
+  uintptr_t e = ((uintptr_t)(W + (size_t)N * K)) & ~(page - 1);
   if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
 }
 
 LMHead::~LMHead() {
-  if (p_) munmap(p_, bytes_);
   if (q_) munmap(q_, qbytes_);
   if (q8_) munmap(q8_, q8bytes_);
-}
-
-void LMHead::row(int v, float *out) const {
-  if (v < nb_ * 16) {
-    const float *b = p_ + (size_t)(v / 16) * K_ * 16 + (v % 16);
-    for (int k = 0; k < K_; k++) out[k] = b[(size_t)k * 16];
-  } else {
-    std::memcpy(out, W_ + (size_t)v * K_, sizeof(float) * K_);
-  }
 }
 
 static const int prefetch_blocks = 4;
 static const int CH = 4;  // accumulation chains per token: fixed, so logits never depend on the batch
 
-// packed_tokens accumulates TG tokens against one fp32 packed block. Every token uses CH chains
-// over k (chain c takes k = c, c+CH, ...) summed as ((c0 + c1) + c2) + c3, whatever TG is: a
-// token's logits are bit-identical alone or batched, and exact_block reproduces them.
-template <int TG>
-__attribute__((target("avx512f,avx512dq"))) static inline void packed_tokens(const float *pb, int K, const float *x,
-                                                                              __m512 *out) {
-  __m512 acc[TG][CH];
-  for (int t = 0; t < TG; t++)
-    for (int c = 0; c < CH; c++) acc[t][c] = _mm512_setzero_ps();
+// Every logit is one fixed sum, whichever kernel computes it and whatever the batch: CH fused
+// multiply-add chains over k (chain c takes k = c, c+CH, ..., and the K % CH last k go to chain
+// 0 after the rest), summed as ((c0 + c1) + c2) + c3 (rows past the last 16-row block use dot()
+// instead). rm_range and tl_range compute 16-row blocks of W as stored (row-major, no copy),
+// row_dot one row: a token's logits are bit-identical alone or batched, and greedy's rescoring
+// of a row reproduces forward's logit exactly.
+static inline float row_dot(const float *w, const float *x, int K) {
+  __m128 acc = _mm_setzero_ps();
   int k = 0;
-  for (; k + CH <= K; k += CH)
-    for (int c = 0; c < CH; c++) {
-      __m512 w = _mm512_load_ps(pb + (size_t)(k + c) * 16);
-      for (int t = 0; t < TG; t++) acc[t][c] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[(size_t)t * K + k + c]), acc[t][c]);
-    }
-  for (; k < K; k++) {
-    __m512 w = _mm512_load_ps(pb + (size_t)k * 16);
-    for (int t = 0; t < TG; t++) acc[t][0] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[(size_t)t * K + k]), acc[t][0]);
-  }
-  for (int t = 0; t < TG; t++) {
-    __m512 s = acc[t][0];
-    for (int c = 1; c < CH; c++) s = _mm512_add_ps(s, acc[t][c]);
-    out[t] = s;
-  }
+  for (; k + CH <= K; k += CH) acc = _mm_fmadd_ps(_mm_loadu_ps(w + k), _mm_loadu_ps(x + k), acc);
+  alignas(16) float c[CH];
+  _mm_store_ps(c, acc);
+  for (; k < K; k++) c[0] = std::fma(w[k], x[k], c[0]);
+  return ((c[0] + c[1]) + c[2]) + c[3];
 }
 
 __attribute__((target("avx512f,avx512dq"))) static inline void prefetch_block(const void *p, size_t bytes) {
   for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)p + off, _MM_HINT_T0);
 }
 
+// transpose4 exchanges 128-bit lanes: lane j of z[i] is lane i of r[j].
+__attribute__((target("avx512f,avx512dq"))) static inline void transpose4(const __m512 *r, __m512 *z) {
+  const __m512 t0 = _mm512_shuffle_f32x4(r[0], r[1], 0x44);  // r0.0 r0.1 r1.0 r1.1
+  const __m512 t1 = _mm512_shuffle_f32x4(r[0], r[1], 0xEE);  // r0.2 r0.3 r1.2 r1.3
+  const __m512 t2 = _mm512_shuffle_f32x4(r[2], r[3], 0x44);  // r2.0 r2.1 r3.0 r3.1
+  const __m512 t3 = _mm512_shuffle_f32x4(r[2], r[3], 0xEE);  // r2.2 r2.3 r3.2 r3.3
+  z[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);                 // r0.0 r1.0 r2.0 r3.0
+  z[1] = _mm512_shuffle_f32x4(t0, t2, 0xDD);                 // r0.1 r1.1 r2.1 r3.1
+  z[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  z[3] = _mm512_shuffle_f32x4(t1, t3, 0xDD);
+}
+
+// quad_sum adds the CH chains held in the 4 floats of each 128-bit lane, ((c0 + c1) + c2) + c3:
+// lane 4i + g of the result is the sum of 128-bit lane i of a[g].
+__attribute__((target("avx512f,avx512dq"))) static inline __m512 quad_sum(const __m512 *a) {
+  const __m512 t0 = _mm512_shuffle_ps(a[0], a[1], _MM_SHUFFLE(1, 0, 1, 0));  // a0.c0 a0.c1 a1.c0 a1.c1
+  const __m512 t1 = _mm512_shuffle_ps(a[0], a[1], _MM_SHUFFLE(3, 2, 3, 2));  // a0.c2 a0.c3 a1.c2 a1.c3
+  const __m512 t2 = _mm512_shuffle_ps(a[2], a[3], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512 t3 = _mm512_shuffle_ps(a[2], a[3], _MM_SHUFFLE(3, 2, 3, 2));
+  const __m512 c0 = _mm512_shuffle_ps(t0, t2, _MM_SHUFFLE(2, 0, 2, 0));  // a0.c0 a1.c0 a2.c0 a3.c0
+  const __m512 c1 = _mm512_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 1, 3, 1));
+  const __m512 c2 = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(2, 0, 2, 0));
+  const __m512 c3 = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 1, 3, 1));
+  return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), c2), c3);
+}
+
+// see_block folds block b's 16 logits into a running argmax: the block max, then the lowest
+// lane holding it, which keeps torch.argmax's first-index rule.
+__attribute__((target("avx512f,avx512dq"))) static inline void see_block(__m512 out, int b, ArgMax *am) {
+  float m = _mm512_reduce_max_ps(out);
+  if (m > am->v || am->i < 0) {
+    __mmask16 eq = _mm512_cmp_ps_mask(out, _mm512_set1_ps(m), _CMP_EQ_OQ);
+    if (eq) {
+      am->v = m;
+      am->i = b * 16 + __builtin_ctz((unsigned)eq);
+    }
+  }
+}
+
+// rm_range computes blocks [b0, b1) for TG (1 or 2) tokens with rows in the lanes: register g
+// of a block holds rows g, g+4, g+8, g+12 (one per 128-bit lane), lane 4i + c chain c of its
+// row. Four 16-float row segments are transposed by 128-bit lanes so that each register takes
+// the next 4 weights of its rows, multiplied by x[k, k+4) broadcast to every lane; quad_sum then
+// yields the 16 logits in row order. The four registers also keep 4 independent chains per
+// token in flight.
 template <int TG>
-__attribute__((target("avx512f,avx512dq"))) static void packed_range(const float *p, int K, const float *x, int N,
-                                                                      int b0, int b1, float *y, ArgMax *am) {
-  __m512 out[TG];
+__attribute__((target("avx512f,avx512dq"))) static void rm_range(const float *W, int K, const float *x, int N,
+                                                                  int b0, int b1, float *y, ArgMax *am) {
   const size_t block = (size_t)K * 16;
   for (int b = b0; b < b1; b++) {
     // Prefetch a few blocks ahead: one core's streaming bandwidth from L3 is bounded by the
     // misses it keeps in flight, and the hardware prefetcher stops at 4 KiB page boundaries.
-    if (TG <= 2 && b + prefetch_blocks < b1) prefetch_block(p + (b + prefetch_blocks) * block, block * sizeof(float));
-    packed_tokens<TG>(p + (size_t)b * block, K, x, out);
-    for (int t = 0; t < TG; t++) {
-      if (y) _mm512_storeu_ps(y + (size_t)t * N + (size_t)b * 16, out[t]);
-      if (am) {
-        // Block max, then the lowest lane holding it: keeps torch.argmax's first-index rule.
-        float m = _mm512_reduce_max_ps(out[t]);
-        if (m > am[t].v || am[t].i < 0) {
-          __mmask16 eq = _mm512_cmp_ps_mask(out[t], _mm512_set1_ps(m), _CMP_EQ_OQ);
-          if (eq) {
-            am[t].v = m;
-            am[t].i = b * 16 + __builtin_ctz((unsigned)eq);
-          }
+    if (b + prefetch_blocks < b1) prefetch_block(W + (b + prefetch_blocks) * block, block * sizeof(float));
+    const float *wb = W + (size_t)b * block;
+    __m512 acc[4][TG], r[4], z[4][4];
+    for (int g = 0; g < 4; g++)
+      for (int t = 0; t < TG; t++) acc[g][t] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+      for (int g = 0; g < 4; g++) {
+        for (int i = 0; i < 4; i++) r[i] = _mm512_loadu_ps(wb + (size_t)(g + 4 * i) * K + k);
+        transpose4(r, z[g]);
+      }
+      for (int s = 0; s < 4; s++)
+        for (int t = 0; t < TG; t++) {
+          const __m512 xv = _mm512_broadcast_f32x4(_mm_loadu_ps(x + (size_t)t * K + k + 4 * s));
+          for (int g = 0; g < 4; g++) acc[g][t] = _mm512_fmadd_ps(z[g][s], xv, acc[g][t]);
         }
+    }
+    if (k < K) {  // K % 16 left: its whole 4-steps, then the K % 4 last k into chain 0 (lanes 4i)
+      const int rem = K - k;
+      const __mmask16 m = (__mmask16)((1u << rem) - 1);
+      for (int g = 0; g < 4; g++) {
+        for (int i = 0; i < 4; i++) r[i] = _mm512_maskz_loadu_ps(m, wb + (size_t)(g + 4 * i) * K + k);
+        transpose4(r, z[g]);
+      }
+      int s = 0;
+      for (; 4 * s + 4 <= rem; s++)
+        for (int t = 0; t < TG; t++) {
+          const __m512 xv = _mm512_broadcast_f32x4(_mm_loadu_ps(x + (size_t)t * K + k + 4 * s));
+          for (int g = 0; g < 4; g++) acc[g][t] = _mm512_fmadd_ps(z[g][s], xv, acc[g][t]);
+        }
+      for (int c = 0; 4 * s + c < rem; c++) {
+        const __m512i pick = _mm512_set1_epi32(c);  // weight c of each 128-bit lane, to position 0
+        for (int t = 0; t < TG; t++) {
+          const __m512 xv = _mm512_set1_ps(x[(size_t)t * K + k + 4 * s + c]);
+          for (int g = 0; g < 4; g++)
+            acc[g][t] = _mm512_mask3_fmadd_ps(_mm512_permutevar_ps(z[g][s], pick), xv, acc[g][t], (__mmask16)0x1111);
+        }
+      }
+    }
+    for (int t = 0; t < TG; t++) {
+      const __m512 a4[4] = {acc[0][t], acc[1][t], acc[2][t], acc[3][t]};
+      const __m512 out = quad_sum(a4);
+      if (y) _mm512_storeu_ps(y + (size_t)t * N + (size_t)b * 16, out);
+      if (am) see_block(out, b, am + t);
+    }
+  }
+}
+
+// From 4 tokens on, tl_range puts tokens in the lanes instead: for one row, lane 4t + c holds
+// chain c of token t, so the row's next 4 weights are broadcast to every 128-bit lane (a load,
+// no shuffle) and multiplied by xq, the 4 tokens' x[k, k+4) side by side (fill_xq, once per
+// call). Each multiply-add then serves 4 tokens x 4 chains and W is used exactly as stored;
+// only a block's 16 x 4 sums are rearranged at the end, a cost shared by 4 tokens.
+
+// xq_regs is the number of registers per group of 4 tokens in xq: K/4 whole 4-steps, then one
+// per k of the K % 4 tail (token t's x[k] in lane 4t, for chain 0).
+static inline int xq_regs(int K) { return K / 4 + K % 4; }
+
+// fill_xq lays out tokens [t0, t0 + nt) of x (nt <= 4; missing tokens are zero) as one group.
+static void fill_xq(const float *x, int K, int t0, int nt, float *xq) {
+  const int K4 = K / 4;
+  std::memset(xq, 0, sizeof(float) * 16 * xq_regs(K));
+  for (int t = 0; t < nt; t++) {
+    const float *xt = x + (size_t)(t0 + t) * K;
+    for (int k = 0; k < 4 * K4; k++) xq[(size_t)(k / 4) * 16 + 4 * t + k % 4] = xt[k];
+    for (int c = 0; c < K % 4; c++) xq[(size_t)(K4 + c) * 16 + 4 * t] = xt[4 * K4 + c];
+  }
+}
+
+// tl_range computes blocks [b0, b1) for P groups of 4 tokens laid out in xq; only the first nt
+// tokens are stored and tracked. Sixteen accumulators cover 16 rows of one group, or 8 rows of
+// two groups (P = 2), which halves the weight broadcasts per multiply-add.
+template <int P>
+__attribute__((target("avx512f,avx512dq"))) static void tl_range(const float *W, int K, const float *xq, int nt,
+                                                                  int N, int b0, int b1, float *y, ArgMax *am) {
+  constexpr int RP = 16 / P;  // rows per pass
+  const int K4 = K / 4, L = xq_regs(K);
+  for (int b = b0; b < b1; b++) {
+    __m512 sums[P][4];  // group p, rows 4q..4q+3: lane 4t + g = token t, row 4q + g
+    for (int h = 0; h < 16; h += RP) {
+      const float *wb = W + ((size_t)b * 16 + h) * K;
+      __m512 acc[P][RP];
+      for (int p = 0; p < P; p++)
+        for (int j = 0; j < RP; j++) acc[p][j] = _mm512_setzero_ps();
+      for (int s = 0; s < K4; s++) {
+        __m512 xv[P];
+        for (int p = 0; p < P; p++) xv[p] = _mm512_loadu_ps(xq + ((size_t)p * L + s) * 16);
+        for (int j = 0; j < RP; j++) {
+          const __m512 wv = _mm512_broadcast_f32x4(_mm_loadu_ps(wb + (size_t)j * K + 4 * s));
+          for (int p = 0; p < P; p++) acc[p][j] = _mm512_fmadd_ps(wv, xv[p], acc[p][j]);
+        }
+      }
+      for (int c = 0; c < K % 4; c++)  // the K % 4 tail: chain 0 (lanes 4t) only
+        for (int p = 0; p < P; p++) {
+          const __m512 xv = _mm512_loadu_ps(xq + ((size_t)p * L + K4 + c) * 16);
+          for (int j = 0; j < RP; j++)
+            acc[p][j] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(wb[(size_t)j * K + 4 * K4 + c]), xv, acc[p][j],
+                                              (__mmask16)0x1111);
+        }
+      for (int p = 0; p < P; p++)
+        for (int q = 0; q < RP / 4; q++) sums[p][h / 4 + q] = quad_sum(&acc[p][4 * q]);
+    }
+    for (int p = 0; p < P; p++) {
+      __m512 out[4];  // token t: lane 4q + g = row 4q + g
+      transpose4(sums[p], out);
+      for (int t = 0; t < 4 && 4 * p + t < nt; t++) {
+        if (y) _mm512_storeu_ps(y + (size_t)(4 * p + t) * N + (size_t)b * 16, out[t]);
+        if (am) see_block(out[t], b, am + 4 * p + t);
       }
     }
   }
@@ -616,20 +724,26 @@ __attribute__((target("avx512f,avx512dq"))) static void packed_range(const float
 
 static inline float *yt(float *y, int t, int N) { return y ? y + (size_t)t * N : nullptr; }
 
-// packed_rows covers blocks [b0, b1) for all T tokens, in chunks of blocks that stay in L2
-// while every token group passes over them, so each weight is read from memory once per step.
-static void packed_rows(const float *p, int K, const float *x, int T, int N, int b0, int b1, float *y, ArgMax *am) {
+// rm_rows covers blocks [b0, b1) for all T tokens (xq: fill_xq's groups of 4 tokens, the last
+// one padded when T % 4 == 3), in chunks of blocks that stay in L2 while every token group
+// passes over them, so each weight is read from memory once per step.
+static void rm_rows(const float *W, int K, const float *x, const float *xq, int T, int N, int b0, int b1, float *y,
+                    ArgMax *am) {
   const int chunk = 64;
+  const size_t L16 = (size_t)xq_regs(K) * 16;
   for (int c0 = b0; c0 < b1; c0 += chunk) {
     int c1 = std::min(b1, c0 + chunk);
     int t = 0;
-    for (; t + 4 <= T; t += 4)
-      packed_range<4>(p, K, x + (size_t)t * K, N, c0, c1, yt(y, t, N), am ? am + t : nullptr);
+    for (; t + 8 <= T; t += 8)
+      tl_range<2>(W, K, xq + (t / 4) * L16, 8, N, c0, c1, yt(y, t, N), am ? am + t : nullptr);
+    for (; t + 3 <= T; t += 4)
+      tl_range<1>(W, K, xq + (t / 4) * L16, std::min(4, T - t), N, c0, c1, yt(y, t, N), am ? am + t : nullptr);
+    t = std::min(t, T);
     if (t + 2 <= T) {
-      packed_range<2>(p, K, x + (size_t)t * K, N, c0, c1, yt(y, t, N), am ? am + t : nullptr);
+      rm_range<2>(W, K, x + (size_t)t * K, N, c0, c1, yt(y, t, N), am ? am + t : nullptr);
       t += 2;
     }
-    if (t < T) packed_range<1>(p, K, x + (size_t)t * K, N, c0, c1, yt(y, t, N), am ? am + t : nullptr);
+    if (t < T) rm_range<1>(W, K, x + (size_t)t * K, N, c0, c1, yt(y, t, N), am ? am + t : nullptr);
   }
 }
 
@@ -637,9 +751,10 @@ static void packed_rows(const float *p, int K, const float *x, int T, int N, int
 //
 // Greedy decoding needs only the argmax, and at small batch the LM head is bound by memory
 // bandwidth, so a first pass reads a bf16 copy of W (half the bytes) with vdpbf16ps and keeps
-// every row whose approximate logit is within 2*bound of the approximate maximum; those rows'
-// blocks are then recomputed exactly with the fp32 kernel above. bound is a rigorous limit on
-// |approx - exact| (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.1):
+// every row whose approximate logit is within 2*bound of the approximate maximum; those rows
+// are then recomputed exactly from W (row_dot, the very sum forward computes), a few cache
+// lines each. bound is a rigorous limit on |approx - exact| (Higham, Accuracy and Stability of
+// Numerical Algorithms, 2nd ed., 3.1):
 //   |Σ x~ w~ - Σ x w| <= (2 ub + ub^2) Σ|x||w|   (bf16 keeps 8 significant bits, ub = 2^-8)
 //   each fp32 sum adds <= γ_n Σ|operands|, γ_n = n u/(1 - n u), u = 2^-24, n <= K + CH + 1,
 // with Σ|x||w| <= ||x||_1 max|w|. A row outside the set has exact logit < M - bound, and the
@@ -725,13 +840,6 @@ static void screen_rows(const uint16_t *q, int K2, const uint32_t *xp, int T, in
   }
 }
 
-__attribute__((target("avx512f,avx512dq"))) static void exact_block(const float *p, int K, const float *x, int b,
-                                                                     float *out16) {
-  __m512 v;
-  packed_tokens<1>(p + (size_t)b * K * 16, K, x, &v);
-  _mm512_storeu_ps(out16, v);
-}
-
 // ---- greedy screening in int8 ------------------------------------------------------------------
 //
 // With AVX512-VNNI the screen uses int8 instead (vpdpbusd: 64 multiply-adds per instruction,
@@ -815,7 +923,7 @@ static void screen8_rows(const int8_t *q, int K4, const uint32_t *xq, const floa
 }
 
 // finish_greedy recomputes the surviving candidates of every token exactly (see greedy).
-static void finish_greedy(const float *p, const float *W, int K, int N, int nb, const float *x, int T, int n_parts,
+static void finish_greedy(const float *W, int K, int N, int nb, const float *x, int T, int n_parts,
                           const std::vector<Screen> &sc, const float *bound2, int32_t *argmax);
 
 void LMHead::greedy8(ThreadPool *pool, const float *x, int T, int32_t *argmax) const {
@@ -857,7 +965,7 @@ void LMHead::greedy8(ThreadPool *pool, const float *x, int T, int32_t *argmax) c
       screen8_rows(q8_, K4, xq.data(), sw_.data(), corr_.data(), sx.data(), T, b0, b1, bound2.data(),
                    sc.data() + (size_t)i * T);
   });
-  finish_greedy(p_, W_, K_, N_, nb_, x, T, n_parts, sc, bound2.data(), argmax);
+  finish_greedy(W_, K_, N_, nb_, x, T, n_parts, sc, bound2.data(), argmax);
 }
 
 void LMHead::greedy(ThreadPool *pool, const float *x, int T, int32_t *argmax) const {
@@ -891,36 +999,27 @@ void LMHead::greedy(ThreadPool *pool, const float *x, int T, int32_t *argmax) co
   run_parts(pool, n_parts, nb_, [&](int i, int, int b0, int b1) {
     if (b0 < b1) screen_rows(q_, K2, xp.data(), T, b0, b1, bound2.data(), sc.data() + (size_t)i * T);
   });
-  finish_greedy(p_, W_, K_, N_, nb_, x, T, n_parts, sc, bound2.data(), argmax);
+  finish_greedy(W_, K_, N_, nb_, x, T, n_parts, sc, bound2.data(), argmax);
 }
 
-static void finish_greedy(const float *p, const float *W, int K, int N, int nb, const float *x, int T, int n_parts,
+static void finish_greedy(const float *W, int K, int N, int nb, const float *x, int T, int n_parts,
                           const std::vector<Screen> &sc, const float *bound2, int32_t *argmax) {
-  float lanes[16];
   for (int t = 0; t < T; t++) {
     const float *xt = x + (size_t)t * K;
     float m = -INFINITY;
     for (int i = 0; i < n_parts; i++) m = std::max(m, sc[(size_t)i * T + t].m);
     const float thr = m - bound2[t];
     ArgMax best;
-    int last_block = -1;
     for (int i = 0; i < n_parts; i++)  // parts and their candidates ascend by row
-      for (const Cand &c : sc[(size_t)i * T + t].cands) {
-        if (c.v < thr) continue;
-        int b = c.row / 16;
-        if (b != last_block) {
-          exact_block(p, K, xt, b, lanes);
-          last_block = b;
-        }
-        best.see(lanes[c.row % 16], c.row);
-      }
+      for (const Cand &c : sc[(size_t)i * T + t].cands)
+        if (c.v >= thr) best.see(row_dot(W + (size_t)c.row * K, xt, K), c.row);
     for (int r = nb * 16; r < N; r++) best.see(dot(xt, W + (size_t)r * K, K), r);
     argmax[t] = best.i;
   }
 }
 
 void LMHead::forward(ThreadPool *pool, const float *x, int T, float *y, int32_t *argmax) const {
-  if (!p_) {
+  if (nb_ == 0) {
     std::vector<float> tmp;
     if (!y) tmp.resize((size_t)T * N_);
     lm_head(pool, x, T, K_, W_, N_, y ? y : tmp.data(), argmax);
@@ -936,9 +1035,12 @@ void LMHead::forward(ThreadPool *pool, const float *x, int T, float *y, int32_t 
   }
   int n = ((double)T * K_ * N_ < parallel_threshold) ? 1 : pool->size();
   std::vector<ArgMax> am((size_t)n * T);
+  const size_t L16 = (size_t)xq_regs(K_) * 16;
+  std::vector<float> xq((T + 3) / 4 * L16);
+  for (int t = 0; t + 3 <= T; t += 4) fill_xq(x, K_, t, std::min(4, T - t), xq.data() + (t / 4) * L16);
   run_parts(pool, n, nb_, [&](int i, int nn, int b0, int b1) {
     ArgMax *a = am.data() + (size_t)i * T;
-    if (b0 < b1) packed_rows(p_, K_, x, T, N_, b0, b1, y, argmax ? a : nullptr);
+    if (b0 < b1) rm_rows(W_, K_, x, xq.data(), T, N_, b0, b1, y, argmax ? a : nullptr);
     if (i == nn - 1)  // rows past the last full block
       for (int r = nb_ * 16; r < N_; r++)
         for (int t = 0; t < T; t++) {
@@ -949,7 +1051,6 @@ void LMHead::forward(ThreadPool *pool, const float *x, int T, float *y, int32_t 
   });
   if (argmax) merge_argmax(am, n, T, argmax);
 }
-
 }  // namespace mq
 
 // ---- shared decoder-only plumbing ---------------------------------------------------------------

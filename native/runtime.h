@@ -149,12 +149,14 @@ void conv1d(ThreadPool *pool, const float *x, int T, int K, const float *W, int 
 void lm_head(ThreadPool *pool, const float *x, int T, int K, const float *W, int N, float *y,
              int32_t *argmax);
 
-// LMHead is the output projection W [N, K] (N = vocabulary). On AVX-512 machines it keeps a
-// copy of W repacked as [N/16][K][16], so 16 logits accumulate in the lanes of one register
-// with no horizontal reductions and each loaded weight vector serves every batched token,
-// plus an int8 (AVX512-VNNI) or else bf16 copy for greedy screening; the bundle pages of W are then
-// released from this process (madvise), and rows of a tied embedding are read back from the
-// packed copy (row()). Elsewhere it uses W in place.
+// LMHead is the output projection W [N, K] (N = vocabulary), read in place from the bundle's
+// mapping: the fp32 logits (sampling, logits_all) and the exact rescoring of greedy candidates
+// use W itself, so the only copy is a screen a quarter (int8, AVX512-VNNI) or half (bf16) its
+// size that greedy decoding reads instead of W. After building the screen the bundle pages of
+// W are released from this process (madvise; W must therefore be a read-only file mapping, as
+// the bundle's is, since anonymous memory would read back as zeros): greedy decoding faults
+// back only the rows it rescores and the token embeddings it reads (with the page cache's
+// folios around them), and sampling faults all of W back once.
 class LMHead {
  public:
   LMHead(const float *W, int N, int K);
@@ -165,18 +167,15 @@ class LMHead {
   // skipping the stores saves T*N*4 bytes of memory traffic) and, when argmax is not NULL,
   // each row's argmax.
   void forward(ThreadPool *pool, const float *x, int T, float *y, int32_t *argmax) const;
-  // row copies W[v] into out.
-  void row(int v, float *out) const;
 
  private:
   // greedy computes argmax only: a bf16 screening pass, then exact fp32 for the few rows that
   // can win (see kernels.cc); the result equals forward's argmax bit for bit.
   void greedy(ThreadPool *pool, const float *x, int T, int32_t *argmax) const;
   const float *W_;
-  int N_, K_, nb_;  // nb_ full 16-row blocks packed
-  float *p_ = nullptr;     // fp32 [nb][K][16]
-  uint16_t *q_ = nullptr;  // bf16 [nb][K][16], for greedy screening
-  size_t bytes_ = 0, qbytes_ = 0;
+  int N_, K_, nb_;  // nb_ full 16-row blocks served by the AVX-512 kernels (0: plain lm_head)
+  uint16_t *q_ = nullptr;  // bf16 [nb][K/2][16][2], for greedy screening
+  size_t qbytes_ = 0;
   // int8 screen (AVX512-VNNI): q8_ [nb][K/4][16][4] with per-row scales sw_ and offset
   // corrections corr_ = 128 * sum(q8 row); used instead of the bf16 screen when present.
   void greedy8(ThreadPool *pool, const float *x, int T, int32_t *argmax) const;

@@ -46,7 +46,6 @@ class Gpt2 : public CausalLM {
     // GPT-2's LM head is always the token embedding (tie_word_embeddings); a separate
     // lm_head.weight, when a checkpoint carries one, is the same matrix.
     lm_ = w.has("lm_head.weight") ? w.get("lm_head.weight", {V_, E_}) : wte_;
-    tied_ = lm_ == wte_;
     head_.reset(new LMHead(lm_, V_, E_));
   }
 
@@ -71,10 +70,7 @@ class Gpt2 : public CausalLM {
       for (int j = 0; j < b.ntok[i]; j++) {
         int r = b.off[i] + j, p = b.pos[i] + j;
         float *hr = &h_[(size_t)r * E_];
-        if (tied_)
-          head_->row(b.tokens[r], hr);
-        else
-          std::memcpy(hr, wte_ + (size_t)b.tokens[r] * E_, sizeof(float) * E_);
+        std::memcpy(hr, wte_ + (size_t)b.tokens[r] * E_, sizeof(float) * E_);
         const float *pe = wpe_ + (size_t)p * E_;
         for (int d = 0; d < E_; d++) hr[d] += pe[d];
       }
@@ -118,7 +114,6 @@ class Gpt2 : public CausalLM {
   KVCache kv_;
   const float *wte_, *wpe_, *lnfg_, *lnfb_, *lm_;
   std::vector<Layer> layers_;
-  bool tied_ = false;  // token rows are read from head_ (its packed copy)
   std::vector<float> h_, a_, qkv_, q_, att_, tmp_, ff_, scratch_;
 };
 

@@ -56,7 +56,6 @@ class Qwen3 : public CausalLM {
       lm_ = embed_;
     else
       throw Error(MQ_ERR_LOAD, "tensor lm_head.weight is missing and config.json tie_word_embeddings is false");
-    tied_ = lm_ == embed_;
     head_.reset(new LMHead(lm_, V_, E_));
 
     // RoPE tables computed as transformers does in float32: inv_freq = 1/theta^(2i/d),
@@ -104,12 +103,8 @@ class Qwen3 : public CausalLM {
     u_.resize((size_t)R * I_);
     hn_.resize((size_t)R * E_);
     scratch_.resize(ctx_);
-    for (int r = 0; r < R; r++) {
-      if (tied_)
-        head_->row(b.tokens[r], &h_[(size_t)r * E_]);
-      else
-        std::memcpy(&h_[(size_t)r * E_], embed_ + (size_t)b.tokens[r] * E_, sizeof(float) * E_);
-    }
+    for (int r = 0; r < R; r++)
+      std::memcpy(&h_[(size_t)r * E_], embed_ + (size_t)b.tokens[r] * E_, sizeof(float) * E_);
     const float scale = 1.0f / std::sqrt((float)hd_);
     for (int l = 0; l < hp_.num_layers; l++) {
       const Layer &L = layers_[l];
@@ -157,7 +152,6 @@ class Qwen3 : public CausalLM {
   KVCache kv_;
   const float *embed_, *norm_, *lm_;
   std::vector<Layer> layers_;
-  bool tied_ = false;  // token rows are read from head_ (its packed copy)
   std::vector<float> cos_, sin_;
   std::vector<float> h_, a_, q_, k_, v_, att_, tmp_, g_, u_, scratch_;
 };
