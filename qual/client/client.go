@@ -1,9 +1,11 @@
 // Package client is the load generator's HTTP client for OpenAI-compatible completions and
 // chat endpoints, streaming or not. It is built for measurement: each SSE event is stamped
 // with the monotonic clock when its first byte arrives, events without content are dropped
-// before timing exactly as METRICS.md says, and the per-token CPU cost is kept well under a
-// microsecond (a hand-rolled SSE line scanner and a targeted JSON field scanner instead of
-// encoding/json per event) so the client never becomes the bottleneck it is measuring.
+// before timing exactly as METRICS.md says, and the per-token CPU cost is kept around a
+// microsecond (streaming requests to http:// servers go through the client's own HTTP/1.1
+// reader, one read system call per wake-up (rawhttp.go); a push-style SSE decoder and a
+// targeted JSON field scanner replace encoding/json per event) so the client never becomes
+// the bottleneck it is measuring.
 package client
 
 import (
@@ -43,8 +45,10 @@ type Options struct {
 
 // Client sends requests and measures them. It is safe for concurrent use.
 type Client struct {
-	hc      *http.Client
-	tr      *http.Transport
+	hc *http.Client
+	tr *http.Transport
+	// st carries streaming requests to http:// servers (nil for other URLs).
+	st      *streamTransport
 	base    string
 	model   string
 	auth    string
@@ -79,6 +83,7 @@ func New(o Options) (*Client, error) {
 		model:   o.Model,
 		timeout: o.Timeout,
 	}
+	cl.st = newStreamTransport(cl.base, c+16)
 	if o.APIKey != "" {
 		cl.auth = "Bearer " + o.APIKey
 	}
@@ -86,7 +91,12 @@ func New(o Options) (*Client, error) {
 }
 
 // Close releases idle connections.
-func (c *Client) Close() { c.tr.CloseIdleConnections() }
+func (c *Client) Close() {
+	c.tr.CloseIdleConnections()
+	if c.st != nil {
+		c.st.closeIdle()
+	}
+}
 
 // Model returns the model name the client sends.
 func (c *Client) Model() string { return c.model }
@@ -202,6 +212,9 @@ func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Re
 		ctx, cancelReq = context.WithCancel(ctx)
 		defer cancelReq()
 	}
+	if req.Stream && c.st != nil {
+		return c.doStream(ctx, epoch, path, req, body, resp, cancelReq)
+	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
 	if err != nil {
 		resp.Err = &Error{Type: "ClientError", Message: err.Error()}
@@ -243,15 +256,7 @@ func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Re
 		resp.ResponseBytes = int64(len(b))
 		resp.EndNs = int64(time.Since(epoch))
 		resp.ErrBody = b
-		var info chunkInfo
-		msg, typ := strings.TrimSpace(string(b)), http.StatusText(hresp.StatusCode)
-		if _, ok := parseChunk(b, nil, &info); ok && info.hasError {
-			msg = info.errMessage
-			if info.errType != "" {
-				typ = info.errType
-			}
-		}
-		resp.Err = &Error{Code: hresp.StatusCode, Type: typ, Message: msg}
+		resp.Err = statusError(hresp.StatusCode, b)
 		if rerr != nil && ctx.Err() != nil {
 			return c.fail(ctx, epoch, resp, rerr)
 		}
@@ -267,6 +272,48 @@ func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Re
 		return c.fail(ctx, epoch, resp, err)
 	}
 	return nil
+}
+
+// doStream sends a streaming request through the client's own HTTP/1.1 transport.
+func (c *Client) doStream(ctx context.Context, epoch time.Time, path string, req *Request, body []byte, resp *Response, cancelReq context.CancelFunc) error {
+	if !validHeaderValue(req.ID) {
+		resp.Err = &Error{Type: "ClientError", Message: fmt.Sprintf("request ID %q holds control characters; it cannot be sent as X-Request-Id", req.ID)}
+		return resp.Err
+	}
+	if !validHeaderValue(c.auth) {
+		resp.Err = &Error{Type: "ClientError", Message: "the API key holds control characters; it cannot be sent in an Authorization header"}
+		return resp.Err
+	}
+	// Stamped and armed as on the net/http path (see Do).
+	resp.StartNs = int64(time.Since(epoch))
+	resp.StartUnixNs = epoch.UnixNano() + resp.StartNs
+	if cancelReq != nil {
+		t := time.AfterFunc(req.CancelAfter, cancelReq)
+		defer t.Stop()
+	}
+	err := c.st.do(ctx, epoch, path, req, c.auth, body, resp)
+	switch {
+	case err == nil:
+		return nil
+	case resp.Status/100 != 2 && resp.Status != 0 && resp.Err != nil && (err == resp.Err || ctx.Err() == nil):
+		// A failed request: status and body recorded.
+		return resp.Err
+	}
+	return c.fail(ctx, epoch, resp, err)
+}
+
+// statusError describes a non-2xx response from its status and body, using the OpenAI
+// error object when the body holds one.
+func statusError(status int, body []byte) *Error {
+	var info chunkInfo
+	msg, typ := strings.TrimSpace(string(body)), http.StatusText(status)
+	if _, ok := parseChunk(body, nil, &info); ok && info.hasError {
+		msg = info.errMessage
+		if info.errType != "" {
+			typ = info.errType
+		}
+	}
+	return &Error{Code: status, Type: typ, Message: msg}
 }
 
 // fail records a transport-level failure, telling cancellation apart.

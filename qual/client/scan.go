@@ -1,6 +1,8 @@
 package client
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -21,42 +23,44 @@ type chunkInfo struct {
 	errCode          int
 }
 
-// span is a raw JSON string value (without quotes) inside the chunk.
-type span struct{ start, end int }
+// span is a raw JSON string value (without quotes) inside the chunk, with whether it holds
+// escapes; the zero span is "absent" (null, not a string, or empty).
+type span struct {
+	start, end int
+	esc        bool
+}
 
 func (s span) ok() bool { return s.end > s.start }
 
-type scanner struct {
-	b   []byte
-	i   int
-	bad bool
-}
+// The scanner is a set of functions over the chunk b and a position i, each returning the
+// position after what it consumed, or -1 on a syntax error. Positions travel in registers
+// rather than through a scanner struct in memory, which is what the per-event cost is made of
+// (about forty tokens per chunk).
 
 // parseChunk scans data, appends the chunk's content to dst and fills info. ok is false
 // when data is not exactly one valid JSON object (then dst is returned unchanged).
 func parseChunk(data []byte, dst []byte, info *chunkInfo) (out []byte, ok bool) {
 	*info = chunkInfo{}
-	s := scanner{b: data}
-	s.ws()
-	if s.i >= len(s.b) || s.b[s.i] != '{' {
+	b := data
+	i := ws(b, 0)
+	if i >= len(b) || b[i] != '{' {
 		return dst, false
 	}
 	n0 := len(dst)
-	dst = s.topObject(dst, info)
-	s.ws()
-	if s.bad || s.i != len(s.b) {
+	dst, i = topObject(b, i+1, dst, info)
+	if i < 0 || ws(b, i) != len(b) {
 		return dst[:n0], false
 	}
 	info.hasContent = len(dst) > n0
 	return dst, true
 }
 
-func (s *scanner) ws() {
-	b, i := s.b, s.i
-	for i < len(b) && isSpace[b[i]] {
+// ws skips JSON whitespace.
+func ws(b []byte, i int) int {
+	for i < len(b) && b[i] <= ' ' && isSpace[b[i]] {
 		i++
 	}
-	s.i = i
+	return i
 }
 
 // isSpace and strPlain are byte classes: JSON whitespace, and bytes a string may hold
@@ -71,254 +75,179 @@ var isSpace, strPlain = func() (sp, plain [256]bool) {
 	return
 }()
 
-// expect consumes c after whitespace.
-func (s *scanner) expect(c byte) bool {
-	s.ws()
-	if s.i < len(s.b) && s.b[s.i] == c {
-		s.i++
-		return true
-	}
-	s.bad = true
-	return false
-}
-
-// nextKey advances to the next key of an object whose '{' was consumed (first is true
-// before the first key) and leaves the scanner at the key's value. It returns false at the
-// closing '}' (consumed) or on a syntax error (s.bad).
-func (s *scanner) nextKey(first *bool) ([]byte, bool) {
-	s.ws()
-	if s.i >= len(s.b) {
-		s.bad = true
-		return nil, false
-	}
-	c := s.b[s.i]
-	if c == '}' {
-		s.i++
-		return nil, false
-	}
-	if !*first {
-		if c != ',' {
-			s.bad = true
-			return nil, false
-		}
-		s.i++
-		s.ws()
-	}
-	*first = false
-	k, esc := s.str()
-	if s.bad || !s.expect(':') {
-		s.bad = true
-		return nil, false
-	}
-	s.ws()
-	key := s.b[k.start:k.end]
-	if esc {
-		key = unescape(nil, key)
-	}
-	return key, true
-}
-
-// nextElem advances to the next element of an array whose '[' was consumed; false at the
-// closing ']' (consumed) or on a syntax error.
-func (s *scanner) nextElem(first *bool) bool {
-	s.ws()
-	if s.i >= len(s.b) {
-		s.bad = true
-		return false
-	}
-	c := s.b[s.i]
-	if c == ']' {
-		s.i++
-		return false
-	}
-	if !*first {
-		if c != ',' {
-			s.bad = true
-			return false
-		}
-		s.i++
-		s.ws()
-	}
-	*first = false
-	if s.i >= len(s.b) {
-		s.bad = true
-		return false
-	}
-	return true
-}
-
-// isStart reports whether the value at the scanner starts with c.
-func (s *scanner) isStart(c byte) bool { return s.i < len(s.b) && s.b[s.i] == c }
-
-// str scans a string at s.i (which must be '"') and returns its raw span and whether it
-// holds escapes. It validates escapes and rejects control characters, like encoding/json.
-func (s *scanner) str() (span, bool) {
-	if s.i >= len(s.b) || s.b[s.i] != '"' {
-		s.bad = true
-		return span{}, false
-	}
-	s.i++
-	start := s.i
-	esc := false
-	for s.i < len(s.b) {
-		// Fast path over plain bytes with locals the compiler keeps in registers. (Eight
-		// bytes at a time with SWAR tricks measured no faster on these short strings.)
-		b, i := s.b, s.i
-		for i < len(b) && strPlain[b[i]] {
-			i++
-		}
-		s.i = i
-		if i >= len(b) {
-			break
-		}
-		c := b[i]
-		switch {
-		case c == '"':
-			sp := span{start, s.i}
-			s.i++
-			return sp, esc
-		case c == '\\':
-			esc = true
-			if s.i+1 >= len(s.b) {
-				s.bad = true
-				return span{}, false
-			}
-			switch s.b[s.i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				s.i += 2
-			case 'u':
-				if s.i+6 > len(s.b) {
-					s.bad = true
-					return span{}, false
+// str scans the string whose opening quote is at b[i] and returns the position after its
+// closing quote and the span of its raw contents. It validates escapes and rejects control
+// characters, like encoding/json.
+func str(b []byte, i int) (int, span) {
+	i++
+	sp := span{start: i}
+	for {
+		// Eight bytes at a time, straight to the first that needs a look; byte by byte
+		// within the last eight bytes of the chunk.
+		for {
+			if i+8 > len(b) {
+				for i < len(b) && strPlain[b[i]] {
+					i++
 				}
-				for _, h := range s.b[s.i+2 : s.i+6] {
+				break
+			}
+			if m := special8(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
+			i += 8
+		}
+		if i >= len(b) {
+			return -1, span{}
+		}
+		switch b[i] {
+		case '"':
+			sp.end = i
+			return i + 1, sp
+		case '\\':
+			sp.esc = true
+			if i+1 >= len(b) {
+				return -1, span{}
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) {
+					return -1, span{}
+				}
+				for _, h := range b[i+2 : i+6] {
 					if hexVal(h) < 0 {
-						s.bad = true
-						return span{}, false
+						return -1, span{}
 					}
 				}
-				s.i += 6
+				i += 6
 			default:
-				s.bad = true
-				return span{}, false
+				return -1, span{}
 			}
-		case c < 0x20:
-			s.bad = true
-			return span{}, false
-		default:
-			s.i++
+		default: // a control character
+			return -1, span{}
 		}
 	}
-	s.bad = true
-	return span{}, false
 }
 
-// strOrNull scans a string or null; for null it returns an empty span and isStr false.
-func (s *scanner) strOrNull() (sp span, esc, isStr bool) {
-	if s.i < len(s.b) && s.b[s.i] == '"' {
-		sp, esc = s.str()
-		return sp, esc, !s.bad
-	}
-	s.skip()
-	return span{}, false, false
+// special8 flags, in the high bit of each byte, the bytes of x (little-endian) that are
+// '"', '\\' or a control character (below 0x20). Each test is the classic "has a zero byte"
+// bit trick (Hacker's Delight 6-1): a borrow can flag bytes above a true match, never below
+// one, so the lowest flag is exactly the first such byte; bytes of 0x80 and above never match.
+func special8(x uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q := x ^ (ones * '"')
+	bs := x ^ (ones * '\\')
+	return ((q-ones)&^q | (bs-ones)&^bs | (x-ones*0x20)&^x) & highs
 }
 
-// strField reads a string-or-null field value: its span and escape flag, or zero values
-// for null (and any non-string, which is skipped).
-func (s *scanner) strField() (span, bool) {
-	sp, esc, isStr := s.strOrNull()
-	if !isStr {
-		return span{}, false
+// member reads the key of the object member at b[i] (the key's quote) up to its value: it
+// returns the key's raw bytes (decoded when it holds escapes) and the value's position.
+func member(b []byte, i int) (key []byte, vi int) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, -1
 	}
-	return sp, esc
+	i, k := str(b, i)
+	if i < 0 {
+		return nil, -1
+	}
+	key = b[k.start:k.end]
+	if k.esc {
+		key = unescape(nil, key)
+	}
+	i = ws(b, i)
+	if i >= len(b) || b[i] != ':' {
+		return nil, -1
+	}
+	return key, ws(b, i+1)
 }
 
-// integer scans a JSON number; ok only when it is a plain integer that fits an int.
-func (s *scanner) integer() (int, bool) {
-	start := s.i
-	s.skip()
-	if s.bad {
-		return 0, false
-	}
-	lit := s.b[start:s.i]
-	neg := false
-	if len(lit) > 0 && lit[0] == '-' {
-		neg, lit = true, lit[1:]
-	}
-	if len(lit) == 0 || len(lit) > 18 {
-		return 0, false
-	}
-	v := 0
-	for _, c := range lit {
-		if c < '0' || c > '9' {
-			return 0, false
+// next moves past a value of a container closed by end: to the following element (more) or
+// past end (done).
+func next(b []byte, i int, end byte) (j int, more bool) {
+	i = ws(b, i)
+	if i < len(b) {
+		switch b[i] {
+		case ',':
+			return ws(b, i+1), true
+		case end:
+			return i + 1, false
 		}
-		v = v*10 + int(c-'0')
 	}
-	if neg {
-		v = -v
-	}
-	return v, true
+	return -1, false
 }
 
-// skip consumes any JSON value, validating it.
-func (s *scanner) skip() {
-	s.ws()
-	if s.i >= len(s.b) {
-		s.bad = true
-		return
+// open consumes whitespace after an opening '{' or '[' at b[i-1] and reports whether the
+// container is empty (then j is past its end).
+func open(b []byte, i int, end byte) (j int, empty bool) {
+	i = ws(b, i)
+	if i < len(b) && b[i] == end {
+		return i + 1, true
 	}
-	switch c := s.b[s.i]; {
-	case c == '{':
-		s.i++
-		first := true
-		for _, ok := s.nextKey(&first); ok; _, ok = s.nextKey(&first) {
-			s.skip()
-			if s.bad {
-				return
-			}
-		}
-	case c == '[':
-		s.i++
-		first := true
-		for s.nextElem(&first) {
-			s.skip()
-			if s.bad {
-				return
-			}
-		}
+	return i, false
+}
+
+// skip consumes the value at b[i], validating it.
+func skip(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch c := b[i]; {
 	case c == '"':
-		s.str()
+		i, _ = str(b, i)
+		return i
+	case c == '{':
+		i, empty := open(b, i+1, '}')
+		for more := !empty; more; {
+			if _, i = member(b, i); i < 0 {
+				return -1
+			}
+			if i = skip(b, i); i < 0 {
+				return -1
+			}
+			if i, more = next(b, i, '}'); i < 0 {
+				return -1
+			}
+		}
+		return i
+	case c == '[':
+		i, empty := open(b, i+1, ']')
+		for more := !empty; more; {
+			if i = skip(b, i); i < 0 {
+				return -1
+			}
+			if i, more = next(b, i, ']'); i < 0 {
+				return -1
+			}
+		}
+		return i
 	case c == 't':
-		s.lit("true")
+		return lit(b, i, "true")
 	case c == 'f':
-		s.lit("false")
+		return lit(b, i, "false")
 	case c == 'n':
-		s.lit("null")
+		return lit(b, i, "null")
 	case c == '-' || (c >= '0' && c <= '9'):
-		s.number()
-	default:
-		s.bad = true
+		return number(b, i)
 	}
+	return -1
 }
 
-func (s *scanner) lit(w string) {
-	if len(s.b)-s.i >= len(w) && string(s.b[s.i:s.i+len(w)]) == w {
-		s.i += len(w)
-		return
+func lit(b []byte, i int, w string) int {
+	if len(b)-i >= len(w) && string(b[i:i+len(w)]) == w {
+		return i + len(w)
 	}
-	s.bad = true
+	return -1
 }
 
 // number validates the JSON number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-func (s *scanner) number() {
-	b, i := s.b, s.i
+func number(b []byte, i int) int {
 	if i < len(b) && b[i] == '-' {
 		i++
 	}
 	if i >= len(b) {
-		s.bad = true
-		return
+		return -1
 	}
 	if b[i] == '0' {
 		i++
@@ -327,8 +256,7 @@ func (s *scanner) number() {
 			i++
 		}
 	} else {
-		s.bad = true
-		return
+		return -1
 	}
 	if i < len(b) && b[i] == '.' {
 		i++
@@ -337,8 +265,7 @@ func (s *scanner) number() {
 			i++
 		}
 		if i == d {
-			s.bad = true
-			return
+			return -1
 		}
 	}
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
@@ -351,200 +278,280 @@ func (s *scanner) number() {
 			i++
 		}
 		if i == d {
-			s.bad = true
-			return
+			return -1
 		}
 	}
-	s.i = i
+	return i
 }
 
-// topObject walks the chunk (its '{' not yet consumed): choices, usage and error are read,
-// everything else skipped.
-func (s *scanner) topObject(dst []byte, info *chunkInfo) []byte {
+// strField reads a string-or-null field value: its span, or the zero span for null (and any
+// non-string, which is skipped).
+func strField(b []byte, i int) (int, span) {
+	if i < len(b) && b[i] == '"' {
+		return str(b, i)
+	}
+	return skip(b, i), span{}
+}
+
+// integer reads any value; ok only when it is a plain integer literal that fits an int.
+func integer(b []byte, i int) (j, v int, ok bool) {
+	j = skip(b, i)
+	if j < 0 {
+		return -1, 0, false
+	}
+	lit := b[i:j]
+	neg := false
+	if len(lit) > 0 && lit[0] == '-' {
+		neg, lit = true, lit[1:]
+	}
+	if len(lit) == 0 || len(lit) > 18 {
+		return j, 0, false
+	}
+	for _, c := range lit {
+		if c < '0' || c > '9' {
+			return j, 0, false
+		}
+		v = v*10 + int(c-'0')
+	}
+	if neg {
+		v = -v
+	}
+	return j, v, true
+}
+
+// topObject walks the chunk after its '{': choices, usage and error are read, everything
+// else skipped.
+func topObject(b []byte, i int, dst []byte, info *chunkInfo) ([]byte, int) {
 	// The last occurrence of a key wins, as with encoding/json; so choices are collected per
 	// occurrence and only the last "choices" array contributes.
 	n0 := len(dst)
 	texts := dst
 	var finish string
 	choicesSeen := false
-	s.i++ // '{'
-	first := true
-	for key, ok := s.nextKey(&first); ok; key, ok = s.nextKey(&first) {
+	i, empty := open(b, i, '}')
+	for more := !empty; more; {
+		var key []byte
+		if key, i = member(b, i); i < 0 {
+			break
+		}
 		switch string(key) {
 		case "choices":
 			texts, finish = texts[:n0], ""
-			if !s.isStart('[') {
-				s.skip()
+			if i >= len(b) || b[i] != '[' {
+				i = skip(b, i)
 				break
 			}
 			choicesSeen = true
-			s.i++
-			firstElem := true
-			for s.nextElem(&firstElem) {
-				if s.isStart('{') {
+			var emptyArr bool
+			i, emptyArr = open(b, i+1, ']')
+			for elem := !emptyArr; elem; {
+				if i < len(b) && b[i] == '{' {
 					var fr string
-					texts, fr = s.choice(texts)
-					if fr != "" {
+					if texts, fr, i = choice(b, i+1, texts); fr != "" {
 						finish = fr
 					}
 				} else {
-					s.skip()
+					i = skip(b, i)
 				}
-				if s.bad {
+				if i < 0 {
 					break
 				}
+				i, elem = next(b, i, ']')
 			}
 		case "usage":
 			info.hasUsage = false
 			info.promptTokens, info.completionTokens = 0, 0
-			if !s.isStart('{') {
-				s.skip()
+			if i >= len(b) || b[i] != '{' {
+				i = skip(b, i)
 				break
 			}
-			s.i++
 			var pt, ct int
-			var pok, cok bool
-			f := true
-			for k, ok := s.nextKey(&f); ok; k, ok = s.nextKey(&f) {
-				switch string(k) {
-				case "prompt_tokens":
-					pt, pok = s.integer()
-				case "completion_tokens":
-					ct, cok = s.integer()
-				default:
-					s.skip()
-				}
-				if s.bad {
+			var pok, cok, emptyObj bool
+			i, emptyObj = open(b, i+1, '}')
+			for m := !emptyObj; m; {
+				var k []byte
+				if k, i = member(b, i); i < 0 {
 					break
 				}
+				switch string(k) {
+				case "prompt_tokens":
+					i, pt, pok = integer(b, i)
+				case "completion_tokens":
+					i, ct, cok = integer(b, i)
+				default:
+					i = skip(b, i)
+				}
+				if i < 0 {
+					break
+				}
+				i, m = next(b, i, '}')
 			}
 			if pok || cok {
 				info.hasUsage = true
 				info.promptTokens, info.completionTokens = pt, ct
 			}
 		case "error":
-			info.hasError, info.errMessage, info.errType, info.errCode = false, "", "", 0
-			switch {
-			case s.isStart('{'):
-				info.hasError = true
-				s.i++
-				f := true
-				for k, ok := s.nextKey(&f); ok; k, ok = s.nextKey(&f) {
-					switch string(k) {
-					case "message":
-						info.errMessage = s.decode(s.strField())
-					case "type":
-						info.errType = s.decode(s.strField())
-					case "code":
-						if s.i < len(s.b) && (s.b[s.i] == '-' || (s.b[s.i] >= '0' && s.b[s.i] <= '9')) {
-							if v, ok := s.integer(); ok {
-								info.errCode = v
-							}
-						} else {
-							s.skip()
-						}
-					default:
-						s.skip()
-					}
-					if s.bad {
-						break
-					}
-				}
-			case s.isStart('"'):
-				sp, esc := s.str()
-				info.hasError = true
-				info.errMessage = s.decode(sp, esc)
-			default:
-				s.skip()
-			}
+			i = errorField(b, i, info)
 		default:
-			s.skip()
+			i = skip(b, i)
 		}
-		if s.bad {
+		if i < 0 {
 			break
 		}
+		i, more = next(b, i, '}')
 	}
-	if !choicesSeen || s.bad {
-		return texts[:n0]
+	if !choicesSeen || i < 0 {
+		return texts[:n0], i
 	}
 	info.finishReason = finish
-	return texts
+	return texts, i
 }
 
-// choice reads one element of choices (its '{' not yet consumed): text (completions),
-// delta or message (chat: reasoning_content, reasoning, content) and finish_reason. It
-// appends the choice's text to texts.
-func (s *scanner) choice(texts []byte) ([]byte, string) {
+// errorField reads the value of "error": an object (message, type, code) or a string.
+func errorField(b []byte, i int, info *chunkInfo) int {
+	info.hasError, info.errMessage, info.errType, info.errCode = false, "", "", 0
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '{':
+		info.hasError = true
+		i, empty := open(b, i+1, '}')
+		for more := !empty; more; {
+			var k []byte
+			if k, i = member(b, i); i < 0 {
+				return -1
+			}
+			var sp span
+			switch string(k) {
+			case "message":
+				i, sp = strField(b, i)
+				info.errMessage = decode(b, sp)
+			case "type":
+				i, sp = strField(b, i)
+				info.errType = decode(b, sp)
+			case "code":
+				if i < len(b) && (b[i] == '-' || (b[i] >= '0' && b[i] <= '9')) {
+					var v int
+					var ok bool
+					if i, v, ok = integer(b, i); ok {
+						info.errCode = v
+					}
+				} else {
+					i = skip(b, i)
+				}
+			default:
+				i = skip(b, i)
+			}
+			if i < 0 {
+				return -1
+			}
+			i, more = next(b, i, '}')
+		}
+		return i
+	case '"':
+		var sp span
+		i, sp = str(b, i)
+		info.hasError = true
+		info.errMessage = decode(b, sp)
+		return i
+	}
+	return skip(b, i)
+}
+
+// choice reads one element of choices after its '{': text (completions), delta or message
+// (chat: reasoning_content, reasoning, content) and finish_reason. It appends the choice's
+// text to texts.
+func choice(b []byte, i int, texts []byte) ([]byte, string, int) {
 	var text, reasoning, reasoning2, content span
-	var textEsc, rEsc, r2Esc, cEsc bool
 	var finish string
-	s.i++
-	first := true
-	for key, ok := s.nextKey(&first); ok; key, ok = s.nextKey(&first) {
+	i, empty := open(b, i, '}')
+	for more := !empty; more; {
+		var key []byte
+		if key, i = member(b, i); i < 0 {
+			return texts, "", -1
+		}
 		switch string(key) {
 		case "text":
-			text, textEsc = s.strField()
+			i, text = strField(b, i)
 		case "delta", "message":
 			// The last key wins for the whole delta object too.
 			reasoning, reasoning2, content = span{}, span{}, span{}
-			if !s.isStart('{') {
-				s.skip()
+			if i >= len(b) || b[i] != '{' {
+				i = skip(b, i)
 				break
 			}
-			s.i++
-			f := true
-			for k, ok := s.nextKey(&f); ok; k, ok = s.nextKey(&f) {
+			var emptyObj bool
+			i, emptyObj = open(b, i+1, '}')
+			for m := !emptyObj; m; {
+				var k []byte
+				if k, i = member(b, i); i < 0 {
+					return texts, "", -1
+				}
 				switch string(k) {
 				case "content":
-					content, cEsc = s.strField()
+					i, content = strField(b, i)
 				case "reasoning_content":
-					reasoning, rEsc = s.strField()
+					i, reasoning = strField(b, i)
 				case "reasoning":
-					reasoning2, r2Esc = s.strField()
+					i, reasoning2 = strField(b, i)
 				default:
-					s.skip()
+					i = skip(b, i)
 				}
-				if s.bad {
-					break
+				if i < 0 {
+					return texts, "", -1
 				}
+				i, m = next(b, i, '}')
 			}
 		case "finish_reason":
-			finish = s.decode(s.strField())
+			var sp span
+			i, sp = strField(b, i)
+			finish = decode(b, sp)
 		default:
-			s.skip()
+			i = skip(b, i)
 		}
-		if s.bad {
-			break
+		if i < 0 {
+			return texts, "", -1
 		}
+		i, more = next(b, i, '}')
 	}
-	if s.bad {
-		return texts, ""
+	if i < 0 {
+		return texts, "", -1
 	}
-	texts = s.appendSpan(texts, reasoning, rEsc)
+	texts = appendSpan(texts, b, reasoning)
 	if !reasoning.ok() {
-		texts = s.appendSpan(texts, reasoning2, r2Esc)
+		texts = appendSpan(texts, b, reasoning2)
 	}
-	texts = s.appendSpan(texts, content, cEsc)
-	texts = s.appendSpan(texts, text, textEsc)
-	return texts, finish
+	texts = appendSpan(texts, b, content)
+	texts = appendSpan(texts, b, text)
+	return texts, finish, i
 }
 
-func (s *scanner) appendSpan(dst []byte, sp span, esc bool) []byte {
+func appendSpan(dst, b []byte, sp span) []byte {
 	if !sp.ok() {
 		return dst
 	}
-	raw := s.b[sp.start:sp.end]
-	if !esc && isASCIIorValid(raw) {
+	raw := b[sp.start:sp.end]
+	if !sp.esc && isASCIIorValid(raw) {
 		return append(dst, raw...)
 	}
 	return unescape(dst, raw)
 }
 
-func (s *scanner) decode(sp span, esc bool) string {
+func decode(b []byte, sp span) string {
 	if !sp.ok() {
 		return ""
 	}
-	return string(s.appendSpan(nil, sp, esc))
+	if !sp.esc {
+		// The finish reasons servers send, without an allocation per request.
+		switch raw := b[sp.start:sp.end]; string(raw) {
+		case "length":
+			return "length"
+		case "stop":
+			return "stop"
+		}
+	}
+	return string(appendSpan(nil, b, sp))
 }
 
 func isASCIIorValid(b []byte) bool {

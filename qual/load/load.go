@@ -19,6 +19,7 @@ import (
 	"io"
 	"math"
 	mrand "math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -327,7 +328,7 @@ func (r *run) buildBodies() error {
 func (r *run) one(ctx context.Context, phase, idPrefix string, seq int, worker string, cancel func(int) (bool, time.Duration), resp *client.Response) records.Request {
 	cfg := r.cfg
 	pi := seq % len(cfg.Prompts)
-	id := fmt.Sprintf("%s-%s%d", cfg.RunID, idPrefix, seq)
+	id := cfg.RunID + "-" + idPrefix + strconv.Itoa(seq)
 	req := client.Request{ID: id, Endpoint: cfg.Endpoint, Stream: cfg.Stream, Body: r.bodies[pi]}
 	if cancel != nil {
 		if yes, d := cancel(seq); yes {

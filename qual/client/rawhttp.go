@@ -1,0 +1,714 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// streamTransport sends streaming requests to an http:// server over HTTP/1.1 itself, with
+// its own pool of TCP connections, instead of net/http's Transport. What it buys is one read
+// system call per wake-up instead of two: net/http (like any io.Reader loop over a
+// non-blocking socket) reads again after each event, gets EAGAIN, and only then waits for
+// the poller. Here the whole response is parsed inside one syscall.RawConn.Read callback: a
+// read shorter than the buffer has emptied the socket, so the callback returns false and
+// waits for the next readiness notification; since nothing re-arms the poller between
+// reads, a notification for bytes that arrive while an event is being parsed is never lost.
+// (An end of stream that arrived with the last data is the exception; see
+// closeCheckInterval.) The reader decodes the status line, headers and chunked (or
+// Content-Length, or close-delimited) framing in its own buffer and feeds the body straight
+// into the event decoder, stamping every read as it returns. FuzzRawResponse holds it to
+// net/http's reading of the same bytes.
+//
+// It is used only where it is exact: plain http:// URLs without user info, query or
+// fragment. Everything else (https, non-streaming requests) goes through net/http.
+type streamTransport struct {
+	addr   string // host:port to dial
+	host   string // Host header
+	prefix string // path of the base URL, without a trailing slash
+
+	dialer      net.Dialer
+	maxIdle     int
+	idleTimeout time.Duration
+
+	mu   sync.Mutex
+	idle []*rawConn // most recently used last
+}
+
+// newStreamTransport returns a transport for base, or nil when base is not a plain http://
+// URL that it can serve exactly.
+func newStreamTransport(base string, maxIdle int) *streamTransport {
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme != "http" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return nil
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+	}
+	return &streamTransport{
+		addr:        net.JoinHostPort(u.Hostname(), port),
+		host:        u.Host,
+		prefix:      u.EscapedPath(),
+		dialer:      net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+		maxIdle:     maxIdle,
+		idleTimeout: 90 * time.Second,
+	}
+}
+
+// closeIdle closes the idle connections.
+func (t *streamTransport) closeIdle() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = nil
+	t.mu.Unlock()
+	for _, c := range idle {
+		c.nc.Close()
+	}
+}
+
+// get returns an idle connection that is still open, or dials a new one. reused says which.
+func (t *streamTransport) get(ctx context.Context) (c *rawConn, reused bool, err error) {
+	for {
+		t.mu.Lock()
+		n := len(t.idle)
+		if n == 0 {
+			t.mu.Unlock()
+			break
+		}
+		c = t.idle[n-1]
+		t.idle[n-1] = nil
+		t.idle = t.idle[:n-1]
+		t.mu.Unlock()
+		if time.Since(c.idleSince) < t.idleTimeout && c.alive() {
+			return c, true, nil
+		}
+		c.nc.Close()
+	}
+	nc, err := t.dialer.DialContext(ctx, "tcp", t.addr)
+	if err != nil {
+		return nil, false, err
+	}
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		nc.Close()
+		return nil, false, fmt.Errorf("dial %s: not a TCP connection (%T)", t.addr, nc)
+	}
+	c, err = newRawConn(tc)
+	if err != nil {
+		nc.Close()
+		return nil, false, err
+	}
+	return c, false, nil
+}
+
+// put returns a connection whose last response ended cleanly to the idle pool.
+func (t *streamTransport) put(c *rawConn) {
+	c.idleSince = time.Now()
+	t.mu.Lock()
+	if len(t.idle) < t.maxIdle {
+		t.idle = append(t.idle, c)
+		c = nil
+	}
+	t.mu.Unlock()
+	if c != nil {
+		c.nc.Close()
+	}
+}
+
+// aLongTimeAgo is a deadline in the past: setting it interrupts a blocked read or write.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// do sends one streaming request and fills resp (Status, AckNs, the stream, EndNs,
+// ResponseBytes; ErrBody and Err for a non-2xx status). path starts with "/". It returns
+// a transport error (the caller classifies it), or resp.Err.
+func (t *streamTransport) do(ctx context.Context, epoch time.Time, path string, req *Request, auth string, body []byte, resp *Response) error {
+	c, reused, err := t.get(ctx)
+	if err != nil {
+		return err
+	}
+	c.buildRequest(t, path, req, auth, body)
+	// Cancellation and timeouts interrupt a blocked read or write through the deadline; a
+	// connection whose deadline may have been set is never reused.
+	stop := c.watch(ctx)
+	_, err = c.nc.Write(c.wbuf)
+	if err != nil && reused && ctx.Err() == nil {
+		// An idle connection the server closed just now: nothing of the request was taken,
+		// so send it once more on a new connection, as net/http does.
+		stop()
+		c.nc.Close()
+		if c, _, err = t.get(ctx); err != nil {
+			return err
+		}
+		c.buildRequest(t, path, req, auth, body)
+		stop = c.watch(ctx)
+		_, err = c.nc.Write(c.wbuf)
+	}
+	if err == nil {
+		err = c.readResponse(epoch, resp)
+	}
+	if !stop() || err != nil || !c.reusable {
+		c.nc.Close()
+	} else {
+		t.put(c)
+	}
+	return err
+}
+
+// watch makes the end of ctx interrupt the connection's reads and writes (through the
+// deadline) until the returned stop is called; stop reports false when it may have done so.
+func (c *rawConn) watch(ctx context.Context) (stop func() bool) {
+	if ctx.Done() == nil {
+		return alwaysTrue // a context that never ends needs no watcher
+	}
+	return context.AfterFunc(ctx, c.interrupt)
+}
+
+func alwaysTrue() bool { return true }
+
+// rawConn is one pooled HTTP/1.1 connection and the state of the response being read on it.
+type rawConn struct {
+	nc        *net.TCPConn
+	rc        syscall.RawConn
+	idleSince time.Time
+	readFn    func(fd uintptr) bool // c.onReadable, bound once
+	probeFn   func(fd uintptr) bool // c.probe, bound once
+	silent    bool                  // set by probe
+	interrupt func()                // sets a deadline in the past, bound once
+	// interrupted is set once the request's context ended (the connection is then closed).
+	interrupted atomic.Bool
+	wbuf        []byte // the request being sent
+
+	// Read buffer: buf[rd:wr] is received and not yet consumed.
+	buf    []byte
+	rd, wr int
+
+	// The response being read.
+	epoch    time.Time
+	resp     *Response
+	dec      eventDecoder
+	state    int
+	remain   int64 // bytes left in the current chunk or Content-Length body
+	chunked  bool
+	teSeen   bool // Transfer-Encoding: chunked was sent
+	http10   bool
+	length   int64 // Content-Length, -1 when absent
+	close    bool  // Connection: close, HTTP/1.0, or read to EOF
+	status   int
+	n1xx     int // informational responses skipped
+	hdrBytes int
+	nBody    int64
+	errBody  bool // a non-2xx status: the body is kept in resp.ErrBody
+	done     bool
+	err      error
+	reusable bool
+}
+
+// Response parser states.
+const (
+	stStatus     = iota // status line
+	stHeader            // header lines
+	stChunkSize         // chunk-size line
+	stChunkData         // chunk data (remain bytes)
+	stChunkEnd          // CRLF after chunk data
+	stTrailer           // trailer lines after the last chunk
+	stLength            // Content-Length body (remain bytes)
+	stUntilClose        // body delimited by the end of the connection
+)
+
+// Limits on what the reader accepts.
+const (
+	maxHeaderBytes = 1 << 20 // response status line and headers
+	maxLineBytes   = 4096    // chunk-size and trailer lines
+)
+
+func newRawConn(tc *net.TCPConn) (*rawConn, error) {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	c := &rawConn{nc: tc, rc: rc, buf: make([]byte, readBufSize)}
+	c.readFn, c.probeFn = c.onReadable, c.probe
+	c.interrupt = func() {
+		c.interrupted.Store(true) // before the deadline, so readResponse never undoes it
+		c.nc.SetDeadline(aLongTimeAgo)
+	}
+	return c, nil
+}
+
+// alive reports whether an idle connection is still open and silent: a non-blocking read
+// must find nothing (EAGAIN). An end of stream, an error or unexpected bytes mean it is not.
+// (net/http learns the same from the read loop it keeps on every idle connection.)
+func (c *rawConn) alive() bool {
+	c.silent = false
+	err := c.rc.Read(c.probeFn)
+	return err == nil && c.silent
+}
+
+func (c *rawConn) probe(fd uintptr) bool {
+	var b [1]byte
+	for {
+		_, err := syscall.Read(int(fd), b[:])
+		if err == syscall.EINTR {
+			continue
+		}
+		c.silent = err == syscall.EAGAIN
+		return true
+	}
+}
+
+// buildRequest writes the request line, headers and body into c.wbuf.
+func (c *rawConn) buildRequest(t *streamTransport, path string, req *Request, auth string, body []byte) {
+	b := c.wbuf[:0]
+	b = append(b, "POST "...)
+	b = append(b, t.prefix...)
+	b = append(b, path...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, t.host...)
+	b = append(b, "\r\nUser-Agent: Go-http-client/1.1\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: "...)
+	b = strconv.AppendInt(b, int64(len(body)), 10)
+	if req.ID != "" {
+		b = append(b, "\r\nX-Request-Id: "...)
+		b = append(b, req.ID...)
+	}
+	if auth != "" {
+		b = append(b, "\r\nAuthorization: "...)
+		b = append(b, auth...)
+	}
+	b = append(b, "\r\n\r\n"...)
+	b = append(b, body...)
+	c.wbuf = b
+}
+
+// closeCheckInterval bounds how long a stream may wait without reading. A read that empties
+// the socket proves no data is left, but not that no end of stream (FIN or reset) arrived
+// together with that data: its readiness notification may have been the same one. Servers
+// end streams with the last chunk, not by closing, so a close there is a failure; it is
+// noticed by a read at most this long after it (only the failure's EndNs can be that late;
+// every event is stamped as it arrives).
+const closeCheckInterval = 200 * time.Millisecond
+
+// readResponse reads one response into resp.
+func (c *rawConn) readResponse(epoch time.Time, resp *Response) error {
+	c.begin(epoch, resp)
+	for {
+		c.nc.SetReadDeadline(time.Now().Add(closeCheckInterval))
+		if c.interrupted.Load() {
+			// Cancelled between the check below and the new deadline: restore the past one.
+			c.nc.SetDeadline(aLongTimeAgo)
+		}
+		err := c.rc.Read(c.readFn)
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && !c.interrupted.Load() {
+			continue // the periodic check: Read reads once before it waits again
+		}
+		if err == nil && !c.interrupted.Load() {
+			c.nc.SetReadDeadline(time.Time{})
+		}
+		return c.end(err)
+	}
+}
+
+// begin resets the parser for a response into resp.
+func (c *rawConn) begin(epoch time.Time, resp *Response) {
+	c.epoch, c.resp = epoch, resp
+	c.dec.reset(resp)
+	c.state, c.remain, c.chunked, c.length, c.close = stStatus, 0, false, -1, false
+	c.status, c.n1xx, c.hdrBytes, c.nBody = 0, 0, 0, 0
+	c.errBody, c.done, c.err, c.reusable = false, false, nil, false
+}
+
+// end completes resp after the read loop returned err, and decides whether the connection
+// can carry another request.
+func (c *rawConn) end(err error) error {
+	resp := c.resp
+	c.resp = nil
+	if err == nil {
+		err = c.err
+	}
+	if resp.Status == 0 {
+		// No response (the caller records the failure).
+		return err
+	}
+	resp.ResponseBytes = c.nBody
+	resp.EndNs = int64(time.Since(c.epoch))
+	if c.errBody {
+		// A failed request: its status and body make the error (a read error after the
+		// headers only shortens the kept body, as on the net/http path).
+		resp.Err = statusError(resp.Status, resp.ErrBody)
+		if err != nil {
+			return err
+		}
+		return resp.Err
+	}
+	if err != nil {
+		return fmt.Errorf("read event stream: %w", err)
+	}
+	if c.wr > c.rd {
+		// Bytes after the end of the response: the connection is out of step.
+		c.close = true
+	}
+	c.reusable = !c.close
+	if c.reusable && len(c.buf) > readBufSize {
+		// A long header or line grew the buffer; an idle connection keeps only the usual size.
+		c.buf = make([]byte, readBufSize)
+		c.rd, c.wr = 0, 0
+	}
+	if resp.Err != nil {
+		return resp.Err
+	}
+	return nil
+}
+
+// onReadable is the RawConn.Read callback: it reads until the socket is drained, parsing as
+// it goes, and returns true when the response is complete or failed, false to wait for more.
+func (c *rawConn) onReadable(fd uintptr) bool {
+	for {
+		p := c.space()
+		n, err := syscall.Read(int(fd), p)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err == syscall.EAGAIN {
+			return false
+		}
+		if err != nil {
+			c.err = &net.OpError{Op: "read", Net: "tcp", Err: err}
+			return true
+		}
+		if n <= 0 {
+			c.endOfStream()
+			return true
+		}
+		c.received(n, int64(time.Since(c.epoch)))
+		if c.done || c.err != nil {
+			return true
+		}
+		if n < len(p) && c.state != stUntilClose {
+			// A short read empties the socket's receive queue: wait for the poller. (A body
+			// that ends with the connection reads on until the end: see closeCheckInterval.)
+			return false
+		}
+	}
+}
+
+// space returns the free end of the read buffer, moving unconsumed bytes to the front or
+// growing the buffer when an unfinished line fills it.
+func (c *rawConn) space() []byte {
+	if c.rd == c.wr {
+		c.rd, c.wr = 0, 0
+	} else if c.wr == len(c.buf) {
+		if c.rd > 0 {
+			c.wr = copy(c.buf, c.buf[c.rd:c.wr])
+			c.rd = 0
+		} else {
+			nb := make([]byte, 2*len(c.buf))
+			copy(nb, c.buf[:c.wr])
+			c.buf = nb
+		}
+	}
+	return c.buf[c.wr:]
+}
+
+// received takes n bytes read into space() that arrived at t.
+func (c *rawConn) received(n int, t int64) {
+	c.wr += n
+	c.parse(t)
+}
+
+// endOfStream handles the server closing the connection.
+func (c *rawConn) endOfStream() {
+	c.close = true
+	switch {
+	case c.state == stUntilClose:
+		c.finish()
+	case c.state == stStatus && c.wr == c.rd && c.hdrBytes == 0:
+		c.err = errors.New("server closed the connection before responding")
+	default:
+		c.err = io.ErrUnexpectedEOF
+	}
+}
+
+// finish ends the body.
+func (c *rawConn) finish() {
+	if !c.errBody {
+		c.dec.end()
+	}
+	c.done = true
+}
+
+// body takes decoded body bytes that arrived at t.
+func (c *rawConn) body(p []byte, t int64) {
+	c.nBody += int64(len(p))
+	if !c.errBody {
+		c.dec.write(p, t)
+		return
+	}
+	r := c.resp
+	if keep := errBodyLimit - len(r.ErrBody); keep > 0 {
+		r.ErrBody = append(r.ErrBody, p[:min(len(p), keep)]...)
+	}
+	if len(r.ErrBody) >= errBodyLimit {
+		// Enough of a failed response is kept; the rest is not read.
+		c.close = true
+		c.done = true
+	}
+}
+
+// nextLine returns the next complete line of buf[rd:wr] without its CRLF (or LF) and
+// consumes it; ok is false when no line has ended yet.
+func (c *rawConn) nextLine() (line []byte, ok bool) {
+	i := bytes.IndexByte(c.buf[c.rd:c.wr], '\n')
+	if i < 0 {
+		return nil, false
+	}
+	line = c.buf[c.rd : c.rd+i]
+	c.rd += i + 1
+	if len(line) > 0 && line[len(line)-1] == '\r' {
+		line = line[:len(line)-1]
+	}
+	return line, true
+}
+
+// parse consumes what it can of buf[rd:wr], which ended arriving at t.
+func (c *rawConn) parse(t int64) {
+	for !c.done && c.err == nil {
+		switch c.state {
+		case stChunkEnd:
+			// Chunk data ends with exactly CRLF.
+			if c.wr-c.rd < 2 {
+				return
+			}
+			if c.buf[c.rd] != '\r' || c.buf[c.rd+1] != '\n' {
+				c.err = errors.New("malformed chunked encoding: chunk data not followed by CRLF")
+				return
+			}
+			c.rd += 2
+			c.state = stChunkSize
+		case stStatus, stHeader, stChunkSize, stTrailer:
+			start := c.rd
+			line, ok := c.nextLine()
+			if c.state <= stHeader {
+				c.hdrBytes += c.rd - start
+				if c.hdrBytes+(c.wr-c.rd) > maxHeaderBytes {
+					c.err = fmt.Errorf("response headers exceed %d bytes", maxHeaderBytes)
+					return
+				}
+			} else if !ok && c.wr-c.rd > maxLineBytes {
+				c.err = errors.New("malformed chunked encoding: line too long")
+				return
+			}
+			if !ok {
+				return
+			}
+			c.lineIn(line, t)
+		case stChunkData, stLength:
+			if c.rd == c.wr {
+				return
+			}
+			k := int(min(c.remain, int64(c.wr-c.rd)))
+			p := c.buf[c.rd : c.rd+k]
+			c.rd += k
+			c.remain -= int64(k)
+			c.body(p, t)
+			if c.remain == 0 {
+				if c.state == stLength {
+					c.finish()
+				} else {
+					c.state = stChunkEnd
+				}
+			}
+		case stUntilClose:
+			if c.rd == c.wr {
+				return
+			}
+			p := c.buf[c.rd:c.wr]
+			c.rd = c.wr
+			c.body(p, t)
+		}
+	}
+}
+
+// lineIn handles one line of the status, header, chunk-size, chunk-end or trailer states.
+func (c *rawConn) lineIn(line []byte, t int64) {
+	switch c.state {
+	case stStatus:
+		c.statusLine(line)
+	case stHeader:
+		if len(line) == 0 {
+			c.headersDone(t)
+			return
+		}
+		c.headerLine(line)
+	case stChunkSize:
+		if i := bytes.IndexByte(line, ';'); i >= 0 {
+			line = line[:i] // chunk extensions are ignored
+		}
+		line = bytes.TrimRight(line, " \t")
+		n, err := strconv.ParseUint(string(line), 16, 62)
+		if err != nil || len(line) == 0 {
+			c.err = fmt.Errorf("malformed chunked encoding: chunk size %q", line)
+			return
+		}
+		if n == 0 {
+			c.state = stTrailer
+			return
+		}
+		c.state, c.remain = stChunkData, int64(n)
+	case stChunkEnd:
+		c.state = stChunkSize
+	case stTrailer:
+		if len(line) == 0 {
+			c.finish()
+			return
+		}
+		c.splitHeader(line) // trailers are checked, not kept
+	}
+}
+
+func (c *rawConn) statusLine(line []byte) {
+	// HTTP/1.x SP 3DIGIT [SP reason]
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || (line[7] != '0' && line[7] != '1') ||
+		line[8] != ' ' || (len(line) > 12 && line[12] != ' ') {
+		c.err = fmt.Errorf("malformed HTTP status line %q", line[:min(len(line), 64)])
+		return
+	}
+	code := 0
+	for _, d := range line[9:12] {
+		if d < '0' || d > '9' {
+			c.err = fmt.Errorf("malformed HTTP status code in %q", line[:min(len(line), 64)])
+			return
+		}
+		code = code*10 + int(d-'0')
+	}
+	if code < 100 {
+		c.err = fmt.Errorf("malformed HTTP status code in %q", line[:min(len(line), 64)])
+		return
+	}
+	c.status = code
+	c.http10 = line[7] == '0'
+	c.close = c.http10 // HTTP/1.0 closes unless told otherwise; we never ask it to
+	c.chunked, c.teSeen, c.length = false, false, -1
+	c.state = stHeader
+}
+
+// splitHeader checks a header (or trailer) line and splits it into name and value. Names
+// must be tokens and values free of control bytes, as net/http requires; continuation lines
+// (obsolete line folding) are refused.
+func (c *rawConn) splitHeader(line []byte) (name, value []byte, ok bool) {
+	i := bytes.IndexByte(line, ':')
+	if i <= 0 {
+		c.err = fmt.Errorf("malformed HTTP response header %q", line[:min(len(line), 64)])
+		return nil, nil, false
+	}
+	for _, b := range line[:i] {
+		if !isTokenByte[b] {
+			c.err = fmt.Errorf("malformed HTTP response header name %q", line[:i])
+			return nil, nil, false
+		}
+	}
+	value = bytes.Trim(line[i+1:], " \t")
+	for _, b := range value {
+		if (b < ' ' && b != '\t') || b == 0x7f {
+			c.err = fmt.Errorf("malformed HTTP response header value of %q", line[:i])
+			return nil, nil, false
+		}
+	}
+	return line[:i], value, true
+}
+
+// isTokenByte holds the bytes of an RFC 9110 token (tchar).
+var isTokenByte = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return
+}()
+
+func (c *rawConn) headerLine(line []byte) {
+	name, value, ok := c.splitHeader(line)
+	if !ok {
+		return
+	}
+	switch {
+	case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+		if c.teSeen || !bytes.EqualFold(value, []byte("chunked")) {
+			c.err = fmt.Errorf("unsupported Transfer-Encoding %q", value)
+			return
+		}
+		c.teSeen = true
+	case bytes.EqualFold(name, []byte("Content-Length")):
+		n, err := strconv.ParseUint(string(value), 10, 63)
+		if err != nil || (c.length >= 0 && int64(n) != c.length) {
+			c.err = fmt.Errorf("malformed Content-Length %q", value)
+			return
+		}
+		c.length = int64(n)
+	case bytes.EqualFold(name, []byte("Connection")):
+		for _, tok := range bytes.Split(value, []byte(",")) {
+			if bytes.EqualFold(bytes.TrimSpace(tok), []byte("close")) {
+				c.close = true
+			}
+		}
+	}
+}
+
+// headersDone moves on to the body once the blank line after the headers arrived at t.
+func (c *rawConn) headersDone(t int64) {
+	r := c.resp
+	if c.status/100 == 1 {
+		if c.status == 101 {
+			c.err = errors.New("server switched protocols (101); streaming requests never ask for that")
+			return
+		}
+		// An informational response: the real one follows (net/http allows five).
+		if c.n1xx++; c.n1xx > 5 {
+			c.err = errors.New("too many 1xx informational responses")
+			return
+		}
+		c.state, c.hdrBytes = stStatus, 0
+		return
+	}
+	r.Status, r.AckNs = c.status, t
+	// Transfer-Encoding means nothing in HTTP/1.0 (as net/http reads it).
+	c.chunked = c.teSeen && !c.http10
+	c.errBody = r.Status/100 != 2
+	switch {
+	case r.Status == 204 || r.Status == 304:
+		c.finish()
+	case c.chunked:
+		c.state = stChunkSize
+	case c.length == 0:
+		c.finish()
+	case c.length > 0:
+		c.state, c.remain = stLength, c.length
+	default:
+		c.state, c.close = stUntilClose, true
+	}
+}
+
+// validHeaderValue reports whether v may be sent as a header value as is (no control bytes
+// other than tab), as net/http requires.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
+			return false
+		}
+	}
+	return true
+}
