@@ -27,7 +27,9 @@
 // Debug/benchmark switches (environment, read at open; also mqb_debug_set below, not part of the
 // ABI): MQB_GRAPHS=0 disables CUDA graphs, MQB_PDL=0 disables programmatic dependent launch,
 // MQB_GEMV_MAX_B=n caps the batch that uses the fused GEMV path (0 = cuBLAS always), MQB_ATTN_SPLIT=s
-// splits attention over s blocks per (token, kv head) when a step has few tokens (default 1).
+// splits attention over s blocks per (token, kv head) when a step has few tokens (default 1),
+// MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
+// kernel of megakernel.cuh (default off: not yet faster, see NOTES.md).
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
 //   qwen3.rope_theta_x10  multiply rope_theta by 10
 //   qwen3.drop_q_norm     skip q_norm
