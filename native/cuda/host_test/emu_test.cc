@@ -15,6 +15,7 @@
 #include <cassert>
 #include <mutex>
 #include <random>
+#include <set>
 
 thread_local uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
@@ -409,7 +410,7 @@ static int argmax_ref(const Vec &v) { return (int)(std::max_element(v.begin(), v
 static void run_family(const char *family, const char *cfgjson, Owned &o, const char *prec, double tol, int maxctx) {
   Cfg c = parse_cfg(family, cfgjson);
   mqb_model_params p{};
-  p.abi_version = 1;
+  p.abi_version = MQB_ABI_VERSION;
   p.family = family;
   p.config_json = cfgjson;
   p.precision = prec;
@@ -497,6 +498,38 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     check(md < tol, std::string(family) + " " + prec + " batch " + std::to_string(n) + (variant == 3 ? " no-graph" : "") +
                         " prefill+decode max|d| = " + std::to_string(md));
     check(am_ok, std::string(family) + " " + prec + " argmax_out == argmax(logits_out)");
+  }
+  // Sampling on the device (mqb_forward_sampled): temperature 0 and a vanishing temperature
+  // give the argmax, equal keys give equal draws, distinct keys at a high temperature spread.
+  {
+    const std::vector<int> prompt = rnd_ids(9);
+    std::vector<int32_t> slots{0, 1, 2, 3}, nt(4, 9), sp(4, 0), toks, am(4);
+    for (int i = 0; i < 4; ++i) toks.insert(toks.end(), prompt.begin(), prompt.end());
+    std::vector<float> lo((size_t)4 * V);
+    int rc = mqb_forward(m, 4, slots.data(), nt.data(), toks.data(), sp.data(), nullptr, am.data(), err, sizeof err);
+    std::vector<int32_t> one(4, 1), pos(4, 9), x(4, am[0]);
+    rc |= mqb_forward(m, 4, slots.data(), one.data(), x.data(), pos.data(), lo.data(), am.data(), err, sizeof err);
+    const int a = (int)(std::max_element(lo.begin(), lo.begin() + V) - lo.begin());
+    std::vector<float> temps{0.f, 1e-6f, 50.f, 50.f};
+    std::vector<uint64_t> keys{11, 12, 13, 13};
+    std::vector<int32_t> out(4, -1);
+    rc |= mqb_forward_sampled(m, 4, slots.data(), one.data(), x.data(), pos.data(), temps.data(), keys.data(),
+                              out.data(), err, sizeof err);
+    bool range = true;
+    for (int v : out) range = range && v >= 0 && v < V;
+    check(rc == 0 && range && out[0] == a && out[1] == a && out[2] == out[3],
+          std::string(family) + " " + prec + " sampled: T=0 and T=1e-6 give the argmax (" + std::to_string(a) + ": " +
+              std::to_string(out[0]) + ", " + std::to_string(out[1]) + "), one key one draw (" +
+              std::to_string(out[2]) + ", " + std::to_string(out[3]) + ")");
+    std::set<int> seen;
+    for (uint64_t k = 100; k < 106; ++k) {
+      std::vector<uint64_t> kk(4, k);
+      rc |= mqb_forward_sampled(m, 4, slots.data(), one.data(), x.data(), pos.data(), temps.data(), kk.data(),
+                                out.data(), err, sizeof err);
+      seen.insert(out[2]);
+    }
+    check(rc == 0 && seen.size() >= 3, std::string(family) + " " + prec + " sampled at T=50: " +
+                                           std::to_string(seen.size()) + " distinct tokens in 6 draws");
   }
   if (std::string(prec) == "fp32" && std::string(family) == "qwen3") {  // profiling mode bookkeeping
     mqb_debug_set(m, "profile", 1);
