@@ -29,13 +29,16 @@ func newSchedClock(epoch time.Time) (*schedClock, error) {
 		return nil, fmt.Errorf("timerfd_create: %w", err)
 	}
 	var ts unix.Timespec
+	before := time.Since(epoch)
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("clock_gettime: %w", err)
 	}
-	// Map the epoch onto CLOCK_MONOTONIC through the two readings taken now.
-	now := time.Since(epoch)
-	c := &schedClock{epoch: epoch, monoEpoch: ts.Nano() - int64(now), fd: fd}
+	after := time.Since(epoch)
+	// Map the epoch onto CLOCK_MONOTONIC through readings taken around the kernel's: the
+	// mapping is off by at most half their gap (more if this goroutine was preempted between
+	// them), which is why sleep never relies on it for the final instant.
+	c := &schedClock{epoch: epoch, monoEpoch: ts.Nano() - int64(before+after)/2, fd: fd}
 	c.f = os.NewFile(uintptr(fd), "schedule-timerfd") // non-blocking: parked in the poller
 	return c, nil
 }
@@ -79,17 +82,16 @@ func (c *schedClock) sleep(ctx context.Context, at time.Duration) bool {
 	})
 	defer stop()
 	var buf [8]byte
-	for {
-		if _, err := c.f.Read(buf[:]); err != nil {
-			return sleepUntil(ctx, c.epoch, at)
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		if time.Since(c.epoch) >= at {
-			return true
-		}
+	if _, err := c.f.Read(buf[:]); err != nil {
+		return sleepUntil(ctx, c.epoch, at)
 	}
+	if ctx.Err() != nil {
+		return false
+	}
+	// The timer is one-shot: waiting for another expiry would block forever. When the clock
+	// mapping put the expiry a little before epoch+at on Go's clock, the rest is waited out
+	// there (usually a few hundred ns of spinning).
+	return sleepUntil(ctx, c.epoch, at)
 }
 
 func (c *schedClock) close() { c.f.Close() }
