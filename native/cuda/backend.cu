@@ -1435,7 +1435,7 @@ int mk_occupancy(size_t smem) {
 // mk_setup prepares the megakernel for decode steps of at most mk::MAXB entries where it applies:
 // qwen3 with bf16/fp16 weights, shapes the tiles divide, a device with cooperative launch and
 // room for one block per SM. It runs only with MQB_MEGAKERNEL=1 (or mqb_debug_set
-// "megakernel"): on the H200 it is not yet faster than the per-kernel path (NOTES.md, run 3).
+// "megakernel"): on the H200 it is not yet faster than the per-kernel path (NOTES.md, runs 2-4).
 void mk_setup(mqb_model &m) {
   const Cfg &c = m.c;
   const int G = c.nh / c.nkv, QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;

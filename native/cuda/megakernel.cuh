@@ -144,7 +144,7 @@ struct Split {
 };
 
 // prefetch_phase asks L2 for the first-round weight rows this block will read in a product of
-// N x K (rows2 != NULL: the paired second matrix too), at most PREFETCH_MAX bytes.
+// N x K (W2 != NULL: the same rows of the paired second matrix too), at most PREFETCH_MAX bytes.
 template <typename T>
 __device__ void prefetch_phase(const T *W, const T *W2, int N, int K) {
   const Split sp(N, K);
@@ -548,7 +548,7 @@ template <typename T, int NB>
 __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
   extern __shared__ __align__(16) unsigned char mk_smem[];
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, warp = tid >> 5;
   const int H = a.H, D = a.D, nh = a.nh, nkv = a.nkv, G = nh / nkv, B = a.B;
   const int QKV = (nh + 2 * nkv) * D, AO = nh * D;
   T *xs = reinterpret_cast<T *>(mk_smem);
@@ -701,7 +701,6 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
   epi.init();
   gemm<T, NB, 8, false>(static_cast<const T *>(a.lm), static_cast<const T *>(nullptr), a.V, H, XShared<T>{xs, H + XPAD}, B,
                  red, epi, false);
-  (void)lane;
 }
 
 }  // namespace mk
