@@ -374,13 +374,19 @@ func (g *gen) fillRecord() {
 	g.s.m.outputTokens.Add(float64(g.ntok))
 }
 
+// drain consumes the tokens the reader has handed over since the last call, reusing the
+// previous slice as the next swap buffer, and reports whether the task is done.
+func (g *gen) drain() bool {
+	toks, done := g.t.take(g.spare)
+	g.consume(toks)
+	g.spare = toks
+	return done
+}
+
 // collect serves a non-streaming request.
 func (g *gen) collect() {
 	for {
-		toks, done := g.t.take(g.spare)
-		g.consume(toks)
-		g.spare = toks
-		if done {
+		if g.drain() {
 			break
 		}
 		g.wait()
@@ -490,10 +496,7 @@ func (g *gen) stream() {
 	}
 	g.send()
 	for {
-		toks, done := g.t.take(g.spare)
-		g.consume(toks)
-		g.spare = toks
-		if done {
+		if g.drain() {
 			break
 		}
 		if len(g.buf) > 0 && !g.send() {
