@@ -5,7 +5,9 @@
 // stop rules; this file owns the weights (converted from the bundle's fp32 to bf16/fp16/fp32 at
 // load), the KV cache of every slot, the forward pass and the token choice of greedy and plain
 // temperature requests (argmax, or Gumbel-max sampling fused into the same reduction:
-// mqb_forward_sampled). megakernel.cuh holds an opt-in persistent decode kernel (MQB_MEGAKERNEL=1).
+// mqb_forward_sampled). megakernel.cuh holds two opt-in decode paths, tensor-core products as
+// standalone kernels (MQB_TC_MIN_B) and a persistent decode kernel (MQB_MEGAKERNEL=1); neither is
+// faster than the default on the H200 yet (NOTES.md).
 //
 // Numerics: weights and GEMM inputs in the chosen precision T, every product accumulated in fp32
 // (cuBLAS CUBLAS_COMPUTE_32F, and fmaf in our kernels); the residual stream, norms, RoPE, softmax
@@ -17,7 +19,11 @@
 //   gemv<T,B>        small-batch matrix-vector product with the prep fused in front, the bias and
 //                    the residual add fused behind, and greedy argmax fused for the LM head
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
-//   attention        causal attention of each new token over its slot's cache (prefill and decode)
+//   attention        causal attention of each token over its slot's cache (prefill, mixed steps)
+//   decode_attn      decode steps: qkv_post and attention in one kernel, positions split over
+//                    blocks so few sequences fill the GPU; the last split merges (attn_item)
+//   mk::linear       opt-in (MQB_TC_MIN_B), decode batches of tc_min_b..32, qwen3 bf16/fp16:
+//                    tensor-core products, RMSNorm staged in front, SwiGLU / residual / argmax behind
 //   argmax           packed (value, -index) atomicMax; ties go to the lowest index like torch.argmax;
 //                    with a temperature the value is logit/T + Gumbel noise (gumbel_score)
 // A decode step (every entry appends one token) runs as a CUDA graph captured per batch bucket
@@ -27,7 +33,11 @@
 // Debug/benchmark switches (environment, read at open; also mqb_debug_set below, not part of the
 // ABI): MQB_GRAPHS=0 disables CUDA graphs, MQB_PDL=0 disables programmatic dependent launch,
 // MQB_GEMV_MAX_B=n caps the batch that uses the fused GEMV path (0 = cuBLAS always), MQB_ATTN_SPLIT=s
-// splits attention over s blocks per (token, kv head) when a step has few tokens (default 1),
+// fixes decode attention's position splits per (token, KV head) (default 0: enough to fill the
+// SMs with splits of at least ATT_SPLIT_MIN_POS positions), MQB_FUSED_ATTN=0|1|2 runs decode
+// attention fused (decode_attn) never, where tokens x KV heads < SMs (default), always;
+// MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
+// products (default 0: off),
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh (default off: not yet faster, see NOTES.md).
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
@@ -52,6 +62,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -670,12 +681,34 @@ __global__ void __launch_bounds__(256) embed_kernel(const int *__restrict__ tok,
   for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = TT<T>::tof(e[i]) + (pe ? pe[i] : 0.f);
 }
 
+// prep_kernel makes the T input rows [B, K] of a cuBLAS product (decode batches above gemv_max_b,
+// prefill). Norms: a block per row (prep_row); element-wise modes: the grid strides over all B*K
+// values, so a few rows of the 3072-wide SwiGLU still spread over many SMs.
 template <typename T>
-__global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int K, T *__restrict__ out) {
+__global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, T *__restrict__ out) {
   __shared__ float red[32];
   pdl_wait();
   pdl_trigger();
-  prep_row<T>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red);
+  if (a.mode == PREP_RMS || a.mode == PREP_LN) {
+    prep_row<T>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red);
+    return;
+  }
+  const size_t total = (size_t)B * K;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    const int b = (int)(i / K), k = (int)(i - (size_t)b * K);
+    const int r = a.rows ? a.rows[b] : b;
+    if (a.mode == PREP_PLAIN) {
+      out[i] = a.srcT[(size_t)r * a.ld + k];
+      continue;
+    }
+    const float *x = a.src + (size_t)r * a.ld;
+    if (a.mode == PREP_SWIGLU) {
+      const float g = x[k], u = x[K + k];
+      out[i] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
+    } else {
+      out[i] = TT<T>::fromf(gelu_new(x[k]));
+    }
+  }
 }
 
 __global__ void __launch_bounds__(256) add_bias_kernel(float *__restrict__ y, const float *__restrict__ bias, int N,
@@ -823,81 +856,108 @@ __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__
 
 constexpr int ATT_THREADS = 256;
 constexpr int ATT_TILE = 512;
+constexpr int ATT_GRP = 16;          // V-accumulating thread groups of attend
 constexpr int MAXG = 8;
-constexpr int ATT_SPLIT_MAX = 16;    // largest attention split (MQB_ATTN_SPLIT)
-constexpr int ATT_SPLIT_MAX_T = 64;  // split only steps of at most this many tokens
+constexpr int ATT_SPLIT_MAX = 16;    // most position splits of one (token, KV head) in a decode step
+constexpr int ATT_SPLIT_MAX_T = 64;  // split only decode steps of at most this many tokens
+constexpr int TC_MAX_B = 32;         // the tensor-core products' largest batch (mk::MAXB)
+constexpr int ATT_SPLIT_MIN_POS = 256;  // shortest position range worth a split of its own
 
-size_t att_smem(int G, int D, int CH) {
-  return sizeof(float) * ((size_t)G * D + (size_t)G * ATT_TILE + (size_t)ATT_THREADS * CH * G);
+__device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
+
+// attn_smem: bytes of dynamic shared memory attn_item (and attention_kernel) use for up to GM
+// query heads per KV head of D values: q, the new k and v, the output sums, one tile of scores
+// and the V groups' partial sums.
+__host__ __device__ inline size_t attn_smem(int GM, int D) {
+  return sizeof(float) * ((size_t)2 * GM * D + 2 * (size_t)D + (size_t)GM * ATT_TILE + (size_t)ATT_GRP * GM * D);
 }
 
-// attention_kernel: block (token t, kv head g) attends the G = nh/nkv query heads of group g
-// over positions 0..pos[t] of the token's slot (causal for prefill, the whole cache for decode).
-// Phase 1: a thread per key position computes the G scores; softmax per tile of ATT_TILE
-// positions with a running max (online softmax); phase 2: groups of D/CH threads accumulate
-// probability-weighted 16-byte V vectors for different positions, then reduce across groups.
-// Split mode (gridDim.z = S > 1, for decode of few sequences, so more SMs work): block z takes
-// the z-th of S equal ranges of positions and writes its unnormalised partial (acc, max, sum)
-// to part_acc / part_ml; attn_combine_kernel merges them.
-template <typename T>
-__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ q, const T *__restrict__ kc,
-                                                                const T *__restrict__ vc,
-                                                                const int *__restrict__ tpos,
-                                                                const int *__restrict__ tslot, T *__restrict__ out,
-                                                                int nh, int nkv, int D, int maxctx,
-                                                                float *__restrict__ part_acc,
-                                                                float *__restrict__ part_ml) {
+// head_vec: RMSNorm over one head of D values (nw may be NULL: no norm), then RoPE (rotate_half)
+// at position p when rope, times scale, into dst (shared memory). One warp; src is fp32.
+// The same arithmetic, in the same order, as transformers' Qwen3 q_norm/k_norm and
+// apply_rotary_pos_emb (cos/sin from inv_freq * position in fp32).
+__device__ void head_vec(const float *src, const float *nw, float eps, const float *inv_freq, int p, float scale,
+                         int D, float *dst, bool rope) {
+  const int lane = threadIdx.x & 31, half = D / 2;
+  float ss = 0.f;
+  for (int i = lane; i < D; i += 32) {
+    const float v = __ldcg(src + i);
+    dst[i] = v;
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  __syncwarp();
+  if (nw) {
+    const float r = rsqrtf(ss / (float)D + eps);
+    for (int i = lane; i < D; i += 32) dst[i] = dst[i] * r * nw[i];
+  }
+  __syncwarp();
+  float o[8];  // D <= 256
+  int n = 0;
+  for (int i = lane; i < D; i += 32, ++n) {
+    float v = dst[i];
+    if (rope) {
+      float sn, cs;
+      sincosf((float)p * inv_freq[i < half ? i : i - half], &sn, &cs);
+      const float rot = i < half ? -dst[i + half] : dst[i - half];
+      v = v * cs + rot * sn;
+    }
+    o[n] = v * scale;
+  }
+  __syncwarp();
+  n = 0;
+  for (int i = lane; i < D; i += 32, ++n) dst[i] = o[n];
+  __syncwarp();
+}
+
+// attend: one block of ATT_THREADS; the G <= GM query heads in qs (G*D floats) attend over
+// positions [lo, hi) of the K/V rows kb/vb (row stride rs elements), with online softmax per
+// tile of ATT_TILE positions. Leaves the unnormalised sums in oacc[j*D + d] and the running max
+// and sum in s_m[j], s_l[j] (s_m = -inf for an empty range). A thread scores one position with
+// all of its K row's 16-byte loads in flight; V is read 8 positions deep per thread group.
+// Position fresh (-1: none) was written in this launch and is read through L2 (ld.global.cg);
+// the others, written by earlier launches, through the read-only L1 path (ld.global.nc).
+template <typename T, int GM>
+__device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh, int D, int G,
+                       float *sc, float *red, float *s_m, float *s_l, float *s_c, float *oacc) {
   constexpr int CH = TT<T>::CH;
-  DYN_SMEM(float, asm_);
-  __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
-  pdl_wait();
-  pdl_trigger();
-  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
+  constexpr int KU = 16;  // K chunks in flight per pass (D = 128 bf16 in one pass)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float *qs = asm_;
-  float *sc = qs + G * D;
-  float *red = sc + G * ATT_TILE;
-  const int n = tpos[t] + 1, slot = tslot[t];
-  const int S = gridDim.z, z = blockIdx.z;
-  const int span = (n + S - 1) / S;
-  const int lo = min(n, z * span), hi = min(n, lo + span);
-  for (int i = tid; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
-  if (tid < MAXG) {
+  const int nch = D / CH;
+  const int ngrp = min(ATT_GRP, ATT_THREADS / nch);
+  const int grp = tid / nch, ch = tid % nch;
+  if (tid < GM) {
     s_m[tid] = -INFINITY;
     s_l[tid] = 0.f;
     s_c[tid] = 0.f;
   }
-  __syncthreads();
-  const size_t rs = (size_t)nkv * D;
-  const T *kb = kc + ((size_t)slot * maxctx * nkv + g) * D;
-  const T *vb = vc + ((size_t)slot * maxctx * nkv + g) * D;
-  const int nch = D / CH;
-  const int ngrp = ATT_THREADS / nch;
-  const int grp = tid / nch, ch = tid % nch;
-  float acc[MAXG][CH];
+  float acc[GM][CH];
 #pragma unroll
-  for (int j = 0; j < MAXG; ++j)
+  for (int j = 0; j < GM; ++j)
 #pragma unroll
     for (int e = 0; e < CH; ++e) acc[j][e] = 0.f;
-
+  __syncthreads();
   for (int t0 = lo; t0 < hi; t0 += ATT_TILE) {
     const int tn = min(ATT_TILE, hi - t0);
     for (int pp = tid; pp < tn; pp += ATT_THREADS) {
-      const uint4 *kr = reinterpret_cast<const uint4 *>(kb + (size_t)(t0 + pp) * rs);
-      float s[MAXG];
+      const T *kr = kb + (size_t)(t0 + pp) * rs;
+      float s[GM];
 #pragma unroll
-      for (int j = 0; j < MAXG; ++j) s[j] = 0.f;
-      for (int c0 = 0; c0 < nch; c0 += 8) {  // 8 independent 16-byte loads in flight
-        uint4 raw[8];
+      for (int j = 0; j < GM; ++j) s[j] = 0.f;
+      for (int c0 = 0; c0 < nch; c0 += KU) {
+        uint4 raw[KU];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) raw[u] = (c0 + u < nch) ? __ldg(kr + c0 + u) : make_uint4(0u, 0u, 0u, 0u);
+        for (int u = 0; u < KU; ++u)
+          raw[u] = c0 + u >= nch ? make_uint4(0u, 0u, 0u, 0u)
+                   : t0 + pp == fresh ? ldcg4(kr + (c0 + u) * CH)
+                                      : __ldg(reinterpret_cast<const uint4 *>(kr + (c0 + u) * CH));
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
+        for (int u = 0; u < KU; ++u) {
           if (c0 + u < nch) {
             float kf[CH];
             TT<T>::unpack(raw[u], kf);
 #pragma unroll
-            for (int j = 0; j < MAXG; ++j) {
+            for (int j = 0; j < GM; ++j) {
               if (j < G) {
                 const float *qq = qs + j * D + (c0 + u) * CH;
 #pragma unroll
@@ -908,7 +968,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
         }
       }
 #pragma unroll
-      for (int j = 0; j < MAXG; ++j)
+      for (int j = 0; j < GM; ++j)
         if (j < G) sc[j * ATT_TILE + pp] = s[j];
     }
     __syncthreads();
@@ -917,8 +977,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
       float mx = -INFINITY;
       for (int pp = lane; pp < tn; pp += 32) mx = fmaxf(mx, row[pp]);
       mx = warp_max(mx);
-      const float mold = s_m[warp];
-      const float mnew = fmaxf(mold, mx);
+      const float mold = s_m[warp], mnew = fmaxf(mold, mx);
       const float corr = (mold == -INFINITY) ? 0.f : expf(mold - mnew);
       float sum = 0.f;
       for (int pp = lane; pp < tn; pp += 32) {
@@ -937,7 +996,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
     __syncthreads();
     if (grp < ngrp) {
 #pragma unroll
-      for (int j = 0; j < MAXG; ++j) {
+      for (int j = 0; j < GM; ++j) {
         if (j < G) {
           const float c = s_c[j];
 #pragma unroll
@@ -949,8 +1008,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
           const int pp = p0 + u * ngrp;
-          raw[u] = pp < tn ? __ldg(reinterpret_cast<const uint4 *>(vb + (size_t)(t0 + pp) * rs) + ch)
-                           : make_uint4(0u, 0u, 0u, 0u);
+          const T *vp = vb + (size_t)(t0 + pp) * rs + ch * CH;
+          raw[u] = pp >= tn ? make_uint4(0u, 0u, 0u, 0u)
+                   : t0 + pp == fresh ? ldcg4(vp) : __ldg(reinterpret_cast<const uint4 *>(vp));
         }
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
@@ -959,7 +1019,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
             float vf[CH];
             TT<T>::unpack(raw[u], vf);
 #pragma unroll
-            for (int j = 0; j < MAXG; ++j) {
+            for (int j = 0; j < GM; ++j) {
               if (j < G) {
                 const float pj = sc[j * ATT_TILE + pp];
 #pragma unroll
@@ -974,51 +1034,146 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
   }
   if (grp < ngrp) {
 #pragma unroll
-    for (int j = 0; j < MAXG; ++j) {
+    for (int j = 0; j < GM; ++j)
       if (j < G) {
 #pragma unroll
         for (int e = 0; e < CH; ++e) red[((size_t)grp * G + j) * D + ch * CH + e] = acc[j][e];
       }
-    }
   }
   __syncthreads();
   for (int i = tid; i < G * D; i += ATT_THREADS) {
     const int j = i / D, d = i - j * D;
     float s = 0.f;
-    for (int gi = 0; gi < ngrp; ++gi) s += red[((size_t)gi * G + j) * D + d];
-    if (S == 1) out[((size_t)t * nh + (size_t)g * G + j) * D + d] = TT<T>::fromf(s / s_l[j]);
-    else part_acc[(((size_t)t * nkv + g) * S + z) * G * D + i] = s;
+    for (int q = 0; q < ngrp; ++q) s += red[((size_t)q * G + j) * D + d];
+    oacc[i] = s;
   }
-  if (S > 1 && tid < G) {
-    float *ml = part_ml + ((((size_t)t * nkv + g) * S + z) * G + tid) * 2;
-    ml[0] = s_m[tid];
-    ml[1] = s_l[tid];
-  }
+  __syncthreads();
 }
 
-// attn_combine_kernel: block (token, kv head) merges the S partials of attention_kernel.
-template <typename T>
-__global__ void __launch_bounds__(256) attn_combine_kernel(const float *__restrict__ part_acc,
-                                                           const float *__restrict__ part_ml, T *__restrict__ out,
-                                                           int nh, int nkv, int D, int S) {
+// attention_kernel (prefill and mixed steps): block (token t, KV head g) attends the G query
+// heads of group g (already normed, rotated and scaled by qkv_post) over positions 0..pos[t] of
+// the token's slot: causal for a prompt, the whole cache for a continuing sequence.
+template <typename T, int GM>
+__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ q, const T *__restrict__ kc,
+                                                                const T *__restrict__ vc,
+                                                                const int *__restrict__ tpos,
+                                                                const int *__restrict__ tslot, T *__restrict__ out,
+                                                                int nh, int nkv, int D, int maxctx) {
+  DYN_SMEM(float, asm_);
+  __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int j = i / D;
-    const size_t base = ((size_t)t * nkv + g) * S;
-    float M = -INFINITY;
-    for (int z = 0; z < S; ++z) M = fmaxf(M, part_ml[((base + z) * G + j) * 2]);
-    float L = 0.f, A = 0.f;
-    for (int z = 0; z < S; ++z) {
-      const float mz = part_ml[((base + z) * G + j) * 2];
-      if (mz == -INFINITY) continue;  // empty range
-      const float w = expf(mz - M);
-      L += w * part_ml[((base + z) * G + j) * 2 + 1];
-      A += w * part_acc[(base + z) * G * D + i];
-    }
-    out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(A / L);
+  float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
+  for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
+  const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
+  attend<T, GM>(qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m, s_l, s_c, oacc);
+  for (int i = threadIdx.x; i < G * D; i += ATT_THREADS)
+    out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
+}
+
+// DecAttn: one layer's decode attention with the q/k/v post-processing fused in (attn_item).
+template <typename T>
+struct DecAttn {
+  const float *qkv;                 // [tokens, (nh + 2 nkv) D] fp32: the step's qkv product
+  const int *pos, *slot;            // per token: its position (the new one) and cache slot
+  int nh, nkv, D, maxctx;
+  const float *qn, *kn, *inv_freq;  // q/k RMSNorm weights (NULL: none), RoPE (NULL: none, gpt2)
+  float eps, qscale;
+  T *kc, *vc;                       // this layer's cache [slots, maxctx, nkv, D]
+  T *out;                           // [tokens, nh D]
+  float *part_acc, *part_ml;        // split partials [tokens*nkv*S][G*D], [..][G][2]
+  unsigned int *cnt;                // [tokens*nkv] splits finished; zero between steps
+};
+
+// attn_item: token t's new position p, KV head kh, position split z of S: q of the G query heads
+// (RMSNorm, RoPE, scale), and in the split that holds p the new k and v, appended to the cache;
+// then attention over the split's positions. With S > 1 every split leaves its unnormalised
+// partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
+// order: the same inputs give the same bits) and resets the counter. Used by
+// decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
+template <typename T, int GM>
+__device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem) {
+  __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
+  __shared__ int s_last;
+  const int tid = threadIdx.x, warp = tid >> 5, nwarp = ATT_THREADS / 32;
+  const int nkv = a.nkv, D = a.D, G = a.nh / nkv;
+  float *qs = smem, *kvv = qs + GM * D, *oacc = kvv + 2 * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
+  const int p = a.pos[t], sl = a.slot[t], n = p + 1;
+  const int span = (n + S - 1) / S;
+  const int lo = min(n, z * span), hi = min(n, lo + span);
+  const bool mine = lo <= p && p < hi;  // this split holds the new token's position
+  const float *row = a.qkv + (size_t)t * (a.nh + 2 * nkv) * D;
+  const bool rope = a.inv_freq != nullptr;
+  for (int h = warp; h < G + 2; h += nwarp) {  // the G query heads, then k, then v
+    if (h < G)
+      head_vec(row + (size_t)(kh * G + h) * D, a.qn, a.eps, a.inv_freq, p, a.qscale, D, qs + h * D, rope);
+    else if (mine && h == G)
+      head_vec(row + (size_t)(a.nh + kh) * D, a.kn, a.eps, a.inv_freq, p, 1.f, D, kvv, rope);
+    else if (mine && h == G + 1)
+      head_vec(row + (size_t)(a.nh + nkv + kh) * D, nullptr, a.eps, a.inv_freq, p, 1.f, D, kvv + D, false);
   }
+  __syncthreads();
+  const size_t base = ((size_t)sl * a.maxctx * nkv + kh) * D, rs = (size_t)nkv * D;
+  if (mine) {
+    const size_t at = base + (size_t)p * rs;
+    for (int i = tid; i < D; i += ATT_THREADS) {
+      a.kc[at + i] = TT<T>::fromf(kvv[i]);
+      a.vc[at + i] = TT<T>::fromf(kvv[D + i]);
+    }
+    __syncthreads();
+  }
+  attend<T, GM>(qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l, s_c, oacc);
+  T *out = a.out + ((size_t)t * a.nh + (size_t)kh * G) * D;
+  if (S == 1) {
+    for (int i = tid; i < G * D; i += ATT_THREADS) out[i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
+    __syncthreads();
+    return;
+  }
+  const int bk = t * nkv + kh;
+  float *pacc = a.part_acc + ((size_t)bk * S + z) * G * D;
+  float *pml = a.part_ml + ((size_t)bk * S + z) * G * 2;
+  for (int i = tid; i < G * D; i += ATT_THREADS) __stcg(pacc + i, oacc[i]);
+  if (tid < G) {
+    __stcg(pml + 2 * tid, s_m[tid]);
+    __stcg(pml + 2 * tid + 1, s_l[tid]);
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(a.cnt + bk, 1u) == (unsigned)(S - 1);
+  __syncthreads();
+  if (s_last) {  // every split's partial is visible: merge them in split order
+    __threadfence();
+    const float *pa = a.part_acc + (size_t)bk * S * G * D;
+    const float *pm = a.part_ml + (size_t)bk * S * G * 2;
+    for (int i = tid; i < G * D; i += ATT_THREADS) {
+      const int j = i / D;
+      float M = -INFINITY;
+      for (int q = 0; q < S; ++q) M = fmaxf(M, __ldcg(pm + ((size_t)q * G + j) * 2));
+      float Lsum = 0.f, A = 0.f;
+      for (int q = 0; q < S; ++q) {
+        const float mq = __ldcg(pm + ((size_t)q * G + j) * 2);
+        if (mq == -INFINITY) continue;  // empty range
+        const float w = expf(mq - M);
+        Lsum += w * __ldcg(pm + ((size_t)q * G + j) * 2 + 1);
+        A += w * __ldcg(pa + (size_t)q * G * D + i);
+      }
+      out[i] = TT<T>::fromf(A / Lsum);
+    }
+    if (tid == 0) a.cnt[bk] = 0u;
+  }
+  __syncthreads();
+}
+
+// decode_attn_kernel: a decode step's attention (one new token per sequence), replacing
+// qkv_post_kernel + attention_kernel there: grid (token, KV head, split), one attn_item each.
+// Splitting the positions lets a few sequences use every SM; the merge needs no extra launch.
+template <typename T, int GM>
+__global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
+  DYN_SMEM(float, dsm);
+  pdl_wait();
+  pdl_trigger();
+  attn_item<T, GM>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm);
 }
 
 // argmax_kernel: grid (chunks, rows); each block reduces a chunk of one logits row.
@@ -1046,6 +1201,7 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ l
 
 #ifndef MQB_HOST_TEST
 #include "megakernel.cuh"
+static_assert(mk::MAXB == TC_MAX_B, "TC_MAX_B must equal the megakernel's batch bound");
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -1076,8 +1232,15 @@ struct mqb_model {
   int max_batch = 0, max_ctx = 0, slots = 0, scratch = 0;
   int Tcap = 0, Rcap = 0;
   int gemv_max_b = 4;
-  int attn_split = 1;  // attention position splits for small decode batches (MQB_ATTN_SPLIT)
+  int attn_split = 0;  // decode attention position splits (MQB_ATTN_SPLIT; 0 = enough to fill the SMs)
+  int fused_attn = 1;  // decode_attn_kernel: 1 for small decode grids, 2 always, 0 never (MQB_FUSED_ATTN)
+  // Tensor-core products (megakernel.cuh's linear_kernel) for decode steps of tc_min_b..mk::MAXB
+  // entries (MQB_TC_MIN_B), where tc_ok (qwen3, bf16/fp16, shapes that fit its tiles).
+  bool tc_ok = false;
+  int tc_min_b = 0;  // 0: off (on the H200 slower than cuBLAS + prep at batch 32, NOTES.md run 5)
+  int step_splits = 1;  // decode attention splits of the step being run (attn_splits)
   float *part_acc = nullptr, *part_ml = nullptr;
+  unsigned int *att_cnt = nullptr;  // [ATT_SPLIT_MAX_T * nkv] attention splits done, zero between steps
   bool use_graphs = true, use_pdl = true;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
@@ -1105,7 +1268,7 @@ struct mqb_model {
   int mk_grid = 0;
   size_t mk_smem = 0;
   void *mk_layers = nullptr, *act = nullptr;
-  unsigned int *mk_bar = nullptr, *mk_att_cnt = nullptr;
+  unsigned int *mk_bar = nullptr;
   int mk_dbg = 0;  // mqb_debug_set "mk_skip": phases the megakernel skips (timing breakdown only)
   int *meta_h = nullptr;    // pinned host mirror
   unsigned long long *keys_h = nullptr;
@@ -1229,6 +1392,7 @@ cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 template <typename T>
 void linear(mqb_model &m, const char *role, const PrepArgs<T> &a, int B, int K, const void *Wv, int N,
             const float *bias, float *out, bool accumulate, unsigned long long *keys, Samp samp = Samp{}) {
+  if (B <= 0) return;  // a prefill chunk that ends no entry has no logits rows
   const std::string r = role;
   const T *W = static_cast<const T *>(Wv);
   if (B <= m.gemv_max_b) {
@@ -1249,7 +1413,9 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a, int B, int K, 
     X = a.srcT;
   } else {
     m.label = r + ":prep";
-    launch(m, prep_kernel<T>, dim3(B), dim3(256), 0, a, K, static_cast<T *>(m.xbuf));
+    const bool norm = a.mode == PREP_RMS || a.mode == PREP_LN;
+    const int blocks = norm ? B : (int)std::min<int64_t>(((int64_t)B * K + 255) / 256, (int64_t)m.sms * 8);
+    launch(m, prep_kernel<T>, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
     X = static_cast<const T *>(m.xbuf);
   }
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
@@ -1280,80 +1446,6 @@ PrepArgs<T> prep(int mode, const float *src, const T *srcT, int ld, const int *r
   a.bb = bb;
   a.eps = eps;
   return a;
-}
-
-// run_tokens: the forward pass over the T tokens described by the device meta arrays, logits of
-// the R rows listed in rows[] into m.logits, and (want_keys) their argmax keys into m.keys.
-template <typename T>
-void run_tokens(mqb_model &m, int Tn, int R, bool want_keys) {
-  const Cfg &c = m.c;
-  const int H = c.H, QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
-  const float eps = (float)c.eps;
-  mark(m, "start");
-  m.label = "embed";
-  launch(m, embed_kernel<T>, dim3(Tn), dim3(256), 0, (const int *)m.d_tok(), (const int *)m.d_pos(),
-         (const T *)m.emb, (const float *)m.wpe, m.res, H, want_keys ? m.keys : nullptr, R);
-  const int Gq = c.nh / c.nkv;
-  const size_t asmem = att_smem(Gq, c.D, TT<T>::CH);
-  for (int l = 0; l < c.L; ++l) {
-    Layer &ly = m.layers[l];
-    const bool q3 = c.fam == QWEN3;
-    linear<T>(m, "qkv", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps), Tn, H,
-              ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
-    m.label = "qkv_post";
-    launch(m, qkv_post_kernel<T>, dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8), dim3(256), sizeof(float) * 8 * c.D,
-           (const float *)m.qkv,
-           (const int *)m.d_pos(), (const int *)m.d_slot(), c.nh, c.nkv, c.D, (const float *)ly.qn,
-           (const float *)ly.kn, eps, (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale, m.qbuf,
-           static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx);
-    m.label = "attention";
-    const int S = (Tn <= ATT_SPLIT_MAX_T && Tn * c.nkv < m.sms) ? m.attn_split : 1;
-    launch(m, attention_kernel<T>, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, (const float *)m.qbuf,
-           (const T *)ly.kc, (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(),
-           static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx, m.part_acc, m.part_ml);
-    if (S > 1) {
-      m.label = "attn_combine";
-      launch(m, attn_combine_kernel<T>, dim3(Tn, c.nkv), dim3(256), 0, (const float *)m.part_acc,
-             (const float *)m.part_ml, static_cast<T *>(m.attn), c.nh, c.nkv, c.D, S);
-    }
-    linear<T>(m, "o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), Tn, AO,
-              ly.w_o, H, ly.b_o, m.res, true, nullptr);
-    linear<T>(m, "up", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps), Tn, H,
-              ly.w_up, q3 ? 2 * c.I : c.I, ly.b_up, m.mlp, false, nullptr);
-    linear<T>(m, "down",
-              prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr, nullptr,
-                      eps),
-              Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
-  }
-  linear<T>(m, "lm_head",
-            prep<T>(c.fam == QWEN3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, (const int *)m.d_rows(), m.normf_w,
-                    m.normf_b, eps),
-            R, H, m.lm, c.V, nullptr, m.logits, false, want_keys ? m.keys : nullptr, Samp{m.samp_temp, m.samp_key});
-}
-
-void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys) {
-  switch (m.dt) {
-    case DT_BF16: run_tokens<__nv_bfloat16>(m, Tn, R, want_keys); break;
-    case DT_F16: run_tokens<__half>(m, Tn, R, want_keys); break;
-    default: run_tokens<float>(m, Tn, R, want_keys); break;
-  }
-}
-
-void upload_meta(mqb_model &m) {
-  ck(cudaMemcpyAsync(m.meta, m.meta_h, sizeof(int) * m.meta_count(), cudaMemcpyHostToDevice, m.stream),
-     "meta upload");
-  ck(cudaMemcpyAsync(m.samp_temp, m.samp_temp_h, sizeof(float) * m.Rcap, cudaMemcpyHostToDevice, m.stream),
-     "sampling upload");
-  ck(cudaMemcpyAsync(m.samp_key, m.samp_key_h, sizeof(unsigned long long) * m.Rcap, cudaMemcpyHostToDevice,
-                     m.stream),
-     "sampling upload");
-}
-
-// set_samp fills logits row r's sampling from entry e of the caller's arrays (NULL: greedy).
-void set_samp(mqb_model &m, int r, int e, const float *temp, const uint64_t *rkey) {
-  const float t = temp && e >= 0 ? temp[e] : 0.f;
-  m.samp_temp_h[r] = t > 0.f ? 1.f / t : 0.f;
-  m.samp_key_h[r] = rkey && e >= 0 ? (unsigned long long)rkey[e] : 0ull;
 }
 
 int env_int(const char *k, int dflt);
@@ -1393,7 +1485,7 @@ void mk_launch_t(mqb_model &m, int b, bool want_logits) {
   a.bar = m.mk_bar;
   a.part_acc = m.part_acc;
   a.part_ml = m.part_ml;
-  a.att_cnt = m.mk_att_cnt;
+  a.att_cnt = m.att_cnt;
   a.dbg = m.mk_dbg;
   ck(cudaMemsetAsync(m.mk_bar, 0, sizeof(unsigned int), m.stream), "grid barrier reset");
   cudaLaunchConfig_t cfg = {};
@@ -1417,12 +1509,75 @@ void mk_launch_t(mqb_model &m, int b, bool want_logits) {
   mark(m, "megakernel");
 }
 
+template <typename K>
+void smem_attr(K *k, size_t smem) {
+  ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "cudaFuncSetAttribute");
+}
+
+template <typename T, int MODE>
+void lin_attrs(size_t smem) {
+  smem_attr(mk::linear_kernel<T, 1, MODE>, smem);
+  smem_attr(mk::linear_kernel<T, 2, MODE>, smem);
+  smem_attr(mk::linear_kernel<T, 3, MODE>, smem);
+  smem_attr(mk::linear_kernel<T, 4, MODE>, smem);
+}
+
 template <typename T>
 void mk_attrs(size_t smem) {
-  ck(cudaFuncSetAttribute(mk::decode_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "mk attr");
-  ck(cudaFuncSetAttribute(mk::decode_kernel<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "mk attr");
-  ck(cudaFuncSetAttribute(mk::decode_kernel<T, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "mk attr");
-  ck(cudaFuncSetAttribute(mk::decode_kernel<T, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "mk attr");
+  smem_attr(mk::decode_kernel<T, 1>, smem);
+  smem_attr(mk::decode_kernel<T, 2>, smem);
+  smem_attr(mk::decode_kernel<T, 3>, smem);
+  smem_attr(mk::decode_kernel<T, 4>, smem);
+  lin_attrs<T, mk::LIN_QKV>(smem);
+  lin_attrs<T, mk::LIN_O>(smem);
+  lin_attrs<T, mk::LIN_UP>(smem);
+  lin_attrs<T, mk::LIN_DOWN>(smem);
+  lin_attrs<T, mk::LIN_HEAD>(smem);
+}
+
+// tc_launch runs one of the tensor-core products (mk::linear_kernel) over a.B <= mk::MAXB rows.
+template <typename T, int MODE>
+void tc_launch(mqb_model &m, const char *label, const mk::LinArgs &a) {
+  const dim3 g(m.mk_grid), b(mk::THREADS);
+  m.label = std::string(label) + ":tc";
+  switch ((a.B + 7) / 8) {
+    case 1: launch(m, mk::linear_kernel<T, 1, MODE>, g, b, m.mk_smem, a); break;
+    case 2: launch(m, mk::linear_kernel<T, 2, MODE>, g, b, m.mk_smem, a); break;
+    case 3: launch(m, mk::linear_kernel<T, 3, MODE>, g, b, m.mk_smem, a); break;
+    default: launch(m, mk::linear_kernel<T, 4, MODE>, g, b, m.mk_smem, a); break;
+  }
+}
+
+// tc_layer runs layer l of a decode step of B entries with the tensor-core products: qkv, the
+// fused decode attention (attn, given), o, gate/up with SwiGLU, down.
+template <typename T, typename Attn>
+void tc_layer(mqb_model &m, int l, int B, const Attn &attn) {
+  const Cfg &c = m.c;
+  const Layer &ly = m.layers[l];
+  const int QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
+  mk::LinArgs a = {};
+  a.B = B;
+  a.eps = (float)c.eps;
+  a.W = ly.w_qkv, a.N = QKV, a.K = c.H, a.src = m.res, a.nw = ly.ln1_w, a.out = m.qkv;
+  tc_launch<T, mk::LIN_QKV>(m, "qkv", a);
+  attn();
+  a.W = ly.w_o, a.N = c.H, a.K = AO, a.x = m.attn, a.out = m.res;
+  tc_launch<T, mk::LIN_O>(m, "o_proj", a);
+  a.W = ly.w_up, a.N = c.I, a.K = c.H, a.src = m.res, a.nw = ly.ln2_w, a.act = m.act;
+  tc_launch<T, mk::LIN_UP>(m, "up", a);
+  a.W = ly.w_down, a.N = c.H, a.K = c.I, a.x = m.act, a.out = m.res;
+  tc_launch<T, mk::LIN_DOWN>(m, "down", a);
+}
+
+// tc_head runs the LM head of a decode step (rows 0..B-1) with the argmax / Gumbel-max keys.
+template <typename T>
+void tc_head(mqb_model &m, int B) {
+  mk::LinArgs a = {};
+  a.B = B;
+  a.eps = (float)m.c.eps;
+  a.W = m.lm, a.N = m.c.V, a.K = m.c.H, a.src = m.res, a.nw = m.normf_w;
+  a.logits = m.logits, a.keys = m.keys, a.inv_temp = m.samp_temp, a.rkey = m.samp_key;
+  tc_launch<T, mk::LIN_HEAD>(m, "lm_head", a);
 }
 
 template <typename T>
@@ -1480,13 +1635,148 @@ void mk_setup(mqb_model &m) {
   m.mk_layers = m.dmalloc(sizeof(mk::LayerW) * lw.size());
   ck(cudaMemcpy(m.mk_layers, lw.data(), sizeof(mk::LayerW) * lw.size(), cudaMemcpyHostToDevice), "mk layers upload");
   m.mk_bar = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int)));
-  m.mk_att_cnt = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int) * mk::MAXB * c.nkv));
-  ck(cudaMemset(m.mk_att_cnt, 0, sizeof(unsigned int) * mk::MAXB * c.nkv), "cudaMemset(mk_att_cnt)");
   m.act = m.dmalloc(dt_size(m.dt) * (size_t)mk::MAXB * c.I);
   m.mk_grid = m.sms;
   m.use_mk = want;  // prepared either way, so mqb_debug_set("megakernel", 1) can compare
+  m.tc_ok = true;   // the per-kernel path's tensor-core products share the launch shape
 }
+#else
+// Host-test builds have no tensor-core products (tc_ok stays false): these are never called.
+template <typename T, typename Attn>
+void tc_layer(mqb_model &, int, int, const Attn &) { throw Fail("tensor-core products need nvcc"); }
+template <typename T>
+void tc_head(mqb_model &, int) { throw Fail("tensor-core products need nvcc"); }
 #endif
+
+// gm_for: the attention kernels' compile-time bound on query heads per KV head (1, 2, 4 or 8).
+int gm_for(int G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8; }
+
+// launch_gm launches kern<GM> for the runtime bound gm (a generic lambda per kernel family).
+template <typename F>
+void launch_gm(int gm, const F &f) {
+  switch (gm) {
+    case 1: f(std::integral_constant<int, 1>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    case 4: f(std::integral_constant<int, 4>()); break;
+    default: f(std::integral_constant<int, 8>()); break;
+  }
+}
+
+// attn_splits: how many position splits decode_attn_kernel uses for a decode step of Tn tokens
+// whose longest context is nmax positions: MQB_ATTN_SPLIT / "attn_split" when set, else enough
+// (token, KV head, split) blocks to fill the SMs but no split shorter than ATT_SPLIT_MIN_POS
+// (measured on the H200, NOTES.md run 5: 16 splits of ~20 positions at batch 1 cost more in
+// partials and the merge than they save).
+int attn_splits(const mqb_model &m, int Tn, int nmax) {
+  if (Tn > ATT_SPLIT_MAX_T) return 1;
+  if (m.attn_split > 0) return m.attn_split;
+  const int fill = m.sms / std::max(1, Tn * m.c.nkv);
+  const int len = (nmax + ATT_SPLIT_MIN_POS - 1) / ATT_SPLIT_MIN_POS;
+  return std::max(1, std::min(ATT_SPLIT_MAX, std::min(fill, len)));
+}
+
+// run_tokens: the forward pass over the T tokens described by the device meta arrays, logits of
+// the R rows listed in rows[] into m.logits, and (want_keys) their argmax keys into m.keys.
+// decode says every token is the next one of a different sequence (rows = tokens): attention
+// then runs fused with the q/k/v post-processing (decode_attn_kernel), and batches of
+// tc_min_b..TC_MAX_B use the tensor-core products where tc_ok.
+template <typename T>
+void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
+  const Cfg &c = m.c;
+  const int H = c.H, QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
+  const float eps = (float)c.eps;
+  const bool q3 = c.fam == QWEN3;
+  // Fused decode attention where the (token, KV head) grid cannot fill the GPU, so position
+  // splits can (fused_attn 1); always with 2. At batch 32 it measured slower than qkv_post +
+  // attention on the H200 (NOTES.md run 5).
+  const bool fused = decode && (m.fused_attn == 2 || (m.fused_attn == 1 && Tn * c.nkv < m.sms));
+  const bool tc = decode && m.tc_ok && m.tc_min_b > 0 && Tn >= m.tc_min_b && Tn <= TC_MAX_B;
+  const int gm = gm_for(c.nh / c.nkv);
+  const size_t asmem = attn_smem(gm, c.D);
+  const int S = fused ? m.step_splits : 1;
+  mark(m, "start");
+  m.label = "embed";
+  launch(m, embed_kernel<T>, dim3(Tn), dim3(256), 0, (const int *)m.d_tok(), (const int *)m.d_pos(),
+         (const T *)m.emb, (const float *)m.wpe, m.res, H, want_keys ? m.keys : nullptr, R);
+  for (int l = 0; l < c.L; ++l) {
+    Layer &ly = m.layers[l];
+    auto attention = [&]() {
+      m.label = "attention";
+      if (fused) {
+        const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
+                            q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
+                            static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt};
+        launch_gm(gm, [&](auto g) {
+          launch(m, decode_attn_kernel<T, decltype(g)::value>, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
+        });
+        return;
+      }
+      m.label = "qkv_post";
+      launch(m, qkv_post_kernel<T>, dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8), dim3(256), sizeof(float) * 8 * c.D,
+             (const float *)m.qkv, (const int *)m.d_pos(), (const int *)m.d_slot(), c.nh, c.nkv, c.D,
+             (const float *)ly.qn, (const float *)ly.kn, eps, (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale,
+             m.qbuf, static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx);
+      m.label = "attention";
+      launch_gm(gm, [&](auto g) {
+        launch(m, attention_kernel<T, decltype(g)::value>, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem,
+               (const float *)m.qbuf, (const T *)ly.kc, (const T *)ly.vc, (const int *)m.d_pos(),
+               (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx);
+      });
+    };
+    if constexpr (!std::is_same<T, float>::value) {  // tensor-core products: bf16/fp16 only
+      if (tc) {
+        tc_layer<T>(m, l, Tn, attention);
+        continue;
+      }
+    }
+    linear<T>(m, "qkv", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps), Tn, H,
+              ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
+    attention();
+    linear<T>(m, "o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), Tn, AO,
+              ly.w_o, H, ly.b_o, m.res, true, nullptr);
+    linear<T>(m, "up", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps), Tn, H,
+              ly.w_up, q3 ? 2 * c.I : c.I, ly.b_up, m.mlp, false, nullptr);
+    linear<T>(m, "down",
+              prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr, nullptr,
+                      eps),
+              Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
+  }
+  if constexpr (!std::is_same<T, float>::value) {
+    if (tc) {
+      tc_head<T>(m, Tn);
+      return;
+    }
+  }
+  linear<T>(m, "lm_head",
+            prep<T>(c.fam == QWEN3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, (const int *)m.d_rows(), m.normf_w,
+                    m.normf_b, eps),
+            R, H, m.lm, c.V, nullptr, m.logits, false, want_keys ? m.keys : nullptr, Samp{m.samp_temp, m.samp_key});
+}
+
+void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
+  switch (m.dt) {
+    case DT_BF16: run_tokens<__nv_bfloat16>(m, Tn, R, want_keys, decode); break;
+    case DT_F16: run_tokens<__half>(m, Tn, R, want_keys, decode); break;
+    default: run_tokens<float>(m, Tn, R, want_keys, decode); break;
+  }
+}
+
+void upload_meta(mqb_model &m) {
+  ck(cudaMemcpyAsync(m.meta, m.meta_h, sizeof(int) * m.meta_count(), cudaMemcpyHostToDevice, m.stream),
+     "meta upload");
+  ck(cudaMemcpyAsync(m.samp_temp, m.samp_temp_h, sizeof(float) * m.Rcap, cudaMemcpyHostToDevice, m.stream),
+     "sampling upload");
+  ck(cudaMemcpyAsync(m.samp_key, m.samp_key_h, sizeof(unsigned long long) * m.Rcap, cudaMemcpyHostToDevice,
+                     m.stream),
+     "sampling upload");
+}
+
+// set_samp fills logits row r's sampling from entry e of the caller's arrays (NULL: greedy).
+void set_samp(mqb_model &m, int r, int e, const float *temp, const uint64_t *rkey) {
+  const float t = temp && e >= 0 ? temp[e] : 0.f;
+  m.samp_temp_h[r] = t > 0.f ? 1.f / t : 0.f;
+  m.samp_key_h[r] = rkey && e >= 0 ? (unsigned long long)rkey[e] : 0ull;
+}
 
 // step_dispatch runs the decode step of b entries whose meta is uploaded: the megakernel when it
 // applies, else kernel by kernel (the profile always goes kernel by kernel).
@@ -1499,7 +1789,7 @@ void step_dispatch(mqb_model &m, int b, bool want_logits) {
   }
 #endif
   (void)want_logits;  // the kernel-by-kernel path always writes the logits buffer
-  run_dispatch(m, b, b, true);
+  run_dispatch(m, b, b, true, true);
 }
 
 int decode_key(unsigned long long k) { return (int)(0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFull)); }
@@ -1671,12 +1961,19 @@ void load(mqb_model &m, const mqb_model_params *p) {
   }
 }
 
+// set_kernel_attrs lets the attention kernels use more than 48 KB of shared memory when the
+// head shape needs it (large head_dim and many query heads per KV head).
 template <typename T>
-void set_kernel_attrs(mqb_model &m, size_t att_bytes) {
-  if (att_bytes > 48 * 1024)
-    ck(cudaFuncSetAttribute(attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
+void set_kernel_attrs(int gm, size_t att_bytes) {
+  if (att_bytes <= 48 * 1024) return;
+  launch_gm(gm, [&](auto g) {
+    ck(cudaFuncSetAttribute(attention_kernel<T, decltype(g)::value>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)att_bytes),
        "cudaFuncSetAttribute(attention)");
-  (void)m;
+    ck(cudaFuncSetAttribute(decode_attn_kernel<T, decltype(g)::value>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)att_bytes),
+       "cudaFuncSetAttribute(decode attention)");
+  });
 }
 
 void open_model(mqb_model &m, const mqb_model_params *p) {
@@ -1718,7 +2015,9 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.Rcap = std::max(64, m.max_batch);
   m.use_graphs = env_int("MQB_GRAPHS", 1) != 0;
   m.use_pdl = env_int("MQB_PDL", 1) != 0 && major >= 9;
-  m.attn_split = std::max(1, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 1)));
+  m.attn_split = std::max(0, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 0)));
+  m.fused_attn = std::max(0, std::min(2, env_int("MQB_FUSED_ATTN", 1)));
+  m.tc_min_b = env_int("MQB_TC_MIN_B", 0);
   const size_t es = dt_size(m.dt);
   const int Kmax = std::max(std::max(c.H, c.I), c.nh * c.D);
   int gb = std::min(4, env_int("MQB_GEMV_MAX_B", 4));
@@ -1757,6 +2056,8 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.keys = static_cast<unsigned long long *>(m.dmalloc(sizeof(unsigned long long) * m.Rcap));
   m.part_acc = static_cast<float *>(m.dmalloc(sizeof(float) * ATT_SPLIT_MAX_T * c.nkv * ATT_SPLIT_MAX * G * c.D));
   m.part_ml = static_cast<float *>(m.dmalloc(sizeof(float) * ATT_SPLIT_MAX_T * c.nkv * ATT_SPLIT_MAX * G * 2));
+  m.att_cnt = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int) * ATT_SPLIT_MAX_T * c.nkv));
+  ck(cudaMemset(m.att_cnt, 0, sizeof(unsigned int) * ATT_SPLIT_MAX_T * c.nkv), "cudaMemset(att_cnt)");
   m.meta = static_cast<int *>(m.dmalloc(sizeof(int) * m.meta_count()));
   ck(cudaMallocHost(reinterpret_cast<void **>(&m.meta_h), sizeof(int) * m.meta_count()), "cudaMallocHost");
   ck(cudaMallocHost(reinterpret_cast<void **>(&m.keys_h), sizeof(unsigned long long) * m.Rcap), "cudaMallocHost");
@@ -1768,11 +2069,12 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   memset(m.samp_key_h, 0, sizeof(unsigned long long) * m.Rcap);
   memset(m.meta_h, 0, sizeof(int) * m.meta_count());
 
-  const size_t ab = att_smem(G, c.D, CH);
+  const int gm = gm_for(G);
+  const size_t ab = attn_smem(gm, c.D);
   switch (m.dt) {
-    case DT_BF16: set_kernel_attrs<__nv_bfloat16>(m, ab); break;
-    case DT_F16: set_kernel_attrs<__half>(m, ab); break;
-    default: set_kernel_attrs<float>(m, ab); break;
+    case DT_BF16: set_kernel_attrs<__nv_bfloat16>(gm, ab); break;
+    case DT_F16: set_kernel_attrs<__half>(gm, ab); break;
+    default: set_kernel_attrs<float>(gm, ab); break;
   }
 #ifndef MQB_HOST_TEST
   mk_setup(m);
@@ -1784,7 +2086,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
 void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, int32_t *argmax_out,
                const std::vector<int> &row_entry) {
   upload_meta(m);
-  run_dispatch(m, Tn, R, want_keys);
+  run_dispatch(m, Tn, R, want_keys, false);
   ck(cudaGetLastError(), "forward");
   if (want_keys)
     ck(cudaMemcpyAsync(m.keys_h, m.keys, sizeof(unsigned long long) * R, cudaMemcpyDeviceToHost, m.stream),
@@ -1811,6 +2113,9 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
                  const float *temp, const uint64_t *rkey, float *logits_out, int32_t *argmax_out) {
   const bool graphs = m.use_graphs && !m.prof;
   const int b = graphs ? std::max(n, bucket_for(m, n)) : n;
+  int nmax = 1;
+  for (int i = 0; i < n; ++i) nmax = std::max(nmax, start_pos[i] + 1);
+  m.step_splits = attn_splits(m, b, nmax);
   for (int i = 0; i < b; ++i) {
     const bool real = i < n;
     m.meta_h[i] = real ? tokens[i] : 0;
@@ -1822,7 +2127,8 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
   upload_meta(m);
   GraphEntry *ge = nullptr;
   if (graphs) {
-    ge = &m.graphs[b * 2 + (logits_out ? 1 : 0)];  // the megakernel's graph bakes in whether logits are written
+    // A graph bakes in the attention splits and (the megakernel's) whether logits are written.
+    ge = &m.graphs[(b * (ATT_SPLIT_MAX + 1) + m.step_splits) * 2 + (logits_out ? 1 : 0)];
     if (!ge->warmed) {  // first use of this bucket: run eagerly (loads modules, cuBLAS heuristics)
       step_dispatch(m, b, logits_out != nullptr);
       ck(cudaGetLastError(), "forward");
@@ -1961,7 +2267,7 @@ void logits_all(mqb_model &m, const int32_t *ids, int32_t n, float *out) {
       set_samp(m, j, -1, nullptr, nullptr);
     }
     upload_meta(m);
-    run_dispatch(m, cn, cn, false);
+    run_dispatch(m, cn, cn, false, false);
     ck(cudaGetLastError(), "logits_all");
     ck(cudaMemcpyAsync(out + (size_t)s * m.c.V, m.logits, sizeof(float) * (size_t)cn * m.c.V,
                        cudaMemcpyDeviceToHost, m.stream),
@@ -2083,7 +2389,9 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
     else return 1;
   }
 #endif
-  else if (k == "attn_split") m->attn_split = std::max(1, std::min(ATT_SPLIT_MAX, (int)value));
+  else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
+  else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
+  else if (k == "tc_min_b") m->tc_min_b = value;
   else if (k == "profile") {
     m->prof = value != 0;
     m->marks.clear();

@@ -33,7 +33,6 @@ constexpr int THREADS = 256;  // 8 warps, up to 255 registers each: no spills
 constexpr int WARPS = THREADS / 32;
 constexpr int MAXB = 32;       // sequences per launch (4 octets)
 constexpr int XPAD = 32;       // elements of padding per staged row: conflict-free 16-byte reads
-constexpr int ATT_GRP = 16;    // V-accumulating thread groups in attention
 constexpr int PREFETCH_MAX = 64 * 1024;  // bytes of next-phase weights a block prefetches
 
 struct LayerW {
@@ -113,7 +112,6 @@ __device__ __forceinline__ void grid_barrier(unsigned int *bar, unsigned int &ta
   __syncthreads();
 }
 
-__device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
 __device__ __forceinline__ float4 ldcg4f(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
 
 template <typename T>
@@ -376,179 +374,18 @@ struct EpiHead {
   }
 };
 
-// head_vec: RMSNorm over one head of D values (nw may be NULL: no norm), then RoPE (rotate_half)
-// at position p, times scale, into dst (shared memory). One warp; src is fp32 in global memory.
-__device__ void head_vec(const float *src, const float *nw, float eps, const float *inv_freq, int p, float scale,
-                         int D, float *dst, bool rope) {
-  const int lane = threadIdx.x & 31, half = D / 2;
-  float ss = 0.f;
-  for (int i = lane; i < D; i += 32) {
-    const float v = __ldcg(src + i);
-    dst[i] = v;
-    ss += v * v;
-  }
-  ss = warp_sum(ss);
-  __syncwarp();
-  if (nw) {
-    const float r = rsqrtf(ss / (float)D + eps);
-    for (int i = lane; i < D; i += 32) dst[i] = dst[i] * r * nw[i];
-  }
-  __syncwarp();
-  float o[8];  // D <= 256
-  int n = 0;
-  for (int i = lane; i < D; i += 32, ++n) {
-    float v = dst[i];
-    if (rope) {
-      float sn, cs;
-      sincosf((float)p * inv_freq[i < half ? i : i - half], &sn, &cs);
-      const float rot = i < half ? -dst[i + half] : dst[i - half];
-      v = v * cs + rot * sn;
-    }
-    o[n] = v * scale;
-  }
-  __syncwarp();
-  n = 0;
-  for (int i = lane; i < D; i += 32, ++n) dst[i] = o[n];
-  __syncwarp();
-}
-
-// attend: one block, one (sequence, KV head, position range): the G query heads in qs attend over
-// positions [lo, hi) of the K/V rows kb/vb (row stride rs elements). Online softmax per tile of
-// ATT_TILE positions. Leaves the unnormalised sums in oacc[j*D + d] and the running max and
-// sum in s_m[j], s_l[j] (s_m = -inf for an empty range). A thread scores one position with all
-// of its K row's 16-byte loads in flight; V is read 8 positions deep per thread group.
-template <typename T, int G>
-__device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int D, float *sc,
-                       float *red, float *s_m, float *s_l, float *s_c, float *oacc) {
-  constexpr int CH = TT<T>::CH;
-  constexpr int KU = 16;  // K chunks in flight per pass (D = 128 in one pass)
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nch = D / CH;
-  const int ngrp = min(ATT_GRP, THREADS / nch);
-  const int grp = tid / nch, ch = tid % nch;
-  if (tid < G) {
-    s_m[tid] = -INFINITY;
-    s_l[tid] = 0.f;
-    s_c[tid] = 0.f;
-  }
-  float acc[G][CH];
-#pragma unroll
-  for (int j = 0; j < G; ++j)
-#pragma unroll
-    for (int e = 0; e < CH; ++e) acc[j][e] = 0.f;
-  __syncthreads();
-  for (int t0 = lo; t0 < hi; t0 += ATT_TILE) {
-    const int tn = min(ATT_TILE, hi - t0);
-    for (int pp = tid; pp < tn; pp += THREADS) {
-      const T *kr = kb + (size_t)(t0 + pp) * rs;
-      float s[G];
-#pragma unroll
-      for (int j = 0; j < G; ++j) s[j] = 0.f;
-      for (int c0 = 0; c0 < nch; c0 += KU) {
-        uint4 raw[KU];
-#pragma unroll
-        for (int u = 0; u < KU; ++u) raw[u] = c0 + u < nch ? ldcg4(kr + (c0 + u) * CH) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int u = 0; u < KU; ++u) {
-          if (c0 + u < nch) {
-            float kf[CH];
-            TT<T>::unpack(raw[u], kf);
-#pragma unroll
-            for (int j = 0; j < G; ++j) {
-              const float *qq = qs + j * D + (c0 + u) * CH;
-#pragma unroll
-              for (int e = 0; e < CH; ++e) s[j] = fmaf(qq[e], kf[e], s[j]);
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < G; ++j) sc[j * ATT_TILE + pp] = s[j];
-    }
-    __syncthreads();
-    if (warp < G) {
-      float *row = sc + warp * ATT_TILE;
-      float mx = -INFINITY;
-      for (int pp = lane; pp < tn; pp += 32) mx = fmaxf(mx, row[pp]);
-      mx = warp_max(mx);
-      const float mold = s_m[warp], mnew = fmaxf(mold, mx);
-      const float corr = (mold == -INFINITY) ? 0.f : expf(mold - mnew);
-      float sum = 0.f;
-      for (int pp = lane; pp < tn; pp += 32) {
-        const float e = expf(row[pp] - mnew);
-        row[pp] = e;
-        sum += e;
-      }
-      sum = warp_sum(sum);
-      __syncwarp();
-      if (lane == 0) {
-        s_l[warp] = s_l[warp] * corr + sum;
-        s_m[warp] = mnew;
-        s_c[warp] = corr;
-      }
-    }
-    __syncthreads();
-    if (grp < ngrp) {
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const float c = s_c[j];
-#pragma unroll
-        for (int e = 0; e < CH; ++e) acc[j][e] *= c;
-      }
-      for (int p0 = grp; p0 < tn; p0 += 8 * ngrp) {
-        uint4 raw[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const int pp = p0 + u * ngrp;
-          raw[u] = pp < tn ? ldcg4(vb + (size_t)(t0 + pp) * rs + ch * CH) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const int pp = p0 + u * ngrp;
-          if (pp < tn) {
-            float vf[CH];
-            TT<T>::unpack(raw[u], vf);
-#pragma unroll
-            for (int j = 0; j < G; ++j) {
-              const float pj = sc[j * ATT_TILE + pp];
-#pragma unroll
-              for (int e = 0; e < CH; ++e) acc[j][e] = fmaf(pj, vf[e], acc[j][e]);
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  if (grp < ngrp) {
-#pragma unroll
-    for (int j = 0; j < G; ++j)
-#pragma unroll
-      for (int e = 0; e < CH; ++e) red[((size_t)grp * G + j) * D + ch * CH + e] = acc[j][e];
-  }
-  __syncthreads();
-  for (int i = tid; i < G * D; i += THREADS) {
-    const int j = i / D, d = i - j * D;
-    float s = 0.f;
-    for (int q = 0; q < ngrp; ++q) s += red[((size_t)q * G + j) * D + d];
-    oacc[i] = s;
-  }
-  __syncthreads();
-}
-
 // smem_bytes: dynamic shared memory the kernel needs for these shapes.
 __host__ __device__ inline size_t smem_bytes(int NB, int H, int G, int D) {
   const size_t stage = (size_t)NB * 8 * (H + XPAD) * 2 + MAXB * sizeof(float);
   const size_t red = (size_t)WARPS * 32 * NB * 8 * sizeof(float);
-  const size_t att = sizeof(float) * ((size_t)2 * G * D + (size_t)G * ATT_TILE + (size_t)ATT_GRP * G * D + 3 * D);
+  const size_t att = attn_smem(G, D);
   return (stage + red > att ? stage + red : att) + 64;
 }
 
 template <typename T, int NB>
 __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
   extern __shared__ __align__(16) unsigned char mk_smem[];
-  __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
-  const int tid = threadIdx.x, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const int H = a.H, D = a.D, nh = a.nh, nkv = a.nkv, G = nh / nkv, B = a.B;
   const int QKV = (nh + 2 * nkv) * D, AO = nh * D;
   T *xs = reinterpret_cast<T *>(mk_smem);
@@ -586,86 +423,20 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
     // are split so every SM works; the split that finishes last for a (sequence, KV head)
     // merges the partials (counter in a.att_cnt, reset by that block) and writes attn.
     if (!(a.dbg & 1)) {
-      float *qs = reinterpret_cast<float *>(mk_smem);
-      float *kvv = qs + G * D;  // k then v of the new token (fp32)
-      float *oacc = kvv + 2 * D;
-      float *sc = oacc + G * D;
-      float *ared = sc + G * ATT_TILE;
-      __shared__ int s_last;
-      T *kc = static_cast<T *>(ly.kc), *vc = static_cast<T *>(ly.vc);
+      const DecAttn<T> da{a.qkv, a.pos, a.slot, nh, nkv, D, a.maxctx, ly.qn, ly.kn, a.inv_freq, a.eps, ly.qscale,
+                          static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), static_cast<T *>(a.attn),
+                          a.part_acc, a.part_ml, a.att_cnt};
       const int items = B * nkv;
       const int Sa = max(1, min(ATT_SPLIT_MAX, (int)gridDim.x / items));
+      float *asm_ = reinterpret_cast<float *>(mk_smem);
       for (int it = blockIdx.x; it < items * Sa; it += gridDim.x) {
         const int z = it % Sa, bk = it / Sa;
-        const int b = bk / nkv, kh = bk - b * nkv;
-        const int p = a.pos[b], sl = a.slot[b], n = p + 1;
-        const int span = (n + Sa - 1) / Sa;
-        const int lo = min(n, z * span), hi = min(n, lo + span);
-        const bool mine = lo <= p && p < hi;  // this split holds the new token's position
-        const float *row = a.qkv + (size_t)b * QKV;
-        for (int h = warp; h < G + 2; h += WARPS) {  // the G query heads, then k, then v
-          if (h < G)
-            head_vec(row + (size_t)(kh * G + h) * D, ly.qn, a.eps, a.inv_freq, p, ly.qscale, D, qs + h * D, true);
-          else if (mine && h == G)
-            head_vec(row + (size_t)(nh + kh) * D, ly.kn, a.eps, a.inv_freq, p, 1.f, D, kvv, true);
-          else if (mine && h == G + 1)
-            head_vec(row + (size_t)(nh + nkv + kh) * D, nullptr, a.eps, a.inv_freq, p, 1.f, D, kvv + D, false);
-        }
-        __syncthreads();
-        if (mine) {
-          const size_t at = (((size_t)sl * a.maxctx + p) * nkv + kh) * D;
-          for (int i = tid; i < D; i += THREADS) {
-            kc[at + i] = TT<T>::fromf(kvv[i]);
-            vc[at + i] = TT<T>::fromf(kvv[D + i]);
-          }
-          __syncthreads();
-        }
-        const size_t base = ((size_t)sl * a.maxctx * nkv + kh) * D;
-        const size_t rs = (size_t)nkv * D;
         switch (G) {  // mk_setup admits G in {1, 2, 4, 8}
-          case 1: attend<T, 1>(qs, kc + base, vc + base, rs, lo, hi, D, sc, ared, s_m, s_l, s_c, oacc); break;
-          case 2: attend<T, 2>(qs, kc + base, vc + base, rs, lo, hi, D, sc, ared, s_m, s_l, s_c, oacc); break;
-          case 4: attend<T, 4>(qs, kc + base, vc + base, rs, lo, hi, D, sc, ared, s_m, s_l, s_c, oacc); break;
-          default: attend<T, 8>(qs, kc + base, vc + base, rs, lo, hi, D, sc, ared, s_m, s_l, s_c, oacc); break;
+          case 1: attn_item<T, 1>(da, bk / nkv, bk % nkv, Sa, z, asm_); break;
+          case 2: attn_item<T, 2>(da, bk / nkv, bk % nkv, Sa, z, asm_); break;
+          case 4: attn_item<T, 4>(da, bk / nkv, bk % nkv, Sa, z, asm_); break;
+          default: attn_item<T, 8>(da, bk / nkv, bk % nkv, Sa, z, asm_); break;
         }
-        T *out = static_cast<T *>(a.attn) + ((size_t)b * nh + (size_t)kh * G) * D;
-        if (Sa == 1) {
-          for (int i = tid; i < G * D; i += THREADS) out[i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
-          __syncthreads();
-          continue;
-        }
-        float *pacc = a.part_acc + ((size_t)bk * Sa + z) * G * D;
-        float *pml = a.part_ml + ((size_t)bk * Sa + z) * G * 2;
-        for (int i = tid; i < G * D; i += THREADS) __stcg(pacc + i, oacc[i]);
-        if (tid < G) {
-          __stcg(pml + 2 * tid, s_m[tid]);
-          __stcg(pml + 2 * tid + 1, s_l[tid]);
-        }
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) s_last = atomicAdd(a.att_cnt + bk, 1u) == (unsigned)(Sa - 1);
-        __syncthreads();
-        if (s_last) {  // every split's partial is visible: merge them in split order
-          __threadfence();
-          const float *pa = a.part_acc + (size_t)bk * Sa * G * D;
-          const float *pm = a.part_ml + (size_t)bk * Sa * G * 2;
-          for (int i = tid; i < G * D; i += THREADS) {
-            const int j = i / D;
-            float M = -INFINITY;
-            for (int q = 0; q < Sa; ++q) M = fmaxf(M, __ldcg(pm + ((size_t)q * G + j) * 2));
-            float Lsum = 0.f, A = 0.f;
-            for (int q = 0; q < Sa; ++q) {
-              const float mq = __ldcg(pm + ((size_t)q * G + j) * 2);
-              if (mq == -INFINITY) continue;  // empty range
-              const float w = expf(mq - M);
-              Lsum += w * __ldcg(pm + ((size_t)q * G + j) * 2 + 1);
-              A += w * __ldcg(pa + (size_t)q * G * D + i);
-            }
-            out[i] = TT<T>::fromf(A / Lsum);
-          }
-          if (tid == 0) a.att_cnt[bk] = 0u;
-        }
-        __syncthreads();
       }
     }
     prefetch_phase<T>(wup, wup + (size_t)a.I * H, a.I, H);
@@ -701,6 +472,61 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
   epi.init();
   gemm<T, NB, 8, false>(static_cast<const T *>(a.lm), static_cast<const T *>(nullptr), a.V, H, XShared<T>{xs, H + XPAD}, B,
                  red, epi, false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same products as standalone kernels, for the per-kernel decode path of qwen3 bf16/fp16 at
+// up to MAXB sequences (MQB_TC_MIN_B): each is one phase of decode_kernel, with its input prep
+// fused in (RMSNorm staged in shared memory, SwiGLU in the gate/up epilogue), so a layer is five
+// launches (qkv, attention, o, gate/up, down) instead of cuBLAS plus three prep kernels. Before it
+// waits for the previous kernel (PDL), a block asks L2 for its first weight rows.
+
+enum LinMode { LIN_QKV = 0, LIN_O = 1, LIN_UP = 2, LIN_DOWN = 3, LIN_HEAD = 4 };
+
+struct LinArgs {
+  const void *W;        // T [N, K]; LIN_UP: gate rows then up rows, N = intermediate size
+  int N, K, B;
+  float eps;
+  const float *src;     // QKV, UP, HEAD: fp32 rows [B, K] to RMSNorm (the residual)
+  const float *nw;      // their norm weight
+  const void *x;        // O, DOWN: T rows [B, K] (attention output, SwiGLU activation)
+  float *out;           // QKV: fp32 [B, N]; O, DOWN: the residual [B, N] (added to)
+  void *act;            // UP: T [B, N]
+  float *logits;        // HEAD: fp32 [B, N]
+  unsigned long long *keys;
+  const float *inv_temp;
+  const unsigned long long *rkey;
+};
+
+template <typename T, int NB, int MODE>
+__global__ void __launch_bounds__(THREADS, 1) linear_kernel(const LinArgs a) {
+  extern __shared__ __align__(16) unsigned char mk_smem[];
+  constexpr bool staged = MODE == LIN_QKV || MODE == LIN_UP || MODE == LIN_HEAD;
+  const T *W = static_cast<const T *>(a.W);
+  const T *W2 = MODE == LIN_UP ? W + (size_t)a.N * a.K : nullptr;
+  T *xs = reinterpret_cast<T *>(mk_smem);
+  float *rstd = reinterpret_cast<float *>(mk_smem + (staged ? (size_t)NB * 8 * (a.K + XPAD) * 2 : 0));
+  float *red = rstd + MAXB;
+  prefetch_phase<T>(W, W2, a.N, a.K);
+  pdl_wait();
+  pdl_trigger();
+  if constexpr (staged) stage_norm<T, NB>(a.src, a.nw, a.B, a.K, a.eps, xs, rstd);
+  const XShared<T> xsh{xs, a.K + XPAD};
+  const XGlobal<T> xg{static_cast<const T *>(a.x), a.K, a.B};
+  if constexpr (MODE == LIN_QKV) {
+    EpiStore epi{a.out, a.N};
+    gemm<T, NB, 4, false>(W, W2, a.N, a.K, xsh, a.B, red, epi, false);
+  } else if constexpr (MODE == LIN_UP) {
+    EpiSwiGLU<T> epi{static_cast<T *>(a.act), a.N};
+    gemm<T, NB, 2, true>(W, W2, a.N, a.K, xsh, a.B, red, epi, false);
+  } else if constexpr (MODE == LIN_HEAD) {
+    EpiHead<NB> epi{a.logits, a.N, a.B, a.inv_temp, a.rkey, a.keys};
+    epi.init();
+    gemm<T, NB, 8, false>(W, W2, a.N, a.K, xsh, a.B, red, epi, false);
+  } else {  // LIN_O, LIN_DOWN
+    EpiResidual epi{a.out, a.N};
+    gemm<T, NB, (NB > 2 ? 2 : 4), false>(W, W2, a.N, a.K, xg, a.B, red, epi, false);
+  }
 }
 
 }  // namespace mk

@@ -226,12 +226,12 @@ def tiny_model(family, seed):
     if family == "qwen3":
         from transformers import Qwen3ForCausalLM
         cfg = qwen3_config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
                            rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)
         model = Qwen3ForCausalLM(cfg)
     else:
         from transformers import GPT2Config, GPT2LMHeadModel
-        cfg = GPT2Config(vocab_size=50257, n_positions=512, n_embd=64, n_layer=2, n_head=4)
+        cfg = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=64, n_layer=2, n_head=4)
         model = GPT2LMHeadModel(cfg)
     # Random init leaves norms at 1 and biases at 0; perturb them so a misapplied weight shows.
     with torch.no_grad():
@@ -304,13 +304,16 @@ def parity(args):
         la16 = hf_logits(ref16, la_ids, dev)
         hf32 = [hf_greedy(ref32, p, steps, dev) for p in prompts]
         hf16 = [hf_greedy(ref16, p, steps, dev) for p in prompts]
+        # A prompt longer than one prefill chunk (512 tokens): the first chunk ends no entry.
+        plong = torch.randint(0, V, (700,), generator=torch.Generator().manual_seed(11)).tolist()
+        long32, long16 = hf_greedy(ref32, plong, 16, dev), hf_greedy(ref16, plong, 16, dev)
         precs = ["fp32", "bf16", "fp16"] if family == "qwen3" else ["fp32", "bf16"]
         if os.environ.get("PARITY_PRECISIONS"):
             precs = [p for p in precs if p in os.environ["PARITY_PRECISIONS"].split(",")]
         for prec in precs:
             entry = dict(family=family, precision=prec)
             try:
-                be = Backend(lib, family, cj, sd, prec, max_batch=8, max_context=256)
+                be = Backend(lib, family, cj, sd, prec, max_batch=8, max_context=1024)
                 if os.environ.get("PARITY_ATTN_SPLIT"):
                     be.set("attn_split", int(os.environ["PARITY_ATTN_SPLIT"]))
                     entry["attn_split"] = int(os.environ["PARITY_ATTN_SPLIT"])
@@ -376,6 +379,14 @@ def parity(args):
                 # the megakernel (default for qwen3 bf16/fp16) against the per-kernel path
                 entry["megakernel_equals_per_kernel_tokens"] = b3 == [s["tokens"] for s in runs[4]["seqs"]]
                 entry["runs"] = runs
+                toks, _ = be.forward([0], [len(plong)], plong, [0])
+                gl, pos = [toks[0]], len(plong)
+                for _ in range(15):
+                    toks, _ = be.forward([0], [1], [gl[-1]], [pos])
+                    gl.append(toks[0])
+                    pos += 1
+                entry["long_prompt"] = dict(prompt_len=len(plong), greedy_vs_hf_fp32=agree(gl, long32),
+                                            greedy_vs_hf_bf16=agree(gl, long16))
                 be.close()
                 if prec != "fp32":
                     entry["sampling"] = sampling_check(lib, family, cj, sd, prec, prompts[1], V)
@@ -468,6 +479,11 @@ def summarize_parity(e):
     print("   graph==eager %s, batch6 prefix==batch3 %s, megakernel==per-kernel tokens %s"
           % (e["graph_equals_eager"], e["batch6_vs_batch3_same_tokens"], e.get("megakernel_equals_per_kernel_tokens")),
           flush=True)
+    lp = e.get("long_prompt")
+    if lp:
+        print("   long prompt %d tokens (two prefill chunks): greedy = hf32 %d/%d, = hf bf16 %d/%d"
+              % (lp["prompt_len"], lp["greedy_vs_hf_fp32"]["match"], lp["greedy_vs_hf_fp32"]["total"],
+                 lp["greedy_vs_hf_bf16"]["match"], lp["greedy_vs_hf_bf16"]["total"]), flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -536,6 +552,11 @@ def bench_hf(model, B, prompt_len, new, V, seed):
     return B * produced / dt, out[:, prompt_len:].tolist()
 
 
+# The backend's switches as the bench leaves them between variants (backend.cu's defaults).
+DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
+            "tc_min_b": 0}
+
+
 def bench(args):
     import torch
     from transformers import Qwen3ForCausalLM
@@ -558,7 +579,7 @@ def bench(args):
     res["params"] = nparams
     res["weight_bytes_bf16"] = weight_bytes
     sd = model.state_dict()
-    be = Backend(lib, "qwen3", config_json(cfg, model), sd, "bf16", max_batch=32, max_context=512)
+    be = Backend(lib, "qwen3", config_json(cfg, model), sd, "bf16", max_batch=32, max_context=4096)
     del sd
     res["backend_open_s"] = be.open_s
     model = model.to(torch.bfloat16)
@@ -572,26 +593,31 @@ def bench(args):
           % (bw / 1e9, weight_bytes / 1e9, bound, 0.7 * bound), flush=True)
 
     prompt_len, warm, steps = 32, 16, int(os.environ.get("BENCH_STEPS", "400"))
-    # mk_skip variants time the megakernel without its attention (1), its matrix products (2) or
-    # both (3): what is left is barriers, staging and the LM-head epilogue (timing only; wrong tokens).
-    variants = [("default", {}), ("no_graphs", {"graphs": 0}), ("cublas_only", {"gemv_max_b": 0}),
-                ("megakernel", {"megakernel": 1}), ("mk_no_attn", {"megakernel": 1, "mk_skip": 1}),
-                ("mk_no_layer_gemm", {"megakernel": 1, "mk_skip": 2}),
-                ("mk_barriers_only", {"megakernel": 1, "mk_skip": 3})]
+    # default: decode attention fused where tokens x KV heads < SMs (position splits for long
+    # contexts only), GEMV products at batch 1-4, cuBLAS above. unfused_attn is qkv_post +
+    # attention, fused_always the fused kernel at every batch; attn_split16 forces 16 splits;
+    # tc_products the opt-in tensor-core products; megakernel the opt-in persistent kernel.
+    # mk_skip variants (BENCH_VARIANTS=...,mk_barriers_only) time the megakernel without its
+    # attention (1), its matrix products (2) or both (3) (timing only; wrong tokens).
+    variants = [("default", {}), ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
+                ("attn_split16", {"attn_split": 16}), ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}),
+                ("megakernel", {"megakernel": 1})]
+    extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
+             "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
     if os.environ.get("BENCH_VARIANTS"):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")
-        variants = [v for v in variants if v[0] in keep_v]
+        variants = [v for v in variants if v[0] in keep_v] + [(k, extra[k]) for k in keep_v if k in extra]
     ours = {}
     gen_ref = {}
     for B in (1, 32):
         for name, opts in variants:
-            if name in ("cublas_only",) and B == 32:
-                continue
+            if name == "attn_split16" and B == 32:
+                continue  # batch 32 is not fused by default, so the split does not apply
             for k, v in opts.items():
                 be.set(k, v)
             tps, step_s, gen = bench_ours(be, B, prompt_len, warm, steps, V, seed=B)
             for k in opts:
-                be.set(k, {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 1, "megakernel": 0, "mk_skip": 0}[k])
+                be.set(k, DEFAULTS[k])
             key = "b%d_%s" % (B, name)
             ours[key] = dict(tok_s=tps, step_ms=step_s * 1e3)
             if name == "default":
@@ -600,6 +626,28 @@ def bench(args):
                 ours[key]["same_tokens_as_default"] = gen == gen_ref[B]
             print("BENCH ours batch %2d %-12s %9.0f tok/s  (%.3f ms/step)%s"
                   % (B, name, tps, step_s * 1e3,
+                     "" if name == "default" else "  same tokens: %s" % ours[key]["same_tokens_as_default"]),
+                  flush=True)
+    # Long contexts (prompt LONG_PROMPT, default 2048): where position splits should pay.
+    long_len = int(os.environ.get("LONG_PROMPT", "2048"))
+    for B in (1, 32):
+        if not long_len:
+            break
+        for name, opts in [("default", {}), ("attn_split1", {"attn_split": 1}), ("unfused_attn", {"fused_attn": 0}),
+                           ("fused_always", {"fused_attn": 2})]:
+            for k, v in opts.items():
+                be.set(k, v)
+            tps, step_s, gen = bench_ours(be, B, long_len, 4, 64, V, seed=B + 100)
+            for k in opts:
+                be.set(k, DEFAULTS[k])
+            key = "long%d_b%d_%s" % (long_len, B, name)
+            ours[key] = dict(tok_s=tps, step_ms=step_s * 1e3)
+            if name == "default":
+                gen_ref[("long", B)] = gen
+            else:
+                ours[key]["same_tokens_as_default"] = gen == gen_ref[("long", B)]
+            print("BENCH ours prompt %d batch %2d %-12s %9.0f tok/s  (%.3f ms/step)%s"
+                  % (long_len, B, name, tps, step_s * 1e3,
                      "" if name == "default" else "  same tokens: %s" % ours[key]["same_tokens_as_default"]),
                   flush=True)
     # Sampling at temperature 1 on the device (OpenAI's default), batch 32.

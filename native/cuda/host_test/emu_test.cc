@@ -52,6 +52,13 @@ unsigned long long atomicMax(unsigned long long *p, unsigned long long v) {
   if (v > o) *p = v;
   return o;
 }
+unsigned atomicAdd(unsigned *p, unsigned v) {
+  std::lock_guard<std::mutex> g(g_atomic);
+  const unsigned o = *p;
+  *p = o + v;
+  return o;
+}
+void __threadfence() {}
 float __bfloat162float(__nv_bfloat16 b) { return __uint_as_float((unsigned)b.v << 16); }
 __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16{f2bf(f)}; }
 float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
@@ -443,11 +450,15 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   }
   // Batched generation with teacher-forced reference: prefill of several lengths in one call,
   // then decode steps; batches 6 (cuBLAS, bucket 8), 3 (GEMV B=4 with padding), 1, and 3 again
-  // without graphs.
-  for (int variant = 0; variant < 4; ++variant) {
+  // without graphs, with decode attention unfused (qkv_post + attention) and with 3 position
+  // splits (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16).
+  const char *vname[] = {"", "", "", " no-graph", " unfused-attention", " attention-split-3"};
+  for (int variant = 0; variant < 6; ++variant) {
     std::vector<int> lens = variant == 0 ? std::vector<int>{5, 20, 9, 33, 2, 12}
                           : variant == 2 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
     if (variant == 3) mqb_debug_set(m, "graphs", 0);
+    if (variant == 4) mqb_debug_set(m, "fused_attn", 0);
+    if (variant == 5) mqb_debug_set(m, "attn_split", 3);
     const int n = (int)lens.size(), steps = 5;
     std::vector<std::vector<int>> seqs;
     std::vector<int32_t> slots, nt, sp, toks;
@@ -495,7 +506,9 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
       }
     }
     if (variant == 3) mqb_debug_set(m, "graphs", 1);
-    check(md < tol, std::string(family) + " " + prec + " batch " + std::to_string(n) + (variant == 3 ? " no-graph" : "") +
+    if (variant == 4) mqb_debug_set(m, "fused_attn", 1);
+    if (variant == 5) mqb_debug_set(m, "attn_split", 0);
+    check(md < tol, std::string(family) + " " + prec + " batch " + std::to_string(n) + vname[variant] +
                         " prefill+decode max|d| = " + std::to_string(md));
     check(am_ok, std::string(family) + " " + prec + " argmax_out == argmax(logits_out)");
   }

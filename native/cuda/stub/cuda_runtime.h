@@ -29,6 +29,10 @@ float __uint_as_float(unsigned);
 float rsqrtf(float);
 void sincosf(float, float *, float *);
 template <typename T> T __ldg(const T *p) { return *p; }
+template <typename T> T __ldcg(const T *p) { return *p; }
+template <typename T> void __stcg(T *p, T v) { *p = v; }
+void __threadfence();
+unsigned atomicAdd(unsigned *, unsigned);
 unsigned long long atomicMax(unsigned long long *, unsigned long long);
 template <typename T> T min(T a, T b) { return a < b ? a : b; }
 template <typename T> T max(T a, T b) { return a > b ? a : b; }
