@@ -6,7 +6,8 @@
 // load), the KV cache of every slot, the forward pass and the token choice of greedy and plain
 // temperature requests (argmax, or Gumbel-max sampling fused into the same reduction:
 // mqb_forward_sampled). megakernel.cuh holds two opt-in decode paths, tensor-core products as
-// standalone kernels (MQB_TC_MIN_B) and a persistent decode kernel (MQB_MEGAKERNEL=1); neither is
+// standalone kernels (built with -DMQB_TC_PRODUCTS=ON, used with MQB_TC_MIN_B) and a persistent
+// decode kernel (MQB_MEGAKERNEL=1); neither is
 // faster than the default on the H200 yet (NOTES.md).
 //
 // Numerics: weights and GEMM inputs in the chosen precision T, every product accumulated in fp32
@@ -22,7 +23,7 @@
 //   attention        causal attention of each token over its slot's cache (prefill, mixed steps)
 //   decode_attn      decode steps: qkv_post and attention in one kernel, positions split over
 //                    blocks so few sequences fill the GPU; the last split merges (attn_item)
-//   mk::linear       opt-in (MQB_TC_MIN_B), decode batches of tc_min_b..32, qwen3 bf16/fp16:
+//   mk::linear       opt-in (MQB_TC_PRODUCTS build, MQB_TC_MIN_B), decode batches of 1..32, qwen3:
 //                    tensor-core products, RMSNorm staged in front, SwiGLU / residual / argmax behind
 //   argmax           packed (value, -index) atomicMax; ties go to the lowest index like torch.argmax;
 //                    with a temperature the value is logit/T + Gumbel noise (gumbel_score)
@@ -37,7 +38,7 @@
 // SMs with splits of at least ATT_SPLIT_MIN_POS positions), MQB_FUSED_ATTN=0|1|2 runs decode
 // attention fused (decode_attn) never, where tokens x KV heads < SMs (default), always;
 // MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
-// products (default 0: off),
+// products in a build with them (default 0: off),
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh (default off: not yet faster, see NOTES.md).
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
@@ -1514,6 +1515,9 @@ void smem_attr(K *k, size_t smem) {
   ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "cudaFuncSetAttribute");
 }
 
+// The tensor-core products are built only with MQB_TC_PRODUCTS (CMake -DMQB_TC_PRODUCTS=ON):
+// slower than the default path on the H200 (NOTES.md, run 5) and twice the build time.
+#ifdef MQB_TC_PRODUCTS
 template <typename T, int MODE>
 void lin_attrs(size_t smem) {
   smem_attr(mk::linear_kernel<T, 1, MODE>, smem);
@@ -1523,11 +1527,7 @@ void lin_attrs(size_t smem) {
 }
 
 template <typename T>
-void mk_attrs(size_t smem) {
-  smem_attr(mk::decode_kernel<T, 1>, smem);
-  smem_attr(mk::decode_kernel<T, 2>, smem);
-  smem_attr(mk::decode_kernel<T, 3>, smem);
-  smem_attr(mk::decode_kernel<T, 4>, smem);
+void tc_attrs(size_t smem) {
   lin_attrs<T, mk::LIN_QKV>(smem);
   lin_attrs<T, mk::LIN_O>(smem);
   lin_attrs<T, mk::LIN_UP>(smem);
@@ -1578,6 +1578,20 @@ void tc_head(mqb_model &m, int B) {
   a.W = m.lm, a.N = m.c.V, a.K = m.c.H, a.src = m.res, a.nw = m.normf_w;
   a.logits = m.logits, a.keys = m.keys, a.inv_temp = m.samp_temp, a.rkey = m.samp_key;
   tc_launch<T, mk::LIN_HEAD>(m, "lm_head", a);
+}
+
+#else
+template <typename T>
+void tc_attrs(size_t) {}
+#endif
+
+template <typename T>
+void mk_attrs(size_t smem) {
+  smem_attr(mk::decode_kernel<T, 1>, smem);
+  smem_attr(mk::decode_kernel<T, 2>, smem);
+  smem_attr(mk::decode_kernel<T, 3>, smem);
+  smem_attr(mk::decode_kernel<T, 4>, smem);
+  tc_attrs<T>(smem);
 }
 
 template <typename T>
@@ -1638,10 +1652,14 @@ void mk_setup(mqb_model &m) {
   m.act = m.dmalloc(dt_size(m.dt) * (size_t)mk::MAXB * c.I);
   m.mk_grid = m.sms;
   m.use_mk = want;  // prepared either way, so mqb_debug_set("megakernel", 1) can compare
-  m.tc_ok = true;   // the per-kernel path's tensor-core products share the launch shape
+#ifdef MQB_TC_PRODUCTS
+  m.tc_ok = true;  // the per-kernel path's tensor-core products share the launch shape
+#endif
 }
-#else
-// Host-test builds have no tensor-core products (tc_ok stays false): these are never called.
+#endif
+
+#if defined(MQB_HOST_TEST) || !defined(MQB_TC_PRODUCTS)
+// Builds without the tensor-core products (tc_ok stays false): these are never called.
 template <typename T, typename Attn>
 void tc_layer(mqb_model &, int, int, const Attn &) { throw Fail("tensor-core products need nvcc"); }
 template <typename T>
@@ -2079,6 +2097,14 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
 #ifndef MQB_HOST_TEST
   mk_setup(m);
 #endif
+  if (m.tc_min_b > 0 && !m.tc_ok)
+    fprintf(stderr, "cuda backend: MQB_TC_MIN_B ignored: tensor-core products %s\n",
+#ifdef MQB_TC_PRODUCTS
+            "do not apply to this model (qwen3 bf16/fp16 with tile-sized shapes only)"
+#else
+            "are not in this build (cmake -DMQB_TC_PRODUCTS=ON)"
+#endif
+    );
   ck(cudaDeviceSynchronize(), "load");
 }
 
@@ -2391,7 +2417,10 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
 #endif
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
-  else if (k == "tc_min_b") m->tc_min_b = value;
+  else if (k == "tc_min_b") {
+    if (value > 0 && !m->tc_ok) return 1;  // not built (MQB_TC_PRODUCTS) or not applicable to this model
+    m->tc_min_b = value;
+  }
   else if (k == "profile") {
     m->prof = value != 0;
     m->marks.clear();

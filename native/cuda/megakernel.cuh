@@ -474,12 +474,14 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
                  red, epi, false);
 }
 
+#ifdef MQB_TC_PRODUCTS
 // ---------------------------------------------------------------------------------------------
 // The same products as standalone kernels, for the per-kernel decode path of qwen3 bf16/fp16 at
-// up to MAXB sequences (MQB_TC_MIN_B): each is one phase of decode_kernel, with its input prep
-// fused in (RMSNorm staged in shared memory, SwiGLU in the gate/up epilogue), so a layer is five
-// launches (qkv, attention, o, gate/up, down) instead of cuBLAS plus three prep kernels. Before it
-// waits for the previous kernel (PDL), a block asks L2 for its first weight rows.
+// up to MAXB sequences (built with MQB_TC_PRODUCTS, used with MQB_TC_MIN_B): each is one phase of
+// decode_kernel, with its input prep fused in (RMSNorm staged in shared memory, SwiGLU in the
+// gate/up epilogue), so a layer is five launches (qkv, attention, o, gate/up, down) instead of
+// cuBLAS plus three prep kernels. Before it waits for the previous kernel (PDL), a block asks L2
+// for its first weight rows. Slower than cuBLAS + prep on the H200 (NOTES.md, run 5).
 
 enum LinMode { LIN_QKV = 0, LIN_O = 1, LIN_UP = 2, LIN_DOWN = 3, LIN_HEAD = 4 };
 
@@ -528,5 +530,7 @@ __global__ void __launch_bounds__(THREADS, 1) linear_kernel(const LinArgs a) {
     gemm<T, NB, (NB > 2 ? 2 : 4), false>(W, W2, a.N, a.K, xg, a.B, red, epi, false);
   }
 }
+
+#endif  // MQB_TC_PRODUCTS
 
 }  // namespace mk

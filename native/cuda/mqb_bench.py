@@ -596,7 +596,8 @@ def bench(args):
     # default: decode attention fused where tokens x KV heads < SMs (position splits for long
     # contexts only), GEMV products at batch 1-4, cuBLAS above. unfused_attn is qkv_post +
     # attention, fused_always the fused kernel at every batch; attn_split16 forces 16 splits;
-    # tc_products the opt-in tensor-core products; megakernel the opt-in persistent kernel.
+    # tc_products the tensor-core products (a build with -DMQB_TC_PRODUCTS=ON; skipped otherwise);
+    # megakernel the opt-in persistent kernel.
     # mk_skip variants (BENCH_VARIANTS=...,mk_barriers_only) time the megakernel without its
     # attention (1), its matrix products (2) or both (3) (timing only; wrong tokens).
     variants = [("default", {}), ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
@@ -613,8 +614,14 @@ def bench(args):
         for name, opts in variants:
             if name == "attn_split16" and B == 32:
                 continue  # batch 32 is not fused by default, so the split does not apply
-            for k, v in opts.items():
-                be.set(k, v)
+            try:
+                for k, v in opts.items():
+                    be.set(k, v)
+            except RuntimeError as e:  # e.g. tc_products in a build without MQB_TC_PRODUCTS
+                print("BENCH ours batch %2d %-12s skipped: %s" % (B, name, e), flush=True)
+                for k in opts:
+                    be.set(k, DEFAULTS[k])
+                continue
             tps, step_s, gen = bench_ours(be, B, prompt_len, warm, steps, V, seed=B)
             for k in opts:
                 be.set(k, DEFAULTS[k])
