@@ -8,7 +8,7 @@ ARTIFACTS ?= artifacts
 export MODELQUAL_CACHE ?= $(CURDIR)/.cache/modelqual
 export MODELQUAL_BIN ?= $(CURDIR)/bin
 
-.PHONY: all build test unit premerge container-specs bench qualify image cuda fuzz-corpus vet fmt-check clean
+.PHONY: all build test unit premerge container-specs cuda-host bench qualify image cuda fuzz-corpus vet fmt-check clean
 
 all: build
 
@@ -24,7 +24,7 @@ fmt-check:
 
 # Unit and integration tests of every package (fuzz seed corpora included), then the
 # premerge specs of every family and the container specs, with JUnit under artifacts/.
-test: build fmt-check vet unit premerge container-specs
+test: build fmt-check vet unit premerge container-specs cuda-host
 
 unit:
 	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v /families/)
@@ -33,6 +33,13 @@ premerge: build
 	mkdir -p $(ARTIFACTS)/junit
 	$(GINKGO) -r --label-filter='premerge && !container' --fail-on-pending --fail-on-empty \
 		--output-dir=$(ARTIFACTS)/junit --junit-report=premerge.xml --timeout=20m ./families/...
+
+# The CUDA backend's C++ without a GPU or nvcc: a g++ syntax check against stub headers, then the
+# CPU emulation of its kernels (host_test) for qwen3 bf16 against a double-precision reference
+# (prefill, decode at several batches, graphs, fused and split attention, device sampling).
+cuda-host:
+	sh native/cuda/check_syntax.sh
+	EMU_ONLY=qwen3:bf16 sh native/cuda/host_test/run.sh
 
 container-specs: build image
 	mkdir -p $(ARTIFACTS)/junit
