@@ -355,17 +355,23 @@ static const char *QCFG = R"({"vocab_size":300,"hidden_size":64,"intermediate_si
 static const char *GCFG = R"({"vocab_size":300,"n_embd":64,"n_layer":2,"n_head":4,"n_positions":128,"n_inner":null,
  "activation_function":"gelu_new","layer_norm_epsilon":1e-05})";
 
-static Owned make_qwen3() {
+// QCFG_G5: five query heads per KV head (as in Qwen3-14B's 40/8), so the attention kernels run
+// their GM = 8 instantiation with runtime G < GM.
+static const char *QCFG_G5 = R"({"vocab_size":300,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+ "num_attention_heads":10,"num_key_value_heads":2,"head_dim":16,"max_position_embeddings":512,"rms_norm_eps":1e-06,
+ "tie_word_embeddings":true,"rope_parameters":{"rope_type":"default","rope_theta":1000000.0}})";
+
+static Owned make_qwen3(int nh = 4, int nkv = 2) {
   Owned o;
   o.add("model.embed_tokens.weight", {300, 64}, 0, 0.5f);
   for (int l = 0; l < 2; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     o.add(p + "input_layernorm.weight", {64}, 1, 0.3f);
     o.add(p + "post_attention_layernorm.weight", {64}, 1, 0.3f);
-    o.add(p + "self_attn.q_proj.weight", {64, 64}, 0, 0.25f);
-    o.add(p + "self_attn.k_proj.weight", {32, 64}, 0, 0.25f);
-    o.add(p + "self_attn.v_proj.weight", {32, 64}, 0, 0.25f);
-    o.add(p + "self_attn.o_proj.weight", {64, 64}, 0, 0.1f);
+    o.add(p + "self_attn.q_proj.weight", {nh * 16, 64}, 0, 0.25f);
+    o.add(p + "self_attn.k_proj.weight", {nkv * 16, 64}, 0, 0.25f);
+    o.add(p + "self_attn.v_proj.weight", {nkv * 16, 64}, 0, 0.25f);
+    o.add(p + "self_attn.o_proj.weight", {64, nh * 16}, 0, 0.1f);
     o.add(p + "self_attn.q_norm.weight", {16}, 1, 0.3f);
     o.add(p + "self_attn.k_norm.weight", {16}, 1, 0.3f);
     o.add(p + "mlp.gate_proj.weight", {128, 64}, 0, 0.2f);
@@ -571,6 +577,10 @@ int main() {
   if (want("gpt2", "fp32")) run_family("gpt2", GCFG, g, "fp32", 2e-4, 128);
   if (want("qwen3", "bf16")) run_family("qwen3", QCFG, q, "bf16", 0.25, 256);
   if (want("qwen3", "fp16")) run_family("qwen3", QCFG, q, "fp16", 0.05, 256);
+  if (want("qwen3g5", "bf16")) {
+    Owned q5 = make_qwen3(10, 2);
+    run_family("qwen3", QCFG_G5, q5, "bf16", 0.25, 256);
+  }
   if (want("gpt2", "bf16")) run_family("gpt2", GCFG, g, "bf16", 0.25, 128);
   printf("launches %d, gemms %d, graph replays %d\n", n_launch, n_gemm, n_replay);
   printf("%d passed, %d failed\n", failures == 0 ? 1 : 0, failures);
