@@ -127,7 +127,10 @@ func rssBytes(b *testing.B) int64 {
 // the head it rescores (plus the page-cache folios around them); "t=1" samples, which reads the
 // whole head every step and materialises the batch's logits: the resident set of an engine
 // that has served any sampling request. In the tiny fixtures the LM head is 95-99% of the
-// weights, so the int8 screen alone adds ~0.28x; MODELQUAL_BENCH_SHAPE=1 adds the
+// weights, so the int8 screen's own size is ~0.28x of them (by arithmetic: a byte per fp32
+// weight plus scales); the measured resident set is larger and depends on how many page-cache
+// folios around the rescored rows the kernel maps (1.2-1.4x on one machine, 0.83x on another
+// for qwen3-tiny greedy). MODELQUAL_BENCH_SHAPE=1 adds the
 // Qwen3-0.6B-shaped fixture (2.4 GB of fp32 weights, generated once into the fixture cache, 4
 // tokens per sequence), where the head is a quarter of the weights as in the real model.
 func BenchmarkLoadRSS(b *testing.B) {

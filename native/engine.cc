@@ -31,7 +31,11 @@ static mq_status fail(mq_status s, const std::string &msg) {
 namespace {
 
 // SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator; one per sequence so a
-// seed reproduces its tokens whatever else shares the batch.
+// seed reproduces its tokens whatever else shares the batch. (On a backend that samples on the
+// device, a step that holds a top-k/top-p sequence samples every sequence on the host, with a
+// different method for the same random draw: there a seeded temperature sequence's tokens can
+// depend on its neighbours. Deciding per sequence would need the backend to return logits for
+// some entries only; not done yet.)
 struct Rng {
   uint64_t s;
   uint64_t next() {

@@ -486,6 +486,7 @@ LMHead::LMHead(const float *W, int N, int K) : W_(W), N_(N), K_(K), nb_(0) {
           ok = false;
           break;
         }
+        wmax_ = std::max(wmax_, m);
         const float sc = m == 0 ? 1.0f : (float)((double)m / 127.0);
         const double inv = 1.0 / (double)sc;
         int32_t sum = 0;
@@ -499,6 +500,7 @@ LMHead::LMHead(const float *W, int N, int K) : W_(W), N_(N), K_(K), nb_(0) {
         corr_[r] = 128 * sum;
       }
     if (!ok) {
+      wmax_ = 0;  // the bf16 screen below computes it again
       munmap(q8_, q8bytes_);
       q8_ = nullptr;
       std::vector<float>().swap(sw_);
@@ -510,15 +512,16 @@ LMHead::LMHead(const float *W, int N, int K) : W_(W), N_(N), K_(K), nb_(0) {
     q_ = (uint16_t *)map_anon(qbytes_);
   }
   if (!q8_ && !q_) return;  // no screen: greedy decoding reads W like sampling does
-  for (int b = 0; b < nb_; b++)
-    for (int j = 0; j < 16; j++) {
-      const float *src = W + ((size_t)b * 16 + j) * K;
-      for (int k = 0; k < K; k++) {
-        // bf16 pairs (k, k+1) of a row are adjacent, as vdpbf16ps consumes them.
-        if (q_) q_[(size_t)b * ((K + 1) / 2) * 32 + (size_t)(k / 2) * 32 + j * 2 + (k % 2)] = to_bf16(src[k]);
-        wmax_ = std::max(wmax_, std::fabs(src[k]));
+  if (q_)  // the int8 screen's loop above already took wmax_; W is read once either way
+    for (int b = 0; b < nb_; b++)
+      for (int j = 0; j < 16; j++) {
+        const float *src = W + ((size_t)b * 16 + j) * K;
+        for (int k = 0; k < K; k++) {
+          // bf16 pairs (k, k+1) of a row are adjacent, as vdpbf16ps consumes them.
+          q_[(size_t)b * ((K + 1) / 2) * 32 + (size_t)(k / 2) * 32 + j * 2 + (k % 2)] = to_bf16(src[k]);
+          wmax_ = std::max(wmax_, std::fabs(src[k]));
+        }
       }
-    }
   // Greedy decoding reads the screen instead of W, so release the bundle pages of W that
   // building it touched (whole pages strictly inside W): the mapping is read-only and
   // file-backed, so a later read (a rescored row, a token embedding, a sampling step) just

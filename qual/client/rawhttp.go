@@ -199,8 +199,7 @@ type rawConn struct {
 	dec      eventDecoder
 	state    int
 	remain   int64 // bytes left in the current chunk or Content-Length body
-	chunked  bool
-	teSeen   bool // Transfer-Encoding: chunked was sent
+	teSeen   bool  // Transfer-Encoding: chunked was sent
 	http10   bool
 	length   int64 // Content-Length, -1 when absent
 	close    bool  // Connection: close, HTTP/1.0, or read to EOF
@@ -322,7 +321,7 @@ func (c *rawConn) readResponse(epoch time.Time, resp *Response) error {
 func (c *rawConn) begin(epoch time.Time, resp *Response) {
 	c.epoch, c.resp = epoch, resp
 	c.dec.reset(resp)
-	c.state, c.remain, c.chunked, c.length, c.close = stStatus, 0, false, -1, false
+	c.state, c.remain, c.length, c.close = stStatus, 0, -1, false
 	c.status, c.n1xx, c.hdrBytes, c.nBody = 0, 0, 0, 0
 	c.errBody, c.done, c.err, c.reusable = false, false, nil, false
 }
@@ -538,7 +537,8 @@ func (c *rawConn) parse(t int64) {
 	}
 }
 
-// lineIn handles one line of the status, header, chunk-size, chunk-end or trailer states.
+// lineIn handles one line of the status, header, chunk-size or trailer states (parse handles
+// the CRLF that ends chunk data itself).
 func (c *rawConn) lineIn(line []byte, t int64) {
 	switch c.state {
 	case stStatus:
@@ -564,8 +564,6 @@ func (c *rawConn) lineIn(line []byte, t int64) {
 			return
 		}
 		c.state, c.remain = stChunkData, int64(n)
-	case stChunkEnd:
-		c.state = stChunkSize
 	case stTrailer:
 		if len(line) == 0 {
 			c.finish()
@@ -597,7 +595,7 @@ func (c *rawConn) statusLine(line []byte) {
 	c.status = code
 	c.http10 = line[7] == '0'
 	c.close = c.http10 // HTTP/1.0 closes unless told otherwise; we never ask it to
-	c.chunked, c.teSeen, c.length = false, false, -1
+	c.teSeen, c.length = false, -1
 	c.state = stHeader
 }
 
@@ -686,12 +684,12 @@ func (c *rawConn) headersDone(t int64) {
 	}
 	r.Status, r.AckNs = c.status, t
 	// Transfer-Encoding means nothing in HTTP/1.0 (as net/http reads it).
-	c.chunked = c.teSeen && !c.http10
+	chunked := c.teSeen && !c.http10
 	c.errBody = r.Status/100 != 2
 	switch {
 	case r.Status == 204 || r.Status == 304:
 		c.finish()
-	case c.chunked:
+	case chunked:
 		c.state = stChunkSize
 	case c.length == 0:
 		c.finish()

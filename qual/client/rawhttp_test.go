@@ -198,7 +198,7 @@ func TestRawStreamFailedStatusKeepsBody(t *testing.T) {
 		return true
 	})
 	c := newClient(t, base)
-	for range 2 { // the second request reuses the connection after a failed one
+	for range 2 { // a failed request's connection is closed; the second request dials anew and reads the same error
 		resp, err := doStreamReq(t, c, "r")
 		var e *Error
 		if !errors.As(err, &e) || e.Code != 429 || e.Type != "overloaded" || e.Message != "queue full" {

@@ -85,9 +85,6 @@ func (c *schedClock) sleep(ctx context.Context, at time.Duration) bool {
 	if _, err := c.f.Read(buf[:]); err != nil {
 		return sleepUntil(ctx, c.epoch, at)
 	}
-	if ctx.Err() != nil {
-		return false
-	}
 	// The timer is one-shot: waiting for another expiry would block forever. When the clock
 	// mapping put the expiry a little before epoch+at on Go's clock, the rest is waited out
 	// there (usually a few hundred ns of spinning).
