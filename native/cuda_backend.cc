@@ -112,10 +112,9 @@ class Cuda : public Backend {
   std::string device() const override { return "cuda"; }
 
   void forward(const Batch &b, float *logits, int32_t *argmax) override {
-    std::vector<int32_t> slots(b.slot.begin(), b.slot.end()), ntok(b.ntok.begin(), b.ntok.end()),
-        pos(b.pos.begin(), b.pos.end());
+    args(b);
     char err[1024] = {0};
-    if (api_.forward(model_, b.n, slots.data(), ntok.data(), b.tokens.data(), pos.data(), logits, argmax, err,
+    if (api_.forward(model_, b.n, slots_.data(), ntok_.data(), b.tokens.data(), pos_.data(), logits, argmax, err,
                      sizeof(err)) != 0)
       throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
   }
@@ -123,10 +122,9 @@ class Cuda : public Backend {
   bool samples_on_device() const override { return true; }
 
   void forward_sampled(const Batch &b, const float *temperature, const uint64_t *rng_key, int32_t *out) override {
-    std::vector<int32_t> slots(b.slot.begin(), b.slot.end()), ntok(b.ntok.begin(), b.ntok.end()),
-        pos(b.pos.begin(), b.pos.end());
+    args(b);
     char err[1024] = {0};
-    if (api_.forward_sampled(model_, b.n, slots.data(), ntok.data(), b.tokens.data(), pos.data(), temperature,
+    if (api_.forward_sampled(model_, b.n, slots_.data(), ntok_.data(), b.tokens.data(), pos_.data(), temperature,
                              rng_key, out, err, sizeof(err)) != 0)
       throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
   }
@@ -143,6 +141,13 @@ class Cuda : public Backend {
   }
 
  private:
+  // args copies the batch's int vectors into the ABI's int32 arrays (member scratch: a decode
+  // step allocates nothing here once the vectors have grown).
+  void args(const Batch &b) {
+    slots_.assign(b.slot.begin(), b.slot.end());
+    ntok_.assign(b.ntok.begin(), b.ntok.end());
+    pos_.assign(b.pos.begin(), b.pos.end());
+  }
   template <typename F>
   void sym(F &f, const char *name) {
     f = reinterpret_cast<F>(dlsym(lib_, name));
@@ -155,6 +160,7 @@ class Cuda : public Backend {
   mqb_model *model_ = nullptr;
   int vocab_ = 0;
   int max_batch_ = 0;
+  std::vector<int32_t> slots_, ntok_, pos_;
 };
 
 }  // namespace

@@ -158,10 +158,15 @@ struct mq_engine {
   std::vector<SampleScratch> scratch;  // one per pool thread
 };
 
+// plain_temperature says s asks for no top-k or top-p truncation over a vocabulary of V.
+static bool plain_temperature(const mq_sampling &s, int V) {
+  return !(s.top_k > 0 && s.top_k < V) && !(s.top_p > 0 && s.top_p < 1);
+}
+
 // sample draws a token from logits with temperature, then top-k, then top-p (nucleus), the
 // order transformers' generate applies them; the lowest id wins ties.
 static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, SampleScratch &sc) {
-  if (!(s.top_k > 0 && s.top_k < V) && !(s.top_p > 0 && s.top_p < 1)) {
+  if (plain_temperature(s, V)) {
     // Plain temperature sampling (OpenAI's default, temperature 1): one pass for the
     // maximum, one vectorised pass for the weights, one scan for the draw; no index array.
     // The maximum in 16 independent chains (max is exact, so the order does not matter).
@@ -478,8 +483,7 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
     bool on_device = !all_greedy && e->be->samples_on_device();
     for (int i = 0; on_device && i < b.n; i++) {
       const mq_sampling &s = e->members[i]->s;
-      if (s.temperature > 0 && ((s.top_k > 0 && s.top_k < e->vocab) || (s.top_p > 0 && s.top_p < 1)))
-        on_device = false;
+      if (s.temperature > 0 && !plain_temperature(s, e->vocab)) on_device = false;
     }
     // Logits are materialised only when some sequence samples on the host: greedy needs the
     // argmax alone.
