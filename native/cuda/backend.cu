@@ -626,13 +626,24 @@ __device__ __forceinline__ float gelu_new(float x) {
   return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+// prep_elem is element k of source row r in the element-wise modes (PLAIN, SWIGLU, GELU).
+template <typename T>
+__device__ __forceinline__ T prep_elem(const PrepArgs<T> &a, int r, int K, int k) {
+  if (a.mode == PREP_PLAIN) return a.srcT[(size_t)r * a.ld + k];
+  const float *x = a.src + (size_t)r * a.ld;
+  if (a.mode == PREP_SWIGLU) {
+    const float g = x[k], u = x[K + k];
+    return TT<T>::fromf(g / (1.f + expf(-g)) * u);
+  }
+  return TT<T>::fromf(gelu_new(x[k]));  // PREP_GELU
+}
+
 template <typename T>
 __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red) {
   const int r = a.rows ? a.rows[b] : b;
   const int tid = threadIdx.x, nt = blockDim.x;
-  if (a.mode == PREP_PLAIN) {
-    const T *x = a.srcT + (size_t)r * a.ld;
-    for (int k = tid; k < K; k += nt) dst[k] = x[k];
+  if (a.mode != PREP_RMS && a.mode != PREP_LN) {
+    for (int k = tid; k < K; k += nt) dst[k] = prep_elem(a, r, K, k);
     return;
   }
   const float *x = a.src + (size_t)r * a.ld;
@@ -642,7 +653,7 @@ __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red)
     ss = block_sum(ss, red);
     const float rstd = rsqrtf(ss / (float)K + a.eps);
     for (int k = tid; k < K; k += nt) dst[k] = TT<T>::fromf(x[k] * rstd * a.w[k]);
-  } else if (a.mode == PREP_LN) {
+  } else {  // PREP_LN
     float s = 0.f;
     for (int k = tid; k < K; k += nt) s += x[k];
     const float mean = block_sum(s, red) / (float)K;
@@ -653,13 +664,6 @@ __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red)
     }
     const float rstd = rsqrtf(block_sum(v, red) / (float)K + a.eps);
     for (int k = tid; k < K; k += nt) dst[k] = TT<T>::fromf((x[k] - mean) * rstd * a.w[k] + a.bb[k]);
-  } else if (a.mode == PREP_SWIGLU) {
-    for (int k = tid; k < K; k += nt) {
-      const float g = x[k], u = x[K + k];
-      dst[k] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
-    }
-  } else {  // PREP_GELU
-    for (int k = tid; k < K; k += nt) dst[k] = TT<T>::fromf(gelu_new(x[k]));
   }
 }
 
@@ -697,18 +701,7 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, 
   const size_t total = (size_t)B * K;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     const int b = (int)(i / K), k = (int)(i - (size_t)b * K);
-    const int r = a.rows ? a.rows[b] : b;
-    if (a.mode == PREP_PLAIN) {
-      out[i] = a.srcT[(size_t)r * a.ld + k];
-      continue;
-    }
-    const float *x = a.src + (size_t)r * a.ld;
-    if (a.mode == PREP_SWIGLU) {
-      const float g = x[k], u = x[K + k];
-      out[i] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
-    } else {
-      out[i] = TT<T>::fromf(gelu_new(x[k]));
-    }
+    out[i] = prep_elem(a, a.rows ? a.rows[b] : b, K, k);
   }
 }
 
@@ -800,79 +793,6 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
   }
 }
 
-// qkv_post_kernel: grid (token, head group); each warp takes one head of the fused q|k|v row: optional
-// RMSNorm over head_dim (q_norm, k_norm), RoPE in rotate_half form, q scaled by qscale and
-// written fp32 to qout[t, h, :]; k and v appended to the token's slot in the cache.
-template <typename T>
-__global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__ qkv, const int *__restrict__ tpos,
-                                                       const int *__restrict__ tslot, int nh, int nkv, int D,
-                                                       const float *__restrict__ qn, const float *__restrict__ kn,
-                                                       float eps, const float *__restrict__ inv_freq, float qscale,
-                                                       float *__restrict__ qout, T *__restrict__ kc,
-                                                       T *__restrict__ vc, int maxctx) {
-  DYN_SMEM(float, qsm);
-  pdl_wait();
-  pdl_trigger();
-  const int t = blockIdx.x;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
-  float *buf = qsm + warp * D;
-  const int p = tpos[t], s = tslot[t];
-  const int nhead = nh + 2 * nkv, half = D / 2;
-  for (int hh = blockIdx.y * nwarp + warp; hh < nhead; hh += nwarp * gridDim.y) {
-    const float *src = qkv + (size_t)t * nhead * D + (size_t)hh * D;
-    const int kind = hh < nh ? 0 : (hh < nh + nkv ? 1 : 2);
-    const float *nw = kind == 0 ? qn : (kind == 1 ? kn : nullptr);
-    float ss = 0.f;
-    for (int i = lane; i < D; i += 32) {
-      const float v = src[i];
-      buf[i] = v;
-      ss += v * v;
-    }
-    ss = warp_sum(ss);
-    if (nw) {
-      const float rstd = rsqrtf(ss / (float)D + eps);
-      for (int i = lane; i < D; i += 32) buf[i] = buf[i] * rstd * nw[i];
-    }
-    __syncwarp();
-    for (int i = lane; i < D; i += 32) {
-      float o = buf[i];
-      if (kind != 2 && inv_freq) {
-        const float ang = (float)p * inv_freq[i < half ? i : i - half];
-        float sn, cs;
-        sincosf(ang, &sn, &cs);
-        const float rot = i < half ? -buf[i + half] : buf[i - half];
-        o = o * cs + rot * sn;
-      }
-      if (kind == 0) {
-        qout[((size_t)t * nh + hh) * D + i] = o * qscale;
-      } else if (kind == 1) {
-        kc[(((size_t)s * maxctx + p) * nkv + (hh - nh)) * D + i] = TT<T>::fromf(o);
-      } else {
-        vc[(((size_t)s * maxctx + p) * nkv + (hh - nh - nkv)) * D + i] = TT<T>::fromf(o);
-      }
-    }
-    __syncwarp();
-  }
-}
-
-constexpr int ATT_THREADS = 256;
-constexpr int ATT_TILE = 512;
-constexpr int ATT_GRP = 16;          // V-accumulating thread groups of attend
-constexpr int MAXG = 8;
-constexpr int ATT_SPLIT_MAX = 16;    // most position splits of one (token, KV head) in a decode step
-constexpr int ATT_SPLIT_MAX_T = 64;  // split only decode steps of at most this many tokens
-constexpr int TC_MAX_B = 32;         // the tensor-core products' largest batch (mk::MAXB)
-constexpr int ATT_SPLIT_MIN_POS = 256;  // shortest position range worth a split of its own
-
-__device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
-
-// attn_smem: bytes of dynamic shared memory attn_item (and attention_kernel) use for up to GM
-// query heads per KV head of D values: q, the new k and v, the output sums, one tile of scores
-// and the V groups' partial sums.
-__host__ __device__ inline size_t attn_smem(int GM, int D) {
-  return sizeof(float) * ((size_t)2 * GM * D + 2 * (size_t)D + (size_t)GM * ATT_TILE + (size_t)ATT_GRP * GM * D);
-}
-
 // head_vec: RMSNorm over one head of D values (nw may be NULL: no norm), then RoPE (rotate_half)
 // at position p when rope, times scale, into dst (shared memory). One warp; src is fp32.
 // The same arithmetic, in the same order, as transformers' Qwen3 q_norm/k_norm and
@@ -910,6 +830,56 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
   for (int i = lane; i < D; i += 32, ++n) dst[i] = o[n];
   __syncwarp();
 }
+
+// qkv_post_kernel: grid (token, head group); each warp takes one head of the fused q|k|v row:
+// head_vec (q_norm / k_norm, RoPE, q scaled by qscale), then q written fp32 to qout[t, h, :] and
+// k and v appended to the token's slot in the cache.
+template <typename T>
+__global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__ qkv, const int *__restrict__ tpos,
+                                                       const int *__restrict__ tslot, int nh, int nkv, int D,
+                                                       const float *__restrict__ qn, const float *__restrict__ kn,
+                                                       float eps, const float *__restrict__ inv_freq, float qscale,
+                                                       float *__restrict__ qout, T *__restrict__ kc,
+                                                       T *__restrict__ vc, int maxctx) {
+  DYN_SMEM(float, qsm);
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  float *buf = qsm + warp * D;
+  const int p = tpos[t], s = tslot[t];
+  const int nhead = nh + 2 * nkv;
+  for (int hh = blockIdx.y * nwarp + warp; hh < nhead; hh += nwarp * gridDim.y) {
+    const int kind = hh < nh ? 0 : (hh < nh + nkv ? 1 : 2);
+    head_vec(qkv + (size_t)t * nhead * D + (size_t)hh * D, kind == 0 ? qn : (kind == 1 ? kn : nullptr), eps,
+             inv_freq, p, kind == 0 ? qscale : 1.f, D, buf, kind != 2 && inv_freq);
+    for (int i = lane; i < D; i += 32) {
+      if (kind == 0) qout[((size_t)t * nh + hh) * D + i] = buf[i];
+      else if (kind == 1) kc[(((size_t)s * maxctx + p) * nkv + (hh - nh)) * D + i] = TT<T>::fromf(buf[i]);
+      else vc[(((size_t)s * maxctx + p) * nkv + (hh - nh - nkv)) * D + i] = TT<T>::fromf(buf[i]);
+    }
+    __syncwarp();
+  }
+}
+
+constexpr int ATT_THREADS = 256;
+constexpr int ATT_TILE = 512;
+constexpr int ATT_GRP = 16;          // V-accumulating thread groups of attend
+constexpr int MAXG = 8;
+constexpr int ATT_SPLIT_MAX = 16;    // most position splits of one (token, KV head) in a decode step
+constexpr int ATT_SPLIT_MAX_T = 64;  // split only decode steps of at most this many tokens
+constexpr int TC_MAX_B = 32;         // the tensor-core products' largest batch (mk::MAXB)
+constexpr int ATT_SPLIT_MIN_POS = 256;  // shortest position range worth a split of its own
+
+__device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
+
+// attn_smem: bytes of dynamic shared memory attn_item (and attention_kernel) use for up to GM
+// query heads per KV head of D values: q, the new k and v, the output sums, one tile of scores
+// and the V groups' partial sums.
+__host__ __device__ inline size_t attn_smem(int GM, int D) {
+  return sizeof(float) * ((size_t)2 * GM * D + 2 * (size_t)D + (size_t)GM * ATT_TILE + (size_t)ATT_GRP * GM * D);
+}
+
 
 // attend: one block of ATT_THREADS; the G <= GM query heads in qs (G*D floats) attend over
 // positions [lo, hi) of the K/V rows kb/vb (row stride rs elements), with online softmax per
