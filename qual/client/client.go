@@ -21,12 +21,29 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Endpoint names the two OpenAI routes the client drives.
 const (
 	Completions = "completions"
 	Chat        = "chat"
+)
+
+// Connection settings of both transports (net/http's for non-streaming and https requests,
+// streamTransport's for streaming http:// requests), kept in one place so that a request
+// dials, keeps alive and reuses connections alike whichever path carries it.
+const (
+	// dialTimeout bounds connecting apart from Options.Timeout, so an unreachable server
+	// fails fast even when requests may run for minutes.
+	dialTimeout = 10 * time.Second
+	// tcpKeepAlive is the TCP keep-alive probe interval, which finds a peer that vanished
+	// without closing.
+	tcpKeepAlive = 30 * time.Second
+	// idleConnTimeout retires pooled connections left idle this long: servers close idle
+	// connections on their own schedule, and an old one is likelier to be dead when reused.
+	idleConnTimeout = 90 * time.Second
 )
 
 // Options configure a Client.
@@ -65,12 +82,12 @@ func New(o Options) (*Client, error) {
 	tr := &http.Transport{
 		Proxy: nil,
 		DialContext: (&net.Dialer{
-			Timeout:   10 * time.Second,
-			KeepAlive: 30 * time.Second,
+			Timeout:   dialTimeout,
+			KeepAlive: tcpKeepAlive,
 		}).DialContext,
 		MaxIdleConns:        c + 16,
 		MaxIdleConnsPerHost: c + 16,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     idleConnTimeout,
 		DisableCompression:  true,
 		ForceAttemptHTTP2:   false,
 		// Default 4 KiB buffers keep memory per in-flight stream small at high concurrency.
@@ -183,10 +200,16 @@ const errBodyLimit = 64 << 10
 
 // Do sends req and fills resp. epoch is the run's start (a time.Time carrying a monotonic
 // reading); every *Ns field is measured from it. Do returns resp.Err as an error when the
-// request failed, so callers may check either.
+// request failed, so callers may check either. A request that cannot be sent as asked (a
+// header value with control characters, no chat messages, an unknown endpoint) fails with
+// Type "ClientError" before anything is sent, on either transport.
 func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Response) error {
 	resp.Reset()
 	resp.RequestID = req.ID
+	if msg := c.checkHeaders(req); msg != "" {
+		resp.Err = &Error{Type: "ClientError", Message: msg}
+		return resp.Err
+	}
 	body := req.Body
 	if body == nil {
 		var err error
@@ -275,16 +298,22 @@ func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Re
 	return nil
 }
 
+// checkHeaders returns why req's header values cannot be sent, or "". It runs before either
+// transport because the raw one writes values verbatim (a CR or LF would inject headers),
+// and net/http refuses them only as a TransportError, which reads as the server's fault.
+func (c *Client) checkHeaders(req *Request) string {
+	if !httpguts.ValidHeaderFieldValue(req.ID) {
+		return fmt.Sprintf("request ID %q cannot be sent as X-Request-Id: it holds control characters; use printable characters only", req.ID)
+	}
+	if !httpguts.ValidHeaderFieldValue(c.auth) {
+		// The key itself is a secret: not quoted.
+		return "Options.APIKey cannot be sent in the Authorization header: it holds control characters (a newline left from a key file?); strip them before client.New"
+	}
+	return ""
+}
+
 // doStream sends a streaming request through the client's own HTTP/1.1 transport.
 func (c *Client) doStream(ctx context.Context, epoch time.Time, path string, req *Request, body []byte, resp *Response, cancelReq context.CancelFunc) error {
-	if !validHeaderValue(req.ID) {
-		resp.Err = &Error{Type: "ClientError", Message: fmt.Sprintf("request ID %q holds control characters; it cannot be sent as X-Request-Id", req.ID)}
-		return resp.Err
-	}
-	if !validHeaderValue(c.auth) {
-		resp.Err = &Error{Type: "ClientError", Message: "the API key holds control characters; it cannot be sent in an Authorization header"}
-		return resp.Err
-	}
 	// Stamped and armed as on the net/http path (see Do).
 	resp.StartNs = int64(time.Since(epoch))
 	resp.StartUnixNs = epoch.UnixNano() + resp.StartNs

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -219,6 +220,75 @@ func TestTransportError(t *testing.T) {
 	err := c.Do(context.Background(), time.Now(), &Request{ID: "r", Endpoint: Completions, Prompt: "p"}, &resp)
 	if err == nil || resp.Err.Type != "TransportError" || resp.Status != 0 {
 		t.Fatalf("err %v %+v", err, resp.Err)
+	}
+}
+
+// A request ID or API key that cannot be a header value is the caller's mistake, not the
+// server's: on both transports it fails as a ClientError naming the field, before any
+// connection is made.
+func TestBadHeaderValuesRefusedBeforeSending(t *testing.T) {
+	var conns, reqs atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reqs.Add(1) }))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	const badKey = "sk-secret\r\nX-Injected: 1"
+	cases := []struct{ name, id, key, field string }{
+		{"request ID", "r\r\nX-Injected: 1", "", "X-Request-Id"},
+		{"request ID NUL", "r\x00", "", "X-Request-Id"},
+		{"API key", "r", badKey, "APIKey"},
+	}
+	for _, tc := range cases {
+		for _, stream := range []bool{true, false} {
+			path := "net/http"
+			if stream {
+				path = "raw"
+			}
+			t.Run(tc.name+"/"+path, func(t *testing.T) {
+				c, err := New(Options{BaseURL: srv.URL, Model: "m", APIKey: tc.key})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				if stream && c.st == nil {
+					t.Fatal("a streaming request to an http:// URL must take the raw transport")
+				}
+				var resp Response
+				err = c.Do(context.Background(), time.Now(), &Request{ID: tc.id, Endpoint: Completions, Stream: stream, Prompt: "p"}, &resp)
+				var e *Error
+				if !errors.As(err, &e) || e.Type != "ClientError" || !strings.Contains(e.Message, tc.field) {
+					t.Fatalf("err %v, want a ClientError naming %s", err, tc.field)
+				}
+				if strings.Contains(e.Message, "sk-secret") {
+					t.Errorf("the error shows the API key: %q", e.Message)
+				}
+				if resp.Err != e || resp.StartNs != 0 {
+					t.Errorf("resp.Err %+v StartNs %d, want the same error and no start", resp.Err, resp.StartNs)
+				}
+			})
+		}
+	}
+	if n, r := conns.Load(), reqs.Load(); n != 0 || r != 0 {
+		t.Errorf("server saw %d connections and %d requests, want none", n, r)
+	}
+}
+
+// Both pools dial, keep alive and retire idle connections alike, so a request's connection
+// behaviour does not depend on which transport carried it.
+func TestTransportsShareConnectionSettings(t *testing.T) {
+	c := newClient(t, "http://127.0.0.1:1")
+	if c.st == nil {
+		t.Fatal("no raw transport for an http:// URL")
+	}
+	if c.tr.IdleConnTimeout != idleConnTimeout || c.st.idleTimeout != idleConnTimeout {
+		t.Errorf("idle timeouts: net/http %v, raw %v, want %v", c.tr.IdleConnTimeout, c.st.idleTimeout, idleConnTimeout)
+	}
+	if c.st.dialer.Timeout != dialTimeout || c.st.dialer.KeepAlive != tcpKeepAlive {
+		t.Errorf("raw dialer: timeout %v keep-alive %v, want %v %v", c.st.dialer.Timeout, c.st.dialer.KeepAlive, dialTimeout, tcpKeepAlive)
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // streamTransport sends streaming requests to an http:// server over HTTP/1.1 itself, with
@@ -60,9 +62,9 @@ func newStreamTransport(base string, maxIdle int) *streamTransport {
 		addr:        net.JoinHostPort(u.Hostname(), port),
 		host:        u.Host,
 		prefix:      u.EscapedPath(),
-		dialer:      net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+		dialer:      net.Dialer{Timeout: dialTimeout, KeepAlive: tcpKeepAlive},
 		maxIdle:     maxIdle,
-		idleTimeout: 90 * time.Second,
+		idleTimeout: idleConnTimeout,
 	}
 }
 
@@ -95,21 +97,27 @@ func (t *streamTransport) get(ctx context.Context) (c *rawConn, reused bool, err
 		}
 		c.nc.Close()
 	}
+	c, err = t.dial(ctx)
+	return c, false, err
+}
+
+// dial opens a new connection.
+func (t *streamTransport) dial(ctx context.Context) (*rawConn, error) {
 	nc, err := t.dialer.DialContext(ctx, "tcp", t.addr)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {
 		nc.Close()
-		return nil, false, fmt.Errorf("dial %s: not a TCP connection (%T)", t.addr, nc)
+		return nil, fmt.Errorf("dial %s: not a TCP connection (%T)", t.addr, nc)
 	}
-	c, err = newRawConn(tc)
+	c, err := newRawConn(tc)
 	if err != nil {
 		nc.Close()
-		return nil, false, err
+		return nil, err
 	}
-	return c, false, nil
+	return c, nil
 }
 
 // put returns a connection whose last response ended cleanly to the idle pool.
@@ -129,40 +137,56 @@ func (t *streamTransport) put(c *rawConn) {
 // aLongTimeAgo is a deadline in the past: setting it interrupts a blocked read or write.
 var aLongTimeAgo = time.Unix(1, 0)
 
+// maxAttempts bounds how often one request is sent: once, and once more on a new connection
+// when a reused one turned out dead (see do).
+const maxAttempts = 2
+
 // do sends one streaming request and fills resp (Status, AckNs, the stream, EndNs,
 // ResponseBytes; ErrBody and Err for a non-2xx status). path starts with "/". It returns
 // a transport error (the caller classifies it), or resp.Err.
+//
+// A request sent on a reused connection that fails before any byte of a response arrived
+// (the write fails, or the read meets the end of the connection or a reset) is sent once
+// more, on a new connection. That is how a server closing an idle connection looks when
+// its close crosses the request on the wire; get's liveness probe catches only closes that
+// arrived before it. A server that took the request and then dropped the connection without
+// a byte of answer looks the same and gets the request twice (net/http would not resend a
+// POST there), which is why only a reused connection qualifies: a fresh one has no idle
+// close to race. Once a response byte has arrived the request is never resent: completions
+// are not idempotent, and the server has started answering this one.
 func (t *streamTransport) do(ctx context.Context, epoch time.Time, path string, req *Request, auth string, body []byte, resp *Response) error {
-	c, reused, err := t.get(ctx)
-	if err != nil {
-		return err
-	}
-	c.buildRequest(t, path, req, auth, body)
-	// Cancellation and timeouts interrupt a blocked read or write through the deadline; a
-	// connection whose deadline may have been set is never reused.
-	stop := c.watch(ctx)
-	_, err = c.nc.Write(c.wbuf)
-	if err != nil && reused && ctx.Err() == nil {
-		// An idle connection the server closed just now: nothing of the request was taken,
-		// so send it once more on a new connection, as net/http does.
-		stop()
-		c.nc.Close()
-		if c, _, err = t.get(ctx); err != nil {
+	for attempt := 1; ; attempt++ {
+		var c *rawConn
+		reused := false
+		var err error
+		if attempt == 1 {
+			c, reused, err = t.get(ctx)
+		} else {
+			// The last attempt: a new connection cannot have been closed while idle.
+			c, err = t.dial(ctx)
+		}
+		if err != nil {
 			return err
 		}
 		c.buildRequest(t, path, req, auth, body)
-		stop = c.watch(ctx)
+		// Cancellation and timeouts interrupt a blocked read or write through the deadline;
+		// a connection whose deadline may have been set is never reused.
+		stop := c.watch(ctx)
 		_, err = c.nc.Write(c.wbuf)
-	}
-	if err == nil {
-		err = c.readResponse(epoch, resp)
-	}
-	if !stop() || err != nil || !c.reusable {
+		answered := false
+		if err == nil {
+			err = c.readResponse(epoch, resp)
+			answered = c.answered
+		}
+		if stop() && err == nil && c.reusable {
+			t.put(c)
+			return nil
+		}
 		c.nc.Close()
-	} else {
-		t.put(c)
+		if err == nil || !reused || answered || ctx.Err() != nil || attempt == maxAttempts {
+			return err
+		}
 	}
-	return err
 }
 
 // watch makes the end of ctx interrupt the connection's reads and writes (through the
@@ -208,6 +232,7 @@ type rawConn struct {
 	hdrBytes int
 	nBody    int64
 	errBody  bool // a non-2xx status: the body is kept in resp.ErrBody
+	answered bool // a byte of the response arrived: the request must not be resent
 	done     bool
 	err      error
 	reusable bool
@@ -323,7 +348,7 @@ func (c *rawConn) begin(epoch time.Time, resp *Response) {
 	c.dec.reset(resp)
 	c.state, c.remain, c.length, c.close = stStatus, 0, -1, false
 	c.status, c.n1xx, c.hdrBytes, c.nBody = 0, 0, 0, 0
-	c.errBody, c.done, c.err, c.reusable = false, false, nil, false
+	c.errBody, c.answered, c.done, c.err, c.reusable = false, false, false, nil, false
 }
 
 // end completes resp after the read loop returned err, and decides whether the connection
@@ -421,6 +446,7 @@ func (c *rawConn) space() []byte {
 // received takes n bytes read into space() that arrived at t.
 func (c *rawConn) received(n int, t int64) {
 	c.wr += n
+	c.answered = true
 	c.parse(t)
 }
 
@@ -600,43 +626,26 @@ func (c *rawConn) statusLine(line []byte) {
 }
 
 // splitHeader checks a header (or trailer) line and splits it into name and value. Names
-// must be tokens and values free of control bytes, as net/http requires; continuation lines
-// (obsolete line folding) are refused.
+// must be tokens and values free of control bytes, by the same httpguts checks net/http
+// makes, so that FuzzRawResponse's "what we accept, net/http accepts" holds; continuation
+// lines (obsolete line folding) are refused.
 func (c *rawConn) splitHeader(line []byte) (name, value []byte, ok bool) {
 	i := bytes.IndexByte(line, ':')
 	if i <= 0 {
 		c.err = fmt.Errorf("malformed HTTP response header %q", line[:min(len(line), 64)])
 		return nil, nil, false
 	}
-	for _, b := range line[:i] {
-		if !isTokenByte[b] {
-			c.err = fmt.Errorf("malformed HTTP response header name %q", line[:i])
-			return nil, nil, false
-		}
+	if !httpguts.ValidHeaderFieldName(string(line[:i])) {
+		c.err = fmt.Errorf("malformed HTTP response header name %q", line[:i])
+		return nil, nil, false
 	}
 	value = bytes.Trim(line[i+1:], " \t")
-	for _, b := range value {
-		if (b < ' ' && b != '\t') || b == 0x7f {
-			c.err = fmt.Errorf("malformed HTTP response header value of %q", line[:i])
-			return nil, nil, false
-		}
+	if !httpguts.ValidHeaderFieldValue(string(value)) {
+		c.err = fmt.Errorf("malformed HTTP response header value of %q", line[:i])
+		return nil, nil, false
 	}
 	return line[:i], value, true
 }
-
-// isTokenByte holds the bytes of an RFC 9110 token (tchar).
-var isTokenByte = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c], t[c-'a'+'A'] = true, true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return
-}()
 
 func (c *rawConn) headerLine(line []byte) {
 	name, value, ok := c.splitHeader(line)
@@ -698,15 +707,4 @@ func (c *rawConn) headersDone(t int64) {
 	default:
 		c.state, c.close = stUntilClose, true
 	}
-}
-
-// validHeaderValue reports whether v may be sent as a header value as is (no control bytes
-// other than tab), as net/http requires.
-func validHeaderValue(v string) bool {
-	for i := 0; i < len(v); i++ {
-		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
-			return false
-		}
-	}
-	return true
 }
