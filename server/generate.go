@@ -160,7 +160,7 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 	if !s.schedule(q, t, ctx) {
 		return
 	}
-	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: stopMatcher{stops: req.Stop}}
+	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(req.Stop)}
 	if req.Stream {
 		g.stream()
 	} else {

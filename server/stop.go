@@ -11,6 +11,9 @@ type stopMatcher struct {
 	held  string
 }
 
+// newStopMatcher matches a request's stop strings (none: every text passes through).
+func newStopMatcher(stops []string) stopMatcher { return stopMatcher{stops: stops} }
+
 // feed takes the next decoded text and returns what may be sent now, and whether a stop
 // string was found (then the request must end; emit is the text before it).
 func (m *stopMatcher) feed(text string) (emit string, stopped bool) {
