@@ -255,21 +255,22 @@ func (g *gen) isEOS(tok int32) bool {
 
 // push sends decoded text (valid until the decoder's next call) through the stop matcher.
 func (g *gen) push(text []byte) {
-	emit, hit := text, false
-	if len(g.stop.stops) > 0 {
-		var s string
-		s, hit = g.stop.feed(string(text))
-		emit = []byte(s)
-	}
-	if len(emit) > 0 {
-		g.out = append(g.out, emit...)
-		if g.w != nil {
-			g.appendChunk(emit)
-		}
-	}
+	emit, hit := g.stop.feed(text)
+	g.emit(emit)
 	if hit {
 		g.stopped = true
 		g.s.pool.cancel(g.t) // the rest of the generation is not wanted: free the slot
+	}
+}
+
+// emit records released text and, when streaming, adds it to the write buffer as one delta.
+func (g *gen) emit(text []byte) {
+	if len(text) == 0 {
+		return
+	}
+	g.out = append(g.out, text...)
+	if g.w != nil {
+		g.appendChunk(text)
 	}
 }
 
@@ -282,12 +283,7 @@ func (g *gen) finishText() {
 		g.push([]byte(tail))
 	}
 	if !g.stopped {
-		if rest := g.stop.flush(); rest != "" {
-			g.out = append(g.out, rest...)
-			if g.w != nil {
-				g.appendChunk([]byte(rest))
-			}
-		}
+		g.emit(g.stop.flush())
 	}
 }
 

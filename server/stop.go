@@ -1,56 +1,121 @@
 package server
 
-import "strings"
+import (
+	"bytes"
+	"unicode/utf8"
+)
 
-// stopMatcher ends generation before any of the request's stop strings. Text that could be
-// the start of a stop string is held back until it either completes the stop string (and is
-// dropped) or cannot (and is released), so no stop text ever reaches a client, even when it is
-// split across tokens.
+// stopMatcher ends generation at the request's stop strings and keeps streamed deltas valid
+// UTF-8. Text that could be the start of a stop string is held back until it either completes
+// one (then generation ends before it, and the stop text is never returned) or cannot (then it
+// is released unchanged); an incomplete UTF-8 sequence at the end of the text is held until it
+// is complete. So no stop text reaches a client, whatever the split of the text into tokens.
+//
+// It works on bytes in buffers it reuses, so a request with stop strings costs no allocation
+// per token once the buffers have grown to the longest stop string plus a token's text: the
+// streaming path's cost per token is the product qualified (issue 3).
+//
+// When stop strings overlap, generation ends at the one that completes first (ties: the one
+// that starts first), because a streaming server cannot wait to see whether a longer stop
+// string that started earlier will complete. This differs from "the earliest start" only when
+// one stop string contains another after its first byte (stops "abcd" and "bc" on "abcd" end
+// after "a").
 type stopMatcher struct {
-	stops []string
-	held  string
+	stops [][]byte
+	held  []byte // not yet released: a possible stop-string start or an incomplete character
+	join  []byte // scratch for held followed by the new text
 }
 
-// newStopMatcher matches a request's stop strings (none: every text passes through).
-func newStopMatcher(stops []string) stopMatcher { return stopMatcher{stops: stops} }
+// newStopMatcher matches a request's stop strings (none: text passes through, only an
+// incomplete UTF-8 sequence is held).
+func newStopMatcher(stops []string) stopMatcher {
+	m := stopMatcher{stops: make([][]byte, len(stops))}
+	for i, s := range stops {
+		m.stops[i] = []byte(s)
+	}
+	return m
+}
 
 // feed takes the next decoded text and returns what may be sent now, and whether a stop
-// string was found (then the request must end; emit is the text before it).
-func (m *stopMatcher) feed(text string) (emit string, stopped bool) {
-	if len(m.stops) == 0 {
-		return text, false
-	}
-	s := m.held + text
-	cut := -1
-	for _, stop := range m.stops {
-		if i := strings.Index(s, stop); i >= 0 && (cut < 0 || i < cut) {
-			cut = i
-		}
-	}
-	if cut >= 0 {
-		m.held = ""
-		return s[:cut], true
+// string completed (then the request must end; emit is the text before it). emit aliases text
+// or the matcher's buffer: it is valid until the next call on m.
+func (m *stopMatcher) feed(text []byte) (emit []byte, stopped bool) {
+	s := text
+	if len(m.held) > 0 {
+		m.join = append(append(m.join[:0], m.held...), text...)
+		s = m.join
 	}
 	keep := 0
-	for _, stop := range m.stops {
-		// The longest suffix of s that is a proper prefix of stop.
-		n := min(len(stop)-1, len(s))
-		for ; n > keep; n-- {
-			if strings.HasSuffix(s, stop[:n]) {
-				break
-			}
+	if len(m.stops) > 0 {
+		if cut := m.firstStop(s); cut >= 0 {
+			m.held = m.held[:0]
+			return s[:cut], true
 		}
-		if n > keep {
-			keep = n
-		}
+		keep = m.stopPrefixSuffix(s)
 	}
-	m.held = s[len(s)-keep:]
+	keep = max(keep, incompleteUTF8Suffix(s))
+	m.held = m.held[:0]
+	if keep > 0 {
+		m.held = append(m.held, s[len(s)-keep:]...)
+	}
 	return s[:len(s)-keep], false
 }
 
-// flush releases held text at the end of generation (no stop string completed).
-func (m *stopMatcher) flush() string {
+// firstStop is the offset in s of the stop string that completes first (ties: the longer one),
+// or -1. Text held from earlier calls holds no complete stop string, so any match ends in the
+// new text.
+func (m *stopMatcher) firstStop(s []byte) int {
+	cut, end := -1, 0
+	for _, stop := range m.stops {
+		i := bytes.Index(s, stop)
+		if i < 0 {
+			continue
+		}
+		if e := i + len(stop); cut < 0 || e < end || e == end && i < cut {
+			cut, end = i, e
+		}
+	}
+	return cut
+}
+
+// stopPrefixSuffix is the length of the longest suffix of s that is a proper prefix of a stop
+// string: text that a later token may complete into a stop string.
+func (m *stopMatcher) stopPrefixSuffix(s []byte) int {
+	keep := 0
+	for _, stop := range m.stops {
+		// Candidate starts from the longest possible suffix down to one longer than keep.
+		for i := max(0, len(s)-len(stop)+1); i < len(s)-keep; i++ {
+			if s[i] == stop[0] && bytes.HasPrefix(stop, s[i:]) {
+				keep = len(s) - i
+				break
+			}
+		}
+	}
+	return keep
+}
+
+// incompleteUTF8Suffix is the length of a UTF-8 sequence at the end of s that has begun but
+// is not complete (0 when s ends on a character boundary or with bytes no continuation can
+// make valid, which are released as they are).
+func incompleteUTF8Suffix(s []byte) int {
+	if len(s) == 0 || s[len(s)-1] < utf8.RuneSelf {
+		return 0 // ASCII ends every character
+	}
+	for i := len(s) - 1; i >= 0 && i >= len(s)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(s[i]) {
+			if utf8.FullRune(s[i:]) {
+				return 0
+			}
+			return len(s) - i
+		}
+	}
+	return 0
+}
+
+// flush releases held text at the end of generation (no stop string completed). The result
+// is valid until the next call on m.
+func (m *stopMatcher) flush() []byte {
 	h := m.held
-	m.held = ""
+	m.held = m.held[:0]
 	return h
 }

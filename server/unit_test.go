@@ -7,63 +7,6 @@ import (
 	"unicode/utf8"
 )
 
-func TestStopMatcherHoldsPrefixes(t *testing.T) {
-	cases := []struct {
-		stops  []string
-		pieces []string
-		want   string
-		stop   bool
-	}{
-		{nil, []string{"ab", "cd"}, "abcd", false},
-		{[]string{"END"}, []string{"hello E", "N", "D more"}, "hello ", true},
-		{[]string{"END"}, []string{"hello E", "N", "x"}, "hello ENx", false},
-		{[]string{"</s>", "\n\n"}, []string{"a\n", "\nb"}, "a", true},
-		{[]string{"xyz", "yq"}, []string{"axy", "q"}, "ax", true},
-		{[]string{"世界"}, []string{"你好世", "界!"}, "你好", true},
-	}
-	for _, c := range cases {
-		m := stopMatcher{stops: c.stops}
-		var got strings.Builder
-		stopped := false
-		for _, p := range c.pieces {
-			emit, hit := m.feed(p)
-			got.WriteString(emit)
-			if hit {
-				stopped = true
-				break
-			}
-		}
-		if !stopped {
-			got.WriteString(m.flush())
-		}
-		if got.String() != c.want || stopped != c.stop {
-			t.Errorf("stops %q pieces %q: got %q stopped=%v, want %q %v", c.stops, c.pieces, got.String(), stopped, c.want, c.stop)
-		}
-	}
-}
-
-func TestStopMatcherNeverEmitsStopText(t *testing.T) {
-	// Whatever the split of the text into pieces, the emitted text is the prefix before the
-	// first stop string.
-	text := "one two <STOP> three"
-	for cut1 := 0; cut1 <= len(text); cut1++ {
-		for cut2 := cut1; cut2 <= len(text); cut2++ {
-			m := stopMatcher{stops: []string{"<STOP>"}}
-			var got strings.Builder
-			for _, p := range []string{text[:cut1], text[cut1:cut2], text[cut2:]} {
-				emit, hit := m.feed(p)
-				got.WriteString(emit)
-				if hit {
-					break
-				}
-			}
-			if got.String() != "one two " {
-				t.Fatalf("cuts %d,%d: %q", cut1, cut2, got.String())
-			}
-		}
-	}
-}
-
 func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
 	for _, s := range []string{"", "plain", "quote\" back\\slash", "ctl\x00\x01\x1f\t\n\r", "héllo 世界 🌍", "\u2028\u2029", "bad\xffutf8\xc3"} {
 		got := appendJSONString(nil, s)
