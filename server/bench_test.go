@@ -246,14 +246,18 @@ func BenchmarkQwenTinyC8(b *testing.B) {
 	runLoad(b, s, 8, max(b.N, 16), `{"prompt":"The capital of France is","max_tokens":32,"ignore_eos":true,"stream":true}`)
 }
 
-// BenchmarkStartToReady measures process start to /health ready on the tiny bundles.
+// BenchmarkStartToReady measures process start to /health ready on the tiny bundles, with
+// one worker and (workers-2) with two, each of which opens the bundle.
 func BenchmarkStartToReady(b *testing.B) {
-	for _, bc := range []struct{ name, bundle string }{{"mock", mockBundle(b, 0)}, {"qwen3-tiny", qwenBundle(b)}} {
+	for _, bc := range []struct {
+		name, bundle string
+		workers      string
+	}{{"mock", mockBundle(b, 0), "1"}, {"qwen3-tiny", qwenBundle(b), "1"}, {"qwen3-tiny/workers-2", qwenBundle(b), "2"}} {
 		b.Run(bc.name, func(b *testing.B) {
 			var total time.Duration
 			for i := 0; i < b.N; i++ {
 				start := time.Now()
-				s := startServerNoCleanup(b, bc.bundle, "--max-batch", "8")
+				s := startServerNoCleanup(b, bc.bundle, "--max-batch", "8", "--workers", bc.workers)
 				total += time.Since(start)
 				s.stop()
 				os.RemoveAll(filepath.Dir(s.records))

@@ -43,7 +43,9 @@ func runMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	serverBin = filepath.Join(dir, "qual-server")
-	args := []string{"build", "-o", serverBin}
+	// modelqual_hashtrace: each hashing pass over a bundle is a line on stderr (counted by
+	// TestBundleHashedOncePerStart); nothing else differs from the production binary.
+	args := []string{"build", "-tags", "modelqual_hashtrace", "-o", serverBin}
 	if raceBuild {
 		args = append(args, "-race")
 	}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/server/wire"
 )
 
@@ -115,6 +116,10 @@ type PoolConfig struct {
 	Threads        int
 	StartupTimeout time.Duration
 	Env            []string // nil: inherit
+	// Verified is the frontend's verification of Bundle; workers map the file with it rather
+	// than hashing it again. A worker that finds the file changed hashes it itself, and is
+	// refused unless its digest is still this one.
+	Verified bundle.Verified
 }
 
 // pool supervises the worker processes and schedules tasks onto their batch slots.
@@ -156,8 +161,13 @@ func (p *pool) start() error {
 }
 
 func (p *pool) workerArgs() []string {
-	return []string{WorkerCommand, "--bundle", p.cfg.Bundle, "--device", p.cfg.Device,
+	args := []string{WorkerCommand, "--bundle", p.cfg.Bundle, "--device", p.cfg.Device,
 		"--threads", fmt.Sprint(p.cfg.Threads), "--max-batch", fmt.Sprint(p.cfg.MaxBatch)}
+	if p.cfg.Verified.SHA256 != "" {
+		v, _ := p.cfg.Verified.MarshalText() // cannot fail
+		args = append(args, "--bundle-verified", string(v))
+	}
+	return args
 }
 
 // spawn starts worker process number index, waits for its hello and starts its reader.
@@ -227,6 +237,15 @@ func (p *pool) spawn(index, gen int) error {
 	}
 	if hr.err == nil && hr.h.Caps&wire.AllCaps != wire.AllCaps {
 		hr.err = fmt.Errorf("capabilities %#x lack required %#x", hr.h.Caps, wire.AllCaps)
+	}
+	if want := p.cfg.Verified.SHA256; hr.err == nil && want != "" {
+		switch got := hr.h.Info.BundleSHA256; {
+		case got == "":
+			hr.err = errors.New("its hello does not name the bundle's sha256; the worker binary is from another build")
+		case got != want:
+			hr.err = fmt.Errorf("it serves bundle %s with sha256 %s, but qual-server verified sha256 %s at start: the file was replaced; restart qual-server to serve the new file",
+				p.cfg.Bundle, got, want)
+		}
 	}
 	if hr.err != nil {
 		_ = cmd.Process.Kill()

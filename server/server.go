@@ -18,13 +18,10 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log"
 	"math/rand/v2"
 	"net"
@@ -101,15 +98,15 @@ type Server struct {
 	pool    *pool
 	records *recordWriter
 
-	state       atomic.Int32
-	tok         *tokenizer.Tokenizer
-	header      json.RawMessage // the bundle header as served by /mq/v1/bundle
-	fileSum     string
-	fileSumErr  error
-	fileSumDone chan struct{}
-	info        wire.Info
-	eos         map[int32]bool
-	created     int64
+	state   atomic.Int32
+	tok     *tokenizer.Tokenizer
+	header  json.RawMessage // the bundle header as served by /mq/v1/bundle
+	fileSum string          // the bundle's sha256, from the start's one hashing pass
+	// tokSource is the bundle file as loadFrontend found it before and after reading.
+	tokSource [2]os.FileInfo
+	info      wire.Info
+	eos       map[int32]bool
+	created   int64
 
 	httpSrv    *http.Server
 	ln         net.Listener
@@ -165,9 +162,10 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Start listens (so /health answers "loading" at once), then loads the bundle's tokenizer in
-// this process while the workers open their engines in parallel. It returns when the server is
-// ready, or with the first load error.
+// Start listens (so /health answers "loading" at once), verifies the bundle (the start's only
+// pass over the file), then loads the bundle's tokenizer in this process while the workers
+// open their engines in parallel. It returns when the server is ready, or with the first load
+// error.
 func (s *Server) Start() error {
 	s.startedAt = time.Now()
 	addr := net.JoinHostPort(s.cfg.Host, strconv.Itoa(s.cfg.Port))
@@ -191,14 +189,26 @@ func (s *Server) Start() error {
 	}()
 	log.Printf("listening on %s (loading %s)", ln.Addr(), s.cfg.Bundle)
 
-	poolErr := make(chan error, 1)
-	go func() { poolErr <- s.pool.start() }()
-	loadErr := s.loadFrontend()
-	if err := <-poolErr; err != nil {
+	// The tokenizer is parsed while the bundle is hashed, and the workers start once it is
+	// verified, so start-to-ready is the slower of the tokenizer parse and verification plus
+	// engine load, not their sum.
+	loadErr := make(chan error, 1)
+	go func() { loadErr <- s.loadFrontend() }()
+	v, err := s.verifyBundle()
+	if err != nil {
 		return err
 	}
-	if loadErr != nil {
-		return loadErr
+	s.pool.cfg.Verified = v
+	poolErr := make(chan error, 1)
+	go func() { poolErr <- s.pool.start() }()
+	if err := <-loadErr; err != nil {
+		return err
+	}
+	if err := s.checkTokenizerSource(v); err != nil {
+		return err
+	}
+	if err := <-poolErr; err != nil {
+		return err
 	}
 	info, _ := s.pool.engineInfo()
 	s.info = info
@@ -213,58 +223,51 @@ func (s *Server) Start() error {
 	return nil
 }
 
-// loadFrontend reads the bundle's header and tokenizer sections. It does not map or hash the
-// tensor data: each worker's bundle.Open validates everything before its engine serves, and
-// the whole-file sha256 (for /mq/v1/bundle) is computed in the background, so start-to-ready
-// is the slower of the tokenizer parse and the engine load rather than their sum.
+// verifyBundle opens the bundle with bundle.Open: its structure, and in one pass over the file
+// the sha256 of every section and of the tensor data (a mismatch is an error naming the file
+// and the field) and of the whole file (served by /mq/v1/bundle). Workers map the file with
+// the result (bundle.OpenVerified) instead of hashing it again, so a start hashes a
+// multi-gigabyte bundle once, not twice per worker plus once here.
+func (s *Server) verifyBundle() (bundle.Verified, error) {
+	t0 := time.Now()
+	b, err := bundle.Open(s.cfg.Bundle)
+	if err != nil {
+		return bundle.Verified{}, fmt.Errorf("qual-server: %w", err)
+	}
+	defer b.Close()
+	hdr, err := json.Marshal(b.Header())
+	if err != nil {
+		return bundle.Verified{}, fmt.Errorf("qual-server: encode bundle header: %w", err)
+	}
+	s.header, s.fileSum = hdr, b.FileSHA256()
+	log.Printf("verified bundle %s (%d MB, sha256 %s) in %v", s.cfg.Bundle, len(b.Data())>>20, s.fileSum, time.Since(t0).Round(time.Millisecond))
+	return b.Verified(), nil
+}
+
+// loadFrontend reads the bundle's header and tokenizer sections and builds the tokenizer,
+// while verifyBundle hashes the file. It hashes nothing: checkTokenizerSource then accepts what
+// it read only if the file kept the identity it had when verifyBundle hashed it.
 func (s *Server) loadFrontend() error {
 	t0 := time.Now()
-	defer func() {
-		log.Printf("frontend loaded bundle header and tokenizer in %v", time.Since(t0).Round(time.Millisecond))
-	}()
 	f, err := os.Open(s.cfg.Bundle)
 	if err != nil {
 		return fmt.Errorf("qual-server: open bundle: %w", err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
+	before, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("qual-server: stat bundle: %w", err)
 	}
-	h, err := bundle.ReadHeader(f, st.Size(), s.cfg.Bundle)
+	h, err := bundle.ReadHeader(f, before.Size(), s.cfg.Bundle)
 	if err != nil {
 		return fmt.Errorf("qual-server: %w", err)
 	}
-	hdr, err := json.Marshal(h)
-	if err != nil {
-		return fmt.Errorf("qual-server: encode bundle header: %w", err)
-	}
-	s.header = hdr
-	s.fileSumDone = make(chan struct{})
-	go func() {
-		defer close(s.fileSumDone)
-		g, err := os.Open(s.cfg.Bundle)
-		if err != nil {
-			s.fileSumErr = err
-			return
-		}
-		defer g.Close()
-		hs := sha256.New()
-		if _, err := io.Copy(hs, g); err != nil {
-			s.fileSumErr = err
-			return
-		}
-		s.fileSum = hex.EncodeToString(hs.Sum(nil))
-	}()
 	section := func(name string) ([]byte, error) {
 		for _, sec := range h.Sections {
 			if sec.Name == name {
 				b := make([]byte, sec.Size)
 				if _, err := f.ReadAt(b, sec.Offset); err != nil {
 					return nil, fmt.Errorf("qual-server: bundle %s: read section %s: %w", s.cfg.Bundle, name, err)
-				}
-				if got := sha256Hex(b); got != sec.SHA256 {
-					return nil, fmt.Errorf("qual-server: bundle %s: section %s has sha256 %s, header says %s; the file is corrupt, rebuild it", s.cfg.Bundle, name, got, sec.SHA256)
 				}
 				return b, nil
 			}
@@ -279,11 +282,30 @@ func (s *Server) loadFrontend() error {
 	if err != nil {
 		return err
 	}
+	after, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("qual-server: stat bundle: %w", err)
+	}
+	s.tokSource = [2]os.FileInfo{before, after}
 	t, err := tokenizer.FromBytes(tj, tc)
 	if err != nil {
 		return fmt.Errorf("qual-server: tokenizer of bundle %s: %w", s.cfg.Bundle, err)
 	}
 	s.tok = t
+	log.Printf("frontend loaded bundle header and tokenizer in %v", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// checkTokenizerSource makes sure the tokenizer was read from the file verifyBundle verified:
+// the file had the verified identity before and after loadFrontend read it, so nothing wrote
+// it in between.
+func (s *Server) checkTokenizerSource(v bundle.Verified) error {
+	for _, fi := range s.tokSource {
+		if !v.Matches(fi) {
+			return fmt.Errorf("qual-server: bundle %s changed while qual-server was starting (%v, size %d); make sure nothing writes it while it is served, then start again",
+				s.cfg.Bundle, fi.ModTime().UTC().Format(time.RFC3339Nano), fi.Size())
+		}
+	}
 	return nil
 }
 
@@ -449,11 +471,6 @@ func (s *Server) handleModel(q *reqState) {
 }
 
 func (s *Server) handleBundle(q *reqState) {
-	<-s.fileSumDone
-	if s.fileSumErr != nil {
-		q.fail(&APIError{Status: 500, Type: "server_error", Message: "hash bundle file: " + s.fileSumErr.Error()})
-		return
-	}
 	q.writeJSON(http.StatusOK, map[string]any{"header": s.header, "bundle_sha256": s.fileSum, "bundle_path": s.cfg.Bundle})
 }
 

@@ -87,6 +87,8 @@ func Main(args []string) int {
 	device := fs.String("device", "cpu", "cpu or cuda")
 	threads := fs.Int("threads", 0, "engine threads (0: all cores)")
 	maxBatch := fs.Int("max-batch", 0, "batch slots (0: the bundle's build setting)")
+	var verified bundle.Verified
+	fs.TextVar(&verified, "bundle-verified", bundle.Verified{}, "the frontend's verification of the bundle (map it without hashing); empty: hash it here")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -101,7 +103,7 @@ func Main(args []string) int {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGPIPE)
 
 	start := time.Now()
-	eng, info, err := open(*path, native.Params{Threads: *threads, MaxBatch: *maxBatch, Device: *device})
+	eng, info, err := open(*path, verified, native.Params{Threads: *threads, MaxBatch: *maxBatch, Device: *device})
 	if err != nil {
 		w := wire.NewWriter(out)
 		w.Fatal(err.Error())
@@ -117,11 +119,11 @@ func Main(args []string) int {
 	return 0
 }
 
-func open(path string, p native.Params) (Engine, wire.Info, error) {
+func open(path string, v bundle.Verified, p native.Params) (Engine, wire.Info, error) {
 	if path == "" {
 		return nil, wire.Info{}, errors.New("worker: --bundle is required")
 	}
-	b, err := bundle.Open(path)
+	b, err := openBundle(path, v)
 	if err != nil {
 		return nil, wire.Info{}, fmt.Errorf("worker: open bundle: %w", err)
 	}
@@ -134,8 +136,28 @@ func open(path string, p native.Params) (Engine, wire.Info, error) {
 	info := wire.Info{
 		PID: os.Getpid(), Family: ni.Family, VocabSize: ni.VocabSize, MaxContext: ni.MaxContext,
 		MaxBatch: ni.MaxBatch, EOSIDs: ni.EOSIDs, Device: ni.Device, StepDelayNs: int64(ni.StepDelay),
+		BundleSHA256: b.FileSHA256(),
 	}
 	return &closingEngine{nativeEngine: newNativeEngine(e), b: b}, info, nil
+}
+
+// openBundle maps the bundle without hashing it when the frontend verified it (v, from
+// --bundle-verified) and the file is still the one it verified. A file changed since then is
+// hashed here (bundle.Open refuses a corrupt one); the frontend then refuses this worker if the
+// digest is no longer the one it serves. Without v (a worker run by hand) it hashes.
+func openBundle(path string, v bundle.Verified) (*bundle.Bundle, error) {
+	if v.SHA256 == "" {
+		return bundle.Open(path)
+	}
+	b, err := bundle.OpenVerified(path, v)
+	if errors.Is(err, bundle.ErrChanged) {
+		log.Printf("%v; hashing it again", err)
+		return bundle.Open(path)
+	}
+	if err == nil {
+		log.Printf("mapped bundle %s without hashing it: the frontend verified it (sha256 %s)", path, v.SHA256)
+	}
+	return b, err
 }
 
 // closingEngine also unmaps the bundle when the engine closes.
