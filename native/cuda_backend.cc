@@ -26,7 +26,7 @@ struct Api {
   int (*forward)(mqb_model *, int32_t, const int32_t *, const int32_t *, const int32_t *, const int32_t *, float *,
                  int32_t *, char *, size_t);
   int (*forward_sampled)(mqb_model *, int32_t, const int32_t *, const int32_t *, const int32_t *, const int32_t *,
-                         const float *, const uint64_t *, int32_t *, char *, size_t);
+                         const float *, const uint64_t *, int32_t *, float *, char *, size_t);
   int (*logits_all)(mqb_model *, const int32_t *, int32_t, float *, char *, size_t);
   void (*slot_reset)(mqb_model *, int32_t);
 };
@@ -121,11 +121,12 @@ class Cuda : public Backend {
 
   bool samples_on_device() const override { return true; }
 
-  void forward_sampled(const Batch &b, const float *temperature, const uint64_t *rng_key, int32_t *out) override {
+  void forward_sampled(const Batch &b, const float *temperature, const uint64_t *rng_key, int32_t *out,
+                       float *logits) override {
     args(b);
     char err[1024] = {0};
     if (api_.forward_sampled(model_, b.n, slots_.data(), ntok_.data(), b.tokens.data(), pos_.data(), temperature,
-                             rng_key, out, err, sizeof(err)) != 0)
+                             rng_key, out, logits, err, sizeof(err)) != 0)
       throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
   }
 

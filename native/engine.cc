@@ -155,6 +155,7 @@ struct mq_engine {
   std::vector<int32_t> sampled;
   std::vector<float> temps;     // device sampling: per-entry temperature
   std::vector<uint64_t> keys;   // device sampling: per-entry random key
+  std::vector<char> on_host;    // per entry: sampled on the host from its logits
   std::vector<SampleScratch> scratch;  // one per pool thread
 };
 
@@ -242,25 +243,41 @@ static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, Sa
     std::nth_element(cand.begin(), cand.begin() + s.top_k, cand.end(), better);
     n = s.top_k;
   }
-  const bool top_p = s.top_p > 0 && s.top_p < 1;
-  if (top_p) std::sort(cand.begin(), cand.begin() + n, better);
   float mx = -INFINITY;
   for (int i = 0; i < n; i++) mx = std::max(mx, lg[cand[i]]);
+  const double invT = 1.0 / s.temperature;
+  auto weight = [&](int32_t id) { return std::exp(((double)lg[id] - mx) * invT); };
+  if (s.top_p > 0 && s.top_p < 1) {
+    // The nucleus is the shortest prefix of the by-logit order whose mass reaches top_p. Only
+    // that prefix is sorted: the 64 most likely first, 8x more while the mass falls short (a
+    // full sort of a 151,936-token vocabulary costs ~10 ms per token).
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += weight(cand[i]);
+    const double limit = s.top_p * sum;
+    for (int m = std::min(n, 64);; m = std::min(n, m * 8)) {
+      if (m < n) std::nth_element(cand.begin(), cand.begin() + m, cand.begin() + n, better);
+      std::sort(cand.begin(), cand.begin() + m, better);
+      double cum = 0;
+      int keep = 0;
+      while (keep < m) {
+        cum += weight(cand[keep++]);
+        if (cum >= limit) break;
+      }
+      if (cum >= limit || m == n) {
+        n = keep;
+        break;
+      }
+    }
+  }
+  // The draw walks the kept tokens in vocabulary order, as torch.multinomial does after
+  // transformers' top-k/top-p masks. An order by logit (or nth_element's arbitrary one) would
+  // let a change in the last bits of two near-equal logits (another batch shape on a GPU)
+  // reorder the walk and move a seeded draw to another token.
+  std::sort(cand.begin(), cand.begin() + n);
   auto &p = sc.prob;
   p.resize(n);
   double sum = 0;
-  const double invT = 1.0 / s.temperature;
-  for (int i = 0; i < n; i++) sum += (p[i] = std::exp(((double)lg[cand[i]] - mx) * invT));
-  if (top_p) {
-    double cum = 0, limit = s.top_p * sum;
-    int keep = 0;
-    while (keep < n) {
-      cum += p[keep++];
-      if (cum >= limit) break;
-    }
-    n = keep;
-    sum = cum;
-  }
+  for (int i = 0; i < n; i++) sum += (p[i] = weight(cand[i]));
   double u = rng.uniform() * sum, acc = 0;
   for (int i = 0; i < n; i++) {
     acc += p[i];
@@ -478,31 +495,39 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
   }
 
   if (b.n > 0) {
-    // A backend that samples on the device draws plain temperature samples there (no logits to
-    // the host); top-k or top-p in the batch send the whole step through the host sampler.
-    bool on_device = !all_greedy && e->be->samples_on_device();
-    for (int i = 0; on_device && i < b.n; i++) {
+    // A backend that samples on the device draws every plain temperature sample there (no
+    // logits cross to the host for them); a top-k or top-p sequence is sampled on the host from
+    // its logits, which the same call returns. The choice is per sequence, so a seeded request's
+    // tokens do not depend on what its batch-mates ask for.
+    const bool device_sampling = !all_greedy && e->be->samples_on_device();
+    e->on_host.assign(b.n, 0);
+    bool any_host = false;
+    for (int i = 0; i < b.n; i++) {
       const mq_sampling &s = e->members[i]->s;
-      if (s.temperature > 0 && !plain_temperature(s, e->vocab)) on_device = false;
+      if (s.temperature > 0 && !(device_sampling && plain_temperature(s, e->vocab))) {
+        e->on_host[i] = 1;
+        any_host = true;
+      }
     }
-    // Logits are materialised only when some sequence samples on the host: greedy needs the
-    // argmax alone.
-    const bool need_logits = !e->be->deterministic() && !all_greedy && !on_device;
+    // Logits are materialised only for host sampling: greedy needs the argmax alone.
+    const bool need_logits = !e->be->deterministic() && any_host;
     if (need_logits) e->logits.resize((size_t)b.n * e->vocab);
+    float *logits = need_logits ? e->logits.data() : nullptr;
     e->argmax.assign(b.n, -1);
     std::string err;
     try {
-      if (on_device) {
+      if (device_sampling) {
         e->temps.resize(b.n);
         e->keys.resize(b.n);
         for (int i = 0; i < b.n; i++) {
           Seq *q = e->members[i];
-          e->temps[i] = q->s.temperature > 0 ? (float)q->s.temperature : 0.f;
-          e->keys[i] = q->s.temperature > 0 ? q->rng.next() : 0;  // one draw per sampled token, as on the host
+          const bool dev = q->s.temperature > 0 && !e->on_host[i];
+          e->temps[i] = dev ? (float)q->s.temperature : 0.f;  // 0: the argmax, unused for host rows
+          e->keys[i] = dev ? q->rng.next() : 0;               // one draw per sampled token, as on the host
         }
-        e->be->forward_sampled(b, e->temps.data(), e->keys.data(), e->argmax.data());
+        e->be->forward_sampled(b, e->temps.data(), e->keys.data(), e->argmax.data(), logits);
       } else {
-        e->be->forward(b, need_logits ? e->logits.data() : nullptr, e->argmax.data());
+        e->be->forward(b, logits, e->argmax.data());
       }
     } catch (const std::exception &x) {
       err = x.what();
@@ -522,7 +547,7 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
         e->pool->run([&](int t, int nt) {
           for (int i = t; i < b.n; i += nt) {
             Seq *q = e->members[i];
-            if (q->s.temperature > 0)
+            if (e->on_host[i])
               e->sampled[i] = sample(e->vocab, e->logits.data() + (size_t)i * e->vocab, q->s,
                                      q->rng, e->scratch[t]);
           }

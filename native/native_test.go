@@ -3,6 +3,7 @@ package native
 import (
 	"errors"
 	"math"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -311,8 +312,37 @@ func equalIDs(a, b []int32) bool {
 
 // TestSeededSampling: the same seed reproduces sampled tokens (alone or batched with others);
 // different seeds give different tokens; sampling differs from greedy.
+// devices are the engine devices a test runs on: the CPU, and CUDA where libmodelqual_cuda.so
+// loads (`make cuda` on a GPU runner); elsewhere the CUDA run skips with the load error.
+var devices = []string{"cpu", "cuda"}
+
+// openOn opens bundle name on device, skipping the test when the CUDA library is not built.
+func openOn(t *testing.T, name, device string, p Params) *Engine {
+	t.Helper()
+	p.Device = device
+	e, err := Open(testBundle(t, name), p)
+	if err != nil && device == "cuda" && strings.Contains(err.Error(), "cannot load") {
+		t.Skipf("no CUDA backend here: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Open %s on %s: %v", name, device, err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// TestSeededSampling: a seed fixes a request's tokens whatever shares its batch. The batch-mates
+// include a top-k request: on CUDA plain temperature is drawn on the device and top-k on the
+// host, and that choice must be made per sequence (an engine that moved the whole step to the
+// host sampler gave the seeded request other tokens).
 func TestSeededSampling(t *testing.T) {
-	e := openEngine(t, fixtures.Qwen3Tiny, Params{})
+	for _, dev := range devices {
+		t.Run(dev, func(t *testing.T) { testSeededSampling(t, dev) })
+	}
+}
+
+func testSeededSampling(t *testing.T, dev string) {
+	e := openOn(t, fixtures.Qwen3Tiny, dev, Params{})
 	prompt := testPrompts[0]
 	for _, s := range []Sampling{
 		{MaxNewTokens: 16, Temperature: 1, Seed: 42, IgnoreEOS: true},
@@ -327,6 +357,9 @@ func TestSeededSampling(t *testing.T) {
 		other.Seed = 43
 		idOther, _ := e.Add(prompt, other)
 		if _, err := e.Add(testPrompts[1], Sampling{MaxNewTokens: 5}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Add(testPrompts[2], Sampling{MaxNewTokens: 20, Temperature: 1, TopK: 5, Seed: 7}); err != nil {
 			t.Fatal(err)
 		}
 		res := runAll(t, e)
@@ -577,4 +610,154 @@ func TestOpenErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cannot load libmodelqual_cuda.so") || !strings.Contains(err.Error(), "make cuda") {
 		t.Fatalf("Open with device cuda and no library: err %v, want a load error saying to run make cuda", err)
 	}
+}
+
+// TestSamplingDistribution: the engine's draws follow softmax(logits / T) restricted by top-k
+// and top-p as transformers defines them (top-k keeps the k largest logits, top-p the smallest
+// set of most likely tokens whose mass reaches p), computed here in float64 from the engine's
+// own logits for one context. 1,600 single-token requests per case; a chi-square test whose
+// 99.9th-percentile bound the counts must stay under, and that the same counts must exceed
+// against the distribution at 1.5 T (the planted defect: a wrong temperature). On CUDA plain
+// temperature is drawn on the device (Gumbel-max) and top-k/top-p on the host.
+func TestSamplingDistribution(t *testing.T) {
+	for _, dev := range devices {
+		t.Run(dev, func(t *testing.T) { testSamplingDistribution(t, dev) })
+	}
+}
+
+func testSamplingDistribution(t *testing.T, dev string) {
+	e := openOn(t, fixtures.Qwen3Tiny, dev, Params{MaxBatch: 32})
+	prompt := testPrompts[0]
+	lg, err := e.Logits(prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	V := e.Info().VocabSize
+	row := lg[(len(prompt)-1)*V : len(prompt)*V]
+	// T0: the temperature at which the most likely token has probability 0.5 (bisection), so
+	// that a few dozen tokens carry the mass and the counts have power.
+	lo, hi := 1e-4, 10.0
+	for i := 0; i < 60; i++ {
+		mid := math.Sqrt(lo * hi)
+		if maxProb(wantDist(row, mid, 0, 0)) > 0.5 {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	T0 := math.Sqrt(lo * hi)
+	const draws = 1600
+	for i, c := range []struct {
+		temp float64
+		k    int
+		p    float64
+	}{{T0, 0, 0}, {T0, 4, 0}, {T0, 0, 0.95}, {2 * T0, 12, 0.7}} {
+		counts := make([]int, V)
+		s := Sampling{MaxNewTokens: 1, Temperature: float32(c.temp), TopK: c.k, TopP: float32(c.p), IgnoreEOS: true}
+		for n := 0; n < draws; {
+			for ; n < draws; n++ {
+				s.Seed = uint64(1000*i + n)
+				if _, err := e.Add(prompt, s); errors.Is(err, ErrBatchFull) {
+					break
+				} else if err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, r := range runAll(t, e) {
+				counts[r.tokens[0]]++
+			}
+		}
+		want := wantDist(row, float64(float32(c.temp)), c.k, c.p)
+		for id, n := range counts {
+			if n > 0 && want[id] == 0 {
+				t.Fatalf("case %+v: token %d drawn %d times, outside the top-k/top-p set", c, id, n)
+			}
+		}
+		stat, dof := chi2(counts, want, draws)
+		bound := float64(dof) + 3.1*math.Sqrt(2*float64(dof)) + 10
+		bad, badDof := chi2(counts, wantDist(row, 1.5*float64(float32(c.temp)), c.k, c.p), draws)
+		badBound := float64(badDof) + 3.1*math.Sqrt(2*float64(badDof)) + 10
+		t.Logf("case %+v: chi2 %.1f (dof %d, bound %.1f); against 1.5 T: %.1f (dof %d)", c, stat, dof, bound, bad, badDof)
+		if stat >= bound {
+			t.Errorf("case %+v: draws do not follow the distribution: chi2 %.1f >= %.1f (dof %d)", c, stat, bound, dof)
+		}
+		if bad < badBound {
+			t.Errorf("case %+v: the test cannot tell T from 1.5 T: chi2 %.1f < %.1f", c, bad, badBound)
+		}
+	}
+}
+
+// wantDist is transformers' sampling distribution over row at temperature T with top-k and
+// top-p (0 = off), in float64; ties at a cut keep the lower id.
+func wantDist(row []float32, T float64, k int, p float64) []float64 {
+	V := len(row)
+	ids := make([]int, V)
+	for i := range ids {
+		ids[i] = i
+	}
+	sort.SliceStable(ids, func(a, b int) bool { return row[ids[a]] > row[ids[b]] })
+	n := V
+	if k > 0 && k < V {
+		n = k
+	}
+	mx := float64(row[ids[0]]) / T
+	w := make([]float64, V)
+	sum := 0.0
+	for _, id := range ids[:n] {
+		w[id] = math.Exp(float64(row[id])/T - mx)
+		sum += w[id]
+	}
+	if p > 0 && p < 1 {
+		cum := 0.0
+		keep := 0
+		for keep < n {
+			cum += w[ids[keep]]
+			keep++
+			if cum >= p*sum {
+				break
+			}
+		}
+		for _, id := range ids[keep:n] {
+			w[id] = 0
+		}
+		sum = cum
+	}
+	for i := range w {
+		w[i] /= sum
+	}
+	return w
+}
+
+func maxProb(w []float64) float64 {
+	m := 0.0
+	for _, v := range w {
+		m = math.Max(m, v)
+	}
+	return m
+}
+
+// chi2 is Pearson's statistic of counts against probabilities want over n draws, with the
+// tokens expected fewer than 5 times pooled into one bin.
+func chi2(counts []int, want []float64, n int) (stat float64, dof int) {
+	var poolObs, poolExp float64
+	bins := 0
+	for id, p := range want {
+		e := p * float64(n)
+		if e >= 5 {
+			d := float64(counts[id]) - e
+			stat += d * d / e
+			bins++
+		} else {
+			poolObs += float64(counts[id])
+			poolExp += e
+		}
+	}
+	if poolExp > 0 {
+		d := poolObs - poolExp
+		stat += d * d / poolExp
+		bins++
+	} else if poolObs > 0 {
+		stat = math.Inf(1) // draws where none were expected
+	}
+	return stat, bins - 1
 }

@@ -88,12 +88,15 @@ class Backend {
   // skips sampling; logits may then be left unwritten by forward.
   virtual bool deterministic() const { return false; }
   // samples_on_device backends draw plain temperature samples themselves (forward_sampled), so
-  // the logits never cross to the host; top-k/top-p still go through forward's logits.
+  // those logits never cross to the host; top-k/top-p entries are sampled on the host from the
+  // logits the same call returns.
   virtual bool samples_on_device() const { return false; }
   // forward_sampled: like forward, but out[i] is entry i's next token: the argmax when
   // temperature[i] <= 0, else a draw from softmax(logits / temperature[i]) keyed by rng_key[i].
-  virtual void forward_sampled(const Batch &b, const float *temperature, const uint64_t *rng_key, int32_t *out) {
-    (void)b, (void)temperature, (void)rng_key, (void)out;
+  // With logits != NULL every entry's logits are written there too (as forward).
+  virtual void forward_sampled(const Batch &b, const float *temperature, const uint64_t *rng_key, int32_t *out,
+                               float *logits) {
+    (void)b, (void)temperature, (void)rng_key, (void)out, (void)logits;
     throw Error(MQ_ERR_BACKEND, "this backend does not sample on the device");
   }
 };

@@ -2322,7 +2322,8 @@ int mqb_forward(mqb_model *m, int32_t n, const int32_t *slots, const int32_t *n_
 
 int mqb_forward_sampled(mqb_model *m, int32_t n, const int32_t *slots, const int32_t *n_tokens,
                         const int32_t *tokens, const int32_t *start_pos, const float *temperature,
-                        const uint64_t *rng_key, int32_t *token_out, char *err, size_t errlen) {
+                        const uint64_t *rng_key, int32_t *token_out, float *logits_out, char *err,
+                        size_t errlen) {
   if (!m) {
     set_err(err, errlen, "cuda backend: model is NULL");
     return 1;
@@ -2333,7 +2334,7 @@ int mqb_forward_sampled(mqb_model *m, int32_t n, const int32_t *slots, const int
   }
   try {
     ck(cudaSetDevice(m->dev), "cudaSetDevice");
-    forward(*m, n, slots, n_tokens, tokens, start_pos, temperature, rng_key, nullptr, token_out);
+    forward(*m, n, slots, n_tokens, tokens, start_pos, temperature, rng_key, logits_out, token_out);
   } catch (const std::exception &e) {
     set_err(err, errlen, e.what());
     return 1;

@@ -45,7 +45,7 @@ class MqbParams(ctypes.Structure):
                 ("n_tensors", ctypes.c_int32)]
 
 
-ABI = 2  # MQB_ABI_VERSION of native/include/mq_backend.h
+ABI = 3  # MQB_ABI_VERSION of native/include/mq_backend.h
 
 
 def load_lib(path):
@@ -61,7 +61,7 @@ def load_lib(path):
                                 C_I32P, C_CHARP, ctypes.c_size_t]
     lib.mqb_forward.restype = ctypes.c_int
     lib.mqb_forward_sampled.argtypes = [ctypes.c_void_p, ctypes.c_int32, C_I32P, C_I32P, C_I32P, C_I32P, C_F32P,
-                                        ctypes.POINTER(ctypes.c_uint64), C_I32P, C_CHARP, ctypes.c_size_t]
+                                        ctypes.POINTER(ctypes.c_uint64), C_I32P, C_F32P, C_CHARP, ctypes.c_size_t]
     lib.mqb_forward_sampled.restype = ctypes.c_int
     lib.mqb_logits_all.argtypes = [ctypes.c_void_p, C_I32P, ctypes.c_int32, C_F32P, C_CHARP,
                                    ctypes.c_size_t]
@@ -144,7 +144,7 @@ class Backend:
         n = len(slots)
         out = (ctypes.c_int32 * n)()
         rc = self.lib.mqb_forward_sampled(self.m, n, i32arr(slots), i32arr(ntoks), i32arr(tokens), i32arr(start_pos),
-                                          (ctypes.c_float * n)(*temps), (ctypes.c_uint64 * n)(*keys), out,
+                                          (ctypes.c_float * n)(*temps), (ctypes.c_uint64 * n)(*keys), out, None,
                                           self.err, 4096)
         if rc != 0:
             raise RuntimeError("mqb_forward_sampled: " + self.err.value.decode())
@@ -595,14 +595,14 @@ def bench(args):
     prompt_len, warm, steps = 32, 16, int(os.environ.get("BENCH_STEPS", "400"))
     # default: decode attention fused where tokens x KV heads < SMs (position splits for long
     # contexts only), GEMV products at batch 1-4, cuBLAS above. unfused_attn is qkv_post +
-    # attention, fused_always the fused kernel at every batch; attn_split16 forces 16 splits;
+    # attention, fused_always the fused kernel at every batch; attn_splitN forces N splits;
     # tc_products the tensor-core products (a build with -DMQB_TC_PRODUCTS=ON; skipped otherwise);
     # megakernel the opt-in persistent kernel.
     # mk_skip variants (BENCH_VARIANTS=...,mk_barriers_only) time the megakernel without its
     # attention (1), its matrix products (2) or both (3) (timing only; wrong tokens).
     variants = [("default", {}), ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
-                ("attn_split16", {"attn_split": 16}), ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}),
-                ("megakernel", {"megakernel": 1})]
+                ("attn_split2", {"attn_split": 2}), ("attn_split4", {"attn_split": 4}), ("attn_split16", {"attn_split": 16}),
+                ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
     extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
              "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
     if os.environ.get("BENCH_VARIANTS"):
@@ -612,7 +612,7 @@ def bench(args):
     gen_ref = {}
     for B in (1, 32):
         for name, opts in variants:
-            if name == "attn_split16" and B == 32:
+            if name.startswith("attn_split") and B == 32:
                 continue  # batch 32 is not fused by default, so the split does not apply
             try:
                 for k, v in opts.items():

@@ -8,7 +8,9 @@
 #
 # The GPU machine has no Go: build the binaries on the CPU machine and carry them:
 #   mkdir -p bin/e2e && go build -trimpath -ldflags='-s -w' -o bin/e2e/ ./qual/cmd/qual ./server/cmd/qual-server
-#   tar -C bin/e2e -czf bin/e2e.tgz qual qual-server        # then run with carry ["bin/e2e.tgz"]
+#   (optional: go test -c -trimpath -ldflags='-s -w' -o bin/e2e/X.test for ./families/qwen,
+#    ./families/gpt2 and ./native, whose tests then run here too)
+#   tar -C bin/e2e -cJf bin/e2e.tgz qual qual-server [*.test]   # then run with carry ["bin/e2e.tgz"]
 #   bash native/cuda/run_e2e.sh
 # CPU rehearsal on any machine (no nvcc, no GPU; same steps with --device cpu and fp32):
 #   E2E_DEVICE=cpu OUT=/tmp/e2e bash native/cuda/run_e2e.sh
@@ -115,6 +117,18 @@ json.dump(res, open(out, "w"), indent=1)
 for r in res:
     print("generate", dev, json.dumps(r))
 EOF
+
+# --- native engine tests on the device: go test -c -o bin/e2e/native.test ./native ------------------
+# The sampling tests run their cuda subtests where MODELQUAL_CUDA_LIB loads (NATIVE_RUN picks
+# others). Every native*.test in the carried binaries runs, so a second one built with a planted
+# defect shows that a test fails.
+for nt in "$W"/bin/native*.test; do
+  [ -x "$nt" ] || continue
+  [ "$DEV" = cuda ] || break
+  ( cd native && MODELQUAL_CACHE="$W/cache" timeout 120 "$nt" -test.run "${NATIVE_RUN:-TestSeededSampling|TestSamplingDistribution}" -test.v ) > "$W/$(basename "$nt").log" 2>&1
+  say "$(basename "$nt"): rc $?"
+  grep -E "^(=== RUN|--- |\s+--- |PASS|FAIL|ok)|native_test.go" "$W/$(basename "$nt").log" | head -20 | tee -a "$LOG"
+done
 
 # --- the families' gpu specs: `ginkgo --label-filter=gpu` as compiled test binaries -------------
 # (go test -c -o bin/e2e/FAMILY.test ./families/FAMILY on the CPU machine; the suite uses the

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MQB_ABI_VERSION 2
+#define MQB_ABI_VERSION 3
 
 typedef struct mqb_model mqb_model; /* opaque */
 
@@ -61,12 +61,15 @@ int mqb_forward(mqb_model *m, int32_t n, const int32_t *slots, const int32_t *n_
 /* mqb_forward with the next token of every entry drawn on the device: temperature[i] <= 0 takes
  * the argmax (as mqb_forward), temperature[i] > 0 draws from softmax(logits / temperature[i])
  * over the whole vocabulary with the Gumbel-max trick, its randomness hashed from rng_key[i]
- * (the caller passes a fresh key per entry and step; equal keys give equal draws). No logits
- * cross to the host. Top-k and top-p are not applied here: callers that need them use
- * mqb_forward's logits. Added in ABI version 2. */
+ * (the caller passes a fresh key per entry and step; equal keys give equal draws). Top-k and
+ * top-p are not applied here: a caller with such entries passes temperature 0 for them and
+ * logits_out (else NULL: no logits cross to the host), and samples them from their logits, so
+ * the other entries are still drawn here whatever their batch-mates ask for.
+ * Added in ABI version 2; logits_out in version 3. */
 int mqb_forward_sampled(mqb_model *m, int32_t n, const int32_t *slots, const int32_t *n_tokens,
                         const int32_t *tokens, const int32_t *start_pos, const float *temperature,
-                        const uint64_t *rng_key, int32_t *token_out, char *err, size_t errlen);
+                        const uint64_t *rng_key, int32_t *token_out, float *logits_out, char *err,
+                        size_t errlen);
 
 /* Full-vocabulary logits at every position of ids (n*vocab floats), using a scratch slot;
  * for parity gates. */

@@ -533,7 +533,15 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     std::vector<uint64_t> keys{11, 12, 13, 13};
     std::vector<int32_t> out(4, -1);
     rc |= mqb_forward_sampled(m, 4, slots.data(), one.data(), x.data(), pos.data(), temps.data(), keys.data(),
-                              out.data(), err, sizeof err);
+                              out.data(), nullptr, err, sizeof err);
+    // The same step with logits_out (ABI 3: what the engine asks for when a batch-mate samples
+    // top-k/top-p on the host): the same draws, and the logits of mqb_forward.
+    std::vector<float> lo2((size_t)4 * V, -1.f);
+    std::vector<int32_t> out2(4, -1);
+    rc |= mqb_forward_sampled(m, 4, slots.data(), one.data(), x.data(), pos.data(), temps.data(), keys.data(),
+                              out2.data(), lo2.data(), err, sizeof err);
+    check(rc == 0 && out2 == out && lo2 == lo,
+          std::string(family) + " " + prec + " sampled with logits_out: same draws, logits equal mqb_forward's");
     bool range = true;
     for (int v : out) range = range && v >= 0 && v < V;
     check(rc == 0 && range && out[0] == a && out[1] == a && out[2] == out[3],
@@ -544,7 +552,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     for (uint64_t k = 100; k < 106; ++k) {
       std::vector<uint64_t> kk(4, k);
       rc |= mqb_forward_sampled(m, 4, slots.data(), one.data(), x.data(), pos.data(), temps.data(), kk.data(),
-                                out.data(), err, sizeof err);
+                                out.data(), nullptr, err, sizeof err);
       seen.insert(out[2]);
     }
     check(rc == 0 && seen.size() >= 3, std::string(family) + " " + prec + " sampled at T=50: " +
