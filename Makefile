@@ -8,7 +8,7 @@ ARTIFACTS ?= artifacts
 export MODELQUAL_CACHE ?= $(CURDIR)/.cache/modelqual
 export MODELQUAL_BIN ?= $(CURDIR)/bin
 
-.PHONY: all build test unit premerge container-specs cuda-host bench qualify image cuda fuzz-corpus vet fmt-check clean
+.PHONY: all build test unit premerge container-specs cuda-host bench qualify image cuda fuzz vet fmt-check clean
 
 all: build
 
@@ -54,6 +54,14 @@ bench: build
 
 qualify: build
 	./bin/qual qualify --out $(ARTIFACTS)/qualify
+
+# Fuzz every parser (each Fuzz* function) for FUZZTIME; a failing input is written to its
+# package's testdata/fuzz and stays there as a seed that `make unit` replays.
+FUZZTIME ?= 20s
+fuzz:
+	@set -e; grep -rH --include='*_test.go' -o '^func Fuzz[A-Za-z0-9_]*' . | sort | while IFS=: read -r f fn; do \
+	  fn=$${fn#func }; pkg=./$$(dirname $${f#./}); echo "== $$pkg $$fn"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; done
 
 cuda:
 	cmake -S native/cuda -B native/cuda/build -DCMAKE_BUILD_TYPE=Release && cmake --build native/cuda/build -j
