@@ -223,10 +223,13 @@ def config_json(cfg, model=None):
 def tiny_model(family, seed):
     import torch
     torch.manual_seed(seed)
-    if family == "qwen3":
+    if family.startswith("qwen3"):
         from transformers import Qwen3ForCausalLM
+        # qwen3g5: five query heads per KV head (as Qwen3-14B's 40/8), the attention kernels'
+        # GM = 8 instantiation with G < GM.
+        heads = 10 if family == "qwen3g5" else 4
         cfg = qwen3_config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                           num_attention_heads=heads, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
                            rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)
         model = Qwen3ForCausalLM(cfg)
     else:
@@ -283,6 +286,7 @@ def parity(args):
     lens = [5, 17, 33, 64, 9, 40]
     for family in os.environ.get("PARITY_FAMILIES", "qwen3,gpt2").split(","):
         model = tiny_model(family, 1234)
+        fam_be = "qwen3" if family.startswith("qwen3") else family  # the backend's family name
         if os.environ.get("SAMPLING_ONLY"):  # the device sampler alone (default decode path)
             sd = {k: v.clone() for k, v in model.state_dict().items()}
             V = model.config.vocab_size
@@ -290,7 +294,7 @@ def parity(args):
             prompt = torch.randint(0, V, (17,), generator=g).tolist()
             for prec in ["bf16"]:
                 results["configs"].append(dict(family=family, precision=prec, sampling=sampling_check(
-                    load_lib(args.lib), family, config_json(model.config, model), sd, prec, prompt, V)))
+                    load_lib(args.lib), fam_be, config_json(model.config, model), sd, prec, prompt, V)))
             continue
         cj = config_json(model.config, model)
         sd = {k: v.clone() for k, v in model.state_dict().items()}
@@ -313,7 +317,7 @@ def parity(args):
         for prec in precs:
             entry = dict(family=family, precision=prec)
             try:
-                be = Backend(lib, family, cj, sd, prec, max_batch=8, max_context=1024)
+                be = Backend(lib, fam_be, cj, sd, prec, max_batch=8, max_context=1024)
                 if os.environ.get("PARITY_ATTN_SPLIT"):
                     be.set("attn_split", int(os.environ["PARITY_ATTN_SPLIT"]))
                     entry["attn_split"] = int(os.environ["PARITY_ATTN_SPLIT"])
@@ -389,7 +393,7 @@ def parity(args):
                                             greedy_vs_hf_bf16=agree(gl, long16))
                 be.close()
                 if prec != "fp32":
-                    entry["sampling"] = sampling_check(lib, family, cj, sd, prec, prompts[1], V)
+                    entry["sampling"] = sampling_check(lib, fam_be, cj, sd, prec, prompts[1], V)
             except Exception as e:  # keep going: one failing config must not hide the others
                 import traceback
                 traceback.print_exc()
