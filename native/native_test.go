@@ -141,7 +141,7 @@ func maxAbsDiff(t testing.TB, got []float32, want [][]float64) float64 {
 // TestLogitsMatchReference: native logits at every position agree with the independent
 // float64 reference within 1e-4 (the native-vs-reference tolerance).
 func TestLogitsMatchReference(t *testing.T) {
-	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
+	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny, fixtures.Qwen3Odd} {
 		t.Run(name, func(t *testing.T) {
 			e := openEngine(t, name, Params{})
 			ids := testPrompts[3]
@@ -184,7 +184,7 @@ func TestFaultsBreakReferenceParity(t *testing.T) {
 // TestGreedyFollowsLogits: every greedy token is the argmax of the Logits entry point at the
 // position that produced it, so the parity entry point sees what generation used.
 func TestGreedyFollowsLogits(t *testing.T) {
-	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
+	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny, fixtures.Qwen3Odd} {
 		t.Run(name, func(t *testing.T) {
 			e := openEngine(t, name, Params{})
 			prompt := testPrompts[1]
@@ -211,7 +211,7 @@ func TestGreedyFollowsLogits(t *testing.T) {
 // TestGreedyArgmaxExact: the greedy path (bf16 screening + exact rescoring) picks exactly the
 // argmax of the full fp32 logits, for many contexts decoded 8 at a time.
 func TestGreedyArgmaxExact(t *testing.T) {
-	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
+	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny, fixtures.Qwen3Odd} {
 		t.Run(name, func(t *testing.T) {
 			e := openEngine(t, name, Params{MaxBatch: 8})
 			V := e.Info().VocabSize
@@ -251,7 +251,7 @@ func TestGreedyArgmaxExact(t *testing.T) {
 // TestBatchedEqualsUnbatched: sequences decoded together, and joining mid-flight, produce the
 // tokens they produce alone.
 func TestBatchedEqualsUnbatched(t *testing.T) {
-	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
+	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny, fixtures.Qwen3Odd} {
 		t.Run(name, func(t *testing.T) {
 			e := openEngine(t, name, Params{MaxBatch: 8})
 			s := Sampling{MaxNewTokens: 16, IgnoreEOS: true}
