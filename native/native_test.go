@@ -51,12 +51,7 @@ func testBundle(t testing.TB, name string) *bundle.Bundle {
 
 func openEngine(t testing.TB, name string, p Params) *Engine {
 	t.Helper()
-	e, err := Open(testBundle(t, name), p)
-	if err != nil {
-		t.Fatalf("Open %s: %v", name, err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return openOn(t, name, p.Device, p)
 }
 
 // result is what a sequence produced, collected from Step events.
@@ -317,7 +312,7 @@ func equalIDs(a, b []int32) bool {
 var devices = []string{"cpu", "cuda"}
 
 // openOn opens bundle name on device, skipping the test when the CUDA library is not built.
-func openOn(t *testing.T, name, device string, p Params) *Engine {
+func openOn(t testing.TB, name, device string, p Params) *Engine {
 	t.Helper()
 	p.Device = device
 	e, err := Open(testBundle(t, name), p)
@@ -634,12 +629,13 @@ func testSamplingDistribution(t *testing.T, dev string) {
 	}
 	V := e.Info().VocabSize
 	row := lg[(len(prompt)-1)*V : len(prompt)*V]
+	order := byLogit(row)
 	// T0: the temperature at which the most likely token has probability 0.5 (bisection), so
 	// that a few dozen tokens carry the mass and the counts have power.
 	lo, hi := 1e-4, 10.0
 	for i := 0; i < 60; i++ {
 		mid := math.Sqrt(lo * hi)
-		if maxProb(wantDist(row, mid, 0, 0)) > 0.5 {
+		if maxProb(wantDist(row, order, mid, 0, 0)) > 0.5 {
 			lo = mid
 		} else {
 			hi = mid
@@ -667,7 +663,7 @@ func testSamplingDistribution(t *testing.T, dev string) {
 				counts[r.tokens[0]]++
 			}
 		}
-		want := wantDist(row, float64(float32(c.temp)), c.k, c.p)
+		want := wantDist(row, order, float64(float32(c.temp)), c.k, c.p)
 		for id, n := range counts {
 			if n > 0 && want[id] == 0 {
 				t.Fatalf("case %+v: token %d drawn %d times, outside the top-k/top-p set", c, id, n)
@@ -675,7 +671,7 @@ func testSamplingDistribution(t *testing.T, dev string) {
 		}
 		stat, dof := chi2(counts, want, draws)
 		bound := float64(dof) + 3.1*math.Sqrt(2*float64(dof)) + 10
-		bad, badDof := chi2(counts, wantDist(row, 1.5*float64(float32(c.temp)), c.k, c.p), draws)
+		bad, badDof := chi2(counts, wantDist(row, order, 1.5*float64(float32(c.temp)), c.k, c.p), draws)
 		badBound := float64(badDof) + 3.1*math.Sqrt(2*float64(badDof)) + 10
 		t.Logf("case %+v: chi2 %.1f (dof %d, bound %.1f); against 1.5 T: %.1f (dof %d)", c, stat, dof, bound, bad, badDof)
 		if stat >= bound {
@@ -687,15 +683,20 @@ func testSamplingDistribution(t *testing.T, dev string) {
 	}
 }
 
-// wantDist is transformers' sampling distribution over row at temperature T with top-k and
-// top-p (0 = off), in float64; ties at a cut keep the lower id.
-func wantDist(row []float32, T float64, k int, p float64) []float64 {
-	V := len(row)
-	ids := make([]int, V)
+// byLogit is row's token ids from the largest logit down; ties keep the lower id first.
+func byLogit(row []float32) []int {
+	ids := make([]int, len(row))
 	for i := range ids {
 		ids[i] = i
 	}
 	sort.SliceStable(ids, func(a, b int) bool { return row[ids[a]] > row[ids[b]] })
+	return ids
+}
+
+// wantDist is transformers' sampling distribution over row (ids in byLogit order) at
+// temperature T with top-k and top-p (0 = off), in float64; ties at a cut keep the lower id.
+func wantDist(row []float32, ids []int, T float64, k int, p float64) []float64 {
+	V := len(row)
 	n := V
 	if k > 0 && k < V {
 		n = k

@@ -21,8 +21,9 @@
 //                    the residual add fused behind, and greedy argmax fused for the LM head
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
 //   attention        causal attention of each token over its slot's cache (prefill, mixed steps)
-//   decode_attn      decode steps: qkv_post and attention in one kernel, positions split over
-//                    blocks so few sequences fill the GPU; the last split merges (attn_item)
+//   decode_attn      decode steps whose (token, KV head) grid cannot fill the GPU: qkv_post and
+//                    attention in one kernel, positions split over blocks; the last split merges
+//                    (attn_item). Larger decode steps run qkv_post + attention.
 //   mk::linear       opt-in (MQB_TC_PRODUCTS build, MQB_TC_MIN_B), decode batches of 1..32, qwen3:
 //                    tensor-core products, RMSNorm staged in front, SwiGLU / residual / argmax behind
 //   argmax           packed (value, -index) atomicMax; ties go to the lowest index like torch.argmax;
@@ -1666,8 +1667,8 @@ int attn_splits(const mqb_model &m, int Tn, int nmax) {
 // run_tokens: the forward pass over the T tokens described by the device meta arrays, logits of
 // the R rows listed in rows[] into m.logits, and (want_keys) their argmax keys into m.keys.
 // decode says every token is the next one of a different sequence (rows = tokens): attention
-// then runs fused with the q/k/v post-processing (decode_attn_kernel), and batches of
-// tc_min_b..TC_MAX_B use the tensor-core products where tc_ok.
+// may then run fused with the q/k/v post-processing (decode_attn_kernel, by the fused_attn rule
+// below), and batches of tc_min_b..TC_MAX_B use the tensor-core products where tc_ok.
 template <typename T>
 void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   const Cfg &c = m.c;
