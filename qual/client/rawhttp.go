@@ -137,10 +137,6 @@ func (t *streamTransport) put(c *rawConn) {
 // aLongTimeAgo is a deadline in the past: setting it interrupts a blocked read or write.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// maxAttempts bounds how often one request is sent: once, and once more on a new connection
-// when a reused one turned out dead (see do).
-const maxAttempts = 2
-
 // do sends one streaming request and fills resp (Status, AckNs, the stream, EndNs,
 // ResponseBytes; ErrBody and Err for a non-2xx status). path starts with "/". It returns
 // a transport error (the caller classifies it), or resp.Err.
@@ -155,38 +151,41 @@ const maxAttempts = 2
 // close to race. Once a response byte has arrived the request is never resent: completions
 // are not idempotent, and the server has started answering this one.
 func (t *streamTransport) do(ctx context.Context, epoch time.Time, path string, req *Request, auth string, body []byte, resp *Response) error {
-	for attempt := 1; ; attempt++ {
-		var c *rawConn
-		reused := false
-		var err error
-		if attempt == 1 {
-			c, reused, err = t.get(ctx)
-		} else {
-			// The last attempt: a new connection cannot have been closed while idle.
-			c, err = t.dial(ctx)
-		}
-		if err != nil {
-			return err
-		}
-		c.buildRequest(t, path, req, auth, body)
-		// Cancellation and timeouts interrupt a blocked read or write through the deadline;
-		// a connection whose deadline may have been set is never reused.
-		stop := c.watch(ctx)
-		_, err = c.nc.Write(c.wbuf)
-		answered := false
-		if err == nil {
-			err = c.readResponse(epoch, resp)
-			answered = c.answered
-		}
-		if stop() && err == nil && c.reusable {
-			t.put(c)
-			return nil
-		}
-		c.nc.Close()
-		if err == nil || !reused || answered || ctx.Err() != nil || attempt == maxAttempts {
-			return err
-		}
+	c, reused, err := t.get(ctx)
+	if err != nil {
+		return err
 	}
+	answered, err := t.send(ctx, c, epoch, path, req, auth, body, resp)
+	if err == nil || !reused || answered || ctx.Err() != nil {
+		return err
+	}
+	// The second and last attempt: a new connection cannot have been closed while idle.
+	if c, err = t.dial(ctx); err != nil {
+		return err
+	}
+	_, err = t.send(ctx, c, epoch, path, req, auth, body, resp)
+	return err
+}
+
+// send writes the request on c, reads its response into resp, and then returns c to the
+// pool or closes it. answered reports whether any byte of a response arrived.
+func (t *streamTransport) send(ctx context.Context, c *rawConn, epoch time.Time, path string, req *Request, auth string, body []byte, resp *Response) (answered bool, err error) {
+	c.buildRequest(t, path, req, auth, body)
+	// Cancellation and timeouts interrupt a blocked read or write through the deadline; a
+	// connection whose deadline may have been set is never reused.
+	stop := c.watch(ctx)
+	_, err = c.nc.Write(c.wbuf)
+	if err == nil {
+		err = c.readResponse(epoch, resp)
+		// Read only after readResponse reset it: after a failed write it is the last response's.
+		answered = c.answered
+	}
+	if stop() && err == nil && c.reusable {
+		t.put(c)
+	} else {
+		c.nc.Close()
+	}
+	return answered, err
 }
 
 // watch makes the end of ctx interrupt the connection's reads and writes (through the
