@@ -277,21 +277,6 @@ func TestBadHeaderValuesRefusedBeforeSending(t *testing.T) {
 	}
 }
 
-// Both pools dial, keep alive and retire idle connections alike, so a request's connection
-// behaviour does not depend on which transport carried it.
-func TestTransportsShareConnectionSettings(t *testing.T) {
-	c := newClient(t, "http://127.0.0.1:1")
-	if c.st == nil {
-		t.Fatal("no raw transport for an http:// URL")
-	}
-	if c.tr.IdleConnTimeout != idleConnTimeout || c.st.idleTimeout != idleConnTimeout {
-		t.Errorf("idle timeouts: net/http %v, raw %v, want %v", c.tr.IdleConnTimeout, c.st.idleTimeout, idleConnTimeout)
-	}
-	if c.st.dialer.Timeout != dialTimeout || c.st.dialer.KeepAlive != tcpKeepAlive {
-		t.Errorf("raw dialer: timeout %v keep-alive %v, want %v %v", c.st.dialer.Timeout, c.st.dialer.KeepAlive, dialTimeout, tcpKeepAlive)
-	}
-}
-
 func TestBuildBodyChat(t *testing.T) {
 	c := newClient(t, "http://x")
 	b, err := c.BuildBody(&Request{Endpoint: Chat, Stream: true, Messages: []byte(`[{"role":"user","content":"q"}]`), MaxTokens: 3,

@@ -246,15 +246,7 @@ func TestRawStreamRetriesReusedConnectionDroppedBeforeResponse(t *testing.T) {
 func TestRawStreamNoRetryOnFreshConnection(t *testing.T) {
 	base, dials, ids := droppingServer(t, func(int) bool { return true }, "")
 	resp, err := doStreamReq(t, newClient(t, base), "a")
-	if err == nil || resp.Err == nil || resp.Err.Type != "TransportError" {
-		t.Fatalf("err %v resp.Err %+v, want a TransportError", err, resp.Err)
-	}
-	if n := dials.Load(); n != 1 {
-		t.Errorf("dials = %d, want 1", n)
-	}
-	if got := strings.Join(ids(), ","); got != "a" {
-		t.Errorf("server received %q, want a once", got)
-	}
+	checkNotResent(t, resp, err, dials, ids, "a")
 }
 
 // Once any byte of a response arrived, the server has started answering: a completion is not
@@ -273,16 +265,24 @@ func TestRawStreamNoRetryAfterResponseStarted(t *testing.T) {
 			resp, err := doStreamReq(t, c, "a")
 			checkThreeEvents(t, resp, err)
 			resp, err = doStreamReq(t, c, "b")
-			if err == nil || resp.Err == nil || resp.Err.Type != "TransportError" {
-				t.Fatalf("err %v resp.Err %+v, want a TransportError", err, resp.Err)
-			}
-			if n := dials.Load(); n != 1 {
-				t.Errorf("dials = %d, want 1 (no retry)", n)
-			}
-			if got := strings.Join(ids(), ","); got != "a,b" {
-				t.Errorf("server received %q, want a,b (b once)", got)
-			}
+			checkNotResent(t, resp, err, dials, ids, "a,b")
 		})
+	}
+}
+
+// checkNotResent asserts that the last request failed as a TransportError and was not resent:
+// the server received the request IDs want (comma-separated), all over the one connection
+// dialled.
+func checkNotResent(t *testing.T, resp *Response, err error, dials *atomic.Int32, ids func() []string, want string) {
+	t.Helper()
+	if err == nil || resp.Err == nil || resp.Err.Type != "TransportError" {
+		t.Fatalf("err %v resp.Err %+v, want a TransportError", err, resp.Err)
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("dials = %d, want 1 (no retry)", n)
+	}
+	if got := strings.Join(ids(), ","); got != want {
+		t.Errorf("server received %q, want %q (the last request once)", got, want)
 	}
 }
 
