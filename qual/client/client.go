@@ -2,9 +2,9 @@
 // chat endpoints, streaming or not. It is built for measurement: each SSE event is stamped
 // with the monotonic clock when its first byte arrives, events without content are dropped
 // before timing exactly as METRICS.md says, and the per-token CPU cost is kept low so the
-// client never becomes the bottleneck it is measuring: 1.3-2.1 µs per token at concurrency 32
-// on the 2-core development VM (qual/load's BenchmarkClientStreamingC32), mostly read system
-// calls. Streaming requests to http:// servers go through the client's own HTTP/1.1 reader
+// client never becomes the bottleneck it is measuring: 1.0-2.1 µs per token at concurrency 32
+// on the 2-core development VM, varying with its load (qual/load's BenchmarkClientStreamingC32),
+// mostly read system calls. Streaming requests to http:// servers go through the client's own HTTP/1.1 reader
 // (rawhttp.go: reads only what has arrived, no extra empty read per wake-up as net/http does);
 // a push-style SSE decoder and a targeted JSON field scanner replace encoding/json per event.
 package client
