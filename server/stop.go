@@ -1,15 +1,16 @@
 package server
 
-import (
-	"bytes"
-	"unicode/utf8"
-)
+import "bytes"
 
-// stopMatcher ends generation at the request's stop strings and keeps streamed deltas valid
-// UTF-8. Text that could be the start of a stop string is held back until it either completes
-// one (then generation ends before it, and the stop text is never returned) or cannot (then it
-// is released unchanged); an incomplete UTF-8 sequence at the end of the text is held until it
-// is complete. So no stop text reaches a client, whatever the split of the text into tokens.
+// stopMatcher ends generation at the request's stop strings. Text that could be the start of
+// a stop string is held back until it either completes one (then generation ends before it,
+// and the stop text is never returned) or cannot (then it is released unchanged). So no stop
+// text reaches a client, whatever the split of the text into tokens.
+//
+// Deltas stay valid UTF-8 without the matcher looking at characters: the stream decoder
+// (tokenizer.StreamDecoder.AddBytes) hands over whole characters only, and a stop string
+// (valid UTF-8, as JSON decoding leaves it) begins at a character boundary, so every cut the
+// matcher makes is at one.
 //
 // It works on bytes in buffers it reuses, so a request with stop strings costs no allocation
 // per token once the buffers have grown to the longest stop string plus a token's text: the
@@ -22,12 +23,11 @@ import (
 // after "a").
 type stopMatcher struct {
 	stops [][]byte
-	held  []byte // not yet released: a possible stop-string start or an incomplete character
+	held  []byte // not yet released: a possible stop-string start
 	join  []byte // scratch for held followed by the new text
 }
 
-// newStopMatcher matches a request's stop strings (none: text passes through, only an
-// incomplete UTF-8 sequence is held).
+// newStopMatcher matches a request's stop strings (none: text passes through).
 func newStopMatcher(stops []string) stopMatcher {
 	m := stopMatcher{stops: make([][]byte, len(stops))}
 	for i, s := range stops {
@@ -45,15 +45,11 @@ func (m *stopMatcher) feed(text []byte) (emit []byte, stopped bool) {
 		m.join = append(append(m.join[:0], m.held...), text...)
 		s = m.join
 	}
-	keep := 0
-	if len(m.stops) > 0 {
-		if cut := m.firstStop(s); cut >= 0 {
-			m.held = m.held[:0]
-			return s[:cut], true
-		}
-		keep = m.stopPrefixSuffix(s)
+	if cut := m.firstStop(s); cut >= 0 {
+		m.held = m.held[:0]
+		return s[:cut], true
 	}
-	keep = max(keep, incompleteUTF8Suffix(s))
+	keep := m.stopPrefixSuffix(s)
 	m.held = m.held[:0]
 	if keep > 0 {
 		m.held = append(m.held, s[len(s)-keep:]...)
@@ -92,24 +88,6 @@ func (m *stopMatcher) stopPrefixSuffix(s []byte) int {
 		}
 	}
 	return keep
-}
-
-// incompleteUTF8Suffix is the length of a UTF-8 sequence at the end of s that has begun but
-// is not complete (0 when s ends on a character boundary or with bytes no continuation can
-// make valid, which are released as they are).
-func incompleteUTF8Suffix(s []byte) int {
-	if len(s) == 0 || s[len(s)-1] < utf8.RuneSelf {
-		return 0 // ASCII ends every character
-	}
-	for i := len(s) - 1; i >= 0 && i >= len(s)-utf8.UTFMax; i-- {
-		if utf8.RuneStart(s[i]) {
-			if utf8.FullRune(s[i:]) {
-				return 0
-			}
-			return len(s) - i
-		}
-	}
-	return 0
 }
 
 // flush releases held text at the end of generation (no stop string completed). The result
