@@ -162,10 +162,10 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Start listens (so /health answers "loading" at once), verifies the bundle (the start's only
-// pass over the file), then loads the bundle's tokenizer in this process while the workers
-// open their engines in parallel. It returns when the server is ready, or with the first load
-// error.
+// Start listens (so /health answers "loading" at once), then verifies the bundle (the start's
+// only pass over the file) while this process loads the bundle's tokenizer; the workers open
+// their engines once the bundle is verified. It returns when the server is ready, or with the
+// first load error.
 func (s *Server) Start() error {
 	s.startedAt = time.Now()
 	addr := net.JoinHostPort(s.cfg.Host, strconv.Itoa(s.cfg.Port))

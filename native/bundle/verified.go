@@ -108,38 +108,26 @@ func (v *Verified) UnmarshalText(text []byte) error {
 		return fail("has %d fields, want %d (%s)", len(fields), len(keys), strings.Join(keys, ","))
 	}
 	var out Verified
+	dsts := []any{&out.SHA256, &out.id.dev, &out.id.ino, &out.id.size, &out.id.mtimeNs, &out.id.ctimeNs}
 	for i, f := range fields {
 		val, ok := strings.CutPrefix(f, keys[i]+"=")
 		if !ok {
 			return fail("field %d is %q, want %s=...", i+1, f, keys[i])
 		}
-		if i == 0 {
+		var err error
+		switch dst := dsts[i].(type) {
+		case *string:
 			if !hex64.MatchString(val) {
 				return fail("sha256 %q is not 64 lowercase hex digits", val)
 			}
-			out.SHA256 = val
-			continue
-		}
-		n, err := strconv.ParseInt(val, 10, 64)
-		if i <= 2 {
-			var u uint64
-			u, err = strconv.ParseUint(val, 10, 64)
-			n = int64(u)
+			*dst = val
+		case *uint64:
+			*dst, err = strconv.ParseUint(val, 10, 64)
+		case *int64:
+			*dst, err = strconv.ParseInt(val, 10, 64)
 		}
 		if err != nil {
 			return fail("%s %q is not an integer", keys[i], val)
-		}
-		switch keys[i] {
-		case "dev":
-			out.id.dev = uint64(n)
-		case "ino":
-			out.id.ino = uint64(n)
-		case "size":
-			out.id.size = n
-		case "mtime":
-			out.id.mtimeNs = n
-		case "ctime":
-			out.id.ctimeNs = n
 		}
 	}
 	*v = out
