@@ -30,7 +30,9 @@ import (
 // closeCheckInterval.) The reader decodes the status line, headers and chunked (or
 // Content-Length, or close-delimited) framing in its own buffer and feeds the body straight
 // into the event decoder, stamping every read as it returns. FuzzRawResponse holds it to
-// net/http's reading of the same bytes.
+// net/http's reading of the same bytes. On Linux the same parser is driven instead by one
+// epoll reader per transport (epoller, rawio_linux.go), which also spares each event's
+// goroutine wake-up; the paragraph above is the path of other platforms.
 //
 // It is used only where it is exact: plain http:// URLs without user info, query or
 // fragment. Everything else (https, non-streaming requests) goes through net/http.
@@ -45,6 +47,11 @@ type streamTransport struct {
 
 	mu   sync.Mutex
 	idle []*rawConn // most recently used last
+
+	// ep reads the responses of all this transport's connections on one thread (Linux;
+	// rawio_linux.go); nil where unavailable, and then each request reads its own through
+	// Go's poller (syscall.RawConn.Read, below).
+	ep *epoller
 }
 
 // newStreamTransport returns a transport for base, or nil when base is not a plain http://
@@ -65,6 +72,7 @@ func newStreamTransport(base string, maxIdle int) *streamTransport {
 		dialer:      net.Dialer{Timeout: dialTimeout, KeepAlive: tcpKeepAlive},
 		maxIdle:     maxIdle,
 		idleTimeout: idleConnTimeout,
+		ep:          newEpoller(),
 	}
 }
 
@@ -75,7 +83,7 @@ func (t *streamTransport) closeIdle() {
 	t.idle = nil
 	t.mu.Unlock()
 	for _, c := range idle {
-		c.nc.Close()
+		c.closeConn()
 	}
 }
 
@@ -95,7 +103,7 @@ func (t *streamTransport) get(ctx context.Context) (c *rawConn, reused bool, err
 		if time.Since(c.idleSince) < t.idleTimeout && c.alive() {
 			return c, true, nil
 		}
-		c.nc.Close()
+		c.closeConn()
 	}
 	c, err = t.dial(ctx)
 	return c, false, err
@@ -111,6 +119,9 @@ func (t *streamTransport) dial(ctx context.Context) (*rawConn, error) {
 	if !ok {
 		nc.Close()
 		return nil, fmt.Errorf("dial %s: not a TCP connection (%T)", t.addr, nc)
+	}
+	if t.ep != nil {
+		return adoptRawConn(tc)
 	}
 	c, err := newRawConn(tc)
 	if err != nil {
@@ -130,7 +141,7 @@ func (t *streamTransport) put(c *rawConn) {
 	}
 	t.mu.Unlock()
 	if c != nil {
-		c.nc.Close()
+		c.closeConn()
 	}
 }
 
@@ -171,6 +182,15 @@ func (t *streamTransport) do(ctx context.Context, epoch time.Time, path string, 
 // pool or closes it. answered reports whether any byte of a response arrived.
 func (t *streamTransport) send(ctx context.Context, c *rawConn, epoch time.Time, path string, req *Request, auth string, body []byte, resp *Response) (answered bool, err error) {
 	c.buildRequest(t, path, req, auth, body)
+	if t.ep != nil {
+		answered, err = t.ep.exchange(ctx, c, epoch, resp)
+		if err == nil && c.reusable {
+			t.put(c)
+		} else {
+			c.closeConn()
+		}
+		return answered, err
+	}
 	// Cancellation and timeouts interrupt a blocked read or write through the deadline; a
 	// connection whose deadline may have been set is never reused.
 	stop := c.watch(ctx)
@@ -200,7 +220,11 @@ func (c *rawConn) watch(ctx context.Context) (stop func() bool) {
 func alwaysTrue() bool { return true }
 
 // rawConn is one pooled HTTP/1.1 connection and the state of the response being read on it.
+// Its socket is either nc, read through Go's poller, or fd, owned outright and read by the
+// transport's epoller (then nc is nil).
 type rawConn struct {
+	epollConn
+	fd        int // the socket when nc is nil (-1 otherwise)
 	nc        *net.TCPConn
 	rc        syscall.RawConn
 	idleSince time.Time
@@ -261,6 +285,7 @@ func newRawConn(tc *net.TCPConn) (*rawConn, error) {
 		return nil, err
 	}
 	c := &rawConn{nc: tc, rc: rc, buf: make([]byte, readBufSize)}
+	c.fd = -1
 	c.readFn, c.probeFn = c.onReadable, c.probe
 	c.interrupt = func() {
 		c.interrupted.Store(true) // before the deadline, so readResponse never undoes it
@@ -273,9 +298,21 @@ func newRawConn(tc *net.TCPConn) (*rawConn, error) {
 // must find nothing (EAGAIN). An end of stream, an error or unexpected bytes mean it is not.
 // (net/http learns the same from the read loop it keeps on every idle connection.)
 func (c *rawConn) alive() bool {
+	if c.nc == nil {
+		return c.aliveFD()
+	}
 	c.silent = false
 	err := c.rc.Read(c.probeFn)
 	return err == nil && c.silent
+}
+
+// closeConn closes the connection's socket.
+func (c *rawConn) closeConn() {
+	if c.nc == nil {
+		c.closeFD()
+		return
+	}
+	c.nc.Close()
 }
 
 func (c *rawConn) probe(fd uintptr) bool {
