@@ -1238,7 +1238,7 @@ struct mqb_model {
   // per-layer pointer table on the device, the grid barrier and the SwiGLU activation buffer.
   bool use_mk = false;
   int mk_grid = 0;
-  size_t mk_smem = 0;  // dynamic shared memory per block: mk::smem_bytes, then weight staging
+  size_t mk_smem = 0;
   void *mk_layers = nullptr, *act = nullptr;
   unsigned int *mk_bar = nullptr;
   int mk_dbg = 0;  // mqb_debug_set "mk_skip": phases the megakernel skips (timing breakdown only)
@@ -1458,15 +1458,6 @@ void mk_launch_t(mqb_model &m, int b, bool want_logits) {
   a.part_acc = m.part_acc;
   a.part_ml = m.part_ml;
   a.att_cnt = m.att_cnt;
-  // Attention splits fill the grid whatever the context (the per-kernel rule's 256-position floor,
-  // attn_splits, measured slower here: 438 against 477 tok/s at batch 1, NOTES.md run 16).
-  a.att_S = m.attn_split > 0 ? m.attn_split : std::max(1, std::min(ATT_SPLIT_MAX, m.mk_grid / std::max(1, b * c.nkv)));
-  {  // the staging buffers take what this batch's octets leave of the block's shared memory
-    const size_t need = mk::smem_bytes((b + 7) / 8, m.c.H, m.c.nh / m.c.nkv, m.c.D);
-    const size_t ofs = (need + 127) / 128 * 128;
-    a.wofs = (int)ofs;
-    a.wcap = ofs < m.mk_smem && !(m.mk_dbg & 4) ? (int)((m.mk_smem - ofs) / 2 / 128 * 128) : 0;
-  }
   a.dbg = m.mk_dbg;
   ck(cudaMemsetAsync(m.mk_bar, 0, sizeof(unsigned int), m.stream), "grid barrier reset");
   cudaLaunchConfig_t cfg = {};
@@ -1601,15 +1592,10 @@ void mk_setup(mqb_model &m) {
   if (why.empty()) {
     ck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, m.dev), "cudaDeviceGetAttribute");
     ck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, m.dev), "cudaDeviceGetAttribute");
-    // The kernel's own shared memory, then two weight staging buffers in what is left (the
-    // static part, 2 KB at most, stays free).
-    // The kernel's own shared memory (for 4 octets), then two weight staging buffers in what is
-    // left (mk_launch_t sizes them per batch; the static part, 2 KB at most, stays free).
-    const size_t need = mk::smem_bytes(4, c.H, G, c.D);
-    m.mk_smem = (size_t)std::max(0, optin - 2048) / 128 * 128;
+    m.mk_smem = mk::smem_bytes(4, c.H, G, c.D);
     if (!coop) why = "the device has no cooperative launch";
-    else if ((int)need > optin - 2048)
-      why = fmt("needs %zu bytes of shared memory per block, the device has %d", need, optin);
+    else if ((int)m.mk_smem > optin)
+      why = fmt("needs %zu bytes of shared memory per block, the device has %d", m.mk_smem, optin);
   }
   if (why.empty()) {
     int occ = 0;

@@ -58,9 +58,7 @@ struct Args {
   unsigned int *bar;               // grid barrier counter, zeroed before the launch
   float *part_acc, *part_ml;       // attention partials [B*nkv*ATT_SPLIT_MAX][G*D] and [..][G][2]
   unsigned int *att_cnt;           // [B*nkv] splits done; zero between launches
-  int att_S;                       // attention position splits per (sequence, KV head): attn_splits
-  int wofs, wcap;                  // weight staging buffers A and B: offset in dynamic shared memory, bytes each
-  int dbg;                         // benchmark only: bit 0 skips attention, bit 1 the layers' matrix products, bit 2 stages no weights (host side)
+  int dbg;                         // benchmark only: bit 0 skips attention, bit 1 the layers' matrix products
 };
 
 template <typename T>
@@ -100,16 +98,16 @@ __device__ __forceinline__ unsigned int ld_acquire(const unsigned int *p) {
 }
 
 // grid_barrier: every block of the (co-resident) grid arrives, then waits for all; writes before
-// it are visible to every block after it. target counts arrivals since the launch. The arrival
-// is a release reduction (no returned value to wait for, no separate fence), the wait an acquire
-// load: the pattern of CUTLASS's GenericBarrier; __syncthreads orders the block's other threads.
+// it are visible to every block after it. target counts arrivals since the launch.
 __device__ __forceinline__ void grid_barrier(unsigned int *bar, unsigned int &target) {
   __syncthreads();
   target += gridDim.x;
   if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(bar), "r"(1u) : "memory");
+    __threadfence();
+    atomicAdd(bar, 1u);
     while (ld_acquire(bar) < target) {
     }
+    __threadfence();
   }
   __syncthreads();
 }
@@ -143,130 +141,22 @@ struct Split {
   }
 };
 
-// Weight staging (Hopper): a block copies the weight tiles of a coming phase into shared memory
-// with bulk asynchronous copies (cp.async.bulk, completion counted on an mbarrier) before it
-// waits at the barriers in between, so the product itself reads shared memory and the weight
-// stream keeps going through barriers and attention. Toolkits before 12 (no PTX 8.0) stage
-// nothing: every tile is then read from global memory as before.
-#ifndef MK_TMA
-#if defined(__CUDACC_VER_MAJOR__) && __CUDACC_VER_MAJOR__ >= 12
-#define MK_TMA 1
-#else
-#define MK_TMA 0
-#endif
-#endif
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned int count) {
-#if MK_TMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-// mbar_wait returns when the phase of the given parity of mbarrier b has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned int parity) {
-#if MK_TMA
-  asm volatile(
-      "{\n\t.reg .pred P1;\n"
-      "LAB_WAIT:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
-      "@P1 bra DONE;\n\t"
-      "bra LAB_WAIT;\n"
-      "DONE:\n\t}" ::"r"(smem_u32(b)),
-      "r"(parity)
-      : "memory");
-#endif
-}
-
-// Stage: where a phase's tiles live. A block owns its tiles in a fixed order q = round * TPB +
-// (tile within round); the first ns of them are in shared memory at buf + q * tile_bytes, row r
-// at + r * pitch (pitch = 2K + 64 bytes: the 16-byte fragment loads of rows g and g+1 fall in
-// different banks), the rows of the paired matrix (gate/up) after the first 16.
-struct Stage {
-  const unsigned char *buf;
-  int ns;
-};
-
-__device__ __forceinline__ int stage_pitch(int K, int esize) { return K * esize + 64; }
-
-// block_tiles: how many tiles of a product this block owns (every round's share).
-__device__ __forceinline__ int block_tiles(const Split &sp) {
-  int n = 0;
-  for (int base = blockIdx.x * sp.TPB; base < sp.NT; base += gridDim.x * sp.TPB) n += min(sp.TPB, sp.NT - base);
-  return n;
-}
-__device__ __forceinline__ int tile_of(const Split &sp, int q) {
-  return blockIdx.x * sp.TPB + (q / sp.TPB) * gridDim.x * sp.TPB + q % sp.TPB;
-}
-
-
-// stage_issue starts the bulk copies of as many of this block's tiles of an N x K product (W2 !=
-// NULL: paired with the same rows of W2) as fit in cap bytes at buf, completing on mbarrier mb,
-// and returns how many tiles it staged (0: nothing issued, nothing to wait for). Called by the
-// whole block after a __syncthreads that ends every read of buf's previous contents; warp 0
-// issues. The consumer computes the same count with stage_count.
-__device__ __forceinline__ int stage_count(const Split &sp, int K, int esize, bool pair, int cap) {
-#if MK_TMA
-  const int tb = 16 * stage_pitch(K, esize) * (pair ? 2 : 1);
-  return min(block_tiles(sp), cap / tb);
-#else
-  (void)sp, (void)K, (void)esize, (void)pair, (void)cap;
-  return 0;
-#endif
-}
-
+// prefetch_phase asks L2 for the first-round weight rows this block will read in a product of
+// N x K (W2 != NULL: the same rows of the paired second matrix too), at most PREFETCH_MAX bytes.
 template <typename T>
-__device__ int stage_issue(const T *W, const T *W2, int N, int K, unsigned char *buf, int cap, uint64_t *mb) {
+__device__ void prefetch_phase(const T *W, const T *W2, int N, int K) {
   const Split sp(N, K);
-  const int ns = stage_count(sp, K, (int)sizeof(T), W2 != nullptr, cap);
-#if MK_TMA
-  if (ns > 0 && threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    const int rows = W2 ? 32 : 16, pitch = stage_pitch(K, (int)sizeof(T));
-    const unsigned int rowb = (unsigned int)(K * sizeof(T));
-    if (lane == 0)
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(mb)),
-                   "r"((unsigned int)(ns * rows) * rowb)
-                   : "memory");
-    __syncwarp();
-    // The previous contents were read through the generic proxy; the copies write through the
-    // async proxy.
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    for (int i = lane; i < ns * rows; i += 32) {
-      const int q = i / rows, r = i - q * rows;
-      const int tile = tile_of(sp, q);
-      const T *src = (r < 16 ? W : W2) + (size_t)(tile * 16 + (r & 15)) * K;
-      unsigned char *dst = buf + (size_t)q * rows * pitch + (size_t)r * pitch;
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-              smem_u32(dst)),
-          "l"(src), "r"(rowb), "r"(smem_u32(mb))
-          : "memory");
-    }
-  }
-#else
-  (void)W, (void)buf, (void)mb;
-#endif
-  return ns;
-}
-
-// prefetch_phase asks L2 for the weight rows of this block's tiles q0, q0+1, ... of an N x K
-// product (W2 != NULL: the same rows of the paired matrix too), at most PREFETCH_MAX bytes: the
-// tiles that are not staged in shared memory.
-template <typename T>
-__device__ void prefetch_phase(const T *W, const T *W2, int N, int K, int q0 = 0) {
-  const Split sp(N, K);
-  const int nq = block_tiles(sp);
-  const int tileb = 16 * K * (int)sizeof(T);
-  const int lines = tileb / 128;
-  const int maxq = min(nq, q0 + max(1, PREFETCH_MAX / tileb));
-  for (int i = threadIdx.x; i < (maxq - q0) * lines; i += THREADS) {
-    const int q = q0 + i / lines, off = (i % lines) * 128;
-    const size_t at = (size_t)tile_of(sp, q) * 16 * K;
-    prefetch_l2(reinterpret_cast<const char *>(W + at) + off);
-    if (W2) prefetch_l2(reinterpret_cast<const char *>(W2 + at) + off);
+  const size_t rowb = (size_t)K * sizeof(T);
+  const int tile0 = blockIdx.x * sp.TPB;
+  if (tile0 >= sp.NT) return;
+  const int nt = min(sp.TPB, sp.NT - tile0);
+  size_t bytes = (size_t)nt * 16 * rowb;
+  if (bytes > PREFETCH_MAX) bytes = PREFETCH_MAX;
+  const char *base = reinterpret_cast<const char *>(W + (size_t)tile0 * 16 * K);
+  const char *base2 = W2 ? reinterpret_cast<const char *>(W2 + (size_t)tile0 * 16 * K) : nullptr;
+  for (size_t off = (size_t)threadIdx.x * 128; off < bytes; off += (size_t)THREADS * 128) {
+    prefetch_l2(base + off);
+    if (base2) prefetch_l2(base2 + off);
   }
 }
 
@@ -326,18 +216,8 @@ struct XGlobal {
 // W2 with a second accumulator), acc = W_tile X^T over all K, then epi(row, b, acc, acc2) for
 // every row of the tile and b < B. red: WARPS*32*NB*8 floats of shared memory (S > 1 only).
 // PAIR says W2 is used (a template argument so the unpaired products keep half the registers).
-// wload reads 16 bytes of weights: GEN (products that may be staged) through a generic load,
-// which serves shared and global addresses alike with one code path (two paths spilled
-// registers); otherwise through the read-only path.
-template <bool GEN, typename T>
-__device__ __forceinline__ uint4 wload(const T *p) {
-  if (GEN) return *reinterpret_cast<const uint4 *>(p);
-  return __ldg(reinterpret_cast<const uint4 *>(p));
-}
-
-template <typename T, int NB, int U, bool PAIR, typename X, typename Epi, bool GEN = true>
-__device__ void gemm(const T *W, const T *W2, int N, int K, const X &x, int B, float *red, Epi &epi, bool skip,
-                     Stage st = Stage{nullptr, 0}) {
+template <typename T, int NB, int U, bool PAIR, typename X, typename Epi>
+__device__ void gemm(const T *W, const T *W2, int N, int K, const X &x, int B, float *red, Epi &epi, bool skip) {
   const Split sp(N, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -347,30 +227,15 @@ __device__ void gemm(const T *W, const T *W2, int N, int K, const X &x, int B, f
   }
   const int s = warp % sp.S;
   constexpr bool pair = PAIR;
-  const int pe = stage_pitch(K, (int)sizeof(T)) / (int)sizeof(T);  // staged row pitch, elements
-  for (int base = blockIdx.x * sp.TPB, round = 0; base < sp.NT; base += gridDim.x * sp.TPB, ++round) {
+  for (int base = blockIdx.x * sp.TPB; base < sp.NT; base += gridDim.x * sp.TPB) {
     const int tile = base + warp / sp.S;
-    const int q = round * sp.TPB + warp / sp.S;  // this warp's tile in the block's staging order
     float acc[NB][4], acc2[NB][4];
 #pragma unroll
     for (int o = 0; o < NB; ++o)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[o][e] = acc2[o][e] = 0.f;
     if (tile < sp.NT) {
-      // Rows g and g+8 of the tile (and of the paired matrix): in shared memory when staged.
-      const bool sm = q < st.ns;
-      const T *wra, *wrb, *wra2, *wrb2;
-      if (sm) {
-        wra = reinterpret_cast<const T *>(st.buf) + (size_t)q * (pair ? 32 : 16) * pe + (size_t)g * pe;
-        wrb = wra + (size_t)8 * pe;
-        wra2 = wra + (size_t)16 * pe;
-        wrb2 = wrb + (size_t)16 * pe;
-      } else {
-        wra = W + (size_t)(tile * 16 + g) * K;
-        wrb = wra + (size_t)8 * K;
-        wra2 = pair ? W2 + (size_t)(tile * 16 + g) * K : nullptr;
-        wrb2 = pair ? wra2 + (size_t)8 * K : nullptr;
-      }
+      const size_t ra = (size_t)(tile * 16 + g) * K, rb = ra + (size_t)8 * K;
       const int g0 = s * sp.groups;
       for (int j = 0; j < sp.groups; j += U) {
         uint4 wa[U], wb[U], wa2[U], wb2[U];
@@ -378,11 +243,11 @@ __device__ void gemm(const T *W, const T *W2, int N, int K, const X &x, int B, f
         for (int u = 0; u < U; ++u) {
           if (j + u < sp.groups) {
             const int k = (g0 + j + u) * 32 + t * 8;
-            wa[u] = wload<GEN>(wra + k);
-            wb[u] = wload<GEN>(wrb + k);
+            wa[u] = __ldg(reinterpret_cast<const uint4 *>(W + ra + k));
+            wb[u] = __ldg(reinterpret_cast<const uint4 *>(W + rb + k));
             if (pair) {
-              wa2[u] = wload<GEN>(wra2 + k);
-              wb2[u] = wload<GEN>(wrb2 + k);
+              wa2[u] = __ldg(reinterpret_cast<const uint4 *>(W2 + ra + k));
+              wb2[u] = __ldg(reinterpret_cast<const uint4 *>(W2 + rb + k));
             }
           }
         }
@@ -509,8 +374,7 @@ struct EpiHead {
   }
 };
 
-// smem_bytes: dynamic shared memory the kernel needs for these shapes before the two weight
-// staging buffers (which take whatever the device has left: Args.wofs, Args.wcap).
+// smem_bytes: dynamic shared memory the kernel needs for these shapes.
 __host__ __device__ inline size_t smem_bytes(int NB, int H, int G, int D) {
   const size_t stage = (size_t)NB * 8 * (H + XPAD) * 2 + MAXB * sizeof(float);
   const size_t red = (size_t)WARPS * 32 * NB * 8 * sizeof(float);
@@ -518,58 +382,16 @@ __host__ __device__ inline size_t smem_bytes(int NB, int H, int G, int D) {
   return (stage + red > att ? stage + red : att) + 64;
 }
 
-// prefetch_kv asks L2 for the cached K and V rows (earlier positions) of this block's attention
-// items of the coming phase: they do not depend on this step, so they can come in while the
-// block waits at the barrier before attention.
-template <typename T>
-__device__ void prefetch_kv(const Args &a, const LayerW &ly, int S) {
-  const int nkv = a.nkv, D = a.D;
-  const int rowl = max(1, D * (int)sizeof(T) / 128);  // 128-byte lines per K (or V) row
-  const size_t rs = (size_t)nkv * D;
-  for (int it = blockIdx.x; it < a.B * nkv * S; it += gridDim.x) {
-    const int z = it % S, bk = it / S, b = bk / nkv, kh = bk % nkv;
-    const int p = a.pos[b], n = p + 1, span = (n + S - 1) / S;
-    const int lo = min(n, z * span), hi = min(p, lo + span);  // position p is written this step
-    const size_t base = ((size_t)a.slot[b] * a.maxctx * nkv + kh) * D;
-    const T *kc = static_cast<const T *>(ly.kc) + base, *vc = static_cast<const T *>(ly.vc) + base;
-    for (int i = threadIdx.x; i < (hi - lo) * rowl; i += THREADS) {
-      const int pp = lo + i / rowl, off = (i % rowl) * 128;
-      prefetch_l2(reinterpret_cast<const char *>(kc + pp * rs) + off);
-      prefetch_l2(reinterpret_cast<const char *>(vc + pp * rs) + off);
-    }
-  }
-}
-
 template <typename T, int NB>
 __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
-  extern __shared__ __align__(128) unsigned char mk_smem[];
-  __shared__ __align__(8) uint64_t mbar[2];  // staging buffers A (qkv, up) and B (o, down)
+  extern __shared__ __align__(16) unsigned char mk_smem[];
   const int tid = threadIdx.x;
   const int H = a.H, D = a.D, nh = a.nh, nkv = a.nkv, G = nh / nkv, B = a.B;
   const int QKV = (nh + 2 * nkv) * D, AO = nh * D;
   T *xs = reinterpret_cast<T *>(mk_smem);
   float *rstd = reinterpret_cast<float *>(mk_smem + (size_t)NB * 8 * (H + XPAD) * 2);
   float *red = rstd + MAXB;
-  unsigned char *bufA = mk_smem + a.wofs, *bufB = bufA + a.wcap;
-  unsigned int target = 0, parA = 0, parB = 0;
-  const bool skip_mm = (a.dbg & 2) != 0;
-  if (tid == 0) {
-    mbar_init(&mbar[0], 1);
-    mbar_init(&mbar[1], 1);
-  }
-  __syncthreads();
-  // wait_stage: the block's staged tiles of a phase have landed (ns = 0: none were issued).
-  auto wait_stage = [&](int ns, int which) {
-    if (ns <= 0) return;
-    unsigned int &par = which ? parB : parA;
-    mbar_wait(&mbar[which], par);
-    par ^= 1u;
-  };
-
-  // The first layer's qkv and o weights start coming in before anything else.
-  const T *wqkv0 = static_cast<const T *>(a.layers[0].wqkv);
-  int nsA = stage_issue<T>(wqkv0, nullptr, QKV, H, bufA, a.wcap, &mbar[0]);
-  int nsB = stage_issue<T>(static_cast<const T *>(a.layers[0].wo), nullptr, H, AO, bufB, a.wcap, &mbar[1]);
+  unsigned int target = 0;
 
   // P0: embedding into the residual; the keys of this step start at 0.
   if (blockIdx.x == 0 && tid < B) a.keys[tid] = 0ull;
@@ -582,34 +404,30 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
     __stcg(o, make_float4(f[0], f[1], f[2], f[3]));
     __stcg(o + 1, make_float4(f[4], f[5], f[6], f[7]));
   }
-  prefetch_phase<T>(wqkv0, nullptr, QKV, H, nsA);
+  prefetch_phase<T>(static_cast<const T *>(a.layers[0].wqkv), nullptr, QKV, H);
   grid_barrier(a.bar, target);
 
   for (int l = 0; l < a.L; ++l) {
     const LayerW &ly = a.layers[l];
     const T *wqkv = static_cast<const T *>(ly.wqkv), *wo = static_cast<const T *>(ly.wo);
     const T *wup = static_cast<const T *>(ly.wup), *wdown = static_cast<const T *>(ly.wdown);
-    const T *wup2 = wup + (size_t)a.I * H;
-    // P1 qkv; then buffer A (free again) takes this layer's gate/up weights.
+    // P1 qkv
     {
       stage_norm<T, NB>(a.res, ly.ln1, B, H, a.eps, xs, rstd);
-      wait_stage(nsA, 0);
       EpiStore epi{a.qkv, QKV};
-      gemm<T, NB, 4, false>(wqkv, static_cast<const T *>(nullptr), QKV, H, XShared<T>{xs, H + XPAD}, B, red, epi,
-                            skip_mm, Stage{bufA, nsA});
-      __syncthreads();
-      nsA = stage_issue<T>(wup, wup2, a.I, H, bufA, a.wcap, &mbar[0]);
-      if (!(a.dbg & 1)) prefetch_kv<T>(a, ly, a.att_S);
-      prefetch_phase<T>(wo, nullptr, H, AO, nsB);
+      gemm<T, NB, 4, false>(wqkv, static_cast<const T *>(nullptr), QKV, H, XShared<T>{xs, H + XPAD}, B, red, epi, (a.dbg & 2) != 0);
+      prefetch_phase<T>(wo, nullptr, H, AO);
       grid_barrier(a.bar, target);
     }
-    // P2 attention per (sequence, KV head, position split); the split that finishes last for a
-    // (sequence, KV head) merges the partials (counter in a.att_cnt, reset by that block).
+    // P2 attention per (sequence, KV head, position split): with few sequences the positions
+    // are split so every SM works; the split that finishes last for a (sequence, KV head)
+    // merges the partials (counter in a.att_cnt, reset by that block) and writes attn.
     if (!(a.dbg & 1)) {
       const DecAttn<T> da{a.qkv, a.pos, a.slot, nh, nkv, D, a.maxctx, ly.qn, ly.kn, a.inv_freq, a.eps, ly.qscale,
                           static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), static_cast<T *>(a.attn),
                           a.part_acc, a.part_ml, a.att_cnt};
-      const int items = B * nkv, Sa = a.att_S;
+      const int items = B * nkv;
+      const int Sa = max(1, min(ATT_SPLIT_MAX, (int)gridDim.x / items));
       float *asm_ = reinterpret_cast<float *>(mk_smem);
       for (int it = blockIdx.x; it < items * Sa; it += gridDim.x) {
         const int z = it % Sa, bk = it / Sa;
@@ -621,47 +439,30 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
         }
       }
     }
-    prefetch_phase<T>(wup, wup2, a.I, H, nsA);
+    prefetch_phase<T>(wup, wup + (size_t)a.I * H, a.I, H);
     grid_barrier(a.bar, target);
-    // P3 o_proj into the residual; then buffer B takes the down weights.
+    // P3 o_proj into the residual
     {
-      wait_stage(nsB, 1);
       EpiResidual epi{a.res, H};
       gemm<T, NB, (NB > 2 ? 2 : 4), false>(wo, static_cast<const T *>(nullptr), H, AO,
-                                           XGlobal<T>{static_cast<const T *>(a.attn), AO, B}, B, red, epi, skip_mm,
-                                           Stage{bufB, nsB});
-      __syncthreads();
-      nsB = stage_issue<T>(wdown, nullptr, H, a.I, bufB, a.wcap, &mbar[1]);
+                                    XGlobal<T>{static_cast<const T *>(a.attn), AO, B}, B, red, epi, (a.dbg & 2) != 0);
       grid_barrier(a.bar, target);
     }
-    // P4 gate/up with SwiGLU; then buffer A takes the next layer's qkv weights.
+    // P4 gate/up with SwiGLU
     {
       stage_norm<T, NB>(a.res, ly.ln2, B, H, a.eps, xs, rstd);
-      wait_stage(nsA, 0);
       EpiSwiGLU<T> epi{static_cast<T *>(a.act), a.I};
-      gemm<T, NB, 2, true>(wup, wup2, a.I, H, XShared<T>{xs, H + XPAD}, B, red, epi, skip_mm, Stage{bufA, nsA});
-      __syncthreads();
-      nsA = l + 1 < a.L ? stage_issue<T>(static_cast<const T *>(a.layers[l + 1].wqkv), nullptr, QKV, H, bufA,
-                                         a.wcap, &mbar[0])
-                        : 0;
-      prefetch_phase<T>(wdown, nullptr, H, a.I, nsB);
+      gemm<T, NB, 2, true>(wup, wup + (size_t)a.I * H, a.I, H, XShared<T>{xs, H + XPAD}, B, red, epi, (a.dbg & 2) != 0);
+      prefetch_phase<T>(wdown, nullptr, H, a.I);
       grid_barrier(a.bar, target);
     }
-    // P5 down into the residual; then buffer B takes the next layer's o weights.
+    // P5 down into the residual
     {
-      wait_stage(nsB, 1);
       EpiResidual epi{a.res, H};
       gemm<T, NB, (NB > 2 ? 2 : 4), false>(wdown, static_cast<const T *>(nullptr), H, a.I,
-                                           XGlobal<T>{static_cast<const T *>(a.act), a.I, B}, B, red, epi, skip_mm,
-                                           Stage{bufB, nsB});
-      __syncthreads();
-      if (l + 1 < a.L) {
-        nsB = stage_issue<T>(static_cast<const T *>(a.layers[l + 1].wo), nullptr, H, AO, bufB, a.wcap, &mbar[1]);
-        prefetch_phase<T>(static_cast<const T *>(a.layers[l + 1].wqkv), nullptr, QKV, H, nsA);
-      } else {
-        nsB = 0;
-        prefetch_phase<T>(static_cast<const T *>(a.lm), nullptr, a.V, H);
-      }
+                                    XGlobal<T>{static_cast<const T *>(a.act), a.I, B}, B, red, epi, (a.dbg & 2) != 0);
+      if (l + 1 < a.L) prefetch_phase<T>(static_cast<const T *>(a.layers[l + 1].wqkv), nullptr, QKV, H);
+      else prefetch_phase<T>(static_cast<const T *>(a.lm), nullptr, a.V, H);
       grid_barrier(a.bar, target);
     }
   }
@@ -669,8 +470,8 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Args a) {
   stage_norm<T, NB>(a.res, a.normf, B, H, a.eps, xs, rstd);
   EpiHead<NB> epi{a.logits, a.V, B, a.inv_temp, a.rkey, a.keys};
   epi.init();
-  gemm<T, NB, 8, false, XShared<T>, EpiHead<NB>, false>(static_cast<const T *>(a.lm), static_cast<const T *>(nullptr),
-                                                        a.V, H, XShared<T>{xs, H + XPAD}, B, red, epi, false);
+  gemm<T, NB, 8, false>(static_cast<const T *>(a.lm), static_cast<const T *>(nullptr), a.V, H, XShared<T>{xs, H + XPAD}, B,
+                 red, epi, false);
 }
 
 #ifdef MQB_TC_PRODUCTS
