@@ -7,8 +7,9 @@
 // temperature requests (argmax, or Gumbel-max sampling fused into the same reduction:
 // mqb_forward_sampled). megakernel.cuh holds two opt-in decode paths, tensor-core products as
 // standalone kernels (built with -DMQB_TC_PRODUCTS=ON, used with MQB_TC_MIN_B) and a persistent
-// decode kernel (MQB_MEGAKERNEL=1); neither is
-// faster than the default on the H200 yet (NOTES.md).
+// decode kernel (built with -DMQB_MEGAKERNEL=ON, used with MQB_MEGAKERNEL=1); neither is faster
+// than the default on the H200 yet (NOTES.md), so neither is in the default build: the
+// megakernel's eight instantiations were 60 of the 75 s of ptxas in a `make cuda`.
 //
 // Numerics: weights and GEMM inputs in the chosen precision T, every product accumulated in fp32
 // (cuBLAS CUBLAS_COMPUTE_32F, and fmaf in our kernels); the residual stream, norms, RoPE, softmax
@@ -41,7 +42,7 @@
 // MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
 // products in a build with them (default 0: off),
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
-// kernel of megakernel.cuh (default off: not yet faster, see NOTES.md).
+// kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
 //   qwen3.rope_theta_x10  multiply rope_theta by 10
 //   qwen3.drop_q_norm     skip q_norm
@@ -1237,6 +1238,7 @@ struct mqb_model {
   // Decode megakernel (megakernel.cuh): usable for this model and device, launch shape, the
   // per-layer pointer table on the device, the grid barrier and the SwiGLU activation buffer.
   bool use_mk = false;
+  bool mk_built = false;  // the megakernel is in this build and set up for this model
   int mk_grid = 0;
   size_t mk_smem = 0;
   void *mk_layers = nullptr, *act = nullptr;
@@ -1426,6 +1428,10 @@ int env_int(const char *k, int dflt);
 // mk_launch runs one decode step of b entries (meta already uploaded) as the megakernel.
 template <typename T>
 void mk_launch_t(mqb_model &m, int b, bool want_logits) {
+#ifndef MQB_MEGAKERNEL
+  (void)m, (void)b, (void)want_logits;
+  throw Fail("the decode megakernel is not in this build (cmake -DMQB_MEGAKERNEL=ON)");
+#else
   const Cfg &c = m.c;
   mk::Args a;
   a.L = c.L;
@@ -1479,6 +1485,7 @@ void mk_launch_t(mqb_model &m, int b, bool want_logits) {
   }
   ck(e, "decode megakernel launch");
   mark(m, "megakernel");
+#endif
 }
 
 template <typename K>
@@ -1558,25 +1565,42 @@ void tc_attrs(size_t) {}
 
 template <typename T>
 void mk_attrs(size_t smem) {
+#ifdef MQB_MEGAKERNEL
   smem_attr(mk::decode_kernel<T, 1>, smem);
   smem_attr(mk::decode_kernel<T, 2>, smem);
   smem_attr(mk::decode_kernel<T, 3>, smem);
   smem_attr(mk::decode_kernel<T, 4>, smem);
+#endif
   tc_attrs<T>(smem);
 }
 
 template <typename T>
 int mk_occupancy(size_t smem) {
   int n = 0;
+#ifdef MQB_MEGAKERNEL
   ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mk::decode_kernel<T, 4>, mk::THREADS, smem), "mk occupancy");
+#elif defined(MQB_TC_PRODUCTS)  // the tensor-core products only: they share the launch shape
+  ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mk::linear_kernel<T, 4, mk::LIN_UP>, mk::THREADS, smem),
+     "mk occupancy");
+#else
+  (void)smem;
+#endif
   return n;
 }
 
 // mk_setup prepares the megakernel for decode steps of at most mk::MAXB entries where it applies:
 // qwen3 with bf16/fp16 weights, shapes the tiles divide, a device with cooperative launch and
-// room for one block per SM. It runs only with MQB_MEGAKERNEL=1 (or mqb_debug_set
-// "megakernel"): on the H200 it is not yet faster than the per-kernel path (NOTES.md, runs 2-4).
+// room for one block per SM. It is built only with -DMQB_MEGAKERNEL=ON (the tensor-core
+// products, -DMQB_TC_PRODUCTS=ON, share its setup) and runs only with MQB_MEGAKERNEL=1 (or
+// mqb_debug_set "megakernel"): on the H200 it is not yet faster than the per-kernel path
+// (NOTES.md, runs 2-4 and 15-17).
 void mk_setup(mqb_model &m) {
+#if !defined(MQB_MEGAKERNEL) && !defined(MQB_TC_PRODUCTS)
+  if (env_int("MQB_MEGAKERNEL", 0) != 0)
+    fprintf(stderr, "cuda backend: MQB_MEGAKERNEL ignored: the decode megakernel is not in this build (cmake "
+                    "-DMQB_MEGAKERNEL=ON); decode runs kernel by kernel\n");
+  (void)m;
+#else
   const Cfg &c = m.c;
   const int G = c.nh / c.nkv, QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
   std::string why;
@@ -1622,10 +1646,16 @@ void mk_setup(mqb_model &m) {
   m.mk_bar = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int)));
   m.act = m.dmalloc(dt_size(m.dt) * (size_t)mk::MAXB * c.I);
   m.mk_grid = m.sms;
+#ifdef MQB_MEGAKERNEL
+  m.mk_built = true;
   m.use_mk = want;  // prepared either way, so mqb_debug_set("megakernel", 1) can compare
+#else
+  if (want) fprintf(stderr, "cuda backend: MQB_MEGAKERNEL ignored: not in this build (cmake -DMQB_MEGAKERNEL=ON)\n");
+#endif
 #ifdef MQB_TC_PRODUCTS
   m.tc_ok = true;  // the per-kernel path's tensor-core products share the launch shape
 #endif
+#endif  // MQB_MEGAKERNEL || MQB_TC_PRODUCTS
 }
 #endif
 
@@ -2387,7 +2417,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "mk_skip") m->mk_dbg = value;
   else if (k == "megakernel") {
     if (value == 0) m->use_mk = false;
-    else if (m->mk_grid > 0) m->use_mk = true;
+    else if (m->mk_built) m->use_mk = true;  // built (MQB_MEGAKERNEL) and applicable to this model
     else return 1;
   }
 #endif

@@ -1,7 +1,8 @@
 // megakernel.cuh: the whole qwen3 decode step (up to mk::MAXB sequences, bf16 or fp16 weights) in
 // one persistent launch. Included by backend.cu; device code only, the host side is mk_* there.
-// Opt-in (MQB_MEGAKERNEL=1): correct on the H200, but not yet faster than the per-kernel path;
-// NOTES.md ("Runs 2-4") has the timing split and what would make it pay.
+// Opt-in (built with cmake -DMQB_MEGAKERNEL=ON, run with MQB_MEGAKERNEL=1): correct on the H200,
+// but not yet faster than the per-kernel path; NOTES.md ("Runs 2-4", "Runs 15-17") has the timing
+// split, what was tried and what would make it pay.
 //
 // Why: a decode step of a small model is ~170 dependent kernels of a few microseconds each; at
 // batch 1 the H200 streams the 1.2 GB of a Qwen3-0.6B-shaped model in ~0.3 ms, while launch, ramp

@@ -9,7 +9,8 @@ what=${1:-all}
 cd "$(dirname "$0")/../.."
 { date -u; nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv; nvcc --version | tail -2; cmake --version | head -1; } 2>&1 | tee "$OUT/env.txt"
 t0=$(date +%s)
-if ! { cmake -S native/cuda -B native/cuda/build -DCMAKE_BUILD_TYPE=Release && cmake --build native/cuda/build -j 16; } > "$OUT/build.log" 2>&1; then
+# MQB_CMAKE_FLAGS: extra configure flags, e.g. "-DMQB_MEGAKERNEL=ON -DMQB_TC_PRODUCTS=ON" for the opt-in paths.
+if ! { cmake -S native/cuda -B native/cuda/build -DCMAKE_BUILD_TYPE=Release ${MQB_CMAKE_FLAGS} && cmake --build native/cuda/build -j 16; } > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" -A3 "$OUT/build.log" | head -60
   echo "CMAKE BUILD FAILED; trying nvcc directly"
   mkdir -p native/cuda/build
