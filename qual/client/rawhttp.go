@@ -492,6 +492,8 @@ func (c *rawConn) endOfStream() {
 	switch {
 	case c.state == stUntilClose:
 		c.finish()
+	case c.state == stStatus && c.wr == c.rd && c.hdrBytes == 0 && c.n1xx > 0:
+		c.err = fmt.Errorf("server closed the connection after %d informational (1xx) response(s), before the final response", c.n1xx)
 	case c.state == stStatus && c.wr == c.rd && c.hdrBytes == 0:
 		c.err = errors.New("server closed the connection before responding")
 	default:

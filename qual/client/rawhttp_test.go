@@ -249,6 +249,21 @@ func TestRawStreamNoRetryOnFreshConnection(t *testing.T) {
 	checkNotResent(t, resp, err, dials, ids, "a")
 }
 
+// The error says what arrived: nothing at all, or only informational responses (a 100
+// Continue and then the close is not "closed before responding").
+func TestRawStreamCloseErrorNamesWhatArrived(t *testing.T) {
+	for partial, want := range map[string]string{
+		"":                              "before responding",
+		"HTTP/1.1 100 Continue\r\n\r\n": "after 1 informational (1xx) response(s), before the final response",
+	} {
+		base, _, _ := droppingServer(t, func(int) bool { return true }, partial)
+		resp, err := doStreamReq(t, newClient(t, base), "a")
+		if err == nil || resp.Err == nil || !strings.Contains(resp.Err.Message, want) {
+			t.Errorf("after %q: err %v, resp.Err %+v; want a message containing %q", partial, err, resp.Err, want)
+		}
+	}
+}
+
 // Once any byte of a response arrived, the server has started answering: a completion is not
 // idempotent, so a failure after that is returned, never resent, even on a reused connection.
 func TestRawStreamNoRetryAfterResponseStarted(t *testing.T) {
