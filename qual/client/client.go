@@ -107,6 +107,10 @@ func New(o Options) (*Client, error) {
 	cl.st = newStreamTransport(cl.base, c+16)
 	if o.APIKey != "" {
 		cl.auth = "Bearer " + o.APIKey
+		if !httpguts.ValidHeaderFieldValue(cl.auth) {
+			// The key itself is a secret: not quoted.
+			return nil, errors.New("client.New: Options.APIKey cannot be sent in the Authorization header: it holds control characters (a newline left from a key file?); strip them")
+		}
 	}
 	return cl, nil
 }
@@ -304,13 +308,10 @@ func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Re
 // checkHeaders returns why req's header values cannot be sent, or "". It runs before either
 // transport because the raw one writes values verbatim (a CR or LF would inject headers),
 // and net/http refuses them only as a TransportError, which reads as the server's fault.
+// The API key, the other header value a caller chooses, is checked once, in New.
 func (c *Client) checkHeaders(req *Request) string {
 	if !httpguts.ValidHeaderFieldValue(req.ID) {
 		return fmt.Sprintf("request ID %q cannot be sent as X-Request-Id: it holds control characters; use printable characters only", req.ID)
-	}
-	if !httpguts.ValidHeaderFieldValue(c.auth) {
-		// The key itself is a secret: not quoted.
-		return "Options.APIKey cannot be sent in the Authorization header: it holds control characters (a newline left from a key file?); strip them before client.New"
 	}
 	return ""
 }

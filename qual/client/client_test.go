@@ -224,8 +224,8 @@ func TestTransportError(t *testing.T) {
 }
 
 // A request ID or API key that cannot be a header value is the caller's mistake, not the
-// server's: on both transports it fails as a ClientError naming the field, before any
-// connection is made.
+// server's: the key is refused by New, a request ID on both transports as a ClientError naming
+// the field, before any connection is made.
 func TestBadHeaderValuesRefusedBeforeSending(t *testing.T) {
 	var conns, reqs atomic.Int32
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reqs.Add(1) }))
@@ -237,10 +237,13 @@ func TestBadHeaderValuesRefusedBeforeSending(t *testing.T) {
 	srv.Start()
 	t.Cleanup(srv.Close)
 	const badKey = "sk-secret\r\nX-Injected: 1"
-	cases := []struct{ name, id, key, field string }{
-		{"request ID", "r\r\nX-Injected: 1", "", "X-Request-Id"},
-		{"request ID NUL", "r\x00", "", "X-Request-Id"},
-		{"API key", "r", badKey, "APIKey"},
+	cases := []struct{ name, id, field string }{
+		{"request ID", "r\r\nX-Injected: 1", "X-Request-Id"},
+		{"request ID NUL", "r\x00", "X-Request-Id"},
+	}
+	if c, err := New(Options{BaseURL: srv.URL, Model: "m", APIKey: badKey}); err == nil || c != nil ||
+		!strings.Contains(err.Error(), "APIKey") || strings.Contains(err.Error(), "sk-secret") {
+		t.Errorf("New with a key holding CR LF: client %v, err %v; want no client and an error naming APIKey, not the key", c, err)
 	}
 	for _, tc := range cases {
 		for _, stream := range []bool{true, false} {
@@ -249,7 +252,7 @@ func TestBadHeaderValuesRefusedBeforeSending(t *testing.T) {
 				path = "raw"
 			}
 			t.Run(tc.name+"/"+path, func(t *testing.T) {
-				c, err := New(Options{BaseURL: srv.URL, Model: "m", APIKey: tc.key})
+				c, err := New(Options{BaseURL: srv.URL, Model: "m", APIKey: "sk-secret"})
 				if err != nil {
 					t.Fatal(err)
 				}
