@@ -640,8 +640,93 @@ __device__ __forceinline__ T prep_elem(const PrepArgs<T> &a, int r, int K, int k
   return TT<T>::fromf(gelu_new(x[k]));  // PREP_GELU
 }
 
+// PREP_REGS: values per thread that prep_row holds in registers, so rows of up to
+// PREP_REGS * blockDim.x values (3,072 with 256 threads) take one round trip to memory (16 made
+// the fused GEMV at 2-4 rows spill under its 64-register bound).
+constexpr int PREP_REGS = 12;
+
+// prep_row writes input row b (PrepArgs) into dst, K values, with the whole block. Every value a
+// thread handles is loaded before any is stored: a loop that loads, converts and stores one
+// value at a time waits a full memory round trip per iteration (the store to dst may alias the
+// next load, so the compiler keeps them in order), which Nsight Compute showed as 17 us for the
+// 3,072-wide SwiGLU row of a batch-1 down projection (run 19). The arithmetic and the order of
+// every sum are those of the one-at-a-time loop (prep_row_long), so the results are the same bits.
+template <typename T>
+__device__ void prep_row_long(const PrepArgs<T> &a, int b, int K, T *dst, float *red);
+
 template <typename T>
 __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if (K > PREP_REGS * nt) {
+    prep_row_long<T>(a, b, K, dst, red);
+    return;
+  }
+  const int r = a.rows ? a.rows[b] : b;
+  if (a.mode == PREP_PLAIN) {
+    const T *x = a.srcT + (size_t)r * a.ld;
+    T v[PREP_REGS];
+#pragma unroll
+    for (int j = 0; j < PREP_REGS; ++j)
+      if (tid + j * nt < K) v[j] = x[tid + j * nt];
+#pragma unroll
+    for (int j = 0; j < PREP_REGS; ++j)
+      if (tid + j * nt < K) dst[tid + j * nt] = v[j];
+    return;
+  }
+  const float *x = a.src + (size_t)r * a.ld;
+  float v[PREP_REGS], w[PREP_REGS];
+#pragma unroll
+  for (int j = 0; j < PREP_REGS; ++j) {
+    const int k = tid + j * nt;
+    v[j] = k < K ? x[k] : 0.f;
+    // SwiGLU's up half, or the norm weight (it does not depend on the row: loaded alongside)
+    if (k < K) w[j] = a.mode == PREP_SWIGLU ? x[K + k] : (a.mode == PREP_RMS || a.mode == PREP_LN) ? a.w[k] : 0.f;
+  }
+  if (a.mode == PREP_SWIGLU || a.mode == PREP_GELU) {
+#pragma unroll
+    for (int j = 0; j < PREP_REGS; ++j) {
+      const int k = tid + j * nt;
+      if (k < K)
+        dst[k] = a.mode == PREP_SWIGLU ? TT<T>::fromf(v[j] / (1.f + expf(-v[j])) * w[j]) : TT<T>::fromf(gelu_new(v[j]));
+    }
+    return;
+  }
+  if (a.mode == PREP_RMS) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < PREP_REGS; ++j)
+      if (tid + j * nt < K) ss += v[j] * v[j];
+    ss = block_sum(ss, red);
+    const float rstd = rsqrtf(ss / (float)K + a.eps);
+#pragma unroll
+    for (int j = 0; j < PREP_REGS; ++j)
+      if (tid + j * nt < K) dst[tid + j * nt] = TT<T>::fromf(v[j] * rstd * w[j]);
+    return;
+  }
+  // PREP_LN
+  float sm = 0.f;
+#pragma unroll
+  for (int j = 0; j < PREP_REGS; ++j)
+    if (tid + j * nt < K) sm += v[j];
+  const float mean = block_sum(sm, red) / (float)K;
+  float var = 0.f;
+#pragma unroll
+  for (int j = 0; j < PREP_REGS; ++j)
+    if (tid + j * nt < K) {
+      const float d = v[j] - mean;
+      var += d * d;
+    }
+  const float rstd = rsqrtf(block_sum(var, red) / (float)K + a.eps);
+#pragma unroll
+  for (int j = 0; j < PREP_REGS; ++j) {
+    const int k = tid + j * nt;
+    if (k < K) dst[k] = TT<T>::fromf((v[j] - mean) * rstd * w[j] + a.bb[k]);
+  }
+}
+
+// prep_row_long: prep_row for rows longer than PREP_REGS values per thread, one value at a time.
+template <typename T>
+__device__ void prep_row_long(const PrepArgs<T> &a, int b, int K, T *dst, float *red) {
   const int r = a.rows ? a.rows[b] : b;
   const int tid = threadIdx.x, nt = blockDim.x;
   if (a.mode != PREP_RMS && a.mode != PREP_LN) {
@@ -801,35 +886,51 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
 // apply_rotary_pos_emb (cos/sin from inv_freq * position in fp32).
 __device__ void head_vec(const float *src, const float *nw, float eps, const float *inv_freq, int p, float scale,
                          int D, float *dst, bool rope) {
+  // A lane's values, the norm weights and the RoPE frequencies are loaded together before any
+  // is used (one memory round trip, not one per value: see prep_row).
+  constexpr int HV = 8;  // D <= 256
   const int lane = threadIdx.x & 31, half = D / 2;
-  float ss = 0.f;
-  for (int i = lane; i < D; i += 32) {
-    const float v = __ldcg(src + i);
-    dst[i] = v;
-    ss += v * v;
-  }
-  ss = warp_sum(ss);
-  __syncwarp();
-  if (nw) {
-    const float r = rsqrtf(ss / (float)D + eps);
-    for (int i = lane; i < D; i += 32) dst[i] = dst[i] * r * nw[i];
-  }
-  __syncwarp();
-  float o[8];  // D <= 256
-  int n = 0;
-  for (int i = lane; i < D; i += 32, ++n) {
-    float v = dst[i];
-    if (rope) {
-      float sn, cs;
-      sincosf((float)p * inv_freq[i < half ? i : i - half], &sn, &cs);
-      const float rot = i < half ? -dst[i + half] : dst[i - half];
-      v = v * cs + rot * sn;
+  float xv[HV], wv[HV], fq[HV];
+#pragma unroll
+  for (int n = 0; n < HV; ++n) {
+    const int i = lane + 32 * n;
+    xv[n] = wv[n] = fq[n] = 0.f;
+    if (i < D) {
+      xv[n] = __ldcg(src + i);
+      if (nw) wv[n] = nw[i];
+      if (rope) fq[n] = inv_freq[i < half ? i : i - half];
     }
-    o[n] = v * scale;
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int n = 0; n < HV; ++n)
+    if (lane + 32 * n < D) ss += xv[n] * xv[n];
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / (float)D + eps);
+#pragma unroll
+  for (int n = 0; n < HV; ++n)
+    if (lane + 32 * n < D) dst[lane + 32 * n] = nw ? xv[n] * r * wv[n] : xv[n];
+  __syncwarp();
+  float o[HV];
+#pragma unroll
+  for (int n = 0; n < HV; ++n) {
+    const int i = lane + 32 * n;
+    o[n] = 0.f;
+    if (i < D) {
+      float v = dst[i];
+      if (rope) {
+        float sn, cs;
+        sincosf((float)p * fq[n], &sn, &cs);
+        const float rot = i < half ? -dst[i + half] : dst[i - half];
+        v = v * cs + rot * sn;
+      }
+      o[n] = v * scale;
+    }
   }
   __syncwarp();
-  n = 0;
-  for (int i = lane; i < D; i += 32, ++n) dst[i] = o[n];
+#pragma unroll
+  for (int n = 0; n < HV; ++n)
+    if (lane + 32 * n < D) dst[lane + 32 * n] = o[n];
   __syncwarp();
 }
 
@@ -1205,6 +1306,7 @@ struct mqb_model {
   int max_batch = 0, max_ctx = 0, slots = 0, scratch = 0;
   int Tcap = 0, Rcap = 0;
   int gemv_max_b = 4;
+  int gemv_bps = 4;  // GEMV grid: blocks per SM (mqb_debug_set "gemv_bps", benchmarking only)
   int attn_split = 0;  // decode attention position splits (MQB_ATTN_SPLIT; 0 = enough to fill the SMs)
   int fused_attn = 1;  // decode_attn_kernel: 1 for small decode grids, 2 always, 0 never (MQB_FUSED_ATTN)
   // Tensor-core products (megakernel.cuh's linear_kernel) for decode steps of tc_min_b..mk::MAXB
@@ -1370,7 +1472,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a, int B, int K, 
   const std::string r = role;
   const T *W = static_cast<const T *>(Wv);
   if (B <= m.gemv_max_b) {
-    const int blocks = std::max(1, std::min((N + 7) / 8, m.sms * 4));
+    const int blocks = std::max(1, std::min((N + 7) / 8, m.sms * m.gemv_bps));
     const size_t smem = (size_t)B * K * sizeof(T);
     const int acc = accumulate ? 1 : 0;
     m.label = r + ":gemv";
@@ -2434,6 +2536,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
     m->pacc.clear();
     m->psteps = 0;
   }
+  else if (k == "gemv_bps") m->gemv_bps = std::max(1, std::min(16, (int)value));
   else if (k == "gemv_max_b") {
     const size_t es = dt_size(m->dt);
     const int Kmax = std::max(std::max(m->c.H, m->c.I), m->c.nh * m->c.D);

@@ -516,6 +516,68 @@ def copy_bandwidth():
     return 2 * nbytes / t  # bytes read + written per second
 
 
+def graph_floor(cfg, reps=200):
+    """What a decode step's chain of dependent kernels costs before our kernels' own work: CUDA
+    graphs (torch's capture, no programmatic dependent launch) of (a) as many 1-element adds as
+    our batch-1 step has kernels and (b) the step's matrix products alone as cuBLAS GEMVs in
+    bf16 (28 layers of qkv, o, gate/up, down with their own weights, then the LM head), at
+    batch 1 and 32. Returns seconds per replay by name."""
+    import torch
+    import torch.nn.functional as F
+    H, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    QKV = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    AO = cfg.num_attention_heads * cfg.head_dim
+    kernels = 5 * L + 2
+
+    def timed(fn):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        for _ in range(5):
+            g.replay()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps
+
+    out = {}
+    x1 = torch.zeros(1, device="cuda")
+
+    def adds():
+        for _ in range(kernels):
+            x1.add_(1)
+    out["empty_chain_%d" % kernels] = timed(adds)
+    bf = torch.bfloat16
+    Ws = [(torch.randn(QKV, H, dtype=bf, device="cuda"), torch.randn(H, AO, dtype=bf, device="cuda"),
+           torch.randn(2 * I, H, dtype=bf, device="cuda"), torch.randn(H, I, dtype=bf, device="cuda"))
+          for _ in range(L)]
+    lm = torch.randn(V, H, dtype=bf, device="cuda")
+    for B in (1, 32):
+        x = torch.randn(B, H, dtype=bf, device="cuda")
+
+        def chain():
+            h = x
+            for wq, wo, wu, wd in Ws:
+                q = F.linear(h, wq)
+                h = F.linear(q[:, :AO], wo)
+                u = F.linear(h, wu)
+                h = F.linear(u[:, :I], wd)
+            F.linear(h, lm)
+        out["cublas_products_b%d" % B] = timed(chain)
+    del Ws, lm
+    torch.cuda.empty_cache()
+    return out
+
+
 def bench_ours(be, B, prompt_len, warm, steps, V, seed):
     import torch
     g = torch.Generator().manual_seed(seed)
@@ -555,7 +617,7 @@ def bench_hf(model, B, prompt_len, new, V, seed):
 
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
-DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
+DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "gemv_bps": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0}
 
 
@@ -594,6 +656,12 @@ def bench(args):
     print("BENCH copy bandwidth %.0f GB/s, weights %.3f GB -> bound %.0f tok/s (70%% = %.0f)"
           % (bw / 1e9, weight_bytes / 1e9, bound, 0.7 * bound), flush=True)
 
+    if os.environ.get("BENCH_FLOOR"):
+        fl = graph_floor(cfg)
+        res["graph_floor_s"] = fl
+        for k, v in fl.items():
+            print("FLOOR %-24s %.3f ms per graph replay" % (k, v * 1e3), flush=True)
+
     prompt_len, warm, steps = 32, 16, int(os.environ.get("BENCH_STEPS", "400"))
     # default: decode attention fused where tokens x KV heads < SMs (position splits for long
     # contexts only), GEMV products at batch 1-4, cuBLAS above. unfused_attn is qkv_post +
@@ -606,7 +674,8 @@ def bench(args):
                 ("attn_split2", {"attn_split": 2}), ("attn_split4", {"attn_split": 4}), ("attn_split16", {"attn_split": 16}),
                 ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
     extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
-             "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
+             "mk_barriers_only": {"megakernel": 1, "mk_skip": 3},
+             "gemv_bps1": {"gemv_bps": 1}, "gemv_bps2": {"gemv_bps": 2}, "gemv_bps8": {"gemv_bps": 8}}
     if os.environ.get("BENCH_VARIANTS"):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")
         variants = [v for v in variants if v[0] in keep_v] + [(k, extra[k]) for k in keep_v if k in extra]
@@ -746,9 +815,32 @@ def bench(args):
         json.dump(res, f, indent=1)
 
 
+def decode_only(args):
+    """The Qwen3-0.6B-shaped model decoding at batch DECODE_B (default 1) for DECODE_STEPS steps
+    after a 32-token prompt, with no timing and no transformers reference: the process to run
+    under Nsight Compute (ncu -k regex:gemv ...) to see single kernels in isolation."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+    lib = load_lib(args.lib)
+    cfg = qwen3_config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg)
+    sd = model.state_dict()
+    be = Backend(lib, "qwen3", config_json(cfg, model), sd, "bf16", max_batch=32, max_context=4096)
+    del sd, model
+    torch.cuda.empty_cache()
+    B = int(os.environ.get("DECODE_B", "1"))
+    _, step_s, _ = bench_ours(be, B, 32, 4, int(os.environ.get("DECODE_STEPS", "20")), cfg.vocab_size, seed=B)
+    print("DECODE batch %d: %.3f ms/step" % (B, step_s * 1e3), flush=True)
+    be.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["parity", "bench", "all"])
+    ap.add_argument("mode", choices=["parity", "bench", "all", "decode"])
     ap.add_argument("--lib", default="native/cuda/build/libmodelqual_cuda.so")
     ap.add_argument("--out", required=True, help="JSON file; for mode all a folder for bench.json and parity.json")
     args = ap.parse_args()
@@ -763,7 +855,7 @@ def main():
         args.out = os.path.join(out, "parity.json")
         parity(args)
         return
-    {"parity": parity, "bench": bench}[args.mode](args)
+    {"parity": parity, "bench": bench, "decode": decode_only}[args.mode](args)
 
 
 if __name__ == "__main__":
