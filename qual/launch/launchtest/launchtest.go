@@ -1,16 +1,20 @@
 // Package launchtest gives harness tests what they need to run against a real qual-server:
-// the server binary (built once per test process from this checkout unless MODELQUAL_BIN
-// holds one) and the fixture bundles (mock, qwen3-tiny) from the content-keyed cache.
+// the server binary (built once per test process from this checkout, into a per-process folder
+// that later processes remove once it has ended, unless MODELQUAL_BIN holds one) and the
+// fixture bundles (mock, qwen3-tiny) from the content-keyed cache.
 // It is imported only by tests.
 package launchtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -42,7 +46,7 @@ func ServerBin(t testing.TB) string {
 			binErr = err
 			return
 		}
-		dir, err := os.MkdirTemp("", "modelqual-bin-")
+		dir, err := processBinDir()
 		if err != nil {
 			binErr = err
 			return
@@ -60,6 +64,43 @@ func ServerBin(t testing.TB) string {
 		t.Fatalf("qual-server binary: %v", binErr)
 	}
 	return binPath
+}
+
+// processBinDir returns this test process's folder for built binaries,
+// $TMPDIR/modelqual-test-bin/<pid>, after removing the folders of processes that have ended:
+// a test process has no exit hook to remove its own, and each holds a 20+ MB binary.
+func processBinDir() (string, error) {
+	parent := filepath.Join(os.TempDir(), "modelqual-test-bin")
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", err
+	}
+	entries, _ := os.ReadDir(parent)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() || alive(pid) {
+			continue
+		}
+		os.RemoveAll(filepath.Join(parent, e.Name()))
+	}
+	dir := filepath.Join(parent, strconv.Itoa(os.Getpid()))
+	return dir, os.MkdirAll(dir, 0o755)
+}
+
+// alive reports whether process pid exists (signal 0 delivers nothing; where signals do not
+// exist the answer is yes, so nothing is removed).
+func alive(pid int) bool {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return false
+	}
+	switch err = p.Signal(syscall.Signal(0)); {
+	case err == nil:
+		return true
+	case errors.Is(err, os.ErrProcessDone), errors.Is(err, syscall.ESRCH):
+		return false
+	default: // EPERM (someone else's process), or no signals here
+		return true
+	}
 }
 
 // MockBundle returns the mock bundle with the given per-step delay.
