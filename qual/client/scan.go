@@ -21,6 +21,12 @@ type chunkInfo struct {
 	errMessage       string
 	errType          string
 	errCode          int
+	// textStrings counts the string values (empty ones too) among the fields the text is
+	// made of (text, content, reasoning_content, reasoning) in the choices that count, and
+	// textSpan is the last of them: with exactly one, the event's text is that one string,
+	// which is what eventDecoder's template needs (see there).
+	textStrings int
+	textSpan    span
 }
 
 // span is a raw JSON string value (without quotes) inside the chunk, with whether it holds
@@ -337,6 +343,7 @@ func topObject(b []byte, i int, dst []byte, info *chunkInfo) ([]byte, int) {
 		switch string(key) {
 		case "choices":
 			texts, finish = texts[:n0], ""
+			info.textStrings, info.textSpan = 0, span{}
 			if i >= len(b) || b[i] != '[' {
 				i = skip(b, i)
 				break
@@ -347,7 +354,7 @@ func topObject(b []byte, i int, dst []byte, info *chunkInfo) ([]byte, int) {
 			for elem := !emptyArr; elem; {
 				if i < len(b) && b[i] == '{' {
 					var fr string
-					if texts, fr, i = choice(b, i+1, texts); fr != "" {
+					if texts, fr, i = choice(b, i+1, texts, info); fr != "" {
 						finish = fr
 					}
 				} else {
@@ -462,7 +469,7 @@ func errorField(b []byte, i int, info *chunkInfo) int {
 // choice reads one element of choices after its '{': text (completions), delta or message
 // (chat: reasoning_content, reasoning, content) and finish_reason. It appends the choice's
 // text to texts.
-func choice(b []byte, i int, texts []byte) ([]byte, string, int) {
+func choice(b []byte, i int, texts []byte, info *chunkInfo) ([]byte, string, int) {
 	var text, reasoning, reasoning2, content span
 	var finish string
 	i, empty := open(b, i, '}')
@@ -524,6 +531,12 @@ func choice(b []byte, i int, texts []byte) ([]byte, string, int) {
 	}
 	texts = appendSpan(texts, b, content)
 	texts = appendSpan(texts, b, text)
+	for _, sp := range [...]span{reasoning, reasoning2, content, text} {
+		if sp.start > 0 { // a string (a string value never starts at 0: '{' and a key come first)
+			info.textStrings++
+			info.textSpan = sp
+		}
+	}
 	return texts, finish, i
 }
 

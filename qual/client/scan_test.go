@@ -3,6 +3,7 @@ package client
 import (
 	"encoding/json"
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -135,6 +136,14 @@ func checkChunk(t *testing.T, data []byte) {
 	if string(gotText) != "prefix:"+wantText {
 		t.Fatalf("parseChunk(%q) text = %q, want %q", data, gotText[len("prefix:"):], wantText)
 	}
+	// The text's one string, when the scan reports one, is where the text came from (the
+	// event decoder's template relies on it).
+	if got.textStrings == 1 {
+		if s := appendSpan(nil, data, got.textSpan); string(s) != wantText {
+			t.Fatalf("parseChunk(%q) textSpan holds %q, the text is %q", data, s, wantText)
+		}
+	}
+	got.textStrings, got.textSpan = 0, span{}
 	if got != want {
 		t.Fatalf("parseChunk(%q) info = %+v, want %+v", data, got, want)
 	}
@@ -164,4 +173,83 @@ func BenchmarkJSONValid(b *testing.B) {
 	for b.Loop() {
 		json.Valid(data)
 	}
+}
+
+// decodeEvents runs SSE events (data lines) through an eventDecoder, with or without its
+// template, and returns what it made of them.
+func decodeEvents(events [][]byte, noTmpl bool) Response {
+	var resp Response
+	d := eventDecoder{noTmpl: noTmpl}
+	d.reset(&resp)
+	for i, ev := range events {
+		d.write([]byte("data: "), int64(2*i))
+		d.write(ev, int64(2*i))
+		d.write([]byte("\n\n"), int64(2*i+1))
+	}
+	d.end()
+	return resp
+}
+
+// checkTemplate decodes first and then first with its text string replaced by mid (raw bytes
+// between the quotes, valid or not), through the template and through full scans only (which
+// FuzzParseChunk checks against encoding/json): the two must agree on everything.
+func checkTemplate(t *testing.T, first, mid []byte) {
+	t.Helper()
+	var info chunkInfo
+	if _, ok := parseChunk(first, nil, &info); !ok || info.textStrings != 1 {
+		return
+	}
+	sp := info.textSpan
+	second := append(append(append([]byte{}, first[:sp.start]...), mid...), first[sp.end:]...)
+	events := [][]byte{first, second, first, second}
+	got, want := decodeEvents(events, false), decodeEvents(events, true)
+	if string(got.Text) != string(want.Text) || !slices.Equal(got.ChunkNs, want.ChunkNs) ||
+		got.FinishReason != want.FinishReason || got.HasUsage != want.HasUsage ||
+		got.PromptTokens != want.PromptTokens || got.CompletionTokens != want.CompletionTokens ||
+		(got.Err == nil) != (want.Err == nil) || got.Err != nil && *got.Err != *want.Err {
+		t.Fatalf("events %q then %q: through the template %+v, full scans %+v", first, second, got, want)
+	}
+}
+
+var templateMids = []string{"", "x", " world", `a\"b`, `\u00e9\n`, `\`, `"`, `a"b`, `a","x":"`, "\x01", `\ud800`, `\q`, "\xff", `\\`, `\\"`}
+
+func TestTemplateMatchesFullScan(t *testing.T) {
+	var used int
+	for _, first := range chunkSeeds {
+		for _, mid := range templateMids {
+			checkTemplate(t, []byte(first), []byte(mid))
+		}
+		var info chunkInfo
+		if _, ok := parseChunk([]byte(first), nil, &info); ok && info.textStrings == 1 {
+			used++
+		}
+	}
+	if used < 5 {
+		t.Fatalf("only %d seeds have a one-string text: the template is hardly exercised", used)
+	}
+	// And the template is taken: a stream of one server's events is scanned in full once.
+	var resp Response
+	d := eventDecoder{}
+	d.reset(&resp)
+	ev := func(s string) []byte {
+		return []byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"` + s + `","logprobs":null,"finish_reason":null}]}`)
+	}
+	d.write(append(append([]byte("data: "), ev("a")...), "\n\n"...), 1)
+	if !d.tmplOK || !d.fromTemplate(ev(`b\"c`)) || string(resp.Text) != `ab"c` || !d.info.hasContent {
+		t.Fatalf("template ok %v, text %q, info %+v", d.tmplOK, resp.Text, d.info)
+	}
+	if d.fromTemplate(ev(`b"c`)) || d.fromTemplate(ev("x")[1:]) {
+		t.Fatal("the template took an event that is not the template with another valid string")
+	}
+}
+
+func FuzzEventTemplate(f *testing.F) {
+	for _, s := range chunkSeeds {
+		for _, m := range templateMids {
+			f.Add([]byte(s), []byte(m))
+		}
+	}
+	f.Fuzz(func(t *testing.T, first, mid []byte) {
+		checkTemplate(t, first, mid)
+	})
 }
