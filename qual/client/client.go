@@ -4,12 +4,14 @@
 // before timing exactly as METRICS.md says, and the per-token CPU cost is kept low so the
 // client never becomes the bottleneck it is measuring: 1.0-2.1 µs per token at concurrency 32
 // on the 2-core development VM before the epoll reader, 1.12-1.29 µs with it in a session where
-// the previous path measured 1.33-1.51 (qual/load's BenchmarkClientStreamingC32), mostly read
-// system calls and the ACKs they send. Streaming requests to http:// servers go through the
-// client's own HTTP/1.1 reader (rawhttp.go: reads only what has arrived, no extra empty read per
-// wake-up as net/http does; on Linux one epoll reader per Client reads every ready connection
-// after one wake-up, rawio_linux.go); a push-style SSE decoder and a targeted JSON field scanner
-// replace encoding/json per event.
+// the previous path measured 1.33-1.51, and 0.82-0.93 µs with the event template on a quieter
+// machine where the path before it measured 0.91-1.07 (qual/load's BenchmarkClientStreamingC32);
+// mostly read system calls and the ACKs they send. Streaming requests to http:// servers go
+// through the client's own HTTP/1.1 reader (rawhttp.go: reads only what has arrived, no extra
+// empty read per wake-up as net/http does; on Linux one epoll reader per Client reads every ready
+// connection after one wake-up, rawio_linux.go); a push-style SSE decoder and a targeted JSON
+// field scanner replace encoding/json per event, and an event that repeats the last one but for
+// its text string has only that string scanned (sse.go's template).
 package client
 
 import (
