@@ -305,8 +305,6 @@ func equalIDs(a, b []int32) bool {
 	return true
 }
 
-// TestSeededSampling: the same seed reproduces sampled tokens (alone or batched with others);
-// different seeds give different tokens; sampling differs from greedy.
 // devices are the engine devices a test runs on: the CPU, and CUDA where libmodelqual_cuda.so
 // loads (`make cuda` on a GPU runner); elsewhere the CUDA run skips with the load error.
 var devices = []string{"cpu", "cuda"}
@@ -326,7 +324,8 @@ func openOn(t testing.TB, name, device string, p Params) *Engine {
 	return e
 }
 
-// TestSeededSampling: a seed fixes a request's tokens whatever shares its batch. The batch-mates
+// TestSeededSampling: the same seed reproduces sampled tokens, alone or batched with others;
+// different seeds give different tokens; sampling differs from greedy. The batch-mates
 // include a top-k request: on CUDA plain temperature is drawn on the device and top-k on the
 // host, and that choice must be made per sequence (an engine that moved the whole step to the
 // host sampler gave the seeded request other tokens).

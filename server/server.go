@@ -102,11 +102,9 @@ type Server struct {
 	tok     *tokenizer.Tokenizer
 	header  json.RawMessage // the bundle header as served by /mq/v1/bundle
 	fileSum string          // the bundle's sha256, from the start's one hashing pass
-	// tokSource is the bundle file as loadFrontend found it before and after reading.
-	tokSource [2]os.FileInfo
-	info      wire.Info
-	eos       map[int32]bool
-	created   int64
+	info    wire.Info
+	eos     map[int32]bool
+	created int64
 
 	httpSrv    *http.Server
 	ln         net.Listener
@@ -192,8 +190,15 @@ func (s *Server) Start() error {
 	// The tokenizer is parsed while the bundle is hashed, and the workers start once it is
 	// verified, so start-to-ready is the slower of the tokenizer parse and verification plus
 	// engine load, not their sum.
-	loadErr := make(chan error, 1)
-	go func() { loadErr <- s.loadFrontend() }()
+	type loaded struct {
+		src fileReads
+		err error
+	}
+	loadDone := make(chan loaded, 1)
+	go func() {
+		src, err := s.loadFrontend()
+		loadDone <- loaded{src, err}
+	}()
 	v, err := s.verifyBundle()
 	if err != nil {
 		return err
@@ -201,10 +206,9 @@ func (s *Server) Start() error {
 	s.pool.cfg.Verified = v
 	poolErr := make(chan error, 1)
 	go func() { poolErr <- s.pool.start() }()
-	if err := <-loadErr; err != nil {
-		return err
-	}
-	if err := s.checkTokenizerSource(v); err != nil {
+	if l := <-loadDone; l.err != nil {
+		return l.err
+	} else if err := s.checkTokenizerSource(v, l.src); err != nil {
 		return err
 	}
 	if err := <-poolErr; err != nil {
@@ -244,23 +248,26 @@ func (s *Server) verifyBundle() (bundle.Verified, error) {
 	return b.Verified(), nil
 }
 
+// fileReads is the bundle file as loadFrontend found it before and after reading it.
+type fileReads [2]os.FileInfo
+
 // loadFrontend reads the bundle's header and tokenizer sections and builds the tokenizer,
 // while verifyBundle hashes the file. It hashes nothing: checkTokenizerSource then accepts what
 // it read only if the file kept the identity it had when verifyBundle hashed it.
-func (s *Server) loadFrontend() error {
+func (s *Server) loadFrontend() (fileReads, error) {
 	t0 := time.Now()
 	f, err := os.Open(s.cfg.Bundle)
 	if err != nil {
-		return fmt.Errorf("qual-server: open bundle: %w", err)
+		return fileReads{}, fmt.Errorf("qual-server: open bundle: %w", err)
 	}
 	defer f.Close()
 	before, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("qual-server: stat bundle: %w", err)
+		return fileReads{}, fmt.Errorf("qual-server: stat bundle: %w", err)
 	}
 	h, err := bundle.ReadHeader(f, before.Size(), s.cfg.Bundle)
 	if err != nil {
-		return fmt.Errorf("qual-server: %w", err)
+		return fileReads{}, fmt.Errorf("qual-server: %w", err)
 	}
 	section := func(name string) ([]byte, error) {
 		for _, sec := range h.Sections {
@@ -276,31 +283,30 @@ func (s *Server) loadFrontend() error {
 	}
 	tj, err := section(bundle.SectionTokenizer)
 	if err != nil {
-		return err
+		return fileReads{}, err
 	}
 	tc, err := section(bundle.SectionTokenizerConfig)
 	if err != nil {
-		return err
+		return fileReads{}, err
 	}
 	after, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("qual-server: stat bundle: %w", err)
+		return fileReads{}, fmt.Errorf("qual-server: stat bundle: %w", err)
 	}
-	s.tokSource = [2]os.FileInfo{before, after}
 	t, err := tokenizer.FromBytes(tj, tc)
 	if err != nil {
-		return fmt.Errorf("qual-server: tokenizer of bundle %s: %w", s.cfg.Bundle, err)
+		return fileReads{}, fmt.Errorf("qual-server: tokenizer of bundle %s: %w", s.cfg.Bundle, err)
 	}
 	s.tok = t
 	log.Printf("frontend loaded bundle header and tokenizer in %v", time.Since(t0).Round(time.Millisecond))
-	return nil
+	return fileReads{before, after}, nil
 }
 
 // checkTokenizerSource makes sure the tokenizer was read from the file verifyBundle verified:
-// the file had the verified identity before and after loadFrontend read it, so nothing wrote
-// it in between.
-func (s *Server) checkTokenizerSource(v bundle.Verified) error {
-	for _, fi := range s.tokSource {
+// the file had the verified identity before and after loadFrontend read it (src), so nothing
+// wrote it in between.
+func (s *Server) checkTokenizerSource(v bundle.Verified, src fileReads) error {
+	for _, fi := range src {
 		if !v.Matches(fi) {
 			return fmt.Errorf("qual-server: bundle %s changed while qual-server was starting (%v, size %d); make sure nothing writes it while it is served, then start again",
 				s.cfg.Bundle, fi.ModTime().UTC().Format(time.RFC3339Nano), fi.Size())

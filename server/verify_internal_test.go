@@ -30,20 +30,21 @@ func TestTokenizerFromAnotherFileRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.loadFrontend(); err != nil {
+	read, err := s.loadFrontend()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.checkTokenizerSource(v); err != nil {
+	if err := s.checkTokenizerSource(v, read); err != nil {
 		t.Fatalf("tokenizer read from the verified file refused: %v", err)
 	}
 	later := time.Now().Add(time.Hour)
 	if err := os.Chtimes(path, later, later); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.loadFrontend(); err != nil {
+	if read, err = s.loadFrontend(); err != nil {
 		t.Fatal(err)
 	}
-	err = s.checkTokenizerSource(v)
+	err = s.checkTokenizerSource(v, read)
 	if err == nil || !strings.Contains(err.Error(), "bundle "+path+" changed while qual-server was starting") {
 		t.Fatalf("tokenizer read from a changed file: %v, want an error naming the file", err)
 	}
