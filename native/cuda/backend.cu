@@ -646,7 +646,8 @@ __device__ __forceinline__ T prep_elem(const PrepArgs<T> &a, int r, int K, int k
 constexpr int PREP_REGS = 12;
 
 // prep_row writes input row b (PrepArgs) into dst, K values, with the whole block. Every value a
-// thread handles is loaded before any is stored: a loop that loads, converts and stores one
+// thread handles is loaded before any is stored (but LayerNorm's bias, read as it is stored:
+// gpt2 only, and a third register array would spill): a loop that loads, converts and stores one
 // value at a time waits a full memory round trip per iteration (the store to dst may alias the
 // next load, so the compiler keeps them in order), which Nsight Compute showed as 17 us for the
 // 3,072-wide SwiGLU row of a batch-1 down projection (run 19). The arithmetic and the order of
@@ -1184,6 +1185,13 @@ struct DecAttn {
 // partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
 // order: the same inputs give the same bits) and resets the counter. Used by
 // decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
+// split_range is split z of S's positions [lo, hi) of the n positions 0..n-1 of a sequence.
+__device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &hi) {
+  const int span = (n + S - 1) / S;
+  lo = min(n, z * span);
+  hi = min(n, lo + span);
+}
+
 template <typename T, int GM>
 __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem) {
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
@@ -1191,9 +1199,9 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   const int tid = threadIdx.x, warp = tid >> 5, nwarp = ATT_THREADS / 32;
   const int nkv = a.nkv, D = a.D, G = a.nh / nkv;
   float *qs = smem, *kvv = qs + GM * D, *oacc = kvv + 2 * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
-  const int p = a.pos[t], sl = a.slot[t], n = p + 1;
-  const int span = (n + S - 1) / S;
-  const int lo = min(n, z * span), hi = min(n, lo + span);
+  const int p = a.pos[t], sl = a.slot[t];
+  int lo, hi;
+  split_range(p + 1, S, z, lo, hi);
   const bool mine = lo <= p && p < hi;  // this split holds the new token's position
   const float *row = a.qkv + (size_t)t * (a.nh + 2 * nkv) * D;
   const bool rope = a.inv_freq != nullptr;
@@ -1264,9 +1272,10 @@ template <typename T, int GM>
 __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
   {  // the split's earlier positions (attn_item's range without the new one)
-    const int p = a.pos[blockIdx.x], n = p + 1, span = (n + gridDim.z - 1) / gridDim.z;
-    const int lo = min(n, (int)blockIdx.z * span);
-    prefetch_kv_rows(a.kc, a.vc, a.slot[blockIdx.x], blockIdx.y, lo, min(p, lo + span), a.nkv, a.D, a.maxctx);
+    const int p = a.pos[blockIdx.x];
+    int lo, hi;
+    split_range(p + 1, gridDim.z, blockIdx.z, lo, hi);
+    prefetch_kv_rows(a.kc, a.vc, a.slot[blockIdx.x], blockIdx.y, lo, min(p, hi), a.nkv, a.D, a.maxctx);
   }
   pdl_wait();
   pdl_trigger();
@@ -1329,7 +1338,6 @@ struct mqb_model {
   int max_batch = 0, max_ctx = 0, slots = 0, scratch = 0;
   int Tcap = 0, Rcap = 0;
   int gemv_max_b = 4;
-  int gemv_bps = 4;  // GEMV grid: blocks per SM (mqb_debug_set "gemv_bps", benchmarking only)
   int attn_split = 0;  // decode attention position splits (MQB_ATTN_SPLIT; 0 = enough to fill the SMs)
   int fused_attn = 1;  // decode_attn_kernel: 1 for small decode grids, 2 always, 0 never (MQB_FUSED_ATTN)
   // Tensor-core products (megakernel.cuh's linear_kernel) for decode steps of tc_min_b..mk::MAXB
@@ -1495,7 +1503,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a, int B, int K, 
   const std::string r = role;
   const T *W = static_cast<const T *>(Wv);
   if (B <= m.gemv_max_b) {
-    const int blocks = std::max(1, std::min((N + 7) / 8, m.sms * m.gemv_bps));
+    const int blocks = std::max(1, std::min((N + 7) / 8, m.sms * 4));
     const size_t smem = (size_t)B * K * sizeof(T);
     const int acc = accumulate ? 1 : 0;
     m.label = r + ":gemv";
@@ -2559,7 +2567,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
     m->pacc.clear();
     m->psteps = 0;
   }
-  else if (k == "gemv_bps") m->gemv_bps = std::max(1, std::min(16, (int)value));
   else if (k == "gemv_max_b") {
     const size_t es = dt_size(m->dt);
     const int Kmax = std::max(std::max(m->c.H, m->c.I), m->c.nh * m->c.D);

@@ -220,6 +220,13 @@ def config_json(cfg, model=None):
     return json.dumps(d)
 
 
+def qwen3_shape_config():
+    """Qwen3-0.6B's shapes (the benchmark model, random weights)."""
+    return qwen3_config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                        rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)
+
+
 def tiny_model(family, seed):
     import torch
     torch.manual_seed(seed)
@@ -617,7 +624,7 @@ def bench_hf(model, B, prompt_len, new, V, seed):
 
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
-DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "gemv_bps": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
+DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0}
 
 
@@ -628,9 +635,7 @@ def bench(args):
     res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__)
     import transformers
     res["transformers_version"] = transformers.__version__
-    cfg = qwen3_config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                       rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)
+    cfg = qwen3_shape_config()
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device("cuda"):
@@ -674,8 +679,7 @@ def bench(args):
                 ("attn_split2", {"attn_split": 2}), ("attn_split4", {"attn_split": 4}), ("attn_split16", {"attn_split": 16}),
                 ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
     extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
-             "mk_barriers_only": {"megakernel": 1, "mk_skip": 3},
-             "gemv_bps1": {"gemv_bps": 1}, "gemv_bps2": {"gemv_bps": 2}, "gemv_bps8": {"gemv_bps": 8}}
+             "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
     if os.environ.get("BENCH_VARIANTS"):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")
         variants = [v for v in variants if v[0] in keep_v] + [(k, extra[k]) for k in keep_v if k in extra]
@@ -822,9 +826,7 @@ def decode_only(args):
     import torch
     from transformers import Qwen3ForCausalLM
     lib = load_lib(args.lib)
-    cfg = qwen3_config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                       rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)
+    cfg = qwen3_shape_config()
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(cfg)

@@ -26,6 +26,7 @@ func TestRawStreamPortablePath(t *testing.T) {
 		"ServerClosedIdle":      TestRawStreamServerClosedIdleConnection,
 		"RetriesDropped":        TestRawStreamRetriesReusedConnectionDroppedBeforeResponse,
 		"NoRetryFresh":          TestRawStreamNoRetryOnFreshConnection,
+		"CloseErrorNames":       TestRawStreamCloseErrorNamesWhatArrived,
 		"NoRetryAfterStarted":   TestRawStreamNoRetryAfterResponseStarted,
 		"FailedStatusKeepsBody": TestRawStreamFailedStatusKeepsBody,
 		"Malformed":             TestRawStreamMalformedResponses,
