@@ -139,6 +139,10 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cu
   enqueue([=] { memcpy(d, s, n); });
   return cudaSuccess;
 }
+cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) {
+  enqueue([=] { memset(d, v, n); });
+  return cudaSuccess;
+}
 cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
   g_rec = new std::vector<std::function<void()>>();
   return cudaSuccess;
