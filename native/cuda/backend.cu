@@ -43,6 +43,9 @@
 // products in a build with them (default 0: off),
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
+// Debug keys only: "attn_lanes" 0 scores decode attention one thread per position (as before
+// run 26), "timeline" 1 records when every GEMV and decode-attention launch of a decode step
+// started, passed its wait and ended (mqb_debug_timeline; tl_mark).
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
 //   qwen3.rope_theta_x10  multiply rope_theta by 10
 //   qwen3.drop_q_norm     skip q_norm
@@ -838,7 +841,7 @@ __global__ void __launch_bounds__(256) add_bias_kernel(float *__restrict__ y, co
 template <typename T, int B>
 __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, const T *__restrict__ W, int N,
                                                    const float *__restrict__ bias, float *out, int accumulate,
-                                                   unsigned long long *keys, Samp samp, int preload) {
+                                                   unsigned long long *keys, Samp samp) {
   constexpr int CH = TT<T>::CH;
   constexpr int U = 4;
   DYN_SMEM(uint4, gsm_raw);
@@ -853,24 +856,9 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
     const int bytes = K * (int)sizeof(T);
     for (int off = lane * 128; off < bytes; off += 32 * 128) prefetch_l2(wr + off);
   }
-  // preload: the warp's first row's first U chunks per lane go to registers before the wait
-  // (weights do not depend on earlier kernels), and its bias and accumulated values right after
-  // it, so that these round trips overlap the previous kernel and the input row's, instead of
-  // following them.
-  const bool pre = preload && gw < N;
-  uint4 wpre[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int c = lane + u * 32;
-    wpre[u] = pre && c < nch ? __ldg(reinterpret_cast<const uint4 *>(W + (size_t)gw * K) + c) : make_uint4(0u, 0u, 0u, 0u);
-  }
   pdl_wait();
   pdl_trigger();
   tl_mark(a.tlb, a.tls, 1);
-  float opre[B];
-  const float bpre = pre && lane == 0 && bias ? bias[gw] : 0.f;
-#pragma unroll
-  for (int b = 0; b < B; ++b) opre[b] = pre && lane == 0 && accumulate ? out[(size_t)b * N + gw] : 0.f;
   for (int b = 0; b < B; ++b) prep_row<T>(a, b, K, xs + (size_t)b * K, red);
   __syncthreads();
   unsigned long long best[B];
@@ -883,12 +871,10 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
     for (int b = 0; b < B; ++b) acc[b] = 0.f;
     for (int c0 = lane; c0 < nch; c0 += 32 * U) {
       uint4 wv[U];
-      const bool first = pre && row == gw && c0 == lane;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = c0 + u * 32;
-        if (first) wv[u] = wpre[u];
-        else if (c < nch) wv[u] = __ldg(wr + c);
+        if (c < nch) wv[u] = __ldg(wr + c);
         else wv[u] = make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
@@ -911,201 +897,13 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
 #pragma unroll
     for (int b = 0; b < B; ++b) acc[b] = warp_sum(acc[b]);
     if (lane == 0) {
-      const float bv = pre && row == gw ? bpre : bias ? bias[row] : 0.f;
+      const float bv = bias ? bias[row] : 0.f;
 #pragma unroll
       for (int b = 0; b < B; ++b) {
         float *o = out + (size_t)b * N + row;
         float v = acc[b] + bv;
-        if (accumulate) v += pre && row == gw ? opre[b] : *o;
+        if (accumulate) v += *o;
         *o = v;
-        if (keys) {
-          unsigned long long k = score_key(v, row, b, samp);
-          best[b] = k > best[b] ? k : best[b];
-        }
-      }
-    }
-  }
-  if (keys && lane == 0) {
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-      if (best[b]) atomicMax(keys + b, best[b]);
-  }
-  if (a.tlb) {
-    __syncthreads();
-    tl_mark(a.tlb, a.tls, 2);
-  }
-}
-
-// split_range is part z of S of the n items 0..n-1 (positions of a sequence, rows of a matrix):
-// [lo, hi), ceil(n / S) items each, the last parts shorter or empty.
-__device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &hi) {
-  const int span = (n + S - 1) / S;
-  lo = min(n, z * span);
-  hi = min(n, lo + span);
-}
-
-// cp_async16 copies 16 bytes from global to shared memory without passing through registers
-// (cp.async.cg: L2 only); cp_async_wait_all waits for every copy this thread issued. The host
-// emulation copies synchronously.
-__device__ __forceinline__ void cp_async16(void *sdst, const void *gsrc) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gsrc) : "memory");
-#else
-  *reinterpret_cast<uint4 *>(sdst) = *reinterpret_cast<const uint4 *>(gsrc);
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-#endif
-}
-
-// Bulk copies (Hopper's TMA unit, PTX 8.0: CUDA 12 and later): one thread asks for a whole
-// contiguous range, the copy engine generates the memory requests and counts the bytes on an
-// mbarrier. Elsewhere (older toolkits, the host emulation) bulk_copy copies synchronously.
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ >= 12)
-#define MQB_BULK 1
-#else
-#define MQB_BULK 0
-#endif
-__device__ __forceinline__ void mbar_init_expect(unsigned long long *mb, unsigned int bytes) {
-#if MQB_BULK
-  const unsigned b = (unsigned)__cvta_generic_to_shared(mb);
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-#else
-  (void)mb, (void)bytes;
-#endif
-}
-__device__ __forceinline__ void bulk_copy(void *sdst, const void *gsrc, unsigned int bytes, unsigned long long *mb) {
-#if MQB_BULK
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   (unsigned)__cvta_generic_to_shared(sdst)),
-               "l"(gsrc), "r"(bytes), "r"((unsigned)__cvta_generic_to_shared(mb))
-               : "memory");
-#else
-  (void)mb;
-  for (unsigned int i = 0; i < bytes / 16; ++i)
-    reinterpret_cast<uint4 *>(sdst)[i] = reinterpret_cast<const uint4 *>(gsrc)[i];
-#endif
-}
-__device__ __forceinline__ void mbar_wait0(unsigned long long *mb) {
-#if MQB_BULK
-  asm volatile(
-      "{\n\t.reg .pred P1;\n"
-      "MQB_WAIT:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
-      "@P1 bra MQB_DONE;\n\t"
-      "bra MQB_WAIT;\n"
-      "MQB_DONE:\n\t}" ::"r"((unsigned)__cvta_generic_to_shared(mb)), "r"(0u)
-      : "memory");
-#else
-  (void)mb;
-#endif
-}
-
-// Staging flags of gemv_staged_kernel (mqb_model::stage_flags, debug key "stage_flags").
-constexpr int STAGE_BULK = 1;         // bulk copies (TMA) instead of cp.async by every thread
-constexpr int STAGE_LATE_TRIGGER = 2;  // let the next kernel launch only after the wait
-constexpr int BULK_CHUNK = 4096;      // bytes per bulk copy: several in flight per block
-
-// STAGE_MAX_BYTES: the most shared memory gemv_staged_kernel takes per block (its weight rows,
-// the B input rows and the per-row bias and accumulator values). A block per SM of at most this
-// leaves room for the next one or two kernels' blocks to stage their own rows meanwhile.
-constexpr int STAGE_MAX_BYTES = 112 * 1024;
-
-// staged_smem is the shared memory gemv_staged_kernel needs for R rows of K values at B inputs.
-__host__ __device__ inline size_t staged_smem(int R, int K, int B, size_t es) {
-  return (size_t)R * K * es + (size_t)B * K * es + sizeof(float) * (size_t)R * (B + 1);
-}
-
-// gemv_staged_kernel computes what gemv_kernel does (same prep, same per-row dot products in the
-// same order, same epilogue), but each block owns a contiguous range of rows and copies all of
-// their weights into shared memory *before* waiting for the previous kernel (cp.async), and lets
-// its own successor launch at once. The weight stream of the next kernels thus runs under the
-// current one, and after the wait a block only makes its input row and reads shared memory: at
-// batch 1 the per-kernel path was a chain of kernels that each first waited, then streamed their
-// weights (NOTES.md, runs 18-21). The bias and the values accumulated into (the residual stream,
-// written two or more kernels earlier) are read right after the wait, alongside the input row.
-template <typename T, int B>
-__global__ void __launch_bounds__(256, 4) gemv_staged_kernel(PrepArgs<T> a, int K, const T *__restrict__ W, int N,
-                                                          const float *__restrict__ bias, float *out, int accumulate,
-                                                          unsigned long long *keys, Samp samp, int flags) {
-  constexpr int CH = TT<T>::CH;
-  DYN_SMEM(uint4, gsm_raw);
-  __shared__ float red[32];
-  __shared__ unsigned long long mb;
-  // successors may launch and stage their weights now: they wait before any write
-  tl_mark(a.tlb, a.tls, 0);
-  if (!(flags & STAGE_LATE_TRIGGER)) pdl_trigger();
-  int r0, r1;
-  split_range(N, gridDim.x, blockIdx.x, r0, r1);
-  const int R = r1 - r0, nch = K / CH, tid = threadIdx.x;
-  T *ws = reinterpret_cast<T *>(gsm_raw);
-  T *xs = ws + (size_t)R * K;
-  float *bs = reinterpret_cast<float *>(xs + (size_t)B * K);  // R bias values, then B*R accumulator values
-  const bool bulk = (flags & STAGE_BULK) != 0;
-  {
-    const char *src = reinterpret_cast<const char *>(W + (size_t)r0 * K);
-    char *dst = reinterpret_cast<char *>(ws);
-    const unsigned int bytes = (unsigned int)((size_t)R * K * sizeof(T));
-    if (bulk) {
-      if (tid == 0) mbar_init_expect(&mb, bytes);
-      __syncwarp();
-      if (tid < 32)
-        for (unsigned int off = (unsigned int)tid * BULK_CHUNK; off < bytes; off += 32u * BULK_CHUNK)
-          bulk_copy(dst + off, src + off, min((unsigned int)BULK_CHUNK, bytes - off), &mb);
-    } else {
-      for (unsigned int i = tid; i < bytes / 16; i += blockDim.x) cp_async16(dst + 16 * (size_t)i, src + 16 * (size_t)i);
-    }
-    for (int i = tid; i < R; i += blockDim.x) bs[i] = bias ? bias[r0 + i] : 0.f;
-  }
-  pdl_wait();
-  if (flags & STAGE_LATE_TRIGGER) pdl_trigger();
-  tl_mark(a.tlb, a.tls, 1);
-  if (accumulate)
-    for (int i = tid; i < B * R; i += blockDim.x) bs[R + i] = out[(size_t)(i / R) * N + r0 + i % R];
-  for (int b = 0; b < B; ++b) prep_row<T>(a, b, K, xs + (size_t)b * K, red);
-  if (bulk) {
-    __syncthreads();  // mb was initialised by thread 0 before any thread waits on it
-    mbar_wait0(&mb);
-  } else {
-    cp_async_wait_all();
-  }
-  __syncthreads();
-  const int lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-  unsigned long long best[B];
-#pragma unroll
-  for (int b = 0; b < B; ++b) best[b] = 0ull;
-  for (int i = warp; i < R; i += nw) {
-    const uint4 *wr = reinterpret_cast<const uint4 *>(ws + (size_t)i * K);
-    float acc[B];
-#pragma unroll
-    for (int b = 0; b < B; ++b) acc[b] = 0.f;
-    // The order of gemv_kernel's sums: lane l adds chunks l, l+32, l+64, ... in turn.
-    for (int c = lane; c < nch; c += 32) {
-      float wf[CH];
-      TT<T>::unpack(wr[c], wf);
-#pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const uint4 xv = reinterpret_cast<const uint4 *>(xs + (size_t)b * K)[c];
-        float xf[CH];
-        TT<T>::unpack(xv, xf);
-#pragma unroll
-        for (int e = 0; e < CH; ++e) acc[b] = fmaf(wf[e], xf[e], acc[b]);
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < B; ++b) acc[b] = warp_sum(acc[b]);
-    if (lane == 0) {
-      const int row = r0 + i;
-#pragma unroll
-      for (int b = 0; b < B; ++b) {
-        float v = acc[b] + bs[i];
-        if (accumulate) v += bs[R + b * R + i];
-        out[(size_t)b * N + row] = v;
         if (keys) {
           unsigned long long k = score_key(v, row, b, samp);
           best[b] = k > best[b] ? k : best[b];
@@ -1127,27 +925,22 @@ __global__ void __launch_bounds__(256, 4) gemv_staged_kernel(PrepArgs<T> a, int 
 // head_vec: RMSNorm over one head of D values (nw may be NULL: no norm), then RoPE (rotate_half)
 // at position p when rope, times scale, into dst (shared memory). One warp; src is fp32.
 // The same arithmetic, in the same order, as transformers' Qwen3 q_norm/k_norm and
-// apply_rotary_pos_emb (cos/sin from inv_freq * position in fp32). rcs, when not NULL, is
-// position p's row of the RoPE table (rope_table_kernel: the same sincosf of the same product,
-// computed once at load), which takes the sines and cosines off the step's critical path.
+// apply_rotary_pos_emb (cos/sin from inv_freq * position in fp32).
 __device__ void head_vec(const float *src, const float *nw, float eps, const float *inv_freq, int p, float scale,
-                         int D, float *dst, bool rope, const float2 *rcs = nullptr) {
+                         int D, float *dst, bool rope) {
   // A lane's values, the norm weights and the RoPE frequencies are loaded together before any
   // is used (one memory round trip, not one per value: see prep_row).
   constexpr int HV = 8;  // D <= 256
   const int lane = threadIdx.x & 31, half = D / 2;
   float xv[HV], wv[HV], fq[HV];
-  float2 cv[HV];
 #pragma unroll
   for (int n = 0; n < HV; ++n) {
     const int i = lane + 32 * n;
     xv[n] = wv[n] = fq[n] = 0.f;
-    cv[n].x = cv[n].y = 0.f;
     if (i < D) {
       xv[n] = __ldcg(src + i);
       if (nw) wv[n] = nw[i];
-      if (rope && rcs) cv[n] = rcs[i < half ? i : i - half];
-      else if (rope) fq[n] = inv_freq[i < half ? i : i - half];
+      if (rope) fq[n] = inv_freq[i < half ? i : i - half];
     }
   }
   float ss = 0.f;
@@ -1169,12 +962,7 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
       float v = dst[i];
       if (rope) {
         float sn, cs;
-        if (rcs) {
-          cs = cv[n].x;
-          sn = cv[n].y;
-        } else {
-          sincosf((float)p * fq[n], &sn, &cs);
-        }
+        sincosf((float)p * fq[n], &sn, &cs);
         const float rot = i < half ? -dst[i + half] : dst[i - half];
         v = v * cs + rot * sn;
       }
@@ -1186,18 +974,6 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
   for (int n = 0; n < HV; ++n)
     if (lane + 32 * n < D) dst[lane + 32 * n] = o[n];
   __syncwarp();
-}
-
-// rope_table_kernel fills out[p * half + i] = (cos, sin) of p * inv_freq[i] for positions
-// [0, P), with head_vec's own sincosf call, so the table gives the same bits.
-__global__ void __launch_bounds__(256) rope_table_kernel(const float *__restrict__ inv_freq, int half, int P,
-                                                         float2 *__restrict__ out) {
-  for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < P * half; k += gridDim.x * blockDim.x) {
-    const int p = k / half, i = k - p * half;
-    float sn, cs;
-    sincosf((float)p * inv_freq[i], &sn, &cs);
-    out[k] = make_float2(cs, sn);
-  }
 }
 
 // qkv_post_kernel: grid (token, head group); each warp takes one head of the fused q|k|v row:
@@ -1294,9 +1070,9 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
     if (lanes) {
       // nch lanes score one position (one 16-byte chunk of its K row each, then a shuffle sum),
       // SU positions per lane group with their loads in flight together: a few positions no
-      // longer wait on one thread's serial 128-wide dot product (run 22's timeline: scores 4.5
+      // longer wait on one thread's serial 128-wide dot product (run 25's timeline: scores 4.5
       // us of a 12.6 us attention at batch 1).
-      constexpr int SU = 4;
+      constexpr int SU = 8;
       const int ppw = 32 / nch, sub = lane / nch, sl = lane - sub * nch;
       const int stride = (ATT_THREADS / 32) * ppw;
       for (int base = warp * ppw; base < tn; base += SU * stride) {  // warp-uniform: shuffles below
@@ -1335,32 +1111,32 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
       for (int pp = tid; pp < tn; pp += ATT_THREADS) {
         const T *kr = kb + (size_t)(t0 + pp) * rs;
         float s[GM];
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < GM; ++j) s[j] = 0.f;
         for (int c0 = 0; c0 < nch; c0 += KU) {
           uint4 raw[KU];
-  #pragma unroll
+#pragma unroll
           for (int u = 0; u < KU; ++u)
             raw[u] = c0 + u >= nch ? make_uint4(0u, 0u, 0u, 0u)
                      : t0 + pp == fresh ? ldcg4(kr + (c0 + u) * CH)
                                         : __ldg(reinterpret_cast<const uint4 *>(kr + (c0 + u) * CH));
-  #pragma unroll
+#pragma unroll
           for (int u = 0; u < KU; ++u) {
             if (c0 + u < nch) {
               float kf[CH];
               TT<T>::unpack(raw[u], kf);
-  #pragma unroll
+#pragma unroll
               for (int j = 0; j < GM; ++j) {
                 if (j < G) {
                   const float *qq = qs + j * D + (c0 + u) * CH;
-  #pragma unroll
+#pragma unroll
                   for (int e = 0; e < CH; ++e) s[j] = fmaf(qq[e], kf[e], s[j]);
                 }
               }
             }
           }
         }
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < GM; ++j)
           if (j < G) sc[j * ATT_TILE + pp] = s[j];
       }
@@ -1499,10 +1275,8 @@ struct DecAttn {
   T *out;                           // [tokens, nh D]
   float *part_acc, *part_ml;        // split partials [tokens*nkv*S][G*D], [..][G][2]
   unsigned int *cnt;                // [tokens*nkv] splits finished; zero between steps
-  int late_trigger;                 // decode_attn_kernel lets the next kernel launch only after its wait
   unsigned long long *tlb;          // timeline records (PrepArgs::tlb), slot tls
   int tls;
-  const float2 *rope_cs;            // RoPE table [maxctx][D/2] (rope_table_kernel; NULL: sincosf per step)
   int score_lanes;                  // attend scores a position with several lanes (debug "attn_lanes")
 };
 
@@ -1512,6 +1286,12 @@ struct DecAttn {
 // partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
 // order: the same inputs give the same bits) and resets the counter. Used by
 // decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
+// split_range is split z of S's positions [lo, hi) of the n positions 0..n-1 of a sequence.
+__device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &hi) {
+  const int span = (n + S - 1) / S;
+  lo = min(n, z * span);
+  hi = min(n, lo + span);
+}
 
 template <typename T, int GM>
 __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem) {
@@ -1526,12 +1306,11 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   const bool mine = lo <= p && p < hi;  // this split holds the new token's position
   const float *row = a.qkv + (size_t)t * (a.nh + 2 * nkv) * D;
   const bool rope = a.inv_freq != nullptr;
-  const float2 *rcs = rope && a.rope_cs ? a.rope_cs + (size_t)p * (D / 2) : nullptr;
   for (int h = warp; h < G + 2; h += nwarp) {  // the G query heads, then k, then v
     if (h < G)
-      head_vec(row + (size_t)(kh * G + h) * D, a.qn, a.eps, a.inv_freq, p, a.qscale, D, qs + h * D, rope, rcs);
+      head_vec(row + (size_t)(kh * G + h) * D, a.qn, a.eps, a.inv_freq, p, a.qscale, D, qs + h * D, rope);
     else if (mine && h == G)
-      head_vec(row + (size_t)(a.nh + kh) * D, a.kn, a.eps, a.inv_freq, p, 1.f, D, kvv, rope, rcs);
+      head_vec(row + (size_t)(a.nh + kh) * D, a.kn, a.eps, a.inv_freq, p, 1.f, D, kvv, rope);
     else if (mine && h == G + 1)
       head_vec(row + (size_t)(a.nh + nkv + kh) * D, nullptr, a.eps, a.inv_freq, p, 1.f, D, kvv + D, false);
   }
@@ -1596,7 +1375,6 @@ template <typename T, int GM>
 __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
   tl_mark(a.tlb, a.tls, 0);
-  if (!a.late_trigger) pdl_trigger();  // the next product may launch and stage its weights now
   {  // the split's earlier positions (attn_item's range without the new one)
     const int p = a.pos[blockIdx.x];
     int lo, hi;
@@ -1604,7 +1382,7 @@ __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<
     prefetch_kv_rows(a.kc, a.vc, a.slot[blockIdx.x], blockIdx.y, lo, min(p, hi), a.nkv, a.D, a.maxctx);
   }
   pdl_wait();
-  if (a.late_trigger) pdl_trigger();
+  pdl_trigger();
   tl_mark(a.tlb, a.tls, 1);
   attn_item<T, GM>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm);
   tl_mark(a.tlb, a.tls, 2);  // attn_item ends with __syncthreads
@@ -1666,21 +1444,14 @@ struct mqb_model {
   int max_batch = 0, max_ctx = 0, slots = 0, scratch = 0;
   int Tcap = 0, Rcap = 0;
   int gemv_max_b = 4;
-  // gemv_stage: products of at most gemv_max_b rows whose weights fit a block per SM
-  // (STAGE_MAX_BYTES) use gemv_staged_kernel (MQB_GEMV_STAGE, default on); carveout is every
-  // kernel's preferred shared-memory carveout in percent (MQB_SMEM_CARVEOUT, -1: the driver's).
-  bool gemv_stage = false;
-  int stage_flags = 0;  // STAGE_BULK | STAGE_LATE_TRIGGER (MQB_STAGE_FLAGS)
-  bool gemv_preload = true;  // gemv_kernel's first-row preload (MQB_GEMV_PRELOAD)
-  bool rope_table = true;    // decode attention reads RoPE from rope_cs (debug "rope_table")
-  bool attn_lanes = true;    // attend's several-lanes-per-position scores (debug "attn_lanes")
-  // Debug timeline (mqb_debug_set "timeline"): TL_SLOTS records of 4 timestamps, one per GEMV
-  // and decode-attention launch of the last decode step's dispatch, labelled in tl_labels.
-  unsigned long long *tl_buf = nullptr;
+  bool attn_lanes = true;  // attend's several-lanes-per-position scores (debug "attn_lanes")
+  // Debug timeline (mqb_debug_set "timeline"): TL_SLOTS records of TL_FIELDS timestamps, one per
+  // GEMV and decode-attention launch of the last decode step's dispatch, labelled in tl_labels;
+  // tl_buf is tl_mem while on, NULL while off.
+  unsigned long long *tl_buf = nullptr, *tl_mem = nullptr;
   bool tl_decode = false;
   int tl_next = 0, tl_count = 0;
   std::vector<std::string> tl_labels;
-  int carveout = 100;
   int attn_split = 0;  // decode attention position splits (MQB_ATTN_SPLIT; 0 = enough to fill the SMs)
   int fused_attn = 1;  // decode_attn_kernel: 1 for small decode grids, 2 always, 0 never (MQB_FUSED_ATTN)
   // Tensor-core products (megakernel.cuh's linear_kernel) for decode steps of tc_min_b..mk::MAXB
@@ -1701,7 +1472,6 @@ struct mqb_model {
   void *lm = nullptr;     // T [V, H] (== emb when tied)
   float *normf_w = nullptr, *normf_b = nullptr;
   float *inv_freq = nullptr;
-  float2 *rope_cs = nullptr;  // [max_ctx][D/2] cos/sin (rope_table_kernel), qwen3
   std::vector<Layer> layers;
 
   // activations
@@ -1813,11 +1583,6 @@ void launch(mqb_model &m, void (*k)(K...), dim3 grid, dim3 block, size_t smem, c
   mark(m, m.label);
 }
 
-template <typename K>
-void smem_attr(K *k, size_t smem) {
-  ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "cudaFuncSetAttribute");
-}
-
 void mark(mqb_model &m, const std::string &label) {
   if (!m.prof) return;
   if (m.evused == m.evpool.size()) {
@@ -1867,30 +1632,14 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     m.label = r + ":gemv";
     a.tlb = m.tl_buf;
     a.tls = tl_slot(m);
-  }
-  if (B <= m.gemv_max_b && m.gemv_stage) {
-    const int blocks = std::max(1, std::min((N + 7) / 8, m.sms));
-    const size_t smem = staged_smem((N + blocks - 1) / blocks, K, B, sizeof(T));
-    if (smem <= STAGE_MAX_BYTES) {
-      const int acc = accumulate ? 1 : 0;
-      switch (B) {
-        case 1: launch(m, gemv_staged_kernel<T, 1>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp, m.stage_flags); break;
-        case 2: launch(m, gemv_staged_kernel<T, 2>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp, m.stage_flags); break;
-        case 3: launch(m, gemv_staged_kernel<T, 3>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp, m.stage_flags); break;
-        default: launch(m, gemv_staged_kernel<T, 4>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp, m.stage_flags); break;
-      }
-      return;
-    }
-  }
-  if (B <= m.gemv_max_b) {
     const int blocks = std::max(1, std::min((N + 7) / 8, m.sms * 4));
     const size_t smem = (size_t)B * K * sizeof(T);
-    const int acc = accumulate ? 1 : 0, pl = m.gemv_preload ? 1 : 0;
+    const int acc = accumulate ? 1 : 0;
     switch (B) {
-      case 1: launch(m, gemv_kernel<T, 1>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp, pl); break;
-      case 2: launch(m, gemv_kernel<T, 2>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp, pl); break;
-      case 3: launch(m, gemv_kernel<T, 3>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp, pl); break;
-      default: launch(m, gemv_kernel<T, 4>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp, pl); break;
+      case 1: launch(m, gemv_kernel<T, 1>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
+      case 2: launch(m, gemv_kernel<T, 2>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
+      case 3: launch(m, gemv_kernel<T, 3>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
+      default: launch(m, gemv_kernel<T, 4>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
     }
     return;
   }
@@ -1998,6 +1747,11 @@ void mk_launch_t(mqb_model &m, int b, bool want_logits) {
   ck(e, "decode megakernel launch");
   mark(m, "megakernel");
 #endif
+}
+
+template <typename K>
+void smem_attr(K *k, size_t smem) {
+  ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "cudaFuncSetAttribute");
 }
 
 // The tensor-core products are built only with MQB_TC_PRODUCTS (CMake -DMQB_TC_PRODUCTS=ON):
@@ -2234,8 +1988,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
         const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
                             q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
-                            (m.stage_flags & STAGE_LATE_TRIGGER) ? 1 : 0, m.tl_buf, tl_slot(m),
-                            q3 && m.rope_table ? m.rope_cs : nullptr, m.attn_lanes ? 1 : 0};
+                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0};
         launch_gm(gm, [&](auto g) {
           launch(m, decode_attn_kernel<T, decltype(g)::value>, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
         });
@@ -2488,50 +2241,13 @@ void load(mqb_model &m, const mqb_model_params *p) {
       inv[j] = 1.0f / powf((float)c.theta, (float)(2 * j) / (float)D);
     m.inv_freq = static_cast<float *>(m.dmalloc(inv.size() * sizeof(float)));
     ck(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice), "inv_freq upload");
-    const int half = (int)(D / 2);
-    m.rope_cs = static_cast<float2 *>(m.dmalloc(sizeof(float2) * (size_t)m.max_ctx * half));
-    launch(m, rope_table_kernel, dim3(std::min(m.sms * 4, (m.max_ctx * half + 255) / 256)), dim3(256), 0,
-           (const float *)m.inv_freq, half, m.max_ctx, m.rope_cs);
-    ck(cudaStreamSynchronize(m.stream), "RoPE table");
   }
 }
 
-// carve sets kernel k's preferred L1/shared-memory split. An SM runs blocks of several kernels
-// at once only when they share a split, so every kernel of the decode chain asks for the same
-// (most shared memory, by default): that lets gemv_staged_kernel's blocks stage their weights
-// while the previous kernel's blocks still run on the same SM.
-template <typename K>
-void carve(K *k, int carveout) {
-  if (carveout < 0) return;
-  ck(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
-     "cudaFuncSetAttribute(carveout)");
-}
-
-template <typename T, int B>
-void gemv_attrs(int carveout) {
-  smem_attr(gemv_staged_kernel<T, B>, STAGE_MAX_BYTES);
-  carve(gemv_staged_kernel<T, B>, carveout);
-  carve(gemv_kernel<T, B>, carveout);
-}
-
-// set_kernel_attrs lets the staged GEMV, and the attention kernels when the head shape needs it
-// (large head_dim and many query heads per KV head), use more than 48 KB of shared memory, and
-// gives every kernel the same shared-memory carveout (carve).
+// set_kernel_attrs lets the attention kernels use more than 48 KB of shared memory when the
+// head shape needs it (large head_dim and many query heads per KV head).
 template <typename T>
-void set_kernel_attrs(int gm, size_t att_bytes, int carveout) {
-  gemv_attrs<T, 1>(carveout);
-  gemv_attrs<T, 2>(carveout);
-  gemv_attrs<T, 3>(carveout);
-  gemv_attrs<T, 4>(carveout);
-  carve(embed_kernel<T>, carveout);
-  carve(prep_kernel<T>, carveout);
-  carve(qkv_post_kernel<T>, carveout);
-  carve(add_bias_kernel, carveout);
-  carve(argmax_kernel, carveout);
-  launch_gm(gm, [&](auto g) {
-    carve(attention_kernel<T, decltype(g)::value>, carveout);
-    carve(decode_attn_kernel<T, decltype(g)::value>, carveout);
-  });
+void set_kernel_attrs(int gm, size_t att_bytes) {
   if (att_bytes <= 48 * 1024) return;
   launch_gm(gm, [&](auto g) {
     ck(cudaFuncSetAttribute(attention_kernel<T, decltype(g)::value>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -2585,10 +2301,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.attn_split = std::max(0, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 0)));
   m.fused_attn = std::max(0, std::min(2, env_int("MQB_FUSED_ATTN", 1)));
   m.tc_min_b = env_int("MQB_TC_MIN_B", 0);
-  m.gemv_stage = env_int("MQB_GEMV_STAGE", 0) != 0;
-  m.stage_flags = env_int("MQB_STAGE_FLAGS", 0);
-  m.gemv_preload = env_int("MQB_GEMV_PRELOAD", 1) != 0;
-  m.carveout = std::min(100, env_int("MQB_SMEM_CARVEOUT", 100));
   const size_t es = dt_size(m.dt);
   const int Kmax = std::max(std::max(c.H, c.I), c.nh * c.D);
   int gb = std::min(4, env_int("MQB_GEMV_MAX_B", 4));
@@ -2643,9 +2355,9 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   const int gm = gm_for(G);
   const size_t ab = attn_smem(gm, c.D);
   switch (m.dt) {
-    case DT_BF16: set_kernel_attrs<__nv_bfloat16>(gm, ab, m.carveout); break;
-    case DT_F16: set_kernel_attrs<__half>(gm, ab, m.carveout); break;
-    default: set_kernel_attrs<float>(gm, ab, m.carveout); break;
+    case DT_BF16: set_kernel_attrs<__nv_bfloat16>(gm, ab); break;
+    case DT_F16: set_kernel_attrs<__half>(gm, ab); break;
+    default: set_kernel_attrs<float>(gm, ab); break;
   }
 #ifndef MQB_HOST_TEST
   mk_setup(m);
@@ -2976,14 +2688,11 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
 #endif
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
-  else if (k == "gemv_stage") m->gemv_stage = value != 0;
-  else if (k == "stage_flags") m->stage_flags = value;
-  else if (k == "gemv_preload") m->gemv_preload = value != 0;
-  else if (k == "rope_table") m->rope_table = value != 0;
   else if (k == "attn_lanes") m->attn_lanes = value != 0;
   else if (k == "timeline") {
-    if (value && !m->tl_buf) m->tl_buf = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));
-    if (!value) m->tl_buf = nullptr;  // dmalloc'd: freed with the model
+    if (value && !m->tl_mem)
+      m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));
+    m->tl_buf = value ? m->tl_mem : nullptr;
   }
   else if (k == "tc_min_b") {
     if (value > 0 && !m->tc_ok) return 1;  // not built (MQB_TC_PRODUCTS) or not applicable to this model
@@ -3006,12 +2715,10 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   return 0;
 }
 
-// mqb_debug_profile writes the profile gathered since "profile" was set, as JSON
-// {"steps": n, "kernels": {"label": [total_ms, count], ...}}, into buf. Not part of the ABI.
 // mqb_debug_timeline writes the last decode step's timeline (debug "timeline" on) as JSON:
 // {"kernels": [[label, first block start, last block start, last past-wait, last block end,
 // attention's phases q/k/v, scores, softmax, V sums], ...]}
-// in ns from the first record's start, in launch order (0: not reached).
+// in ns from the first record's start, in launch order (0: not reached). Not part of the ABI.
 int mqb_debug_timeline(mqb_model *m, char *buf, size_t len) {
   if (!m || !buf || len == 0 || !m->tl_buf) return 1;
   std::vector<unsigned long long> h(TL_FIELDS * (size_t)TL_SLOTS);
@@ -3040,6 +2747,8 @@ int mqb_debug_timeline(mqb_model *m, char *buf, size_t len) {
   return out.size() < len ? 0 : 1;
 }
 
+// mqb_debug_profile writes the profile gathered since "profile" was set, as JSON
+// {"steps": n, "kernels": {"label": [total_ms, count], ...}}, into buf. Not part of the ABI.
 int mqb_debug_profile(mqb_model *m, char *buf, size_t len) {
   if (!m || !buf || len == 0) return 1;
   std::string out = fmt("{\"steps\": %ld, \"kernels\": {", m->psteps);

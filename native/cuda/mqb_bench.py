@@ -338,12 +338,9 @@ def parity(args):
                     argmax_agree_fp32=float((la.argmax(-1) == la32.argmax(-1)).float().mean()))
                 runs = []
                 for batch_name, idxs in [("batch6", [0, 1, 2, 3, 4, 5]), ("batch3", [0, 1, 2]), ("batch1", [3]),
-                                         ("batch3_nograph", [0, 1, 2]), ("batch3_staged", [0, 1, 2]),
-                                         ("batch3_megakernel", [0, 1, 2])]:
+                                         ("batch3_nograph", [0, 1, 2]), ("batch3_megakernel", [0, 1, 2])]:
                     if batch_name == "batch3_nograph":
                         be.set("graphs", 0)
-                    if batch_name == "batch3_staged":
-                        be.set("gemv_stage", 1)
                     if batch_name == "batch3_megakernel":
                         try:
                             be.set("megakernel", 1)
@@ -364,8 +361,6 @@ def parity(args):
                         pos = [p + 1 for p in pos]
                     if batch_name == "batch3_nograph":
                         be.set("graphs", 1)
-                    if batch_name == "batch3_staged":
-                        be.set("gemv_stage", 0)
                     if batch_name == "batch3_megakernel":
                         be.set("megakernel", 0)
                     r = dict(name=batch_name, seqs=[])
@@ -391,12 +386,9 @@ def parity(args):
                 entry["graph_equals_eager"] = b3 == b3n
                 # batch composition must not change a sequence's tokens much; report equality
                 entry["batch6_vs_batch3_same_tokens"] = [s["tokens"] for s in runs[0]["seqs"][:3]] == b3
-                # the staged GEMV does the unstaged one's arithmetic in the same order: same logits, same tokens
-                entry["staged_equals_unstaged"] = (b3 == [s["tokens"] for s in runs[4]["seqs"]] and
-                                                   runs[1]["max_abs_vs_fp32"] == runs[4]["max_abs_vs_fp32"])
                 # the megakernel (a build with -DMQB_MEGAKERNEL=ON) against the per-kernel path; None: not built
-                entry["megakernel_equals_per_kernel_tokens"] = (b3 == [s["tokens"] for s in runs[5]["seqs"]]
-                                                                if len(runs) > 5 else None)
+                entry["megakernel_equals_per_kernel_tokens"] = (b3 == [s["tokens"] for s in runs[4]["seqs"]]
+                                                                if len(runs) > 4 else None)
                 entry["runs"] = runs
                 toks, _ = be.forward([0], [len(plong)], plong, [0])
                 gl, pos = [toks[0]], len(plong)
@@ -495,9 +487,9 @@ def summarize_parity(e):
         cons = all(s["argmax_consistent"] for s in r["seqs"])
         print("   %-15s decode max|d| vs hf32 %.3g vs hf bf16 %.3g | greedy = hf32 %d/%d (first mismatch %s), = hf bf16 %d/%d | argmax==logits %s"
               % (r["name"], r["max_abs_vs_fp32"], r["max_abs_vs_bf16"], g32, tot, first, g16, tot, cons), flush=True)
-    print("   graph==eager %s, batch6 prefix==batch3 %s, staged==unstaged GEMV %s, megakernel==per-kernel tokens %s"
-          % (e["graph_equals_eager"], e["batch6_vs_batch3_same_tokens"], e.get("staged_equals_unstaged"),
-             e.get("megakernel_equals_per_kernel_tokens")), flush=True)
+    print("   graph==eager %s, batch6 prefix==batch3 %s, megakernel==per-kernel tokens %s"
+          % (e["graph_equals_eager"], e["batch6_vs_batch3_same_tokens"], e.get("megakernel_equals_per_kernel_tokens")),
+          flush=True)
     lp = e.get("long_prompt")
     if lp:
         print("   long prompt %d tokens (two prefill chunks): greedy = hf32 %d/%d, = hf bf16 %d/%d"
@@ -678,8 +670,7 @@ def bench_hf(model, B, prompt_len, new, V, seed):
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
-            "tc_min_b": 0, "gemv_stage": 0, "stage_flags": 0, "gemv_preload": 1,
-            "rope_table": 1, "attn_lanes": 1}
+            "tc_min_b": 0, "attn_lanes": 1}
 
 
 def bench(args):
@@ -726,20 +717,14 @@ def bench(args):
     # contexts only), GEMV products at batch 1-4, cuBLAS above. unfused_attn is qkv_post +
     # attention, fused_always the fused kernel at every batch; attn_splitN forces N splits;
     # tc_products the tensor-core products (a build with -DMQB_TC_PRODUCTS=ON; skipped otherwise);
-    # megakernel the opt-in persistent kernel; staged the GEMV that copies its weights into
-    # shared memory before the wait (gemv_staged_kernel; stage_* its flags); no_preload the GEMV
-    # without its first-row register preload; no_rope_table, no_attn_lanes and old_attention
-    # decode attention with sines per step, one thread per position, or both.
+    # megakernel the opt-in persistent kernel; no_attn_lanes decode attention scoring one
+    # thread per position (before run 26).
     # mk_skip variants (BENCH_VARIANTS=...,mk_barriers_only) time the megakernel without its
     # attention (1), its matrix products (2) or both (3) (timing only; wrong tokens).
-    variants = [("default", {}), ("staged", {"gemv_stage": 1}), ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
+    variants = [("default", {}), ("no_attn_lanes", {"attn_lanes": 0}), ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
                 ("attn_split2", {"attn_split": 2}), ("attn_split4", {"attn_split": 4}), ("attn_split16", {"attn_split": 16}),
                 ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
-    extra = {"stage_bulk": {"gemv_stage": 1, "stage_flags": 1}, "stage_late": {"gemv_stage": 1, "stage_flags": 2},
-             "stage_bulk_late": {"gemv_stage": 1, "stage_flags": 3}, "no_preload": {"gemv_preload": 0},
-             "no_rope_table": {"rope_table": 0}, "no_attn_lanes": {"attn_lanes": 0},
-             "old_attention": {"rope_table": 0, "attn_lanes": 0},
-             "mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
+    extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
              "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
     if os.environ.get("BENCH_VARIANTS"):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")
@@ -811,11 +796,9 @@ def bench(args):
           flush=True)
     res["ours"] = ours
 
-    tl = {}
-    for name, opts in [("default", {}), ("no_preload", {"gemv_preload": 0}),
-                       ("old_attention", {"rope_table": 0, "attn_lanes": 0})]:
-        tl[name] = timeline(be, 1, V, name, opts)
-    res["timeline_b1"] = tl
+    # Where a graph-replayed batch-1 step spends its time, kernel by kernel (debug timeline).
+    res["timeline_b1"] = {name: timeline(be, 1, V, name, opts)
+                          for name, opts in [("default", {}), ("no_attn_lanes", {"attn_lanes": 0})]}
 
     # Per-kernel breakdown: eager steps with an event after every kernel (no graph, so small
     # kernels also carry launch gaps), charged per label; ms per decode step.

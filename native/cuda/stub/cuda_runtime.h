@@ -18,7 +18,6 @@ struct uint3 { unsigned x, y, z; };
 struct uint4 { unsigned x, y, z, w; };
 struct float2 { float x, y; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
-inline float2 make_float2(float a, float b) { return float2{a, b}; }
 extern thread_local uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 void __syncthreads();
@@ -49,7 +48,7 @@ typedef struct CUgraphExec_st *cudaGraphExec_t;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount, cudaDevAttrComputeCapabilityMajor };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeThreadLocal };
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributePreferredSharedMemoryCarveout };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization };
 enum cudaDataType_t { CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF };
 #define cudaStreamNonBlocking 1u
