@@ -42,6 +42,7 @@ const (
 	TagHTTPMinusTask      = "mq_http_minus_task"               // client HTTP latency − task wall time
 	TagQueueWait          = "mq_queue_wait"                    // server queue wait before a worker
 	TagServerHTTPLatency  = "mq_server_http_latency"           // HTTP latency measured by the server
+	TagServerTTFT         = "mq_server_ttft"                   // arrival to first content written, measured by the server
 	TagScheduleLateness   = "mq_schedule_lateness"             // open loop: actual − scheduled start
 	TagResponseBytes      = "mq_response_bytes"                // bytes of the response body
 
@@ -84,6 +85,7 @@ var Metrics = []Metric{
 	{TagHTTPMinusTask, "MQ HTTP Minus Task", "ms", true, false},
 	{TagQueueWait, "MQ Queue Wait", "ms", true, false},
 	{TagServerHTTPLatency, "MQ Server HTTP Latency", "ms", true, false},
+	{TagServerTTFT, "MQ Server Time to First Token", "ms", true, false},
 	{TagScheduleLateness, "MQ Schedule Lateness", "ms", true, false},
 	{TagResponseBytes, "MQ Response Bytes", "bytes", true, false},
 

@@ -3,6 +3,7 @@ package server
 import (
 	"flag"
 	"fmt"
+	"github.com/modelqual/modelqual/server/cpuset"
 	"io"
 	"log"
 	"os"
@@ -48,6 +49,18 @@ Flags:
 	fs.StringVar(&c.Device, "device", "cpu", "engine device: cpu or cuda")
 	fs.IntVar(&c.Threads, "threads", 0, "engine threads per worker (0: all cores)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body", 8<<20, "largest accepted request body in bytes (413 beyond)")
+	cpus := func(flag string, dst *cpuset.Set) func(string) error {
+		return func(v string) error {
+			s, err := cpuset.Parse(v)
+			if err != nil {
+				return fmt.Errorf("%s: %w", flag, err)
+			}
+			*dst = s
+			return nil
+		}
+	}
+	fs.Func("frontend-cpus", "pin the HTTP frontend to these CPUs (a list such as 0-3,7; Linux); default: unpinned", cpus("--frontend-cpus", &c.FrontendCPUs))
+	fs.Func("worker-cpus", "pin the worker processes (engines) to these CPUs; default: unpinned, or the CPUs the server started with when --frontend-cpus is set", cpus("--worker-cpus", &c.WorkerCPUs))
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

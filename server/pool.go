@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"github.com/modelqual/modelqual/server/cpuset"
 	"io"
 	"log"
 	"os"
@@ -120,6 +121,9 @@ type PoolConfig struct {
 	// than hashing it again. A worker that finds the file changed hashes it itself, and is
 	// refused unless its digest is still this one.
 	Verified bundle.Verified
+	// WorkerCPUs pins every worker process (and its engine's threads) to these CPUs; empty:
+	// unpinned.
+	WorkerCPUs cpuset.Set
 }
 
 // pool supervises the worker processes and schedules tasks onto their batch slots.
@@ -166,6 +170,9 @@ func (p *pool) workerArgs() []string {
 	if p.cfg.Verified.SHA256 != "" {
 		v, _ := p.cfg.Verified.MarshalText() // cannot fail
 		args = append(args, "--bundle-verified", string(v))
+	}
+	if len(p.cfg.WorkerCPUs) > 0 {
+		args = append(args, "--cpus", p.cfg.WorkerCPUs.String())
 	}
 	return args
 }

@@ -10,7 +10,7 @@ import (
 	"sync"
 )
 
-// Record is one request's line in the --records JSONL file (schema in CONTRACTS.md). It
+// Record is one request's line in the --records JSONL file (README "Records"). It
 // carries no prompt or output text: a sha256 and a byte count stand in for them, so records
 // can be kept and shared without leaking what was asked or answered. Nanosecond integers;
 // task_* come from the engine's own timings in the worker's terminal message (0 when the
@@ -23,6 +23,7 @@ type Record struct {
 	Stream        bool   `json:"stream"`
 	StartUnixNs   int64  `json:"start_unix_ns"`
 	HTTPLatencyNs int64  `json:"http_latency_ns"`
+	TTFTNs        int64  `json:"ttft_ns"` // arrival to the first content written (streams) or to the response; 0: none
 	QueueWaitNs   int64  `json:"queue_wait_ns"`
 	TaskWallNs    int64  `json:"task_wall_ns"`
 	TaskTTFTNs    int64  `json:"task_ttft_ns"`

@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/modelqual/modelqual/server/cpuset"
 	"log"
 	"math/rand/v2"
 	"net"
@@ -59,6 +60,12 @@ type Config struct {
 	Device         string
 	Threads        int
 	MaxBodyBytes   int64
+	// FrontendCPUs and WorkerCPUs place the HTTP frontend and the worker processes on CPUs of
+	// their own (--frontend-cpus, --worker-cpus; empty: wherever the kernel puts them). A
+	// worker whose set is empty while the frontend's is not runs on the CPUs the server was
+	// started with, not on the frontend's.
+	FrontendCPUs cpuset.Set
+	WorkerCPUs   cpuset.Set
 	// Exe is the binary started in worker mode; default os.Executable().
 	Exe string
 }
@@ -144,6 +151,23 @@ func New(cfg Config) (*Server, error) {
 	if _, err := os.Stat(cfg.Bundle); err != nil {
 		return nil, fmt.Errorf("qual-server: --bundle %s: %w", cfg.Bundle, err)
 	}
+	for _, c := range []struct {
+		flag string
+		set  cpuset.Set
+	}{{"--frontend-cpus", cfg.FrontendCPUs}, {"--worker-cpus", cfg.WorkerCPUs}} {
+		if len(c.set) > 0 {
+			if err := c.set.Check(c.flag); err != nil {
+				return nil, fmt.Errorf("qual-server: %w", err)
+			}
+		}
+	}
+	if len(cfg.FrontendCPUs) > 0 && len(cfg.WorkerCPUs) == 0 {
+		all, err := cpuset.Allowed()
+		if err != nil {
+			return nil, fmt.Errorf("qual-server: --frontend-cpus: %w", err)
+		}
+		cfg.WorkerCPUs = all // workers inherit the frontend's mask otherwise
+	}
 	s := &Server{cfg: cfg, faults: parseFaults(os.Getenv("MODELQUAL_FAULTS")), m: newMetrics(), created: time.Now().Unix()}
 	if cfg.Records != "" {
 		rw, err := openRecords(cfg.Records, s.faults.dropRecord)
@@ -155,7 +179,7 @@ func New(cfg Config) (*Server, error) {
 	s.pool = newPool(PoolConfig{
 		Exe: cfg.Exe, Bundle: cfg.Bundle, Workers: cfg.Workers, MaxBatch: cfg.MaxBatch,
 		QueueDepth: cfg.QueueDepth, Device: cfg.Device, Threads: cfg.Threads,
-		StartupTimeout: cfg.StartupTimeout,
+		StartupTimeout: cfg.StartupTimeout, WorkerCPUs: cfg.WorkerCPUs,
 	}, s.m)
 	return s, nil
 }
@@ -166,6 +190,13 @@ func New(cfg Config) (*Server, error) {
 // first load error.
 func (s *Server) Start() error {
 	s.startedAt = time.Now()
+	if len(s.cfg.FrontendCPUs) > 0 {
+		if err := cpuset.Pin(0, s.cfg.FrontendCPUs); err != nil {
+			return fmt.Errorf("qual-server: --frontend-cpus: %w", err)
+		}
+		cpuset.MatchGOMAXPROCS(s.cfg.FrontendCPUs)
+		log.Printf("frontend on CPUs %s, workers on CPUs %s", s.cfg.FrontendCPUs, s.cfg.WorkerCPUs)
+	}
 	addr := net.JoinHostPort(s.cfg.Host, strconv.Itoa(s.cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -544,6 +575,7 @@ func (s *Server) end(q *reqState) {
 	s.m.requests.WithLabelValues(q.rec.Route, strconv.Itoa(q.status)).Inc()
 	s.m.latency.WithLabelValues(q.rec.Route).Observe(el.Seconds())
 	if q.ttft > 0 {
+		q.rec.TTFTNs = q.ttft.Nanoseconds()
 		s.m.ttft.WithLabelValues(q.rec.Route).Observe(q.ttft.Seconds())
 	}
 	if q.recorded {

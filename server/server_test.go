@@ -516,6 +516,10 @@ func TestOneRecordPerRequest(t *testing.T) {
 		if r.Route == "/v1/completions" && r.Status == 200 && (r.OutputSHA == "" || r.PromptSHA == "" || r.OutputTokens != 3) {
 			t.Errorf("record %+v lacks digests or tokens", r)
 		}
+		// The frontend's TTFT: set when content was written, within the request's latency.
+		if wrote := r.Route == "/v1/completions" && r.Status == 200; wrote != (r.TTFTNs > 0) || r.TTFTNs > r.HTTPLatency {
+			t.Errorf("record %s (%s %d): ttft_ns %d with http_latency_ns %d", r.RequestID, r.Route, r.Status, r.TTFTNs, r.HTTPLatency)
+		}
 	}
 	for i := range calls {
 		for j := 0; j < 3; j++ {

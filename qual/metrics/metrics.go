@@ -161,6 +161,9 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 	}
 	if sv != nil {
 		set(reports.TagServerHTTPLatency, nsToMs(sv.Server.HTTPLatencyNs))
+		if sv.Server.TTFTNs > 0 { // servers before ttft_ns, and requests that wrote no content
+			set(reports.TagServerTTFT, nsToMs(sv.Server.TTFTNs))
+		}
 		set(reports.TagQueueWait, nsToMs(sv.QueueWaitNs))
 		// Task timings exist only when a worker ran the request.
 		if sv.TaskWallNs > 0 {

@@ -155,7 +155,7 @@ func TestWarmupDoesNotChangeProfiling(t *testing.T) {
 func TestExportJoinedServerFigures(t *testing.T) {
 	reqs := handRun()[:2]
 	sv := []records.Server{
-		{RequestID: "A", Route: "/v1/completions", Status: 200, HTTPLatencyNs: 39 * ms, QueueWaitNs: 1 * ms, TaskWallNs: 30 * ms, TaskTTFTNs: 6 * ms},
+		{RequestID: "A", Route: "/v1/completions", Status: 200, HTTPLatencyNs: 39 * ms, TTFTNs: 7 * ms, QueueWaitNs: 1 * ms, TaskWallNs: 30 * ms, TaskTTFTNs: 6 * ms},
 		{RequestID: "B", Route: "/v1/completions", Status: 200, HTTPLatencyNs: 19 * ms},
 	}
 	j, err := records.Join(reqs, sv)
@@ -166,13 +166,17 @@ func TestExportJoinedServerFigures(t *testing.T) {
 	a := recs[0]
 	// A: client HTTP latency is EndNs = 41 ms; task 30 ms → HTTP − task = 11 ms.
 	for tag, want := range map[string]float64{reports.TagTaskWallTime: 30, reports.TagHTTPMinusTask: 11,
-		reports.TagQueueWait: 1, reports.TagTaskTTFT: 6, reports.TagHTTPLatency: 41, reports.TagServerHTTPLatency: 39} {
+		reports.TagQueueWait: 1, reports.TagTaskTTFT: 6, reports.TagHTTPLatency: 41, reports.TagServerHTTPLatency: 39,
+		reports.TagServerTTFT: 7} {
 		if v, ok := a.Value(tag); !ok || v != want {
 			t.Errorf("A %s = %v (present %v), want %v", tag, v, ok, want)
 		}
 	}
 	if _, ok := recs[1].Value(reports.TagTaskWallTime); ok {
 		t.Error("B never reached a worker (task_wall_ns 0) but has mq_task_wall_time")
+	}
+	if _, ok := recs[1].Value(reports.TagServerTTFT); ok {
+		t.Error("B's server wrote no ttft_ns (an older server) but it has mq_server_ttft")
 	}
 }
 

@@ -37,7 +37,7 @@ type Error struct {
 	Message string `json:"message"`
 }
 
-// Request is the client-side record of one request, as defined in CONTRACTS.md. All *Ns
+// Request is the client-side record of one request (README "Records"). All *Ns
 // fields except StartUnixNs are monotonic nanoseconds since the request start, so latencies
 // are plain field reads and never subtract wall-clock readings.
 type Request struct {
@@ -82,7 +82,7 @@ func (r *Request) OutputTokens() int {
 	return r.OutputTokensClient
 }
 
-// Server mirrors one JSONL record of qual-server (CONTRACTS.md "Records JSONL"). Times are
+// Server mirrors one JSONL record of qual-server (server.Record; README "Records"). Times are
 // nanoseconds; Task* are the native engine's timings from the worker's terminal record and 0
 // when not applicable (e.g. /tokenize or a request refused before reaching a worker).
 type Server struct {
@@ -93,6 +93,7 @@ type Server struct {
 	Stream        bool   `json:"stream"`
 	StartUnixNs   int64  `json:"start_unix_ns"`
 	HTTPLatencyNs int64  `json:"http_latency_ns"`
+	TTFTNs        int64  `json:"ttft_ns"` // arrival to the first content written; 0: none
 	QueueWaitNs   int64  `json:"queue_wait_ns"`
 	TaskWallNs    int64  `json:"task_wall_ns"`
 	TaskTTFTNs    int64  `json:"task_ttft_ns"`

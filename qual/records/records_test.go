@@ -27,7 +27,7 @@ func TestJSONLRoundTrip(t *testing.T) {
 }
 
 func TestReadServerLine(t *testing.T) {
-	// One line as qual-server writes it (CONTRACTS.md); worker_id may be a number or a string.
+	// One line as qual-server writes it (server.Record); worker_id may be a number or a string.
 	line := `{"request_id":"r1","route":"/v1/completions","model":"m","status":200,"stream":true,` +
 		`"start_unix_ns":5,"http_latency_ns":100,"queue_wait_ns":3,"task_wall_ns":90,"task_ttft_ns":10,` +
 		`"input_tokens":4,"output_tokens":8,"finish_reason":"length","error_type":"","error_message":"",` +

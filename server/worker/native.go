@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/modelqual/modelqual/server/cpuset"
 	"io"
 	"log"
 	"os"
@@ -87,6 +88,7 @@ func Main(args []string) int {
 	device := fs.String("device", "cpu", "cpu or cuda")
 	threads := fs.Int("threads", 0, "engine threads (0: all cores)")
 	maxBatch := fs.Int("max-batch", 0, "batch slots (0: the bundle's build setting)")
+	cpus := fs.String("cpus", "", "pin this worker and its engine's threads to these CPUs (the frontend's --worker-cpus)")
 	var verified bundle.Verified
 	fs.TextVar(&verified, "bundle-verified", bundle.Verified{}, "the frontend's verification of the bundle (map it without hashing); empty: hash it here")
 	if err := fs.Parse(args); err != nil {
@@ -102,6 +104,24 @@ func Main(args []string) int {
 	// reaching the whole process group must not kill engines under in-flight requests.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGPIPE)
 
+	if *cpus != "" {
+		// Before the engine starts its threads, which inherit the mask.
+		set, err := cpuset.Parse(*cpus)
+		if err == nil {
+			err = cpuset.Pin(0, set)
+		}
+		if err != nil {
+			w := wire.NewWriter(out)
+			w.Fatal("--worker-cpus: " + err.Error())
+			_ = w.Flush()
+			log.Print(err)
+			return 1
+		}
+		cpuset.MatchGOMAXPROCS(set)
+		if *threads == 0 {
+			*threads = len(set) // "all cores" of the placement, not of the machine
+		}
+	}
 	start := time.Now()
 	eng, info, err := open(*path, verified, native.Params{Threads: *threads, MaxBatch: *maxBatch, Device: *device})
 	if err != nil {

@@ -1,0 +1,13 @@
+//go:build !linux
+
+package cpuset
+
+import "errors"
+
+var errNotLinux = errors.New("CPU placement needs Linux (sched_setaffinity); leave the CPU flags unset here")
+
+// Allowed is not available off Linux.
+func Allowed() (Set, error) { return nil, errNotLinux }
+
+// Pin is not available off Linux.
+func Pin(pid int, s Set) error { return errNotLinux }

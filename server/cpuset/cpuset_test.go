@@ -1,0 +1,128 @@
+package cpuset
+
+import (
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want Set
+		str  string
+	}{
+		{"", nil, ""},
+		{"0", Set{0}, "0"},
+		{"0-3,7", Set{0, 1, 2, 3, 7}, "0-3,7"},
+		{" 7, 1-2 ,2", Set{1, 2, 7}, "1-2,7"},
+		{"4-4", Set{4}, "4"},
+		{"0,2-4,5", Set{0, 2, 3, 4, 5}, "0,2-5"},
+	} {
+		got, err := Parse(c.in)
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", c.in, err)
+		}
+		if !slices.Equal(got, c.want) || got.String() != c.str {
+			t.Errorf("Parse(%q) = %v (%q), want %v (%q)", c.in, got, got.String(), c.want, c.str)
+		}
+	}
+}
+
+func TestParseErrorsNameTheElement(t *testing.T) {
+	for in, want := range map[string]string{
+		"a":      `"a" is not a CPU number`,
+		"1,,2":   `"" is not a CPU number`,
+		"3-1":    `"3-1" runs backwards`,
+		"-1":     `"-1" is not a CPU number`,
+		"1-":     `"1-" is not a CPU number`,
+		"+2":     `"+2" is not a CPU number`,
+		"0-9999": `CPU 9999 in "0-9999" is beyond`,
+		"1-2-3":  `"1-2-3" is not a CPU number`,
+	} {
+		_, err := Parse(in)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Parse(%q) error %v, want one containing %q", in, err, want)
+		}
+	}
+}
+
+// FuzzParse: anything Parse accepts prints to a list that parses back to the same set.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"0", "0-3,7", "1,2,3", "5-5,1", " 2 , 4-6", "a", "3-1", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		set, err := Parse(s)
+		if err != nil {
+			return
+		}
+		if !slices.IsSorted(set) || len(slices.Compact(slices.Clone(set))) != len(set) {
+			t.Fatalf("Parse(%q) = %v: not sorted and distinct", s, set)
+		}
+		back, err := Parse(set.String())
+		if err != nil || !slices.Equal(back, set) {
+			t.Fatalf("Parse(%q) = %v prints %q, which parses to %v, %v", s, set, set.String(), back, err)
+		}
+	})
+}
+
+func TestWithinAndCheck(t *testing.T) {
+	if !(Set{1, 3}).Within(Set{0, 1, 2, 3}) || (Set{1, 4}).Within(Set{0, 1, 2, 3}) {
+		t.Fatal("Within")
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("affinity is Linux-only")
+	}
+	allowed, err := Allowed()
+	if err != nil || len(allowed) == 0 {
+		t.Fatalf("Allowed() = %v, %v", allowed, err)
+	}
+	if err := allowed.Check("--frontend-cpus"); err != nil {
+		t.Fatalf("the allowed set itself fails Check: %v", err)
+	}
+	err = Set{maxCPU}.Check("--frontend-cpus")
+	if err == nil || !strings.Contains(err.Error(), "--frontend-cpus 8191: this process may only run on CPUs "+allowed.String()) {
+		t.Fatalf("Check of an unavailable CPU: %v", err)
+	}
+}
+
+// TestPin pins this test process to one CPU and reads the kernel's view of every thread back.
+func TestPin(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("affinity is Linux-only")
+	}
+	allowed, err := Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := Pin(0, allowed); err != nil {
+			t.Errorf("restore: %v", err)
+		}
+	}()
+	one := Set{allowed[len(allowed)-1]}
+	if err := Pin(0, one); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/self/task/" + e.Name() + "/status")
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) != one.String() {
+				t.Errorf("thread %s may run on CPUs %s, want %s", e.Name(), strings.TrimSpace(v), one)
+			}
+		}
+	}
+	if err := Pin(0, nil); err == nil {
+		t.Error("Pin to the empty set succeeded")
+	}
+}

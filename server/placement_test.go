@@ -1,0 +1,122 @@
+package server_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelqual/modelqual/server/cpuset"
+)
+
+// threadCPUs is the Cpus_allowed_list of every thread of pid, as the kernel reports it.
+func threadCPUs(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range ents {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/status")
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
+				out[e.Name()] = strings.TrimSpace(v)
+			}
+		}
+	}
+	return out
+}
+
+// TestCPUPlacement: --frontend-cpus and --worker-cpus pin every thread of the frontend and of
+// each worker (engine threads included), and the server serves while placed.
+func TestCPUPlacement(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("CPU placement is Linux-only")
+	}
+	all, err := cpuset.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fe, wk := cpuset.Set{all[len(all)-1]}, cpuset.Set{all[0]}
+	s := startServer(t, qwenBundle(t), "--frontend-cpus", fe.String(), "--worker-cpus", wk.String(), "--threads", "0")
+	if code, _, body := s.post("/v1/completions", `{"model":"test-model","prompt":"Hello","max_tokens":4}`); code != 200 {
+		t.Fatalf("completion while placed: %d %s", code, body)
+	}
+	for _, c := range []struct {
+		who  string
+		pids []int
+		want string
+	}{{"frontend", []int{s.cmd.Process.Pid}, fe.String()}, {"worker", s.workerPIDs(t), wk.String()}} {
+		if len(c.pids) == 0 {
+			t.Fatalf("no %s pid", c.who)
+		}
+		for _, pid := range c.pids {
+			for tid, got := range threadCPUs(t, pid) {
+				if got != c.want {
+					t.Errorf("%s pid %d thread %s may run on CPUs %s, want %s", c.who, pid, tid, got, c.want)
+				}
+			}
+		}
+	}
+	if !strings.Contains(s.log.String(), "frontend on CPUs "+fe.String()+", workers on CPUs "+wk.String()) {
+		t.Errorf("the log does not say where the processes run:\n%s", s.log.String())
+	}
+}
+
+// TestCPUPlacementFrontendOnly: a worker does not inherit the frontend's CPUs.
+func TestCPUPlacementFrontendOnly(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("CPU placement is Linux-only")
+	}
+	all, err := cpuset.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) < 2 {
+		t.Skip("needs two CPUs")
+	}
+	s := startServer(t, mockBundle(t, 0), "--frontend-cpus", strconv.Itoa(all[0]))
+	for _, pid := range s.workerPIDs(t) {
+		for tid, got := range threadCPUs(t, pid) {
+			if got != all.String() {
+				t.Errorf("worker %d thread %s may run on CPUs %s, want all of %s", pid, tid, got, all)
+			}
+		}
+	}
+}
+
+// TestCPUPlacementBadInput: a malformed or unavailable CPU list stops the server at start with
+// a message naming the flag and what to do.
+func TestCPUPlacementBadInput(t *testing.T) {
+	bundle := mockBundle(t, 0)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--frontend-cpus", "1-x"}, `--frontend-cpus: "1-x" is not a CPU number or range (write a list such as 0-3,7)`},
+		{[]string{"--worker-cpus", "3-1"}, `--worker-cpus: CPU range "3-1" runs backwards`},
+		{[]string{"--frontend-cpus", "8000"}, "--frontend-cpus 8000: this process may only run on CPUs"},
+		{[]string{"--worker-cpus", "0,8000"}, "pass CPUs from that list"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		args := append([]string{"--bundle", bundle, "--model-name", "m", "--port", strconv.Itoa(freePort(t))}, c.args...)
+		out, err := exec.CommandContext(ctx, serverBin, args...).CombinedOutput()
+		cancel()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 {
+			t.Errorf("%v: exit %v, want status 2\n%s", c.args, err, out)
+		}
+		if !strings.Contains(string(out), c.want) {
+			t.Errorf("%v: output lacks %q:\n%s", c.args, c.want, out)
+		}
+	}
+}
