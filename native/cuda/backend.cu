@@ -1071,8 +1071,9 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
       // nch lanes score one position (one 16-byte chunk of its K row each, then a shuffle sum),
       // SU positions per lane group with their loads in flight together: a few positions no
       // longer wait on one thread's serial 128-wide dot product (run 25's timeline: scores 4.5
-      // us of a 12.6 us attention at batch 1).
-      constexpr int SU = 8;
+      // us of a 12.6 us attention at batch 1; runs 27 and 29: attention 10.8 us instead of
+      // 12.5-13.7 at positions 32-48, tokens/s at 48-348 within 1 %; SU = 8 no better, run 28).
+      constexpr int SU = 4;
       const int ppw = 32 / nch, sub = lane / nch, sl = lane - sub * nch;
       const int stride = (ATT_THREADS / 32) * ppw;
       for (int base = warp * ppw; base < tn; base += SU * stride) {  // warp-uniform: shuffles below
