@@ -3,7 +3,6 @@ package server
 import (
 	"flag"
 	"fmt"
-	"github.com/modelqual/modelqual/server/cpuset"
 	"io"
 	"log"
 	"os"
@@ -11,6 +10,8 @@ import (
 	"runtime/debug"
 	"syscall"
 	"time"
+
+	"github.com/modelqual/modelqual/server/cpuset"
 )
 
 // ParseFlags turns qual-server's command line into a Config. --help text is the reference

@@ -3,7 +3,6 @@ package server
 import (
 	"errors"
 	"fmt"
-	"github.com/modelqual/modelqual/server/cpuset"
 	"io"
 	"log"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/server/cpuset"
 	"github.com/modelqual/modelqual/server/wire"
 )
 

@@ -22,7 +22,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/modelqual/modelqual/server/cpuset"
 	"log"
 	"math/rand/v2"
 	"net"
@@ -38,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/server/cpuset"
 	"github.com/modelqual/modelqual/server/tokenizer"
 	"github.com/modelqual/modelqual/server/wire"
 )

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/modelqual/modelqual/server/cpuset"
 	"io"
 	"log"
 	"os"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/modelqual/modelqual/native"
 	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/server/cpuset"
 	"github.com/modelqual/modelqual/server/wire"
 )
 
