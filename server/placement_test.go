@@ -36,9 +36,9 @@ func threadCPUs(t *testing.T, pid int) map[string]string {
 	return out
 }
 
-// TestCPUPlacement: --frontend-cpus and --worker-cpus pin every thread of the frontend and of
-// each worker (engine threads included), and the server serves while placed.
-func TestCPUPlacement(t *testing.T) {
+// allowedCPUs is the CPUs this test may use; the test is skipped off Linux.
+func allowedCPUs(t *testing.T) cpuset.Set {
+	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("CPU placement is Linux-only")
 	}
@@ -46,6 +46,13 @@ func TestCPUPlacement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return all
+}
+
+// TestCPUPlacement: --frontend-cpus and --worker-cpus pin every thread of the frontend and of
+// each worker (engine threads included), and the server serves while placed.
+func TestCPUPlacement(t *testing.T) {
+	all := allowedCPUs(t)
 	fe, wk := cpuset.Set{all[len(all)-1]}, cpuset.Set{all[0]}
 	s := startServer(t, qwenBundle(t), "--frontend-cpus", fe.String(), "--worker-cpus", wk.String(), "--threads", "0")
 	if code, _, body := s.post("/v1/completions", `{"model":"test-model","prompt":"Hello","max_tokens":4}`); code != 200 {
@@ -74,13 +81,7 @@ func TestCPUPlacement(t *testing.T) {
 
 // TestCPUPlacementFrontendOnly: a worker does not inherit the frontend's CPUs.
 func TestCPUPlacementFrontendOnly(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("CPU placement is Linux-only")
-	}
-	all, err := cpuset.Allowed()
-	if err != nil {
-		t.Fatal(err)
-	}
+	all := allowedCPUs(t)
 	if len(all) < 2 {
 		t.Skip("needs two CPUs")
 	}
