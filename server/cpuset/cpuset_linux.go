@@ -31,7 +31,9 @@ func fromMask(m *unix.CPUSet) Set {
 
 // Pin restricts every thread of process pid (0: this process) to the CPUs of s. Threads
 // started later inherit the mask of the thread that starts them, so pinning a process early
-// (before its engine starts its threads) pins all of them.
+// (before its engine starts its threads) pins all of them. A thread started while Pin runs, by
+// a thread not yet pinned, is caught by another pass over the thread list: Pin returns once a
+// pass finds no thread it has not pinned.
 func Pin(pid int, s Set) error {
 	if len(s) == 0 {
 		return fmt.Errorf("pin process %d: empty CPU set", pid)
@@ -44,18 +46,27 @@ func Pin(pid int, s Set) error {
 	if pid != 0 {
 		dir = "/proc/" + strconv.Itoa(pid) + "/task"
 	}
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("pin process %d to CPUs %s: list its threads: %w", pid, s, err)
-	}
-	for _, e := range ents {
-		tid, err := strconv.Atoi(e.Name())
+	done := map[int]bool{}
+	for pass := 0; pass < 100; pass++ {
+		ents, err := os.ReadDir(dir)
 		if err != nil {
-			continue
+			return fmt.Errorf("pin process %d to CPUs %s: list its threads: %w", pid, s, err)
 		}
-		if err := unix.SchedSetaffinity(tid, &m); err != nil && err != unix.ESRCH { // ESRCH: the thread ended meanwhile
-			return fmt.Errorf("pin thread %d of process %d to CPUs %s: %w", tid, pid, s, err)
+		fresh := false
+		for _, e := range ents {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil || done[tid] {
+				continue
+			}
+			fresh = true
+			if err := unix.SchedSetaffinity(tid, &m); err != nil && err != unix.ESRCH { // ESRCH: the thread ended meanwhile
+				return fmt.Errorf("pin thread %d of process %d to CPUs %s: %w", tid, pid, s, err)
+			}
+			done[tid] = true
+		}
+		if !fresh {
+			return nil
 		}
 	}
-	return nil
+	return fmt.Errorf("pin process %d to CPUs %s: it kept starting threads through 100 passes", pid, s)
 }
