@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParse(t *testing.T) {
@@ -124,5 +125,63 @@ func TestPin(t *testing.T) {
 	}
 	if err := Pin(0, nil); err == nil {
 		t.Error("Pin to the empty set succeeded")
+	}
+}
+
+// TestPinWhileThreadsStart pins this process while it keeps starting OS threads (goroutines
+// that lock theirs): every thread alive afterwards must have the new mask, including those a
+// not-yet-pinned thread started during Pin.
+func TestPinWhileThreadsStart(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("affinity is Linux-only")
+	}
+	allowed, err := Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := Pin(0, allowed); err != nil {
+			t.Errorf("restore: %v", err)
+		}
+	}()
+	hold := make(chan struct{})
+	stop := make(chan struct{})
+	spawned := make(chan struct{})
+	go func() {
+		defer close(spawned)
+		for i := 0; i < 200; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			go func() {
+				runtime.LockOSThread() // this goroutine's thread exits with it, after hold closes
+				<-hold
+			}()
+		}
+	}()
+	one := Set{allowed[0]}
+	if err := Pin(0, one); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	<-spawned
+	defer close(hold)
+	time.Sleep(50 * time.Millisecond) // let the last goroutines lock their threads
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/self/task/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) != one.String() {
+				t.Errorf("thread %s may run on CPUs %s after Pin, want %s", e.Name(), strings.TrimSpace(v), one)
+			}
+		}
 	}
 }
