@@ -1265,6 +1265,130 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
 }
 
 // DecAttn: one layer's decode attention with the q/k/v post-processing fused in (attn_item).
+// attend_flash: attend's result (unnormalised sums in oacc, running max and sum in s_m, s_l;
+// s_m = -inf for an empty range) for a decode step, computed without block-wide phases: the
+// block's lane groups (nch lanes, a position at a time: 16 groups for bf16 head_dim 128) each
+// run their own online softmax over every 16th position, with its K and V chunks loaded
+// together, SU positions in flight; the groups of a warp merge by shuffles and the 8 warps
+// through shared memory (red: 8 GM D floats, sc: 16 GM). attend's scores, softmax and V
+// phases were each a round trip to L2 and a barrier (NOTES.md, runs 25-29: 2.7 + 1.1 + 2.1 us
+// of attention's 10.8 at batch 1). Needs nch a power of two of at most 32.
+template <typename T, int GM>
+__device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh, int D,
+                             int G, float *sc, float *red, float *s_m, float *s_l, float *oacc) {
+  constexpr int CH = TT<T>::CH;
+  constexpr int SU = 4;
+  constexpr int NW = ATT_THREADS / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nch = D / CH, ppw = 32 / nch, sub = lane / nch, sl = lane - sub * nch;
+  const int ngroups = NW * ppw, g = warp * ppw + sub;
+  float qf[GM][CH], acc[GM][CH], m[GM], l[GM];
+  __syncthreads();  // qs was written by the caller
+#pragma unroll
+  for (int j = 0; j < GM; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.f;
+#pragma unroll
+    for (int e = 0; e < CH; ++e) {
+      qf[j][e] = j < G ? qs[j * D + sl * CH + e] : 0.f;
+      acc[j][e] = 0.f;
+    }
+  }
+  const int span = hi - lo;
+  for (int base = 0; base < span; base += SU * ngroups) {  // block-uniform: shuffles below
+    uint4 kr[SU], vr[SU];
+#pragma unroll
+    for (int u = 0; u < SU; ++u) {
+      const int pp = base + u * ngroups + g, pos = lo + pp;
+      const size_t off = (size_t)pos * rs + sl * CH;
+      const bool ok = pp < span;
+      kr[u] = !ok ? make_uint4(0u, 0u, 0u, 0u) : pos == fresh ? ldcg4(kb + off) : __ldg(reinterpret_cast<const uint4 *>(kb + off));
+      vr[u] = !ok ? make_uint4(0u, 0u, 0u, 0u) : pos == fresh ? ldcg4(vb + off) : __ldg(reinterpret_cast<const uint4 *>(vb + off));
+    }
+#pragma unroll
+    for (int u = 0; u < SU; ++u) {
+      const bool ok = base + u * ngroups + g < span;
+      float kf[CH], vf[CH], sc_[GM];
+      TT<T>::unpack(kr[u], kf);
+      TT<T>::unpack(vr[u], vf);
+#pragma unroll
+      for (int j = 0; j < GM; ++j) {
+        sc_[j] = 0.f;
+#pragma unroll
+        for (int e = 0; e < CH; ++e) sc_[j] = fmaf(qf[j][e], kf[e], sc_[j]);
+      }
+      for (int o = nch >> 1; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < GM; ++j) sc_[j] += __shfl_xor_sync(0xffffffffu, sc_[j], o);
+      if (ok) {
+#pragma unroll
+        for (int j = 0; j < GM; ++j) {
+          if (j < G) {
+            const float mn = fmaxf(m[j], sc_[j]);
+            const float corr = expf(m[j] - mn), pj = expf(sc_[j] - mn);  // m = -inf: corr 0
+            l[j] = l[j] * corr + pj;
+#pragma unroll
+            for (int e = 0; e < CH; ++e) acc[j][e] = fmaf(pj, vf[e], acc[j][e] * corr);
+            m[j] = mn;
+          }
+        }
+      }
+    }
+  }
+  // The groups of a warp (lanes sl, sl + nch, ...) merge into the first.
+  for (int o = nch; o < 32; o <<= 1) {
+#pragma unroll
+    for (int j = 0; j < GM; ++j) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m[j], o), lo_ = __shfl_xor_sync(0xffffffffu, l[j], o);
+      const float mn = fmaxf(m[j], mo);
+      const float a = m[j] == -INFINITY ? 0.f : expf(m[j] - mn), b = mo == -INFINITY ? 0.f : expf(mo - mn);
+#pragma unroll
+      for (int e = 0; e < CH; ++e) {
+        const float ao = __shfl_xor_sync(0xffffffffu, acc[j][e], o);
+        acc[j][e] = acc[j][e] * a + ao * b;
+      }
+      l[j] = l[j] * a + lo_ * b;
+      m[j] = mn;
+    }
+  }
+  float *pm = sc, *pl = sc + NW * GM;  // [warp][GM]
+  if (sub == 0) {
+#pragma unroll
+    for (int j = 0; j < GM; ++j) {
+      if (j < G) {
+        if (sl == 0) {
+          pm[warp * GM + j] = m[j];
+          pl[warp * GM + j] = l[j];
+        }
+#pragma unroll
+        for (int e = 0; e < CH; ++e) red[((size_t)warp * GM + j) * D + sl * CH + e] = acc[j][e];
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += ATT_THREADS) {
+    const int j = i / D;
+    float M = -INFINITY;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, pm[w * GM + j]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+      for (int w = 0; w < NW; ++w) {
+        const float mw = pm[w * GM + j];
+        if (mw == -INFINITY) continue;
+        const float f = expf(mw - M);
+        L += pl[w * GM + j] * f;
+        A += red[((size_t)w * GM + j) * D + (i - j * D)] * f;
+      }
+    }
+    oacc[i] = A;
+    if (i - j * D == 0) {
+      s_m[j] = M;
+      s_l[j] = L;
+    }
+  }
+  __syncthreads();
+}
+
 template <typename T>
 struct DecAttn {
   const float *qkv;                 // [tokens, (nh + 2 nkv) D] fp32: the step's qkv product
@@ -1279,6 +1403,7 @@ struct DecAttn {
   unsigned long long *tlb;          // timeline records (PrepArgs::tlb), slot tls
   int tls;
   int score_lanes;                  // attend scores a position with several lanes (debug "attn_lanes")
+  int flash;                        // attend_flash instead of attend (debug "attn_flash")
 };
 
 // attn_item: token t's new position p, KV head kh, position split z of S: q of the G query heads
@@ -1326,8 +1451,16 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     }
     __syncthreads();
   }
-  attend<T, GM>(qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l, s_c, oacc, a.tlb,
-                a.tls, a.score_lanes != 0);
+  const int nch = D / TT<T>::CH;
+  if (a.flash && nch <= 32 && (nch & (nch - 1)) == 0) {
+    attend_flash<T, GM>(qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l, oacc);
+    tl_mark(a.tlb, a.tls, 4);
+    tl_mark(a.tlb, a.tls, 5);
+    tl_mark(a.tlb, a.tls, 6);
+  } else {
+    attend<T, GM>(qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l, s_c, oacc, a.tlb,
+                  a.tls, a.score_lanes != 0);
+  }
   T *out = a.out + ((size_t)t * a.nh + (size_t)kh * G) * D;
   if (S == 1) {
     for (int i = tid; i < G * D; i += ATT_THREADS) out[i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
@@ -1446,6 +1579,7 @@ struct mqb_model {
   int Tcap = 0, Rcap = 0;
   int gemv_max_b = 4;
   bool attn_lanes = true;  // attend's several-lanes-per-position scores (debug "attn_lanes")
+  bool attn_flash = true;  // decode attention through attend_flash (debug "attn_flash")
   // Debug timeline (mqb_debug_set "timeline"): TL_SLOTS records of TL_FIELDS timestamps, one per
   // GEMV and decode-attention launch of the last decode step's dispatch, labelled in tl_labels;
   // tl_buf is tl_mem while on, NULL while off.
@@ -1989,7 +2123,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
         const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
                             q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
-                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0};
+                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0};
         launch_gm(gm, [&](auto g) {
           launch(m, decode_attn_kernel<T, decltype(g)::value>, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
         });
@@ -2690,6 +2824,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
   else if (k == "attn_lanes") m->attn_lanes = value != 0;
+  else if (k == "attn_flash") m->attn_flash = value != 0;
   else if (k == "timeline") {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));

@@ -670,7 +670,7 @@ def bench_hf(model, B, prompt_len, new, V, seed):
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
-            "tc_min_b": 0, "attn_lanes": 1}
+            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1}
 
 
 def bench(args):
@@ -717,11 +717,13 @@ def bench(args):
     # contexts only), GEMV products at batch 1-4, cuBLAS above. unfused_attn is qkv_post +
     # attention, fused_always the fused kernel at every batch; attn_splitN forces N splits;
     # tc_products the tensor-core products (a build with -DMQB_TC_PRODUCTS=ON; skipped otherwise);
-    # megakernel the opt-in persistent kernel; no_attn_lanes decode attention scoring one
-    # thread per position (before run 26).
+    # megakernel the opt-in persistent kernel; no_attn_flash decode attention through attend
+    # (phases with barriers, before run 30), no_attn_lanes that with one thread per scored
+    # position (before run 26).
     # mk_skip variants (BENCH_VARIANTS=...,mk_barriers_only) time the megakernel without its
     # attention (1), its matrix products (2) or both (3) (timing only; wrong tokens).
-    variants = [("default", {}), ("no_attn_lanes", {"attn_lanes": 0}), ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
+    variants = [("default", {}), ("no_attn_flash", {"attn_flash": 0}), ("no_attn_lanes", {"attn_flash": 0, "attn_lanes": 0}),
+                ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
                 ("attn_split2", {"attn_split": 2}), ("attn_split4", {"attn_split": 4}), ("attn_split16", {"attn_split": 16}),
                 ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
     extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
@@ -798,7 +800,7 @@ def bench(args):
 
     # Where a graph-replayed batch-1 step spends its time, kernel by kernel (debug timeline).
     res["timeline_b1"] = {name: timeline(be, 1, V, name, opts)
-                          for name, opts in [("default", {}), ("no_attn_lanes", {"attn_lanes": 0})]}
+                          for name, opts in [("default", {}), ("no_attn_flash", {"attn_flash": 0})]}
 
     # Per-kernel breakdown: eager steps with an event after every kernel (no graph, so small
     # kernels also carry launch gaps), charged per label; ms per decode step.

@@ -460,14 +460,16 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   }
   // Batched generation with teacher-forced reference: prefill of several lengths in one call,
   // then decode steps; batches 6 (cuBLAS, bucket 8), 3 (GEMV B=4 with padding), 1, and 3 again
-  // without graphs (and with attention's one thread per scored position), with decode attention unfused (qkv_post + attention) and with 3 position
+  // without graphs (and with decode attention through attend, one thread per scored position,
+  // instead of attend_flash), with decode attention unfused (qkv_post + attention) and with 3 position
   // splits (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16).
-  const char *vname[] = {"", "", "", " no-graph thread-scores", " unfused-attention", " attention-split-3"};
+  const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention", " attention-split-3"};
   for (int variant = 0; variant < 6; ++variant) {
     std::vector<int> lens = variant == 0 ? std::vector<int>{5, 20, 9, 33, 2, 12}
                           : variant == 2 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
     if (variant == 3) {
       mqb_debug_set(m, "graphs", 0);
+      mqb_debug_set(m, "attn_flash", 0);
       mqb_debug_set(m, "attn_lanes", 0);
     }
     if (variant == 4) mqb_debug_set(m, "fused_attn", 0);
@@ -520,6 +522,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     }
     if (variant == 3) {
       mqb_debug_set(m, "graphs", 1);
+      mqb_debug_set(m, "attn_flash", 1);
       mqb_debug_set(m, "attn_lanes", 1);
     }
     if (variant == 4) mqb_debug_set(m, "fused_attn", 1);
