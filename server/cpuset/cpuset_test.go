@@ -90,8 +90,10 @@ func TestWithinAndCheck(t *testing.T) {
 	}
 }
 
-// TestPin pins this test process to one CPU and reads the kernel's view of every thread back.
-func TestPin(t *testing.T) {
+// pinnable returns the CPUs this test process may use and restores them when the test ends;
+// the test is skipped off Linux.
+func pinnable(t *testing.T) Set {
+	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("affinity is Linux-only")
 	}
@@ -99,15 +101,18 @@ func TestPin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		if err := Pin(0, allowed); err != nil {
 			t.Errorf("restore: %v", err)
 		}
-	}()
-	one := Set{allowed[len(allowed)-1]}
-	if err := Pin(0, one); err != nil {
-		t.Fatal(err)
-	}
+	})
+	return allowed
+}
+
+// checkAllThreads fails the test for every thread of this process whose CPU list, as the
+// kernel reports it, is not want.
+func checkAllThreads(t *testing.T, want Set) {
+	t.Helper()
 	ents, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		t.Fatal(err)
@@ -118,11 +123,21 @@ func TestPin(t *testing.T) {
 			continue // the thread ended
 		}
 		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) != one.String() {
-				t.Errorf("thread %s may run on CPUs %s, want %s", e.Name(), strings.TrimSpace(v), one)
+			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) != want.String() {
+				t.Errorf("thread %s may run on CPUs %s, want %s", e.Name(), strings.TrimSpace(v), want)
 			}
 		}
 	}
+}
+
+// TestPin pins this test process to one CPU and reads the kernel's view of every thread back.
+func TestPin(t *testing.T) {
+	allowed := pinnable(t)
+	one := Set{allowed[len(allowed)-1]}
+	if err := Pin(0, one); err != nil {
+		t.Fatal(err)
+	}
+	checkAllThreads(t, one)
 	if err := Pin(0, nil); err == nil {
 		t.Error("Pin to the empty set succeeded")
 	}
@@ -132,18 +147,7 @@ func TestPin(t *testing.T) {
 // that lock theirs): every thread alive afterwards must have the new mask, including those a
 // not-yet-pinned thread started during Pin.
 func TestPinWhileThreadsStart(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("affinity is Linux-only")
-	}
-	allowed, err := Allowed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := Pin(0, allowed); err != nil {
-			t.Errorf("restore: %v", err)
-		}
-	}()
+	allowed := pinnable(t)
 	hold := make(chan struct{})
 	stop := make(chan struct{})
 	spawned := make(chan struct{})
@@ -169,19 +173,5 @@ func TestPinWhileThreadsStart(t *testing.T) {
 	<-spawned
 	defer close(hold)
 	time.Sleep(50 * time.Millisecond) // let the last goroutines lock their threads
-	ents, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		b, err := os.ReadFile("/proc/self/task/" + e.Name() + "/status")
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) != one.String() {
-				t.Errorf("thread %s may run on CPUs %s after Pin, want %s", e.Name(), strings.TrimSpace(v), one)
-			}
-		}
-	}
+	checkAllThreads(t, one)
 }
