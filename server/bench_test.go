@@ -241,7 +241,6 @@ func runLoad(b *testing.B, s *testServer, conc, total int, body string) {
 		ttfts = append(ttfts, float64(st.ttft)/float64(time.Millisecond))
 	}
 	slices.Sort(ttfts)
-	pct := func(p float64) float64 { return ttfts[min(len(ttfts)-1, int(p*float64(len(ttfts))))] }
 	usPerTick := 1e6 / clkTck
 	// The frontend's own TTFT (request arrival to the write of the first content), from its
 	// records of this window's requests: what the load generator adds is the rest.
@@ -251,12 +250,12 @@ func runLoad(b *testing.B, s *testServer, conc, total int, body string) {
 			sv = append(sv, float64(r.TTFTNs)/float64(time.Millisecond))
 		}
 		slices.Sort(sv)
-		b.ReportMetric(sv[len(sv)/2], "server_ttft_p50_ms")
-		b.ReportMetric(sv[min(len(sv)-1, int(0.99*float64(len(sv))))], "server_ttft_p99_ms")
+		b.ReportMetric(percentile(sv, 0.50), "server_ttft_p50_ms")
+		b.ReportMetric(percentile(sv, 0.99), "server_ttft_p99_ms")
 	}
 	b.ReportMetric(float64(tokens)/el.Seconds(), "tokens/s")
-	b.ReportMetric(pct(0.50), "ttft_p50_ms")
-	b.ReportMetric(pct(0.99), "ttft_p99_ms")
+	b.ReportMetric(percentile(ttfts, 0.50), "ttft_p50_ms")
+	b.ReportMetric(percentile(ttfts, 0.99), "ttft_p99_ms")
 	b.ReportMetric(float64(fe)*usPerTick/float64(tokens), "frontend_us/token")
 	b.ReportMetric(float64(wk)*usPerTick/float64(tokens), "worker_us/token")
 	if w0 >= 0 {
@@ -268,6 +267,11 @@ func runLoad(b *testing.B, s *testServer, conc, total int, body string) {
 	b.ReportMetric(float64(cl)*usPerTick/float64(tokens), "client_us/token")
 	b.ReportMetric(float64(byteCount)/float64(tokens), "resp_bytes/token")
 	b.ReportMetric(0, "ns/op") // per-request wall time is not meaningful under concurrency
+}
+
+// percentile is the p-quantile (nearest rank) of sorted, which is not empty.
+func percentile(sorted []float64, p float64) float64 {
+	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
 }
 
 // windowRecords returns the server's records of the last n requests, waiting briefly for the
@@ -291,9 +295,10 @@ func (s *testServer) windowRecords(tb testing.TB, n int) []serverRecord {
 // placed is the study's method (../shared/seeds/004: "CPU placement"): the frontend on a CPU
 // of its own (--frontend-cpus), the worker and this load generator on the others. shared
 // leaves placement to the kernel: on a 2-core machine the three processes then take turns on
-// both cores, and the first token of a new stream waits for whichever is descheduled (TTFT p99
-// 3.6-5.5 ms there, against 1.9 placed, at 6 % less throughput; records show the frontend's own
-// arrival-to-first-write p99 at 1.3-1.8 ms either way).
+// both cores, and the first token of a new stream waits for whichever is descheduled (on the
+// development VM, 2026-11-30: TTFT p99 2.9-4.6 ms shared, 1.65-2.66 placed (median 2.2 over 27
+// runs) at about 20 % less throughput; the frontend's own arrival-to-first-write p99, from its
+// records, 1.0-1.9 ms either way).
 func BenchmarkFrontendMockC32(b *testing.B) {
 	const body = `{"prompt":"Hello world","max_tokens":64,"ignore_eos":true,"stream":true}`
 	args := []string{"--max-batch", "32", "--queue-depth", "64", "--pprof"}
@@ -304,13 +309,13 @@ func BenchmarkFrontendMockC32(b *testing.B) {
 		}
 		fe, rest := all[len(all)-1:], all[:len(all)-1]
 		s := sharedServer(b, mockBundle(b, 0), append(args, "--frontend-cpus", fe.String(), "--worker-cpus", rest.String())...)
-		if err := cpuset.Pin(0, rest); err != nil {
+		if err := cpuset.Pin(rest); err != nil {
 			b.Fatal(err)
 		}
 		procs := cpuset.MatchGOMAXPROCS(rest)
 		defer func() {
 			runtime.GOMAXPROCS(procs)
-			if err := cpuset.Pin(0, all); err != nil {
+			if err := cpuset.Pin(all); err != nil {
 				b.Error(err)
 			}
 		}()

@@ -246,7 +246,6 @@ func eventually(t testing.TB, what string, timeout time.Duration, cond func() bo
 
 type serverRecord struct {
 	RequestID    string `json:"request_id"`
-	StartUnixNs  int64  `json:"start_unix_ns"`
 	TTFTNs       int64  `json:"ttft_ns"`
 	Route        string `json:"route"`
 	Status       int    `json:"status"`

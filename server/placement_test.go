@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -13,27 +12,19 @@ import (
 	"github.com/modelqual/modelqual/server/cpuset"
 )
 
-// threadCPUs is the Cpus_allowed_list of every thread of pid, as the kernel reports it.
-func threadCPUs(t *testing.T, pid int) map[string]string {
+// checkThreads fails the test for every thread of process pid whose CPU list, as the kernel
+// reports it, is not want, and when it finds none.
+func checkThreads(t *testing.T, who string, pid int, want string) {
 	t.Helper()
-	dir := "/proc/" + strconv.Itoa(pid) + "/task"
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
+	threads, err := cpuset.ThreadCPUs(pid)
+	if err != nil || len(threads) == 0 {
+		t.Fatalf("%s pid %d: threads %v, %v", who, pid, threads, err)
 	}
-	out := map[string]string{}
-	for _, e := range ents {
-		b, err := os.ReadFile(dir + "/" + e.Name() + "/status")
-		if err != nil {
-			continue // the thread ended
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
-				out[e.Name()] = strings.TrimSpace(v)
-			}
+	for tid, got := range threads {
+		if got != want {
+			t.Errorf("%s pid %d thread %d may run on CPUs %s, want %s", who, pid, tid, got, want)
 		}
 	}
-	return out
 }
 
 // allowedCPUs is the CPUs this test may use; the test is skipped off Linux.
@@ -67,11 +58,7 @@ func TestCPUPlacement(t *testing.T) {
 			t.Fatalf("no %s pid", c.who)
 		}
 		for _, pid := range c.pids {
-			for tid, got := range threadCPUs(t, pid) {
-				if got != c.want {
-					t.Errorf("%s pid %d thread %s may run on CPUs %s, want %s", c.who, pid, tid, got, c.want)
-				}
-			}
+			checkThreads(t, c.who, pid, c.want)
 		}
 	}
 	if !strings.Contains(s.log.String(), "frontend on CPUs "+fe.String()+", workers on CPUs "+wk.String()) {
@@ -86,12 +73,12 @@ func TestCPUPlacementFrontendOnly(t *testing.T) {
 		t.Skip("needs two CPUs")
 	}
 	s := startServer(t, mockBundle(t, 0), "--frontend-cpus", strconv.Itoa(all[0]))
-	for _, pid := range s.workerPIDs(t) {
-		for tid, got := range threadCPUs(t, pid) {
-			if got != all.String() {
-				t.Errorf("worker %d thread %s may run on CPUs %s, want all of %s", pid, tid, got, all)
-			}
-		}
+	pids := s.workerPIDs(t)
+	if len(pids) == 0 {
+		t.Fatal("no worker pid")
+	}
+	for _, pid := range pids {
+		checkThreads(t, "worker", pid, all.String())
 	}
 }
 

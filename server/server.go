@@ -191,7 +191,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Start() error {
 	s.startedAt = time.Now()
 	if len(s.cfg.FrontendCPUs) > 0 {
-		if err := cpuset.Pin(0, s.cfg.FrontendCPUs); err != nil {
+		if err := cpuset.Pin(s.cfg.FrontendCPUs); err != nil {
 			return fmt.Errorf("qual-server: --frontend-cpus: %w", err)
 		}
 		cpuset.MatchGOMAXPROCS(s.cfg.FrontendCPUs)

@@ -59,7 +59,7 @@ func Parse(s string) (Set, error) {
 func cpuNumber(s, elem string) (int, error) {
 	s = strings.TrimSpace(s)
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 || s == "" || s[0] == '+' || s[0] == '-' {
+	if err != nil || s[0] == '+' || s[0] == '-' { // Atoi takes a sign; a CPU number has none
 		return 0, fmt.Errorf("%q is not a CPU number or range (write a list such as 0-3,7)", elem)
 	}
 	if n > maxCPU {

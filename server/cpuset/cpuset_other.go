@@ -10,4 +10,7 @@ var errNotLinux = errors.New("CPU placement needs Linux (sched_setaffinity); lea
 func Allowed() (Set, error) { return nil, errNotLinux }
 
 // Pin is not available off Linux.
-func Pin(pid int, s Set) error { return errNotLinux }
+func Pin(s Set) error { return errNotLinux }
+
+// ThreadCPUs is not available off Linux.
+func ThreadCPUs(pid int) (map[int]string, error) { return nil, errNotLinux }

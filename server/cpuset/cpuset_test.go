@@ -1,7 +1,6 @@
 package cpuset
 
 import (
-	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -102,7 +101,7 @@ func pinnable(t *testing.T) Set {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := Pin(0, allowed); err != nil {
+		if err := Pin(allowed); err != nil {
 			t.Errorf("restore: %v", err)
 		}
 	})
@@ -110,22 +109,19 @@ func pinnable(t *testing.T) Set {
 }
 
 // checkAllThreads fails the test for every thread of this process whose CPU list, as the
-// kernel reports it, is not want.
+// kernel reports it (ThreadCPUs), is not want, and when it finds no thread at all.
 func checkAllThreads(t *testing.T, want Set) {
 	t.Helper()
-	ents, err := os.ReadDir("/proc/self/task")
+	threads, err := ThreadCPUs(0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range ents {
-		b, err := os.ReadFile("/proc/self/task/" + e.Name() + "/status")
-		if err != nil {
-			continue // the thread ended
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) != want.String() {
-				t.Errorf("thread %s may run on CPUs %s, want %s", e.Name(), strings.TrimSpace(v), want)
-			}
+	if len(threads) == 0 {
+		t.Fatal("ThreadCPUs found no thread of this process")
+	}
+	for tid, got := range threads {
+		if got != want.String() {
+			t.Errorf("thread %d may run on CPUs %s, want %s", tid, got, want)
 		}
 	}
 }
@@ -133,12 +129,13 @@ func checkAllThreads(t *testing.T, want Set) {
 // TestPin pins this test process to one CPU and reads the kernel's view of every thread back.
 func TestPin(t *testing.T) {
 	allowed := pinnable(t)
+	checkAllThreads(t, allowed) // the reading itself: before Pin, every thread has the whole set
 	one := Set{allowed[len(allowed)-1]}
-	if err := Pin(0, one); err != nil {
+	if err := Pin(one); err != nil {
 		t.Fatal(err)
 	}
 	checkAllThreads(t, one)
-	if err := Pin(0, nil); err == nil {
+	if err := Pin(nil); err == nil {
 		t.Error("Pin to the empty set succeeded")
 	}
 }
@@ -166,7 +163,7 @@ func TestPinWhileThreadsStart(t *testing.T) {
 		}
 	}()
 	one := Set{allowed[0]}
-	if err := Pin(0, one); err != nil {
+	if err := Pin(one); err != nil {
 		t.Fatal(err)
 	}
 	close(stop)

@@ -108,14 +108,10 @@ func Main(args []string) int {
 		// Before the engine starts its threads, which inherit the mask.
 		set, err := cpuset.Parse(*cpus)
 		if err == nil {
-			err = cpuset.Pin(0, set)
+			err = cpuset.Pin(set)
 		}
 		if err != nil {
-			w := wire.NewWriter(out)
-			w.Fatal("--worker-cpus: " + err.Error())
-			_ = w.Flush()
-			log.Print(err)
-			return 1
+			return fatal(out, fmt.Errorf("--worker-cpus: %w", err))
 		}
 		cpuset.MatchGOMAXPROCS(set)
 		if *threads == 0 {
@@ -125,11 +121,7 @@ func Main(args []string) int {
 	start := time.Now()
 	eng, info, err := open(*path, verified, native.Params{Threads: *threads, MaxBatch: *maxBatch, Device: *device})
 	if err != nil {
-		w := wire.NewWriter(out)
-		w.Fatal(err.Error())
-		_ = w.Flush()
-		log.Print(err)
-		return 1
+		return fatal(out, err)
 	}
 	info.LoadNs = int64(time.Since(start))
 	if err := Serve(eng, info, in, out); err != nil && !errors.Is(err, io.ErrClosedPipe) && !errors.Is(err, syscall.EPIPE) {
@@ -137,6 +129,16 @@ func Main(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// fatal tells the frontend why this worker cannot serve (its hello is a Fatal frame), logs it
+// and returns the exit code.
+func fatal(out io.Writer, err error) int {
+	w := wire.NewWriter(out)
+	w.Fatal(err.Error())
+	_ = w.Flush()
+	log.Print(err)
+	return 1
 }
 
 func open(path string, v bundle.Verified, p native.Params) (Engine, wire.Info, error) {
