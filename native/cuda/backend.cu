@@ -43,8 +43,9 @@
 // products in a build with them (default 0: off),
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
-// Debug keys only: "attn_lanes" 0 scores decode attention one thread per position (as before
-// run 26), "timeline" 1 records when every GEMV and decode-attention launch of a decode step
+// Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
+// before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
+// position (as before run 26), "timeline" 1 records when every GEMV and decode-attention launch of a decode step
 // started, passed its wait and ended (mqb_debug_timeline; tl_mark).
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
 //   qwen3.rope_theta_x10  multiply rope_theta by 10
@@ -644,7 +645,7 @@ __device__ __forceinline__ unsigned long long gtimer() {
 // tl_mark records, for timeline slot s (one kernel launch), when thread 0 of each block got to
 // what: 0 block start (the first and the last block's), 1 past the wait for the previous
 // kernel, 2 block end (the last block's), 3-6 the phases of decode attention (the last block's:
-// q/k/v made, scores, softmax, V sums). The debug timeline (mqb_debug_timeline) shows where a
+// q/k/v made, then attend's scores, softmax and V sums, or attend_flash's whole pass at 6). The debug timeline (mqb_debug_timeline) shows where a
 // chain of dependent kernels spends its time, which per-kernel events cannot: they serialise it.
 __device__ __forceinline__ void tl_mark(unsigned long long *b, int s, int what) {
   if (!b || s < 0 || threadIdx.x != 0) return;
@@ -1026,6 +1027,10 @@ __host__ __device__ inline size_t attn_smem(int GM, int D) {
 }
 
 
+// lanes_fit: a K row of nch 16-byte chunks can be split over nch lanes of a warp (nch a power
+// of two of at most 32: every head_dim in use), as attend's lane scoring and attend_flash need.
+__device__ __forceinline__ bool lanes_fit(int nch) { return nch <= 32 && (nch & (nch - 1)) == 0; }
+
 // attend: one block of ATT_THREADS; the G <= GM query heads in qs (G*D floats) attend over
 // positions [lo, hi) of the K/V rows kb/vb (row stride rs elements), with online softmax per
 // tile of ATT_TILE positions. Leaves the unnormalised sums in oacc[j*D + d] and the running max
@@ -1055,7 +1060,7 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
     for (int e = 0; e < CH; ++e) acc[j][e] = 0.f;
   // lanes: K rows of nch chunks, nch a power of two of at most 32 (every head_dim in use), are
   // scored by nch lanes per position; qf is the lane's chunk of each query head.
-  const bool lanes = lanes_ok && nch <= 32 && (nch & (nch - 1)) == 0;
+  const bool lanes = lanes_ok && lanes_fit(nch);
   float qf[GM][CH];
   __syncthreads();  // qs was written by the caller
   if (lanes) {
@@ -1264,7 +1269,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
     out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
 }
 
-// DecAttn: one layer's decode attention with the q/k/v post-processing fused in (attn_item).
 // attend_flash: attend's result (unnormalised sums in oacc, running max and sum in s_m, s_l;
 // s_m = -inf for an empty range) for a decode step, computed without block-wide phases: the
 // block's lane groups (nch lanes, a position at a time: 16 groups for bf16 head_dim 128) each
@@ -1272,7 +1276,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
 // together, SU positions in flight; the groups of a warp merge by shuffles and the 8 warps
 // through shared memory (red: 8 GM D floats, sc: 16 GM). attend's scores, softmax and V
 // phases were each a round trip to L2 and a barrier (NOTES.md, runs 25-29: 2.7 + 1.1 + 2.1 us
-// of attention's 10.8 at batch 1). Needs nch a power of two of at most 32.
+// of attention's 10.8 at batch 1). Needs lanes_fit(nch).
 template <typename T, int GM>
 __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh, int D,
                              int G, float *sc, float *red, float *s_m, float *s_l, float *oacc) {
@@ -1389,6 +1393,7 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
   __syncthreads();
 }
 
+// DecAttn: one layer's decode attention with the q/k/v post-processing fused in (attn_item).
 template <typename T>
 struct DecAttn {
   const float *qkv;                 // [tokens, (nh + 2 nkv) D] fp32: the step's qkv product
@@ -1406,12 +1411,6 @@ struct DecAttn {
   int flash;                        // attend_flash instead of attend (debug "attn_flash")
 };
 
-// attn_item: token t's new position p, KV head kh, position split z of S: q of the G query heads
-// (RMSNorm, RoPE, scale), and in the split that holds p the new k and v, appended to the cache;
-// then attention over the split's positions. With S > 1 every split leaves its unnormalised
-// partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
-// order: the same inputs give the same bits) and resets the counter. Used by
-// decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
 // split_range is split z of S's positions [lo, hi) of the n positions 0..n-1 of a sequence.
 __device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &hi) {
   const int span = (n + S - 1) / S;
@@ -1419,6 +1418,12 @@ __device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &h
   hi = min(n, lo + span);
 }
 
+// attn_item: token t's new position p, KV head kh, position split z of S: q of the G query heads
+// (RMSNorm, RoPE, scale), and in the split that holds p the new k and v, appended to the cache;
+// then attention over the split's positions. With S > 1 every split leaves its unnormalised
+// partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
+// order: the same inputs give the same bits) and resets the counter. Used by
+// decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
 template <typename T, int GM>
 __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem) {
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
@@ -1451,12 +1456,9 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     }
     __syncthreads();
   }
-  const int nch = D / TT<T>::CH;
-  if (a.flash && nch <= 32 && (nch & (nch - 1)) == 0) {
+  if (a.flash && lanes_fit(D / TT<T>::CH)) {
     attend_flash<T, GM>(qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l, oacc);
-    tl_mark(a.tlb, a.tls, 4);
-    tl_mark(a.tlb, a.tls, 5);
-    tl_mark(a.tlb, a.tls, 6);
+    tl_mark(a.tlb, a.tls, 6);  // one phase: no scores or softmax of their own
   } else {
     attend<T, GM>(qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l, s_c, oacc, a.tlb,
                   a.tls, a.score_lanes != 0);
@@ -2853,11 +2855,11 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
 
 // mqb_debug_timeline writes the last decode step's timeline (debug "timeline" on) as JSON:
 // {"kernels": [[label, first block start, last block start, last past-wait, last block end,
-// attention's phases q/k/v, scores, softmax, V sums], ...]}
+// attention's phases q/k/v, scores, softmax, V sums (attend_flash: 0, 0, its pass)], ...]}
 // in ns from the first record's start, in launch order (0: not reached). Not part of the ABI.
 int mqb_debug_timeline(mqb_model *m, char *buf, size_t len) {
   if (!m || !buf || len == 0 || !m->tl_buf) return 1;
-  std::vector<unsigned long long> h(TL_FIELDS * (size_t)TL_SLOTS);
+  std::vector<unsigned long long> h(TL_FIELDS * (size_t)std::max(1, m->tl_count));
   try {
     ck(cudaSetDevice(m->dev), "cudaSetDevice");
     ck(cudaStreamSynchronize(m->stream), "sync");

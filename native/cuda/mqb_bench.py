@@ -21,6 +21,7 @@ Usage (GPU machine, after `make cuda`):
   python3 native/cuda/mqb_bench.py bench  --lib native/cuda/build/libmodelqual_cuda.so --out bench.json
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -81,6 +82,10 @@ def i32arr(vals):
     return (ctypes.c_int32 * len(vals))(*vals)
 
 
+class SwitchUnavailable(RuntimeError):
+    """A debug switch this build or model does not have (mqb_debug_set refused it)."""
+
+
 class Backend:
     """One mqb_model opened from a torch state_dict."""
 
@@ -123,7 +128,20 @@ class Backend:
     def set(self, key, value):
         rc = self.lib.mqb_debug_set(self.m, key.encode(), int(value))
         if rc != 0:
-            raise RuntimeError("mqb_debug_set %s=%s failed" % (key, value))
+            raise SwitchUnavailable("mqb_debug_set %s=%s failed" % (key, value))
+
+    @contextlib.contextmanager
+    def switched(self, opts):
+        """The debug switches opts for the with block, then backend.cu's defaults (DEFAULTS) for
+        them again, also when one could not be set (SwitchUnavailable: e.g. tc_min_b in a build
+        without MQB_TC_PRODUCTS) or the block raised."""
+        try:
+            for k, v in opts.items():
+                self.set(k, v)
+            yield
+        finally:
+            for k in opts:
+                self.set(k, DEFAULTS[k])
 
     def forward(self, slots, ntoks, tokens, start_pos, want_logits=False):
         """Returns (argmax list, logits tensor [n, V] or None)."""
@@ -614,15 +632,10 @@ def timeline(be, B, V, variant, opts):
     Prints per kernel role the mean over layers of: launch lead (the previous kernel's end minus
     this one's first block start: > 0 when launched early), release (this one's last block past
     the wait minus the previous kernel's end) and work (last block end minus last past-wait)."""
-    for k, v in opts.items():
-        be.set(k, v)
-    be.set("timeline", 1)
-    bench_ours(be, B, 32, 8, 8, V, seed=B)
-    buf = ctypes.create_string_buffer(1 << 20)
-    rc = be.lib.mqb_debug_timeline(be.m, buf, len(buf))
-    be.set("timeline", 0)
-    for k in opts:
-        be.set(k, DEFAULTS[k])
+    with be.switched(dict(opts, timeline=1)):
+        bench_ours(be, B, 32, 8, 8, V, seed=B)
+        buf = ctypes.create_string_buffer(1 << 20)
+        rc = be.lib.mqb_debug_timeline(be.m, buf, len(buf))
     if rc != 0:
         print("TIMELINE %s unavailable" % variant, flush=True)
         return None
@@ -637,8 +650,8 @@ def timeline(be, B, V, variant, opts):
         a[1] += (pe - s0) / 1e3
         a[2] += (w - pe) / 1e3
         a[3] += (e - w) / 1e3
-        if p6:  # attention's phases
-            for j, (x, y) in enumerate([(w, p3), (p3, p4), (p4, p5), (p5, p6), (p6, e)]):
+        if p6:  # attention's phases; attend_flash has one pass where attend has three (p4, p5: 0)
+            for j, (x, y) in enumerate([(w, p3), (p3, p4 or p3), (p4 or p3, p5 or p3), (p5 or p3, p6), (p6, e)]):
                 a[4 + j] += (y - x) / 1e3
     total = (ks[-1][4] - ks[0][1]) / 1e3 if ks else 0
     print("TIMELINE batch %d %s: %d kernels, first start to last end %.1f us" % (B, variant, len(ks), total), flush=True)
@@ -646,8 +659,8 @@ def timeline(be, B, V, variant, opts):
         n = a[0]
         print("TIMELINE   %-14s x%-3d launch lead %6.2f us, release %5.2f us, work %5.2f us%s"
               % (label, n, a[1] / n, a[2] / n, a[3] / n,
-                 "" if not any(a[4:]) else " (q/k/v %.2f, scores %.2f, softmax %.2f, V %.2f, merge+out %.2f)"
-                 % tuple(x / n for x in a[4:])), flush=True)
+                 "" if not any(a[4:]) else " (q/k/v %.2f, scores %.2f, softmax %.2f, V or flash pass %.2f, "
+                 "merge+out %.2f)" % tuple(x / n for x in a[4:])), flush=True)
     return dict(kernels=ks, total_us=total)
 
 
@@ -670,7 +683,7 @@ def bench_hf(model, B, prompt_len, new, V, seed):
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
-            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1}
+            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0}
 
 
 def bench(args):
@@ -738,16 +751,11 @@ def bench(args):
             if name.startswith("attn_split") and B == 32:
                 continue  # batch 32 is not fused by default, so the split does not apply
             try:
-                for k, v in opts.items():
-                    be.set(k, v)
-            except RuntimeError as e:  # e.g. tc_products in a build without MQB_TC_PRODUCTS
+                with be.switched(opts):
+                    tps, step_s, gen = bench_ours(be, B, prompt_len, warm, steps, V, seed=B)
+            except SwitchUnavailable as e:  # e.g. tc_products in a build without MQB_TC_PRODUCTS
                 print("BENCH ours batch %2d %-12s skipped: %s" % (B, name, e), flush=True)
-                for k in opts:
-                    be.set(k, DEFAULTS[k])
                 continue
-            tps, step_s, gen = bench_ours(be, B, prompt_len, warm, steps, V, seed=B)
-            for k in opts:
-                be.set(k, DEFAULTS[k])
             key = "b%d_%s" % (B, name)
             ours[key] = dict(tok_s=tps, step_ms=step_s * 1e3)
             if name == "default":
@@ -765,11 +773,8 @@ def bench(args):
             break
         for name, opts in [("default", {}), ("attn_split1", {"attn_split": 1}), ("unfused_attn", {"fused_attn": 0}),
                            ("fused_always", {"fused_attn": 2})]:
-            for k, v in opts.items():
-                be.set(k, v)
-            tps, step_s, gen = bench_ours(be, B, long_len, 4, 64, V, seed=B + 100)
-            for k in opts:
-                be.set(k, DEFAULTS[k])
+            with be.switched(opts):
+                tps, step_s, gen = bench_ours(be, B, long_len, 4, 64, V, seed=B + 100)
             key = "long%d_b%d_%s" % (long_len, B, name)
             ours[key] = dict(tok_s=tps, step_ms=step_s * 1e3)
             if name == "default":
