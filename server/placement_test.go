@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -105,6 +107,39 @@ func TestCPUPlacementBadInput(t *testing.T) {
 		}
 		if !strings.Contains(string(out), c.want) {
 			t.Errorf("%v: output lacks %q:\n%s", c.args, c.want, out)
+		}
+	}
+}
+
+// TestWorkerPipesPolled: a worker reads and writes its protocol pipes in non-blocking mode,
+// through Go's poller. With the blocking descriptors os/exec hands a child, every read was a
+// blocking system call holding the worker's one P (GOMAXPROCS follows its CPUs), and the step
+// loop waited 100-200 us for sysmon to take it back before it saw a new request.
+func TestWorkerPipesPolled(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
+	s := startServer(t, mockBundle(t, 0))
+	pids := s.workerPIDs(t)
+	if len(pids) == 0 {
+		t.Fatal("no worker pid")
+	}
+	const oNonblock = 0o4000
+	for _, pid := range pids {
+		for _, fd := range []int{3, 4} {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var flags int64 = -1
+			for _, l := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(l, "flags:"); ok {
+					flags, _ = strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+				}
+			}
+			if flags < 0 || flags&oNonblock == 0 {
+				t.Errorf("worker %d fd %d: flags %#o, want O_NONBLOCK set", pid, fd, flags)
+			}
 		}
 	}
 }

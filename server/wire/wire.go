@@ -18,7 +18,9 @@
 // (every token of that step, for all sequences), a Done per finished request carrying the
 // engine's native timings, and a LogitsResult per Logits request. The parent acknowledges
 // consumed Deltas frames (Ack, batched while it is behind); the worker keeps at most AckWindow
-// frames unacknowledged, so tokens never queue up in the pipe. The parent ends a session by
+// frames unacknowledged, so tokens never queue up in the pipe, except that a step which admits
+// a new request runs at once (its first token does not wait for the parent to catch up), which
+// admissions, bounded by the batch, keep bounded. The parent ends a session by
 // closing its end of the pipe; the worker exits when it reads EOF.
 package wire
 
@@ -50,7 +52,8 @@ const AllCaps = CapStream | CapCancel | CapLogits | CapTimings | CapAck
 // AckWindow is how many Deltas frames a worker may send beyond the last one the parent
 // acknowledged. Without it an engine faster than the frontend (the mock with no step delay)
 // runs ahead and fills the pipe, and a new request's first token waits behind that backlog:
-// time to first token then measures the pipe, not the server.
+// time to first token then measures the pipe, not the server. A step that admits a request is
+// exempt (package worker).
 const AckWindow = 4
 
 // Message types.

@@ -94,6 +94,14 @@ func Main(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	// The pipes arrive in blocking mode (os/exec hands the child blocking descriptors). In
+	// non-blocking mode os.NewFile puts them in Go's poller; otherwise every read is a blocking
+	// system call that holds this process's one P (GOMAXPROCS = its CPUs) until sysmon takes
+	// it back, and the step loop, readied by the command just read, waited 100-200 us for it:
+	// most of a new request's time to first token under load.
+	for _, fd := range []int{fdIn, fdOut} {
+		_ = syscall.SetNonblock(fd, true) // a bad fd is reported below
+	}
 	in := os.NewFile(fdIn, "frontend-in")
 	out := os.NewFile(fdOut, "frontend-out")
 	if in == nil || out == nil {

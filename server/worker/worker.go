@@ -68,12 +68,21 @@ type loop struct {
 	info    wire.Info
 	sent    uint64 // Deltas frames sent
 	acked   uint64 // Deltas frames the parent has consumed
+	// batchFull: the last admit left requests pending because the engine had no free slot;
+	// they wait for a step (or a cancellation) to free one.
+	batchFull bool
 }
 
 // blocked reports whether the loop must wait for a command: nothing to run, or the parent is
-// AckWindow frames behind.
+// AckWindow frames behind and no pending request could be admitted.
 func (l *loop) blocked() bool {
-	return l.eng.Active() == 0 && len(l.pending) == 0 || l.sent-l.acked >= wire.AckWindow
+	switch {
+	case l.eng.Active() == 0 && len(l.pending) == 0:
+		return true
+	case l.sent-l.acked < wire.AckWindow:
+		return false
+	}
+	return len(l.pending) == 0 || l.batchFull
 }
 
 // Serve runs the protocol over in/out until in reaches EOF (the frontend closed the pipe or
@@ -114,8 +123,12 @@ func Serve(eng Engine, info wire.Info, in io.Reader, out io.Writer) error {
 				break drain
 			}
 		}
-		l.admit()
-		if eng.Active() > 0 && l.sent-l.acked < wire.AckWindow {
+		// A step that admitted a request runs even past the window: the new request's first
+		// token must not wait for the parent to catch up with other streams' tokens (its time
+		// to first token would be a round of the parent's writes longer). Admissions are
+		// bounded by the batch, so the pipe's backlog stays bounded too.
+		admitted := l.admit()
+		if eng.Active() > 0 && (l.sent-l.acked < wire.AckWindow || admitted > 0) {
 			if err := l.step(); err != nil {
 				return err
 			}
@@ -190,12 +203,15 @@ func (l *loop) handle(c command) {
 	}
 }
 
-// admit adds pending requests to the engine in arrival order until the batch is full.
-func (l *loop) admit() {
+// admit adds pending requests to the engine in arrival order until the batch is full, and
+// returns how many it took off the pending list.
+func (l *loop) admit() int {
 	n := 0
+	l.batchFull = false
 	for _, p := range l.pending {
 		seq, err := l.eng.Add(p.prompt, p.samp)
 		if errors.Is(err, ErrBatchFull) {
+			l.batchFull = true
 			break
 		}
 		n++
@@ -207,6 +223,7 @@ func (l *loop) admit() {
 		l.byID[p.id] = seq
 	}
 	l.pending = append(l.pending[:0], l.pending[n:]...)
+	return n
 }
 
 func (l *loop) step() error {

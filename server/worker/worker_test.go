@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/modelqual/modelqual/server/wire"
 )
@@ -73,12 +74,14 @@ func (s *session) close() error {
 	return <-s.end
 }
 
-func startSession(t *testing.T) *session {
-	eng := &fakeEngine{seqs: map[uint64]*fakeSeq{}, batch: 1, cancels: map[uint64]bool{}}
+func startSession(t *testing.T) *session { return startSessionBatch(t, 1) }
+
+func startSessionBatch(t *testing.T, batch int) *session {
+	eng := &fakeEngine{seqs: map[uint64]*fakeSeq{}, batch: batch, cancels: map[uint64]bool{}}
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	s := &session{t: t, w: wire.NewWriter(inW), r: wire.NewReader(outR), in: inW, outR: outR, end: make(chan error, 1)}
-	go func() { s.end <- Serve(eng, wire.Info{VocabSize: 2, MaxBatch: 1}, inR, outW); outW.Close() }()
+	go func() { s.end <- Serve(eng, wire.Info{VocabSize: 2, MaxBatch: batch}, inR, outW); outW.Close() }()
 	typ, p, err := s.r.Next()
 	if err != nil || typ != wire.TypeHello {
 		t.Fatalf("first frame %d %v, want hello", typ, err)
@@ -100,6 +103,9 @@ func (s *session) send(fn func(*wire.Writer)) {
 // frames it passed.
 func (s *session) next(want uint8) []byte {
 	s.t.Helper()
+	// A worker that wrongly stays paused fails the test instead of hanging it.
+	watchdog := time.AfterFunc(5*time.Second, func() { s.outR.CloseWithError(errors.New("no such frame within 5 s")) })
+	defer watchdog.Stop()
 	for {
 		typ, p, err := s.r.Next()
 		if err != nil {
@@ -172,12 +178,47 @@ func TestServeKeepsAtMostAckWindowFramesUnacknowledged(t *testing.T) {
 	}
 	// Without an ack the worker must stop; a Logits request still gets through, and the
 	// next frame after it must be the logits answer, not another step.
+	s.expectPaused("after AckWindow unacknowledged steps")
+	s.send(func(w *wire.Writer) { w.Ack(wire.AckWindow) })
+	s.next(wire.TypeDeltas) // stepping resumes
+	s.close()
+}
+
+// expectPaused checks that the worker sends no further step: a Logits request must be
+// answered before any other frame.
+func (s *session) expectPaused(why string) {
+	s.t.Helper()
 	s.send(func(w *wire.Writer) { w.Logits(7, []int32{1}) })
 	typ, _, err := s.r.Next()
 	if err != nil || typ != wire.TypeLogitsResult {
-		t.Fatalf("after %d unacknowledged steps the worker sent frame type %d (%v), want it paused", wire.AckWindow, typ, err)
+		s.t.Fatalf("%s: the worker sent frame type %d (%v), want it paused", why, typ, err)
 	}
-	s.send(func(w *wire.Writer) { w.Ack(wire.AckWindow) })
+}
+
+func TestServeAdmitsANewRequestPastTheAckWindow(t *testing.T) {
+	s := startSessionBatch(t, 2)
+	s.send(func(w *wire.Writer) { w.Submit(1, wire.Sampling{MaxNewTokens: 100}, []int32{5}) })
+	for i := 0; i < wire.AckWindow; i++ {
+		s.next(wire.TypeDeltas)
+	}
+	// The parent is AckWindow frames behind, but a new request's first token must not wait
+	// for it to catch up: one more step, which carries request 2's first token.
+	s.send(func(w *wire.Writer) { w.Submit(2, wire.Sampling{MaxNewTokens: 100}, []int32{5}) })
+	var first []int32
+	wire.Deltas(s.next(wire.TypeDeltas), func(id uint64, tok int32) {
+		if id == 2 {
+			first = append(first, tok)
+		}
+	})
+	if len(first) != 1 || first[0] != 101 {
+		t.Fatalf("the step past the window gave request 2 tokens %v, want its first (101)", first)
+	}
+	// Only that one step: the backlog stays bounded by admissions.
+	s.expectPaused("after the admitting step")
+	// A request that finds the batch full waits in the worker and does not step it either.
+	s.send(func(w *wire.Writer) { w.Submit(3, wire.Sampling{MaxNewTokens: 100}, []int32{5}) })
+	s.expectPaused("with the batch full")
+	s.send(func(w *wire.Writer) { w.Ack(wire.AckWindow + 1) })
 	s.next(wire.TypeDeltas) // stepping resumes
 	s.close()
 }
