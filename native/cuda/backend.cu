@@ -1564,12 +1564,8 @@ struct Layer {
   float qscale = 1.f;
 };
 
-// A decode step's graph, captured in one or more segments (graph_segments) launched one after
-// another: cudaGraphLaunch costs the host about 1 us per kernel node on the H200 and the GPU
-// idles until it returns (run 31: 143 us of a 1.16 ms batch-1 step, 299 us at batch 32), so
-// while the GPU runs a segment the host launches the next.
 struct GraphEntry {
-  std::vector<cudaGraphExec_t> execs;
+  cudaGraphExec_t exec = nullptr;
   bool warmed = false;
 };
 
@@ -1603,13 +1599,6 @@ struct mqb_model {
   float *part_acc = nullptr, *part_ml = nullptr;
   unsigned int *att_cnt = nullptr;  // [ATT_SPLIT_MAX_T * nkv] attention splits done, zero between steps
   bool use_graphs = true, use_pdl = true;
-  // Decode graphs: how many segments a step is captured in (layers split evenly; 1: one graph)
-  // and the cudaGraphInstantiate flags (debug "graph_flags", e.g. 4: device launch).
-  int graph_segments = 1;
-  unsigned int graph_flags = 0;
-  // While a segmented capture runs: layers per segment (0: none) and the segments ended so far.
-  int seg_layers = 0;
-  std::vector<cudaGraph_t> seg_graphs;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   void *blas_ws = nullptr;
@@ -1668,7 +1657,7 @@ struct mqb_model {
 
   void clear_graphs() {
     for (auto &kv : graphs)
-      for (cudaGraphExec_t x : kv.second.execs) cudaGraphExecDestroy(x);
+      if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
     graphs.clear();
   }
 
@@ -2103,15 +2092,6 @@ int attn_splits(const mqb_model &m, int Tn, int nmax) {
   return std::max(1, std::min(ATT_SPLIT_MAX, std::min(fill, len)));
 }
 
-// split_capture ends the segment being captured (a decode step's capture with graph_segments > 1)
-// and begins the next on the same stream.
-inline void split_capture(mqb_model &m) {
-  cudaGraph_t g = nullptr;
-  ck(cudaStreamEndCapture(m.stream, &g), "cudaStreamEndCapture (segment)");
-  m.seg_graphs.push_back(g);
-  ck(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture (segment)");
-}
-
 // run_tokens: the forward pass over the T tokens described by the device meta arrays, logits of
 // the R rows listed in rows[] into m.logits, and (want_keys) their argmax keys into m.keys.
 // decode says every token is the next one of a different sequence (rows = tokens): attention
@@ -2138,7 +2118,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   launch(m, embed_kernel<T>, dim3(Tn), dim3(256), 0, (const int *)m.d_tok(), (const int *)m.d_pos(),
          (const T *)m.emb, (const float *)m.wpe, m.res, H, want_keys ? m.keys : nullptr, R);
   for (int l = 0; l < c.L; ++l) {
-    if (m.seg_layers > 0 && l > 0 && l % m.seg_layers == 0) split_capture(m);
     Layer &ly = m.layers[l];
     auto attention = [&]() {
       m.label = "attention";
@@ -2456,7 +2435,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.Rcap = std::max(64, m.max_batch);
   m.use_graphs = env_int("MQB_GRAPHS", 1) != 0;
   m.use_pdl = env_int("MQB_PDL", 1) != 0 && major >= 9;
-  m.graph_segments = std::max(1, std::min(c.L, env_int("MQB_GRAPH_SEGMENTS", 1)));
   m.attn_split = std::max(0, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 0)));
   m.fused_attn = std::max(0, std::min(2, env_int("MQB_FUSED_ATTN", 1)));
   m.tc_min_b = env_int("MQB_TC_MIN_B", 0);
@@ -2584,36 +2562,31 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
       step_dispatch(m, b, logits_out != nullptr);
       ck(cudaGetLastError(), "forward");
     } else {
-      if (ge->execs.empty()) {
+      if (!ge->exec) {
         // A capture that fails (driver without PDL-in-graph support, say) must not fail the
         // request: graphs are switched off for this model, said on stderr, and the step runs eagerly.
         std::string why;
-        m.seg_graphs.clear();
-        m.seg_layers = m.graph_segments > 1 ? (m.c.L + m.graph_segments - 1) / m.graph_segments : 0;
         ck(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
         try {
           step_dispatch(m, b, logits_out != nullptr);
         } catch (const std::exception &e) {
           why = e.what();
         }
-        m.seg_layers = 0;
         cudaGraph_t g = nullptr;
         cudaError_t e = cudaStreamEndCapture(m.stream, &g);
         if (e != cudaSuccess && why.empty()) why = fmt("cudaStreamEndCapture: %s", cudaGetErrorString(e));
-        if (g) m.seg_graphs.push_back(g);
-        for (size_t i = 0; why.empty() && i < m.seg_graphs.size(); ++i) {
-          cudaGraphExec_t x = nullptr;
+        if (why.empty()) {
 #if defined(CUDART_VERSION) && CUDART_VERSION < 12000  // CUDA 11's signature (compile checks with nvcc 11.8)
-          e = cudaGraphInstantiate(&x, m.seg_graphs[i], nullptr, nullptr, 0);
+          e = cudaGraphInstantiate(&ge->exec, g, nullptr, nullptr, 0);
 #else
-          e = cudaGraphInstantiate(&x, m.seg_graphs[i], m.graph_flags);
+          e = cudaGraphInstantiate(&ge->exec, g, 0);
 #endif
-          if (e == cudaSuccess) ge->execs.push_back(x);
-          if (e == cudaSuccess) e = cudaGraphUpload(x, m.stream);  // not at the first launch
-          if (e != cudaSuccess) why = fmt("cudaGraphInstantiate (flags %u): %s", m.graph_flags, cudaGetErrorString(e));
+          if (e != cudaSuccess) {
+            why = fmt("cudaGraphInstantiate: %s", cudaGetErrorString(e));
+            ge->exec = nullptr;
+          }
         }
-        for (cudaGraph_t sg : m.seg_graphs) cudaGraphDestroy(sg);
-        m.seg_graphs.clear();
+        if (g) cudaGraphDestroy(g);
         if (!why.empty()) {
           (void)cudaGetLastError();
           fprintf(stderr, "cuda backend: CUDA graphs disabled, running eagerly: %s\n", why.c_str());
@@ -2622,8 +2595,7 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
           ge = nullptr;
         }
       }
-      if (ge)
-        for (cudaGraphExec_t x : ge->execs) ck(cudaGraphLaunch(x, m.stream), "cudaGraphLaunch");
+      if (ge) ck(cudaGraphLaunch(ge->exec, m.stream), "cudaGraphLaunch");
       else {
         step_dispatch(m, b, logits_out != nullptr);
         ck(cudaGetLastError(), "forward");
@@ -2855,8 +2827,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
   else if (k == "attn_lanes") m->attn_lanes = value != 0;
   else if (k == "attn_flash") m->attn_flash = value != 0;
-  else if (k == "graph_segments") m->graph_segments = std::max(1, std::min(m->c.L, (int)value));
-  else if (k == "graph_flags") m->graph_flags = (unsigned int)value;
   else if (k == "timeline") {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));

@@ -683,7 +683,7 @@ def bench_hf(model, B, prompt_len, new, V, seed):
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
-            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "graph_segments": 1, "graph_flags": 0}
+            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0}
 
 
 def bench(args):
@@ -739,12 +739,7 @@ def bench(args):
                 ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
                 ("attn_split2", {"attn_split": 2}), ("attn_split4", {"attn_split": 4}), ("attn_split16", {"attn_split": 16}),
                 ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
-    # graph_segN captures a decode step's graph in N launches (the host launches the next while
-    # the GPU runs one); graph_devlaunch instantiates it for device launch (flag 4).
-    extra = {"graph_seg2": {"graph_segments": 2}, "graph_seg4": {"graph_segments": 4},
-             "graph_seg7": {"graph_segments": 7}, "graph_seg14": {"graph_segments": 14},
-             "graph_seg28": {"graph_segments": 28}, "graph_devlaunch": {"graph_flags": 4},
-             "mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
+    extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
              "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
     if os.environ.get("BENCH_VARIANTS"):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")

@@ -78,7 +78,6 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *, cudaGraph_t, unsigned long l
 cudaError_t cudaGraphDestroy(cudaGraph_t);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t);
-cudaError_t cudaGraphUpload(cudaGraphExec_t, cudaStream_t);
 template <typename T> cudaError_t cudaFuncSetAttribute(T *, cudaFuncAttribute, int);
 // emu_launch runs (or, while a stream is capturing, records) body over the grid.
 cudaError_t emu_launch(dim3 grid, dim3 block, std::function<void()> body);
