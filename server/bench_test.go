@@ -85,6 +85,8 @@ type streamStats struct {
 // events are counted as they arrive; the first one sets TTFT. r is the caller's reader, reused
 // across its requests as a load generator would (a fresh 64 KiB buffer per request made the
 // client's own garbage collection a visible part of the measured TTFT).
+var contentEnd = []byte(`"finish_reason":null}]}` + "\n")
+
 func streamOnce(tb testing.TB, client *http.Client, url, body string, r *bufio.Reader) streamStats {
 	start := time.Now()
 	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
@@ -107,7 +109,9 @@ func streamOnce(tb testing.TB, client *http.Client, url, body string, r *bufio.R
 		if err != nil {
 			break
 		}
-		if bytes.HasPrefix(line, []byte("data: {")) && bytes.Contains(line, []byte(`"finish_reason":null`)) {
+		// A content event ends with its finish_reason; a suffix test, not a scan of the line
+		// (bytes.Contains was a sixth of this load generator's CPU, which it shares with the worker).
+		if bytes.HasPrefix(line, []byte("data: {")) && bytes.HasSuffix(line, contentEnd) {
 			if st.tokens == 0 {
 				st.ttft = time.Since(start)
 			}
@@ -295,10 +299,11 @@ func (s *testServer) windowRecords(tb testing.TB, n int) []serverRecord {
 // placed is the study's method (../shared/seeds/004: "CPU placement"): the frontend on a CPU
 // of its own (--frontend-cpus), the worker and this load generator on the others. shared
 // leaves placement to the kernel: on a 2-core machine the three processes then take turns on
-// both cores, and the first token of a new stream waits for whichever is descheduled (on the
-// development VM, 2026-11-30: TTFT p99 2.9-4.6 ms shared, 1.65-2.66 placed (median 2.2 over 27
-// runs) at about 20 % less throughput; the frontend's own arrival-to-first-write p99, from its
-// records, 1.0-1.9 ms either way).
+// both cores, and the first token of a new stream waits for whichever is descheduled. On the
+// development VM (2026-11-30, 4608528, whose worker reads its pipes through the poller), placed
+// TTFT p99 was 1.74-2.21 ms (median 1.99) over six rounds alternating with the build before it
+// (2.44-3.25, median 2.78), and 1.9-5.0 in slower hours of the same VM; the frontend's own
+// arrival-to-first-write p99, from its records, 0.8-1.3 ms; shared 4.5-8 ms.
 func BenchmarkFrontendMockC32(b *testing.B) {
 	const body = `{"prompt":"Hello world","max_tokens":64,"ignore_eos":true,"stream":true}`
 	args := []string{"--max-batch", "32", "--queue-depth", "64", "--pprof"}
