@@ -46,7 +46,8 @@
 // Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
 // before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
 // position (as before run 26), "timeline" 1 records when every GEMV and decode-attention launch of a decode step
-// started, passed its wait and ended (mqb_debug_timeline; tl_mark).
+// started, passed its wait and ended (mqb_debug_timeline; tl_mark). mqb_debug_chain runs decode
+// steps back to back with their tokens fed on the device, the host out of the loop.
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
 //   qwen3.rope_theta_x10  multiply rope_theta by 10
 //   qwen3.drop_q_norm     skip q_norm
@@ -2214,6 +2215,16 @@ void step_dispatch(mqb_model &m, int b, bool want_logits) {
 
 int decode_key(unsigned long long k) { return (int)(0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFull)); }
 
+// advance_kernel feeds a decode step's argmax back as the next step's tokens on the device and
+// moves each real entry one position on (mqb_debug_chain).
+__global__ void advance_kernel(int *tok, int *pos, const unsigned long long *keys, int n) {
+  const int i = threadIdx.x;
+  if (i < n) {
+    tok[i] = (int)(0xFFFFFFFFu - (unsigned int)(keys[i] & 0xFFFFFFFFull));
+    pos[i] += 1;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Loading
 
@@ -2883,6 +2894,48 @@ int mqb_debug_timeline(mqb_model *m, char *buf, size_t len) {
   out += "]}";
   snprintf(buf, len, "%s", out.c_str());
   return out.size() < len ? 0 : 1;
+}
+
+// mqb_debug_chain runs steps more greedy decode steps of the n entries of the last mqb_forward
+// decode call (start_pos: the positions that call fed), each fed the previous step's argmax on
+// the device, with no host synchronisation in between: what pipelined decoding would reach with
+// the host's per-step work and the graph launch hidden behind the GPU's. Every step's graph must
+// have been captured by earlier decode calls; tokens_out gets the last step's argmax. Not part
+// of the ABI.
+int mqb_debug_chain(mqb_model *m, int32_t n, int32_t steps, const int32_t *start_pos, int32_t *tokens_out, char *err,
+                    size_t errlen) {
+  if (!m || n < 1 || n > 64 || steps < 1 || !start_pos || !tokens_out) {
+    set_err(err, errlen, "mqb_debug_chain: bad arguments");
+    return 1;
+  }
+  try {
+    ck(cudaSetDevice(m->dev), "cudaSetDevice");
+    if (!m->use_graphs || m->prof || m->use_mk) throw std::runtime_error("mqb_debug_chain needs graphs, no profile and no megakernel");
+    const int b = std::max(n, bucket_for(*m, n));
+    for (int s = 0; s < steps; ++s) {
+      int nmax = 1;
+      for (int i = 0; i < n; ++i) nmax = std::max(nmax, start_pos[i] + s + 2);
+      m->step_splits = attn_splits(*m, b, nmax);
+      auto it = m->graphs.find((b * (ATT_SPLIT_MAX + 1) + m->step_splits) * 2);
+      if (it == m->graphs.end() || !it->second.exec)
+        throw std::runtime_error(fmt("no captured graph for batch %d with %d splits; run decode steps first", b, m->step_splits));
+      cudaLaunchConfig_t cfg = {};  // no programmatic serialization: it reads the last step's keys
+      cfg.gridDim = dim3(1);
+      cfg.blockDim = dim3(64);
+      cfg.stream = m->stream;
+      ck(cudaLaunchKernelEx(&cfg, advance_kernel, m->d_tok(), m->d_pos(), (const unsigned long long *)m->keys, (int)n),
+         "advance_kernel");
+      ck(cudaGraphLaunch(it->second.exec, m->stream), "cudaGraphLaunch");
+    }
+    ck(cudaMemcpyAsync(m->keys_h, m->keys, sizeof(unsigned long long) * n, cudaMemcpyDeviceToHost, m->stream),
+       "argmax download");
+    ck(cudaStreamSynchronize(m->stream), "chain");
+    for (int i = 0; i < n; ++i) tokens_out[i] = decode_key(m->keys_h[i]);
+  } catch (const std::exception &e) {
+    set_err(err, errlen, e.what());
+    return 1;
+  }
+  return 0;
 }
 
 // mqb_debug_profile writes the profile gathered since "profile" was set, as JSON

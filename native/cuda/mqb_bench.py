@@ -74,6 +74,9 @@ def load_lib(path):
     lib.mqb_debug_profile.restype = ctypes.c_int
     lib.mqb_debug_timeline.argtypes = [ctypes.c_void_p, C_CHARP, ctypes.c_size_t]
     lib.mqb_debug_timeline.restype = ctypes.c_int
+    lib.mqb_debug_chain.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, C_I32P, C_I32P, C_CHARP,
+                                    ctypes.c_size_t]
+    lib.mqb_debug_chain.restype = ctypes.c_int
     assert lib.mqb_abi_version() == ABI, "ABI version mismatch"
     return lib
 
@@ -626,6 +629,28 @@ def bench_ours(be, B, prompt_len, warm, steps, V, seed):
     return B * steps / dt, dt / steps, gen
 
 
+def bench_chained(be, B, prompt_len, warm, steps, V, seed):
+    """bench_ours' decode, but after the warm-up steps the rest run as one mqb_debug_chain: each
+    step's tokens come from the previous step's argmax on the device, and the host never waits in
+    between. Returns tok/s, s/step and the last step's tokens (for comparison with bench_ours')."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, V, (B, prompt_len), generator=g).tolist()
+    toks, _ = be.forward(list(range(B)), [prompt_len] * B, [t for p in prompts for t in p], [0] * B)
+    be.decoder(B)
+    pos = prompt_len
+    for _ in range(warm):
+        toks = be.decode_fast(toks, pos)
+        pos += 1
+    out = (ctypes.c_int32 * B)()
+    t0 = time.perf_counter()
+    rc = be.lib.mqb_debug_chain(be.m, B, steps, i32arr([pos - 1] * B), out, be.err, 4096)
+    dt = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError("mqb_debug_chain: " + be.err.value.decode())
+    return B * steps / dt, dt / steps, list(out)
+
+
 def timeline(be, B, V, variant, opts):
     """The last of a few graph-replayed decode steps, kernel by kernel (debug "timeline": the GPU's
     global timer at each block's start, past its wait for the previous kernel and at its end).
@@ -766,6 +791,19 @@ def bench(args):
                   % (B, name, tps, step_s * 1e3,
                      "" if name == "default" else "  same tokens: %s" % ours[key]["same_tokens_as_default"]),
                   flush=True)
+    # The same decode with the host out of the loop (mqb_debug_chain), positions 32-248 so that
+    # every step's graph was captured by the warm-up: what pipelined decoding would reach.
+    for B in (1, 32):
+        csteps = 200
+        _, _, gen = bench_ours(be, B, prompt_len, 16, csteps, V, seed=B + 7)
+        try:
+            tps, step_s, last = bench_chained(be, B, prompt_len, 16, csteps, V, seed=B + 7)
+        except (RuntimeError, AttributeError) as e:
+            print("BENCH ours batch %2d chained      skipped: %s" % (B, e), flush=True)
+            continue
+        ours["b%d_chained" % B] = dict(tok_s=tps, step_ms=step_s * 1e3, same_last_tokens=last == gen[-1])
+        print("BENCH ours batch %2d chained     %9.0f tok/s  (%.3f ms/step)  same last tokens: %s"
+              % (B, tps, step_s * 1e3, last == gen[-1]), flush=True)
     # Long contexts (prompt LONG_PROMPT, default 2048): where position splits should pay.
     long_len = int(os.environ.get("LONG_PROMPT", "2048"))
     for B in (1, 32):
