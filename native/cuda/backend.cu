@@ -1248,28 +1248,6 @@ __device__ void prefetch_kv_rows(const T *kc, const T *vc, int sl, int kh, int l
   }
 }
 
-// attention_kernel (prefill and mixed steps): block (token t, KV head g) attends the G query
-// heads of group g (already normed, rotated and scaled by qkv_post) over positions 0..pos[t] of
-// the token's slot: causal for a prompt, the whole cache for a continuing sequence.
-template <typename T, int GM>
-__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ q, const T *__restrict__ kc,
-                                                                const T *__restrict__ vc,
-                                                                const int *__restrict__ tpos,
-                                                                const int *__restrict__ tslot, T *__restrict__ out,
-                                                                int nh, int nkv, int D, int maxctx) {
-  DYN_SMEM(float, asm_);
-  __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
-  pdl_wait();
-  pdl_trigger();
-  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
-  float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
-  for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
-  const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
-  attend<T, GM>(qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m, s_l, s_c, oacc);
-  for (int i = threadIdx.x; i < G * D; i += ATT_THREADS)
-    out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
-}
-
 // attend_flash: attend's result (unnormalised sums in oacc, running max and sum in s_m, s_l;
 // s_m = -inf for an empty range) for a decode step, computed without block-wide phases: the
 // block's lane groups (nch lanes, a position at a time: 16 groups for bf16 head_dim 128) each
@@ -1392,6 +1370,32 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
     }
   }
   __syncthreads();
+}
+
+// attention_kernel (prefill and mixed steps, and decode steps of many sequences): block (token
+// t, KV head g) attends the G query heads of group g (already normed, rotated and scaled by
+// qkv_post) over positions 0..pos[t] of the token's slot: causal for a prompt, the whole cache
+// for a continuing sequence. flash (decode steps, debug attn_flash) goes through attend_flash.
+template <typename T, int GM>
+__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ q, const T *__restrict__ kc,
+                                                                const T *__restrict__ vc,
+                                                                const int *__restrict__ tpos,
+                                                                const int *__restrict__ tslot, T *__restrict__ out,
+                                                                int nh, int nkv, int D, int maxctx, int flash) {
+  DYN_SMEM(float, asm_);
+  __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
+  float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
+  for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
+  const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
+  if (flash && lanes_fit(D / TT<T>::CH))
+    attend_flash<T, GM>(qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m, s_l, oacc);
+  else
+    attend<T, GM>(qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m, s_l, s_c, oacc);
+  for (int i = threadIdx.x; i < G * D; i += ATT_THREADS)
+    out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
 }
 
 // DecAttn: one layer's decode attention with the q/k/v post-processing fused in (attn_item).
@@ -2141,7 +2145,8 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
       launch_gm(gm, [&](auto g) {
         launch(m, attention_kernel<T, decltype(g)::value>, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem,
                (const float *)m.qbuf, (const T *)ly.kc, (const T *)ly.vc, (const int *)m.d_pos(),
-               (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx);
+               (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx,
+               decode && m.attn_flash ? 1 : 0);
       });
     };
     if constexpr (!std::is_same<T, float>::value) {  // tensor-core products: bf16/fp16 only
