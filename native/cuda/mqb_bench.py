@@ -14,7 +14,8 @@ and compares.
   bench   Qwen3-0.6B-shaped random model in bf16: batch-1 and batch-32 decode tokens/s through
           mqb_forward (greedy via argmax_out), the memory-bandwidth bound (weight bytes per step
           over the device-to-device copy bandwidth measured here), transformers eager generate at
-          batch 1 and 32, ratios.
+          batch 1 and 32, ratios; "chained" the same decode with the host out of the loop
+          (mqb_debug_chain: tokens fed on the device, no synchronisation between steps).
 
 Usage (GPU machine, after `make cuda`):
   python3 native/cuda/mqb_bench.py parity --lib native/cuda/build/libmodelqual_cuda.so --out parity.json
