@@ -75,6 +75,10 @@ func (s *testServer) workerPIDs(tb testing.TB) []int {
 	return h.PIDs
 }
 
+// contentEnd ends every content event of a completion stream (streamOnce counts the lines that
+// end with it).
+var contentEnd = []byte(`"finish_reason":null}]}` + "\n")
+
 type streamStats struct {
 	ttft   time.Duration
 	tokens int
@@ -85,8 +89,6 @@ type streamStats struct {
 // events are counted as they arrive; the first one sets TTFT. r is the caller's reader, reused
 // across its requests as a load generator would (a fresh 64 KiB buffer per request made the
 // client's own garbage collection a visible part of the measured TTFT).
-var contentEnd = []byte(`"finish_reason":null}]}` + "\n")
-
 func streamOnce(tb testing.TB, client *http.Client, url, body string, r *bufio.Reader) streamStats {
 	start := time.Now()
 	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
@@ -302,8 +304,10 @@ func (s *testServer) windowRecords(tb testing.TB, n int) []serverRecord {
 // both cores, and the first token of a new stream waits for whichever is descheduled. On the
 // development VM (2026-11-30, 4608528, whose worker reads its pipes through the poller), placed
 // TTFT p99 was 1.74-2.21 ms (median 1.99) over six rounds alternating with the build before it
-// (2.44-3.25, median 2.78), and 1.9-5.0 in slower hours of the same VM; the frontend's own
-// arrival-to-first-write p99, from its records, 0.8-1.3 ms; shared 4.5-8 ms.
+// (2.44-3.25, median 2.78), 1.87-2.66 (about 2.25) against 3.0-4.1 in a second such window,
+// and 2.2-5.0 in slower hours of the same VM; the frontend's own arrival-to-first-write p99,
+// from its records, 0.78-1.20 ms in the alternating windows (up to 2.1 in the slower hours);
+// shared 4.6-5.3 ms in the first window, 5.8-8.8 in the slower hours.
 func BenchmarkFrontendMockC32(b *testing.B) {
 	const body = `{"prompt":"Hello world","max_tokens":64,"ignore_eos":true,"stream":true}`
 	args := []string{"--max-batch", "32", "--queue-depth", "64", "--pprof"}

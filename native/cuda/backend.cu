@@ -45,9 +45,10 @@
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
 // Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
 // before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
-// position (as before run 26), "timeline" 1 records when every GEMV and decode-attention launch of a decode step
-// started, passed its wait and ended (mqb_debug_timeline; tl_mark). mqb_debug_chain runs decode
-// steps back to back with their tokens fed on the device, the host out of the loop.
+// position (as before run 26), "timeline" 1 records when every GEMV and decode-attention
+// launch of a decode step started, passed its wait and ended (mqb_debug_timeline; tl_mark).
+// mqb_debug_chain runs decode steps back to back with their tokens fed on the device, the host
+// out of the loop.
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
 //   qwen3.rope_theta_x10  multiply rope_theta by 10
 //   qwen3.drop_q_norm     skip q_norm
@@ -573,6 +574,11 @@ __device__ __forceinline__ unsigned long long argkey(float v, int idx) {
   return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned int)idx);
 }
 
+// decode_key is the index argkey packed (the host reads the argmax, advance_kernel feeds it on).
+__host__ __device__ __forceinline__ int decode_key(unsigned long long k) {
+  return (int)(0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFull));
+}
+
 // Samp carries the per-row sampling of a step: inv_temp[r] > 0 draws row r's token from
 // softmax(logits / T) with the Gumbel-max trick (key rkey[r], fresh per step); 0 is greedy.
 struct Samp {
@@ -646,8 +652,9 @@ __device__ __forceinline__ unsigned long long gtimer() {
 // tl_mark records, for timeline slot s (one kernel launch), when thread 0 of each block got to
 // what: 0 block start (the first and the last block's), 1 past the wait for the previous
 // kernel, 2 block end (the last block's), 3-6 the phases of decode attention (the last block's:
-// q/k/v made, then attend's scores, softmax and V sums, or attend_flash's whole pass at 6). The debug timeline (mqb_debug_timeline) shows where a
-// chain of dependent kernels spends its time, which per-kernel events cannot: they serialise it.
+// q/k/v made, then attend's scores, softmax and V sums, or attend_flash's whole pass at 6). The
+// debug timeline (mqb_debug_timeline) shows where a chain of dependent kernels spends its time,
+// which per-kernel events cannot: they serialise it.
 __device__ __forceinline__ void tl_mark(unsigned long long *b, int s, int what) {
   if (!b || s < 0 || threadIdx.x != 0) return;
   const unsigned long long t = gtimer();
@@ -1285,8 +1292,12 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
       const int pp = base + u * ngroups + g, pos = lo + pp;
       const size_t off = (size_t)pos * rs + sl * CH;
       const bool ok = pp < span;
-      kr[u] = !ok ? make_uint4(0u, 0u, 0u, 0u) : pos == fresh ? ldcg4(kb + off) : __ldg(reinterpret_cast<const uint4 *>(kb + off));
-      vr[u] = !ok ? make_uint4(0u, 0u, 0u, 0u) : pos == fresh ? ldcg4(vb + off) : __ldg(reinterpret_cast<const uint4 *>(vb + off));
+      kr[u] = !ok           ? make_uint4(0u, 0u, 0u, 0u)
+              : pos == fresh ? ldcg4(kb + off)
+                             : __ldg(reinterpret_cast<const uint4 *>(kb + off));
+      vr[u] = !ok           ? make_uint4(0u, 0u, 0u, 0u)
+              : pos == fresh ? ldcg4(vb + off)
+                             : __ldg(reinterpret_cast<const uint4 *>(vb + off));
     }
 #pragma unroll
     for (int u = 0; u < SU; ++u) {
@@ -1372,6 +1383,21 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
   __syncthreads();
 }
 
+// attend_either runs attend_flash where flash is asked for and a K row fits a warp's lanes
+// (lanes_fit), attend otherwise: the one place that rule lives. tlb, tls and score_lanes are
+// attend's timeline slot and lane scoring; attend_flash's single pass marks phase 6.
+template <typename T, int GM>
+__device__ void attend_either(bool flash, const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi,
+                              int fresh, int D, int G, float *sc, float *red, float *s_m, float *s_l, float *s_c,
+                              float *oacc, unsigned long long *tlb = nullptr, int tls = -1, bool score_lanes = true) {
+  if (flash && lanes_fit(D / TT<T>::CH)) {
+    attend_flash<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc);
+    tl_mark(tlb, tls, 6);
+  } else {
+    attend<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, s_c, oacc, tlb, tls, score_lanes);
+  }
+}
+
 // attention_kernel (prefill and mixed steps, and decode steps of many sequences): block (token
 // t, KV head g) attends the G query heads of group g (already normed, rotated and scaled by
 // qkv_post) over positions 0..pos[t] of the token's slot: causal for a prompt, the whole cache
@@ -1390,10 +1416,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
   float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
   const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
-  if (flash && lanes_fit(D / TT<T>::CH))
-    attend_flash<T, GM>(qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m, s_l, oacc);
-  else
-    attend<T, GM>(qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m, s_l, s_c, oacc);
+  attend_either<T, GM>(flash != 0, qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m, s_l, s_c,
+                       oacc);
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS)
     out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
 }
@@ -1461,13 +1485,8 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     }
     __syncthreads();
   }
-  if (a.flash && lanes_fit(D / TT<T>::CH)) {
-    attend_flash<T, GM>(qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l, oacc);
-    tl_mark(a.tlb, a.tls, 6);  // one phase: no scores or softmax of their own
-  } else {
-    attend<T, GM>(qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l, s_c, oacc, a.tlb,
-                  a.tls, a.score_lanes != 0);
-  }
+  attend_either<T, GM>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l,
+                       s_c, oacc, a.tlb, a.tls, a.score_lanes != 0);
   T *out = a.out + ((size_t)t * a.nh + (size_t)kh * G) * D;
   if (S == 1) {
     for (int i = tid; i < G * D; i += ATT_THREADS) out[i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
@@ -2218,14 +2237,12 @@ void step_dispatch(mqb_model &m, int b, bool want_logits) {
   run_dispatch(m, b, b, true, true);
 }
 
-int decode_key(unsigned long long k) { return (int)(0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFull)); }
-
 // advance_kernel feeds a decode step's argmax back as the next step's tokens on the device and
 // moves each real entry one position on (mqb_debug_chain).
 __global__ void advance_kernel(int *tok, int *pos, const unsigned long long *keys, int n) {
   const int i = threadIdx.x;
   if (i < n) {
-    tok[i] = (int)(0xFFFFFFFFu - (unsigned int)(keys[i] & 0xFFFFFFFFull));
+    tok[i] = decode_key(keys[i]);
     pos[i] += 1;
   }
 }
@@ -2553,6 +2570,10 @@ int bucket_for(const mqb_model &m, int n) {
   return std::min(b, m.max_batch);
 }
 
+// graph_key names a decode step's graph in mqb_model::graphs: a graph bakes in the batch bucket,
+// the attention splits and whether the logits are written (the megakernel's choice).
+int graph_key(int b, int splits, bool logits) { return (b * (ATT_SPLIT_MAX + 1) + splits) * 2 + (logits ? 1 : 0); }
+
 void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *tokens, const int32_t *start_pos,
                  const float *temp, const uint64_t *rkey, float *logits_out, int32_t *argmax_out) {
   const bool graphs = m.use_graphs && !m.prof;
@@ -2572,8 +2593,7 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
   if (m.tl_buf) ck(cudaMemsetAsync(m.tl_buf, 0, sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS, m.stream), "timeline reset");
   GraphEntry *ge = nullptr;
   if (graphs) {
-    // A graph bakes in the attention splits and (the megakernel's) whether logits are written.
-    ge = &m.graphs[(b * (ATT_SPLIT_MAX + 1) + m.step_splits) * 2 + (logits_out ? 1 : 0)];
+    ge = &m.graphs[graph_key(b, m.step_splits, logits_out != nullptr)];
     if (!ge->warmed) {  // first use of this bucket: run eagerly (loads modules, cuBLAS heuristics)
       step_dispatch(m, b, logits_out != nullptr);
       ck(cudaGetLastError(), "forward");
@@ -2915,15 +2935,17 @@ int mqb_debug_chain(mqb_model *m, int32_t n, int32_t steps, const int32_t *start
   }
   try {
     ck(cudaSetDevice(m->dev), "cudaSetDevice");
-    if (!m->use_graphs || m->prof || m->use_mk) throw std::runtime_error("mqb_debug_chain needs graphs, no profile and no megakernel");
+    if (!m->use_graphs || m->prof || m->use_mk)
+      throw std::runtime_error("mqb_debug_chain needs graphs, no profile and no megakernel");
     const int b = std::max(n, bucket_for(*m, n));
     for (int s = 0; s < steps; ++s) {
       int nmax = 1;
       for (int i = 0; i < n; ++i) nmax = std::max(nmax, start_pos[i] + s + 2);
       m->step_splits = attn_splits(*m, b, nmax);
-      auto it = m->graphs.find((b * (ATT_SPLIT_MAX + 1) + m->step_splits) * 2);
+      auto it = m->graphs.find(graph_key(b, m->step_splits, false));
       if (it == m->graphs.end() || !it->second.exec)
-        throw std::runtime_error(fmt("no captured graph for batch %d with %d splits; run decode steps first", b, m->step_splits));
+        throw std::runtime_error(
+            fmt("no captured graph for batch %d with %d splits; run decode steps first", b, m->step_splits));
       cudaLaunchConfig_t cfg = {};  // no programmatic serialization: it reads the last step's keys
       cfg.gridDim = dim3(1);
       cfg.blockDim = dim3(64);
