@@ -143,3 +143,13 @@ func TestWorkerPipesPolled(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerModeByHand: `qual-server worker` without the frontend's pipes on fds 3 and 4 says
+// what it needs and exits 2, before it opens any bundle.
+func TestWorkerModeByHand(t *testing.T) {
+	out, err := exec.Command(serverBin, "worker", "--bundle", mockBundle(t, 0)).CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "worker mode needs the protocol pipes on fds 3 and 4") {
+		t.Fatalf("exit %v, output:\n%s", err, out)
+	}
+}

@@ -99,15 +99,21 @@ func Main(args []string) int {
 	// system call that holds this process's one P (GOMAXPROCS = its CPUs) until sysmon takes
 	// it back, and the step loop, readied by the command just read, waited 100-200 us for it:
 	// most of a new request's time to first token under load.
+	// Both must be pipes: run by hand, fds 3 and 4 are closed or (Go's runtime opens its own
+	// descriptors at start) something else, and os.NewFile accepts any descriptor number.
 	for _, fd := range []int{fdIn, fdOut} {
-		_ = syscall.SetNonblock(fd, true) // a bad fd is reported below
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
+			log.Printf("worker mode needs the protocol pipes on fds 3 and 4 (fd %d is not a pipe); it is started by qual-server, not by hand", fd)
+			return 2
+		}
+		if err := syscall.SetNonblock(fd, true); err != nil {
+			log.Printf("worker: fd %d: %v", fd, err)
+			return 2
+		}
 	}
 	in := os.NewFile(fdIn, "frontend-in")
 	out := os.NewFile(fdOut, "frontend-out")
-	if in == nil || out == nil {
-		log.Print("worker mode needs the protocol pipes on fds 3 and 4; it is started by qual-server, not by hand")
-		return 2
-	}
 	// The frontend coordinates shutdown (EOF on fd 3) and SIGTERM drain; a terminal's Ctrl-C
 	// reaching the whole process group must not kill engines under in-flight requests.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGPIPE)
