@@ -15,11 +15,14 @@
 // (cuBLAS CUBLAS_COMPUTE_32F, and fmaf in our kernels); the residual stream, norms, RoPE, softmax
 // and logits stay fp32. The KV cache is stored in T.
 //
-// Kernels (all ours except the matrix products of more than gemv_max_b rows, which go to cuBLAS):
+// Kernels (all ours except the matrix products of more than sk_max_b rows and the LM head's of
+// more than gemv_max_b, which go to cuBLAS):
 //   embed            token (+ position for gpt2) embedding into the fp32 residual
 //   prep             RMSNorm / LayerNorm / SwiGLU / gelu_new / copy of one row into T (GEMM input)
 //   gemv<T,B>        small-batch matrix-vector product with the prep fused in front, the bias and
 //                    the residual add fused behind, and greedy argmax fused for the LM head
+//   sk::skinny       bf16/fp16 products of gemv_max_b+1..sk_max_b rows on the tensor cores
+//                    (skinny.cuh), the layers' shapes (prep_kernel makes their input rows)
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
 //   attention        causal attention of each token over its slot's cache (prefill, mixed steps)
 //   decode_attn      decode steps whose (token, KV head) grid cannot fill the GPU: qkv_post and
@@ -41,6 +44,7 @@
 // attention fused (decode_attn) never, where tokens x KV heads < SMs (default), always;
 // MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
 // products in a build with them (default 0: off),
+// MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS,
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
 // Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
@@ -1571,6 +1575,7 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ l
   }
 }
 
+#include "skinny.cuh"
 #ifndef MQB_HOST_TEST
 #include "megakernel.cuh"
 static_assert(mk::MAXB == TC_MAX_B, "TC_MAX_B must equal the megakernel's batch bound");
@@ -1619,6 +1624,16 @@ struct mqb_model {
   // entries (MQB_TC_MIN_B), where tc_ok (qwen3, bf16/fp16, shapes that fit its tiles).
   bool tc_ok = false;
   int tc_min_b = 0;  // 0: off (on the H200 slower than cuBLAS + prep at batch 32, NOTES.md run 5)
+  // Skinny tensor-core products (skinny.cuh) for bf16/fp16 products of gemv_max_b+1..sk_max_b
+  // rows with N <= sk_max_n (the layers', not the LM head's): on unless MQB_SKINNY=0 / debug
+  // "skinny" 0 (cuBLAS then). sk_max_b is 8: on the H200 they beat cuBLAS at batch 8 (+8 %) and
+  // lose at 16 and 32 (NOTES.md, runs 39-43); debug "sk_max_b" (up to 32) widens the range, and
+  // sk_kw / sk_ks force a slice width / slices per block (0 = chosen by skinny_cfg).
+  bool sk_on = false;
+  int sk_max_b = 8, sk_max_n = 0, sk_kw = 0, sk_ks = 0;
+  float *sk_ws = nullptr;          // split-K partials [Z][32][N]
+  size_t sk_ws_floats = 0;
+  unsigned int *sk_cnt = nullptr;  // [sk_max_n / 16] blocks done per row block, zero between products
   int step_splits = 1;  // decode attention splits of the step being run (attn_splits)
   float *part_acc = nullptr, *part_ml = nullptr;
   unsigned int *att_cnt = nullptr;  // [ATT_SPLIT_MAX_T * nkv] attention splits done, zero between steps
@@ -1780,8 +1795,69 @@ cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 template <>
 cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 
+// skinny_cfg chooses the launch shape of a skinny product of B rows through W [N, K] (sk::Cfg) by
+// a rough model of its time, enough to rank shapes: the weights stream at DRAM speed over the
+// whole GPU; each block pulls its weight slice and staged input at one SM's share of L2
+// bandwidth, once per wave of blocks; a K split over Z blocks adds the partials' round trips
+// through L2 (write, count, then ceil(Z / ZU) loads) to the critical path. Ties go to the wider
+// slice. sk_kw / sk_ks (debug) restrict the shapes tried. Z = 0: no shape fits.
+sk::Cfg skinny_cfg(const mqb_model &m, int N, int K, int B) {
+  constexpr double dram = 4.0e6, sm_bw = 1.0e5, lat = 0.7;  // bytes/us, bytes/us per SM, us
+  sk::Cfg best;
+  double best_t = 0;
+  if (N % 16 != 0 || K % 32 != 0) return best;
+  const int rows = (B + 7) / 8 * 8;
+  for (int Kw = sk::GMAX * 32; Kw >= 32; Kw -= 32) {
+    if ((m.sk_kw && Kw != m.sk_kw) || K % Kw) continue;
+    for (int KS : {1, 2, 4, 8}) {
+      const int Kc = KS * Kw;
+      if ((m.sk_ks && KS != m.sk_ks) || Kc > sk::KC_MAX || K % Kc) continue;
+      sk::Cfg c;
+      c.RT = sk::WARPS / KS;
+      c.KS = KS;
+      c.Kw = Kw;
+      c.Z = K / Kc;
+      const int waves = (c.blocks(N) + m.sms - 1) / m.sms;
+      const double block_bytes = (double)(c.RT * 16 + rows) * Kc * 2;
+      double t = std::max((double)N * K * 2 / dram, block_bytes / sm_bw * waves);
+      if (c.Z > 1) t += lat * (2 + (c.Z + sk::ZU - 1) / sk::ZU);
+      if (!best.Z || t < best_t * 0.999) {
+        best = c;
+        best_t = t;
+      }
+    }
+  }
+  return best;
+}
+
+// skinny_linear runs out (+)= X W^T through skinny.cuh where it applies (bf16/fp16, on, more rows
+// than the GEMV takes and at most sk_max_b, the shape fits); false: the caller uses cuBLAS.
+template <typename T>
+bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int K, const T *W, int N, float *out,
+                   bool accumulate) {
+  if constexpr (std::is_same<T, float>::value) {
+    return false;
+  } else {
+    if (!m.sk_on || B > m.sk_max_b || N > m.sk_max_n) return false;
+    const sk::Cfg c = skinny_cfg(m, N, K, B);
+    if (!c.Z || (c.Z > 1 && (size_t)c.Z * sk::MAXB * N > m.sk_ws_floats)) return false;
+    m.label = role + ":skinny";
+    const dim3 grid((N / 16 + c.RT - 1) / c.RT, c.Z);
+    const size_t smem = sk::smem_bytes((B + 7) / 8, c.KS * c.Kw);
+    const int acc = accumulate ? 1 : 0;
+    switch ((B + 7) / 8) {
+      case 1: launch(m, sk::skinny_kernel<T, 1>, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt); break;
+      case 2: launch(m, sk::skinny_kernel<T, 2>, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt); break;
+      case 3: launch(m, sk::skinny_kernel<T, 3>, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt); break;
+      default: launch(m, sk::skinny_kernel<T, 4>, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt); break;
+    }
+    return true;
+  }
+}
+
 // linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. Small B uses the fused GEMV
-// kernel; larger B makes the T input with prep_kernel and calls cuBLAS.
+// kernel; larger B makes the T input with prep_kernel and runs the skinny tensor-core product
+// (bf16/fp16, up to 32 rows, the layers' shapes) or cuBLAS.
 template <typename T>
 void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K, const void *Wv, int N,
             const float *bias, float *out, bool accumulate, unsigned long long *keys, Samp samp = Samp{}) {
@@ -1814,11 +1890,13 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     launch(m, prep_kernel<T>, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
     X = static_cast<const T *>(m.xbuf);
   }
-  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  ckb(cublasGemmEx(m.blas, CUBLAS_OP_T, CUBLAS_OP_N, N, B, K, &alpha, W, cuda_type<T>(), K, X, cuda_type<T>(), K,
-                   &beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx");
-  mark(m, r + ":gemm");
+  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate)) {
+    const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+    ckb(cublasGemmEx(m.blas, CUBLAS_OP_T, CUBLAS_OP_N, N, B, K, &alpha, W, cuda_type<T>(), K, X, cuda_type<T>(), K,
+                     &beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+    mark(m, r + ":gemm");
+  }
   if (bias) {
     m.label = r + ":bias";
     const int total = B * N;
@@ -2429,6 +2507,39 @@ void set_kernel_attrs(int gm, size_t att_bytes) {
   });
 }
 
+// skinny_setup turns the skinny products on for a bf16/fp16 model (unless MQB_SKINNY=0): the
+// workspace holds the partials of the finest K split any launch shape of the layers' products
+// can have (debug sk_kw / sk_ks included), and the kernels may use the shared memory of the
+// widest K range.
+template <typename T>
+void skinny_setup(mqb_model &m) {
+  if constexpr (!std::is_same<T, float>::value) {
+    const Cfg &c = m.c;
+    const int QKV = (c.nh + 2 * c.nkv) * c.D, MLP = c.fam == QWEN3 ? 2 * c.I : c.I, AO = c.nh * c.D;
+    const int shapes[4][2] = {{QKV, c.H}, {c.H, AO}, {MLP, c.H}, {c.H, c.I}};  // N, K of qkv, o, up, down
+    size_t ws = 0;
+    for (const auto &nk : shapes) {
+      m.sk_max_n = std::max(m.sk_max_n, nk[0]);
+      ws = std::max(ws, (size_t)(nk[1] / 32) * sk::MAXB * nk[0]);
+    }
+    m.sk_ws_floats = ws;
+    m.sk_ws = static_cast<float *>(m.dmalloc(sizeof(float) * ws));
+    const int nc = (m.sk_max_n + 15) / 16;
+    m.sk_cnt = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int) * nc));
+    ck(cudaMemset(m.sk_cnt, 0, sizeof(unsigned int) * nc), "cudaMemset(sk_cnt)");
+    const size_t smem = sk::smem_bytes(4, sk::KC_MAX);
+    auto attr = [&](auto k) {
+      ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+         "cudaFuncSetAttribute(skinny)");
+    };
+    attr(sk::skinny_kernel<T, 1>);
+    attr(sk::skinny_kernel<T, 2>);
+    attr(sk::skinny_kernel<T, 3>);
+    attr(sk::skinny_kernel<T, 4>);
+    m.sk_on = env_int("MQB_SKINNY", 1) != 0;
+  }
+}
+
 void open_model(mqb_model &m, const mqb_model_params *p) {
   if (!p) throw Fail("cuda backend: params is NULL");
   if (p->abi_version != MQB_ABI_VERSION)
@@ -2525,8 +2636,8 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   const int gm = gm_for(G);
   const size_t ab = attn_smem(gm, c.D);
   switch (m.dt) {
-    case DT_BF16: set_kernel_attrs<__nv_bfloat16>(gm, ab); break;
-    case DT_F16: set_kernel_attrs<__half>(gm, ab); break;
+    case DT_BF16: set_kernel_attrs<__nv_bfloat16>(gm, ab); skinny_setup<__nv_bfloat16>(m); break;
+    case DT_F16: set_kernel_attrs<__half>(gm, ab); skinny_setup<__half>(m); break;
     default: set_kernel_attrs<float>(gm, ab); break;
   }
 #ifndef MQB_HOST_TEST
@@ -2859,6 +2970,13 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
     else return 1;
   }
 #endif
+  else if (k == "skinny") {
+    if (value && !m->sk_ws) return 1;  // fp32 weights: cuBLAS only
+    m->sk_on = value != 0;
+  }
+  else if (k == "sk_max_b") m->sk_max_b = std::max(0, std::min(sk::MAXB, (int)value));
+  else if (k == "sk_kw") m->sk_kw = (value > 0 && value % 32 == 0 && value <= sk::GMAX * 32) ? value : 0;
+  else if (k == "sk_ks") m->sk_ks = (value == 1 || value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
   else if (k == "attn_lanes") m->attn_lanes = value != 0;

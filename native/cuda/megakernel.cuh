@@ -33,7 +33,7 @@ namespace mk {
 constexpr int THREADS = 256;  // 8 warps, up to 255 registers each: no spills
 constexpr int WARPS = THREADS / 32;
 constexpr int MAXB = 32;       // sequences per launch (4 octets)
-constexpr int XPAD = 32;       // elements of padding per staged row: conflict-free 16-byte reads
+using sk::XPAD;               // elements of padding per staged row: conflict-free 16-byte reads
 constexpr int PREFETCH_MAX = 64 * 1024;  // bytes of next-phase weights a block prefetches
 
 struct LayerW {
@@ -62,35 +62,9 @@ struct Args {
   int dbg;                         // benchmark only: bit 0 skips attention, bit 1 the layers' matrix products
 };
 
-template <typename T>
-__device__ __forceinline__ void mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                    uint32_t b1);
-template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                   uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma<__half>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// mma2 multiplies the 16x32 weight block held as two rows' 16-byte vectors (wa: row g, wb: row
-// g+8, k = 8t..8t+7 of a 32-k group) with the matching 8 k of the batch octet's row g (xv).
-template <typename T>
-__device__ __forceinline__ void mma2(float c[4], const uint4 &wa, const uint4 &wb, const uint4 &xv) {
-  mma<T>(c, wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
-  mma<T>(c, wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
-}
+// The mma.sync fragments (mma, mma2) live in skinny.cuh, shared with the skinny products.
+using sk::mma;
+using sk::mma2;
 
 __device__ __forceinline__ unsigned int ld_acquire(const unsigned int *p) {
   unsigned int v;

@@ -709,7 +709,8 @@ def bench_hf(model, B, prompt_len, new, V, seed):
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
-            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0}
+            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 8, "sk_kw": 0,
+            "sk_ks": 0}
 
 
 def bench(args):
@@ -759,11 +760,19 @@ def bench(args):
     # megakernel the opt-in persistent kernel; no_attn_flash decode attention through attend
     # (phases with barriers, before run 30), no_attn_lanes that with one thread per scored
     # position (before run 26).
+    # cublas sends the products of batches 5-8 to cuBLAS instead of the skinny tensor-core kernel
+    # (skinny.cuh); sk_b32 sends batches up to 32 to that kernel, and with it sk_ksN forces N K
+    # slices per block (8 / N row tiles), sk_kwN N columns per warp slice (the default shapes
+    # come from skinny_cfg's model).
     # mk_skip variants (BENCH_VARIANTS=...,mk_barriers_only) time the megakernel without its
     # attention (1), its matrix products (2) or both (3) (timing only; wrong tokens).
     variants = [("default", {}), ("no_attn_flash", {"attn_flash": 0}), ("no_attn_lanes", {"attn_flash": 0, "attn_lanes": 0}),
                 ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
                 ("attn_split2", {"attn_split": 2}), ("attn_split4", {"attn_split": 4}), ("attn_split16", {"attn_split": 16}),
+                ("cublas", {"skinny": 0}), ("sk_b32", {"sk_max_b": 32}),
+                ("sk_ks1", {"sk_max_b": 32, "sk_ks": 1}), ("sk_ks2", {"sk_max_b": 32, "sk_ks": 2}),
+                ("sk_ks4", {"sk_max_b": 32, "sk_ks": 4}), ("sk_ks8", {"sk_max_b": 32, "sk_ks": 8}),
+                ("sk_kw128", {"sk_max_b": 32, "sk_kw": 128}), ("sk_kw256", {"sk_max_b": 32, "sk_kw": 256}),
                 ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
     extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
              "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
@@ -772,10 +781,13 @@ def bench(args):
         variants = [v for v in variants if v[0] in keep_v] + [(k, extra[k]) for k in keep_v if k in extra]
     ours = {}
     gen_ref = {}
-    for B in (1, 32):
+    batches = [int(b) for b in os.environ.get("BENCH_BATCHES", "1,32").split(",")]
+    for B in batches:
         for name, opts in variants:
             if name.startswith("attn_split") and B == 32:
                 continue  # batch 32 is not fused by default, so the split does not apply
+            if (name == "cublas" and not 4 < B <= 8) or (name.startswith("sk_") and B <= 8):
+                continue  # batches 1-4 run the fused GEMV; 5-8 the skinny products, above cuBLAS
             try:
                 with be.switched(opts):
                     tps, step_s, gen = bench_ours(be, B, prompt_len, warm, steps, V, seed=B)
@@ -931,6 +943,9 @@ def decode_only(args):
     del sd, model
     torch.cuda.empty_cache()
     B = int(os.environ.get("DECODE_B", "1"))
+    for key in ("skinny", "sk_max_b", "sk_ks", "sk_kw"):  # DECODE_SKINNY=0 etc.: the products' path and shape
+        if os.environ.get("DECODE_" + key.upper()):
+            be.set(key, int(os.environ["DECODE_" + key.upper()]))
     _, step_s, _ = bench_ours(be, B, 32, 4, int(os.environ.get("DECODE_STEPS", "20")), cfg.vocab_size, seed=B)
     print("DECODE batch %d: %.3f ms/step" % (B, step_s * 1e3), flush=True)
     be.close()

@@ -43,6 +43,32 @@ unsigned long long __shfl_xor_sync(unsigned, unsigned long long v, int o) {
   g_warps[w]->arrive_and_wait();
   return r;
 }
+// mma_emu: mma.sync.m16n8k16 (row.col, fp32 accumulate) from the fragments of the warp's 32
+// lanes as the PTX ISA lays them out: lane 4g+t holds A(g, 2t..2t+1), A(g+8, ..), A(g, 2t+8..),
+// A(g+8, 2t+8..), B(2t..2t+1, g), B(2t+8.., g) and gets C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1).
+static uint32_t g_mma[32][32][6];
+void mqcuda::sk::mma_emu(float c[4], const uint32_t a[4], const uint32_t b[2], bool bf16) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  for (int i = 0; i < 4; ++i) g_mma[w][l][i] = a[i];
+  g_mma[w][l][4] = b[0];
+  g_mma[w][l][5] = b[1];
+  g_warps[w]->arrive_and_wait();
+  auto el = [&](uint32_t v, int half) {
+    const unsigned short h = half ? (unsigned short)(v >> 16) : (unsigned short)(v & 0xffff);
+    return bf16 ? __bfloat162float(__nv_bfloat16{h}) : __half2float(__half{h});
+  };
+  auto A = [&](int row, int k) { return el(g_mma[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k & 1); };
+  auto B = [&](int k, int col) { return el(g_mma[w][col * 4 + (k % 8) / 2][4 + (k >= 8)], k & 1); };
+  float r[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+    float s = c[e];
+    for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
+    r[e] = s;
+  }
+  g_warps[w]->arrive_and_wait();
+  for (int e = 0; e < 4; ++e) c[e] = r[e];
+}
 unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 float rsqrtf(float x) { return 1.f / sqrtf(x); }
@@ -463,9 +489,13 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // without graphs (and with decode attention through attend, one thread per scored position,
   // instead of attend_flash), with decode attention unfused (qkv_post + attention) and with 3 position
   // splits (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16).
-  const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention", " attention-split-3"};
-  for (int variant = 0; variant < 6; ++variant) {
-    std::vector<int> lens = variant == 0 ? std::vector<int>{5, 20, 9, 33, 2, 12}
+  // Batch 6 goes through the skinny tensor-core products in bf16/fp16; variant 6 forces their finest K split (one 32-column slice per warp, partials
+  // summed by the last block), variant 7 sends them to cuBLAS instead.
+  const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention", " attention-split-3",
+                         " skinny-split-K", " cuBLAS"};
+  const bool half = std::string(prec) != "fp32";
+  for (int variant = 0; variant < (half ? 8 : 6); ++variant) {
+    std::vector<int> lens = variant == 0 || variant >= 6 ? std::vector<int>{5, 20, 9, 33, 2, 12}
                           : variant == 2 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
     if (variant == 3) {
       mqb_debug_set(m, "graphs", 0);
@@ -474,6 +504,11 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     }
     if (variant == 4) mqb_debug_set(m, "fused_attn", 0);
     if (variant == 5) mqb_debug_set(m, "attn_split", 3);
+    if (variant == 6) {
+      mqb_debug_set(m, "sk_kw", 32);
+      mqb_debug_set(m, "sk_ks", 1);
+    }
+    if (variant == 7) mqb_debug_set(m, "skinny", 0);
     const int n = (int)lens.size(), steps = 5;
     std::vector<std::vector<int>> seqs;
     std::vector<int32_t> slots, nt, sp, toks;
@@ -527,9 +562,41 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     }
     if (variant == 4) mqb_debug_set(m, "fused_attn", 1);
     if (variant == 5) mqb_debug_set(m, "attn_split", 0);
+    if (variant == 6) {
+      mqb_debug_set(m, "sk_kw", 0);
+      mqb_debug_set(m, "sk_ks", 0);
+    }
+    if (variant == 7) mqb_debug_set(m, "skinny", 1);
     check(md < tol, std::string(family) + " " + prec + " batch " + std::to_string(n) + vname[variant] +
                         " prefill+decode max|d| = " + std::to_string(md));
     check(am_ok, std::string(family) + " " + prec + " argmax_out == argmax(logits_out)");
+  }
+  // The skinny products against cuBLAS on one 24-row prefill (6 sequences of 4 tokens, fresh
+  // slots, so every run sees the same state): only the order of fp32 sums differs, which moves a
+  // bf16/fp16 rounding of an activation now and then, so the logits agree far inside the
+  // reference tolerance; with the finest K split too.
+  if (half) {
+    mqb_debug_set(m, "sk_max_b", 32);  // 24 rows: beyond the default range of 8
+    std::vector<int32_t> sl{0, 1, 2, 3, 4, 5}, nt(6, 4), sp(6, 0), tk = rnd_ids(24), am(6);
+    std::vector<float> sk((size_t)6 * V), split((size_t)6 * V), cub((size_t)6 * V);
+    int rc = mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), sk.data(), am.data(), err, sizeof err);
+    mqb_debug_set(m, "sk_kw", 32);
+    mqb_debug_set(m, "sk_ks", 1);
+    rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), split.data(), am.data(), err, sizeof err);
+    mqb_debug_set(m, "sk_kw", 0);
+    mqb_debug_set(m, "sk_ks", 0);
+    mqb_debug_set(m, "skinny", 0);
+    rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), cub.data(), am.data(), err, sizeof err);
+    mqb_debug_set(m, "skinny", 1);
+    mqb_debug_set(m, "sk_max_b", 8);
+    double d1 = 0, d2 = 0;
+    for (size_t i = 0; i < cub.size(); ++i) {
+      d1 = std::max(d1, fabs((double)sk[i] - cub[i]));
+      d2 = std::max(d2, fabs((double)split[i] - cub[i]));
+    }
+    check(rc == 0 && d1 < tol / 10 && d2 < tol / 10, std::string(family) + " " + prec +
+                                                         " 24-row prefill, skinny vs cuBLAS max|d| = " +
+                                                         std::to_string(d1) + ", split-K " + std::to_string(d2));
   }
   // Sampling on the device (mqb_forward_sampled): temperature 0 and a vanishing temperature
   // give the argmax, equal keys give equal draws, distinct keys at a high temperature spread.
