@@ -1627,7 +1627,7 @@ struct mqb_model {
   // Skinny tensor-core products (skinny.cuh) for bf16/fp16 products of gemv_max_b+1..sk_max_b
   // rows with N <= sk_max_n (the layers', not the LM head's): on unless MQB_SKINNY=0 / debug
   // "skinny" 0 (cuBLAS then). sk_max_b is 8: on the H200 they beat cuBLAS at batch 8 (+8 %) and
-  // lose at 16 and 32 (NOTES.md, runs 39-43); debug "sk_max_b" (up to 32) widens the range, and
+  // lose at 16 and 32 (NOTES.md, runs 39-45); debug "sk_max_b" (up to 32) widens the range, and
   // sk_kw / sk_ks force a slice width / slices per block (0 = chosen by skinny_cfg).
   bool sk_on = false;
   int sk_max_b = 8, sk_max_n = 0, sk_kw = 0, sk_ks = 0;

@@ -18,12 +18,14 @@
 // finishes last for a row block adds the Z partials in split order. Every sum has a fixed order,
 // so the same inputs give the same bits whatever the timing.
 //
-// Measured on the H200 (NOTES.md, runs 39-43, Qwen3-0.6B shape): decode at batch 8 5,945-6,031
+// Measured on the H200 (NOTES.md, runs 39-45, Qwen3-0.6B shape): decode at batch 8 5,945-6,031
 // tok/s against 5,502-5,527 through cuBLAS; at batch 16 9,472-9,559 against 10,491-10,579 and at
 // batch 32 13,564-14,465 against 19,130-19,274, whatever the launch shape. In isolation (Nsight
-// Compute, batch 32) a product takes 11-23 us against cuBLAS's 7.3-8.8: each warp runs ~1,500
-// instructions at ~8 cycles each with two warps per scheduler, a latency-bound instruction
-// stream rather than a memory-bound one. Hence backend.cu's sk_max_b of 8.
+// Compute, batch 32) a product takes 11-23 us against cuBLAS's 7.3-8.8. Halving its
+// instructions (run 45: weights loaded word by word into the mma quads, no register moves) left
+// the time unchanged: what limits it is each block's load latency (one 8-warp block per SM, all
+// of a warp's loads issued then waited for, no pipeline), where cuBLAS runs TMA pipelines.
+// Hence backend.cu's sk_max_b of 8.
 
 namespace sk {
 
