@@ -55,24 +55,19 @@ inline void mma<__half>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint3
   mma_emu(c, a, b, false);
 }
 #else
-template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                   uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma<__half>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+// The bf16 and fp16 forms differ only in the PTX type of A and B.
+#define SK_MMA(TY, PTX)                                                                                   \
+  template <>                                                                                           \
+  __device__ __forceinline__ void mma<TY>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, \
+                                          uint32_t b0, uint32_t b1) {                                   \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX "." PTX                                   \
+                 ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                           \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                       \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                               \
+  }
+SK_MMA(__nv_bfloat16, "bf16")
+SK_MMA(__half, "f16")
+#undef SK_MMA
 #endif
 
 // mma2 multiplies the 16x32 weight block held as two rows' 16-byte vectors (wa: row g, wb: row
