@@ -347,9 +347,9 @@ func (s *testServer) windowRecords(tb testing.TB, n int) []serverRecord {
 // window ran on a quiet machine. On 2026-11-30 at 15:40-15:50 UTC (d2ff9fd, nothing else
 // running; the last four runs measured steal 0-0.2 % and other 0 %) placed TTFT p99 was
 // 1.24-2.16 ms over eight runs (median 1.51), frontend 2.06-2.42 us/token, 399-474k tokens/s;
-// with one CPU-bound loop running beside it
-// (host_other 22 %) 7.1 ms at 169k tokens/s: concurrent load, such as a build or the CUDA
-// emulation in another shell, is enough to explain the slower hours above.
+// with one CPU-bound loop running beside it (host_other 22 %) 7.1 ms at 169k tokens/s:
+// concurrent load, such as a build or the CUDA emulation in another shell, is enough to explain
+// the slower hours above.
 func BenchmarkFrontendMockC32(b *testing.B) {
 	const body = `{"prompt":"Hello world","max_tokens":64,"ignore_eos":true,"stream":true}`
 	args := []string{"--max-batch", "32", "--queue-depth", "64", "--pprof"}

@@ -1842,14 +1842,18 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
     const sk::Cfg c = skinny_cfg(m, N, K, B);
     if (!c.Z || (c.Z > 1 && (size_t)c.Z * sk::MAXB * N > m.sk_ws_floats)) return false;
     m.label = role + ":skinny";
-    const dim3 grid((N / 16 + c.RT - 1) / c.RT, c.Z);
-    const size_t smem = sk::smem_bytes((B + 7) / 8, c.KS * c.Kw);
+    const int nb = (B + 7) / 8;  // octets of input rows: the kernel's NB
+    const dim3 grid(c.row_blocks(N), c.Z);
+    const size_t smem = sk::smem_bytes(nb, c.KS * c.Kw);
     const int acc = accumulate ? 1 : 0;
-    switch ((B + 7) / 8) {
-      case 1: launch(m, sk::skinny_kernel<T, 1>, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt); break;
-      case 2: launch(m, sk::skinny_kernel<T, 2>, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt); break;
-      case 3: launch(m, sk::skinny_kernel<T, 3>, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt); break;
-      default: launch(m, sk::skinny_kernel<T, 4>, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt); break;
+    auto go = [&](auto kernel) {
+      launch(m, kernel, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt);
+    };
+    switch (nb) {
+      case 1: go(sk::skinny_kernel<T, 1>); break;
+      case 2: go(sk::skinny_kernel<T, 2>); break;
+      case 3: go(sk::skinny_kernel<T, 3>); break;
+      default: go(sk::skinny_kernel<T, 4>); break;
     }
     return true;
   }
@@ -1857,7 +1861,7 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
 
 // linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. Small B uses the fused GEMV
 // kernel; larger B makes the T input with prep_kernel and runs the skinny tensor-core product
-// (bf16/fp16, up to 32 rows, the layers' shapes) or cuBLAS.
+// (bf16/fp16, up to sk_max_b rows, the layers' shapes: skinny_linear) or cuBLAS.
 template <typename T>
 void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K, const void *Wv, int N,
             const float *bias, float *out, bool accumulate, unsigned long long *keys, Samp samp = Samp{}) {

@@ -11,8 +11,8 @@ and compares.
           steps, batch 6 / 3 / 1 so the cuBLAS, fused-GEMV and graph paths all run) against
           transformers fp32 and bf16 on the same GPU: max |dlogit| (teacher-forced along our
           tokens) and greedy agreement with transformers' own greedy tokens.
-  bench   Qwen3-0.6B-shaped random model in bf16: batch-1 and batch-32 decode tokens/s through
-          mqb_forward (greedy via argmax_out), the memory-bandwidth bound (weight bytes per step
+  bench   Qwen3-0.6B-shaped random model in bf16: decode tokens/s at batch 1 and 32 (BENCH_BATCHES
+          lists others) through mqb_forward (greedy via argmax_out), the memory-bandwidth bound (weight bytes per step
           over the device-to-device copy bandwidth measured here), transformers eager generate at
           batch 1 and 32, ratios; "chained" the same decode with the host out of the loop
           (mqb_debug_chain: tokens fed on the device, no synchronisation between steps).

@@ -4,14 +4,14 @@
 // the CPU emulation, which computes the mma fragments in emu_test.cc); the host side is
 // skinny_cfg / skinny_linear there. The mma.sync fragment helpers here serve megakernel.cuh too.
 //
-// Why not cuBLAS: at n = 32 cuBLAS streams the layer weights at about 1.2 TB/s inside a decode
-// step (NOTES.md, runs 18-20: 0.72 ms of products per batch-32 step for 0.88 GB), a third of the
-// H200's bandwidth; a product of 4-13 MB is over before its kernels reach full speed.
+// Why not cuBLAS: its products of a batch-32 step take 0.797 ms for 1.19 GB of weights (NOTES.md,
+// runs 18-20, LM head included), about 1.5 TB/s of the H200's 4.2: a product of 4-13 MB is over
+// before its kernels reach full speed.
 //
 // Shape of the work: a block is 8 warps; warp w owns a 16-row tile (w / KS of the block's RT
 // tiles) and a K slice of Kw columns (w % KS); all 8 share the block's K range of Kc = KS * Kw
-// columns, staged once in shared memory. A warp loads its whole weight slice (Kw <= 256: up to
-// 16 16-byte vectors per lane) into registers before it waits for the previous kernel
+// columns, staged once in shared memory. A warp loads its whole weight slice (Kw <= 384: up to
+// 24 16-byte vectors per lane) into registers before it waits for the previous kernel
 // (programmatic dependent launch): weights never depend on it, so the stream starts while that
 // kernel drains. The block's KS slices are added in slice order through shared memory; when K is
 // split over Z blocks (grid.y), each writes its partial tile to a workspace and the block that
@@ -19,9 +19,9 @@
 // so the same inputs give the same bits whatever the timing.
 //
 // Measured on the H200 (NOTES.md, runs 39-45, Qwen3-0.6B shape): decode at batch 8 5,945-6,031
-// tok/s against 5,502-5,527 through cuBLAS; at batch 16 9,472-9,559 against 10,491-10,579 and at
-// batch 32 13,564-14,465 against 19,130-19,274, whatever the launch shape. In isolation (Nsight
-// Compute, batch 32) a product takes 11-23 us against cuBLAS's 7.3-8.8. Halving its
+// tok/s against 5,502-5,549 through cuBLAS; at batch 16 9,472-9,758 against 10,491-10,579; at
+// batch 32 13,564-14,465 (11,953 with the worst forced shape) against 19,012-19,274. In isolation
+// (Nsight Compute, batch 32) a product takes 11-23 us against cuBLAS's 7.3-8.8. Halving its
 // instructions (run 45: weights loaded word by word into the mma quads, no register moves) left
 // the time unchanged: what limits it is each block's load latency (one 8-warp block per SM, all
 // of a warp's loads issued then waited for, no pipeline), where cuBLAS runs TMA pipelines.
@@ -45,7 +45,8 @@ __device__ __forceinline__ void mma(float c[4], uint32_t a0, uint32_t a1, uint32
 // as the PTX ISA lays them out, so the skinny products (skinny.cuh) run there too.
 void mma_emu(float c[4], const uint32_t a[4], const uint32_t b[2], bool bf16);
 template <>
-inline void mma<__nv_bfloat16>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+inline void mma<__nv_bfloat16>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                               uint32_t b1) {
   const uint32_t a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
   mma_emu(c, a, b, true);
 }
@@ -82,7 +83,8 @@ __device__ __forceinline__ void mma2(float c[4], const uint4 &wa, const uint4 &w
 // Z blocks along K.
 struct Cfg {
   int RT = 0, KS = 0, Kw = 0, Z = 0;
-  int blocks(int N) const { return (N / 16 + RT - 1) / RT * Z; }
+  int row_blocks(int N) const { return (N / 16 + RT - 1) / RT; }  // grid.x
+  int blocks(int N) const { return row_blocks(N) * Z; }
 };
 
 // smem_bytes: the staged input (NB octets of rows, Kc columns plus padding) and the slice sums.
@@ -201,7 +203,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (owner)
 #pragma unroll
     for (int o = 0; o < NB; ++o)
-      __stcg(wsv + ((size_t)(z * NT + tile) * 32 + lane) * NB + o, make_float4(acc[o][0], acc[o][1], acc[o][2], acc[o][3]));
+      __stcg(wsv + ((size_t)(z * NT + tile) * 32 + lane) * NB + o,
+             make_float4(acc[o][0], acc[o][1], acc[o][2], acc[o][3]));
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) s_last = atomicAdd(cnt + blockIdx.x, 1u) == (unsigned int)(Z - 1) ? 1u : 0u;
