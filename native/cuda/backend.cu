@@ -23,6 +23,9 @@
 //                    the residual add fused behind, and greedy argmax fused for the LM head
 //   sk::skinny       bf16/fp16 products of gemv_max_b+1..sk_max_b rows on the tensor cores
 //                    (skinny.cuh), the layers' shapes (prep_kernel makes their input rows)
+//   sk::tile         opt-in (tile_max_b > 0): the same for sk_max_b+1..tile_max_b rows with the
+//                    weights streamed through a cp.async pipeline; slower than cuBLAS on the H200
+//                    so far (NOTES.md, runs 46-49)
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
 //   attention        causal attention of each token over its slot's cache (prefill, mixed steps)
 //   decode_attn      decode steps whose (token, KV head) grid cannot fill the GPU: qkv_post and
@@ -44,7 +47,9 @@
 // attention fused (decode_attn) never, where tokens x KV heads < SMs (default), always;
 // MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
 // products in a build with them (default 0: off),
-// MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS,
+// MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS, MQB_SK_MAX_B=n (default 8)
+// and MQB_TILE_MAX_B=n (default 0) set the batches of its skinny and tile kernels (the parity
+// run sends batch 6 to the tile kernel with MQB_SK_MAX_B=4 MQB_TILE_MAX_B=32),
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
 // Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
@@ -1631,6 +1636,12 @@ struct mqb_model {
   // sk_kw / sk_ks force a slice width / slices per block (0 = chosen by skinny_cfg).
   bool sk_on = false;
   int sk_max_b = 8, sk_max_n = 0, sk_kw = 0, sk_ks = 0;
+  // Products of sk_max_b+1..tile_max_b rows go through sk::tile_kernel (weights streamed through a
+  // shared-memory pipeline) when sk_on. tile_max_b is 0 (off): at 16 and 32 rows it measured 4-21 %
+  // slower than cuBLAS on the H200 (NOTES.md, runs 46-49). Debug "tile_max_b" (up to 32) /
+  // MQB_TILE_MAX_B set the range, tile_rt / tile_z force row tiles per block / K splits (0 = chosen
+  // by tile_cfg).
+  int tile_max_b = 0, tile_rt = 0, tile_z = 0;
   float *sk_ws = nullptr;          // split-K partials [Z][32][N]
   size_t sk_ws_floats = 0;
   unsigned int *sk_cnt = nullptr;  // [sk_max_n / 16] blocks done per row block, zero between products
@@ -1830,6 +1841,41 @@ sk::Cfg skinny_cfg(const mqb_model &m, int N, int K, int B) {
   return best;
 }
 
+// tile_cfg chooses sk::tile_kernel's launch shape for B rows through W [N, K] with the same kind
+// of time model as skinny_cfg: the DRAM stream, or the busiest SM's blocks (weights and staged
+// input at one SM's share of bandwidth, two blocks per SM where shared memory allows), plus the
+// round trips of a K split. Z = 0: no shape fits.
+sk::TCfg tile_cfg(const mqb_model &m, int N, int K, int B) {
+  constexpr double dram = 4.0e6, sm_bw = 1.0e5, lat = 0.7;  // bytes/us, bytes/us per SM, us
+  sk::TCfg best;
+  double best_t = 0;
+  if (N % 16 != 0) return best;
+  const int nb = (B + 7) / 8;
+  for (int RT : {8, 4, 2}) {
+    if (m.tile_rt && RT != m.tile_rt) continue;
+    const int KS = sk::WARPS / RT, KC = 64 * KS;
+    if (K % KC) continue;
+    for (int Z = 1; Z <= K / KC; ++Z) {
+      if ((m.tile_z && Z != m.tile_z) || K % Z || (K / Z) % KC || K / Z > sk::TKR_MAX) continue;
+      sk::TCfg c;
+      c.RT = RT;
+      c.KS = KS;
+      c.Z = Z;
+      c.Kr = K / Z;
+      const int per_sm = std::max(1, std::min(2, (int)((227u << 10) / sk::tile_smem_bytes(nb, c.Kr))));
+      const int rounds = (c.blocks(N) + m.sms * per_sm - 1) / (m.sms * per_sm);
+      const double block_bytes = (double)(RT * 16 + nb * 8) * c.Kr * 2;
+      double t = std::max((double)N * K * 2 / dram, block_bytes * per_sm / sm_bw * rounds);
+      if (Z > 1) t += lat * (2 + (Z + sk::ZU - 1) / sk::ZU);
+      if (!best.Z || t < best_t * 0.999) {
+        best = c;
+        best_t = t;
+      }
+    }
+  }
+  return best;
+}
+
 // skinny_linear runs out (+)= X W^T through skinny.cuh where it applies (bf16/fp16, on, more rows
 // than the GEMV takes and at most sk_max_b, the shape fits); false: the caller uses cuBLAS.
 template <typename T>
@@ -1838,14 +1884,31 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
   if constexpr (std::is_same<T, float>::value) {
     return false;
   } else {
-    if (!m.sk_on || B > m.sk_max_b || N > m.sk_max_n) return false;
+    if (!m.sk_on || B > std::max(m.sk_max_b, m.tile_max_b) || N > m.sk_max_n) return false;
+    const int nb = (B + 7) / 8;  // octets of input rows: the kernels' NB
+    const int acc = accumulate ? 1 : 0;
+    if (B > m.sk_max_b) {
+      const sk::TCfg c = tile_cfg(m, N, K, B);
+      if (!c.Z || (c.Z > 1 && (size_t)c.Z * sk::MAXB * N > m.sk_ws_floats)) return false;
+      m.label = role + ":tile_rt" + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
+      const dim3 grid(c.row_blocks(N), c.Z);
+      const size_t smem = sk::tile_smem_bytes(nb, c.Kr);
+      auto go = [&](auto kernel) {
+        launch(m, kernel, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.sk_ws, m.sk_cnt);
+      };
+      switch (nb) {
+        case 1: go(sk::tile_kernel<T, 1>); break;
+        case 2: go(sk::tile_kernel<T, 2>); break;
+        case 3: go(sk::tile_kernel<T, 3>); break;
+        default: go(sk::tile_kernel<T, 4>); break;
+      }
+      return true;
+    }
     const sk::Cfg c = skinny_cfg(m, N, K, B);
     if (!c.Z || (c.Z > 1 && (size_t)c.Z * sk::MAXB * N > m.sk_ws_floats)) return false;
     m.label = role + ":skinny";
-    const int nb = (B + 7) / 8;  // octets of input rows: the kernel's NB
     const dim3 grid(c.row_blocks(N), c.Z);
     const size_t smem = sk::smem_bytes(nb, c.KS * c.Kw);
-    const int acc = accumulate ? 1 : 0;
     auto go = [&](auto kernel) {
       launch(m, kernel, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt);
     };
@@ -2540,7 +2603,19 @@ void skinny_setup(mqb_model &m) {
     attr(sk::skinny_kernel<T, 2>);
     attr(sk::skinny_kernel<T, 3>);
     attr(sk::skinny_kernel<T, 4>);
+    const size_t tsmem = sk::tile_smem_bytes(4, sk::TKR_MAX);
+    auto tattr = [&](auto k) {
+      ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tsmem),
+         "cudaFuncSetAttribute(tile)");
+    };
+    tattr(sk::tile_kernel<T, 1>);
+    tattr(sk::tile_kernel<T, 2>);
+    tattr(sk::tile_kernel<T, 3>);
+    tattr(sk::tile_kernel<T, 4>);
     m.sk_on = env_int("MQB_SKINNY", 1) != 0;
+    // MQB_SK_MAX_B / MQB_TILE_MAX_B move the ranges (parity runs send batch 6 to the tile kernel so).
+    m.sk_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_SK_MAX_B", m.sk_max_b)));
+    m.tile_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_TILE_MAX_B", m.tile_max_b)));
   }
 }
 
@@ -2981,6 +3056,9 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "sk_max_b") m->sk_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "sk_kw") m->sk_kw = (value > 0 && value % 32 == 0 && value <= sk::GMAX * 32) ? value : 0;
   else if (k == "sk_ks") m->sk_ks = (value == 1 || value == 2 || value == 4 || value == 8) ? value : 0;
+  else if (k == "tile_max_b") m->tile_max_b = std::max(0, std::min(sk::MAXB, (int)value));
+  else if (k == "tile_rt") m->tile_rt = (value == 2 || value == 4 || value == 8) ? value : 0;
+  else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
   else if (k == "attn_lanes") m->attn_lanes = value != 0;

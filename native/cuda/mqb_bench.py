@@ -710,7 +710,7 @@ def bench_hf(model, B, prompt_len, new, V, seed):
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 8, "sk_kw": 0,
-            "sk_ks": 0}
+            "sk_ks": 0, "tile_max_b": 0, "tile_rt": 0, "tile_z": 0}
 
 
 def bench(args):
@@ -764,6 +764,9 @@ def bench(args):
     # (skinny.cuh); sk_b32 sends batches up to 32 to that kernel, and with it sk_ksN forces N K
     # slices per block (8 / N row tiles), sk_kwN N columns per warp slice (the default shapes
     # come from skinny_cfg's model).
+    # tile sends batches 9-32 to skinny.cuh's pipelined tile kernel (tile_cfg's shapes).
+    # Any variant named key=value[+key=value...] (e.g. tile_max_b=32+tile_rt=4+tile_z=2) sets
+    # those debug switches.
     # mk_skip variants (BENCH_VARIANTS=...,mk_barriers_only) time the megakernel without its
     # attention (1), its matrix products (2) or both (3) (timing only; wrong tokens).
     variants = [("default", {}), ("no_attn_flash", {"attn_flash": 0}), ("no_attn_lanes", {"attn_flash": 0, "attn_lanes": 0}),
@@ -773,12 +776,13 @@ def bench(args):
                 ("sk_ks1", {"sk_max_b": 32, "sk_ks": 1}), ("sk_ks2", {"sk_max_b": 32, "sk_ks": 2}),
                 ("sk_ks4", {"sk_max_b": 32, "sk_ks": 4}), ("sk_ks8", {"sk_max_b": 32, "sk_ks": 8}),
                 ("sk_kw128", {"sk_max_b": 32, "sk_kw": 128}), ("sk_kw256", {"sk_max_b": 32, "sk_kw": 256}),
-                ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
+                ("tile", {"tile_max_b": 32}), ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
     extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
              "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
     if os.environ.get("BENCH_VARIANTS"):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")
         variants = [v for v in variants if v[0] in keep_v] + [(k, extra[k]) for k in keep_v if k in extra]
+        variants += [(k, {kv.split("=")[0]: int(kv.split("=")[1]) for kv in k.split("+")}) for k in keep_v if "=" in k]
     ours = {}
     gen_ref = {}
     batches = [int(b) for b in os.environ.get("BENCH_BATCHES", "1,32").split(",")]
@@ -786,7 +790,7 @@ def bench(args):
         for name, opts in variants:
             if name.startswith("attn_split") and B == 32:
                 continue  # batch 32 is not fused by default, so the split does not apply
-            if (name == "cublas" and not 4 < B <= 8) or (name.startswith("sk_") and B <= 8):
+            if (name == "cublas" and not 4 < B <= 8) or (name.startswith(("sk_", "tile")) and B <= 8):
                 continue  # batches 1-4 run the fused GEMV; 5-8 the skinny products, above cuBLAS
             try:
                 with be.switched(opts):
@@ -860,18 +864,24 @@ def bench(args):
 
     # Per-kernel breakdown: eager steps with an event after every kernel (no graph, so small
     # kernels also carry launch gaps), charged per label; ms per decode step.
+    # PROFILE_VARIANTS (default "default"): the switches to profile under, named as bench variants
+    # (key=value[+key=value...] too); batch 32 only for all but the default.
     prof = {}
-    for B in (1, 32):
-        be.set("profile", 1)
-        bench_ours(be, B, prompt_len, 2, int(os.environ.get("PROFILE_STEPS", "40")), V, seed=B)
-        p = be.profile()
-        be.set("profile", 0)
-        steps_n = max(1, p["steps"])
-        per = {k: v[0] / steps_n for k, v in p["kernels"].items()}
-        prof["b%d" % B] = dict(steps=p["steps"], ms_per_step=per, total_ms=sum(per.values()))
-        top = sorted(per.items(), key=lambda kv: -kv[1])
-        print("PROFILE batch %2d: %.3f ms/step in kernels (eager, %d steps incl. prefill): %s"
-              % (B, sum(per.values()), p["steps"], ", ".join("%s %.3f" % kv for kv in top)), flush=True)
+    for pv in os.environ.get("PROFILE_VARIANTS", "default").split(","):
+        opts = {} if pv == "default" else {kv.split("=")[0]: int(kv.split("=")[1]) for kv in pv.split("+")}
+        for B in (1, 32) if pv == "default" else (32,):
+            with be.switched(opts):
+                be.set("profile", 1)
+                bench_ours(be, B, prompt_len, 2, int(os.environ.get("PROFILE_STEPS", "40")), V, seed=B)
+                p = be.profile()
+                be.set("profile", 0)
+            steps_n = max(1, p["steps"])
+            per = {k: v[0] / steps_n for k, v in p["kernels"].items()}
+            prof["b%d%s" % (B, "" if pv == "default" else "_" + pv)] = dict(steps=p["steps"], ms_per_step=per,
+                                                                              total_ms=sum(per.values()))
+            top = sorted(per.items(), key=lambda kv: -kv[1])
+            print("PROFILE batch %2d %s: %.3f ms/step in kernels (eager, %d steps incl. prefill): %s"
+                  % (B, pv, sum(per.values()), p["steps"], ", ".join("%s %.3f" % kv for kv in top)), flush=True)
     res["profile"] = prof
 
     # bf16 parity on the big model: our logits vs transformers bf16 for one prompt, and greedy.
@@ -943,7 +953,7 @@ def decode_only(args):
     del sd, model
     torch.cuda.empty_cache()
     B = int(os.environ.get("DECODE_B", "1"))
-    for key in ("skinny", "sk_max_b", "sk_ks", "sk_kw"):  # DECODE_SKINNY=0 etc.: the products' path and shape
+    for key in ("skinny", "sk_max_b", "sk_ks", "sk_kw", "tile_max_b", "tile_rt", "tile_z"):  # DECODE_SKINNY=0 etc.: the products' path and shape
         if os.environ.get("DECODE_" + key.upper()):
             be.set(key, int(os.environ["DECODE_" + key.upper()]))
     _, step_s, _ = bench_ours(be, B, 32, 4, int(os.environ.get("DECODE_STEPS", "20")), cfg.vocab_size, seed=B)

@@ -25,7 +25,8 @@
 // instructions (run 45: weights loaded word by word into the mma quads, no register moves) left
 // the time unchanged: what limits it is each block's load latency (one 8-warp block per SM, all
 // of a warp's loads issued then waited for, no pipeline), where cuBLAS runs TMA pipelines.
-// Hence backend.cu's sk_max_b of 8.
+// Hence backend.cu's sk_max_b of 8. tile_kernel (below) is a pipelined variant for more rows,
+// opt-in for the same reason.
 
 namespace sk {
 
@@ -109,78 +110,38 @@ __device__ __forceinline__ void stage_wait() {
 #endif
 }
 
-template <typename T, int NB>
-__global__ void __launch_bounds__(THREADS, 1)
-    skinny_kernel(const T *__restrict__ W, int N, int K, const T *X, int B, float *out, int accumulate, int RT,
-                  int KS, int Kw, float *ws, unsigned int *cnt) {
-  DYN_SMEM(uint4, sk_raw);
-  __shared__ unsigned int s_last;
-  const int Kc = KS * Kw, ld = Kc + XPAD;
-  T *xs = reinterpret_cast<T *>(sk_raw);
-  float *red = reinterpret_cast<float *>(xs + (size_t)NB * 8 * ld);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int NT = N / 16, tile = blockIdx.x * RT + warp / KS, ks = warp % KS;
-  const int z = blockIdx.y, Z = gridDim.y;
-  const bool live = tile < NT;
-  const int groups = Kw / 32;
-  uint4 wa[GMAX], wb[GMAX];
-  if (live) {
-    const T *ra = W + (size_t)(tile * 16 + g) * K + z * Kc + ks * Kw + t * 8;
-    const T *rb = ra + (size_t)8 * K;
+// add_slices adds the KS K slices of each row tile in slice order: slices 1..KS-1 park their sums
+// in red (shared memory, WARPS * 32 * NB float4), slice 0 adds them. Every thread calls it.
+template <int NB>
+__device__ __forceinline__ void add_slices(float (&acc)[NB][4], float *red, int warp, int lane, int ks, int KS) {
+  if (KS == 1) return;
+  float *mine = red + ((size_t)warp * 32 + lane) * NB * 4;
+  if (ks != 0) {
 #pragma unroll
-    for (int j = 0; j < GMAX; ++j)
-      if (j < groups) {
-        wa[j] = __ldg(reinterpret_cast<const uint4 *>(ra + j * 32));
-        wb[j] = __ldg(reinterpret_cast<const uint4 *>(rb + j * 32));
-      }
+    for (int o = 0; o < NB; ++o)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[o * 4 + e] = acc[o][e];
   }
-  pdl_wait();
-  pdl_trigger();
-  // The block's K range of every input row (rows B.. of the last octet are zero).
-  const int nc = Kc / 8;
-  for (int i = threadIdx.x; i < NB * 8 * nc; i += THREADS) {
-    const int b = i / nc, c = i - b * nc;
-    T *d = xs + (size_t)b * ld + c * 8;
-    if (b < B) stage16(d, X + (size_t)b * K + z * Kc + c * 8);
-    else *reinterpret_cast<uint4 *>(d) = make_uint4(0u, 0u, 0u, 0u);
-  }
-  stage_wait();
   __syncthreads();
-  float acc[NB][4];
-#pragma unroll
-  for (int o = 0; o < NB; ++o)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[o][e] = 0.f;
-  if (live) {
-#pragma unroll
-    for (int j = 0; j < GMAX; ++j)
-      if (j < groups) {
-        const int k = ks * Kw + j * 32 + t * 8;
-#pragma unroll
-        for (int o = 0; o < NB; ++o)
-          mma2<T>(acc[o], wa[j], wb[j], *reinterpret_cast<const uint4 *>(xs + (size_t)(o * 8 + g) * ld + k));
-      }
-  }
-  if (KS > 1) {  // slices 1..KS-1 of a tile park their sums, slice 0 adds them in slice order
-    float *mine = red + ((size_t)warp * 32 + lane) * NB * 4;
-    if (ks != 0) {
+  if (ks == 0)
+    for (int q = 1; q < KS; ++q) {
+      const float *p = red + ((size_t)(warp + q) * 32 + lane) * NB * 4;
 #pragma unroll
       for (int o = 0; o < NB; ++o)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) mine[o * 4 + e] = acc[o][e];
+        for (int e = 0; e < 4; ++e) acc[o][e] += p[o * 4 + e];
     }
-    __syncthreads();
-    if (ks == 0)
-      for (int q = 1; q < KS; ++q) {
-        const float *p = red + ((size_t)(warp + q) * 32 + lane) * NB * 4;
-#pragma unroll
-        for (int o = 0; o < NB; ++o)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[o][e] += p[o * 4 + e];
-      }
-  }
-  const bool owner = live && ks == 0;
+}
+
+// finish stores (or adds, accumulate) the owner warps' 16-row tiles of out. With the K split
+// over Z = gridDim.y blocks, each owner lane parks its NB float4 of split z at
+// ws[((z * NT + tile) * 32 + lane) * NB + o]; the block that finishes last for its row block
+// (blockIdx.x; counter cnt[blockIdx.x]) loads all Z of them (its lanes read what the same lanes
+// wrote) and adds them in split order, so the result does not depend on which block was last.
+template <int NB>
+__device__ __forceinline__ void finish(float (&acc)[NB][4], bool owner, int tile, int lane, int N, int B, float *out,
+                                       int accumulate, float *ws, unsigned int *cnt, unsigned int &s_last) {
+  const int g = lane >> 2, t = lane & 3, NT = N / 16;
   // Element e of octet o of this lane: row tile*16 + g (+8 for e >= 2), input row o*8 + 2t (+1 for odd e).
   auto put = [&](int o, int e, float v) {
     const int row = tile * 16 + g + (e >= 2 ? 8 : 0), b = o * 8 + t * 2 + (e & 1);
@@ -188,6 +149,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     float *p = out + (size_t)b * N + row;
     *p = accumulate ? *p + v : v;
   };
+  const int z = blockIdx.y, Z = gridDim.y;
   if (Z == 1) {
     if (owner)
 #pragma unroll
@@ -196,9 +158,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int e = 0; e < 4; ++e) put(o, e, acc[o][e]);
     return;
   }
-  // K split over Z blocks: each owner lane parks its NB float4 of split z at
-  // ws[((z * NT + tile) * 32 + lane) * NB + o]; the block that finishes last for the row block
-  // loads all Z of them at once (its lanes read what the same lanes wrote) and adds them in split order.
   float4 *wsv = reinterpret_cast<float4 *>(ws);
   if (owner)
 #pragma unroll
@@ -241,6 +200,248 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int e = 0; e < 4; ++e) put(o, e, s[o][e]);
   }
   if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;  // ready for the next product
+}
+
+template <typename T, int NB>
+__global__ void __launch_bounds__(THREADS, 1)
+    skinny_kernel(const T *__restrict__ W, int N, int K, const T *X, int B, float *out, int accumulate, int RT,
+                  int KS, int Kw, float *ws, unsigned int *cnt) {
+  DYN_SMEM(uint4, sk_raw);
+  __shared__ unsigned int s_last;
+  const int Kc = KS * Kw, ld = Kc + XPAD;
+  T *xs = reinterpret_cast<T *>(sk_raw);
+  float *red = reinterpret_cast<float *>(xs + (size_t)NB * 8 * ld);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int NT = N / 16, tile = blockIdx.x * RT + warp / KS, ks = warp % KS;
+  const int z = blockIdx.y;
+  const bool live = tile < NT;
+  const int groups = Kw / 32;
+  uint4 wa[GMAX], wb[GMAX];
+  if (live) {
+    const T *ra = W + (size_t)(tile * 16 + g) * K + z * Kc + ks * Kw + t * 8;
+    const T *rb = ra + (size_t)8 * K;
+#pragma unroll
+    for (int j = 0; j < GMAX; ++j)
+      if (j < groups) {
+        wa[j] = __ldg(reinterpret_cast<const uint4 *>(ra + j * 32));
+        wb[j] = __ldg(reinterpret_cast<const uint4 *>(rb + j * 32));
+      }
+  }
+  pdl_wait();
+  pdl_trigger();
+  // The block's K range of every input row (rows B.. of the last octet are zero).
+  const int nc = Kc / 8;
+  for (int i = threadIdx.x; i < NB * 8 * nc; i += THREADS) {
+    const int b = i / nc, c = i - b * nc;
+    T *d = xs + (size_t)b * ld + c * 8;
+    if (b < B) stage16(d, X + (size_t)b * K + z * Kc + c * 8);
+    else *reinterpret_cast<uint4 *>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  stage_wait();
+  __syncthreads();
+  float acc[NB][4];
+#pragma unroll
+  for (int o = 0; o < NB; ++o)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[o][e] = 0.f;
+  if (live) {
+#pragma unroll
+    for (int j = 0; j < GMAX; ++j)
+      if (j < groups) {
+        const int k = ks * Kw + j * 32 + t * 8;
+#pragma unroll
+        for (int o = 0; o < NB; ++o)
+          mma2<T>(acc[o], wa[j], wb[j], *reinterpret_cast<const uint4 *>(xs + (size_t)(o * 8 + g) * ld + k));
+      }
+  }
+  add_slices<NB>(acc, red, warp, lane, ks, KS);
+  finish<NB>(acc, live && ks == 0, tile, lane, N, B, out, accumulate, ws, cnt, s_last);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// tile_kernel: the same product for 9..32 rows with the weights streamed through a pipeline.
+//
+// Why a second kernel: skinny_kernel holds a warp's whole weight slice in registers, so a block
+// covers at most 128 x 384 weights and stages its 32 input rows for every such slice; at 32 rows
+// its L2 traffic was 2-4x the weight bytes and each block waited for all its loads at once
+// (NOTES.md, runs 41-45). Here a block owns RT row tiles of 16 (RT * KS = 8 warps) over a K range
+// of Kr columns, stages its input rows once for that range, and streams the weights in chunks of
+// 128 x 64 (64 x 128, 32 x 256) through TSTAGES shared-memory buffers with cp.async, so three
+// chunks are in flight while one is multiplied. The first three are asked for before
+// griddepcontrol.wait: weights never depend on the previous kernel. Warp w multiplies row tile
+// w / KS over its 64-column part w % KS of every chunk; slices and K splits are added in a fixed
+// order as in skinny_kernel (add_slices, finish).
+//
+// Fragments come from shared memory through ldmatrix (one instruction per 16 x 16 operand tile,
+// already in mma.sync's register order). Rows of a chunk and of the staged input are multiples
+// of 128 bytes long, and the 16-byte piece p of row r sits at p ^ (r & 7) (tswz): the eight rows
+// an ldmatrix phase reads at the same piece then hit eight different bank groups.
+//
+// Measured on the H200 (NOTES.md, runs 46-49; Qwen3-0.6B shape, decode): batch 32 16,039 tok/s
+// against 20,240 through cuBLAS in the same run, batch 16 10,174 against 10,999, so it is off by
+// default (backend.cu's tile_max_b 0). In isolation (Nsight Compute, cold caches) the qkv product
+// takes 12.8 us at ~2,000 instructions per warp and 6.8 cycles per issued instruction with 8 warps
+// per SM: the 16-byte cp.async copies and their address arithmetic are still about half of a
+// chunk's ~220 instructions (the first version, with a division per copied piece, took 18 us).
+// One TMA bulk copy per chunk row (run 49) cut the instructions but made the kernel 2-4x slower:
+// rows of 128-512 bytes are too small for the copy engine. What is left to try: tensor-map TMA
+// (one copy per chunk, hardware swizzle) and more warps per SM.
+constexpr int TSTAGES = 4;          // weight chunks in shared memory (3 in flight while 1 is used)
+constexpr int TCHUNK = 128 * 64;    // elements of a chunk: 16 * RT rows x 64 * KS columns
+constexpr int TKR_MAX = 1024;       // most columns of a block's K range (its staged input: 64 KB at 32 rows)
+static_assert(TSTAGES == 4, "cp_wait_upto covers up to TSTAGES - 2 = 2 pending groups");
+static_assert(TCHUNK % (8 * THREADS) == 0, "every thread copies the same number of pieces per chunk");
+static_assert((size_t)TSTAGES * TCHUNK * 2 >= (size_t)WARPS * 32 * MAXB * sizeof(float),
+              "add_slices reuses the chunk buffers");
+
+// TCfg is one launch shape of tile_kernel: RT row tiles x KS slices per block, Z blocks along K,
+// each over Kr = K / Z columns (a multiple of the chunk's 64 * KS).
+struct TCfg {
+  int RT = 0, KS = 0, Z = 0, Kr = 0;
+  int row_blocks(int N) const { return (N / 16 + RT - 1) / RT; }  // grid.x
+  int blocks(int N) const { return row_blocks(N) * Z; }
+};
+
+__host__ __device__ inline size_t tile_smem_bytes(int NB, int Kr) {
+  return (size_t)TSTAGES * TCHUNK * 2 + (size_t)NB * 8 * Kr * 2;
+}
+
+__device__ __forceinline__ int tswz(int r, int p) { return p ^ (r & 7); }
+
+#ifdef MQB_HOST_TEST
+void ldsm_emu(uint32_t r[4], const void *p);  // host_test/emu_test.cc
+#endif
+// ldsm4 is ldmatrix .x4: lane 8m + i gives the address of row i of 8 x 8 matrix m (16 bytes); lane
+// 4g + t gets word t of row g of matrix m in r[m].
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void *p) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#elif defined(MQB_HOST_TEST)
+  ldsm_emu(r, p);
+#endif
+}
+
+__device__ __forceinline__ void cp_commit() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// cp_wait_upto waits until at most n of this thread's newest copy groups are still pending.
+__device__ __forceinline__ void cp_wait_upto(int n) {
+#if defined(__CUDA_ARCH__)
+  if (n <= 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
+  else if (n == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
+  else asm volatile("cp.async.wait_group 2;" ::: "memory");
+#endif
+}
+
+template <typename T, int NB>
+__global__ void __launch_bounds__(THREADS, 1)
+    tile_kernel(const T *__restrict__ W, int N, int K, const T *X, int B, float *out, int accumulate, int RT, int KS,
+                int Kr, float *ws, unsigned int *cnt) {
+  DYN_SMEM(uint4, tk_raw);
+  __shared__ unsigned int s_last;
+  T *chunks = reinterpret_cast<T *>(tk_raw);
+  T *xs = chunks + (size_t)TSTAGES * TCHUNK;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int KC = 64 * KS, rows = 16 * RT, ppr = KC / 8;  // a chunk's columns, rows, 16-byte pieces per row
+  const int lt = warp / KS, ks = warp % KS, tile = blockIdx.x * RT + lt;
+  const int row0 = blockIdx.x * rows, k0 = blockIdx.y * Kr, nch = Kr / KC;
+  const bool live = tile < N / 16;
+  // A chunk is TCHUNK / 8 = 1024 pieces of 16 bytes, CP per thread; piece i of a chunk is row
+  // i >> lp, piece i & (ppr - 1) of that row. Its offsets in W (from the chunk's first column) and
+  // in the chunk's buffer are the same for every chunk, so they are worked out once here: the
+  // copy loop is then a few instructions per piece (run 46 spent ~50 per piece on the division
+  // and the 64-bit index arithmetic, which made the kernel instruction-bound).
+  constexpr int CP = TCHUNK / 8 / THREADS;
+  const int lp = KS == 1 ? 3 : KS == 2 ? 4 : 5;  // log2(ppr)
+  const bool full = row0 + rows <= N;            // no row of the block is past N (the layers' shapes)
+  const T *wp[CP];
+  int doff[CP];
+  bool sval[CP];
+#pragma unroll
+  for (int q = 0; q < CP; ++q) {
+    const int i = threadIdx.x + q * THREADS, r = i >> lp, p = i & (ppr - 1);
+    sval[q] = row0 + r < N;
+    wp[q] = W + (size_t)(sval[q] ? row0 + r : 0) * K + k0 + p * 8;
+    doff[q] = r * KC + tswz(r, p) * 8;
+  }
+  // issue asks for chunk c (if any) into buffer c % TSTAGES and closes a copy group either way,
+  // so that group i is always chunk i's (after the input's group: see the waits below).
+  auto issue = [&](int c) {
+    if (c < nch) {
+      T *dst = chunks + (size_t)(c % TSTAGES) * TCHUNK;
+#pragma unroll
+      for (int q = 0; q < CP; ++q)
+        if (full || sval[q]) stage16(dst + doff[q], wp[q] + c * KC);
+    }
+    cp_commit();
+  };
+  for (int c = 0; c < TSTAGES - 1; ++c) issue(c);
+  pdl_wait();
+  pdl_trigger();
+  // The block's K range of every input row (rows B.. of the last octet are zero), warp by row and
+  // lane by piece: one group.
+  const int xp = Kr / 8;
+  for (int b = warp; b < NB * 8; b += WARPS) {
+    T *d = xs + (size_t)b * Kr;
+    const T *src = X + (size_t)b * K + k0;
+    for (int p = lane; p < xp; p += 32) {
+      if (b < B) stage16(d + tswz(b, p) * 8, src + p * 8);
+      else *reinterpret_cast<uint4 *>(d + tswz(b, p) * 8) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  cp_commit();
+  float acc[NB][4];
+#pragma unroll
+  for (int o = 0; o < NB; ++o)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[o][e] = 0.f;
+  // This lane's ldmatrix rows: for the weights, row (m & 1) * 8 + i of its tile and k piece
+  // ks*8 + 2s + (m >> 1) for k step s (matrices m = 0..3: a0..a3 of mma.sync); for the input,
+  // row i of each octet and k piece ks*8 + 2(2h + (m >> 1)) + (m & 1) for k steps 2h, 2h + 1
+  // (b0, b1 of both). A chunk adds c * KC to the input's offsets (c * ppr is a multiple of 8, so
+  // the swizzle is unchanged).
+  const int m = lane >> 3, i8 = lane & 7;
+  int aoff[4], boff[2];
+#pragma unroll
+  for (int st = 0; st < 4; ++st) {
+    const int r = lt * 16 + (m & 1) * 8 + i8;
+    aoff[st] = r * KC + tswz(r, ks * 8 + 2 * st + (m >> 1)) * 8;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) boff[h] = i8 * Kr + tswz(i8, ks * 8 + 2 * (2 * h + (m >> 1)) + (m & 1)) * 8;
+  for (int c = 0; c < nch; ++c) {
+    // Groups so far: chunks 0..TSTAGES-2, the input, chunks TSTAGES-1..c+TSTAGES-2. Chunk c and
+    // the input are done when at most min(c, TSTAGES - 2) groups are pending.
+    cp_wait_upto(c < TSTAGES - 2 ? c : TSTAGES - 2);
+    __syncthreads();          // every warp is done with chunk c - 1, whose buffer issue refills
+    issue(c + TSTAGES - 1);
+    if (live) {
+      const T *wr = chunks + (size_t)(c % TSTAGES) * TCHUNK;
+      const T *xr = xs + c * KC;
+      uint32_t a[4][4];
+#pragma unroll
+      for (int st = 0; st < 4; ++st) ldsm4(a[st], wr + aoff[st]);
+#pragma unroll
+      for (int o = 0; o < NB; ++o)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t b[4];
+          ldsm4(b, xr + (size_t)o * 8 * Kr + boff[h]);
+          mma<T>(acc[o], a[2 * h][0], a[2 * h][1], a[2 * h][2], a[2 * h][3], b[0], b[1]);
+          mma<T>(acc[o], a[2 * h + 1][0], a[2 * h + 1][1], a[2 * h + 1][2], a[2 * h + 1][3], b[2], b[3]);
+        }
+    }
+  }
+  __syncthreads();  // the chunk buffers become add_slices' scratch
+  add_slices<NB>(acc, reinterpret_cast<float *>(chunks), warp, lane, ks, KS);
+  finish<NB>(acc, live && ks == 0, tile, lane, N, B, out, accumulate, ws, cnt, s_last);
 }
 
 }  // namespace sk

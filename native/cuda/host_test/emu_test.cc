@@ -69,6 +69,16 @@ void mqcuda::sk::mma_emu(float c[4], const uint32_t a[4], const uint32_t b[2], b
   g_warps[w]->arrive_and_wait();
   for (int e = 0; e < 4; ++e) c[e] = r[e];
 }
+// ldsm_emu: ldmatrix .x4: lane 8m + i names row i of matrix m, lane 4g + t gets word t of row g
+// of each matrix.
+static const unsigned char *g_ldsm[32][32];
+void mqcuda::sk::ldsm_emu(uint32_t r[4], const void *p) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_ldsm[w][l] = static_cast<const unsigned char *>(p);
+  g_warps[w]->arrive_and_wait();
+  for (int m = 0; m < 4; ++m) memcpy(&r[m], g_ldsm[w][8 * m + l / 4] + (l % 4) * 4, 4);
+  g_warps[w]->arrive_and_wait();
+}
 unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 float rsqrtf(float x) { return 1.f / sqrtf(x); }
@@ -490,11 +500,11 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // instead of attend_flash), with decode attention unfused (qkv_post + attention) and with 3 position
   // splits (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16).
   // Batch 6 goes through the skinny tensor-core products in bf16/fp16; variant 6 forces their finest K split (one 32-column slice per warp, partials
-  // summed by the last block), variant 7 sends them to cuBLAS instead.
+  // summed by the last block), variant 7 sends them to cuBLAS instead, variant 8 to the tile kernel.
   const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention", " attention-split-3",
-                         " skinny-split-K", " cuBLAS"};
+                         " skinny-split-K", " cuBLAS", " tile"};
   const bool half = std::string(prec) != "fp32";
-  for (int variant = 0; variant < (half ? 8 : 6); ++variant) {
+  for (int variant = 0; variant < (half ? 9 : 6); ++variant) {
     std::vector<int> lens = variant == 0 || variant >= 6 ? std::vector<int>{5, 20, 9, 33, 2, 12}
                           : variant == 2 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
     if (variant == 3) {
@@ -509,6 +519,10 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
       mqb_debug_set(m, "sk_ks", 1);
     }
     if (variant == 7) mqb_debug_set(m, "skinny", 0);
+    if (variant == 8) {
+      mqb_debug_set(m, "sk_max_b", 4);
+      mqb_debug_set(m, "tile_max_b", 32);
+    }
     const int n = (int)lens.size(), steps = 5;
     std::vector<std::vector<int>> seqs;
     std::vector<int32_t> slots, nt, sp, toks;
@@ -567,6 +581,10 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
       mqb_debug_set(m, "sk_ks", 0);
     }
     if (variant == 7) mqb_debug_set(m, "skinny", 1);
+    if (variant == 8) {
+      mqb_debug_set(m, "sk_max_b", 8);
+      mqb_debug_set(m, "tile_max_b", 0);
+    }
     check(md < tol, std::string(family) + " " + prec + " batch " + std::to_string(n) + vname[variant] +
                         " prefill+decode max|d| = " + std::to_string(md));
     check(am_ok, std::string(family) + " " + prec + " argmax_out == argmax(logits_out)");
@@ -574,7 +592,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // The skinny products against cuBLAS on one 24-row prefill (6 sequences of 4 tokens, fresh
   // slots, so every run sees the same state): only the order of fp32 sums differs, which moves a
   // bf16/fp16 rounding of an activation now and then, so the logits agree far inside the
-  // reference tolerance; with the finest K split too.
+  // reference tolerance; with the finest K split too, and through the tile kernel.
   if (half) {
     mqb_debug_set(m, "sk_max_b", 32);  // 24 rows: beyond the default range of 8
     std::vector<int32_t> sl{0, 1, 2, 3, 4, 5}, nt(6, 4), sp(6, 0), tk = rnd_ids(24), am(6);
@@ -585,18 +603,23 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), split.data(), am.data(), err, sizeof err);
     mqb_debug_set(m, "sk_kw", 0);
     mqb_debug_set(m, "sk_ks", 0);
+    mqb_debug_set(m, "sk_max_b", 8);  // 24 rows: the tile kernel
+    mqb_debug_set(m, "tile_max_b", 32);
+    std::vector<float> tl((size_t)6 * V);
+    rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), tl.data(), am.data(), err, sizeof err);
+    mqb_debug_set(m, "tile_max_b", 0);
     mqb_debug_set(m, "skinny", 0);
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), cub.data(), am.data(), err, sizeof err);
     mqb_debug_set(m, "skinny", 1);
-    mqb_debug_set(m, "sk_max_b", 8);
-    double d1 = 0, d2 = 0;
+    double d1 = 0, d2 = 0, d3 = 0;
     for (size_t i = 0; i < cub.size(); ++i) {
       d1 = std::max(d1, fabs((double)sk[i] - cub[i]));
       d2 = std::max(d2, fabs((double)split[i] - cub[i]));
+      d3 = std::max(d3, fabs((double)tl[i] - cub[i]));
     }
-    check(rc == 0 && d1 < tol / 10 && d2 < tol / 10, std::string(family) + " " + prec +
-                                                         " 24-row prefill, skinny vs cuBLAS max|d| = " +
-                                                         std::to_string(d1) + ", split-K " + std::to_string(d2));
+    check(rc == 0 && d1 < tol / 10 && d2 < tol / 10 && d3 < tol / 10,
+          std::string(family) + " " + prec + " 24-row prefill, skinny vs cuBLAS max|d| = " + std::to_string(d1) +
+              ", split-K " + std::to_string(d2) + ", tile " + std::to_string(d3));
   }
   // Sampling on the device (mqb_forward_sampled): temperature 0 and a vanishing temperature
   // give the argmax, equal keys give equal draws, distinct keys at a high temperature spread.
@@ -652,6 +675,61 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   mqb_model_close(m);
 }
 
+// tile_products checks sk::tile_kernel alone against a double-precision product of the same
+// rounded values, W [256, 1024] (16 chunks of 64 columns per block at one split: the chunk
+// buffers are refilled four times), every row-tile shape, several K splits (finish's partial
+// sums), 9, 24 and 32 input rows (part-filled octets), storing and accumulating.
+template <typename T>
+static void tile_products(const char *prec) {
+  const int N = 256, K = 1024;
+  std::mt19937 r(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<T> W((size_t)N * K), X((size_t)32 * K);
+  for (auto &w : W) w = TT<T>::fromf(u(r));
+  for (auto &x : X) x = TT<T>::fromf(u(r));
+  std::vector<float> ws((size_t)(K / 64) * 32 * N);
+  std::vector<unsigned> cnt(N / 16, 0u);
+  struct Shape { int RT, Z; };
+  for (Shape sh : {Shape{8, 1}, Shape{8, 16}, Shape{4, 2}, Shape{4, 8}, Shape{2, 1}, Shape{2, 4}}) {
+    for (int B : {9, 24, 32}) {
+      const int acc = B == 24;
+      std::vector<float> out((size_t)B * N), base((size_t)B * N);
+      for (auto &v : base) v = u(r);
+      out = base;
+      const int KS = 8 / sh.RT, Kr = K / sh.Z, nb = (B + 7) / 8;
+      const dim3 grid((N / 16 + sh.RT - 1) / sh.RT, sh.Z);
+      auto go = [&](auto kernel) {
+        emu_launch(grid, dim3(sk::THREADS), [&, kernel] {
+          kernel(W.data(), N, K, X.data(), B, out.data(), acc, sh.RT, KS, Kr, ws.data(), cnt.data());
+        });
+      };
+      switch (nb) {
+        case 2: go(sk::tile_kernel<T, 2>); break;
+        case 3: go(sk::tile_kernel<T, 3>); break;
+        default: go(sk::tile_kernel<T, 4>); break;
+      }
+      double md = 0, scale = 0;
+      for (int b = 0; b < B; ++b)
+        for (int n = 0; n < N; ++n) {
+          double s = acc ? base[(size_t)b * N + n] : 0.0, a = 0;
+          for (int k = 0; k < K; ++k) {
+            const double p = (double)TT<T>::tof(W[(size_t)n * K + k]) * TT<T>::tof(X[(size_t)b * K + k]);
+            s += p;
+            a += fabs(p);
+          }
+          md = std::max(md, fabs(s - out[(size_t)b * N + n]));
+          scale = std::max(scale, a);
+        }
+      bool zeroed = true;
+      for (unsigned c : cnt) zeroed = zeroed && c == 0u;
+      check(md <= 1e-6 * scale && zeroed, std::string(prec) + " tile product RT " + std::to_string(sh.RT) + " Z " +
+                                              std::to_string(sh.Z) + " rows " + std::to_string(B) +
+                                              (acc ? " accumulating" : "") + ": max|d| = " + std::to_string(md) +
+                                              " (bound " + std::to_string(1e-6 * scale) + ")");
+    }
+  }
+}
+
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
   assert(f2h(1.0f) == 0x3C00 && f2h(65504.f) == 0x7BFF && f2h(1e-7f) == 0x0002 && f2h(0.1f) == 0x2E66);
@@ -663,7 +741,10 @@ int main() {
   auto want = [&](const char *f, const char *p) { return !only || std::string(only) == std::string(f) + ":" + p; };
   if (want("qwen3", "fp32")) run_family("qwen3", QCFG, q, "fp32", 2e-4, 256);
   if (want("gpt2", "fp32")) run_family("gpt2", GCFG, g, "fp32", 2e-4, 128);
+  // The tile products alone (EMU_ONLY=tile:bf16) run with qwen3 in the same precision too.
+  if (want("qwen3", "bf16") || want("tile", "bf16")) tile_products<__nv_bfloat16>("bf16");
   if (want("qwen3", "bf16")) run_family("qwen3", QCFG, q, "bf16", 0.25, 256);
+  if (want("qwen3", "fp16") || want("tile", "fp16")) tile_products<__half>("fp16");
   if (want("qwen3", "fp16")) run_family("qwen3", QCFG, q, "fp16", 0.05, 256);
   if (want("qwen3g5", "bf16")) {
     Owned q5 = make_qwen3(10, 2);
