@@ -15,7 +15,7 @@
 // (cuBLAS CUBLAS_COMPUTE_32F, and fmaf in our kernels); the residual stream, norms, RoPE, softmax
 // and logits stay fp32. The KV cache is stored in T.
 //
-// Kernels (all ours except the matrix products of more than sk_max_b rows and the LM head's of
+// Kernels (all ours except the matrix products of more than tile_max_b rows and the LM head's of
 // more than gemv_max_b, which go to cuBLAS):
 //   embed            token (+ position for gpt2) embedding into the fp32 residual
 //   prep             RMSNorm / LayerNorm / SwiGLU / gelu_new / copy of one row into T (GEMM input)
@@ -23,9 +23,8 @@
 //                    the residual add fused behind, and greedy argmax fused for the LM head
 //   sk::skinny       bf16/fp16 products of gemv_max_b+1..sk_max_b rows on the tensor cores
 //                    (skinny.cuh), the layers' shapes (prep_kernel makes their input rows)
-//   sk::tile         opt-in (tile_max_b > 0): the same for sk_max_b+1..tile_max_b rows with the
-//                    weights streamed through a cp.async pipeline; slower than cuBLAS on the H200
-//                    so far (NOTES.md, runs 46-49)
+//   sk::tile         the same for sk_max_b+1..tile_max_b (16) rows, the weights streamed by the
+//                    copy engine (TMA) through a shared-memory pipeline
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
 //   attention        causal attention of each token over its slot's cache (prefill, mixed steps)
 //   decode_attn      decode steps whose (token, KV head) grid cannot fill the GPU: qkv_post and
@@ -48,7 +47,7 @@
 // MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
 // products in a build with them (default 0: off),
 // MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS, MQB_SK_MAX_B=n (default 8)
-// and MQB_TILE_MAX_B=n (default 0) set the batches of its skinny and tile kernels (the parity
+// and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels (the parity
 // run sends batch 6 to the tile kernel with MQB_SK_MAX_B=4 MQB_TILE_MAX_B=32),
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
@@ -68,6 +67,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#ifndef MQB_HOST_TEST
+#include <cuda.h>  // cuTensorMapEncodeTiled: the tile kernel's weight copies (libcuda)
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -82,6 +84,7 @@
 #include <string>
 #include <type_traits>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1636,12 +1639,17 @@ struct mqb_model {
   // sk_kw / sk_ks force a slice width / slices per block (0 = chosen by skinny_cfg).
   bool sk_on = false;
   int sk_max_b = 8, sk_max_n = 0, sk_kw = 0, sk_ks = 0;
-  // Products of sk_max_b+1..tile_max_b rows go through sk::tile_kernel (weights streamed through a
-  // shared-memory pipeline) when sk_on. tile_max_b is 0 (off): at 16 and 32 rows it measured 4-21 %
-  // slower than cuBLAS on the H200 (NOTES.md, runs 46-49). Debug "tile_max_b" (up to 32) /
-  // MQB_TILE_MAX_B set the range, tile_rt / tile_z force row tiles per block / K splits (0 = chosen
-  // by tile_cfg).
-  int tile_max_b = 0, tile_rt = 0, tile_z = 0;
+  // Products of sk_max_b+1..tile_max_b rows go through sk::tile_kernel (weights streamed by the
+  // copy engine through a shared-memory pipeline) when sk_on. tile_max_b is 16: on the H200 batch
+  // 16 decodes 7.8 % faster through it than through cuBLAS, batch 32 13 % slower (NOTES.md, runs
+  // 46-52). Debug "tile_max_b" (up to 32) / MQB_TILE_MAX_B set the range, tile_rt / tile_z force
+  // row tiles per block / K splits (0 = chosen by tile_cfg).
+  int tile_max_b = 16, tile_rt = 0, tile_z = 0;
+#ifndef MQB_HOST_TEST
+  // The copy engine's descriptions of the weight matrices the tile kernel has read, by (W, N, K,
+  // box rows): made at first use (tile_map), also while a graph is captured.
+  std::map<std::tuple<const void *, int, int, int>, CUtensorMap> tmaps;
+#endif
   float *sk_ws = nullptr;          // split-K partials [Z][32][N]
   size_t sk_ws_floats = 0;
   unsigned int *sk_cnt = nullptr;  // [sk_max_n / 16] blocks done per row block, zero between products
@@ -1876,8 +1884,49 @@ sk::TCfg tile_cfg(const mqb_model &m, int N, int K, int B) {
   return best;
 }
 
+// by_octets calls f with std::integral_constant<int, nb> (1..4: octets of input rows), the NB
+// template argument of the tensor-core product kernels.
+template <typename F>
+void by_octets(int nb, const F &f) {
+  switch (nb) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+  }
+}
+
+// tile_map describes W [N, K] to the copy engine for sk::tile_kernel: boxes of rows x 64 elements
+// (128 bytes: the 128-byte swizzle's width), rows past N read as zero. Made once per matrix and
+// box height. The CPU emulation's TmaMap is the matrix itself.
+#ifndef MQB_HOST_TEST
+template <typename T>
+const sk::TmaMap &tile_map(mqb_model &m, const T *W, int N, int K, int rows) {
+  const auto key = std::make_tuple(static_cast<const void *>(W), N, K, rows);
+  const auto it = m.tmaps.find(key);
+  if (it != m.tmaps.end()) return it->second;
+  CUtensorMap tm;
+  const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)N};
+  const cuuint64_t strides[1] = {(cuuint64_t)K * sizeof(T)};
+  const cuuint32_t box[2] = {64, (cuuint32_t)rows};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = cuTensorMapEncodeTiled(
+      &tm, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+      const_cast<T *>(W), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) throw Fail(fmt("cuTensorMapEncodeTiled failed (error %d) for a %d x %d weight", (int)r, N, K));
+  return m.tmaps.emplace(key, tm).first->second;
+}
+#else
+template <typename T>
+sk::TmaMap tile_map(mqb_model &, const T *W, int N, int K, int rows) {
+  return sk::TmaMap{W, K, N, rows};
+}
+#endif
+
 // skinny_linear runs out (+)= X W^T through skinny.cuh where it applies (bf16/fp16, on, more rows
-// than the GEMV takes and at most sk_max_b, the shape fits); false: the caller uses cuBLAS.
+// than the GEMV takes: the skinny kernel up to sk_max_b, the tile kernel up to tile_max_b; the
+// shape fits); false: the caller uses cuBLAS.
 template <typename T>
 bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int K, const T *W, int N, float *out,
                    bool accumulate) {
@@ -1893,15 +1942,11 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
       m.label = role + ":tile_rt" + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
       const dim3 grid(c.row_blocks(N), c.Z);
       const size_t smem = sk::tile_smem_bytes(nb, c.Kr);
+      const auto &tm = tile_map(m, W, N, K, 16 * c.RT);
       auto go = [&](auto kernel) {
-        launch(m, kernel, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.sk_ws, m.sk_cnt);
+        launch(m, kernel, grid, dim3(sk::THREADS), smem, tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.sk_ws, m.sk_cnt);
       };
-      switch (nb) {
-        case 1: go(sk::tile_kernel<T, 1>); break;
-        case 2: go(sk::tile_kernel<T, 2>); break;
-        case 3: go(sk::tile_kernel<T, 3>); break;
-        default: go(sk::tile_kernel<T, 4>); break;
-      }
+      by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
       return true;
     }
     const sk::Cfg c = skinny_cfg(m, N, K, B);
@@ -1912,19 +1957,14 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
     auto go = [&](auto kernel) {
       launch(m, kernel, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt);
     };
-    switch (nb) {
-      case 1: go(sk::skinny_kernel<T, 1>); break;
-      case 2: go(sk::skinny_kernel<T, 2>); break;
-      case 3: go(sk::skinny_kernel<T, 3>); break;
-      default: go(sk::skinny_kernel<T, 4>); break;
-    }
+    by_octets(nb, [&](auto o) { go(sk::skinny_kernel<T, decltype(o)::value>); });
     return true;
   }
 }
 
 // linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. Small B uses the fused GEMV
-// kernel; larger B makes the T input with prep_kernel and runs the skinny tensor-core product
-// (bf16/fp16, up to sk_max_b rows, the layers' shapes: skinny_linear) or cuBLAS.
+// kernel; larger B makes the T input with prep_kernel and runs skinny.cuh's tensor-core products
+// (bf16/fp16, up to tile_max_b rows, the layers' shapes: skinny_linear) or cuBLAS.
 template <typename T>
 void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K, const void *Wv, int N,
             const float *bias, float *out, bool accumulate, unsigned long long *keys, Samp samp = Samp{}) {
@@ -2599,19 +2639,14 @@ void skinny_setup(mqb_model &m) {
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
          "cudaFuncSetAttribute(skinny)");
     };
-    attr(sk::skinny_kernel<T, 1>);
-    attr(sk::skinny_kernel<T, 2>);
-    attr(sk::skinny_kernel<T, 3>);
-    attr(sk::skinny_kernel<T, 4>);
     const size_t tsmem = sk::tile_smem_bytes(4, sk::TKR_MAX);
-    auto tattr = [&](auto k) {
-      ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tsmem),
-         "cudaFuncSetAttribute(tile)");
-    };
-    tattr(sk::tile_kernel<T, 1>);
-    tattr(sk::tile_kernel<T, 2>);
-    tattr(sk::tile_kernel<T, 3>);
-    tattr(sk::tile_kernel<T, 4>);
+    for (int nb = 1; nb <= 4; ++nb)
+      by_octets(nb, [&](auto o) {
+        attr(sk::skinny_kernel<T, decltype(o)::value>);
+        ck(cudaFuncSetAttribute(sk::tile_kernel<T, decltype(o)::value>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)tsmem),
+           "cudaFuncSetAttribute(tile)");
+      });
     m.sk_on = env_int("MQB_SKINNY", 1) != 0;
     // MQB_SK_MAX_B / MQB_TILE_MAX_B move the ranges (parity runs send batch 6 to the tile kernel so).
     m.sk_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_SK_MAX_B", m.sk_max_b)));

@@ -710,7 +710,7 @@ def bench_hf(model, B, prompt_len, new, V, seed):
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 8, "sk_kw": 0,
-            "sk_ks": 0, "tile_max_b": 0, "tile_rt": 0, "tile_z": 0}
+            "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0}
 
 
 def bench(args):
@@ -760,11 +760,11 @@ def bench(args):
     # megakernel the opt-in persistent kernel; no_attn_flash decode attention through attend
     # (phases with barriers, before run 30), no_attn_lanes that with one thread per scored
     # position (before run 26).
-    # cublas sends the products of batches 5-8 to cuBLAS instead of the skinny tensor-core kernel
-    # (skinny.cuh); sk_b32 sends batches up to 32 to that kernel, and with it sk_ksN forces N K
-    # slices per block (8 / N row tiles), sk_kwN N columns per warp slice (the default shapes
-    # come from skinny_cfg's model).
-    # tile sends batches 9-32 to skinny.cuh's pipelined tile kernel (tile_cfg's shapes).
+    # cublas sends the products of batches above 4 to cuBLAS instead of skinny.cuh's tensor-core
+    # kernels (skinny: 5-8 rows, tile: 9-16); sk_b32 sends batches up to 32 to the skinny kernel,
+    # and with it sk_ksN forces N K slices per block (8 / N row tiles), sk_kwN N columns per warp
+    # slice (the default shapes come from skinny_cfg's model).
+    # tile sends batches 17-32 to the tile kernel too (tile_cfg's shapes).
     # Any variant named key=value[+key=value...] (e.g. tile_max_b=32+tile_rt=4+tile_z=2) sets
     # those debug switches.
     # mk_skip variants (BENCH_VARIANTS=...,mk_barriers_only) time the megakernel without its
@@ -790,8 +790,8 @@ def bench(args):
         for name, opts in variants:
             if name.startswith("attn_split") and B == 32:
                 continue  # batch 32 is not fused by default, so the split does not apply
-            if (name == "cublas" and not 4 < B <= 8) or (name.startswith(("sk_", "tile")) and B <= 8):
-                continue  # batches 1-4 run the fused GEMV; 5-8 the skinny products, above cuBLAS
+            if (name == "cublas" and B <= 4) or (name.startswith("sk_") and B <= 8) or (name == "tile" and B <= 16):
+                continue  # batches 1-4 run the fused GEMV; 5-8 the skinny kernel, 9-16 the tile kernel, above cuBLAS
             try:
                 with be.switched(opts):
                     tps, step_s, gen = bench_ours(be, B, prompt_len, warm, steps, V, seed=B)

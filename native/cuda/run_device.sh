@@ -15,7 +15,7 @@ if ! { cmake -S native/cuda -B native/cuda/build -DCMAKE_BUILD_TYPE=Release ${MQ
   echo "CMAKE BUILD FAILED; trying nvcc directly"
   mkdir -p native/cuda/build
   if ! nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -lineinfo -Inative/include native/cuda/backend.cu \
-      -o native/cuda/build/libmodelqual_cuda.so -lcublas -lpthread >> "$OUT/build.log" 2>&1; then
+      -o native/cuda/build/libmodelqual_cuda.so -lcublas -lcuda -lpthread >> "$OUT/build.log" 2>&1; then
     grep -E "error" -A3 "$OUT/build.log" | tail -60
     echo "BUILD FAILED"
     exit 1

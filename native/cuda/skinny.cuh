@@ -1,5 +1,5 @@
 // skinny.cuh: out[B, N] (+)= X[B, K] W[N, K]^T for 5..32 rows in bf16/fp16 (fp32 accumulation),
-// the decode products of batches the fused GEMV does not take (by default up to 8 rows: see the
+// the decode products of batches the fused GEMV does not take (by default up to 16 rows: see the
 // measurements below). Included by backend.cu (also in
 // the CPU emulation, which computes the mma fragments in emu_test.cc); the host side is
 // skinny_cfg / skinny_linear there. The mma.sync fragment helpers here serve megakernel.cuh too.
@@ -25,8 +25,7 @@
 // instructions (run 45: weights loaded word by word into the mma quads, no register moves) left
 // the time unchanged: what limits it is each block's load latency (one 8-warp block per SM, all
 // of a warp's loads issued then waited for, no pipeline), where cuBLAS runs TMA pipelines.
-// Hence backend.cu's sk_max_b of 8. tile_kernel (below) is a pipelined variant for more rows,
-// opt-in for the same reason.
+// Hence backend.cu's sk_max_b of 8; tile_kernel (below) takes 9-16 rows.
 
 namespace sk {
 
@@ -267,32 +266,32 @@ __global__ void __launch_bounds__(THREADS, 1)
 // covers at most 128 x 384 weights and stages its 32 input rows for every such slice; at 32 rows
 // its L2 traffic was 2-4x the weight bytes and each block waited for all its loads at once
 // (NOTES.md, runs 41-45). Here a block owns RT row tiles of 16 (RT * KS = 8 warps) over a K range
-// of Kr columns, stages its input rows once for that range, and streams the weights in chunks of
-// 128 x 64 (64 x 128, 32 x 256) through TSTAGES shared-memory buffers with cp.async, so three
-// chunks are in flight while one is multiplied. The first three are asked for before
+// of Kr columns, stages its input rows once for that range (cp.async), and streams the weights in
+// 16 KB chunks (KS boxes of 16 RT rows x 64 columns) through TSTAGES shared-memory buffers, so
+// three chunks are in flight while one is multiplied. The copy engine (TMA, a tensor map per
+// weight matrix: backend.cu's tile_map) moves each box with one instruction of one thread and
+// reports its bytes on the buffer's mbarrier. The first three chunks are asked for before
 // griddepcontrol.wait: weights never depend on the previous kernel. Warp w multiplies row tile
-// w / KS over its 64-column part w % KS of every chunk; slices and K splits are added in a fixed
-// order as in skinny_kernel (add_slices, finish).
+// w / KS over box w % KS of every chunk; slices and K splits are added in a fixed order as in
+// skinny_kernel (add_slices, finish).
 //
 // Fragments come from shared memory through ldmatrix (one instruction per 16 x 16 operand tile,
-// already in mma.sync's register order). Rows of a chunk and of the staged input are multiples
-// of 128 bytes long, and the 16-byte piece p of row r sits at p ^ (r & 7) (tswz): the eight rows
-// an ldmatrix phase reads at the same piece then hit eight different bank groups.
+// already in mma.sync's register order). Rows of a box are 128 bytes and the staged input's a
+// multiple of that; the 16-byte piece p of row r sits at p ^ (r & 7) (tswz: the copy engine's
+// 128-byte swizzle, which the input's staging copies), so the eight rows an ldmatrix phase reads
+// at the same piece hit eight different bank groups.
 //
-// Measured on the H200 (NOTES.md, runs 46-49; Qwen3-0.6B shape, decode): batch 32 16,039 tok/s
-// against 20,240 through cuBLAS in the same run, batch 16 10,174 against 10,999, so it is off by
-// default (backend.cu's tile_max_b 0). In isolation (Nsight Compute, cold caches) the qkv product
-// takes 12.8 us at ~2,000 instructions per warp and 6.8 cycles per issued instruction with 8 warps
-// per SM: the 16-byte cp.async copies and their address arithmetic are still about half of a
-// chunk's ~220 instructions (the first version, with a division per copied piece, took 18 us).
-// One TMA bulk copy per chunk row (run 49) cut the instructions but made the kernel 2-4x slower:
-// rows of 128-512 bytes are too small for the copy engine. What is left to try: tensor-map TMA
-// (one copy per chunk, hardware swizzle) and more warps per SM.
+// Measured on the H200 (NOTES.md, runs 46-52; Qwen3-0.6B shape, decode): batch 16 11,819 tok/s
+// against 10,962 through cuBLAS in the same run, batch 32 17,778 against 20,399; hence
+// backend.cu's tile_max_b of 16. In isolation (Nsight Compute, cold caches) the qkv product takes
+// 11.7 us at ~1,900 instructions per warp and 6.7 cycles per issued instruction with 8 warps per
+// SM. The versions before (runs 46-49): 16-byte cp.async copies (12.8-18 us; issue-bound by the
+// copies' index arithmetic), and one bulk copy per 128-512-byte row (2-4x slower: too small a
+// unit for the copy engine).
 constexpr int TSTAGES = 4;          // weight chunks in shared memory (3 in flight while 1 is used)
 constexpr int TCHUNK = 128 * 64;    // elements of a chunk: 16 * RT rows x 64 * KS columns
 constexpr int TKR_MAX = 1024;       // most columns of a block's K range (its staged input: 64 KB at 32 rows)
 static_assert(TSTAGES == 4, "cp_wait_upto covers up to TSTAGES - 2 = 2 pending groups");
-static_assert(TCHUNK % (8 * THREADS) == 0, "every thread copies the same number of pieces per chunk");
 static_assert((size_t)TSTAGES * TCHUNK * 2 >= (size_t)WARPS * 32 * MAXB * sizeof(float),
               "add_slices reuses the chunk buffers");
 
@@ -304,8 +303,9 @@ struct TCfg {
   int blocks(int N) const { return row_blocks(N) * Z; }
 };
 
+// tile_smem_bytes: 1 KB to align the chunk buffers, the buffers, the staged input.
 __host__ __device__ inline size_t tile_smem_bytes(int NB, int Kr) {
-  return (size_t)TSTAGES * TCHUNK * 2 + (size_t)NB * 8 * Kr * 2;
+  return 1024 + (size_t)TSTAGES * TCHUNK * 2 + (size_t)NB * 8 * Kr * 2;
 }
 
 __device__ __forceinline__ int tswz(int r, int p) { return p ^ (r & 7); }
@@ -340,47 +340,97 @@ __device__ __forceinline__ void cp_wait_upto(int n) {
 #endif
 }
 
+// TmaMap describes a weight matrix W [N, K] to the copy engine: a CUtensorMap with a box of
+// `rows` x 64 columns and the 128-byte swizzle (backend.cu's tile_map makes it). In the CPU
+// emulation it is the matrix itself, and tma_load copies with the same swizzle.
+#if defined(MQB_HOST_TEST)
+struct TmaMap {
+  const void *base;
+  int K, N, rows;
+};
+#else
+using TmaMap = CUtensorMap;
+#endif
+
+__device__ __forceinline__ void mbar_init(unsigned long long *b) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = (unsigned)__cvta_generic_to_shared(b);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+  *b = 0;
+#endif
+}
+// mbar_expect: the calling thread's arrival, and bytes more for the phase to wait for.
+__device__ __forceinline__ void mbar_expect(unsigned long long *b, unsigned bytes) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = (unsigned)__cvta_generic_to_shared(b);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
+#else
+  (void)b;
+  (void)bytes;
+#endif
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long *b, unsigned parity) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = (unsigned)__cvta_generic_to_shared(b);
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(a),
+      "r"(parity)
+      : "memory");
+#else
+  (void)b;
+  (void)parity;
+#endif
+}
+// tma_load copies the box at column x, row y of tm's matrix (rows x 64 elements, rows past N
+// zero) into dst (1024-byte aligned), piece p of box row r at p ^ (r & 7), counted on b. The
+// emulation copies at once (the kernel's __syncthreads order it before use there).
+template <typename T>
+__device__ __forceinline__ void tma_load(T *dst, const TmaMap &tm, int x, int y, unsigned long long *b) {
+#if defined(__CUDA_ARCH__)
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst), a = (unsigned)__cvta_generic_to_shared(b);
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(d),
+      "l"(reinterpret_cast<unsigned long long>(&tm)), "r"(x), "r"(y), "r"(a)
+      : "memory");
+#elif defined(MQB_HOST_TEST)
+  (void)b;
+  const T *src = static_cast<const T *>(tm.base);
+  for (int r = 0; r < tm.rows; ++r)
+    for (int p = 0; p < 8; ++p) {
+      T *d = dst + r * 64 + (p ^ (r & 7)) * 8;
+      if (y + r < tm.N) memcpy(d, src + (size_t)(y + r) * tm.K + x + p * 8, 16);
+      else memset(d, 0, 16);
+    }
+#endif
+}
+
 template <typename T, int NB>
 __global__ void __launch_bounds__(THREADS, 1)
-    tile_kernel(const T *__restrict__ W, int N, int K, const T *X, int B, float *out, int accumulate, int RT, int KS,
-                int Kr, float *ws, unsigned int *cnt) {
+    tile_kernel(const __grid_constant__ TmaMap tm, int N, int K, const T *X, int B, float *out, int accumulate, int RT,
+                int KS, int Kr, float *ws, unsigned int *cnt) {
   DYN_SMEM(uint4, tk_raw);
   __shared__ unsigned int s_last;
-  T *chunks = reinterpret_cast<T *>(tk_raw);
+  __shared__ unsigned long long bar[TSTAGES];  // one per chunk buffer
+  // The chunk buffers start at the first 1024-byte boundary (the swizzle's period).
+  T *chunks = reinterpret_cast<T *>((reinterpret_cast<uintptr_t>(tk_raw) + 1023) & ~(uintptr_t)1023);
   T *xs = chunks + (size_t)TSTAGES * TCHUNK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int KC = 64 * KS, rows = 16 * RT, ppr = KC / 8;  // a chunk's columns, rows, 16-byte pieces per row
+  const int KC = 64 * KS, rows = 16 * RT;  // a chunk: KS sub-tiles of rows x 64 (one per K slice)
   const int lt = warp / KS, ks = warp % KS, tile = blockIdx.x * RT + lt;
   const int row0 = blockIdx.x * rows, k0 = blockIdx.y * Kr, nch = Kr / KC;
   const bool live = tile < N / 16;
-  // A chunk is TCHUNK / 8 = 1024 pieces of 16 bytes, CP per thread; piece i of a chunk is row
-  // i >> lp, piece i & (ppr - 1) of that row. Its offsets in W (from the chunk's first column) and
-  // in the chunk's buffer are the same for every chunk, so they are worked out once here: the
-  // copy loop is then a few instructions per piece (run 46 spent ~50 per piece on the division
-  // and the 64-bit index arithmetic, which made the kernel instruction-bound).
-  constexpr int CP = TCHUNK / 8 / THREADS;
-  const int lp = KS == 1 ? 3 : KS == 2 ? 4 : 5;  // log2(ppr)
-  const bool full = row0 + rows <= N;            // no row of the block is past N (the layers' shapes)
-  const T *wp[CP];
-  int doff[CP];
-  bool sval[CP];
-#pragma unroll
-  for (int q = 0; q < CP; ++q) {
-    const int i = threadIdx.x + q * THREADS, r = i >> lp, p = i & (ppr - 1);
-    sval[q] = row0 + r < N;
-    wp[q] = W + (size_t)(sval[q] ? row0 + r : 0) * K + k0 + p * 8;
-    doff[q] = r * KC + tswz(r, p) * 8;
-  }
-  // issue asks for chunk c (if any) into buffer c % TSTAGES and closes a copy group either way,
-  // so that group i is always chunk i's (after the input's group: see the waits below).
+  if (threadIdx.x == 0)
+    for (int i = 0; i < TSTAGES; ++i) mbar_init(bar + i);
+  __syncthreads();
+  // issue (thread 0) asks the copy engine for chunk c: KS boxes of rows x 64 into buffer c % TSTAGES.
   auto issue = [&](int c) {
-    if (c < nch) {
-      T *dst = chunks + (size_t)(c % TSTAGES) * TCHUNK;
-#pragma unroll
-      for (int q = 0; q < CP; ++q)
-        if (full || sval[q]) stage16(dst + doff[q], wp[q] + c * KC);
-    }
-    cp_commit();
+    if (threadIdx.x != 0 || c >= nch) return;
+    unsigned long long *b = bar + c % TSTAGES;
+    mbar_expect(b, (unsigned)(KS * rows * 64 * sizeof(T)));
+    T *dst = chunks + (size_t)(c % TSTAGES) * TCHUNK;
+    for (int q = 0; q < KS; ++q) tma_load(dst + q * rows * 64, tm, k0 + c * KC + q * 64, row0, b);
   };
   for (int c = 0; c < TSTAGES - 1; ++c) issue(c);
   pdl_wait();
@@ -397,30 +447,26 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
   cp_commit();
+  cp_wait_upto(0);
   float acc[NB][4];
 #pragma unroll
   for (int o = 0; o < NB; ++o)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[o][e] = 0.f;
-  // This lane's ldmatrix rows: for the weights, row (m & 1) * 8 + i of its tile and k piece
-  // ks*8 + 2s + (m >> 1) for k step s (matrices m = 0..3: a0..a3 of mma.sync); for the input,
-  // row i of each octet and k piece ks*8 + 2(2h + (m >> 1)) + (m & 1) for k steps 2h, 2h + 1
-  // (b0, b1 of both). A chunk adds c * KC to the input's offsets (c * ppr is a multiple of 8, so
-  // the swizzle is unchanged).
+  // This lane's ldmatrix rows: for the weights, row r = (m & 1) * 8 + i of its tile in its slice's
+  // sub-tile, piece 2 st + (m >> 1) for k step st (matrices m = 0..3: a0..a3 of mma.sync); for the
+  // input, row i of each octet and piece ks*8 + 2(2h + (m >> 1)) + (m & 1) of the chunk's columns
+  // for k steps 2h, 2h + 1 (b0, b1 of both). Chunk c adds c * KC to the input's offsets (c * KC / 8
+  // is a multiple of 8, so the swizzle is unchanged).
   const int m = lane >> 3, i8 = lane & 7;
   int aoff[4], boff[2];
 #pragma unroll
-  for (int st = 0; st < 4; ++st) {
-    const int r = lt * 16 + (m & 1) * 8 + i8;
-    aoff[st] = r * KC + tswz(r, ks * 8 + 2 * st + (m >> 1)) * 8;
-  }
+  for (int st = 0; st < 4; ++st) aoff[st] = (ks * rows + lt * 16 + (m & 1) * 8 + i8) * 64 + tswz(i8, 2 * st + (m >> 1)) * 8;
 #pragma unroll
   for (int h = 0; h < 2; ++h) boff[h] = i8 * Kr + tswz(i8, ks * 8 + 2 * (2 * h + (m >> 1)) + (m & 1)) * 8;
   for (int c = 0; c < nch; ++c) {
-    // Groups so far: chunks 0..TSTAGES-2, the input, chunks TSTAGES-1..c+TSTAGES-2. Chunk c and
-    // the input are done when at most min(c, TSTAGES - 2) groups are pending.
-    cp_wait_upto(c < TSTAGES - 2 ? c : TSTAGES - 2);
-    __syncthreads();          // every warp is done with chunk c - 1, whose buffer issue refills
+    mbar_wait(bar + c % TSTAGES, (unsigned)(c / TSTAGES) & 1u);
+    __syncthreads();  // the input is staged, and every warp is done with chunk c - 1, whose buffer issue refills
     issue(c + TSTAGES - 1);
     if (live) {
       const T *wr = chunks + (size_t)(c % TSTAGES) * TCHUNK;

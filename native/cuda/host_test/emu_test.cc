@@ -583,7 +583,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     if (variant == 7) mqb_debug_set(m, "skinny", 1);
     if (variant == 8) {
       mqb_debug_set(m, "sk_max_b", 8);
-      mqb_debug_set(m, "tile_max_b", 0);
+      mqb_debug_set(m, "tile_max_b", 16);
     }
     check(md < tol, std::string(family) + " " + prec + " batch " + std::to_string(n) + vname[variant] +
                         " prefill+decode max|d| = " + std::to_string(md));
@@ -607,7 +607,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     mqb_debug_set(m, "tile_max_b", 32);
     std::vector<float> tl((size_t)6 * V);
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), tl.data(), am.data(), err, sizeof err);
-    mqb_debug_set(m, "tile_max_b", 0);
+    mqb_debug_set(m, "tile_max_b", 16);
     mqb_debug_set(m, "skinny", 0);
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), cub.data(), am.data(), err, sizeof err);
     mqb_debug_set(m, "skinny", 1);
@@ -700,7 +700,8 @@ static void tile_products(const char *prec) {
       const dim3 grid((N / 16 + sh.RT - 1) / sh.RT, sh.Z);
       auto go = [&](auto kernel) {
         emu_launch(grid, dim3(sk::THREADS), [&, kernel] {
-          kernel(W.data(), N, K, X.data(), B, out.data(), acc, sh.RT, KS, Kr, ws.data(), cnt.data());
+          kernel(sk::TmaMap{W.data(), K, N, 16 * sh.RT}, N, K, X.data(), B, out.data(), acc, sh.RT, KS, Kr, ws.data(),
+                 cnt.data());
         });
       };
       switch (nb) {
