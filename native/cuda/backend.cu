@@ -1814,14 +1814,25 @@ cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 template <>
 cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 
-// skinny_cfg chooses the launch shape of a skinny product of B rows through W [N, K] (sk::Cfg) by
-// a rough model of its time, enough to rank shapes: the weights stream at DRAM speed over the
-// whole GPU; each block pulls its weight slice and staged input at one SM's share of L2
-// bandwidth, once per wave of blocks; a K split over Z blocks adds the partials' round trips
-// through L2 (write, count, then ceil(Z / ZU) loads) to the critical path. Ties go to the wider
-// slice. sk_kw / sk_ks (debug) restrict the shapes tried. Z = 0: no shape fits.
-sk::Cfg skinny_cfg(const mqb_model &m, int N, int K, int B) {
+// shape_time is the rough time (us) of a product launch that skinny_cfg and tile_cfg rank shapes
+// by: the weights (weight_bytes) stream at DRAM speed over the whole GPU, the busiest SM pulls its
+// blocks' weights and staged input (sm_bytes) at one SM's share of L2 bandwidth, and a K split over
+// Z blocks adds the partials' round trips through L2 (write, count, then ceil(Z / ZU) loads).
+double shape_time(double weight_bytes, double sm_bytes, int Z) {
   constexpr double dram = 4.0e6, sm_bw = 1.0e5, lat = 0.7;  // bytes/us, bytes/us per SM, us
+  double t = std::max(weight_bytes / dram, sm_bytes / sm_bw);
+  if (Z > 1) t += lat * (2 + (Z + sk::ZU - 1) / sk::ZU);
+  return t;
+}
+
+// split_fits: the partials of a K split over Z blocks fit the workspace (always, for the shapes
+// skinny_setup sized it for; a debug-forced shape that does not is skipped).
+bool split_fits(const mqb_model &m, int Z, int N) { return Z == 1 || (size_t)Z * sk::MAXB * N <= m.sk_ws_floats; }
+
+// skinny_cfg chooses the launch shape of a skinny product of B rows through W [N, K] (sk::Cfg) by
+// shape_time, each block once per wave of blocks. Ties go to the wider slice. sk_kw / sk_ks
+// (debug) restrict the shapes tried. Z = 0: no shape fits.
+sk::Cfg skinny_cfg(const mqb_model &m, int N, int K, int B) {
   sk::Cfg best;
   double best_t = 0;
   if (N % 16 != 0 || K % 32 != 0) return best;
@@ -1830,16 +1841,14 @@ sk::Cfg skinny_cfg(const mqb_model &m, int N, int K, int B) {
     if ((m.sk_kw && Kw != m.sk_kw) || K % Kw) continue;
     for (int KS : {1, 2, 4, 8}) {
       const int Kc = KS * Kw;
-      if ((m.sk_ks && KS != m.sk_ks) || Kc > sk::KC_MAX || K % Kc) continue;
+      if ((m.sk_ks && KS != m.sk_ks) || Kc > sk::KC_MAX || K % Kc || !split_fits(m, K / Kc, N)) continue;
       sk::Cfg c;
       c.RT = sk::WARPS / KS;
       c.KS = KS;
       c.Kw = Kw;
       c.Z = K / Kc;
       const int waves = (c.blocks(N) + m.sms - 1) / m.sms;
-      const double block_bytes = (double)(c.RT * 16 + rows) * Kc * 2;
-      double t = std::max((double)N * K * 2 / dram, block_bytes / sm_bw * waves);
-      if (c.Z > 1) t += lat * (2 + (c.Z + sk::ZU - 1) / sk::ZU);
+      const double t = shape_time((double)N * K * 2, (double)(c.RT * 16 + rows) * Kc * 2 * waves, c.Z);
       if (!best.Z || t < best_t * 0.999) {
         best = c;
         best_t = t;
@@ -1849,12 +1858,9 @@ sk::Cfg skinny_cfg(const mqb_model &m, int N, int K, int B) {
   return best;
 }
 
-// tile_cfg chooses sk::tile_kernel's launch shape for B rows through W [N, K] with the same kind
-// of time model as skinny_cfg: the DRAM stream, or the busiest SM's blocks (weights and staged
-// input at one SM's share of bandwidth, two blocks per SM where shared memory allows), plus the
-// round trips of a K split. Z = 0: no shape fits.
+// tile_cfg chooses sk::tile_kernel's launch shape for B rows through W [N, K] by shape_time, with
+// two blocks per SM where shared memory allows. Z = 0: no shape fits.
 sk::TCfg tile_cfg(const mqb_model &m, int N, int K, int B) {
-  constexpr double dram = 4.0e6, sm_bw = 1.0e5, lat = 0.7;  // bytes/us, bytes/us per SM, us
   sk::TCfg best;
   double best_t = 0;
   if (N % 16 != 0) return best;
@@ -1864,17 +1870,17 @@ sk::TCfg tile_cfg(const mqb_model &m, int N, int K, int B) {
     const int KS = sk::WARPS / RT, KC = 64 * KS;
     if (K % KC) continue;
     for (int Z = 1; Z <= K / KC; ++Z) {
-      if ((m.tile_z && Z != m.tile_z) || K % Z || (K / Z) % KC || K / Z > sk::TKR_MAX) continue;
+      if ((m.tile_z && Z != m.tile_z) || K % Z || (K / Z) % KC || K / Z > sk::TKR_MAX || !split_fits(m, Z, N))
+        continue;
       sk::TCfg c;
       c.RT = RT;
       c.KS = KS;
       c.Z = Z;
       c.Kr = K / Z;
-      const int per_sm = std::max(1, std::min(2, (int)((227u << 10) / sk::tile_smem_bytes(nb, c.Kr))));
+      const int per_sm = std::max(1, std::min(2, (int)(sk::SMEM_SM / sk::tile_smem_bytes(nb, c.Kr))));
       const int rounds = (c.blocks(N) + m.sms * per_sm - 1) / (m.sms * per_sm);
       const double block_bytes = (double)(RT * 16 + nb * 8) * c.Kr * 2;
-      double t = std::max((double)N * K * 2 / dram, block_bytes * per_sm / sm_bw * rounds);
-      if (Z > 1) t += lat * (2 + (Z + sk::ZU - 1) / sk::ZU);
+      const double t = shape_time((double)N * K * 2, block_bytes * per_sm * rounds, Z);
       if (!best.Z || t < best_t * 0.999) {
         best = c;
         best_t = t;
@@ -1938,7 +1944,7 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
     const int acc = accumulate ? 1 : 0;
     if (B > m.sk_max_b) {
       const sk::TCfg c = tile_cfg(m, N, K, B);
-      if (!c.Z || (c.Z > 1 && (size_t)c.Z * sk::MAXB * N > m.sk_ws_floats)) return false;
+      if (!c.Z) return false;
       m.label = role + ":tile_rt" + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
       const dim3 grid(c.row_blocks(N), c.Z);
       const size_t smem = sk::tile_smem_bytes(nb, c.Kr);
@@ -1950,7 +1956,7 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
       return true;
     }
     const sk::Cfg c = skinny_cfg(m, N, K, B);
-    if (!c.Z || (c.Z > 1 && (size_t)c.Z * sk::MAXB * N > m.sk_ws_floats)) return false;
+    if (!c.Z) return false;
     m.label = role + ":skinny";
     const dim3 grid(c.row_blocks(N), c.Z);
     const size_t smem = sk::smem_bytes(nb, c.KS * c.Kw);

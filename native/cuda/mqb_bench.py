@@ -8,13 +8,14 @@ and compares.
 
   parity  tiny qwen3 / gpt2 (fixture shapes), precisions fp32/bf16/fp16: mqb_logits_all and
           greedy decoding through mqb_forward (one mixed-length prefill call + 32 batched decode
-          steps, batch 6 / 3 / 1 so the cuBLAS, fused-GEMV and graph paths all run) against
-          transformers fp32 and bf16 on the same GPU: max |dlogit| (teacher-forced along our
-          tokens) and greedy agreement with transformers' own greedy tokens.
-  bench   Qwen3-0.6B-shaped random model in bf16: decode tokens/s at batch 1 and 32 (BENCH_BATCHES
-          lists others) through mqb_forward (greedy via argmax_out), the memory-bandwidth bound (weight bytes per step
-          over the device-to-device copy bandwidth measured here), transformers eager generate at
-          batch 1 and 32, ratios; "chained" the same decode with the host out of the loop
+          steps, batch 6 / 3 / 1 so the skinny tensor-core, fused-GEMV and graph paths all
+          run) against transformers fp32 and bf16 on the same GPU: max |dlogit| (teacher-forced
+          along our tokens) and greedy agreement with transformers' own greedy tokens.
+  bench   Qwen3-0.6B-shaped random model in bf16: decode tokens/s at batch 1 and 32
+          (BENCH_BATCHES lists others) through mqb_forward (greedy via argmax_out), the
+          memory-bandwidth bound (weight bytes per step over the device-to-device copy
+          bandwidth measured here), transformers eager generate at batch 1 and 32, ratios;
+          "chained" the same decode with the host out of the loop
           (mqb_debug_chain: tokens fed on the device, no synchronisation between steps).
 
 Usage (GPU machine, after `make cuda`):
@@ -707,6 +708,11 @@ def bench_hf(model, B, prompt_len, new, V, seed):
     return B * produced / dt, out[:, prompt_len:].tolist()
 
 
+def switches_of(name):
+    """The debug switches a variant named key=value[+key=value...] sets."""
+    return {kv.split("=")[0]: int(kv.split("=")[1]) for kv in name.split("+")}
+
+
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 8, "sk_kw": 0,
@@ -782,7 +788,7 @@ def bench(args):
     if os.environ.get("BENCH_VARIANTS"):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")
         variants = [v for v in variants if v[0] in keep_v] + [(k, extra[k]) for k in keep_v if k in extra]
-        variants += [(k, {kv.split("=")[0]: int(kv.split("=")[1]) for kv in k.split("+")}) for k in keep_v if "=" in k]
+        variants += [(k, switches_of(k)) for k in keep_v if "=" in k]
     ours = {}
     gen_ref = {}
     batches = [int(b) for b in os.environ.get("BENCH_BATCHES", "1,32").split(",")]
@@ -790,8 +796,9 @@ def bench(args):
         for name, opts in variants:
             if name.startswith("attn_split") and B == 32:
                 continue  # batch 32 is not fused by default, so the split does not apply
+            # Batches 1-4 run the fused GEMV, 5-8 the skinny kernel, 9-16 the tile kernel, above cuBLAS.
             if (name == "cublas" and B <= 4) or (name.startswith("sk_") and B <= 8) or (name == "tile" and B <= 16):
-                continue  # batches 1-4 run the fused GEMV; 5-8 the skinny kernel, 9-16 the tile kernel, above cuBLAS
+                continue
             try:
                 with be.switched(opts):
                     tps, step_s, gen = bench_ours(be, B, prompt_len, warm, steps, V, seed=B)
@@ -868,7 +875,7 @@ def bench(args):
     # (key=value[+key=value...] too); batch 32 only for all but the default.
     prof = {}
     for pv in os.environ.get("PROFILE_VARIANTS", "default").split(","):
-        opts = {} if pv == "default" else {kv.split("=")[0]: int(kv.split("=")[1]) for kv in pv.split("+")}
+        opts = {} if pv == "default" else switches_of(pv)
         for B in (1, 32) if pv == "default" else (32,):
             with be.switched(opts):
                 be.set("profile", 1)
@@ -953,7 +960,8 @@ def decode_only(args):
     del sd, model
     torch.cuda.empty_cache()
     B = int(os.environ.get("DECODE_B", "1"))
-    for key in ("skinny", "sk_max_b", "sk_ks", "sk_kw", "tile_max_b", "tile_rt", "tile_z"):  # DECODE_SKINNY=0 etc.: the products' path and shape
+    # DECODE_SKINNY=0, DECODE_TILE_MAX_B=32 etc.: the products' path and shape.
+    for key in ("skinny", "sk_max_b", "sk_ks", "sk_kw", "tile_max_b", "tile_rt", "tile_z"):
         if os.environ.get("DECODE_" + key.upper()):
             be.set(key, int(os.environ["DECODE_" + key.upper()]))
     _, step_s, _ = bench_ours(be, B, 32, 4, int(os.environ.get("DECODE_STEPS", "20")), cfg.vocab_size, seed=B)

@@ -1,8 +1,8 @@
 // skinny.cuh: out[B, N] (+)= X[B, K] W[N, K]^T for 5..32 rows in bf16/fp16 (fp32 accumulation),
 // the decode products of batches the fused GEMV does not take (by default up to 16 rows: see the
-// measurements below). Included by backend.cu (also in
-// the CPU emulation, which computes the mma fragments in emu_test.cc); the host side is
-// skinny_cfg / skinny_linear there. The mma.sync fragment helpers here serve megakernel.cuh too.
+// measurements below). Included by backend.cu (also in the CPU emulation, which computes the mma
+// fragments in emu_test.cc); the host side is skinny_cfg / tile_cfg / skinny_linear there. The
+// mma.sync fragment helpers here serve megakernel.cuh too.
 //
 // Why not cuBLAS: its products of a batch-32 step take 0.797 ms for 1.19 GB of weights (NOTES.md,
 // runs 18-20, LM head included), about 1.5 TB/s of the H200's 4.2: a product of 4-13 MB is over
@@ -79,12 +79,17 @@ __device__ __forceinline__ void mma2(float c[4], const uint4 &wa, const uint4 &w
   mma<T>(c, wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
 }
 
-// Cfg is one launch shape: RT row tiles of 16 x KS slices of Kw columns per block (RT * KS = 8),
-// Z blocks along K.
-struct Cfg {
-  int RT = 0, KS = 0, Kw = 0, Z = 0;
+// Shape is what both kernels' launch shapes have: RT row tiles of 16 x KS K slices per block
+// (RT * KS = 8 warps), Z blocks along K (Z = 0: no shape).
+struct Shape {
+  int RT = 0, KS = 0, Z = 0;
   int row_blocks(int N) const { return (N / 16 + RT - 1) / RT; }  // grid.x
   int blocks(int N) const { return row_blocks(N) * Z; }
+};
+
+// Cfg is one launch shape of skinny_kernel: slices of Kw columns.
+struct Cfg : Shape {
+  int Kw = 0;
 };
 
 // smem_bytes: the staged input (NB octets of rows, Kc columns plus padding) and the slice sums.
@@ -291,16 +296,14 @@ __global__ void __launch_bounds__(THREADS, 1)
 constexpr int TSTAGES = 4;          // weight chunks in shared memory (3 in flight while 1 is used)
 constexpr int TCHUNK = 128 * 64;    // elements of a chunk: 16 * RT rows x 64 * KS columns
 constexpr int TKR_MAX = 1024;       // most columns of a block's K range (its staged input: 64 KB at 32 rows)
-static_assert(TSTAGES == 4, "cp_wait_upto covers up to TSTAGES - 2 = 2 pending groups");
+constexpr size_t SMEM_SM = 227u << 10;  // shared memory the blocks on one sm_90 SM can have together
 static_assert((size_t)TSTAGES * TCHUNK * 2 >= (size_t)WARPS * 32 * MAXB * sizeof(float),
               "add_slices reuses the chunk buffers");
 
-// TCfg is one launch shape of tile_kernel: RT row tiles x KS slices per block, Z blocks along K,
-// each over Kr = K / Z columns (a multiple of the chunk's 64 * KS).
-struct TCfg {
-  int RT = 0, KS = 0, Z = 0, Kr = 0;
-  int row_blocks(int N) const { return (N / 16 + RT - 1) / RT; }  // grid.x
-  int blocks(int N) const { return row_blocks(N) * Z; }
+// TCfg is one launch shape of tile_kernel: each of the Z blocks along K covers Kr = K / Z columns
+// (a multiple of the chunk's 64 * KS).
+struct TCfg : Shape {
+  int Kr = 0;
 };
 
 // tile_smem_bytes: 1 KB to align the chunk buffers, the buffers, the staged input.
@@ -323,20 +326,6 @@ __device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void *p) {
                : "r"(a));
 #elif defined(MQB_HOST_TEST)
   ldsm_emu(r, p);
-#endif
-}
-
-__device__ __forceinline__ void cp_commit() {
-#if defined(__CUDA_ARCH__)
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// cp_wait_upto waits until at most n of this thread's newest copy groups are still pending.
-__device__ __forceinline__ void cp_wait_upto(int n) {
-#if defined(__CUDA_ARCH__)
-  if (n <= 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
-  else if (n == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
-  else asm volatile("cp.async.wait_group 2;" ::: "memory");
 #endif
 }
 
@@ -436,7 +425,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   pdl_wait();
   pdl_trigger();
   // The block's K range of every input row (rows B.. of the last octet are zero), warp by row and
-  // lane by piece: one group.
+  // lane by piece.
   const int xp = Kr / 8;
   for (int b = warp; b < NB * 8; b += WARPS) {
     T *d = xs + (size_t)b * Kr;
@@ -446,8 +435,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       else *reinterpret_cast<uint4 *>(d + tswz(b, p) * 8) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
-  cp_commit();
-  cp_wait_upto(0);
+  stage_wait();
   float acc[NB][4];
 #pragma unroll
   for (int o = 0; o < NB; ++o)

@@ -495,34 +495,29 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     check(rc == 0 && md < tol, std::string(family) + " " + prec + " logits_all max|d| = " + std::to_string(md));
   }
   // Batched generation with teacher-forced reference: prefill of several lengths in one call,
-  // then decode steps; batches 6 (cuBLAS, bucket 8), 3 (GEMV B=4 with padding), 1, and 3 again
-  // without graphs (and with decode attention through attend, one thread per scored position,
-  // instead of attend_flash), with decode attention unfused (qkv_post + attention) and with 3 position
-  // splits (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16).
-  // Batch 6 goes through the skinny tensor-core products in bf16/fp16; variant 6 forces their finest K split (one 32-column slice per warp, partials
-  // summed by the last block), variant 7 sends them to cuBLAS instead, variant 8 to the tile kernel.
+  // then decode steps; batches 6 (bucket 8), 3 (GEMV B=4 with padding), 1, and 3 again without
+  // graphs (and with decode attention through attend, one thread per scored position, instead of
+  // attend_flash), with decode attention unfused (qkv_post + attention) and with 3 position splits
+  // (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16). Batch 6 goes
+  // through the skinny tensor-core products in bf16/fp16; variant 6 forces their finest K split
+  // (one 32-column slice per warp, partials summed by the last block), variant 7 sends them to
+  // cuBLAS instead, variant 8 to the tile kernel.
   const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention", " attention-split-3",
                          " skinny-split-K", " cuBLAS", " tile"};
+  // Each variant's debug switches: the value it runs with, then the backend's default it restores.
+  struct Switch {
+    const char *key;
+    int on, off;
+  };
+  const std::vector<std::vector<Switch>> vsw = {
+      {}, {}, {}, {{"graphs", 0, 1}, {"attn_flash", 0, 1}, {"attn_lanes", 0, 1}}, {{"fused_attn", 0, 1}},
+      {{"attn_split", 3, 0}}, {{"sk_kw", 32, 0}, {"sk_ks", 1, 0}}, {{"skinny", 0, 1}},
+      {{"sk_max_b", 4, 8}, {"tile_max_b", 32, 16}}};
   const bool half = std::string(prec) != "fp32";
   for (int variant = 0; variant < (half ? 9 : 6); ++variant) {
     std::vector<int> lens = variant == 0 || variant >= 6 ? std::vector<int>{5, 20, 9, 33, 2, 12}
                           : variant == 2 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
-    if (variant == 3) {
-      mqb_debug_set(m, "graphs", 0);
-      mqb_debug_set(m, "attn_flash", 0);
-      mqb_debug_set(m, "attn_lanes", 0);
-    }
-    if (variant == 4) mqb_debug_set(m, "fused_attn", 0);
-    if (variant == 5) mqb_debug_set(m, "attn_split", 3);
-    if (variant == 6) {
-      mqb_debug_set(m, "sk_kw", 32);
-      mqb_debug_set(m, "sk_ks", 1);
-    }
-    if (variant == 7) mqb_debug_set(m, "skinny", 0);
-    if (variant == 8) {
-      mqb_debug_set(m, "sk_max_b", 4);
-      mqb_debug_set(m, "tile_max_b", 32);
-    }
+    for (const Switch &w : vsw[variant]) mqb_debug_set(m, w.key, w.on);
     const int n = (int)lens.size(), steps = 5;
     std::vector<std::vector<int>> seqs;
     std::vector<int32_t> slots, nt, sp, toks;
@@ -569,22 +564,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
         (void)argmax_ref;
       }
     }
-    if (variant == 3) {
-      mqb_debug_set(m, "graphs", 1);
-      mqb_debug_set(m, "attn_flash", 1);
-      mqb_debug_set(m, "attn_lanes", 1);
-    }
-    if (variant == 4) mqb_debug_set(m, "fused_attn", 1);
-    if (variant == 5) mqb_debug_set(m, "attn_split", 0);
-    if (variant == 6) {
-      mqb_debug_set(m, "sk_kw", 0);
-      mqb_debug_set(m, "sk_ks", 0);
-    }
-    if (variant == 7) mqb_debug_set(m, "skinny", 1);
-    if (variant == 8) {
-      mqb_debug_set(m, "sk_max_b", 8);
-      mqb_debug_set(m, "tile_max_b", 16);
-    }
+    for (const Switch &w : vsw[variant]) mqb_debug_set(m, w.key, w.off);
     check(md < tol, std::string(family) + " " + prec + " batch " + std::to_string(n) + vname[variant] +
                         " prefill+decode max|d| = " + std::to_string(md));
     check(am_ok, std::string(family) + " " + prec + " argmax_out == argmax(logits_out)");
