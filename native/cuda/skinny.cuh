@@ -244,11 +244,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   stage_wait();
   __syncthreads();
-  float acc[NB][4];
-#pragma unroll
-  for (int o = 0; o < NB; ++o)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[o][e] = 0.f;
+  float acc[NB][4] = {};
   if (live) {
 #pragma unroll
     for (int j = 0; j < GMAX; ++j)
@@ -436,11 +432,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
   stage_wait();
-  float acc[NB][4];
-#pragma unroll
-  for (int o = 0; o < NB; ++o)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[o][e] = 0.f;
+  float acc[NB][4] = {};
   // This lane's ldmatrix rows: for the weights, row r = (m & 1) * 8 + i of its tile in its slice's
   // sub-tile, piece 2 st + (m >> 1) for k step st (matrices m = 0..3: a0..a3 of mma.sync); for the
   // input, row i of each octet and piece ks*8 + 2(2h + (m >> 1)) + (m & 1) of the chunk's columns
