@@ -24,7 +24,9 @@
 //   sk::skinny       bf16/fp16 products of gemv_max_b+1..sk_max_b rows on the tensor cores
 //                    (skinny.cuh), the layers' shapes (prep_kernel makes their input rows)
 //   sk::tile         the same for sk_max_b+1..tile_max_b (16) rows, the weights streamed by the
-//                    copy engine (TMA) through a shared-memory pipeline
+//                    copy engine (TMA) through a shared-memory pipeline; for qwen3's qkv and
+//                    gate/up (up to fuse_max_b rows) with the RMSNorm made as it stages its input
+//                    and, for gate/up, the SwiGLU in its epilogue (tile_fused: no prep kernels)
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
 //   attention        causal attention of each token over its slot's cache (prefill, mixed steps)
 //   decode_attn      decode steps whose (token, KV head) grid cannot fill the GPU: qkv_post and
@@ -49,6 +51,7 @@
 // MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS, MQB_SK_MAX_B=n (default 8)
 // and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels (the parity
 // run sends batch 6 to the tile kernel with MQB_SK_MAX_B=4 MQB_TILE_MAX_B=32),
+// MQB_FUSE_MAX_B=n (default 16; 0 off) the batches whose RMSNorm / SwiGLU the tile kernel makes,
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
 // Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
@@ -1645,6 +1648,12 @@ struct mqb_model {
   // 46-52). Debug "tile_max_b" (up to 32) / MQB_TILE_MAX_B set the range, tile_rt / tile_z force
   // row tiles per block / K splits (0 = chosen by tile_cfg).
   int tile_max_b = 16, tile_rt = 0, tile_z = 0;
+  // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
+  // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b
+  // is 16: on the H200 batches 12 and 16 decode 6-7 % faster so; at 24 and 32 the tile kernel,
+  // fused, is 8 % slower than cuBLAS with the prep kernels (NOTES.md, runs 53-56). Debug
+  // "fuse_max_b" / MQB_FUSE_MAX_B (0: off, prep kernels and the unfused products).
+  int fuse_max_b = 16;
 #ifndef MQB_HOST_TEST
   // The copy engine's descriptions of the weight matrices the tile kernel has read, by (W, N, K,
   // box rows): made at first use (tile_map), also while a graph is captured.
@@ -1859,16 +1868,18 @@ sk::Cfg skinny_cfg(const mqb_model &m, int N, int K, int B) {
 }
 
 // tile_cfg chooses sk::tile_kernel's launch shape for B rows through W [N, K] by shape_time, with
-// two blocks per SM where shared memory allows. Z = 0: no shape fits.
-sk::TCfg tile_cfg(const mqb_model &m, int N, int K, int B) {
+// two blocks per SM where shared memory allows. rms: the input rows are normalized while staged
+// (sk::TileFuse::xr: every block reads its rows' K fp32 values); swiglu: W is [gate; up] and a
+// block takes 8 RT rows of each half. Z = 0: no shape fits.
+sk::TCfg tile_cfg(const mqb_model &m, int N, int K, int B, bool rms = false, bool swiglu = false) {
   sk::TCfg best;
   double best_t = 0;
-  if (N % 16 != 0) return best;
+  if (N % 16 != 0 || (rms && (K % 4 != 0 || K > sk::RMS_KMAX))) return best;
   const int nb = (B + 7) / 8;
   for (int RT : {8, 4, 2}) {
     if (m.tile_rt && RT != m.tile_rt) continue;
     const int KS = sk::WARPS / RT, KC = 64 * KS;
-    if (K % KC) continue;
+    if (K % KC || (swiglu && (N / 2) % (8 * RT) != 0)) continue;
     for (int Z = 1; Z <= K / KC; ++Z) {
       if ((m.tile_z && Z != m.tile_z) || K % Z || (K / Z) % KC || K / Z > sk::TKR_MAX || !split_fits(m, Z, N))
         continue;
@@ -1879,7 +1890,7 @@ sk::TCfg tile_cfg(const mqb_model &m, int N, int K, int B) {
       c.Kr = K / Z;
       const int per_sm = std::max(1, std::min(2, (int)(sk::SMEM_SM / sk::tile_smem_bytes(nb, c.Kr))));
       const int rounds = (c.blocks(N) + m.sms * per_sm - 1) / (m.sms * per_sm);
-      const double block_bytes = (double)(RT * 16 + nb * 8) * c.Kr * 2;
+      const double block_bytes = (double)RT * 16 * c.Kr * 2 + (double)nb * 8 * (rms ? K * 4 : c.Kr * 2);
       const double t = shape_time((double)N * K * 2, block_bytes * per_sm * rounds, Z);
       if (!best.Z || t < best_t * 0.999) {
         best = c;
@@ -1930,6 +1941,20 @@ sk::TmaMap tile_map(mqb_model &, const T *W, int N, int K, int rows) {
 }
 #endif
 
+// tile_launch launches sk::tile_kernel in shape c (with act, its boxes are half as high: a gate
+// box and an up box per K slice).
+template <typename T>
+void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, const T *X, int B, float *out, int acc,
+                 const sk::TileFuse<T> &f) {
+  const int nb = (B + 7) / 8;
+  const auto &tm = tile_map(m, W, N, K, (f.act ? 8 : 16) * c.RT);
+  auto go = [&](auto kernel) {
+    launch(m, kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), sk::tile_smem_bytes(nb, c.Kr), tm, N, K, X, B, out,
+           acc, c.RT, c.KS, c.Kr, m.sk_ws, m.sk_cnt, f);
+  };
+  by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
+}
+
 // skinny_linear runs out (+)= X W^T through skinny.cuh where it applies (bf16/fp16, on, more rows
 // than the GEMV takes: the skinny kernel up to sk_max_b, the tile kernel up to tile_max_b; the
 // shape fits); false: the caller uses cuBLAS.
@@ -1946,13 +1971,7 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
       const sk::TCfg c = tile_cfg(m, N, K, B);
       if (!c.Z) return false;
       m.label = role + ":tile_rt" + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
-      const dim3 grid(c.row_blocks(N), c.Z);
-      const size_t smem = sk::tile_smem_bytes(nb, c.Kr);
-      const auto &tm = tile_map(m, W, N, K, 16 * c.RT);
-      auto go = [&](auto kernel) {
-        launch(m, kernel, grid, dim3(sk::THREADS), smem, tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.sk_ws, m.sk_cnt);
-      };
-      by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
+      tile_launch<T>(m, c, W, N, K, X, B, out, acc, sk::TileFuse<T>{});
       return true;
     }
     const sk::Cfg c = skinny_cfg(m, N, K, B);
@@ -1964,6 +1983,34 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
       launch(m, kernel, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt);
     };
     by_octets(nb, [&](auto o) { go(sk::skinny_kernel<T, decltype(o)::value>); });
+    return true;
+  }
+}
+
+// tile_fused runs a product whose input rows are the RMSNorm of the fp32 residual (qkv, gate/up)
+// through sk::tile_kernel with the norm made while the rows are staged, for the decode batches
+// of sk_max_b+1..fuse_max_b rows: no prep kernel. With act, W is [gate; up] and the kernel
+// writes silu(gate) * up into act [B, N / 2] (T) instead of out, which makes the down
+// projection's input: no SwiGLU prep either. false: it does not apply (the caller runs the
+// product unfused).
+template <typename T>
+bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int B, int K, const T *W, int N,
+                float *out, T *act) {
+  if constexpr (std::is_same<T, float>::value) {
+    return false;
+  } else {
+    if (!m.sk_on || B <= m.sk_max_b || B > m.fuse_max_b || N > m.sk_max_n || a.mode != PREP_RMS || a.rows ||
+        a.ld != K)
+      return false;
+    const sk::TCfg c = tile_cfg(m, N, K, B, true, act != nullptr);
+    if (!c.Z) return false;
+    m.label = role + (act ? ":tile_rms_swiglu_rt" : ":tile_rms_rt") + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
+    sk::TileFuse<T> f;
+    f.xr = a.src;
+    f.nw = a.w;
+    f.eps = a.eps;
+    f.act = act;
+    tile_launch<T>(m, c, W, N, K, nullptr, B, out, 0, f);
     return true;
   }
 }
@@ -1993,6 +2040,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     }
     return;
   }
+  if (!bias && !keys && !accumulate && tile_fused<T>(m, r, a, B, K, W, N, out, nullptr)) return;
   const T *X;
   if (a.mode == PREP_PLAIN && !a.rows && a.ld == K) {
     X = a.srcT;
@@ -2370,8 +2418,16 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
     attention();
     linear<T>(m, "o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), Tn, AO,
               ly.w_o, H, ly.b_o, m.res, true, nullptr);
-    linear<T>(m, "up", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps), Tn, H,
-              ly.w_up, q3 ? 2 * c.I : c.I, ly.b_up, m.mlp, false, nullptr);
+    const PrepArgs<T> up_in = prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps);
+    // qwen3 decode batches in the tile kernel's fused range: RMSNorm, gate/up and SwiGLU in one
+    // kernel, whose T output (in m.mlp's memory) is the down projection's input as it is.
+    T *act = reinterpret_cast<T *>(m.mlp);
+    if (q3 && !ly.b_up && tile_fused<T>(m, "up", up_in, Tn, H, static_cast<const T *>(ly.w_up), 2 * c.I, nullptr, act)) {
+      linear<T>(m, "down", prep<T>(PREP_PLAIN, nullptr, act, c.I, nullptr, nullptr, nullptr, eps), Tn, c.I, ly.w_down,
+                H, ly.b_down, m.res, true, nullptr);
+      continue;
+    }
+    linear<T>(m, "up", up_in, Tn, H, ly.w_up, q3 ? 2 * c.I : c.I, ly.b_up, m.mlp, false, nullptr);
     linear<T>(m, "down",
               prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr, nullptr,
                       eps),
@@ -2657,6 +2713,7 @@ void skinny_setup(mqb_model &m) {
     // MQB_SK_MAX_B / MQB_TILE_MAX_B move the ranges (parity runs send batch 6 to the tile kernel so).
     m.sk_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_SK_MAX_B", m.sk_max_b)));
     m.tile_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_TILE_MAX_B", m.tile_max_b)));
+    m.fuse_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_FUSE_MAX_B", m.fuse_max_b)));
   }
 }
 
@@ -3100,6 +3157,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "tile_max_b") m->tile_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "tile_rt") m->tile_rt = (value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
+  else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
   else if (k == "attn_lanes") m->attn_lanes = value != 0;

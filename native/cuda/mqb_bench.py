@@ -716,7 +716,7 @@ def switches_of(name):
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 8, "sk_kw": 0,
-            "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0}
+            "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16}
 
 
 def bench(args):
@@ -969,9 +969,106 @@ def decode_only(args):
     be.close()
 
 
+def trace(args):
+    """Where a graph-replayed decode step's time goes, kernel by kernel, without serialising it
+    (the eager profile's events do): TRACE_STEPS steps of the Qwen3-0.6B-shaped model at each batch
+    of TRACE_BATCHES under torch.profiler, whose CUPTI tracing sees every kernel in the process.
+    Kernels overlap under programmatic dependent launch, so each is charged with how much it moved
+    the step's end: its end minus the latest end before it (0 when it ends inside another). The
+    layers' kernels are named by their place in the layer's repeating sequence (L3:tile_kernel is
+    the layer's fourth kernel). TRACE_VARIANTS (default "default") names switch sets as bench
+    variants do (key=value[+key=value...]). Prints TRACE lines: us per step per kernel, the kernel
+    span and the GPU's idle time between steps (medians over steps). TRACE_CHAINED=1 traces
+    mqb_debug_chain's steps (tokens fed on the device) instead of the host's decode loop;
+    TRACE_BOUNDARY=1 also lists what happens between two steps."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import Qwen3ForCausalLM
+    lib = load_lib(args.lib)
+    cfg = qwen3_shape_config()
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg)
+    sd = model.state_dict()
+    be = Backend(lib, "qwen3", config_json(cfg, model), sd, "bf16", max_batch=32, max_context=4096)
+    del sd, model
+    torch.cuda.empty_cache()
+    V, L, n = cfg.vocab_size, cfg.num_hidden_layers, int(os.environ.get("TRACE_STEPS", "30"))
+    med = lambda v: sorted(v)[len(v) // 2] if v else float("nan")
+    res = {}
+    for pv in os.environ.get("TRACE_VARIANTS", "default").split(","):
+        opts = {} if pv == "default" else switches_of(pv)
+        for B in [int(b) for b in os.environ.get("TRACE_BATCHES", "1,16,32").split(",")]:
+            with be.switched(opts):
+                gen, pos = prefill_and_warm(be, B, 32, 12, V, seed=B)
+                toks = gen[-1]
+                acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if os.environ.get("TRACE_BOUNDARY") else [])
+                with profile(activities=acts) as prof:
+                    if os.environ.get("TRACE_CHAINED"):  # the host out of the loop (mqb_debug_chain)
+                        out = (ctypes.c_int32 * B)()
+                        if be.lib.mqb_debug_chain(be.m, B, n, i32arr([pos - 1] * B), out, be.err, 4096) != 0:
+                            raise RuntimeError("mqb_debug_chain: " + be.err.value.decode())
+                    else:
+                        for _ in range(n):
+                            toks = be.decode_fast(toks, pos)
+                            pos += 1
+            evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                          and "Memcpy" not in e.name and "Memset" not in e.name), key=lambda e: e.time_range.start)
+            steps, cur = [], None
+            for e in evs:
+                if "embed_kernel" in e.name:
+                    cur = []
+                    steps.append(cur)
+                if cur is not None:
+                    cur.append((e.name.split("<")[0].split("(")[0].split(" ")[-1][-32:], e.time_range.start,
+                                e.time_range.end))
+            steps = [s for s in steps[1:-1] if len(s) == len(steps[1])]  # whole steps of the usual shape
+            if not steps:
+                print("TRACE %s batch %d: no whole steps traced" % (pv, B), flush=True)
+                continue
+            k = (len(steps[0]) - 1) // L  # kernels per layer, if the layers repeat
+            names = [s[0] for s in steps[0]]
+            layered = k > 0 and all(names[1 + j] == names[1 + j + k] for j in range(k * (L - 1)))
+            charge, spans, gaps, prev_end = {}, [], [], None
+            for s in steps:
+                end = s[0][1]
+                for i, (name, t0, t1) in enumerate(s):
+                    label = ("L%d:%s" % ((i - 1) % k, name)) if layered and 1 <= i <= k * L else name
+                    charge.setdefault(label, []).append(0)
+                    charge[label][-1] += max(0, t1 - max(end, t0 if i == 0 else end))
+                    end = max(end, t1)
+                spans.append(end - s[0][1])
+                if prev_end is not None:
+                    gaps.append(s[0][1] - prev_end)
+                prev_end = end
+            if os.environ.get("TRACE_BOUNDARY"):
+                # TRACE_BOUNDARY=1: every event (the GPU's kernels and copies, the host's runtime
+                # calls) between one step's last kernel end and the next step's first kernel start.
+                k_mid = len(steps) // 2
+                t_end = max(t1 for _, _, t1 in steps[k_mid - 1])
+                t_next = steps[k_mid][0][1]
+                near = sorted((e for e in prof.events() if e.time_range.end >= t_end - 5 and e.time_range.start <= t_next + 5),
+                              key=lambda e: e.time_range.start)
+                print("TRACE %s batch %2d boundary (%.1f us): %s" % (pv, B, t_next - t_end, "; ".join(
+                    "%s%s %+.1f/%.1f" % ("gpu:" if e.device_type == torch.autograd.DeviceType.CUDA else "cpu:",
+                                         e.name[-40:], e.time_range.start - t_end, e.time_range.end - e.time_range.start)
+                    for e in near[:40])), flush=True)
+            # charge[label] holds one sum per occurrence; fold to per-step totals
+            per = {lb: sum(v) / len(steps) for lb, v in charge.items()}
+            res["%s_b%d" % (pv, B)] = dict(us_per_step=per, span_us=med(spans), idle_us=med(gaps),
+                                           kernels_per_step=len(steps[0]), kernels_per_layer=k if layered else None)
+            top = sorted(per.items(), key=lambda kv: -kv[1])
+            print("TRACE %s batch %2d: span %.1f us, idle between steps %.1f us, %d kernels per step (%s per layer): %s"
+                  % (pv, B, med(spans), med(gaps), len(steps[0]), k if layered else "?",
+                     ", ".join("%s %.1f" % kv for kv in top)), flush=True)
+    be.close()
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["parity", "bench", "all", "decode"])
+    ap.add_argument("mode", choices=["parity", "bench", "all", "decode", "trace"])
     ap.add_argument("--lib", default="native/cuda/build/libmodelqual_cuda.so")
     ap.add_argument("--out", required=True, help="JSON file; for mode all a folder for bench.json and parity.json")
     args = ap.parse_args()
@@ -986,7 +1083,7 @@ def main():
         args.out = os.path.join(out, "parity.json")
         parity(args)
         return
-    {"parity": parity, "bench": bench, "decode": decode_only}[args.mode](args)
+    {"parity": parity, "bench": bench, "decode": decode_only, "trace": trace}[args.mode](args)
 
 
 if __name__ == "__main__":

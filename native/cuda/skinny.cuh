@@ -25,7 +25,8 @@
 // instructions (run 45: weights loaded word by word into the mma quads, no register moves) left
 // the time unchanged: what limits it is each block's load latency (one 8-warp block per SM, all
 // of a warp's loads issued then waited for, no pipeline), where cuBLAS runs TMA pipelines.
-// Hence backend.cu's sk_max_b of 8; tile_kernel (below) takes 9-16 rows.
+// Hence backend.cu's sk_max_b of 8; tile_kernel (below) takes 9-16 rows, and for qwen3 makes the
+// RMSNorm of its input and the SwiGLU of gate/up itself (TileFuse).
 
 namespace sk {
 
@@ -137,31 +138,17 @@ __device__ __forceinline__ void add_slices(float (&acc)[NB][4], float *red, int 
     }
 }
 
-// finish stores (or adds, accumulate) the owner warps' 16-row tiles of out. With the K split
-// over Z = gridDim.y blocks, each owner lane parks its NB float4 of split z at
-// ws[((z * NT + tile) * 32 + lane) * NB + o]; the block that finishes last for its row block
-// (blockIdx.x; counter cnt[blockIdx.x]) loads all Z of them (its lanes read what the same lanes
-// wrote) and adds them in split order, so the result does not depend on which block was last.
+// split_total finishes the K split: with the K range split over Z = gridDim.y blocks, each owner
+// lane parks its NB float4 of split z at ws[((z * NT + tile) * 32 + lane) * NB + o]; the block
+// that finishes last for its row block (blockIdx.x; counter cnt[blockIdx.x]) loads all Z of them
+// (its lanes read what the same lanes wrote) and adds them in split order into acc, so the result
+// does not depend on which block was last. Returns whether this block holds the totals (Z = 1: at
+// once); the same for every thread of a block.
 template <int NB>
-__device__ __forceinline__ void finish(float (&acc)[NB][4], bool owner, int tile, int lane, int N, int B, float *out,
-                                       int accumulate, float *ws, unsigned int *cnt, unsigned int &s_last) {
-  const int g = lane >> 2, t = lane & 3, NT = N / 16;
-  // Element e of octet o of this lane: row tile*16 + g (+8 for e >= 2), input row o*8 + 2t (+1 for odd e).
-  auto put = [&](int o, int e, float v) {
-    const int row = tile * 16 + g + (e >= 2 ? 8 : 0), b = o * 8 + t * 2 + (e & 1);
-    if (b >= B) return;
-    float *p = out + (size_t)b * N + row;
-    *p = accumulate ? *p + v : v;
-  };
-  const int z = blockIdx.y, Z = gridDim.y;
-  if (Z == 1) {
-    if (owner)
-#pragma unroll
-      for (int o = 0; o < NB; ++o)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) put(o, e, acc[o][e]);
-    return;
-  }
+__device__ __forceinline__ bool split_total(float (&acc)[NB][4], bool owner, int tile, int lane, int N, float *ws,
+                                            unsigned int *cnt, unsigned int &s_last) {
+  const int NT = N / 16, z = blockIdx.y, Z = gridDim.y;
+  if (Z == 1) return true;
   float4 *wsv = reinterpret_cast<float4 *>(ws);
   if (owner)
 #pragma unroll
@@ -172,14 +159,10 @@ __device__ __forceinline__ void finish(float (&acc)[NB][4], bool owner, int tile
   __syncthreads();
   if (threadIdx.x == 0) s_last = atomicAdd(cnt + blockIdx.x, 1u) == (unsigned int)(Z - 1) ? 1u : 0u;
   __syncthreads();
-  if (!s_last) return;
+  if (!s_last) return false;
   __threadfence();
   if (owner) {
-    float s[NB][4];
-#pragma unroll
-    for (int o = 0; o < NB; ++o)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[o][e] = 0.f;
+    float s[NB][4] = {};
     for (int q0 = 0; q0 < Z; q0 += ZU) {
       float4 p[ZU][NB];
 #pragma unroll
@@ -201,9 +184,34 @@ __device__ __forceinline__ void finish(float (&acc)[NB][4], bool owner, int tile
 #pragma unroll
     for (int o = 0; o < NB; ++o)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) put(o, e, s[o][e]);
+      for (int e = 0; e < 4; ++e) acc[o][e] = s[o][e];
   }
   if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;  // ready for the next product
+  return true;
+}
+
+// tile_elem calls f(e, row, b) for element e of octet o of this lane's 16-row tile: row g (+8
+// for e >= 2) of the tile, input row o * 8 + 2t (+1 for odd e), where lane = 4g + t.
+template <typename F>
+__device__ __forceinline__ void tile_elem(int lane, int o, int e, const F &f) {
+  f((lane >> 2) + (e >= 2 ? 8 : 0), o * 8 + (lane & 3) * 2 + (e & 1));
+}
+
+// finish adds the K split's partials (split_total) and stores (or adds, accumulate) the owner
+// warps' 16-row tiles of out [B, N].
+template <int NB>
+__device__ __forceinline__ void finish(float (&acc)[NB][4], bool owner, int tile, int lane, int N, int B, float *out,
+                                       int accumulate, float *ws, unsigned int *cnt, unsigned int &s_last) {
+  if (!split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last) || !owner) return;
+#pragma unroll
+  for (int o = 0; o < NB; ++o)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      tile_elem(lane, o, e, [&](int r, int b) {
+        if (b >= B) return;
+        float *p = out + (size_t)b * N + tile * 16 + r;
+        *p = accumulate ? *p + acc[o][e] : acc[o][e];
+      });
 }
 
 template <typename T, int NB>
@@ -288,7 +296,12 @@ __global__ void __launch_bounds__(THREADS, 1)
 // 11.7 us at ~1,900 instructions per warp and 6.7 cycles per issued instruction with 8 warps per
 // SM. The versions before (runs 46-49): 16-byte cp.async copies (12.8-18 us; issue-bound by the
 // copies' index arithmetic), and one bulk copy per 128-512-byte row (2-4x slower: too small a
-// unit for the copy engine).
+// unit for the copy engine). With the RMSNorm and SwiGLU fused (TileFuse, runs 53-56) a qwen3
+// layer at 9-16 rows is five kernels instead of eight: batch 12 9,516 tok/s against 8,907, batch
+// 16 11,867 against 11,188 (unfused, same build): about a quarter of the 82 us per step in the
+// GPU's work, the rest in the graph's launch (84 fewer kernel nodes; the step starts on the GPU
+// only when cudaGraphLaunch returns, ~0.65 us per node). At 24 and 32 rows it is 8 % slower
+// than cuBLAS with the prep kernels, hence backend.cu's fuse_max_b of 16.
 constexpr int TSTAGES = 4;          // weight chunks in shared memory (3 in flight while 1 is used)
 constexpr int TCHUNK = 128 * 64;    // elements of a chunk: 16 * RT rows x 64 * KS columns
 constexpr int TKR_MAX = 1024;       // most columns of a block's K range (its staged input: 64 KB at 32 rows)
@@ -302,9 +315,13 @@ struct TCfg : Shape {
   int Kr = 0;
 };
 
-// tile_smem_bytes: 1 KB to align the chunk buffers, the buffers, the staged input.
+// RMS_KMAX: the longest row TileFuse::xr may have (a lane holds 32 of its values per row).
+constexpr int RMS_KMAX = 1024;
+
+// tile_smem_bytes: 1 KB to align the chunk buffers, the buffers, the staged input, the norm's
+// weights (TileFuse::xr).
 __host__ __device__ inline size_t tile_smem_bytes(int NB, int Kr) {
-  return 1024 + (size_t)TSTAGES * TCHUNK * 2 + (size_t)NB * 8 * Kr * 2;
+  return 1024 + (size_t)TSTAGES * TCHUNK * 2 + (size_t)NB * 8 * Kr * 2 + RMS_KMAX * sizeof(float);
 }
 
 __device__ __forceinline__ int tswz(int r, int p) { return p ^ (r & 7); }
@@ -391,10 +408,32 @@ __device__ __forceinline__ void tma_load(T *dst, const TmaMap &tm, int x, int y,
 #endif
 }
 
+// TileFuse: what tile_kernel does besides the product, so that a layer's RMSNorm and SwiGLU need
+// no kernels of their own (each one a launch, a dependency and a round trip through L2 per
+// layer: NOTES.md, run 53's trace).
+//   xr != NULL: the input rows are RMSNorm(xr[b, 0:K]) * nw made while they are staged (X unused,
+//     K <= RMS_KMAX, a multiple of 4): each warp loads whole rows (a block with a K split too), sums their squares
+//     and writes its K range as x * rstd * w in T, the arithmetic of prep_row.
+//   act != NULL: W is [gate; up] (N = 2I) and the product's result is act[b, i] =
+//     silu(gate_i) * up_i in T (out unused): block x reads rows 8 RT x .. 8 RT (x + 1) of each half,
+//     so its first RT / 2 row tiles are gate rows and the last RT / 2 the matching up rows.
+template <typename T>
+struct TileFuse {
+  const float *xr = nullptr;
+  const float *nw = nullptr;
+  float eps = 0.f;
+  T *act = nullptr;
+};
+
+// XCH: float offset, in the chunk buffers, of the SwiGLU epilogue's exchange (past add_slices').
+constexpr int XCH = WARPS * 32 * (MAXB / 8) * 4;
+static_assert((size_t)(XCH + (WARPS / 2) * 32 * (MAXB / 8) * 4) * sizeof(float) <= (size_t)TSTAGES * TCHUNK * 2,
+              "the SwiGLU exchange fits the chunk buffers");
+
 template <typename T, int NB>
 __global__ void __launch_bounds__(THREADS, 1)
     tile_kernel(const __grid_constant__ TmaMap tm, int N, int K, const T *X, int B, float *out, int accumulate, int RT,
-                int KS, int Kr, float *ws, unsigned int *cnt) {
+                int KS, int Kr, float *ws, unsigned int *cnt, const TileFuse<T> f) {
   DYN_SMEM(uint4, tk_raw);
   __shared__ unsigned int s_last;
   __shared__ unsigned long long bar[TSTAGES];  // one per chunk buffer
@@ -406,6 +445,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int lt = warp / KS, ks = warp % KS, tile = blockIdx.x * RT + lt;
   const int row0 = blockIdx.x * rows, k0 = blockIdx.y * Kr, nch = Kr / KC;
   const bool live = tile < N / 16;
+  // With act, the block's rows are two boxes of rows / 2: gate rows from row0 / 2, up rows from
+  // N / 2 + row0 / 2.
+  const int half = f.act ? rows / 2 : rows;
   if (threadIdx.x == 0)
     for (int i = 0; i < TSTAGES; ++i) mbar_init(bar + i);
   __syncthreads();
@@ -415,20 +457,72 @@ __global__ void __launch_bounds__(THREADS, 1)
     unsigned long long *b = bar + c % TSTAGES;
     mbar_expect(b, (unsigned)(KS * rows * 64 * sizeof(T)));
     T *dst = chunks + (size_t)(c % TSTAGES) * TCHUNK;
-    for (int q = 0; q < KS; ++q) tma_load(dst + q * rows * 64, tm, k0 + c * KC + q * 64, row0, b);
+    for (int q = 0; q < KS; ++q) {
+      tma_load(dst + q * rows * 64, tm, k0 + c * KC + q * 64, f.act ? row0 / 2 : row0, b);
+      if (f.act) tma_load(dst + q * rows * 64 + half * 64, tm, k0 + c * KC + q * 64, N / 2 + row0 / 2, b);
+    }
   };
   for (int c = 0; c < TSTAGES - 1; ++c) issue(c);
+  float *nws = reinterpret_cast<float *>(xs + (size_t)NB * 8 * Kr);  // the norm's weights (TileFuse::xr)
+  if (f.xr)
+    for (int i = threadIdx.x * 4; i < K; i += THREADS * 4) stage16(nws + i, f.nw + i);
   pdl_wait();
   pdl_trigger();
   // The block's K range of every input row (rows B.. of the last octet are zero), warp by row and
   // lane by piece.
   const int xp = Kr / 8;
-  for (int b = warp; b < NB * 8; b += WARPS) {
-    T *d = xs + (size_t)b * Kr;
-    const T *src = X + (size_t)b * K + k0;
-    for (int p = lane; p < xp; p += 32) {
-      if (b < B) stage16(d + tswz(b, p) * 8, src + p * 8);
-      else *reinterpret_cast<uint4 *>(d + tswz(b, p) * 8) = make_uint4(0u, 0u, 0u, 0u);
+  if (!f.xr) {
+    for (int b = warp; b < NB * 8; b += WARPS) {
+      T *d = xs + (size_t)b * Kr;
+      const T *src = X + (size_t)b * K + k0;
+      for (int p = lane; p < xp; p += 32) {
+        if (b < B) stage16(d + tswz(b, p) * 8, src + p * 8);
+        else *reinterpret_cast<uint4 *>(d + tswz(b, p) * 8) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  } else {
+    // RMSNorm while staging: lane holds k = 4 lane + 128 j of a row (K <= RMS_KMAX, K % 4 == 0), two rows per
+    // warp at a time, every load of both rows in flight at once (a loop that loads as it goes
+    // waits a round trip per step: run 54 lost 5 us per product so); the norm's weights were
+    // copied to shared memory before the wait, so that the rows have the registers. Rows B..
+    // load as zeros, which normalize to zeros.
+    const int nj = (K + 127) / 128;
+    stage_wait();  // the norm's weights (asked for before the wait)
+    __syncthreads();
+    for (int b0 = warp; b0 < NB * 8; b0 += 2 * WARPS) {
+      float4 v[2][RMS_KMAX / 128];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < RMS_KMAX / 128; ++j) {
+          const int b = b0 + r * WARPS;
+          v[r][j] = lane * 4 + 128 * j < K && b < B
+                        ? __ldcg(reinterpret_cast<const float4 *>(f.xr + (size_t)b * K + lane * 4 + 128 * j))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int b = b0 + r * WARPS;
+        if (b >= NB * 8) break;
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < RMS_KMAX / 128; ++j)
+          ss += v[r][j].x * v[r][j].x + v[r][j].y * v[r][j].y + v[r][j].z * v[r][j].z + v[r][j].w * v[r][j].w;
+        const float rstd = rsqrtf(warp_sum(ss) / (float)K + f.eps);
+#pragma unroll
+        for (int j = 0; j < RMS_KMAX / 128; ++j) {
+          const int k = lane * 4 + 128 * j - k0;  // in the block's range [0, Kr)?
+          if (j >= nj || k < 0 || k >= Kr) continue;  // (k < Kr: also k + k0 < K)
+          uint2 pk;
+          T *pt = reinterpret_cast<T *>(&pk);
+          const float4 w = *reinterpret_cast<const float4 *>(nws + lane * 4 + 128 * j);
+          pt[0] = TT<T>::fromf(v[r][j].x * rstd * w.x);
+          pt[1] = TT<T>::fromf(v[r][j].y * rstd * w.y);
+          pt[2] = TT<T>::fromf(v[r][j].z * rstd * w.z);
+          pt[3] = TT<T>::fromf(v[r][j].w * rstd * w.w);
+          *reinterpret_cast<uint2 *>(xs + (size_t)b * Kr + tswz(b, k / 8) * 8 + (k & 7)) = pk;
+        }
+      }
     }
   }
   stage_wait();
@@ -466,8 +560,33 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
   __syncthreads();  // the chunk buffers become add_slices' scratch
-  add_slices<NB>(acc, reinterpret_cast<float *>(chunks), warp, lane, ks, KS);
-  finish<NB>(acc, live && ks == 0, tile, lane, N, B, out, accumulate, ws, cnt, s_last);
+  float *scratch = reinterpret_cast<float *>(chunks);
+  add_slices<NB>(acc, scratch, warp, lane, ks, KS);
+  const bool owner = live && ks == 0;
+  if (!f.act) {
+    finish<NB>(acc, owner, tile, lane, N, B, out, accumulate, ws, cnt, s_last);
+    return;
+  }
+  // SwiGLU: the up tiles (lt >= RT / 2) park their totals, the gate tiles combine them with theirs.
+  if (!split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last)) return;
+  const int pair = RT / 2, I = N / 2;
+  float *xch = scratch + XCH + ((size_t)(lt % pair) * 32 + lane) * NB * 4;
+  if (owner && lt >= pair)
+#pragma unroll
+    for (int o = 0; o < NB; ++o)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) xch[o * 4 + e] = acc[o][e];
+  __syncthreads();
+  if (!owner || lt >= pair) return;
+#pragma unroll
+  for (int o = 0; o < NB; ++o)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      tile_elem(lane, o, e, [&](int r, int b) {
+        if (b >= B) return;
+        const float g = acc[o][e], u = xch[o * 4 + e];
+        f.act[(size_t)b * I + row0 / 2 + lt * 16 + r] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
+      });
 }
 
 }  // namespace sk

@@ -501,7 +501,8 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16). Batch 6 goes
   // through the skinny tensor-core products in bf16/fp16; variant 6 forces their finest K split
   // (one 32-column slice per warp, partials summed by the last block), variant 7 sends them to
-  // cuBLAS instead, variant 8 to the tile kernel.
+  // cuBLAS instead, variant 8 to the tile kernel (qkv and gate/up with their RMSNorm, and gate/up
+  // with the SwiGLU, fused into it).
   const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention", " attention-split-3",
                          " skinny-split-K", " cuBLAS", " tile"};
   // Each variant's debug switches: the value it runs with, then the backend's default it restores.
@@ -583,11 +584,13 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), split.data(), am.data(), err, sizeof err);
     mqb_debug_set(m, "sk_kw", 0);
     mqb_debug_set(m, "sk_ks", 0);
-    mqb_debug_set(m, "sk_max_b", 8);  // 24 rows: the tile kernel
+    mqb_debug_set(m, "sk_max_b", 8);  // 24 rows: the tile kernel, RMSNorm and SwiGLU fused
     mqb_debug_set(m, "tile_max_b", 32);
+    mqb_debug_set(m, "fuse_max_b", 32);
     std::vector<float> tl((size_t)6 * V);
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), tl.data(), am.data(), err, sizeof err);
     mqb_debug_set(m, "tile_max_b", 16);
+    mqb_debug_set(m, "fuse_max_b", 16);
     mqb_debug_set(m, "skinny", 0);
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), cub.data(), am.data(), err, sizeof err);
     mqb_debug_set(m, "skinny", 1);
@@ -655,6 +658,84 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   mqb_model_close(m);
 }
 
+// tile_fused_products checks sk::tile_kernel's fused modes (sk::TileFuse) alone against a
+// double-precision reference: the input rows RMSNorm(x) * w of fp32 rows x (the kernel rounds them
+// to T, the reference does not, hence a bound of 5e-4 of the sum of |terms| where the exact
+// product's is 1e-6), and with SwiGLU, act = silu(gate) * up of W = [gate; up] [2 x 128, 1024],
+// within the propagated bound plus T's rounding of act. Every row-tile shape, K splits, 9 and 32
+// rows.
+template <typename T>
+static void tile_fused_products(const char *prec) {
+  const int N = 256, K = 1024, I = N / 2;
+  std::mt19937 r(11);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<T> W((size_t)N * K), act((size_t)32 * I);
+  std::vector<float> Xr((size_t)32 * K), nw(K);
+  for (auto &w : W) w = TT<T>::fromf(u(r));
+  for (auto &x : Xr) x = 3.f * u(r);
+  for (auto &w : nw) w = 0.5f + u(r);
+  std::vector<float> ws((size_t)(K / 64) * 32 * N);
+  std::vector<unsigned> cnt(N / 16, 0u);
+  const float eps = 1e-6f;
+  struct Shape { int RT, Z; };
+  for (bool swiglu : {false, true})
+    for (Shape sh : {Shape{8, 1}, Shape{8, 4}, Shape{4, 2}, Shape{2, 1}, Shape{2, 4}})
+      for (int B : {9, 32}) {
+        std::vector<float> out((size_t)B * N, 0.f);
+        std::fill(act.begin(), act.end(), TT<T>::fromf(-7.f));
+        const int KS = 8 / sh.RT, Kr = K / sh.Z, nb = (B + 7) / 8;
+        sk::TileFuse<T> f;
+        f.xr = Xr.data();
+        f.nw = nw.data();
+        f.eps = eps;
+        f.act = swiglu ? act.data() : nullptr;
+        const dim3 grid(N / 16 / sh.RT, sh.Z);
+        auto go = [&](auto kernel) {
+          emu_launch(grid, dim3(sk::THREADS), [&, kernel] {
+            kernel(sk::TmaMap{W.data(), K, N, (swiglu ? 8 : 16) * sh.RT}, N, K, static_cast<const T *>(nullptr), B,
+                   out.data(), 0, sh.RT, KS, Kr, ws.data(), cnt.data(), f);
+          });
+        };
+        switch (nb) {
+          case 2: go(sk::tile_kernel<T, 2>); break;
+          default: go(sk::tile_kernel<T, 4>); break;
+        }
+        double worst = 0;  // largest error as a fraction of its bound
+        for (int b = 0; b < B; ++b) {
+          double ss = 0;
+          for (int k = 0; k < K; ++k) ss += (double)Xr[(size_t)b * K + k] * Xr[(size_t)b * K + k];
+          const double rstd = 1.0 / sqrt(ss / K + eps);
+          std::vector<double> y(N), sc(N);
+          for (int n = 0; n < N; ++n) {
+            double s = 0, a = 0;
+            for (int k = 0; k < K; ++k) {
+              const double p = (double)TT<T>::tof(W[(size_t)n * K + k]) * Xr[(size_t)b * K + k] * rstd * nw[k];
+              s += p;
+              a += fabs(p);
+            }
+            y[n] = s;
+            sc[n] = 5e-4 * a;
+          }
+          for (int n = 0; n < (swiglu ? I : N); ++n) {
+            if (!swiglu) {
+              worst = std::max(worst, fabs(y[n] - out[(size_t)b * N + n]) / sc[n]);
+              continue;
+            }
+            const double g = y[n], v = y[I + n], sg = g / (1 + exp(-g));
+            const double want = sg * v, bound = fabs(v) * 1.1 * sc[n] + fabs(sg) * sc[I + n] + sc[n] * sc[I + n] +
+                                                fabs(want) * (std::is_same<T, __half>::value ? 1e-3 : 8e-3) + 1e-6;
+            worst = std::max(worst, fabs(want - (double)TT<T>::tof(act[(size_t)b * I + n])) / bound);
+          }
+        }
+        bool zeroed = true;
+        for (unsigned c : cnt) zeroed = zeroed && c == 0u;
+        check(worst <= 1 && zeroed, std::string(prec) + " tile product, RMSNorm fused" + (swiglu ? ", SwiGLU" : "") +
+                                        ", RT " + std::to_string(sh.RT) + " Z " + std::to_string(sh.Z) + " rows " +
+                                        std::to_string(B) + ": largest error " + std::to_string(worst) +
+                                        " of its bound");
+      }
+}
+
 // tile_products checks sk::tile_kernel alone against a double-precision product of the same
 // rounded values, W [256, 1024] (16 chunks of 64 columns per block at one split: the chunk
 // buffers are refilled four times), every row-tile shape, several K splits (finish's partial
@@ -681,7 +762,7 @@ static void tile_products(const char *prec) {
       auto go = [&](auto kernel) {
         emu_launch(grid, dim3(sk::THREADS), [&, kernel] {
           kernel(sk::TmaMap{W.data(), K, N, 16 * sh.RT}, N, K, X.data(), B, out.data(), acc, sh.RT, KS, Kr, ws.data(),
-                 cnt.data());
+                 cnt.data(), sk::TileFuse<T>{});
         });
       };
       switch (nb) {
@@ -709,6 +790,7 @@ static void tile_products(const char *prec) {
                                               " (bound " + std::to_string(1e-6 * scale) + ")");
     }
   }
+  tile_fused_products<T>(prec);
 }
 
 int main() {
