@@ -21,12 +21,15 @@
 //   prep             RMSNorm / LayerNorm / SwiGLU / gelu_new / copy of one row into T (GEMM input)
 //   gemv<T,B>        small-batch matrix-vector product with the prep fused in front, the bias and
 //                    the residual add fused behind, and greedy argmax fused for the LM head
-//   sk::skinny       bf16/fp16 products of gemv_max_b+1..sk_max_b rows on the tensor cores
-//                    (skinny.cuh), the layers' shapes (prep_kernel makes their input rows)
-//   sk::tile         the same for sk_max_b+1..tile_max_b (16) rows, the weights streamed by the
-//                    copy engine (TMA) through a shared-memory pipeline; for qwen3's qkv and
-//                    gate/up (up to fuse_max_b rows) with the RMSNorm made as it stages its input
-//                    and, for gate/up, the SwiGLU in its epilogue (tile_fused: no prep kernels)
+//   sk::tile         bf16/fp16 layer products of 1..tile_max_b (16) rows on the tensor cores
+//                    (skinny.cuh), the weights streamed by the copy engine (TMA) through a
+//                    shared-memory pipeline; for qwen3's qkv and gate/up (up to fuse_max_b rows)
+//                    with the RMSNorm made as it stages its input and, for gate/up, the SwiGLU in
+//                    its epilogue (tile_fused: no prep kernels). At 1..gemv_max_b rows it takes
+//                    the products the GEMV would have had nothing to fuse into (gpt2's LayerNorm,
+//                    GELU and biases stay with the GEMV)
+//   sk::skinny       the products of gemv_max_b+1..sk_max_b rows with the weights in registers
+//                    (off by default: sk_max_b 0; prep_kernel makes their input rows)
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
 //   attention        causal attention of each token over its slot's cache (prefill, mixed steps)
 //   decode_attn      decode steps whose (token, KV head) grid cannot fill the GPU: qkv_post and
@@ -48,9 +51,8 @@
 // attention fused (decode_attn) never, where tokens x KV heads < SMs (default), always;
 // MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
 // products in a build with them (default 0: off),
-// MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS, MQB_SK_MAX_B=n (default 8)
-// and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels (the parity
-// run sends batch 6 to the tile kernel with MQB_SK_MAX_B=4 MQB_TILE_MAX_B=32),
+// MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS (and the GEMV), MQB_SK_MAX_B=n
+// (default 0) and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels,
 // MQB_FUSE_MAX_B=n (default 16; 0 off) the batches whose RMSNorm / SwiGLU the tile kernel makes,
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
@@ -1636,14 +1638,16 @@ struct mqb_model {
   bool tc_ok = false;
   int tc_min_b = 0;  // 0: off (on the H200 slower than cuBLAS + prep at batch 32, NOTES.md run 5)
   // Skinny tensor-core products (skinny.cuh) for bf16/fp16 products of gemv_max_b+1..sk_max_b
-  // rows with N <= sk_max_n (the layers', not the LM head's): on unless MQB_SKINNY=0 / debug
-  // "skinny" 0 (cuBLAS then). sk_max_b is 8: on the H200 they beat cuBLAS at batch 8 (+8 %) and
-  // lose at 16 and 32 (NOTES.md, runs 39-45); debug "sk_max_b" (up to 32) widens the range, and
-  // sk_kw / sk_ks force a slice width / slices per block (0 = chosen by skinny_cfg).
+  // rows with N <= sk_max_n (the layers', not the LM head's); sk_on (unless MQB_SKINNY=0 / debug
+  // "skinny" 0, cuBLAS then) also governs the tile kernel. sk_max_b is 0: the skinny kernel
+  // beat cuBLAS at batch 8 (+8 %, NOTES.md runs 39-45) but the tile kernel with the RMSNorm and
+  // SwiGLU fused beats it at 5-8 rows by 17 % (run 58); debug "sk_max_b" (up to 32) brings it
+  // back, and sk_kw / sk_ks force a slice width / slices per block (0 = chosen by skinny_cfg).
   bool sk_on = false;
-  int sk_max_b = 8, sk_max_n = 0, sk_kw = 0, sk_ks = 0;
+  int sk_max_b = 0, sk_max_n = 0, sk_kw = 0, sk_ks = 0;
   // Products of sk_max_b+1..tile_max_b rows go through sk::tile_kernel (weights streamed by the
-  // copy engine through a shared-memory pipeline) when sk_on. tile_max_b is 16: on the H200 batch
+  // copy engine through a shared-memory pipeline) when sk_on: above gemv_max_b always, at 1..
+  // gemv_max_b rows where the GEMV would have had nothing to fuse (linear). tile_max_b is 16: on the H200 batch
   // 16 decodes 7.8 % faster through it than through cuBLAS, batch 32 13 % slower (NOTES.md, runs
   // 46-52). Debug "tile_max_b" (up to 32) / MQB_TILE_MAX_B set the range, tile_rt / tile_z force
   // row tiles per block / K splits (0 = chosen by tile_cfg).
@@ -2015,9 +2019,11 @@ bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int
   }
 }
 
-// linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. Small B uses the fused GEMV
-// kernel; larger B makes the T input with prep_kernel and runs skinny.cuh's tensor-core products
-// (bf16/fp16, up to tile_max_b rows, the layers' shapes: skinny_linear) or cuBLAS.
+// linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. bf16/fp16 layer products of
+// up to tile_max_b rows run on skinny.cuh's tensor-core kernels: with the RMSNorm fused
+// (tile_fused), or with an input that needs no prep (skinny_linear); other products of small B
+// use the fused GEMV kernel; larger B makes the T input with prep_kernel and runs the tile kernel
+// or cuBLAS.
 template <typename T>
 void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K, const void *Wv, int N,
             const float *bias, float *out, bool accumulate, unsigned long long *keys, Samp samp = Samp{}) {
@@ -2025,6 +2031,14 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
   const std::string r = role;
   const T *W = static_cast<const T *>(Wv);
   PrepArgs<T> a = a0;
+  if (!bias && !keys && !accumulate && tile_fused<T>(m, r, a, B, K, W, N, out, nullptr)) return;
+  // bf16/fp16 layer products of up to tile_max_b rows whose input needs nothing made in front
+  // (RMSNorm inputs: tile_fused above; o_proj, and down behind a fused gate/up) and with no bias
+  // go to the tile kernel at every batch: on the H200 it beats the fused GEMV at 1-4 rows (batch
+  // 1 937 against 895 tok/s, 4 3,804 against 1,836: NOTES.md run 58).
+  if (B <= m.gemv_max_b && B > m.sk_max_b && !bias && !keys && a.mode == PREP_PLAIN && !a.rows && a.ld == K &&
+      skinny_linear<T>(m, r, a.srcT, B, K, W, N, out, accumulate))
+    return;
   if (B <= m.gemv_max_b) {
     m.label = r + ":gemv";
     a.tlb = m.tl_buf;
@@ -2040,7 +2054,6 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     }
     return;
   }
-  if (!bias && !keys && !accumulate && tile_fused<T>(m, r, a, B, K, W, N, out, nullptr)) return;
   const T *X;
   if (a.mode == PREP_PLAIN && !a.rows && a.ld == K) {
     X = a.srcT;

@@ -715,7 +715,7 @@ def switches_of(name):
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
-            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 8, "sk_kw": 0,
+            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 0, "sk_kw": 0,
             "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16}
 
 
@@ -766,8 +766,8 @@ def bench(args):
     # megakernel the opt-in persistent kernel; no_attn_flash decode attention through attend
     # (phases with barriers, before run 30), no_attn_lanes that with one thread per scored
     # position (before run 26).
-    # cublas sends the products of batches above 4 to cuBLAS instead of skinny.cuh's tensor-core
-    # kernels (skinny: 5-8 rows, tile: 9-16); sk_b32 sends batches up to 32 to the skinny kernel,
+    # cublas sends the layers' products to the fused GEMV (1-4 rows) and cuBLAS instead of
+    # skinny.cuh's tile kernel (1-16 rows); sk_b32 sends batches up to 32 to the skinny kernel,
     # and with it sk_ksN forces N K slices per block (8 / N row tiles), sk_kwN N columns per warp
     # slice (the default shapes come from skinny_cfg's model).
     # tile sends batches 17-32 to the tile kernel too (tile_cfg's shapes).
@@ -796,7 +796,8 @@ def bench(args):
         for name, opts in variants:
             if name.startswith("attn_split") and B == 32:
                 continue  # batch 32 is not fused by default, so the split does not apply
-            # Batches 1-4 run the fused GEMV, 5-8 the skinny kernel, 9-16 the tile kernel, above cuBLAS.
+            # The layers' products of batches 1-16 run the tile kernel, above cuBLAS (the LM head:
+            # the GEMV at 1-4); the skinny kernel only where a variant sets sk_max_b.
             if (name == "cublas" and B <= 4) or (name.startswith("sk_") and B <= 8) or (name == "tile" and B <= 16):
                 continue
             try:
@@ -944,21 +945,27 @@ def bench(args):
         json.dump(res, f, indent=1)
 
 
-def decode_only(args):
-    """The Qwen3-0.6B-shaped model decoding at batch DECODE_B (default 1) for DECODE_STEPS steps
-    after a 32-token prompt, with no timing and no transformers reference: the process to run
-    under Nsight Compute (ncu -k regex:gemv ...) to see single kernels in isolation."""
+def shape_backend(lib_path):
+    """The Qwen3-0.6B-shaped model (random weights, seed 0) opened in bf16 for up to 32 sequences;
+    transformers' copy is dropped once the backend has the weights. Returns (config, Backend)."""
     import torch
     from transformers import Qwen3ForCausalLM
-    lib = load_lib(args.lib)
     cfg = qwen3_shape_config()
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(cfg)
     sd = model.state_dict()
-    be = Backend(lib, "qwen3", config_json(cfg, model), sd, "bf16", max_batch=32, max_context=4096)
+    be = Backend(load_lib(lib_path), "qwen3", config_json(cfg, model), sd, "bf16", max_batch=32, max_context=4096)
     del sd, model
     torch.cuda.empty_cache()
+    return cfg, be
+
+
+def decode_only(args):
+    """The Qwen3-0.6B-shaped model decoding at batch DECODE_B (default 1) for DECODE_STEPS steps
+    after a 32-token prompt, with no timing and no transformers reference: the process to run
+    under Nsight Compute (ncu -k regex:gemv ...) to see single kernels in isolation."""
+    cfg, be = shape_backend(args.lib)
     B = int(os.environ.get("DECODE_B", "1"))
     # DECODE_SKINNY=0, DECODE_TILE_MAX_B=32 etc.: the products' path and shape.
     for key in ("skinny", "sk_max_b", "sk_ks", "sk_kw", "tile_max_b", "tile_rt", "tile_z"):
@@ -983,16 +990,7 @@ def trace(args):
     TRACE_BOUNDARY=1 also lists what happens between two steps."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from transformers import Qwen3ForCausalLM
-    lib = load_lib(args.lib)
-    cfg = qwen3_shape_config()
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg)
-    sd = model.state_dict()
-    be = Backend(lib, "qwen3", config_json(cfg, model), sd, "bf16", max_batch=32, max_context=4096)
-    del sd, model
-    torch.cuda.empty_cache()
+    cfg, be = shape_backend(args.lib)
     V, L, n = cfg.vocab_size, cfg.num_hidden_layers, int(os.environ.get("TRACE_STEPS", "30"))
     med = lambda v: sorted(v)[len(v) // 2] if v else float("nan")
     res = {}

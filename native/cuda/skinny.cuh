@@ -1,8 +1,8 @@
-// skinny.cuh: out[B, N] (+)= X[B, K] W[N, K]^T for 5..32 rows in bf16/fp16 (fp32 accumulation),
-// the decode products of batches the fused GEMV does not take (by default up to 16 rows: see the
-// measurements below). Included by backend.cu (also in the CPU emulation, which computes the mma
-// fragments in emu_test.cc); the host side is skinny_cfg / tile_cfg / skinny_linear there. The
-// mma.sync fragment helpers here serve megakernel.cuh too.
+// skinny.cuh: out[B, N] (+)= X[B, K] W[N, K]^T for 1..32 rows in bf16/fp16 (fp32 accumulation),
+// the layers' decode products (by default up to 16 rows: see the measurements below). Included
+// by backend.cu (also in the CPU emulation, which computes the mma fragments in emu_test.cc);
+// the host side is skinny_cfg / tile_cfg / skinny_linear / tile_fused there. The mma.sync
+// fragment helpers here serve megakernel.cuh too.
 //
 // Why not cuBLAS: its products of a batch-32 step take 0.797 ms for 1.19 GB of weights (NOTES.md,
 // runs 18-20, LM head included), about 1.5 TB/s of the H200's 4.2: a product of 4-13 MB is over
@@ -25,8 +25,10 @@
 // instructions (run 45: weights loaded word by word into the mma quads, no register moves) left
 // the time unchanged: what limits it is each block's load latency (one 8-warp block per SM, all
 // of a warp's loads issued then waited for, no pipeline), where cuBLAS runs TMA pipelines.
-// Hence backend.cu's sk_max_b of 8; tile_kernel (below) takes 9-16 rows, and for qwen3 makes the
-// RMSNorm of its input and the SwiGLU of gate/up itself (TileFuse).
+// Hence backend.cu's sk_max_b of 8 until run 58, when tile_kernel (below), making the RMSNorm of
+// its input and the SwiGLU of gate/up itself (TileFuse), beat this kernel at 5-8 rows by 17 %
+// and the fused GEMV at 1-4: it takes every batch up to 16 since, and this kernel runs only with
+// debug sk_max_b > 0.
 
 namespace sk {
 
@@ -190,11 +192,18 @@ __device__ __forceinline__ bool split_total(float (&acc)[NB][4], bool owner, int
   return true;
 }
 
-// tile_elem calls f(e, row, b) for element e of octet o of this lane's 16-row tile: row g (+8
-// for e >= 2) of the tile, input row o * 8 + 2t (+1 for odd e), where lane = 4g + t.
-template <typename F>
-__device__ __forceinline__ void tile_elem(int lane, int o, int e, const F &f) {
-  f((lane >> 2) + (e >= 2 ? 8 : 0), o * 8 + (lane & 3) * 2 + (e & 1));
+// tile_each calls f(o, e, r, b) for each element acc[o][e] of this lane's 16-row tile whose
+// input row b is below B: tile row r = g (+8 for e >= 2), b = o * 8 + 2t (+1 for odd e), where
+// lane = 4g + t.
+template <int NB, typename F>
+__device__ __forceinline__ void tile_each(int lane, int B, const F &f) {
+#pragma unroll
+  for (int o = 0; o < NB; ++o)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = (lane >> 2) + (e >= 2 ? 8 : 0), b = o * 8 + (lane & 3) * 2 + (e & 1);
+      if (b < B) f(o, e, r, b);
+    }
 }
 
 // finish adds the K split's partials (split_total) and stores (or adds, accumulate) the owner
@@ -203,15 +212,10 @@ template <int NB>
 __device__ __forceinline__ void finish(float (&acc)[NB][4], bool owner, int tile, int lane, int N, int B, float *out,
                                        int accumulate, float *ws, unsigned int *cnt, unsigned int &s_last) {
   if (!split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last) || !owner) return;
-#pragma unroll
-  for (int o = 0; o < NB; ++o)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      tile_elem(lane, o, e, [&](int r, int b) {
-        if (b >= B) return;
-        float *p = out + (size_t)b * N + tile * 16 + r;
-        *p = accumulate ? *p + acc[o][e] : acc[o][e];
-      });
+  tile_each<NB>(lane, B, [&](int o, int e, int r, int b) {
+    float *p = out + (size_t)b * N + tile * 16 + r;
+    *p = accumulate ? *p + acc[o][e] : acc[o][e];
+  });
 }
 
 template <typename T, int NB>
@@ -301,7 +305,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 // 16 11,867 against 11,188 (unfused, same build): about a quarter of the 82 us per step in the
 // GPU's work, the rest in the graph's launch (84 fewer kernel nodes; the step starts on the GPU
 // only when cudaGraphLaunch returns, ~0.65 us per node). At 24 and 32 rows it is 8 % slower
-// than cuBLAS with the prep kernels, hence backend.cu's fuse_max_b of 16.
+// than cuBLAS with the prep kernels, hence backend.cu's fuse_max_b of 16. Run 58: at 1-8 rows,
+// fused, it beats the skinny kernel (batch 8 7,478 tok/s against 6,363) and the fused GEMV (batch
+// 4 3,804 against 1,836; batch 1 937 against 895), so the layers' products of every batch up to
+// 16 run here.
 constexpr int TSTAGES = 4;          // weight chunks in shared memory (3 in flight while 1 is used)
 constexpr int TCHUNK = 128 * 64;    // elements of a chunk: 16 * RT rows x 64 * KS columns
 constexpr int TKR_MAX = 1024;       // most columns of a block's K range (its staged input: 64 KB at 32 rows)
@@ -578,15 +585,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int e = 0; e < 4; ++e) xch[o * 4 + e] = acc[o][e];
   __syncthreads();
   if (!owner || lt >= pair) return;
-#pragma unroll
-  for (int o = 0; o < NB; ++o)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      tile_elem(lane, o, e, [&](int r, int b) {
-        if (b >= B) return;
-        const float g = acc[o][e], u = xch[o * 4 + e];
-        f.act[(size_t)b * I + row0 / 2 + lt * 16 + r] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
-      });
+  tile_each<NB>(lane, B, [&](int o, int e, int r, int b) {
+    const float g = acc[o][e], u = xch[o * 4 + e];
+    f.act[(size_t)b * I + row0 / 2 + lt * 16 + r] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
+  });
 }
 
 }  // namespace sk

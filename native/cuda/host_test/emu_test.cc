@@ -495,16 +495,17 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     check(rc == 0 && md < tol, std::string(family) + " " + prec + " logits_all max|d| = " + std::to_string(md));
   }
   // Batched generation with teacher-forced reference: prefill of several lengths in one call,
-  // then decode steps; batches 6 (bucket 8), 3 (GEMV B=4 with padding), 1, and 3 again without
+  // then decode steps; batches 6 (bucket 8), 3 (bucket 4 with padding), 1, and 3 again without
   // graphs (and with decode attention through attend, one thread per scored position, instead of
   // attend_flash), with decode attention unfused (qkv_post + attention) and with 3 position splits
-  // (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16). Batch 6 goes
-  // through the skinny tensor-core products in bf16/fp16; variant 6 forces their finest K split
-  // (one 32-column slice per warp, partials summed by the last block), variant 7 sends them to
-  // cuBLAS instead, variant 8 to the tile kernel (qkv and gate/up with their RMSNorm, and gate/up
-  // with the SwiGLU, fused into it).
+  // (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16). In bf16/fp16
+  // the layers' products of every batch go through the tile kernel (qkv and gate/up with their
+  // RMSNorm, and gate/up with the SwiGLU, fused into it; the fp32 runs take the GEMV at 1-4
+  // rows); variant 6 sends batch 6 through the skinny kernel at its finest K split (one 32-column
+  // slice per warp, partials summed by the last block), variant 7 to cuBLAS, variant 8 to the tile
+  // kernel unfused (prep kernels), variant 9 batch 3 through the fused GEMV.
   const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention", " attention-split-3",
-                         " skinny-split-K", " cuBLAS", " tile"};
+                         " skinny-split-K", " cuBLAS", " tile unfused", " GEMV"};
   // Each variant's debug switches: the value it runs with, then the backend's default it restores.
   struct Switch {
     const char *key;
@@ -512,11 +513,11 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   };
   const std::vector<std::vector<Switch>> vsw = {
       {}, {}, {}, {{"graphs", 0, 1}, {"attn_flash", 0, 1}, {"attn_lanes", 0, 1}}, {{"fused_attn", 0, 1}},
-      {{"attn_split", 3, 0}}, {{"sk_kw", 32, 0}, {"sk_ks", 1, 0}}, {{"skinny", 0, 1}},
-      {{"sk_max_b", 4, 8}, {"tile_max_b", 32, 16}}};
+      {{"attn_split", 3, 0}}, {{"sk_max_b", 8, 0}, {"sk_kw", 32, 0}, {"sk_ks", 1, 0}}, {{"skinny", 0, 1}},
+      {{"fuse_max_b", 0, 16}}, {{"tile_max_b", 0, 16}, {"fuse_max_b", 0, 16}}};
   const bool half = std::string(prec) != "fp32";
-  for (int variant = 0; variant < (half ? 9 : 6); ++variant) {
-    std::vector<int> lens = variant == 0 || variant >= 6 ? std::vector<int>{5, 20, 9, 33, 2, 12}
+  for (int variant = 0; variant < (half ? 10 : 6); ++variant) {
+    std::vector<int> lens = variant == 0 || (variant >= 6 && variant <= 8) ? std::vector<int>{5, 20, 9, 33, 2, 12}
                           : variant == 2 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
     for (const Switch &w : vsw[variant]) mqb_debug_set(m, w.key, w.on);
     const int n = (int)lens.size(), steps = 5;
@@ -575,7 +576,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // bf16/fp16 rounding of an activation now and then, so the logits agree far inside the
   // reference tolerance; with the finest K split too, and through the tile kernel.
   if (half) {
-    mqb_debug_set(m, "sk_max_b", 32);  // 24 rows: beyond the default range of 8
+    mqb_debug_set(m, "sk_max_b", 32);  // 24 rows: the skinny kernel (off by default)
     std::vector<int32_t> sl{0, 1, 2, 3, 4, 5}, nt(6, 4), sp(6, 0), tk = rnd_ids(24), am(6);
     std::vector<float> sk((size_t)6 * V), split((size_t)6 * V), cub((size_t)6 * V);
     int rc = mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), sk.data(), am.data(), err, sizeof err);
@@ -584,7 +585,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), split.data(), am.data(), err, sizeof err);
     mqb_debug_set(m, "sk_kw", 0);
     mqb_debug_set(m, "sk_ks", 0);
-    mqb_debug_set(m, "sk_max_b", 8);  // 24 rows: the tile kernel, RMSNorm and SwiGLU fused
+    mqb_debug_set(m, "sk_max_b", 0);  // 24 rows: the tile kernel, RMSNorm and SwiGLU fused
     mqb_debug_set(m, "tile_max_b", 32);
     mqb_debug_set(m, "fuse_max_b", 32);
     std::vector<float> tl((size_t)6 * V);
