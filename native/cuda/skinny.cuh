@@ -419,8 +419,8 @@ __device__ __forceinline__ void tma_load(T *dst, const TmaMap &tm, int x, int y,
 // no kernels of their own (each one a launch, a dependency and a round trip through L2 per
 // layer: NOTES.md, run 53's trace).
 //   xr != NULL: the input rows are RMSNorm(xr[b, 0:K]) * nw made while they are staged (X unused,
-//     K <= RMS_KMAX, a multiple of 4): each warp loads whole rows (a block with a K split too), sums their squares
-//     and writes its K range as x * rstd * w in T, the arithmetic of prep_row.
+//     K <= RMS_KMAX, a multiple of 4): each warp loads whole rows (a block with a K split too),
+//     sums their squares and writes its K range as x * rstd * w in T, the arithmetic of prep_row.
 //   act != NULL: W is [gate; up] (N = 2I) and the product's result is act[b, i] =
 //     silu(gate_i) * up_i in T (out unused): block x reads rows 8 RT x .. 8 RT (x + 1) of each half,
 //     so its first RT / 2 row tiles are gate rows and the last RT / 2 the matching up rows.
@@ -488,11 +488,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     }
   } else {
-    // RMSNorm while staging: lane holds k = 4 lane + 128 j of a row (K <= RMS_KMAX, K % 4 == 0), two rows per
-    // warp at a time, every load of both rows in flight at once (a loop that loads as it goes
-    // waits a round trip per step: run 54 lost 5 us per product so); the norm's weights were
-    // copied to shared memory before the wait, so that the rows have the registers. Rows B..
-    // load as zeros, which normalize to zeros.
+    // RMSNorm while staging: lane holds k = 4 lane + 128 j of a row (K <= RMS_KMAX, K % 4 == 0),
+    // two rows per warp at a time, every load of both rows in flight at once (a loop that loads
+    // as it goes waits a round trip per step: run 54 lost 5 us per product so); the norm's
+    // weights were copied to shared memory before the wait, so that the rows have the registers.
+    // Rows B.. load as zeros, which normalize to zeros.
     const int nj = (K + 127) / 128;
     stage_wait();  // the norm's weights (asked for before the wait)
     __syncthreads();
