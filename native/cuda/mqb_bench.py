@@ -8,8 +8,9 @@ and compares.
 
   parity  tiny qwen3 / gpt2 (fixture shapes), precisions fp32/bf16/fp16: mqb_logits_all and
           greedy decoding through mqb_forward (one mixed-length prefill call + 32 batched decode
-          steps, batch 6 / 3 / 1 so the skinny tensor-core, fused-GEMV and graph paths all
-          run) against transformers fp32 and bf16 on the same GPU: max |dlogit| (teacher-forced
+          steps, batch 6 / 3 / 1 through the tile kernel in bf16/fp16 and the fused GEMV in
+          fp32 and gpt2, with and without graphs) against transformers fp32 and bf16 on the
+          same GPU: max |dlogit| (teacher-forced
           along our tokens) and greedy agreement with transformers' own greedy tokens.
   bench   Qwen3-0.6B-shaped random model in bf16: decode tokens/s at batch 1 and 32
           (BENCH_BATCHES lists others) through mqb_forward (greedy via argmax_out), the
@@ -17,6 +18,9 @@ and compares.
           bandwidth measured here), transformers eager generate at batch 1 and 32, ratios;
           "chained" the same decode with the host out of the loop
           (mqb_debug_chain: tokens fed on the device, no synchronisation between steps).
+  trace   graph-replayed decode steps under CUPTI: every kernel charged with how much it moved
+          the step's end, and the GPU's idle time between steps (see trace()).
+  decode  plain decode steps, the process to run under Nsight Compute.
 
 Usage (GPU machine, after `make cuda`):
   python3 native/cuda/mqb_bench.py parity --lib native/cuda/build/libmodelqual_cuda.so --out parity.json
