@@ -1647,9 +1647,9 @@ struct mqb_model {
   int sk_max_b = 0, sk_max_n = 0, sk_kw = 0, sk_ks = 0;
   // Products of sk_max_b+1..tile_max_b rows go through sk::tile_kernel (weights streamed by the
   // copy engine through a shared-memory pipeline) when sk_on: above gemv_max_b always, at 1..
-  // gemv_max_b rows where the GEMV would have had nothing to fuse (linear). tile_max_b is 16: on the H200 batch
-  // 16 decodes 7.8 % faster through it than through cuBLAS, batch 32 13 % slower (NOTES.md, runs
-  // 46-52). Debug "tile_max_b" (up to 32) / MQB_TILE_MAX_B set the range, tile_rt / tile_z force
+  // gemv_max_b rows where the GEMV would have had nothing to fuse (linear). tile_max_b is 16: on
+  // the H200 batch 16 decodes 7.8 % faster through it than through cuBLAS, batch 32 13 % slower
+  // (NOTES.md, runs 46-52). Debug "tile_max_b" (up to 32) / MQB_TILE_MAX_B set the range, tile_rt / tile_z force
   // row tiles per block / K splits (0 = chosen by tile_cfg).
   int tile_max_b = 16, tile_rt = 0, tile_z = 0;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
@@ -1959,9 +1959,17 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
   by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
 }
 
-// skinny_linear runs out (+)= X W^T through skinny.cuh where it applies (bf16/fp16, on, more rows
-// than the GEMV takes: the skinny kernel up to sk_max_b, the tile kernel up to tile_max_b; the
-// shape fits); false: the caller uses cuBLAS.
+// tile_shape: sk::tile_kernel's launch shape for a product of B rows through W [N, K] where the
+// tile kernel takes it (bf16/fp16 weights, on, above the skinny kernel's range and within its
+// own, a layer's shape that tile_cfg fits); Z = 0 where it does not.
+sk::TCfg tile_shape(const mqb_model &m, int B, int N, int K) {
+  if (!m.sk_on || B <= m.sk_max_b || B > m.tile_max_b || N > m.sk_max_n) return sk::TCfg{};
+  return tile_cfg(m, N, K, B);
+}
+
+// skinny_linear runs out (+)= X W^T through skinny.cuh where it applies (bf16/fp16, on: the skinny
+// kernel up to sk_max_b rows, the tile kernel above that up to tile_max_b (tile_shape); the shape
+// fits); false: the caller uses cuBLAS.
 template <typename T>
 bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int K, const T *W, int N, float *out,
                    bool accumulate) {
@@ -1972,7 +1980,7 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
     const int nb = (B + 7) / 8;  // octets of input rows: the kernels' NB
     const int acc = accumulate ? 1 : 0;
     if (B > m.sk_max_b) {
-      const sk::TCfg c = tile_cfg(m, N, K, B);
+      const sk::TCfg c = tile_shape(m, B, N, K);
       if (!c.Z) return false;
       m.label = role + ":tile_rt" + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
       tile_launch<T>(m, c, W, N, K, X, B, out, acc, sk::TileFuse<T>{});
@@ -2032,14 +2040,11 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
   const T *W = static_cast<const T *>(Wv);
   PrepArgs<T> a = a0;
   if (!bias && !keys && !accumulate && tile_fused<T>(m, r, a, B, K, W, N, out, nullptr)) return;
-  // bf16/fp16 layer products of up to tile_max_b rows whose input needs nothing made in front
-  // (RMSNorm inputs: tile_fused above; o_proj, and down behind a fused gate/up) and with no bias
-  // go to the tile kernel at every batch: on the H200 it beats the fused GEMV at 1-4 rows (batch
-  // 1 937 against 895 tok/s, 4 3,804 against 1,836: NOTES.md run 58).
-  if (B <= m.gemv_max_b && B > m.sk_max_b && !bias && !keys && a.mode == PREP_PLAIN && !a.rows && a.ld == K &&
-      skinny_linear<T>(m, r, a.srcT, B, K, W, N, out, accumulate))
-    return;
-  if (B <= m.gemv_max_b) {
+  const bool plain = a.mode == PREP_PLAIN && !a.rows && a.ld == K;  // the input rows as they are
+  // The GEMV takes small batches where it fuses something (the input's prep, a bias, the argmax);
+  // a layer's product with none of them goes to the tile kernel, which beats it at 1-4 rows on the
+  // H200 (batch 1 937 against 895 tok/s, 4 3,804 against 1,836: NOTES.md run 58).
+  if (B <= m.gemv_max_b && !(plain && !bias && !keys && tile_shape(m, B, N, K).Z)) {
     m.label = r + ":gemv";
     a.tlb = m.tl_buf;
     a.tls = tl_slot(m);
@@ -2055,7 +2060,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     return;
   }
   const T *X;
-  if (a.mode == PREP_PLAIN && !a.rows && a.ld == K) {
+  if (plain) {
     X = a.srcT;
   } else {
     m.label = r + ":prep";
@@ -2432,19 +2437,17 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
     linear<T>(m, "o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), Tn, AO,
               ly.w_o, H, ly.b_o, m.res, true, nullptr);
     const PrepArgs<T> up_in = prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps);
-    // qwen3 decode batches in the tile kernel's fused range: RMSNorm, gate/up and SwiGLU in one
-    // kernel, whose T output (in m.mlp's memory) is the down projection's input as it is.
+    // qwen3 batches in the tile kernel's fused range: RMSNorm, gate/up and SwiGLU in one kernel,
+    // whose T output (in m.mlp's memory) is the down projection's input as it is.
     T *act = reinterpret_cast<T *>(m.mlp);
-    if (q3 && !ly.b_up && tile_fused<T>(m, "up", up_in, Tn, H, static_cast<const T *>(ly.w_up), 2 * c.I, nullptr, act)) {
-      linear<T>(m, "down", prep<T>(PREP_PLAIN, nullptr, act, c.I, nullptr, nullptr, nullptr, eps), Tn, c.I, ly.w_down,
-                H, ly.b_down, m.res, true, nullptr);
-      continue;
-    }
-    linear<T>(m, "up", up_in, Tn, H, ly.w_up, q3 ? 2 * c.I : c.I, ly.b_up, m.mlp, false, nullptr);
-    linear<T>(m, "down",
-              prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr, nullptr,
-                      eps),
-              Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
+    const bool swiglu_made =
+        q3 && !ly.b_up && tile_fused<T>(m, "up", up_in, Tn, H, static_cast<const T *>(ly.w_up), 2 * c.I, nullptr, act);
+    if (!swiglu_made) linear<T>(m, "up", up_in, Tn, H, ly.w_up, q3 ? 2 * c.I : c.I, ly.b_up, m.mlp, false, nullptr);
+    const PrepArgs<T> down_in =
+        swiglu_made ? prep<T>(PREP_PLAIN, nullptr, act, c.I, nullptr, nullptr, nullptr, eps)
+                    : prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr,
+                              nullptr, eps);
+    linear<T>(m, "down", down_in, Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
   }
   if constexpr (!std::is_same<T, float>::value) {
     if (tc) {

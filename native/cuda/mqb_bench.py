@@ -8,10 +8,10 @@ and compares.
 
   parity  tiny qwen3 / gpt2 (fixture shapes), precisions fp32/bf16/fp16: mqb_logits_all and
           greedy decoding through mqb_forward (one mixed-length prefill call + 32 batched decode
-          steps, batch 6 / 3 / 1 through the tile kernel in bf16/fp16 and the fused GEMV in
-          fp32 and gpt2, with and without graphs) against transformers fp32 and bf16 on the
-          same GPU: max |dlogit| (teacher-forced
-          along our tokens) and greedy agreement with transformers' own greedy tokens.
+          steps, batch 6 / 3 / 1, with and without graphs: qwen3 bf16/fp16 through the tile
+          kernel at every batch, fp32 and gpt2's batches 3 and 1 through the fused GEMV) against
+          transformers fp32 and bf16 on the same GPU: max |dlogit| (teacher-forced along our
+          tokens) and greedy agreement with transformers' own greedy tokens.
   bench   Qwen3-0.6B-shaped random model in bf16: decode tokens/s at batch 1 and 32
           (BENCH_BATCHES lists others) through mqb_forward (greedy via argmax_out), the
           memory-bandwidth bound (weight bytes per step over the device-to-device copy
@@ -771,7 +771,8 @@ def bench(args):
     # (phases with barriers, before run 30), no_attn_lanes that with one thread per scored
     # position (before run 26).
     # cublas sends the layers' products to the fused GEMV (1-4 rows) and cuBLAS instead of
-    # skinny.cuh's tile kernel (1-16 rows); sk_b32 sends batches up to 32 to the skinny kernel,
+    # skinny.cuh's tile kernel (1-16 rows); sk_b32 sends batches up to 32 to the skinny kernel
+    # (and 1-4 to the GEMV),
     # and with it sk_ksN forces N K slices per block (8 / N row tiles), sk_kwN N columns per warp
     # slice (the default shapes come from skinny_cfg's model).
     # tile sends batches 17-32 to the tile kernel too (tile_cfg's shapes).
@@ -800,9 +801,9 @@ def bench(args):
         for name, opts in variants:
             if name.startswith("attn_split") and B == 32:
                 continue  # batch 32 is not fused by default, so the split does not apply
-            # The layers' products of batches 1-16 run the tile kernel, above cuBLAS (the LM head:
-            # the GEMV at 1-4); the skinny kernel only where a variant sets sk_max_b.
-            if (name == "cublas" and B <= 4) or (name.startswith("sk_") and B <= 8) or (name == "tile" and B <= 16):
+            # tile equals the default up to 16 rows (the layers' products of batches 1-16 run the
+            # tile kernel by default).
+            if name == "tile" and B <= 16:
                 continue
             try:
                 with be.switched(opts):
@@ -968,11 +969,11 @@ def shape_backend(lib_path):
 def decode_only(args):
     """The Qwen3-0.6B-shaped model decoding at batch DECODE_B (default 1) for DECODE_STEPS steps
     after a 32-token prompt, with no timing and no transformers reference: the process to run
-    under Nsight Compute (ncu -k regex:gemv ...) to see single kernels in isolation."""
+    under Nsight Compute (ncu -k regex:tile_kernel ...) to see single kernels in isolation."""
     cfg, be = shape_backend(args.lib)
     B = int(os.environ.get("DECODE_B", "1"))
     # DECODE_SKINNY=0, DECODE_TILE_MAX_B=32 etc.: the products' path and shape.
-    for key in ("skinny", "sk_max_b", "sk_ks", "sk_kw", "tile_max_b", "tile_rt", "tile_z"):
+    for key in ("skinny", "sk_max_b", "sk_ks", "sk_kw", "tile_max_b", "tile_rt", "tile_z", "fuse_max_b"):
         if os.environ.get("DECODE_" + key.upper()):
             be.set(key, int(os.environ["DECODE_" + key.upper()]))
     _, step_s, _ = bench_ours(be, B, 32, 4, int(os.environ.get("DECODE_STEPS", "20")), cfg.vocab_size, seed=B)
@@ -1034,10 +1035,9 @@ def trace(args):
             charge, spans, gaps, prev_end = {}, [], [], None
             for s in steps:
                 end = s[0][1]
-                for i, (name, t0, t1) in enumerate(s):
+                for i, (name, _, t1) in enumerate(s):
                     label = ("L%d:%s" % ((i - 1) % k, name)) if layered and 1 <= i <= k * L else name
-                    charge.setdefault(label, []).append(0)
-                    charge[label][-1] += max(0, t1 - max(end, t0 if i == 0 else end))
+                    charge[label] = charge.get(label, 0) + max(0, t1 - end)
                     end = max(end, t1)
                 spans.append(end - s[0][1])
                 if prev_end is not None:
@@ -1055,8 +1055,7 @@ def trace(args):
                     "%s%s %+.1f/%.1f" % ("gpu:" if e.device_type == torch.autograd.DeviceType.CUDA else "cpu:",
                                          e.name[-40:], e.time_range.start - t_end, e.time_range.end - e.time_range.start)
                     for e in near[:40])), flush=True)
-            # charge[label] holds one sum per occurrence; fold to per-step totals
-            per = {lb: sum(v) / len(steps) for lb, v in charge.items()}
+            per = {lb: v / len(steps) for lb, v in charge.items()}
             res["%s_b%d" % (pv, B)] = dict(us_per_step=per, span_us=med(spans), idle_us=med(gaps),
                                            kernels_per_step=len(steps[0]), kernels_per_layer=k if layered else None)
             top = sorted(per.items(), key=lambda kv: -kv[1])

@@ -302,9 +302,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 // copies' index arithmetic), and one bulk copy per 128-512-byte row (2-4x slower: too small a
 // unit for the copy engine). With the RMSNorm and SwiGLU fused (TileFuse, runs 53-56) a qwen3
 // layer at 9-16 rows is five kernels instead of eight: batch 12 9,516 tok/s against 8,907, batch
-// 16 11,867 against 11,188 (unfused, same build): about a quarter of the 82 us per step in the
-// GPU's work, the rest in the graph's launch (84 fewer kernel nodes; the step starts on the GPU
-// only when cudaGraphLaunch returns, ~0.65 us per node). At 24 and 32 rows it is 8 % slower
+// 16 11,867 against 11,188 (unfused, same build). Of the 82 us per step saved at batch 16 the
+// traced kernel span shows about a quarter; the rest is, by a cross-run estimate, the graph's
+// launch (84 fewer kernel nodes; the step starts on the GPU only when cudaGraphLaunch returns,
+// 0.7-1.0 us per node; NOTES.md run 56). At 24 and 32 rows it is 8 % slower
 // than cuBLAS with the prep kernels, hence backend.cu's fuse_max_b of 16. Run 58: at 1-8 rows,
 // fused, it beats the skinny kernel (batch 8 7,478 tok/s against 6,363) and the fused GEMV (batch
 // 4 3,804 against 1,836; batch 1 937 against 895), so the layers' products of every batch up to
@@ -452,9 +453,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int lt = warp / KS, ks = warp % KS, tile = blockIdx.x * RT + lt;
   const int row0 = blockIdx.x * rows, k0 = blockIdx.y * Kr, nch = Kr / KC;
   const bool live = tile < N / 16;
-  // With act, the block's rows are two boxes of rows / 2: gate rows from row0 / 2, up rows from
-  // N / 2 + row0 / 2.
-  const int half = f.act ? rows / 2 : rows;
+  // y0: the first weight row the block reads. With act its rows are two boxes of rows / 2: gate
+  // rows from y0 = row0 / 2, up rows from N / 2 + y0.
+  const int y0 = f.act ? row0 / 2 : row0;
   if (threadIdx.x == 0)
     for (int i = 0; i < TSTAGES; ++i) mbar_init(bar + i);
   __syncthreads();
@@ -465,8 +466,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_expect(b, (unsigned)(KS * rows * 64 * sizeof(T)));
     T *dst = chunks + (size_t)(c % TSTAGES) * TCHUNK;
     for (int q = 0; q < KS; ++q) {
-      tma_load(dst + q * rows * 64, tm, k0 + c * KC + q * 64, f.act ? row0 / 2 : row0, b);
-      if (f.act) tma_load(dst + q * rows * 64 + half * 64, tm, k0 + c * KC + q * 64, N / 2 + row0 / 2, b);
+      tma_load(dst + q * rows * 64, tm, k0 + c * KC + q * 64, y0, b);
+      if (f.act) tma_load(dst + q * rows * 64 + rows / 2 * 64, tm, k0 + c * KC + q * 64, N / 2 + y0, b);
     }
   };
   for (int c = 0; c < TSTAGES - 1; ++c) issue(c);
@@ -587,7 +588,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (!owner || lt >= pair) return;
   tile_each<NB>(lane, B, [&](int o, int e, int r, int b) {
     const float g = acc[o][e], u = xch[o * 4 + e];
-    f.act[(size_t)b * I + row0 / 2 + lt * 16 + r] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
+    f.act[(size_t)b * I + y0 + lt * 16 + r] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
   });
 }
 

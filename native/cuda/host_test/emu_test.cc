@@ -659,6 +659,25 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   mqb_model_close(m);
 }
 
+// emu_tile runs sk::tile_kernel in the emulation on W [N, K] (a tensor-map stand-in with the
+// kernel's box height: half as high with SwiGLU) in row tiles RT and K splits Z, and says whether
+// every split-K counter was left at zero for the next product.
+template <typename T>
+static bool emu_tile(const std::vector<T> &W, int N, int K, int RT, int Z, const T *X, int B, float *out, int acc,
+                     std::vector<float> &ws, std::vector<unsigned> &cnt, const sk::TileFuse<T> &f) {
+  const int KS = 8 / RT, Kr = K / Z;
+  by_octets((B + 7) / 8, [&](auto o) {
+    auto kernel = sk::tile_kernel<T, decltype(o)::value>;
+    emu_launch(dim3((N / 16 + RT - 1) / RT, Z), dim3(sk::THREADS), [&, kernel] {
+      kernel(sk::TmaMap{W.data(), K, N, (f.act ? 8 : 16) * RT}, N, K, X, B, out, acc, RT, KS, Kr, ws.data(), cnt.data(),
+             f);
+    });
+  });
+  bool zeroed = true;
+  for (unsigned c : cnt) zeroed = zeroed && c == 0u;
+  return zeroed;
+}
+
 // tile_fused_products checks sk::tile_kernel's fused modes (sk::TileFuse) alone against a
 // double-precision reference: the input rows RMSNorm(x) * w of fp32 rows x (the kernel rounds them
 // to T, the reference does not, hence a bound of 5e-4 of the sum of |terms| where the exact
@@ -684,23 +703,12 @@ static void tile_fused_products(const char *prec) {
       for (int B : {9, 32}) {
         std::vector<float> out((size_t)B * N, 0.f);
         std::fill(act.begin(), act.end(), TT<T>::fromf(-7.f));
-        const int KS = 8 / sh.RT, Kr = K / sh.Z, nb = (B + 7) / 8;
         sk::TileFuse<T> f;
         f.xr = Xr.data();
         f.nw = nw.data();
         f.eps = eps;
         f.act = swiglu ? act.data() : nullptr;
-        const dim3 grid(N / 16 / sh.RT, sh.Z);
-        auto go = [&](auto kernel) {
-          emu_launch(grid, dim3(sk::THREADS), [&, kernel] {
-            kernel(sk::TmaMap{W.data(), K, N, (swiglu ? 8 : 16) * sh.RT}, N, K, static_cast<const T *>(nullptr), B,
-                   out.data(), 0, sh.RT, KS, Kr, ws.data(), cnt.data(), f);
-          });
-        };
-        switch (nb) {
-          case 2: go(sk::tile_kernel<T, 2>); break;
-          default: go(sk::tile_kernel<T, 4>); break;
-        }
+        const bool zeroed = emu_tile<T>(W, N, K, sh.RT, sh.Z, nullptr, B, out.data(), 0, ws, cnt, f);
         double worst = 0;  // largest error as a fraction of its bound
         for (int b = 0; b < B; ++b) {
           double ss = 0;
@@ -728,8 +736,6 @@ static void tile_fused_products(const char *prec) {
             worst = std::max(worst, fabs(want - (double)TT<T>::tof(act[(size_t)b * I + n])) / bound);
           }
         }
-        bool zeroed = true;
-        for (unsigned c : cnt) zeroed = zeroed && c == 0u;
         check(worst <= 1 && zeroed, std::string(prec) + " tile product, RMSNorm fused" + (swiglu ? ", SwiGLU" : "") +
                                         ", RT " + std::to_string(sh.RT) + " Z " + std::to_string(sh.Z) + " rows " +
                                         std::to_string(B) + ": largest error " + std::to_string(worst) +
@@ -758,19 +764,7 @@ static void tile_products(const char *prec) {
       std::vector<float> out((size_t)B * N), base((size_t)B * N);
       for (auto &v : base) v = u(r);
       out = base;
-      const int KS = 8 / sh.RT, Kr = K / sh.Z, nb = (B + 7) / 8;
-      const dim3 grid((N / 16 + sh.RT - 1) / sh.RT, sh.Z);
-      auto go = [&](auto kernel) {
-        emu_launch(grid, dim3(sk::THREADS), [&, kernel] {
-          kernel(sk::TmaMap{W.data(), K, N, 16 * sh.RT}, N, K, X.data(), B, out.data(), acc, sh.RT, KS, Kr, ws.data(),
-                 cnt.data(), sk::TileFuse<T>{});
-        });
-      };
-      switch (nb) {
-        case 2: go(sk::tile_kernel<T, 2>); break;
-        case 3: go(sk::tile_kernel<T, 3>); break;
-        default: go(sk::tile_kernel<T, 4>); break;
-      }
+      const bool zeroed = emu_tile<T>(W, N, K, sh.RT, sh.Z, X.data(), B, out.data(), acc, ws, cnt, sk::TileFuse<T>{});
       double md = 0, scale = 0;
       for (int b = 0; b < B; ++b)
         for (int n = 0; n < N; ++n) {
@@ -783,8 +777,6 @@ static void tile_products(const char *prec) {
           md = std::max(md, fabs(s - out[(size_t)b * N + n]));
           scale = std::max(scale, a);
         }
-      bool zeroed = true;
-      for (unsigned c : cnt) zeroed = zeroed && c == 0u;
       check(md <= 1e-6 * scale && zeroed, std::string(prec) + " tile product RT " + std::to_string(sh.RT) + " Z " +
                                               std::to_string(sh.Z) + " rows " + std::to_string(B) +
                                               (acc ? " accumulating" : "") + ": max|d| = " + std::to_string(md) +
