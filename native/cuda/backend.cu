@@ -31,7 +31,11 @@
 //   sk::skinny       the products of gemv_max_b+1..sk_max_b rows with the weights in registers
 //                    (off by default: sk_max_b 0; prep_kernel makes their input rows)
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
-//   attention        causal attention of each token over its slot's cache (prefill, mixed steps)
+//   attention        causal attention of each token over its slot's cache (prefill and mixed steps,
+//                    in chunks of at most Tcap tokens: MQB_TCAP, default 2048; fp32 models and
+//                    head_dims prefill_attn does not take)
+//   pa::prefill_attn bf16/fp16 prefill and mixed steps' attention on the tensor cores
+//                    (prefill_attn.cuh: FlashAttention-2's scheme, tiles of 64 tokens)
 //   decode_attn      decode steps whose (token, KV head) grid cannot fill the GPU: qkv_post and
 //                    attention in one kernel, positions split over blocks; the last split merges
 //                    (attn_item). Larger decode steps run qkv_post + attention.
@@ -47,7 +51,8 @@
 // ABI): MQB_GRAPHS=0 disables CUDA graphs, MQB_PDL=0 disables programmatic dependent launch,
 // MQB_GEMV_MAX_B=n caps the batch that uses the fused GEMV path (0 = cuBLAS always), MQB_ATTN_SPLIT=s
 // fixes decode attention's position splits per (token, KV head) (default 0: enough to fill the
-// SMs with splits of at least ATT_SPLIT_MIN_POS positions), MQB_FUSED_ATTN=0|1|2 runs decode
+// SMs with splits of at least ATT_SPLIT_MIN_POS positions, more for a few sequences: attn_splits),
+// MQB_FUSED_ATTN=0|1|2 runs decode
 // attention fused (decode_attn) never, where tokens x KV heads < SMs (default), always;
 // MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
 // products in a build with them (default 0: off),
@@ -55,10 +60,13 @@
 // (default 0) and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels,
 // MQB_FUSE_MAX_B=n (default 16; 0 off) the batches whose RMSNorm / SwiGLU the tile kernel makes,
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
-// kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md).
+// kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md),
+// MQB_TCAP=n (default 2048) caps the tokens of a prefill or mixed step's chunk.
 // Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
 // before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
-// position (as before run 26), "timeline" 1 records when every GEMV and decode-attention
+// position (as before run 26), "prefill_tc" 0 sends bf16/fp16 prefill attention back to
+// attention_kernel ("prefill_flash" 0: through attend there), "tile_pre" n has each tile-kernel
+// block ask for n weight chunks before its wait (default 3), "timeline" 1 records when every GEMV and decode-attention
 // launch of a decode step started, passed its wait and ended (mqb_debug_timeline; tl_mark).
 // mqb_debug_chain runs decode steps back to back with their tokens fed on the device, the host
 // out of the loop.
@@ -1041,6 +1049,9 @@ constexpr int ATT_SPLIT_MAX = 16;    // most position splits of one (token, KV h
 constexpr int ATT_SPLIT_MAX_T = 64;  // split only decode steps of at most this many tokens
 constexpr int TC_MAX_B = 32;         // the tensor-core products' largest batch (mk::MAXB)
 constexpr int ATT_SPLIT_MIN_POS = 256;  // shortest position range worth a split of its own
+constexpr int ATT_FEW_SPLITS = 4;   // a decode step of few (token, KV head) items: this many splits,
+constexpr int ATT_FEW_BLOCKS = 64;  // ... up to this many blocks in all,
+constexpr int ATT_FEW_POS = 16;     // ... of at least this many positions each
 
 __device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
 
@@ -1418,7 +1429,8 @@ __device__ void attend_either(bool flash, const float *qs, const T *kb, const T 
 // attention_kernel (prefill and mixed steps, and decode steps of many sequences): block (token
 // t, KV head g) attends the G query heads of group g (already normed, rotated and scaled by
 // qkv_post) over positions 0..pos[t] of the token's slot: causal for a prompt, the whole cache
-// for a continuing sequence. flash (decode steps, debug attn_flash) goes through attend_flash.
+// for a continuing sequence. flash (decode steps, and prefill with debug prefill_flash, the
+// default) goes through attend_flash; debug attn_flash 0 sends both back to attend.
 template <typename T, int GM>
 __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ q, const T *__restrict__ kc,
                                                                 const T *__restrict__ vc,
@@ -1589,6 +1601,7 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ l
 }
 
 #include "skinny.cuh"
+#include "prefill_attn.cuh"
 #ifndef MQB_HOST_TEST
 #include "megakernel.cuh"
 static_assert(mk::MAXB == TC_MAX_B, "TC_MAX_B must equal the megakernel's batch bound");
@@ -1624,6 +1637,16 @@ struct mqb_model {
   int gemv_max_b = 4;
   bool attn_lanes = true;  // attend's several-lanes-per-position scores (debug "attn_lanes")
   bool attn_flash = true;  // decode attention through attend_flash (debug "attn_flash")
+  // Prefill attention through attend_flash too (debug "prefill_flash"; with attn_flash), where
+  // the tensor cores do not take it (prefill_tc): prompts of 128 tokens prefill in 13-19 % less
+  // time than through attend (run 62: batch 1 2.47 against 2.85 ms, 32 45.4 against 55.9).
+  bool prefill_flash = true;
+  // Prefill and mixed steps' attention of bf16/fp16 models on the tensor cores
+  // (prefill_attn.cuh) where head_dim allows (debug "prefill_tc"; 0: attention_kernel): 32
+  // prompts of 128 tokens prefill in 15.9 ms instead of 46.5, one in 1.93 instead of 2.50 (run
+  // 63). ptile is the chunk's tiles (prefill_tiles), ptile_h its pinned host copy, Tcap each.
+  bool prefill_tc = true;
+  pa::Tile *ptile = nullptr, *ptile_h = nullptr;
   // Debug timeline (mqb_debug_set "timeline"): TL_SLOTS records of TL_FIELDS timestamps, one per
   // GEMV and decode-attention launch of the last decode step's dispatch, labelled in tl_labels;
   // tl_buf is tl_mem while on, NULL while off.
@@ -1652,6 +1675,9 @@ struct mqb_model {
   // (NOTES.md, runs 46-52). Debug "tile_max_b" (up to 32) / MQB_TILE_MAX_B set the range, tile_rt / tile_z force
   // row tiles per block / K splits (0 = chosen by tile_cfg).
   int tile_max_b = 16, tile_rt = 0, tile_z = 0;
+  // Weight chunks each tile-kernel block asks for before griddepcontrol.wait (debug "tile_pre",
+  // 1..sk::TSTAGES): 3. All four buffers' worth made batches 1-16 1-2 % slower (run 61).
+  int tile_pre = sk::TSTAGES - 1;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
   // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b
   // is 16: on the H200 batches 12 and 16 decode 6-7 % faster so; at 24 and 32 the tile kernel,
@@ -1739,6 +1765,7 @@ struct mqb_model {
     if (blas) cublasDestroy(blas);
     for (void *p : allocs) cudaFree(p);
     if (meta_h) cudaFreeHost(meta_h);
+    if (ptile_h) cudaFreeHost(ptile_h);
     if (keys_h) cudaFreeHost(keys_h);
     if (samp_temp_h) cudaFreeHost(samp_temp_h);
     if (samp_key_h) cudaFreeHost(samp_key_h);
@@ -1954,7 +1981,7 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
   const auto &tm = tile_map(m, W, N, K, (f.act ? 8 : 16) * c.RT);
   auto go = [&](auto kernel) {
     launch(m, kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), sk::tile_smem_bytes(nb, c.Kr), tm, N, K, X, B, out,
-           acc, c.RT, c.KS, c.Kr, m.sk_ws, m.sk_cnt, f);
+           acc, c.RT, c.KS, c.Kr, m.tile_pre, m.sk_ws, m.sk_cnt, f);
   };
   by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
 }
@@ -2361,16 +2388,38 @@ void launch_gm(int gm, const F &f) {
 }
 
 // attn_splits: how many position splits decode_attn_kernel uses for a decode step of Tn tokens
-// whose longest context is nmax positions: MQB_ATTN_SPLIT / "attn_split" when set, else enough
-// (token, KV head, split) blocks to fill the SMs but no split shorter than ATT_SPLIT_MIN_POS
-// (measured on the H200, NOTES.md run 5: 16 splits of ~20 positions at batch 1 cost more in
-// partials and the merge than they save).
+// whose longest context is nmax positions: MQB_ATTN_SPLIT / "attn_split" when set, else the more
+// of two rules, in (token, KV head, split) blocks that fit the SMs:
+//  - long contexts: splits of at least ATT_SPLIT_MIN_POS positions (NOTES.md run 5: 16 splits of
+//    ~20 positions at batch 1 cost more in partials and the merge than they save);
+//  - few items (a batch of 1-4 sequences): ATT_FEW_SPLITS, up to ATT_FEW_BLOCKS blocks in all,
+//    of at least ATT_FEW_POS positions each. On the H200 (runs 60-62, positions 32-332) 4 splits
+//    made batch 1 5-7 % and batch 2 3 % faster (8 splits at batch 1 as 4; splits growing with
+//    the positions, one per 64, 2 % slower than 4), while batch 8 lost 16 % with 4 and 2 % with 2.
 int attn_splits(const mqb_model &m, int Tn, int nmax) {
   if (Tn > ATT_SPLIT_MAX_T) return 1;
   if (m.attn_split > 0) return m.attn_split;
-  const int fill = m.sms / std::max(1, Tn * m.c.nkv);
+  const int items = std::max(1, Tn * m.c.nkv);
+  const int fill = m.sms / items;
   const int len = (nmax + ATT_SPLIT_MIN_POS - 1) / ATT_SPLIT_MIN_POS;
-  return std::max(1, std::min(ATT_SPLIT_MAX, std::min(fill, len)));
+  const int few =
+      std::min(std::min(ATT_FEW_SPLITS, ATT_FEW_BLOCKS / items), (nmax + ATT_FEW_POS - 1) / ATT_FEW_POS);
+  return std::max(1, std::min(ATT_SPLIT_MAX, std::min(fill, std::max(len, few))));
+}
+
+// prefill_tiles cuts the Tn tokens of the chunk in meta_h into pa::Tiles (runs of up to pa::BQ
+// tokens of one slot at consecutive positions), uploads them to m.ptile and returns how many.
+int prefill_tiles(mqb_model &m, int Tn) {
+  const int *pos = m.meta_h + m.Tcap, *slot = m.meta_h + 2 * m.Tcap;
+  int n = 0;
+  for (int i = 0; i < Tn;) {
+    int k = 1;
+    while (i + k < Tn && k < pa::BQ && slot[i + k] == slot[i] && pos[i + k] == pos[i] + k) ++k;
+    m.ptile_h[n++] = pa::Tile{i, k};
+    i += k;
+  }
+  ck(cudaMemcpyAsync(m.ptile, m.ptile_h, sizeof(pa::Tile) * n, cudaMemcpyHostToDevice, m.stream), "tile upload");
+  return n;
 }
 
 // run_tokens: the forward pass over the T tokens described by the device meta arrays, logits of
@@ -2392,6 +2441,10 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   const int gm = gm_for(c.nh / c.nkv);
   const size_t asmem = attn_smem(gm, c.D);
   const int S = fused ? m.step_splits : 1;
+  // Prefill / mixed steps of bf16/fp16 models: attention on the tensor cores (prefill_attn.cuh),
+  // over the chunk's tiles.
+  const bool patc = !decode && !std::is_same<T, float>::value && m.prefill_tc && pa::supported(c.D);
+  const int ntiles = patc ? prefill_tiles(m, Tn) : 0;
   m.tl_decode = decode;
   m.tl_next = 0;
   mark(m, "start");
@@ -2418,11 +2471,27 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
              (const float *)ly.qn, (const float *)ly.kn, eps, (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale,
              m.qbuf, static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx);
       m.label = "attention";
+      if constexpr (!std::is_same<T, float>::value) {
+        if (patc) {
+          auto go = [&](auto kernel) {
+            launch(m, kernel, dim3(ntiles, c.nh), dim3(pa::THREADS), 0, (const float *)m.qbuf, (const T *)ly.kc,
+                   (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), (const pa::Tile *)m.ptile,
+                   static_cast<T *>(m.attn), c.nh, c.nkv, m.max_ctx);
+          };
+          switch (c.D) {
+            case 16: go(pa::prefill_attn_kernel<T, 16>); break;
+            case 32: go(pa::prefill_attn_kernel<T, 32>); break;
+            case 64: go(pa::prefill_attn_kernel<T, 64>); break;
+            default: go(pa::prefill_attn_kernel<T, 128>); break;
+          }
+          return;
+        }
+      }
       launch_gm(gm, [&](auto g) {
         launch(m, attention_kernel<T, decltype(g)::value>, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem,
                (const float *)m.qbuf, (const T *)ly.kc, (const T *)ly.vc, (const int *)m.d_pos(),
                (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx,
-               decode && m.attn_flash ? 1 : 0);
+               m.attn_flash && (decode || m.prefill_flash) ? 1 : 0);
       });
     };
     if constexpr (!std::is_same<T, float>::value) {  // tensor-core products: bf16/fp16 only
@@ -2768,7 +2837,10 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.max_ctx = p->max_context;
   m.slots = m.max_batch + 1;  // the last one is the scratch slot (logits_all, graph padding)
   m.scratch = m.max_batch;
-  m.Tcap = std::max(512, m.max_batch);
+  // Prefill and mixed steps run in chunks of at most Tcap tokens (MQB_TCAP, default 2048): 8 or
+  // 32 prompts of 128 tokens prefill in 7-8 % less time than in chunks of 512 (run 62), whose
+  // every chunk reads all the weights again; 4,096 measured the same as 2,048.
+  m.Tcap = std::max(m.max_batch, std::max(64, env_int("MQB_TCAP", 2048)));
   m.Rcap = std::max(64, m.max_batch);
   m.use_graphs = env_int("MQB_GRAPHS", 1) != 0;
   m.use_pdl = env_int("MQB_PDL", 1) != 0 && major >= 9;
@@ -2825,6 +2897,8 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   memset(m.samp_temp_h, 0, sizeof(float) * m.Rcap);
   memset(m.samp_key_h, 0, sizeof(unsigned long long) * m.Rcap);
   memset(m.meta_h, 0, sizeof(int) * m.meta_count());
+  m.ptile = static_cast<pa::Tile *>(m.dmalloc(sizeof(pa::Tile) * m.Tcap));
+  ck(cudaMallocHost(reinterpret_cast<void **>(&m.ptile_h), sizeof(pa::Tile) * m.Tcap), "cudaMallocHost");
 
   const int gm = gm_for(G);
   const size_t ab = attn_smem(gm, c.D);
@@ -3173,11 +3247,14 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "tile_max_b") m->tile_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "tile_rt") m->tile_rt = (value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
+  else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(sk::TSTAGES, (int)value));
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
   else if (k == "attn_lanes") m->attn_lanes = value != 0;
   else if (k == "attn_flash") m->attn_flash = value != 0;
+  else if (k == "prefill_flash") m->prefill_flash = value != 0;
+  else if (k == "prefill_tc") m->prefill_tc = value != 0;
   else if (k == "timeline") {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));

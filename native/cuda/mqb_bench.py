@@ -21,6 +21,8 @@ and compares.
   trace   graph-replayed decode steps under CUPTI: every kernel charged with how much it moved
           the step's end, and the GPU's idle time between steps (see trace()).
   decode  plain decode steps, the process to run under Nsight Compute.
+  prefill prompts prefilled in one forward call (the engine's share of time to first token), per
+          token cap of a forward chunk (MQB_TCAP), with the kernels' summed time (see prefill_bench()).
 
 Usage (GPU machine, after `make cuda`):
   python3 native/cuda/mqb_bench.py parity --lib native/cuda/build/libmodelqual_cuda.so --out parity.json
@@ -320,6 +322,9 @@ def parity(args):
     import transformers
     results["transformers"] = transformers.__version__
     lens = [5, 17, 33, 64, 9, 40]
+    # Prefill chunks of 512 tokens (the backend's default is 2,048), so that the 700-token prompt
+    # below spans two chunks and the second continues the first through the KV cache.
+    os.environ.setdefault("MQB_TCAP", "512")
     for family in os.environ.get("PARITY_FAMILIES", "qwen3,gpt2").split(","):
         model = tiny_model(family, 1234)
         fam_be = "qwen3" if family.startswith("qwen3") else family  # the backend's family name
@@ -344,7 +349,7 @@ def parity(args):
         la16 = hf_logits(ref16, la_ids, dev)
         hf32 = [hf_greedy(ref32, p, steps, dev) for p in prompts]
         hf16 = [hf_greedy(ref16, p, steps, dev) for p in prompts]
-        # A prompt longer than one prefill chunk (512 tokens): the first chunk ends no entry.
+        # A prompt longer than one prefill chunk (MQB_TCAP 512): the first chunk ends no entry.
         plong = torch.randint(0, V, (700,), generator=torch.Generator().manual_seed(11)).tolist()
         long32, long16 = hf_greedy(ref32, plong, 16, dev), hf_greedy(ref16, plong, 16, dev)
         precs = ["fp32", "bf16", "fp16"] if family == "qwen3" else ["fp32", "bf16"]
@@ -720,7 +725,8 @@ def switches_of(name):
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 0, "sk_kw": 0,
-            "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16}
+            "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16, "tile_pre": 3, "prefill_flash": 1,
+            "prefill_tc": 1}
 
 
 def bench(args):
@@ -1067,9 +1073,65 @@ def trace(args):
         json.dump(res, f, indent=1)
 
 
+def prefill_bench(args):
+    """Prefill on the engine (what a request's time to first token is made of): PREFILL_BATCHES
+    prompts of PREFILL_LEN (default 128) random tokens each in one forward call, the median of
+    PREFILL_REPS (default 7) calls after two warm-ups, for each token cap per forward chunk in
+    PREFILL_TCAPS (MQB_TCAP, read when a model is opened: one Qwen3-0.6B-shaped model per value;
+    default "512") and each switch set in PREFILL_VARIANTS (default "default"; key=value[+...] as
+    bench's). Prints PREFILL lines (ms per call and prompt tokens per second) and, for the largest
+    batch, the kernels' summed time per name over one traced call (CUPTI)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    L = int(os.environ.get("PREFILL_LEN", "128"))
+    reps = int(os.environ.get("PREFILL_REPS", "7"))
+    batches = [int(b) for b in os.environ.get("PREFILL_BATCHES", "1,8,32").split(",")]
+    res = {}
+    for tcap in os.environ.get("PREFILL_TCAPS", "512").split(","):
+        os.environ["MQB_TCAP"] = tcap
+        cfg, be = shape_backend(args.lib)
+        V = cfg.vocab_size
+        for pv in os.environ.get("PREFILL_VARIANTS", "default").split(","):
+            opts = {} if pv == "default" else switches_of(pv)
+            with be.switched(opts):
+                for B in batches:
+                    g = torch.Generator().manual_seed(B)
+                    toks = torch.randint(0, V, (B * L,), generator=g).tolist()
+                    call = lambda: be.forward(list(range(B)), [L] * B, toks, [0] * B)
+                    first = call()[0]
+                    call()
+                    ts = []
+                    for _ in range(reps):
+                        t0 = time.perf_counter()
+                        out = call()[0]
+                        ts.append(time.perf_counter() - t0)
+                    ms = sorted(ts)[len(ts) // 2] * 1e3
+                    key = "tcap%s_%s_b%d" % (tcap, pv, B)
+                    res[key] = dict(ms=ms, tok_s=B * L / ms * 1e3, same_tokens=out == first)
+                    print("PREFILL tcap %5s %-24s batch %2d x %d tokens: %8.2f ms  %9.0f tok/s" % (
+                        tcap, pv, B, L, ms, B * L / ms * 1e3), flush=True)
+                B = max(batches)
+                g = torch.Generator().manual_seed(B)
+                toks = torch.randint(0, V, (B * L,), generator=g).tolist()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    be.forward(list(range(B)), [L] * B, toks, [0] * B)
+                tot = {}
+                for e in prof.events():
+                    if e.device_type == torch.autograd.DeviceType.CUDA:
+                        nm = e.name.split("<")[0].split("(")[0].split(" ")[-1][-40:]
+                        tot[nm] = tot.get(nm, 0.0) + (e.time_range.end - e.time_range.start) / 1e3
+                top = sorted(tot.items(), key=lambda kv: -kv[1])[:12]
+                res["tcap%s_%s_b%d_kernels_ms" % (tcap, pv, B)] = dict(top)
+                print("PREFILL tcap %5s %-24s batch %2d kernels (ms, summed): %s" % (
+                    tcap, pv, B, ", ".join("%s %.2f" % kv for kv in top)), flush=True)
+        be.close()
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["parity", "bench", "all", "decode", "trace"])
+    ap.add_argument("mode", choices=["parity", "bench", "all", "decode", "trace", "prefill"])
     ap.add_argument("--lib", default="native/cuda/build/libmodelqual_cuda.so")
     ap.add_argument("--out", required=True, help="JSON file; for mode all a folder for bench.json and parity.json")
     args = ap.parse_args()
@@ -1084,7 +1146,7 @@ def main():
         args.out = os.path.join(out, "parity.json")
         parity(args)
         return
-    {"parity": parity, "bench": bench, "decode": decode_only, "trace": trace}[args.mode](args)
+    {"parity": parity, "bench": bench, "decode": decode_only, "trace": trace, "prefill": prefill_bench}[args.mode](args)
 
 
 if __name__ == "__main__":

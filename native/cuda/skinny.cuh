@@ -284,9 +284,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 // three chunks are in flight while one is multiplied. The copy engine (TMA, a tensor map per
 // weight matrix: backend.cu's tile_map) moves each box with one instruction of one thread and
 // reports its bytes on the buffer's mbarrier. The first three chunks are asked for before
-// griddepcontrol.wait: weights never depend on the previous kernel. Warp w multiplies row tile
-// w / KS over box w % KS of every chunk; slices and K splits are added in a fixed order as in
-// skinny_kernel (add_slices, finish).
+// griddepcontrol.wait: weights never depend on the previous kernel. Warp w
+// multiplies row tile w / KS over box w % KS of every chunk; slices and K splits are added in a
+// fixed order as in skinny_kernel (add_slices, finish).
 //
 // Fragments come from shared memory through ldmatrix (one instruction per 16 x 16 operand tile,
 // already in mma.sync's register order). Rows of a box are 128 bytes and the staged input's a
@@ -335,18 +335,26 @@ __host__ __device__ inline size_t tile_smem_bytes(int NB, int Kr) {
 __device__ __forceinline__ int tswz(int r, int p) { return p ^ (r & 7); }
 
 #ifdef MQB_HOST_TEST
-void ldsm_emu(uint32_t r[4], const void *p);  // host_test/emu_test.cc
+void ldsm_emu(uint32_t r[4], const void *p, bool trans);  // host_test/emu_test.cc
 #endif
 // ldsm4 is ldmatrix .x4: lane 8m + i gives the address of row i of 8 x 8 matrix m (16 bytes); lane
-// 4g + t gets word t of row g of matrix m in r[m].
+// 4g + t gets word t of row g of matrix m in r[m]. ldsm4<true> is .trans, each matrix transposed:
+// lane 4g + t gets elements (2t, g) and (2t + 1, g), so a row-major [k][n] tile becomes mma.sync's
+// B operand (prefill_attn.cuh's V).
+template <bool TRANS = false>
 __device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void *p) {
 #if defined(__CUDA_ARCH__)
   const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 #elif defined(MQB_HOST_TEST)
-  ldsm_emu(r, p);
+  ldsm_emu(r, p, TRANS);
 #endif
 }
 
@@ -441,7 +449,7 @@ static_assert((size_t)(XCH + (WARPS / 2) * 32 * (MAXB / 8) * 4) * sizeof(float) 
 template <typename T, int NB>
 __global__ void __launch_bounds__(THREADS, 1)
     tile_kernel(const __grid_constant__ TmaMap tm, int N, int K, const T *X, int B, float *out, int accumulate, int RT,
-                int KS, int Kr, float *ws, unsigned int *cnt, const TileFuse<T> f) {
+                int KS, int Kr, int pre, float *ws, unsigned int *cnt, const TileFuse<T> f) {
   DYN_SMEM(uint4, tk_raw);
   __shared__ unsigned int s_last;
   __shared__ unsigned long long bar[TSTAGES];  // one per chunk buffer
@@ -470,7 +478,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       if (f.act) tma_load(dst + q * rows * 64 + rows / 2 * 64, tm, k0 + c * KC + q * 64, N / 2 + y0, b);
     }
   };
-  for (int c = 0; c < TSTAGES - 1; ++c) issue(c);
+  // The first pre (1..TSTAGES) chunks are asked for before the wait (backend.cu's tile_pre: 3;
+  // all four made the decode steps slower), the rest up to chunk c + TSTAGES - 1 once chunk c - 1's
+  // buffer is free (next: the first chunk not yet asked for; the same in every thread).
+  int next = 0;
+  for (; next < pre; ++next) issue(next);
   float *nws = reinterpret_cast<float *>(xs + (size_t)NB * 8 * Kr);  // the norm's weights (TileFuse::xr)
   if (f.xr)
     for (int i = threadIdx.x * 4; i < K; i += THREADS * 4) stage16(nws + i, f.nw + i);
@@ -549,7 +561,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   for (int c = 0; c < nch; ++c) {
     mbar_wait(bar + c % TSTAGES, (unsigned)(c / TSTAGES) & 1u);
     __syncthreads();  // the input is staged, and every warp is done with chunk c - 1, whose buffer issue refills
-    issue(c + TSTAGES - 1);
+    for (; next <= c + TSTAGES - 1; ++next) issue(next);
     if (live) {
       const T *wr = chunks + (size_t)(c % TSTAGES) * TCHUNK;
       const T *xr = xs + c * KC;

@@ -70,13 +70,22 @@ void mqcuda::sk::mma_emu(float c[4], const uint32_t a[4], const uint32_t b[2], b
   for (int e = 0; e < 4; ++e) c[e] = r[e];
 }
 // ldsm_emu: ldmatrix .x4: lane 8m + i names row i of matrix m, lane 4g + t gets word t of row g
-// of each matrix.
+// of each matrix; with trans, elements (2t, g) and (2t + 1, g) of it.
 static const unsigned char *g_ldsm[32][32];
-void mqcuda::sk::ldsm_emu(uint32_t r[4], const void *p) {
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+void mqcuda::sk::ldsm_emu(uint32_t r[4], const void *p, bool trans) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l / 4, t = l % 4;
   g_ldsm[w][l] = static_cast<const unsigned char *>(p);
   g_warps[w]->arrive_and_wait();
-  for (int m = 0; m < 4; ++m) memcpy(&r[m], g_ldsm[w][8 * m + l / 4] + (l % 4) * 4, 4);
+  for (int m = 0; m < 4; ++m) {
+    if (!trans) {
+      memcpy(&r[m], g_ldsm[w][8 * m + g] + t * 4, 4);
+      continue;
+    }
+    uint16_t lo, hi;
+    memcpy(&lo, g_ldsm[w][8 * m + 2 * t] + g * 2, 2);
+    memcpy(&hi, g_ldsm[w][8 * m + 2 * t + 1] + g * 2, 2);
+    r[m] = (uint32_t)lo | ((uint32_t)hi << 16);
+  }
   g_warps[w]->arrive_and_wait();
 }
 unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
@@ -497,7 +506,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // Batched generation with teacher-forced reference: prefill of several lengths in one call,
   // then decode steps; batches 6 (bucket 8), 3 (bucket 4 with padding), 1, and 3 again without
   // graphs (and with decode attention through attend, one thread per scored position, instead of
-  // attend_flash), with decode attention unfused (qkv_post + attention) and with 3 position splits
+  // attend_flash, and the prefill's through attention_kernel's attend instead of the tensor cores), with decode attention unfused (qkv_post + attention) and with 3 position splits
   // (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16). In bf16/fp16
   // the layers' products of every batch go through the tile kernel (qkv and gate/up with their
   // RMSNorm, and gate/up with the SwiGLU, fused into it; the fp32 runs take the GEMV at 1-4
@@ -512,7 +521,8 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     int on, off;
   };
   const std::vector<std::vector<Switch>> vsw = {
-      {}, {}, {}, {{"graphs", 0, 1}, {"attn_flash", 0, 1}, {"attn_lanes", 0, 1}}, {{"fused_attn", 0, 1}},
+      {}, {}, {}, {{"graphs", 0, 1}, {"attn_flash", 0, 1}, {"attn_lanes", 0, 1}, {"prefill_tc", 0, 1}},
+      {{"fused_attn", 0, 1}},
       {{"attn_split", 3, 0}}, {{"sk_max_b", 8, 0}, {"sk_kw", 32, 0}, {"sk_ks", 1, 0}}, {{"skinny", 0, 1}},
       {{"fuse_max_b", 0, 16}}, {{"tile_max_b", 0, 16}, {"fuse_max_b", 0, 16}}};
   const bool half = std::string(prec) != "fp32";
@@ -669,8 +679,8 @@ static bool emu_tile(const std::vector<T> &W, int N, int K, int RT, int Z, const
   by_octets((B + 7) / 8, [&](auto o) {
     auto kernel = sk::tile_kernel<T, decltype(o)::value>;
     emu_launch(dim3((N / 16 + RT - 1) / RT, Z), dim3(sk::THREADS), [&, kernel] {
-      kernel(sk::TmaMap{W.data(), K, N, (f.act ? 8 : 16) * RT}, N, K, X, B, out, acc, RT, KS, Kr, ws.data(), cnt.data(),
-             f);
+      kernel(sk::TmaMap{W.data(), K, N, (f.act ? 8 : 16) * RT}, N, K, X, B, out, acc, RT, KS, Kr, sk::TSTAGES - 1, ws.data(),
+             cnt.data(), f);
     });
   });
   bool zeroed = true;
@@ -786,6 +796,73 @@ static void tile_products(const char *prec) {
   tile_fused_products<T>(prec);
 }
 
+// prefill_attn_products checks pa::prefill_attn_kernel alone (prefill_attn.cuh) against a
+// double-precision causal softmax attention of the same T-rounded q, K and V: 4 query heads over
+// 2 KV heads, head_dim 64 and 128, a 100-token prompt in two tiles (64 + 36: a second K/V tile,
+// warps with no rows), a 5-token continuation at positions 40-44 of another slot over its cached
+// rows, and a 1-token tile at position 45. Cache rows past each sequence's last position hold
+// NaNs, so a read of one shows. The kernel rounds the probabilities to T for the P V product and
+// its output to T: bound 1e-2 (bf16) / 1.5e-3 (fp16) of the largest |v|.
+template <typename T>
+static void prefill_attn_products(const char *prec) {
+  const int nh = 4, nkv = 2, maxctx = 160, Tn = 106;
+  struct Tok { int slot, pos; };
+  std::vector<Tok> toks;
+  for (int p = 0; p < 100; ++p) toks.push_back({0, p});
+  for (int p = 40; p < 46; ++p) toks.push_back({1, p});
+  const int last[2] = {99, 45};
+  const std::vector<pa::Tile> tiles = {{0, 64}, {64, 36}, {100, 5}, {105, 1}};
+  std::mt19937 r(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const T nan = TT<T>::fromf(NAN);
+  for (int D : {64, 128}) {
+    std::vector<T> kc((size_t)2 * maxctx * nkv * D, nan), vc(kc.size(), nan), out((size_t)Tn * nh * D);
+    for (int sl = 0; sl < 2; ++sl)
+      for (int p = 0; p <= last[sl]; ++p)
+        for (int i = 0; i < nkv * D; ++i) {
+          kc[((size_t)sl * maxctx + p) * nkv * D + i] = TT<T>::fromf(u(r));
+          vc[((size_t)sl * maxctx + p) * nkv * D + i] = TT<T>::fromf(u(r));
+        }
+    std::vector<float> q((size_t)Tn * nh * D);
+    for (auto &x : q) x = 0.4f * u(r);
+    std::vector<int> pos(Tn), slot(Tn);
+    for (int i = 0; i < Tn; ++i) {
+      pos[i] = toks[i].pos;
+      slot[i] = toks[i].slot;
+    }
+    auto kernel = D == 64 ? pa::prefill_attn_kernel<T, 64> : pa::prefill_attn_kernel<T, 128>;
+    emu_launch(dim3((unsigned)tiles.size(), nh), dim3(pa::THREADS), [&, kernel] {
+      kernel(q.data(), kc.data(), vc.data(), pos.data(), slot.data(), tiles.data(), out.data(), nh, nkv, maxctx);
+    });
+    double worst = 0, vmax = 1.0;  // |v| <= 1
+    for (int i = 0; i < Tn; ++i)
+      for (int h = 0; h < nh; ++h) {
+        const int kh = h / (nh / nkv), p = pos[i];
+        auto at = [&](const std::vector<T> &c, int j, int d) {
+          return (double)TT<T>::tof(c[(((size_t)slot[i] * maxctx + j) * nkv + kh) * D + d]);
+        };
+        std::vector<double> sc(p + 1);
+        double mx = -1e300, l = 0;
+        for (int j = 0; j <= p; ++j) {
+          double dot = 0;
+          for (int d = 0; d < D; ++d) dot += (double)TT<T>::tof(TT<T>::fromf(q[((size_t)i * nh + h) * D + d])) * at(kc, j, d);
+          sc[j] = dot;
+          mx = std::max(mx, dot);
+        }
+        for (int j = 0; j <= p; ++j) l += sc[j] = std::exp(sc[j] - mx);
+        for (int d = 0; d < D; ++d) {
+          double ref = 0;
+          for (int j = 0; j <= p; ++j) ref += sc[j] * at(vc, j, d);
+          const double got = TT<T>::tof(out[((size_t)i * nh + h) * D + d]);
+          worst = std::isfinite(got) ? std::max(worst, std::fabs(got - ref / l)) : INFINITY;
+        }
+      }
+    const double bound = (std::string(prec) == "bf16" ? 1e-2 : 1.5e-3) * vmax;
+    check(worst <= bound, std::string(prec) + " prefill attention on the tensor cores, head_dim " + std::to_string(D) +
+                              ": largest error " + std::to_string(worst) + " (bound " + std::to_string(bound) + ")");
+  }
+}
+
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
   assert(f2h(1.0f) == 0x3C00 && f2h(65504.f) == 0x7BFF && f2h(1e-7f) == 0x0002 && f2h(0.1f) == 0x2E66);
@@ -799,6 +876,8 @@ int main() {
   if (want("gpt2", "fp32")) run_family("gpt2", GCFG, g, "fp32", 2e-4, 128);
   // The tile products alone (EMU_ONLY=tile:bf16) run with qwen3 in the same precision too.
   if (want("qwen3", "bf16") || want("tile", "bf16")) tile_products<__nv_bfloat16>("bf16");
+  if (want("qwen3", "bf16") || want("attn", "bf16")) prefill_attn_products<__nv_bfloat16>("bf16");
+  if (want("qwen3", "fp16") || want("attn", "fp16")) prefill_attn_products<__half>("fp16");
   if (want("qwen3", "bf16")) run_family("qwen3", QCFG, q, "bf16", 0.25, 256);
   if (want("qwen3", "fp16") || want("tile", "fp16")) tile_products<__half>("fp16");
   if (want("qwen3", "fp16")) run_family("qwen3", QCFG, q, "fp16", 0.05, 256);
