@@ -52,9 +52,8 @@
 // MQB_GEMV_MAX_B=n caps the batch that uses the fused GEMV path (0 = cuBLAS always), MQB_ATTN_SPLIT=s
 // fixes decode attention's position splits per (token, KV head) (default 0: enough to fill the
 // SMs with splits of at least ATT_SPLIT_MIN_POS positions, more for a few sequences: attn_splits),
-// MQB_FUSED_ATTN=0|1|2 runs decode
-// attention fused (decode_attn) never, where tokens x KV heads < SMs (default), always;
-// MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
+// MQB_FUSED_ATTN=0|1|2 runs decode attention fused (decode_attn) never, where tokens x KV heads <
+// SMs (default), always; MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
 // products in a build with them (default 0: off),
 // MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS (and the GEMV), MQB_SK_MAX_B=n
 // (default 0) and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels,
@@ -66,8 +65,9 @@
 // before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
 // position (as before run 26), "prefill_tc" 0 sends bf16/fp16 prefill attention back to
 // attention_kernel ("prefill_flash" 0: through attend there), "tile_pre" n has each tile-kernel
-// block ask for n weight chunks before its wait (default 3), "timeline" 1 records when every GEMV and decode-attention
-// launch of a decode step started, passed its wait and ended (mqb_debug_timeline; tl_mark).
+// block ask for n weight chunks before its wait (default 3), "timeline" 1 records when every
+// GEMV and decode-attention launch of a decode step started, passed its wait and ended
+// (mqb_debug_timeline; tl_mark).
 // mqb_debug_chain runs decode steps back to back with their tokens fed on the device, the host
 // out of the loop.
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
@@ -692,6 +692,9 @@ __device__ __forceinline__ void tl_mark(unsigned long long *b, int s, int what) 
   }
 }
 
+// swiglu: silu(g) * u, qwen3's MLP activation (prep, the tile kernel's epilogue, the megakernel).
+__device__ __forceinline__ float swiglu(float g, float u) { return g / (1.f + expf(-g)) * u; }
+
 __device__ __forceinline__ float gelu_new(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
@@ -703,8 +706,7 @@ __device__ __forceinline__ T prep_elem(const PrepArgs<T> &a, int r, int K, int k
   if (a.mode == PREP_PLAIN) return a.srcT[(size_t)r * a.ld + k];
   const float *x = a.src + (size_t)r * a.ld;
   if (a.mode == PREP_SWIGLU) {
-    const float g = x[k], u = x[K + k];
-    return TT<T>::fromf(g / (1.f + expf(-g)) * u);
+    return TT<T>::fromf(swiglu(x[k], x[K + k]));
   }
   return TT<T>::fromf(gelu_new(x[k]));  // PREP_GELU
 }
@@ -757,7 +759,7 @@ __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red)
     for (int j = 0; j < PREP_REGS; ++j) {
       const int k = tid + j * nt;
       if (k < K)
-        dst[k] = a.mode == PREP_SWIGLU ? TT<T>::fromf(v[j] / (1.f + expf(-v[j])) * w[j]) : TT<T>::fromf(gelu_new(v[j]));
+        dst[k] = TT<T>::fromf(a.mode == PREP_SWIGLU ? swiglu(v[j], w[j]) : gelu_new(v[j]));
     }
     return;
   }
@@ -2394,8 +2396,8 @@ void launch_gm(int gm, const F &f) {
 //    ~20 positions at batch 1 cost more in partials and the merge than they save);
 //  - few items (a batch of 1-4 sequences): ATT_FEW_SPLITS, up to ATT_FEW_BLOCKS blocks in all,
 //    of at least ATT_FEW_POS positions each. On the H200 (runs 60-62, positions 32-332) 4 splits
-//    made batch 1 5-7 % and batch 2 3 % faster (8 splits at batch 1 as 4; splits growing with
-//    the positions, one per 64, 2 % slower than 4), while batch 8 lost 16 % with 4 and 2 % with 2.
+//    made batch 1 5-6 % and batch 2 3 % faster (8 splits at batch 1 as 4; splits growing with
+//    the positions, one per 64, 2 % slower than 4), while batch 8 lost 16 % with 4 and 1-2 % with 2.
 int attn_splits(const mqb_model &m, int Tn, int nmax) {
   if (Tn > ATT_SPLIT_MAX_T) return 1;
   if (m.attn_split > 0) return m.attn_split;
@@ -2422,6 +2424,26 @@ int prefill_tiles(mqb_model &m, int Tn) {
   return n;
 }
 
+// prefill_attention launches pa::prefill_attn_kernel over the chunk's ntiles tiles (m.ptile) for
+// layer ly's query heads (bf16/fp16 only; run_tokens checks pa::supported(D) first).
+template <typename T>
+void prefill_attention(mqb_model &m, const Layer &ly, int ntiles) {
+  if constexpr (!std::is_same<T, float>::value) {
+    const Cfg &c = m.c;
+    auto go = [&](auto kernel) {
+      launch(m, kernel, dim3(ntiles, c.nh), dim3(pa::THREADS), 0, (const float *)m.qbuf, (const T *)ly.kc,
+             (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), (const pa::Tile *)m.ptile,
+             static_cast<T *>(m.attn), c.nh, c.nkv, m.max_ctx);
+    };
+    switch (c.D) {
+      case 16: go(pa::prefill_attn_kernel<T, 16>); break;
+      case 32: go(pa::prefill_attn_kernel<T, 32>); break;
+      case 64: go(pa::prefill_attn_kernel<T, 64>); break;
+      default: go(pa::prefill_attn_kernel<T, 128>); break;
+    }
+  }
+}
+
 // run_tokens: the forward pass over the T tokens described by the device meta arrays, logits of
 // the R rows listed in rows[] into m.logits, and (want_keys) their argmax keys into m.keys.
 // decode says every token is the next one of a different sequence (rows = tokens): attention
@@ -2442,9 +2464,9 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   const size_t asmem = attn_smem(gm, c.D);
   const int S = fused ? m.step_splits : 1;
   // Prefill / mixed steps of bf16/fp16 models: attention on the tensor cores (prefill_attn.cuh),
-  // over the chunk's tiles.
-  const bool patc = !decode && !std::is_same<T, float>::value && m.prefill_tc && pa::supported(c.D);
-  const int ntiles = patc ? prefill_tiles(m, Tn) : 0;
+  // over the chunk's tiles (cut once per chunk).
+  const bool tc_prefill = !decode && !std::is_same<T, float>::value && m.prefill_tc && pa::supported(c.D);
+  const int ntiles = tc_prefill ? prefill_tiles(m, Tn) : 0;
   m.tl_decode = decode;
   m.tl_next = 0;
   mark(m, "start");
@@ -2471,21 +2493,9 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
              (const float *)ly.qn, (const float *)ly.kn, eps, (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale,
              m.qbuf, static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx);
       m.label = "attention";
-      if constexpr (!std::is_same<T, float>::value) {
-        if (patc) {
-          auto go = [&](auto kernel) {
-            launch(m, kernel, dim3(ntiles, c.nh), dim3(pa::THREADS), 0, (const float *)m.qbuf, (const T *)ly.kc,
-                   (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), (const pa::Tile *)m.ptile,
-                   static_cast<T *>(m.attn), c.nh, c.nkv, m.max_ctx);
-          };
-          switch (c.D) {
-            case 16: go(pa::prefill_attn_kernel<T, 16>); break;
-            case 32: go(pa::prefill_attn_kernel<T, 32>); break;
-            case 64: go(pa::prefill_attn_kernel<T, 64>); break;
-            default: go(pa::prefill_attn_kernel<T, 128>); break;
-          }
-          return;
-        }
+      if (tc_prefill) {
+        prefill_attention<T>(m, ly, ntiles);
+        return;
       }
       launch_gm(gm, [&](auto g) {
         launch(m, attention_kernel<T, decltype(g)::value>, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem,
@@ -2838,7 +2848,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.slots = m.max_batch + 1;  // the last one is the scratch slot (logits_all, graph padding)
   m.scratch = m.max_batch;
   // Prefill and mixed steps run in chunks of at most Tcap tokens (MQB_TCAP, default 2048): 8 or
-  // 32 prompts of 128 tokens prefill in 7-8 % less time than in chunks of 512 (run 62), whose
+  // 32 prompts of 128 tokens prefill in 7-10 % less time than in chunks of 512 (run 62), whose
   // every chunk reads all the weights again; 4,096 measured the same as 2,048.
   m.Tcap = std::max(m.max_batch, std::max(64, env_int("MQB_TCAP", 2048)));
   m.Rcap = std::max(64, m.max_batch);

@@ -89,18 +89,7 @@ __device__ __forceinline__ void grid_barrier(unsigned int *bar, unsigned int &ta
 
 __device__ __forceinline__ float4 ldcg4f(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float a, float b);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t *>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
-  __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<uint32_t *>(&h);
-}
+using sk::pack2;
 
 // Work split of one matrix product over the grid: NT tiles of 16 rows, S warps per tile (a power
 // of two dividing K/32), TPB = WARPS/S tiles per block per round.
@@ -302,7 +291,7 @@ struct EpiSwiGLU {  // act[b, row] = silu(gate) * up, in T
   T *act;
   int N;
   __device__ void operator()(int row, int b, float gt, float up) const {
-    act[(size_t)b * N + row] = TT<T>::fromf(gt / (1.f + expf(-gt)) * up);
+    act[(size_t)b * N + row] = TT<T>::fromf(swiglu(gt, up));
   }
   __device__ void finish() const {}
 };

@@ -717,6 +717,12 @@ def bench_hf(model, B, prompt_len, new, V, seed):
     return B * produced / dt, out[:, prompt_len:].tolist()
 
 
+def kernel_name(e, width):
+    """A CUPTI kernel event's name without its template arguments and parameters, cut to its last
+    width characters (the trace and prefill modes' labels)."""
+    return e.name.split("<")[0].split("(")[0].split(" ")[-1][-width:]
+
+
 def switches_of(name):
     """The debug switches a variant named key=value[+key=value...] sets."""
     return {kv.split("=")[0]: int(kv.split("=")[1]) for kv in name.split("+")}
@@ -1029,8 +1035,7 @@ def trace(args):
                     cur = []
                     steps.append(cur)
                 if cur is not None:
-                    cur.append((e.name.split("<")[0].split("(")[0].split(" ")[-1][-32:], e.time_range.start,
-                                e.time_range.end))
+                    cur.append((kernel_name(e, 32), e.time_range.start, e.time_range.end))
             steps = [s for s in steps[1:-1] if len(s) == len(steps[1])]  # whole steps of the usual shape
             if not steps:
                 print("TRACE %s batch %d: no whole steps traced" % (pv, B), flush=True)
@@ -1078,7 +1083,7 @@ def prefill_bench(args):
     prompts of PREFILL_LEN (default 128) random tokens each in one forward call, the median of
     PREFILL_REPS (default 7) calls after two warm-ups, for each token cap per forward chunk in
     PREFILL_TCAPS (MQB_TCAP, read when a model is opened: one Qwen3-0.6B-shaped model per value;
-    default "512") and each switch set in PREFILL_VARIANTS (default "default"; key=value[+...] as
+    default "2048", the backend's) and each switch set in PREFILL_VARIANTS (default "default"; key=value[+...] as
     bench's). Prints PREFILL lines (ms per call and prompt tokens per second) and, for the largest
     batch, the kernels' summed time per name over one traced call (CUPTI)."""
     import torch
@@ -1087,7 +1092,11 @@ def prefill_bench(args):
     reps = int(os.environ.get("PREFILL_REPS", "7"))
     batches = [int(b) for b in os.environ.get("PREFILL_BATCHES", "1,8,32").split(",")]
     res = {}
-    for tcap in os.environ.get("PREFILL_TCAPS", "512").split(","):
+
+    def prompts(B, V):  # B prompts of L tokens, flattened, the same for a batch in every variant
+        return torch.randint(0, V, (B * L,), generator=torch.Generator().manual_seed(B)).tolist()
+
+    for tcap in os.environ.get("PREFILL_TCAPS", "2048").split(","):
         os.environ["MQB_TCAP"] = tcap
         cfg, be = shape_backend(args.lib)
         V = cfg.vocab_size
@@ -1095,8 +1104,7 @@ def prefill_bench(args):
             opts = {} if pv == "default" else switches_of(pv)
             with be.switched(opts):
                 for B in batches:
-                    g = torch.Generator().manual_seed(B)
-                    toks = torch.randint(0, V, (B * L,), generator=g).tolist()
+                    toks = prompts(B, V)
                     call = lambda: be.forward(list(range(B)), [L] * B, toks, [0] * B)
                     first = call()[0]
                     call()
@@ -1111,14 +1119,12 @@ def prefill_bench(args):
                     print("PREFILL tcap %5s %-24s batch %2d x %d tokens: %8.2f ms  %9.0f tok/s" % (
                         tcap, pv, B, L, ms, B * L / ms * 1e3), flush=True)
                 B = max(batches)
-                g = torch.Generator().manual_seed(B)
-                toks = torch.randint(0, V, (B * L,), generator=g).tolist()
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    be.forward(list(range(B)), [L] * B, toks, [0] * B)
+                    be.forward(list(range(B)), [L] * B, prompts(B, V), [0] * B)
                 tot = {}
                 for e in prof.events():
                     if e.device_type == torch.autograd.DeviceType.CUDA:
-                        nm = e.name.split("<")[0].split("(")[0].split(" ")[-1][-40:]
+                        nm = kernel_name(e, 40)
                         tot[nm] = tot.get(nm, 0.0) + (e.time_range.end - e.time_range.start) / 1e3
                 top = sorted(tot.items(), key=lambda kv: -kv[1])[:12]
                 res["tcap%s_%s_b%d_kernels_ms" % (tcap, pv, B)] = dict(top)

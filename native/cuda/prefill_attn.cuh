@@ -1,12 +1,12 @@
 // prefill_attn.cuh: causal attention of prefill and mixed steps on the tensor cores (bf16/fp16
 // KV cache, head_dim 16, 32, 64 or 128), after FlashAttention-2. Included by backend.cu after
-// skinny.cuh (sk::mma, sk::ldsm4); the host side is prefill_tiles and run_tokens'
+// skinny.cuh (sk::mma, sk::ldsm4, sk::pack2); the host side is prefill_tiles and run_tokens'
 // attention there. Runs in the CPU emulation too (host_test/emu_test.cc emulates mma.sync and
 // ldmatrix).
 //
 // Why: attention_kernel gives every (token, KV head) a block of its own that reads the token's
 // whole causal range of K/V rows and scores it on the CUDA cores. 32 prompts of 128 tokens then
-// spent 32-43 ms of a 45-60 ms prefill in attention (run 62's kernel sums, Qwen3-0.6B shape),
+// spent 32-44 ms of a 45-60 ms prefill in attention (run 62's kernel sums, Qwen3-0.6B shape),
 // ~1.1 ms per layer: most of a request's time to first token under load. Here they spend 2.1 ms
 // and prefill in 15.9 ms (run 63); with the 2,048-token chunks the served concurrency-32 TTFT
 // p50 fell from 61 ms (run 60) to 37.
@@ -35,16 +35,6 @@ struct Tile {
 
 // supported: head_dims the kernel is instantiated for.
 __host__ __device__ constexpr bool supported(int D) { return D == 16 || D == 32 || D == 64 || D == 128; }
-
-// pack2: two floats rounded to T, lo in the low half (an mma.sync operand register).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  const T a = TT<T>::fromf(lo), b = TT<T>::fromf(hi);
-  uint16_t ua, ub;
-  memcpy(&ua, &a, 2);
-  memcpy(&ub, &b, 2);
-  return (uint32_t)ua | ((uint32_t)ub << 16);
-}
 
 // prefill_attn_kernel: grid (tiles, query heads), THREADS threads. q [tokens, nh, D] fp32; the
 // cache [slots, maxctx, nkv, D] in T holds every position up to each token's (qkv_post appended
@@ -160,9 +150,10 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
       // address V rows 16 kk + 8 ((lane >> 3) & 1) + (lane & 7) at dim tile 2 dp + (lane >> 4).
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        const uint32_t a0 = pack2<T>(s[2 * kk][0], s[2 * kk][1]), a1 = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-        const uint32_t a2 = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        const uint32_t a3 = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        const uint32_t a0 = sk::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+        const uint32_t a1 = sk::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+        const uint32_t a2 = sk::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        const uint32_t a3 = sk::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
         for (int dp = 0; dp < DN / 2; ++dp) {
           uint32_t b[4];

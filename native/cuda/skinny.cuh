@@ -43,6 +43,17 @@ constexpr int XPAD = 32;  // elements of padding per staged row: conflict-free 1
 template <typename T>
 __device__ __forceinline__ void mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                     uint32_t b1);
+
+// pack2: two floats rounded to T (round to nearest), a in the low half: an mma.sync operand
+// register made from fp32 values (prefill_attn.cuh's P, megakernel.cuh's staged rows).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  const T x = TT<T>::fromf(a), y = TT<T>::fromf(b);
+  uint16_t ux, uy;
+  memcpy(&ux, &x, 2);
+  memcpy(&uy, &y, 2);
+  return (uint32_t)ux | ((uint32_t)uy << 16);
+}
 #ifdef MQB_HOST_TEST
 // The CPU emulation (host_test/emu_test.cc) computes mma.sync m16n8k16 from the warp's fragments
 // as the PTX ISA lays them out, so the skinny products (skinny.cuh) run there too.
@@ -284,9 +295,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 // three chunks are in flight while one is multiplied. The copy engine (TMA, a tensor map per
 // weight matrix: backend.cu's tile_map) moves each box with one instruction of one thread and
 // reports its bytes on the buffer's mbarrier. The first three chunks are asked for before
-// griddepcontrol.wait: weights never depend on the previous kernel. Warp w
-// multiplies row tile w / KS over box w % KS of every chunk; slices and K splits are added in a
-// fixed order as in skinny_kernel (add_slices, finish).
+// griddepcontrol.wait: weights never depend on the previous kernel. Warp w multiplies row tile
+// w / KS over box w % KS of every chunk; slices and K splits are added in a fixed order as in
+// skinny_kernel (add_slices, finish).
 //
 // Fragments come from shared memory through ldmatrix (one instruction per 16 x 16 operand tile,
 // already in mma.sync's register order). Rows of a box are 128 bytes and the staged input's a
@@ -599,8 +610,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   __syncthreads();
   if (!owner || lt >= pair) return;
   tile_each<NB>(lane, B, [&](int o, int e, int r, int b) {
-    const float g = acc[o][e], u = xch[o * 4 + e];
-    f.act[(size_t)b * I + y0 + lt * 16 + r] = TT<T>::fromf(g / (1.f + expf(-g)) * u);
+    const float g = acc[o][e], u = xch[o * 4 + e];  // gate, up
+    f.act[(size_t)b * I + y0 + lt * 16 + r] = TT<T>::fromf(swiglu(g, u));
   });
 }
 
