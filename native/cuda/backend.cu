@@ -1054,6 +1054,13 @@ constexpr int ATT_SPLIT_MIN_POS = 256;  // shortest position range worth a split
 constexpr int ATT_FEW_SPLITS = 4;   // a decode step of few (token, KV head) items: this many splits,
 constexpr int ATT_FEW_BLOCKS = 64;  // ... up to this many blocks in all,
 constexpr int ATT_FEW_POS = 16;     // ... of at least this many positions each
+// attention_kernel instances of up to this many query heads per KV head are compiled to fit two
+// blocks per SM (at most 128 registers a thread; no spills with nvcc 13.0): a decode step of 32
+// sequences of the Qwen3-0.6B shape is 256 blocks, two waves at one block per SM (164
+// registers). GM 4 and 8 hold twice and four times the per-head registers and keep one block.
+// decode_attn_kernel stays at one: at 17-32 sequences it lost to qkv_post + attention with two
+// blocks per SM too (NOTES.md run 73), and below that its grid is smaller than the GPU.
+constexpr int ATT_2BLK_GM = 2;
 
 __device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
 
@@ -1432,9 +1439,13 @@ __device__ void attend_either(bool flash, const float *qs, const T *kb, const T 
 // t, KV head g) attends the G query heads of group g (already normed, rotated and scaled by
 // qkv_post) over positions 0..pos[t] of the token's slot: causal for a prompt, the whole cache
 // for a continuing sequence. flash (decode steps, and prefill with debug prefill_flash, the
-// default) goes through attend_flash; debug attn_flash 0 sends both back to attend.
+// default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Instances of
+// up to ATT_2BLK_GM query heads per KV head fit two blocks per SM: a batch-32 decode step of the
+// Qwen3-0.6B shape then runs its 256 blocks in one wave (H200, NOTES.md runs 71-72: 8.1 us in
+// isolation instead of 11.7, 7.5 us per layer in the step instead of 11.3; 22,406 tok/s
+// against 20,125 before).
 template <typename T, int GM>
-__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ q, const T *__restrict__ kc,
+__global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1) attention_kernel(const float *__restrict__ q, const T *__restrict__ kc,
                                                                 const T *__restrict__ vc,
                                                                 const int *__restrict__ tpos,
                                                                 const int *__restrict__ tslot, T *__restrict__ out,
