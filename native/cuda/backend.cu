@@ -1057,8 +1057,7 @@ constexpr int ATT_FEW_POS = 16;     // ... of at least this many positions each
 // attention_kernel instances of up to this many query heads per KV head are compiled to fit two
 // blocks per SM (at most 128 registers a thread; no spills with nvcc 13.0): a decode step of 32
 // sequences of the Qwen3-0.6B shape is 256 blocks, two waves at one block per SM (164
-// registers). GM 4 and 8 hold twice and four times the per-head registers and keep one block.
-// decode_attn_kernel stays at one: at 17-32 sequences it lost to qkv_post + attention with two
+// registers). GM 4 and 8 keep one block (not measured with two). decode_attn_kernel stays at one: at 17-32 sequences it lost to qkv_post + attention with two
 // blocks per SM too (NOTES.md run 73), and below that its grid is smaller than the GPU.
 constexpr int ATT_2BLK_GM = 2;
 
@@ -1439,17 +1438,14 @@ __device__ void attend_either(bool flash, const float *qs, const T *kb, const T 
 // t, KV head g) attends the G query heads of group g (already normed, rotated and scaled by
 // qkv_post) over positions 0..pos[t] of the token's slot: causal for a prompt, the whole cache
 // for a continuing sequence. flash (decode steps, and prefill with debug prefill_flash, the
-// default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Instances of
-// up to ATT_2BLK_GM query heads per KV head fit two blocks per SM: a batch-32 decode step of the
-// Qwen3-0.6B shape then runs its 256 blocks in one wave (H200, NOTES.md runs 71-72: 8.1 us in
-// isolation instead of 11.7, 7.5 us per layer in the step instead of 11.3; 22,406 tok/s
-// against 20,125 before).
+// default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Two blocks
+// per SM for up to ATT_2BLK_GM query heads per KV head (see there; H200, NOTES.md runs 71-72: 8.1
+// us alone instead of 11.7, 7.5 us per layer of a batch-32 step instead of 11.3).
 template <typename T, int GM>
-__global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1) attention_kernel(const float *__restrict__ q, const T *__restrict__ kc,
-                                                                const T *__restrict__ vc,
-                                                                const int *__restrict__ tpos,
-                                                                const int *__restrict__ tslot, T *__restrict__ out,
-                                                                int nh, int nkv, int D, int maxctx, int flash) {
+__global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
+    attention_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
+                     const int *__restrict__ tpos, const int *__restrict__ tslot, T *__restrict__ out, int nh,
+                     int nkv, int D, int maxctx, int flash) {
   DYN_SMEM(float, asm_);
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
   pdl_wait();

@@ -9,8 +9,8 @@
 // all SMs costs well under the ~5 us that the per-kernel path spends per kernel, and (b) a weight
 // stream that never waits for activations (a producer warp per SM copying into a shared-memory
 // ring through the copy engine) keeps DRAM busy while the consumers run that chain of handoffs.
-// This program measures both, apart and together, with no arithmetic at all (an upper bound on
-// what such a kernel can reach):
+// This program measures both, apart and together, with no matrix arithmetic (a stage only reads
+// its chunks and sums the values it exchanged): an upper bound on what such a kernel can reach.
 //   chain   S stages of: each CTA writes its 8 x B outputs, grid handoff, every CTA reads all G x 8
 //           x B values (through L2) and reduces them across the block (what an RMSNorm or a matrix
 //           product's input needs). Handoff modes: 0 atomicAdd + __threadfence, 1 red.release +
@@ -125,7 +125,8 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
 // handoff: every CTA's writes before it are visible to every CTA after it (generation gen >= 1).
 __device__ __forceinline__ void handoff(const P &p, unsigned gen) {
   const int G = gridDim.x, tid = threadIdx.x;
-  if (p.mode == 4) {  // cooperative groups (all threads of the grid, the producer warp too: see kernel)
+  if (p.mode == 4) {  // cooperative groups: every thread of the grid, the producer warp too (see kernel)
+    cg::this_grid().sync();
     return;
   }
   cbar();
@@ -171,7 +172,8 @@ __global__ void __launch_bounds__(CONS + 32, 1) probe_kernel(const P p) {
   const int total = p.S * p.CPS;
   if (tid >= CONS) {  // the producer warp
     if (p.mode == 4) {  // grid.sync needs every thread: the producer takes part in each stage
-      for (int s = 0; s < p.S; ++s) cg::this_grid().sync();
+      if (p.chain)  // one grid.sync per stage, as the consumers' handoff()
+        for (int s = 0; s < p.S; ++s) cg::this_grid().sync();
       return;
     }
     if (!p.stream || tid != CONS) return;
@@ -243,11 +245,7 @@ __global__ void __launch_bounds__(CONS + 32, 1) probe_kernel(const P p) {
       }
     } else {
       if (tid < 8 * p.B) cur[(size_t)bid * 8 * p.B + tid] = carry + (float)tid;
-      if (p.mode == 4) {
-        cg::this_grid().sync();
-      } else {
-        handoff(p, (unsigned)s + 1u);
-      }
+      handoff(p, (unsigned)s + 1u);
       for (int i = tid * 4; i < nout; i += CONS * 4) {
         const float4 v = __ldcg(reinterpret_cast<const float4 *>(cur + i));
         sum += v.x + v.y + v.z + v.w;
@@ -261,8 +259,6 @@ __global__ void __launch_bounds__(CONS + 32, 1) probe_kernel(const P p) {
     carry = t * 1e-9f;
     cbar();
   }
-  if (p.mode == 4 && !p.chain)
-    for (int s = 0; s < p.S; ++s) cg::this_grid().sync();
   if (tid == 0) atomicAdd(p.sink, acc + (unsigned long long)(carry != 12345.f));
 }
 
@@ -275,30 +271,40 @@ int main(int argc, char **argv) {
   const int reps = argc > 1 ? atoi(argv[1]) : 7;
   printf("PROBE %s, %d SMs, L2 %d MB, smem/block optin %zu KB\n", pr.name, G, pr.l2CacheSize >> 20,
          pr.sharedMemPerBlockOptin >> 10);
-  const size_t wbytes = (size_t)1200 << 20;
+  const size_t wbytes = (size_t)1264 << 20;  // the largest stream (140 x 132 x 64 KB = 1.21 GB) fits
+  const size_t bufbytes = (size_t)2 * G * 8 * 32 * 8;  // two stages of G x 8 x 32 values (LL: with their stage)
   char *W;
-  CK(cudaMalloc(&W, wbytes + (64 << 20)));
-  CK(cudaMemset(W, 0x3c, wbytes + (64 << 20)));
+  CK(cudaMalloc(&W, wbytes));
+  CK(cudaMemset(W, 0x3c, wbytes));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  // median_ms: the median of reps timings of f (after warm untimed ones), by device events.
+  auto median_ms = [&](int warm, const auto &f) {
+    std::vector<float> ts;
+    for (int r = 0; r < reps + warm; ++r) {
+      f(true);
+      CK(cudaEventRecord(a));
+      f(false);
+      CK(cudaEventRecord(b));
+      CK(cudaEventSynchronize(b));
+      CK(cudaGetLastError());
+      float ms;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      if (r >= warm) ts.push_back(ms);
+    }
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+  };
   // The device-to-device copy bandwidth (bytes read + written), the bench's ceiling.
   {
     char *D;
     const size_t n = (size_t)1 << 30;
     CK(cudaMalloc(&D, n));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> ts;
-    for (int r = 0; r < reps + 2; ++r) {
-      CK(cudaEventRecord(a));
-      CK(cudaMemcpyAsync(D, W, n, cudaMemcpyDeviceToDevice));
-      CK(cudaEventRecord(b));
-      CK(cudaEventSynchronize(b));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      if (r >= 2) ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    printf("PROBE d2d copy %.0f GB/s (1 GiB, median of %d)\n", 2.0 * n / (ts[ts.size() / 2] * 1e-3) / 1e9, reps);
+    const float ms = median_ms(2, [&](bool setup) {
+      if (!setup) CK(cudaMemcpyAsync(D, W, n, cudaMemcpyDeviceToDevice));
+    });
+    printf("PROBE d2d copy %.0f GB/s (1 GiB, median of %d)\n", 2.0 * n / (ms * 1e-3) / 1e9, reps);
     CK(cudaFree(D));
   }
   unsigned *cnt, *flags;
@@ -306,7 +312,7 @@ int main(int argc, char **argv) {
   unsigned long long *sink;
   CK(cudaMalloc(&cnt, 4096));
   CK(cudaMalloc(&flags, (size_t)G * PAD * 4));
-  CK(cudaMalloc(&buf, (size_t)2 * G * 8 * 32 * 8));
+  CK(cudaMalloc(&buf, bufbytes));
   CK(cudaMalloc(&sink, 8));
   const size_t smem = (size_t)200 << 10;
   CK(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -357,35 +363,25 @@ int main(int argc, char **argv) {
     cs.push_back({"stream 6x32K", S, 2, 6, 32 << 10, 1, 1, 1, 0, 0});
   }
   if (only) cs.erase(std::remove_if(cs.begin(), cs.end(), [&](const C &c) { return !strstr(c.name, only); }), cs.end());
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   for (const C &c : cs) {
     P p{c.S, c.CPS, c.NST, c.CHUNK, c.B, c.mode, c.stream, c.chain, c.hint, c.nif, c.spin_ns, cnt, flags, buf, W, sink};
-    if ((size_t)c.S * G * c.CPS * c.CHUNK > wbytes + (64 << 20)) {
-      fprintf(stderr, "%s: stream larger than the buffer\n", c.name);
+    if ((size_t)c.S * G * c.CPS * c.CHUNK > wbytes || (c.mode == 4 && c.stream)) {
+      fprintf(stderr, "%s: stream larger than the buffer, or grid.sync with a stream (no producer then)\n", c.name);
       return 1;
     }
-    std::vector<float> ts;
-    for (int r = 0; r < reps + 1; ++r) {
-      CK(cudaMemset(cnt, 0, 4096));
-      CK(cudaMemset(flags, 0, (size_t)G * PAD * 4));
-      CK(cudaMemset(buf, 0, (size_t)2 * G * 8 * 32 * 8));
-      CK(cudaEventRecord(a));
+    const double us = 1e3 * median_ms(1, [&](bool setup) {
+      if (setup) {
+        CK(cudaMemset(cnt, 0, 4096));
+        CK(cudaMemset(flags, 0, (size_t)G * PAD * 4));
+        CK(cudaMemset(buf, 0, bufbytes));
+        return;
+      }
       void *args[] = {&p};
       CK(cudaLaunchCooperativeKernel((void *)probe_kernel, dim3(G), dim3(CONS + 32), args, smem, 0));
-      CK(cudaEventRecord(b));
-      CK(cudaEventSynchronize(b));
-      CK(cudaGetLastError());
-      float ms;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      if (r >= 1) ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    const double us = ts[ts.size() / 2] * 1e3;
+    });
     const double bytes = (double)c.S * G * c.CPS * c.CHUNK;
-    printf("PROBE %-18s nif %d spin %4d mode %d S %4d: %9.1f us, %6.2f us/stage%s", c.name, c.nif, c.spin_ns, c.mode, c.S, us, us / c.S,
-           c.stream ? "" : "\n");
+    printf("PROBE %-18s nif %d spin %4d mode %d S %4d: %9.1f us, %6.2f us/stage%s", c.name, c.nif, c.spin_ns,
+           c.mode, c.S, us, us / c.S, c.stream ? "" : "\n");
     if (c.stream) printf(", stream %.0f GB/s (%.2f GB)\n", bytes / (us * 1e-6) / 1e9, bytes / 1e9);
   }
   CK(cudaDeviceSynchronize());
