@@ -82,6 +82,10 @@
 #include <cuda_runtime.h>
 #ifndef MQB_HOST_TEST
 #include <cuda.h>  // cuTensorMapEncodeTiled: the tile kernel's weight copies (libcuda)
+
+#include <memory>
+
+#include "blas_pick.h"  // the cuBLASLt algorithm of each decode bucket's products, timed once
 #endif
 
 #include <algorithm>
@@ -1708,6 +1712,17 @@ struct mqb_model {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   void *blas_ws = nullptr;
+  // The cuBLAS products of decode buckets (a graph's batch: the layers' products above
+  // tile_max_b rows, the LM head above gemv_max_b) run the cuBLASLt algorithm blas_pick timed
+  // fastest on this model's weights: tuned while the model loads (tune_buckets), or at a shape's
+  // first eager step where that did not see it. blas_tune false (MQB_BLAS_TUNE=0, debug
+  // "blas_tune" 0) runs cublasGemmEx's default. tune_here: the step being run is a decode step
+  // (prefill's token counts vary, so its products keep the default). MQB_BLAS_LOG=1 prints
+  // each choice.
+  bool blas_tune = true, tune_here = false;
+#ifndef MQB_HOST_TEST
+  std::unique_ptr<blaspick::Picker> picker;
+#endif
   std::vector<void *> allocs;
 
   void *emb = nullptr;    // T [V, H]
@@ -1771,6 +1786,9 @@ struct mqb_model {
     if (dev >= 0) cudaSetDevice(dev);
     if (stream) cudaStreamSynchronize(stream);
     clear_graphs();
+#ifndef MQB_HOST_TEST
+    picker.reset();
+#endif
     if (blas) cublasDestroy(blas);
     for (void *p : allocs) cudaFree(p);
     if (meta_h) cudaFreeHost(meta_h);
@@ -2063,6 +2081,49 @@ bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int
   }
 }
 
+int bucket_for(const mqb_model &m, int n);
+int env_int(const char *k, int dflt);
+
+// role_weights: the weights of every layer for a product's role (W's own where the role is not
+// a layer's), which blas_pick cycles through so that each timed call reads its weights from DRAM.
+std::vector<const void *> role_weights(const mqb_model &m, const std::string &r, const void *W) {
+  std::vector<const void *> ws;
+  for (const Layer &ly : m.layers) {
+    const void *w = r == "qkv" ? ly.w_qkv : r == "o_proj" ? ly.w_o : r == "up" ? ly.w_up : r == "down" ? ly.w_down
+                                                                                                     : nullptr;
+    if (w) ws.push_back(w);
+  }
+  if (std::find(ws.begin(), ws.end(), W) == ws.end()) ws.assign(1, W);
+  return ws;
+}
+
+// gemm: out[B, N] (+)= X[B, K] · W[N, K]^T on cuBLAS (fp32 out): a decode bucket's shape with
+// the algorithm blas_pick chose for it (mqb_model::blas_tune), any other with cublasGemmEx's
+// default.
+template <typename T>
+void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int K, int N, float *out, bool acc) {
+#ifndef MQB_HOST_TEST
+  const blaspick::Shape s{cuda_type<T>(), N, K, B, acc};
+  const blaspick::Plan *p = nullptr;
+  if (m.blas_tune && m.tune_here && B == bucket_for(m, B)) {
+    p = m.picker->find(s);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    ck(cudaStreamIsCapturing(m.stream, &cap), "cudaStreamIsCapturing");
+    if (!p && cap == cudaStreamCaptureStatusNone) {  // a capture follows the bucket's eager step
+      p = m.picker->tune(s, role_weights(m, r, W));
+      if (env_int("MQB_BLAS_LOG", 0)) fprintf(stderr, "cuda backend: blas %s %s\n", r.c_str(), p->what.c_str());
+    }
+  }
+  m.picker->run(s, p, W, X, out);
+#else
+  const float alpha = 1.f, beta = acc ? 1.f : 0.f;
+  ckb(cublasGemmEx(m.blas, CUBLAS_OP_T, CUBLAS_OP_N, N, B, K, &alpha, W, cuda_type<T>(), K, X, cuda_type<T>(), K,
+                   &beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+#endif
+  mark(m, r + ":gemm");
+}
+
 // linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. bf16/fp16 layer products of
 // up to tile_max_b rows run on skinny.cuh's tensor-core kernels: with the RMSNorm fused
 // (tile_fused), or with an input that needs no prep (skinny_linear); other products of small B
@@ -2105,13 +2166,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     launch(m, prep_kernel<T>, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
     X = static_cast<const T *>(m.xbuf);
   }
-  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate)) {
-    const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-    ckb(cublasGemmEx(m.blas, CUBLAS_OP_T, CUBLAS_OP_N, N, B, K, &alpha, W, cuda_type<T>(), K, X, cuda_type<T>(), K,
-                     &beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx");
-    mark(m, r + ":gemm");
-  }
+  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate)) gemm<T>(m, r, W, X, B, K, N, out, accumulate);
   if (bias) {
     m.label = r + ":bias";
     const int total = B * N;
@@ -2819,6 +2874,24 @@ void skinny_setup(mqb_model &m) {
   }
 }
 
+void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *tokens, const int32_t *start_pos,
+                 const float *temp, const uint64_t *rkey, float *logits_out, int32_t *argmax_out);
+
+// tune_buckets runs one eager decode step of every graph bucket on the scratch slot, so that
+// blas_pick tunes the buckets' cuBLAS products while the model loads (H200, Qwen3-0.6B shape:
+// about a second) instead of stalling the first step of each bucket a server runs.
+void tune_buckets(mqb_model &m) {
+  std::vector<int> bs;
+  for (int n = 1; n <= m.max_batch; ++n)
+    if (bs.empty() || bucket_for(m, n) != bs.back()) bs.push_back(bucket_for(m, n));
+  m.tune_here = true;
+  for (int b : bs) {
+    const std::vector<int32_t> slots(b, m.scratch), zeros(b, 0);
+    decode_step(m, b, slots.data(), zeros.data(), zeros.data(), nullptr, nullptr, nullptr, nullptr);
+  }
+  m.tune_here = false;
+}
+
 void open_model(mqb_model &m, const mqb_model_params *p) {
   if (!p) throw Fail("cuda backend: params is NULL");
   if (p->abi_version != MQB_ABI_VERSION)
@@ -2877,6 +2950,10 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.blas_ws = m.dmalloc(ws);
   ckb(cublasSetWorkspace(m.blas, m.blas_ws, ws), "cublasSetWorkspace");
   ckb(cublasSetMathMode(m.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  m.blas_tune = env_int("MQB_BLAS_TUNE", 1) != 0;
+#ifndef MQB_HOST_TEST
+  m.picker.reset(new blaspick::Picker(m.blas, m.stream, m.blas_ws, ws));
+#endif
 
   m.layers.resize(c.L);
   load(m, p);
@@ -2936,6 +3013,9 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
 #endif
     );
   ck(cudaDeviceSynchronize(), "load");
+#ifndef MQB_HOST_TEST
+  if (m.blas_tune) tune_buckets(m);
+#endif
 }
 
 // run_chunk: uploads the meta already in meta_h, runs, and copies back keys/logits of R rows.
@@ -3074,7 +3154,8 @@ void forward(mqb_model &m, int n, const int32_t *slots, const int32_t *n_tokens,
     total += n_tokens[i];
     if (n_tokens[i] != 1) decode = false;
   }
-  if (decode && n <= m.Tcap) {
+  m.tune_here = decode && n <= m.Tcap;
+  if (m.tune_here) {
     decode_step(m, n, slots, tokens, start_pos, temp, rkey, logits_out, argmax_out);
     return;
   }
@@ -3246,6 +3327,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   m->clear_graphs();
   if (k == "graphs") m->use_graphs = value != 0;
   else if (k == "pdl") m->use_pdl = value != 0;
+  else if (k == "blas_tune") m->blas_tune = value != 0;  // the shapes tuned so far keep their plans
 #ifndef MQB_HOST_TEST
   else if (k == "mk_skip") m->mk_dbg = value;
   else if (k == "megakernel") {
