@@ -2878,8 +2878,9 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
                  const float *temp, const uint64_t *rkey, float *logits_out, int32_t *argmax_out);
 
 // tune_buckets runs one eager decode step of every graph bucket on the scratch slot, so that
-// blas_pick tunes the buckets' cuBLAS products while the model loads (H200, Qwen3-0.6B shape:
-// about a second) instead of stalling the first step of each bucket a server runs.
+// blas_pick tunes the buckets' cuBLAS products while the model loads (H200, Qwen3-0.6B shape at
+// max_batch 32: 0.6-0.9 s, NOTES.md run 81) instead of stalling the first step of each bucket a
+// server runs (about a second at batch 32, run 78).
 void tune_buckets(mqb_model &m) {
   std::vector<int> bs;
   for (int n = 1; n <= m.max_batch; ++n)
@@ -3154,9 +3155,11 @@ void forward(mqb_model &m, int n, const int32_t *slots, const int32_t *n_tokens,
     total += n_tokens[i];
     if (n_tokens[i] != 1) decode = false;
   }
-  m.tune_here = decode && n <= m.Tcap;
-  if (m.tune_here) {
+  m.tune_here = false;  // also after a decode step that threw
+  if (decode && n <= m.Tcap) {
+    m.tune_here = true;
     decode_step(m, n, slots, tokens, start_pos, temp, rkey, logits_out, argmax_out);
+    m.tune_here = false;
     return;
   }
   // General path (prefill or mixed): pack tokens into chunks of at most Tcap; an entry longer
