@@ -82,11 +82,10 @@
 #include <cuda_runtime.h>
 #ifndef MQB_HOST_TEST
 #include <cuda.h>  // cuTensorMapEncodeTiled: the tile kernel's weight copies (libcuda)
-
+#endif
 #include <memory>
 
 #include "blas_pick.h"  // the cuBLASLt algorithm of each decode bucket's products, timed once
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -1720,9 +1719,7 @@ struct mqb_model {
   // (prefill's token counts vary, so its products keep the default). MQB_BLAS_LOG=1 prints
   // each choice.
   bool blas_tune = true, tune_here = false;
-#ifndef MQB_HOST_TEST
   std::unique_ptr<blaspick::Picker> picker;
-#endif
   std::vector<void *> allocs;
 
   void *emb = nullptr;    // T [V, H]
@@ -1786,9 +1783,7 @@ struct mqb_model {
     if (dev >= 0) cudaSetDevice(dev);
     if (stream) cudaStreamSynchronize(stream);
     clear_graphs();
-#ifndef MQB_HOST_TEST
     picker.reset();
-#endif
     if (blas) cublasDestroy(blas);
     for (void *p : allocs) cudaFree(p);
     if (meta_h) cudaFreeHost(meta_h);
@@ -2102,7 +2097,6 @@ std::vector<const void *> role_weights(const mqb_model &m, const std::string &r,
 // default.
 template <typename T>
 void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int K, int N, float *out, bool acc) {
-#ifndef MQB_HOST_TEST
   const blaspick::Shape s{cuda_type<T>(), N, K, B, acc};
   const blaspick::Plan *p = nullptr;
   if (m.blas_tune && m.tune_here && B == bucket_for(m, B)) {
@@ -2115,12 +2109,6 @@ void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int
     }
   }
   m.picker->run(s, p, W, X, out);
-#else
-  const float alpha = 1.f, beta = acc ? 1.f : 0.f;
-  ckb(cublasGemmEx(m.blas, CUBLAS_OP_T, CUBLAS_OP_N, N, B, K, &alpha, W, cuda_type<T>(), K, X, cuda_type<T>(), K,
-                   &beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx");
-#endif
   mark(m, r + ":gemm");
 }
 
@@ -2952,9 +2940,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   ckb(cublasSetWorkspace(m.blas, m.blas_ws, ws), "cublasSetWorkspace");
   ckb(cublasSetMathMode(m.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   m.blas_tune = env_int("MQB_BLAS_TUNE", 1) != 0;
-#ifndef MQB_HOST_TEST
   m.picker.reset(new blaspick::Picker(m.blas, m.stream, m.blas_ws, ws));
-#endif
 
   m.layers.resize(c.L);
   load(m, p);
@@ -3014,9 +3000,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
 #endif
     );
   ck(cudaDeviceSynchronize(), "load");
-#ifndef MQB_HOST_TEST
   if (m.blas_tune) tune_buckets(m);
-#endif
 }
 
 // run_chunk: uploads the meta already in meta_h, runs, and copies back keys/logits of R rows.

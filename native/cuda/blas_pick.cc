@@ -16,7 +16,7 @@ constexpr int kSplitFrom = 4;           // split-K variants are tried for the fi
 constexpr int kRounds = 5;              // timed passes per candidate, interleaved; the median counts
 constexpr int kMinCalls = 4;            // a pass makes at least this many calls (cycling weights)
 constexpr double kKeepDefault = 0.97;   // another candidate must beat the default by 3 %
-constexpr double kAgree = 1e-3;         // the winner's max |difference| from the default, relative
+constexpr double kAgree = 1e-3;         // a winner's max |difference| from the default, relative
 
 void ok(cudaError_t e, const char *what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string("blas_pick: ") + what + ": " + cudaGetErrorString(e));
@@ -111,7 +111,7 @@ double Picker::max_diff(const Shape &s, const Candidate &c, const Plan &lt, cons
                         float *out) const {
   const size_t n = (size_t)s.N * s.B;
   float *ref = nullptr;
-  ok(cudaMalloc(&ref, sizeof(float) * n), "check output");
+  ok(cudaMalloc(reinterpret_cast<void **>(&ref), sizeof(float) * n), "check output");
   std::vector<float> a(n), b(n);
   cudaError_t e = cudaMemsetAsync(ref, 0, sizeof(float) * n, stream_);
   if (e == cudaSuccess) e = cudaMemsetAsync(out, 0, sizeof(float) * n, stream_);
@@ -162,7 +162,7 @@ const Plan *Picker::tune(const Shape &s, const std::vector<const void *> &weight
   std::vector<Candidate> cands;
   Plan lt;  // the cuBLASLt descriptors; moved into plan if a candidate of theirs wins
   try {
-    ok(cudaMalloc(&out, sizeof(float) * (size_t)s.N * s.B), "scratch output");
+    ok(cudaMalloc(reinterpret_cast<void **>(&out), sizeof(float) * (size_t)s.N * s.B), "scratch output");
     ok(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)s.N * s.B, stream_), "scratch output");
     const std::vector<unsigned char> xin = input_bytes(s.type, s.B, s.K);
     ok(cudaMalloc(&X, xin.size()), "tuning input");
@@ -274,38 +274,33 @@ const Plan *Picker::tune(const Shape &s, const std::vector<const void *> &weight
       std::sort(v.begin(), v.end());
       return v.empty() ? 1e30 : (double)v[v.size() / 2];
     };
+    // Candidates by time; the first that beats the default by kKeepDefault and computes what the
+    // default computes (summation order aside) wins. The check catches a wrong layout or a split-K
+    // variant that drops a part, and the next fastest is tried instead.
+    const double tdef = median(cands[0].ms);
+    std::vector<std::pair<double, size_t>> order;
+    for (size_t i = 1; i < cands.size(); ++i)
+      if (alive[i] && !cands[i].ms.empty()) order.emplace_back(median(cands[i].ms), i);
+    std::sort(order.begin(), order.end());
     size_t best = 0;
-    double tbest = median(cands[0].ms);
-    const double tdef = tbest;
-    for (size_t i = 1; i < cands.size(); ++i) {
-      const double t = alive[i] ? median(cands[i].ms) : 1e30;
-      if (t < tbest) {
-        tbest = t;
-        best = i;
-      }
-    }
-    if (best != 0 && tbest > kKeepDefault * tdef) best = 0;
-    // The winner must compute what the default computes (summation order aside): a wrong layout
-    // or a split-K variant that drops a part would be caught here and the default kept.
     std::string check;
-    if (best != 0) {
-      const double d = max_diff(s, cands[best], lt, weights[0], X, out);
-      char cb[96];
-      snprintf(cb, sizeof cb, "; max|d| against the default %.3g", d);
-      check = cb;
-      if (!(d <= kAgree)) {
-        check += " is too large: the default kept";
-        best = 0;
+    for (const auto &o : order) {
+      if (o.first > kKeepDefault * tdef) break;
+      const double d = max_diff(s, cands[o.second], lt, weights[0], X, out);
+      char cb[200];
+      if (d <= kAgree) {
+        snprintf(cb, sizeof cb, "; max|d| against the default %.3g", d);
+        check += cb;
+        best = o.second;
+        break;
       }
+      snprintf(cb, sizeof cb, "; %s refused: max|d| against the default %.3g", describe(cands[o.second].algo).c_str(), d);
+      check += cb;
     }
     char buf[320];
     snprintf(buf, sizeof buf, "N=%d K=%d B=%d%s: default %.2f us, chosen %.2f us (%s), %zu candidates", s.N, s.K,
              s.B, s.acc ? " accumulate" : "", tdef * 1e3, median(cands[best].ms) * 1e3,
              best == 0 ? "the default" : describe(cands[best].algo).c_str(), cands.size());
-    std::vector<std::pair<double, size_t>> order;
-    for (size_t i = 1; i < cands.size(); ++i)
-      if (alive[i] && !cands[i].ms.empty()) order.emplace_back(median(cands[i].ms), i);
-    std::sort(order.begin(), order.end());
     std::string ranks;
     for (size_t j = 0; j < order.size() && j < 3; ++j) {
       char rb[200];

@@ -11,11 +11,13 @@
 // The weights of every layer are cycled through while timing, so each call reads its weights from
 // DRAM as in a real step (one layer's weights alone would sit in the 50 MB L2). The default
 // (cublasGemmEx) is a candidate and is kept unless another is at least 3 % faster, so tuning never
-// makes a shape slower than before by more than the noise. Within a process a shape's choice is
+// makes a shape slower than before by more than the noise; a faster one must also compute what the
+// default computes, or the next is tried. Within a process a shape's choice is
 // fixed, so graph replays and eager steps compute the same bits; across processes two choices can
 // differ, like cuBLAS's own choice across versions.
 //
-// Host code only (no kernels): compiled by the host compiler, so that it does not need nvcc.
+// Host code only (no kernels): compiled by the host compiler, so that it does not need nvcc; the
+// CPU emulation (host_test/) compiles it against stub/ and an emulated cuBLASLt.
 #pragma once
 
 #include <cublasLt.h>
@@ -73,6 +75,8 @@ class Picker {
   // it synchronises. Never throws: a candidate that fails is skipped, and if tuning itself fails
   // the plan is the default (Plan::what says why).
   const Plan *tune(const Shape &s, const std::vector<const void *> &weights);
+  // plans: every shape tuned so far (the CPU emulation's test reads the choices).
+  const std::map<Shape, Plan> &plans() const { return plans_; }
   // run: out (+)= X · W^T with s's plan (the default where the plan has none). Throws on failure.
   void run(const Shape &s, const Plan *p, const void *W, const void *X, float *out) const;
 

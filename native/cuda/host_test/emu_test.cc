@@ -138,6 +138,10 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms 
 static std::vector<std::function<void()>> *g_rec = nullptr;
 static std::vector<std::vector<std::function<void()>>> g_graphs;
 static int n_launch = 0, n_gemm = 0, n_replay = 0;
+// Events read an emulated clock (ms) that only the emulated work advances: each kernel launch by
+// 1 us, each matrix product by its cost (emu_gemm), so that blas_pick's timing, which compares
+// algorithms, sees the same numbers on every run and on every machine.
+static double g_clock_ms = 0;
 
 static void run_grid(dim3 grid, dim3 block, const std::function<void()> &body) {
   gridDim = grid;
@@ -163,6 +167,7 @@ static void run_grid(dim3 grid, dim3 block, const std::function<void()> &body) {
   }
   for (auto &x : th) x.join();
   ++n_launch;
+  g_clock_ms += 1e-3;
 }
 
 cudaError_t emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
@@ -175,9 +180,11 @@ static void enqueue(std::function<void()> f) {
   else f();
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  enqueue([=] {
-    *(double *)e = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  });
+  enqueue([=] { *(double *)e = g_clock_ms; });
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus *st) {
+  *st = g_rec ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
@@ -219,23 +226,128 @@ static float ld_elem(const void *p, cudaDataType_t t, size_t i) {
   if (t == CUDA_R_16BF) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
   return __half2float(((const __half *)p)[i]);
 }
-cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
-                            cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
-                            cublasComputeType_t, cublasGemmAlgo_t) {
-  assert(ta == CUBLAS_OP_T && tb == CUBLAS_OP_N && ct == CUDA_R_32F);
-  const float al = *(const float *)alpha, be = *(const float *)beta;
+// emu_gemm: C[n][m] (col-major m x n, ld ldc, fp32) = al A^T B + be C over the first kk of the k
+// terms, as cuBLAS computes out = X W^T here; enqueued (recorded while capturing), and it moves
+// the emulated clock by cost_us.
+static void emu_gemm(int m, int n, int k, int kk, float al, const void *A, cudaDataType_t at, int lda, const void *B,
+                     cudaDataType_t bt, int ldb, float be, void *C, int ldc, double cost_us) {
   enqueue([=] {
     float *Cf = (float *)C;
     for (int j = 0; j < n; ++j)
       for (int i = 0; i < m; ++i) {
         float s = 0;
-        for (int p = 0; p < k; ++p) s += ld_elem(A, at, (size_t)i * lda + p) * ld_elem(B, bt, (size_t)j * ldb + p);
+        for (int p = 0; p < kk; ++p) s += ld_elem(A, at, (size_t)i * lda + p) * ld_elem(B, bt, (size_t)j * ldb + p);
         float &c = Cf[(size_t)j * ldc + i];
         c = al * s + (be != 0.f ? be * c : 0.f);
       }
     ++n_gemm;
+    g_clock_ms += cost_us * 1e-3;
   });
+}
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
+                            cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t, cublasGemmAlgo_t) {
+  assert(ta == CUBLAS_OP_T && tb == CUBLAS_OP_N && ct == CUDA_R_32F);
+  emu_gemm(m, n, k, k, *(const float *)alpha, A, at, lda, B, bt, ldb, *(const float *)beta, C, ldc, 8.0);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// cuBLASLt, emulated with three algorithms that its heuristic returns in this order: 2 is the
+// fastest (1 us a call) and wrong (it drops the last of the K terms, as a split-K kernel that
+// loses a part would), 1 takes 6 us, 0 takes 5 us; cublasGemmEx takes 8. blas_pick must refuse
+// 2 by its check and choose 0 (run_blas_pick below reads its choices).
+struct EmuLayout {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct EmuDesc {
+  int ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+};
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (cublasLtHandle_t)0x1; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t, cudaDataType_t) {
+  *d = (cublasLtMatmulDesc_t) new EmuDesc();
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete (EmuDesc *)d; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v,
+                                              size_t n) {
+  if (n != sizeof(int)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  (a == CUBLASLT_MATMUL_DESC_TRANSA ? ((EmuDesc *)d)->ta : ((EmuDesc *)d)->tb) = *(const int *)v;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t t, uint64_t r, uint64_t c, int64_t ld) {
+  *l = (cublasLtMatrixLayout_t) new EmuLayout{t, r, c, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete (EmuLayout *)l; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+  *p = (cublasLtMatmulPreference_t)0x1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,
+                                                    const void *, size_t) {
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatmulPreference_t, int req, cublasLtMatmulHeuristicResult_t *r,
+                                              int *n) {
+  const uint64_t ids[] = {2, 1, 0};
+  *n = std::min(req, 3);
+  for (int i = 0; i < *n; ++i) {
+    r[i] = cublasLtMatmulHeuristicResult_t{};
+    r[i].algo.data[0] = ids[i];
+    r[i].state = CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+                                       cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                       const cublasLtMatmulAlgo_t *, cublasLtMatmulHeuristicResult_t *) {
+  return CUBLAS_STATUS_NOT_SUPPORTED;  // no split-K variants (the capability below says so too)
+}
+cublasStatus_t cublasLtMatmulAlgoConfigSetAttribute(cublasLtMatmulAlgo_t *, cublasLtMatmulAlgoConfigAttributes_t,
+                                                    const void *, size_t) {
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+static cublasStatus_t emu_attr(uint64_t v, void *buf, size_t n, size_t *got) {
+  if (!buf) {
+    if (got) *got = 4;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (n != 4) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const uint32_t u = (uint32_t)v;
+  memcpy(buf, &u, 4);
+  if (got) *got = 4;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t k,
+                                                    void *buf, size_t n, size_t *got) {
+  return emu_attr(k == CUBLASLT_ALGO_CONFIG_ID ? a->data[0] : 0, buf, n, got);
+}
+cublasStatus_t cublasLtMatmulAlgoCapGetAttribute(const cublasLtMatmulAlgo_t *, cublasLtMatmulAlgoCapAttributes_t,
+                                                 void *buf, size_t n, size_t *got) {
+  return emu_attr(0, buf, n, got);
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t al, const void *B, cublasLtMatrixLayout_t bl, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t cl, void *D, cublasLtMatrixLayout_t dl,
+                              const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
+  const EmuDesc &o = *(const EmuDesc *)d;
+  const EmuLayout &a = *(const EmuLayout *)al, &b = *(const EmuLayout *)bl, &c = *(const EmuLayout *)cl,
+                  &dd = *(const EmuLayout *)dl;
+  // out = X W^T as blas_pick states it: A = W stored [K rows, N cols], B = X [K, B], C = D [N, B].
+  if (o.ta != CUBLAS_OP_T || o.tb != CUBLAS_OP_N || C != D || c.type != CUDA_R_32F || dd.type != CUDA_R_32F ||
+      a.rows != b.rows || a.cols != c.rows || b.cols != c.cols || a.ld < (int64_t)a.rows || b.ld < (int64_t)b.rows ||
+      c.ld < (int64_t)c.rows || algo->data[0] > 2)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const int k = (int)a.rows, id = (int)algo->data[0];
+  emu_gemm((int)c.rows, (int)c.cols, k, id == 2 ? k - 1 : k, *(const float *)alpha, A, a.type, (int)a.ld, B, b.type,
+           (int)b.ld, *(const float *)beta, D, (int)c.ld, id == 2 ? 1.0 : id == 1 ? 6.0 : 5.0);
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -666,6 +778,22 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     check(rc == 0 && strstr(buf, "\"attention\": [") && strstr(buf, "\"lm_head:gemv\": [") && strstr(buf, "\"steps\": 1"),
           "profile JSON has per-kernel entries");
     mqb_debug_set(m, "profile", 0);
+  }
+  // blas_pick's choices for the cuBLAS products it saw (the buckets' products at load, batch 6's
+  // in bucket 8 when the cuBLAS variant runs): against the emulated cuBLASLt above, each must be
+  // algorithm 0, the fastest that computes what cublasGemmEx does, with the faster algorithm 2
+  // refused by the check. The logits checks above ran through these choices.
+  {
+    const auto &plans = m->picker->plans();
+    bool chose0 = !plans.empty(), refused = true;
+    for (const auto &kv : plans) {
+      printf("blas_pick: %s\n", kv.second.what.c_str());
+      chose0 = chose0 && kv.second.lt && kv.second.algo.data[0] == 0;
+      refused = refused && kv.second.what.find("algo 2 ") != std::string::npos &&
+                kv.second.what.find("refused") != std::string::npos;
+    }
+    check(chose0 && refused, std::string(family) + " " + prec + " blas_pick: " + std::to_string(plans.size()) +
+                                 " shapes tuned, each to the fastest algorithm that agrees with cublasGemmEx");
   }
   mqb_model_close(m);
 }
