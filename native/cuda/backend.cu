@@ -1060,8 +1060,9 @@ constexpr int ATT_FEW_POS = 16;     // ... of at least this many positions each
 // attention_kernel instances of up to this many query heads per KV head are compiled to fit two
 // blocks per SM (at most 128 registers a thread; no spills with nvcc 13.0): a decode step of 32
 // sequences of the Qwen3-0.6B shape is 256 blocks, two waves at one block per SM (164
-// registers). GM 4 and 8 keep one block (not measured with two). decode_attn_kernel stays at one: at 17-32 sequences it lost to qkv_post + attention with two
-// blocks per SM too (NOTES.md run 73), and below that its grid is smaller than the GPU.
+// registers). GM 4 and 8 keep one block (not measured with two). decode_attn_kernel stays at
+// one: at 17-32 sequences it lost to qkv_post + attention with two blocks per SM too (NOTES.md
+// run 73), and below that its grid is smaller than the GPU.
 constexpr int ATT_2BLK_GM = 2;
 
 __device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
@@ -1715,10 +1716,10 @@ struct mqb_model {
   // tile_max_b rows, the LM head above gemv_max_b) run the cuBLASLt algorithm blas_pick timed
   // fastest on this model's weights: tuned while the model loads (tune_buckets), or at a shape's
   // first eager step where that did not see it. blas_tune false (MQB_BLAS_TUNE=0, debug
-  // "blas_tune" 0) runs cublasGemmEx's default. tune_here: the step being run is a decode step
-  // (prefill's token counts vary, so its products keep the default). MQB_BLAS_LOG=1 prints
-  // each choice.
-  bool blas_tune = true, tune_here = false;
+  // "blas_tune" 0) runs cublasGemmEx's default. tune_here: a decode step is being run
+  // (decode_step sets it; prefill's token counts vary, so its products keep the default).
+  // blas_log (MQB_BLAS_LOG=1) prints each choice.
+  bool blas_tune = true, tune_here = false, blas_log = false;
   std::unique_ptr<blaspick::Picker> picker;
   std::vector<void *> allocs;
 
@@ -2077,19 +2078,21 @@ bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int
 }
 
 int bucket_for(const mqb_model &m, int n);
-int env_int(const char *k, int dflt);
 
-// role_weights: the weights of every layer for a product's role (W's own where the role is not
-// a layer's), which blas_pick cycles through so that each timed call reads its weights from DRAM.
-std::vector<const void *> role_weights(const mqb_model &m, const std::string &r, const void *W) {
-  std::vector<const void *> ws;
-  for (const Layer &ly : m.layers) {
-    const void *w = r == "qkv" ? ly.w_qkv : r == "o_proj" ? ly.w_o : r == "up" ? ly.w_up : r == "down" ? ly.w_down
-                                                                                                     : nullptr;
-    if (w) ws.push_back(w);
+// layer_weights: W and the same product's weights in every other layer (W alone where it is not
+// a layer's, the LM head's), which blas_pick cycles through so that each timed call reads its
+// weights from DRAM.
+std::vector<const void *> layer_weights(const mqb_model &m, const void *W) {
+  for (void *Layer::*f : {&Layer::w_qkv, &Layer::w_o, &Layer::w_up, &Layer::w_down}) {
+    std::vector<const void *> ws;
+    bool has = false;
+    for (const Layer &ly : m.layers) {
+      ws.push_back(ly.*f);
+      has = has || ly.*f == W;
+    }
+    if (has) return ws;
   }
-  if (std::find(ws.begin(), ws.end(), W) == ws.end()) ws.assign(1, W);
-  return ws;
+  return {W};
 }
 
 // gemm: out[B, N] (+)= X[B, K] · W[N, K]^T on cuBLAS (fp32 out): a decode bucket's shape with
@@ -2104,8 +2107,8 @@ void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     ck(cudaStreamIsCapturing(m.stream, &cap), "cudaStreamIsCapturing");
     if (!p && cap == cudaStreamCaptureStatusNone) {  // a capture follows the bucket's eager step
-      p = m.picker->tune(s, role_weights(m, r, W));
-      if (env_int("MQB_BLAS_LOG", 0)) fprintf(stderr, "cuda backend: blas %s %s\n", r.c_str(), p->what.c_str());
+      p = m.picker->tune(s, layer_weights(m, W));
+      if (m.blas_log) fprintf(stderr, "cuda backend: blas %s %s\n", r.c_str(), p->what.c_str());
     }
   }
   m.picker->run(s, p, W, X, out);
@@ -2873,12 +2876,10 @@ void tune_buckets(mqb_model &m) {
   std::vector<int> bs;
   for (int n = 1; n <= m.max_batch; ++n)
     if (bs.empty() || bucket_for(m, n) != bs.back()) bs.push_back(bucket_for(m, n));
-  m.tune_here = true;
   for (int b : bs) {
     const std::vector<int32_t> slots(b, m.scratch), zeros(b, 0);
     decode_step(m, b, slots.data(), zeros.data(), zeros.data(), nullptr, nullptr, nullptr, nullptr);
   }
-  m.tune_here = false;
 }
 
 void open_model(mqb_model &m, const mqb_model_params *p) {
@@ -2940,6 +2941,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   ckb(cublasSetWorkspace(m.blas, m.blas_ws, ws), "cublasSetWorkspace");
   ckb(cublasSetMathMode(m.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   m.blas_tune = env_int("MQB_BLAS_TUNE", 1) != 0;
+  m.blas_log = env_int("MQB_BLAS_LOG", 0) != 0;
   m.picker.reset(new blaspick::Picker(m.blas, m.stream, m.blas_ws, ws));
 
   m.layers.resize(c.L);
@@ -3036,6 +3038,11 @@ int graph_key(int b, int splits, bool logits) { return (b * (ATT_SPLIT_MAX + 1) 
 
 void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *tokens, const int32_t *start_pos,
                  const float *temp, const uint64_t *rkey, float *logits_out, int32_t *argmax_out) {
+  struct Tuning {  // mqb_model::tune_here for this step only, also when it throws
+    bool &on;
+    explicit Tuning(bool &f) : on(f) { on = true; }
+    ~Tuning() { on = false; }
+  } tuning(m.tune_here);
   const bool graphs = m.use_graphs && !m.prof;
   const int b = graphs ? std::max(n, bucket_for(m, n)) : n;
   int nmax = 1;
@@ -3139,11 +3146,8 @@ void forward(mqb_model &m, int n, const int32_t *slots, const int32_t *n_tokens,
     total += n_tokens[i];
     if (n_tokens[i] != 1) decode = false;
   }
-  m.tune_here = false;  // also after a decode step that threw
   if (decode && n <= m.Tcap) {
-    m.tune_here = true;
     decode_step(m, n, slots, tokens, start_pos, temp, rkey, logits_out, argmax_out);
-    m.tune_here = false;
     return;
   }
   // General path (prefill or mixed): pack tokens into chunks of at most Tcap; an entry longer

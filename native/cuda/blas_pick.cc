@@ -98,9 +98,10 @@ cublasStatus_t Picker::gemm_lt(const Shape &s, const Plan &d, const cublasLtMatm
 void Picker::run(const Shape &s, const Plan *p, const void *W, const void *X, float *out) const {
   const cublasStatus_t st = p && p->lt ? gemm_lt(s, *p, p->algo, p->ws, W, X, out) : gemm_default(s, W, X, out);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    char buf[200];
-    snprintf(buf, sizeof buf, "cuda backend: %s failed (status %d) for the product N=%d K=%d B=%d",
-             p && p->lt ? "cublasLtMatmul" : "cublasGemmEx", (int)st, s.N, s.K, s.B);
+    char buf[260];
+    snprintf(buf, sizeof buf, "cuda backend: %s failed (status %d) for the product N=%d K=%d B=%d%s",
+             p && p->lt ? "cublasLtMatmul" : "cublasGemmEx", (int)st, s.N, s.K, s.B,
+             p && p->lt ? " with the algorithm blas_pick chose (MQB_BLAS_TUNE=0 runs cuBLAS's default)" : "");
     throw std::runtime_error(buf);
   }
 }

@@ -256,7 +256,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
 // cuBLASLt, emulated with three algorithms that its heuristic returns in this order: 2 is the
 // fastest (1 us a call) and wrong (it drops the last of the K terms, as a split-K kernel that
 // loses a part would), 1 takes 6 us, 0 takes 5 us; cublasGemmEx takes 8. blas_pick must refuse
-// 2 by its check and choose 0 (run_blas_pick below reads its choices).
+// 2 by its check and choose 0 (the end of run_family reads its choices).
 struct EmuLayout {
   cudaDataType_t type;
   uint64_t rows, cols;
