@@ -65,7 +65,8 @@
 // before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
 // position (as before run 26), "prefill_tc" 0 sends bf16/fp16 prefill attention back to
 // attention_kernel ("prefill_flash" 0: through attend there), "tile_pre" n has each tile-kernel
-// block ask for n weight chunks before its wait (default 3), "timeline" 1 records when every
+// block ask for n weight chunks before its wait (default 3), "slim" (bitmask, default 3) 0 runs
+// the kernels that carry every mode's code (mqb_model::slim), "timeline" 1 records when every
 // GEMV and decode-attention launch of a decode step started, passed its wait and ended
 // (mqb_debug_timeline; tl_mark).
 // mqb_debug_chain runs decode steps back to back with their tokens fed on the device, the host
@@ -704,11 +705,13 @@ __device__ __forceinline__ float gelu_new(float x) {
 }
 
 // prep_elem is element k of source row r in the element-wise modes (PLAIN, SWIGLU, GELU).
-template <typename T>
+// M >= 0 is a.mode known at compile time (prep_kernel's instances); -1 reads a.mode (the fused GEMV).
+template <typename T, int M = -1>
 __device__ __forceinline__ T prep_elem(const PrepArgs<T> &a, int r, int K, int k) {
-  if (a.mode == PREP_PLAIN) return a.srcT[(size_t)r * a.ld + k];
+  const int mode = M >= 0 ? M : a.mode;
+  if (mode == PREP_PLAIN) return a.srcT[(size_t)r * a.ld + k];
   const float *x = a.src + (size_t)r * a.ld;
-  if (a.mode == PREP_SWIGLU) {
+  if (mode == PREP_SWIGLU) {
     return TT<T>::fromf(swiglu(x[k], x[K + k]));
   }
   return TT<T>::fromf(gelu_new(x[k]));  // PREP_GELU
@@ -726,18 +729,18 @@ constexpr int PREP_REGS = 12;
 // next load, so the compiler keeps them in order), which Nsight Compute showed as 17 us for the
 // 3,072-wide SwiGLU row of a batch-1 down projection (run 19). The arithmetic and the order of
 // every sum are those of the one-at-a-time loop (prep_row_long), so the results are the same bits.
-template <typename T>
+template <typename T, int M = -1>
 __device__ void prep_row_long(const PrepArgs<T> &a, int b, int K, T *dst, float *red);
 
-template <typename T>
+template <typename T, int M = -1>
 __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red) {
-  const int tid = threadIdx.x, nt = blockDim.x;
+  const int tid = threadIdx.x, nt = blockDim.x, mode = M >= 0 ? M : a.mode;
   if (K > PREP_REGS * nt) {
-    prep_row_long<T>(a, b, K, dst, red);
+    prep_row_long<T, M>(a, b, K, dst, red);
     return;
   }
   const int r = a.rows ? a.rows[b] : b;
-  if (a.mode == PREP_PLAIN) {
+  if (mode == PREP_PLAIN) {
     const T *x = a.srcT + (size_t)r * a.ld;
     T v[PREP_REGS];
 #pragma unroll
@@ -755,18 +758,18 @@ __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red)
     const int k = tid + j * nt;
     v[j] = k < K ? x[k] : 0.f;
     // SwiGLU's up half, or the norm weight (it does not depend on the row: loaded alongside)
-    if (k < K) w[j] = a.mode == PREP_SWIGLU ? x[K + k] : (a.mode == PREP_RMS || a.mode == PREP_LN) ? a.w[k] : 0.f;
+    if (k < K) w[j] = mode == PREP_SWIGLU ? x[K + k] : (mode == PREP_RMS || mode == PREP_LN) ? a.w[k] : 0.f;
   }
-  if (a.mode == PREP_SWIGLU || a.mode == PREP_GELU) {
+  if (mode == PREP_SWIGLU || mode == PREP_GELU) {
 #pragma unroll
     for (int j = 0; j < PREP_REGS; ++j) {
       const int k = tid + j * nt;
       if (k < K)
-        dst[k] = TT<T>::fromf(a.mode == PREP_SWIGLU ? swiglu(v[j], w[j]) : gelu_new(v[j]));
+        dst[k] = TT<T>::fromf(mode == PREP_SWIGLU ? swiglu(v[j], w[j]) : gelu_new(v[j]));
     }
     return;
   }
-  if (a.mode == PREP_RMS) {
+  if (mode == PREP_RMS) {
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < PREP_REGS; ++j)
@@ -800,16 +803,16 @@ __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red)
 }
 
 // prep_row_long: prep_row for rows longer than PREP_REGS values per thread, one value at a time.
-template <typename T>
+template <typename T, int M>
 __device__ void prep_row_long(const PrepArgs<T> &a, int b, int K, T *dst, float *red) {
   const int r = a.rows ? a.rows[b] : b;
-  const int tid = threadIdx.x, nt = blockDim.x;
-  if (a.mode != PREP_RMS && a.mode != PREP_LN) {
-    for (int k = tid; k < K; k += nt) dst[k] = prep_elem(a, r, K, k);
+  const int tid = threadIdx.x, nt = blockDim.x, mode = M >= 0 ? M : a.mode;
+  if (mode != PREP_RMS && mode != PREP_LN) {
+    for (int k = tid; k < K; k += nt) dst[k] = prep_elem<T, M>(a, r, K, k);
     return;
   }
   const float *x = a.src + (size_t)r * a.ld;
-  if (a.mode == PREP_RMS) {
+  if (mode == PREP_RMS) {
     float ss = 0.f;
     for (int k = tid; k < K; k += nt) ss += x[k] * x[k];
     ss = block_sum(ss, red);
@@ -851,19 +854,22 @@ __global__ void __launch_bounds__(256) embed_kernel(const int *__restrict__ tok,
 // prep_kernel makes the T input rows [B, K] of a cuBLAS product (decode batches above gemv_max_b,
 // prefill). Norms: a block per row (prep_row); element-wise modes: the grid strides over all B*K
 // values, so a few rows of the 3072-wide SwiGLU still spread over many SMs.
-template <typename T>
+// One instance per mode M (the launch's a.mode): one instance with every mode's code was 47 KB of
+// instructions, fetched cold at each of a batch-32 layer's three preps (NOTES.md, runs 82-86).
+template <typename T, int M>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, T *__restrict__ out) {
   __shared__ float red[32];
   pdl_wait();
   pdl_trigger();
-  if (a.mode == PREP_RMS || a.mode == PREP_LN) {
-    prep_row<T>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red);
+  const int mode = M >= 0 ? M : a.mode;  // M = -1: every mode, read from a (debug "slim" without bit 1)
+  if (mode == PREP_RMS || mode == PREP_LN) {
+    prep_row<T, M>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red);
     return;
   }
   const size_t total = (size_t)B * K;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     const int b = (int)(i / K), k = (int)(i - (size_t)b * K);
-    out[i] = prep_elem(a, a.rows ? a.rows[b] : b, K, k);
+    out[i] = prep_elem<T, M>(a, a.rows ? a.rows[b] : b, K, k);
   }
 }
 
@@ -1077,7 +1083,7 @@ __host__ __device__ inline size_t attn_smem(int GM, int D) {
 
 // lanes_fit: a K row of nch 16-byte chunks can be split over nch lanes of a warp (nch a power
 // of two of at most 32: every head_dim in use), as attend's lane scoring and attend_flash need.
-__device__ __forceinline__ bool lanes_fit(int nch) { return nch <= 32 && (nch & (nch - 1)) == 0; }
+__host__ __device__ __forceinline__ bool lanes_fit(int nch) { return nch <= 32 && (nch & (nch - 1)) == 0; }
 
 // attend: one block of ATT_THREADS; the G <= GM query heads in qs (G*D floats) attend over
 // positions [lo, hi) of the K/V rows kb/vb (row stride rs elements), with online softmax per
@@ -1425,15 +1431,17 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
 
 // attend_either runs attend_flash where flash is asked for and a K row fits a warp's lanes
 // (lanes_fit), attend otherwise: the one place that rule lives. tlb, tls and score_lanes are
-// attend's timeline slot and lane scoring; attend_flash's single pass marks phase 6.
-template <typename T, int GM>
+// attend's timeline slot and lane scoring; attend_flash's single pass marks phase 6. FLASH_ONLY
+// (the launch checked the rule: flash_only) compiles attend_flash alone, so that the kernel
+// carries no attend: dead code too costs a launch (NOTES.md, run 84: batch 1 +4 %).
+template <typename T, int GM, bool FLASH_ONLY = false>
 __device__ void attend_either(bool flash, const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi,
                               int fresh, int D, int G, float *sc, float *red, float *s_m, float *s_l, float *s_c,
                               float *oacc, unsigned long long *tlb = nullptr, int tls = -1, bool score_lanes = true) {
-  if (flash && lanes_fit(D / TT<T>::CH)) {
+  if (FLASH_ONLY || (flash && lanes_fit(D / TT<T>::CH))) {
     attend_flash<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc);
     tl_mark(tlb, tls, 6);
-  } else {
+  } else if constexpr (!FLASH_ONLY) {
     attend<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, s_c, oacc, tlb, tls, score_lanes);
   }
 }
@@ -1444,8 +1452,9 @@ __device__ void attend_either(bool flash, const float *qs, const T *kb, const T 
 // for a continuing sequence. flash (decode steps, and prefill with debug prefill_flash, the
 // default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Two blocks
 // per SM for up to ATT_2BLK_GM query heads per KV head (see there; H200, NOTES.md runs 71-72: 8.1
-// us alone instead of 11.7, 7.5 us per layer of a batch-32 step instead of 11.3).
-template <typename T, int GM>
+// us alone instead of 11.7, 7.5 us per layer of a batch-32 step instead of 11.3). FLASH_ONLY:
+// the instance for steps that attend_flash takes (flash_only), without attend's code.
+template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
     attention_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                      const int *__restrict__ tpos, const int *__restrict__ tslot, T *__restrict__ out, int nh,
@@ -1458,8 +1467,8 @@ __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
   float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
   const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
-  attend_either<T, GM>(flash != 0, qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m, s_l, s_c,
-                       oacc);
+  attend_either<T, GM, FLASH_ONLY>(flash != 0, qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m,
+                                   s_l, s_c, oacc);
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS)
     out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
 }
@@ -1495,7 +1504,7 @@ __device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &h
 // partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
 // order: the same inputs give the same bits) and resets the counter. Used by
 // decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
-template <typename T, int GM>
+template <typename T, int GM, bool FLASH_ONLY = false>
 __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem) {
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
   __shared__ int s_last;
@@ -1508,13 +1517,15 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   const bool mine = lo <= p && p < hi;  // this split holds the new token's position
   const float *row = a.qkv + (size_t)t * (a.nh + 2 * nkv) * D;
   const bool rope = a.inv_freq != nullptr;
-  for (int h = warp; h < G + 2; h += nwarp) {  // the G query heads, then k, then v
-    if (h < G)
-      head_vec(row + (size_t)(kh * G + h) * D, a.qn, a.eps, a.inv_freq, p, a.qscale, D, qs + h * D, rope);
-    else if (mine && h == G)
-      head_vec(row + (size_t)(a.nh + kh) * D, a.kn, a.eps, a.inv_freq, p, 1.f, D, kvv, rope);
-    else if (mine && h == G + 1)
-      head_vec(row + (size_t)(a.nh + nkv + kh) * D, nullptr, a.eps, a.inv_freq, p, 1.f, D, kvv + D, false);
+  // The G query heads, then k, then v, through one call site: each inlined copy of head_vec is
+  // ~6 KB of code that the warps running it fetch cold after the previous kernel (NOTES.md, run
+  // 83: cold code costs 0.1-0.3 us per KB on the critical path).
+  for (int h = warp; h < G + 2; h += nwarp) {
+    if (h >= G && !mine) continue;
+    const bool q = h < G, k = h == G;
+    const float *src = row + (size_t)(q ? kh * G + h : (k ? a.nh + kh : a.nh + nkv + kh)) * D;
+    head_vec(src, q ? a.qn : (k ? a.kn : nullptr), a.eps, a.inv_freq, p, q ? a.qscale : 1.f, D,
+             q ? qs + h * D : (k ? kvv : kvv + D), rope && h <= G);
   }
   __syncthreads();
   tl_mark(a.tlb, a.tls, 3);
@@ -1527,7 +1538,8 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     }
     __syncthreads();
   }
-  attend_either<T, GM>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc, red, s_m, s_l,
+  attend_either<T, GM, FLASH_ONLY>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc,
+                                   red, s_m, s_l,
                        s_c, oacc, a.tlb, a.tls, a.score_lanes != 0);
   T *out = a.out + ((size_t)t * a.nh + (size_t)kh * G) * D;
   if (S == 1) {
@@ -1573,7 +1585,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
 // decode_attn_kernel: a decode step's attention (one new token per sequence), replacing
 // qkv_post_kernel + attention_kernel there: grid (token, KV head, split), one attn_item each.
 // Splitting the positions lets a few sequences use every SM; the merge needs no extra launch.
-template <typename T, int GM>
+template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
   tl_mark(a.tlb, a.tls, 0);
@@ -1586,7 +1598,7 @@ __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<
   pdl_wait();
   pdl_trigger();
   tl_mark(a.tlb, a.tls, 1);
-  attn_item<T, GM>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm);
+  attn_item<T, GM, FLASH_ONLY>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm);
   tl_mark(a.tlb, a.tls, 2);  // attn_item ends with __syncthreads
 }
 
@@ -1691,6 +1703,12 @@ struct mqb_model {
   // Weight chunks each tile-kernel block asks for before griddepcontrol.wait (debug "tile_pre",
   // 1..sk::TSTAGES): 3. All four buffers' worth made batches 1-16 1-2 % slower (run 61).
   int tile_pre = sk::TSTAGES - 1;
+  // Kernels compiled per mode, so that a launch fetches no other mode's instructions (debug
+  // "slim", a bitmask, default 3): bit 0 the attention kernels without attend where attend_flash
+  // takes the step, bit 1 prep_kernel per PrepMode. A kernel's code is fetched cold at each
+  // launch of a layer's chain: on the H200 bit 0 made batch 1 4-7 % faster, bit 1 batch 32 0.6 %
+  // (NOTES.md, runs 82-86; the tile kernel per TileFuse mode was tried there and lost).
+  int slim = 3;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
   // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b
   // is 16: on the H200 batches 12 and 16 decode 6-7 % faster so; at 24 and 32 the tile kernel,
@@ -2154,7 +2172,13 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     m.label = r + ":prep";
     const bool norm = a.mode == PREP_RMS || a.mode == PREP_LN;
     const int blocks = norm ? B : (int)std::min<int64_t>(((int64_t)B * K + 255) / 256, (int64_t)m.sms * 8);
-    launch(m, prep_kernel<T>, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
+    auto k = !(m.slim & 2)           ? prep_kernel<T, -1>
+             : a.mode == PREP_RMS    ? prep_kernel<T, PREP_RMS>
+             : a.mode == PREP_LN     ? prep_kernel<T, PREP_LN>
+             : a.mode == PREP_SWIGLU ? prep_kernel<T, PREP_SWIGLU>
+             : a.mode == PREP_GELU   ? prep_kernel<T, PREP_GELU>
+                                     : prep_kernel<T, PREP_PLAIN>;
+    launch(m, k, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
     X = static_cast<const T *>(m.xbuf);
   }
   if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate)) gemm<T>(m, r, W, X, B, K, N, out, accumulate);
@@ -2442,6 +2466,14 @@ void launch_gm(int gm, const F &f) {
   }
 }
 
+// flash_only: decode attention of this model goes through attend_flash alone (attend_either's
+// rule, checked here so that the attention kernels' instance carries no attend; debug "slim"
+// without bit 0: the instance with both).
+template <typename T>
+bool flash_only(const mqb_model &m, int D) {
+  return (m.slim & 1) && m.attn_flash && lanes_fit(D / TT<T>::CH);
+}
+
 // attn_splits: how many position splits decode_attn_kernel uses for a decode step of Tn tokens
 // whose longest context is nmax positions: MQB_ATTN_SPLIT / "attn_split" when set, else the more
 // of two rules, in (token, KV head, split) blocks that fit the SMs:
@@ -2536,7 +2568,9 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
                             m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0};
         launch_gm(gm, [&](auto g) {
-          launch(m, decode_attn_kernel<T, decltype(g)::value>, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
+          auto k = flash_only<T>(m, c.D) ? decode_attn_kernel<T, decltype(g)::value, true>
+                                         : decode_attn_kernel<T, decltype(g)::value, false>;
+          launch(m, k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
         });
         return;
       }
@@ -2550,11 +2584,13 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
         prefill_attention<T>(m, ly, ntiles);
         return;
       }
+      const bool flash = decode || m.prefill_flash;  // with m.attn_flash
       launch_gm(gm, [&](auto g) {
-        launch(m, attention_kernel<T, decltype(g)::value>, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem,
-               (const float *)m.qbuf, (const T *)ly.kc, (const T *)ly.vc, (const int *)m.d_pos(),
-               (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx,
-               m.attn_flash && (decode || m.prefill_flash) ? 1 : 0);
+        auto k = flash && flash_only<T>(m, c.D) ? attention_kernel<T, decltype(g)::value, true>
+                                                : attention_kernel<T, decltype(g)::value, false>;
+        launch(m, k, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem, (const float *)m.qbuf, (const T *)ly.kc,
+               (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh,
+               c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0);
       });
     };
     if constexpr (!std::is_same<T, float>::value) {  // tensor-core products: bf16/fp16 only
@@ -2815,12 +2851,12 @@ template <typename T>
 void set_kernel_attrs(int gm, size_t att_bytes) {
   if (att_bytes <= 48 * 1024) return;
   launch_gm(gm, [&](auto g) {
-    ck(cudaFuncSetAttribute(attention_kernel<T, decltype(g)::value>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)att_bytes),
-       "cudaFuncSetAttribute(attention)");
-    ck(cudaFuncSetAttribute(decode_attn_kernel<T, decltype(g)::value>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)att_bytes),
-       "cudaFuncSetAttribute(decode attention)");
+    for (auto k : {attention_kernel<T, decltype(g)::value, false>, attention_kernel<T, decltype(g)::value, true>})
+      ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
+         "cudaFuncSetAttribute(attention)");
+    for (auto k : {decode_attn_kernel<T, decltype(g)::value, false>, decode_attn_kernel<T, decltype(g)::value, true>})
+      ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
+         "cudaFuncSetAttribute(decode attention)");
   });
 }
 
@@ -3338,6 +3374,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "tile_rt") m->tile_rt = (value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
   else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(sk::TSTAGES, (int)value));
+  else if (k == "slim") m->slim = (int)value & 3;
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));

@@ -625,9 +625,11 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // RMSNorm, and gate/up with the SwiGLU, fused into it; the fp32 runs take the GEMV at 1-4
   // rows); variant 6 sends batch 6 through the skinny kernel at its finest K split (one 32-column
   // slice per warp, partials summed by the last block), variant 7 to cuBLAS, variant 8 to the tile
-  // kernel unfused (prep kernels), variant 9 batch 3 through the fused GEMV.
-  const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention", " attention-split-3",
-                         " skinny-split-K", " cuBLAS", " tile unfused", " GEMV"};
+  // kernel unfused (prep kernels), variant 9 batch 3 through the fused GEMV. Variants 5 and 7 run
+  // the kernels that carry every mode's code (debug "slim" 0: prep_kernel's and the attention
+  // kernels' instances for all modes), the others those compiled per mode.
+  const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention",
+                         " attention-split-3 slim-0", " skinny-split-K", " cuBLAS slim-0", " tile unfused", " GEMV"};
   // Each variant's debug switches: the value it runs with, then the backend's default it restores.
   struct Switch {
     const char *key;
@@ -636,7 +638,8 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   const std::vector<std::vector<Switch>> vsw = {
       {}, {}, {}, {{"graphs", 0, 1}, {"attn_flash", 0, 1}, {"attn_lanes", 0, 1}, {"prefill_tc", 0, 1}},
       {{"fused_attn", 0, 1}},
-      {{"attn_split", 3, 0}}, {{"sk_max_b", 8, 0}, {"sk_kw", 32, 0}, {"sk_ks", 1, 0}}, {{"skinny", 0, 1}},
+      {{"attn_split", 3, 0}, {"slim", 0, 3}}, {{"sk_max_b", 8, 0}, {"sk_kw", 32, 0}, {"sk_ks", 1, 0}},
+      {{"skinny", 0, 1}, {"slim", 0, 3}},
       {{"fuse_max_b", 0, 16}}, {{"tile_max_b", 0, 16}, {"fuse_max_b", 0, 16}}};
   const bool half = std::string(prec) != "fp32";
   for (int variant = 0; variant < (half ? 10 : 6); ++variant) {
