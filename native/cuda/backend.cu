@@ -1518,8 +1518,8 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   const float *row = a.qkv + (size_t)t * (a.nh + 2 * nkv) * D;
   const bool rope = a.inv_freq != nullptr;
   // The G query heads, then k, then v, through one call site: each inlined copy of head_vec is
-  // ~6 KB of code that the warps running it fetch cold after the previous kernel (NOTES.md, run
-  // 83: cold code costs 0.1-0.3 us per KB on the critical path).
+  // code that the warps running it fetch cold after the previous kernel (NOTES.md, run 83: cold
+  // code costs 0.1-0.3 us per KB on the critical path; run 84: one copy instead of three, +1-4 %).
   for (int h = warp; h < G + 2; h += nwarp) {
     if (h >= G && !mine) continue;
     const bool q = h < G, k = h == G;
@@ -1539,8 +1539,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     __syncthreads();
   }
   attend_either<T, GM, FLASH_ONLY>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc,
-                                   red, s_m, s_l,
-                       s_c, oacc, a.tlb, a.tls, a.score_lanes != 0);
+                                   red, s_m, s_l, s_c, oacc, a.tlb, a.tls, a.score_lanes != 0);
   T *out = a.out + ((size_t)t * a.nh + (size_t)kh * G) * D;
   if (S == 1) {
     for (int i = tid; i < G * D; i += ATT_THREADS) out[i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
@@ -1706,7 +1705,7 @@ struct mqb_model {
   // Kernels compiled per mode, so that a launch fetches no other mode's instructions (debug
   // "slim", a bitmask, default 3): bit 0 the attention kernels without attend where attend_flash
   // takes the step, bit 1 prep_kernel per PrepMode. A kernel's code is fetched cold at each
-  // launch of a layer's chain: on the H200 bit 0 made batch 1 4-7 % faster, bit 1 batch 32 0.6 %
+  // launch of a layer's chain: on the H200 bit 0 made batch 1 4-5 % faster, bit 1 batch 32 0.6 %
   // (NOTES.md, runs 82-86; the tile kernel per TileFuse mode was tried there and lost).
   int slim = 3;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
