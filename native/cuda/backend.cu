@@ -1085,6 +1085,12 @@ __host__ __device__ inline size_t attn_smem(int GM, int D) {
 // of two of at most 32: every head_dim in use), as attend's lane scoring and attend_flash need.
 __host__ __device__ __forceinline__ bool lanes_fit(int nch) { return nch <= 32 && (nch & (nch - 1)) == 0; }
 
+// flash_fits: attend_flash takes an attention step where flash is asked for and a K row of
+// head_dim D fits a warp's lanes; otherwise attend does. The one place that rule lives:
+// attend_either applies it on the device, flash_only on the host to pick a kernel instance.
+template <typename T>
+__host__ __device__ __forceinline__ bool flash_fits(bool flash, int D) { return flash && lanes_fit(D / TT<T>::CH); }
+
 // attend: one block of ATT_THREADS; the G <= GM query heads in qs (G*D floats) attend over
 // positions [lo, hi) of the K/V rows kb/vb (row stride rs elements), with online softmax per
 // tile of ATT_TILE positions. Leaves the unnormalised sums in oacc[j*D + d] and the running max
@@ -1429,16 +1435,15 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
   __syncthreads();
 }
 
-// attend_either runs attend_flash where flash is asked for and a K row fits a warp's lanes
-// (lanes_fit), attend otherwise: the one place that rule lives. tlb, tls and score_lanes are
-// attend's timeline slot and lane scoring; attend_flash's single pass marks phase 6. FLASH_ONLY
-// (the launch checked the rule: flash_only) compiles attend_flash alone, so that the kernel
-// carries no attend: dead code too costs a launch (NOTES.md, run 84: batch 1 +4 %).
+// attend_either runs attend_flash or attend by flash_fits. tlb, tls and score_lanes are attend's
+// timeline slot and lane scoring; attend_flash's single pass marks phase 6. FLASH_ONLY (the launch
+// checked the rule: flash_only) compiles attend_flash alone, so that the kernel carries no attend:
+// dead code too costs a launch (NOTES.md, run 84: batch 1 +4 %).
 template <typename T, int GM, bool FLASH_ONLY = false>
 __device__ void attend_either(bool flash, const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi,
                               int fresh, int D, int G, float *sc, float *red, float *s_m, float *s_l, float *s_c,
                               float *oacc, unsigned long long *tlb = nullptr, int tls = -1, bool score_lanes = true) {
-  if (FLASH_ONLY || (flash && lanes_fit(D / TT<T>::CH))) {
+  if (FLASH_ONLY || flash_fits<T>(flash, D)) {
     attend_flash<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc);
     tl_mark(tlb, tls, 6);
   } else if constexpr (!FLASH_ONLY) {
@@ -2122,7 +2127,7 @@ void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int
   if (m.blas_tune && m.tune_here && B == bucket_for(m, B)) {
     p = m.picker->find(s);
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    ck(cudaStreamIsCapturing(m.stream, &cap), "cudaStreamIsCapturing");
+    if (!p) ck(cudaStreamIsCapturing(m.stream, &cap), "cudaStreamIsCapturing");  // asked only before a tuning
     if (!p && cap == cudaStreamCaptureStatusNone) {  // a capture follows the bucket's eager step
       p = m.picker->tune(s, layer_weights(m, W));
       if (m.blas_log) fprintf(stderr, "cuda backend: blas %s %s\n", r.c_str(), p->what.c_str());
@@ -2465,12 +2470,12 @@ void launch_gm(int gm, const F &f) {
   }
 }
 
-// flash_only: decode attention of this model goes through attend_flash alone (attend_either's
-// rule, checked here so that the attention kernels' instance carries no attend; debug "slim"
-// without bit 0: the instance with both).
+// flash_only: this model's attention steps with flash asked for go through attend_flash alone
+// (flash_fits), so the attention kernels' instance without attend runs them; debug "slim"
+// without bit 0: the instance with both.
 template <typename T>
 bool flash_only(const mqb_model &m, int D) {
-  return (m.slim & 1) && m.attn_flash && lanes_fit(D / TT<T>::CH);
+  return (m.slim & 1) && flash_fits<T>(m.attn_flash, D);
 }
 
 // attn_splits: how many position splits decode_attn_kernel uses for a decode step of Tn tokens

@@ -127,6 +127,8 @@ static double replay_us(cudaStream_t s, int N, const L &launch) {
     CK(cudaEventElapsedTime(&ms, e0, e1));
     v.push_back(1000.0 * ms / 20);
   }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
   CK(cudaGraphExecDestroy(ex));
   CK(cudaGraphDestroy(g));
   return median(v);
