@@ -66,7 +66,10 @@
 // position (as before run 26), "prefill_tc" 0 sends bf16/fp16 prefill attention back to
 // attention_kernel ("prefill_flash" 0: through attend there), "tile_pre" n has each tile-kernel
 // block ask for n weight chunks before its wait (default 3), "slim" (bitmask, default 3) 0 runs
-// the kernels that carry every mode's code (mqb_model::slim), "timeline" 1 records when every
+// the kernels that carry every mode's code (mqb_model::slim), "attn_cluster" 0 merges decode
+// attention's position splits through L2 instead of a thread-block cluster's distributed shared
+// memory (mqb_model::attn_cluster), "tile_cluster" 0 adds the tile kernel's K splits through
+// its workspace in L2 instead (mqb_model::tile_cluster), "timeline" 1 records when every
 // GEMV and decode-attention launch of a decode step started, passed its wait and ended
 // (mqb_debug_timeline; tl_mark).
 // mqb_debug_chain runs decode steps back to back with their tokens fed on the device, the host
@@ -1070,6 +1073,12 @@ constexpr int ATT_FEW_POS = 16;     // ... of at least this many positions each
 // one: at 17-32 sequences it lost to qkv_post + attention with two blocks per SM too (NOTES.md
 // run 73), and below that its grid is smaller than the GPU.
 constexpr int ATT_2BLK_GM = 2;
+// Thread-block clusters (mqb_model::attn_cluster, tile_cluster) exist on the GPU only.
+#ifdef MQB_HOST_TEST
+constexpr bool kCluster = false;
+#else
+constexpr bool kCluster = true;
+#endif
 
 __device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
 
@@ -1494,7 +1503,49 @@ struct DecAttn {
   int tls;
   int score_lanes;                  // attend scores a position with several lanes (debug "attn_lanes")
   int flash;                        // attend_flash instead of attend (debug "attn_flash")
+  int cluster;                      // the S splits of an item are one thread-block cluster (1, 1, S)
 };
+
+// cluster_sync is barrier.cluster with release / acquire order: every block of the thread-block
+// cluster has arrived, and what each wrote to its shared memory before is visible to the others.
+// ld_dsmem reads the float at p (a shared-memory address of this block) in block `rank` of the
+// cluster (distributed shared memory), ld_dsmem4 the float4. decode_attn_kernel's split merge and
+// the tile kernel's K-split sum use them (attn_cluster, tile_cluster); the CPU emulation, which
+// runs one block at a time, never takes those paths.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ float ld_dsmem(const float *p, unsigned rank) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  unsigned r;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+  return v;
+#else
+  (void)rank;
+  return *p;
+#endif
+}
+__device__ __forceinline__ float4 ld_dsmem4(const float4 *p, unsigned rank) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  unsigned r;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(r)
+               : "memory");
+  return v;
+#else
+  (void)rank;
+  return *p;
+#endif
+}
 
 // split_range is split z of S's positions [lo, hi) of the n positions 0..n-1 of a sequence.
 __device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &hi) {
@@ -1536,10 +1587,17 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   tl_mark(a.tlb, a.tls, 3);
   const size_t base = ((size_t)sl * a.maxctx * nkv + kh) * D, rs = (size_t)nkv * D;
   if (mine) {
+    // The new k and v rows, CH elements (16 bytes) per thread: one short loop, where one value
+    // per thread unrolled into 5 KB of stores (run 87's SASS).
+    constexpr int CH = TT<T>::CH;
     const size_t at = base + (size_t)p * rs;
-    for (int i = tid; i < D; i += ATT_THREADS) {
-      a.kc[at + i] = TT<T>::fromf(kvv[i]);
-      a.vc[at + i] = TT<T>::fromf(kvv[D + i]);
+#pragma unroll 1
+    for (int i = tid * CH; i < 2 * D; i += ATT_THREADS * CH) {
+      T v[CH];
+#pragma unroll
+      for (int e = 0; e < CH; ++e) v[e] = TT<T>::fromf(kvv[i + e]);
+      T *dst = i < D ? a.kc + at + i : a.vc + at + (i - D);
+      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(v);
     }
     __syncthreads();
   }
@@ -1549,6 +1607,31 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   if (S == 1) {
     for (int i = tid; i < G * D; i += ATT_THREADS) out[i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
     __syncthreads();
+    return;
+  }
+  if (a.cluster) {
+    // The S splits of (t, kh) are one cluster, split z its block z: each leaves its partial in
+    // its own shared memory (oacc, s_m, s_l), split 0 merges them through distributed shared
+    // memory in split order (the arithmetic of the merge below, so the same bits), and the second
+    // barrier keeps every block's shared memory alive until split 0 has read it. No partials
+    // through L2, no fence, no counter (debug "attn_cluster").
+    cluster_sync();
+    if (z == 0)
+      for (int i = tid; i < G * D; i += ATT_THREADS) {
+        const int j = i / D;
+        float M = -INFINITY;
+        for (int q = 0; q < S; ++q) M = fmaxf(M, ld_dsmem(s_m + j, q));
+        float Lsum = 0.f, A = 0.f;
+        for (int q = 0; q < S; ++q) {
+          const float mq = ld_dsmem(s_m + j, q);
+          if (mq == -INFINITY) continue;  // empty range
+          const float w = expf(mq - M);
+          Lsum += w * ld_dsmem(s_l + j, q);
+          A += w * ld_dsmem(oacc + i, q);
+        }
+        out[i] = TT<T>::fromf(A / Lsum);
+      }
+    cluster_sync();
     return;
   }
   const int bk = t * nkv + kh;
@@ -1589,6 +1672,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
 // decode_attn_kernel: a decode step's attention (one new token per sequence), replacing
 // qkv_post_kernel + attention_kernel there: grid (token, KV head, split), one attn_item each.
 // Splitting the positions lets a few sequences use every SM; the merge needs no extra launch.
+// Launched with clusters (1, 1, S) where a.cluster is set (run_tokens' clz).
 template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
@@ -1713,6 +1797,16 @@ struct mqb_model {
   // launch of a layer's chain: on the H200 bit 0 made batch 1 4-5 % faster, bit 1 batch 32 0.6 %
   // (NOTES.md, runs 82-86; the tile kernel per TileFuse mode was tried there and lost).
   int slim = 3;
+  // A fused decode step's position splits (2-8 of them) merge through distributed shared memory,
+  // the splits of an item one thread-block cluster (debug "attn_cluster"; 0: partials through L2,
+  // a counter and the last split's merge). On the H200 batch 1's attention took 228 us a step
+  // instead of 268, batches 2 and 4 decoded 3.5-3.8 % faster, 8 and 16 as before (NOTES.md, runs 89-90).
+  bool attn_cluster = true;
+  // The tile kernel's K splits (2-8 of them) add their partials through distributed shared
+  // memory, a row block's splits one cluster (sk::split_total's park; debug "tile_cluster"; 0:
+  // through the workspace, a counter and the last split's sum). On the H200 batch 1 decoded 7.3 %
+  // faster (o_proj 106 us a step instead of 164), batch 2 4.2 %, 4-16 1.6-2.1 % (NOTES.md, run 90).
+  bool tile_cluster = true;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
   // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b
   // is 16: on the H200 batches 12 and 16 decode 6-7 % faster so; at 24 and 32 the tile kernel,
@@ -1834,33 +1928,52 @@ int tl_slot(mqb_model &m) {
   return m.tl_next++;
 }
 
-// launch runs a kernel on the model's stream, with programmatic dependent launch when enabled.
+// launch runs a kernel on the model's stream, with programmatic dependent launch when enabled;
+// launch_cl with thread-block clusters of shape cl where it has more than one block.
 template <typename... K, typename... A>
-void launch(mqb_model &m, void (*k)(K...), dim3 grid, dim3 block, size_t smem, const A &...args) {
+void launch_cl(mqb_model &m, dim3 cl, void (*k)(K...), dim3 grid, dim3 block, size_t smem, const A &...args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = m.stream;
-  cudaLaunchAttribute attr[1];
-  if (m.use_pdl) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+  cudaLaunchAttribute attr[2];
+  int na = 0;
+#ifndef MQB_HOST_TEST
+  if (cl.x * cl.y * cl.z > 1) {
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = cl.x;
+    attr[na].val.clusterDim.y = cl.y;
+    attr[na].val.clusterDim.z = cl.z;
+    ++na;
   }
+#else
+  (void)cl;
+#endif
+  const int base = na;
+  if (m.use_pdl) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  cfg.attrs = na ? attr : nullptr;
+  cfg.numAttrs = na;
   cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
   if (e != cudaSuccess && m.use_pdl) {
     // Programmatic dependent launch refused: say so once and continue with plain launches.
     (void)cudaGetLastError();
     fprintf(stderr, "cuda backend: programmatic dependent launch disabled: %s\n", cudaGetErrorString(e));
     m.use_pdl = false;
-    cfg.attrs = nullptr;
-    cfg.numAttrs = 0;
+    cfg.attrs = base ? attr : nullptr;
+    cfg.numAttrs = base;
     e = cudaLaunchKernelEx(&cfg, k, args...);
   }
   ck(e, "kernel launch");
   mark(m, m.label);
+}
+template <typename... K, typename... A>
+void launch(mqb_model &m, void (*k)(K...), dim3 grid, dim3 block, size_t smem, const A &...args) {
+  launch_cl(m, dim3(1, 1, 1), k, grid, block, smem, args...);
 }
 
 void mark(mqb_model &m, const std::string &label) {
@@ -2024,9 +2137,11 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
                  const sk::TileFuse<T> &f) {
   const int nb = (B + 7) / 8;
   const auto &tm = tile_map(m, W, N, K, (f.act ? 8 : 16) * c.RT);
+  // The Z blocks of a row block as one cluster where Z fits a portable cluster (tile_cluster).
+  const int clz = kCluster && m.tile_cluster && c.Z > 1 && c.Z <= 8 ? c.Z : 1;
   auto go = [&](auto kernel) {
-    launch(m, kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), sk::tile_smem_bytes(nb, c.Kr), tm, N, K, X, B, out,
-           acc, c.RT, c.KS, c.Kr, m.tile_pre, m.sk_ws, m.sk_cnt, f);
+    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), sk::tile_smem_bytes(nb, c.Kr),
+              tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre, clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
   };
   by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
 }
@@ -2552,6 +2667,10 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   const int gm = gm_for(c.nh / c.nkv);
   const size_t asmem = attn_smem(gm, c.D);
   const int S = fused ? m.step_splits : 1;
+  // The splits of a fused decode step's items merge through distributed shared memory, each
+  // item's S blocks one cluster, where S fits a portable cluster (debug "attn_cluster"; not in
+  // the CPU emulation, which runs one block at a time and keeps the merge through L2).
+  const int clz = kCluster && m.attn_cluster && S > 1 && S <= 8 ? S : 1;
   // Prefill / mixed steps of bf16/fp16 models: attention on the tensor cores (prefill_attn.cuh),
   // over the chunk's tiles (cut once per chunk).
   const bool tc_prefill = !decode && !std::is_same<T, float>::value && m.prefill_tc && pa::supported(c.D);
@@ -2570,11 +2689,11 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
         const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
                             q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
-                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0};
+                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0};
         launch_gm(gm, [&](auto g) {
           auto k = flash_only<T>(m, c.D) ? decode_attn_kernel<T, decltype(g)::value, true>
                                          : decode_attn_kernel<T, decltype(g)::value, false>;
-          launch(m, k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
+          launch_cl(m, dim3(1, 1, clz), k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
         });
         return;
       }
@@ -3379,6 +3498,8 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
   else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(sk::TSTAGES, (int)value));
   else if (k == "slim") m->slim = (int)value & 3;
+  else if (k == "attn_cluster") m->attn_cluster = value != 0;
+  else if (k == "tile_cluster") m->tile_cluster = value != 0;
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));

@@ -157,11 +157,44 @@ __device__ __forceinline__ void add_slices(float (&acc)[NB][4], float *red, int 
 // (its lanes read what the same lanes wrote) and adds them in split order into acc, so the result
 // does not depend on which block was last. Returns whether this block holds the totals (Z = 1: at
 // once); the same for every thread of a block.
+//
+// park != NULL (the tile kernel launched with clusters (1, Z): tile_cluster): the Z blocks of a row
+// block are one thread-block cluster, split z its block z. Each owner lane parks its NB float4 in
+// its own block's shared memory (park, at (tile % RT-in-block, lane)), and split 0 adds the Z of
+// them through distributed shared memory in split order (the same sums in the same order as
+// through ws, so the same bits), between two cluster barriers (the second keeps every block's
+// shared memory alive until split 0 has read it). No workspace, fence or counter.
 template <int NB>
 __device__ __forceinline__ bool split_total(float (&acc)[NB][4], bool owner, int tile, int lane, int N, float *ws,
-                                            unsigned int *cnt, unsigned int &s_last) {
+                                            unsigned int *cnt, unsigned int &s_last, float *park = nullptr,
+                                            int lt = 0) {
   const int NT = N / 16, z = blockIdx.y, Z = gridDim.y;
   if (Z == 1) return true;
+  if (park) {
+    float4 *pk = reinterpret_cast<float4 *>(park) + ((size_t)lt * 32 + lane) * NB;
+    if (owner)
+#pragma unroll
+      for (int o = 0; o < NB; ++o) pk[o] = make_float4(acc[o][0], acc[o][1], acc[o][2], acc[o][3]);
+    cluster_sync();
+    if (z == 0 && owner) {
+      float s[NB][4] = {};
+      for (int q = 0; q < Z; ++q)
+#pragma unroll
+        for (int o = 0; o < NB; ++o) {
+          const float4 p = ld_dsmem4(pk + o, (unsigned)q);
+          s[o][0] += p.x;
+          s[o][1] += p.y;
+          s[o][2] += p.z;
+          s[o][3] += p.w;
+        }
+#pragma unroll
+      for (int o = 0; o < NB; ++o)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[o][e] = s[o][e];
+    }
+    cluster_sync();
+    return z == 0;
+  }
   float4 *wsv = reinterpret_cast<float4 *>(ws);
   if (owner)
 #pragma unroll
@@ -221,8 +254,9 @@ __device__ __forceinline__ void tile_each(int lane, int B, const F &f) {
 // warps' 16-row tiles of out [B, N].
 template <int NB>
 __device__ __forceinline__ void finish(float (&acc)[NB][4], bool owner, int tile, int lane, int N, int B, float *out,
-                                       int accumulate, float *ws, unsigned int *cnt, unsigned int &s_last) {
-  if (!split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last) || !owner) return;
+                                       int accumulate, float *ws, unsigned int *cnt, unsigned int &s_last,
+                                       float *park = nullptr, int lt = 0) {
+  if (!split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last, park, lt) || !owner) return;
   tile_each<NB>(lane, B, [&](int o, int e, int r, int b) {
     float *p = out + (size_t)b * N + tile * 16 + r;
     *p = accumulate ? *p + acc[o][e] : acc[o][e];
@@ -452,15 +486,17 @@ struct TileFuse {
   T *act = nullptr;
 };
 
-// XCH: float offset, in the chunk buffers, of the SwiGLU epilogue's exchange (past add_slices').
+// XCH: float offset, in the chunk buffers, of the SwiGLU epilogue's exchange (past add_slices');
+// PARK: of split_total's parked partials in a cluster's K split (past the exchange).
 constexpr int XCH = WARPS * 32 * (MAXB / 8) * 4;
-static_assert((size_t)(XCH + (WARPS / 2) * 32 * (MAXB / 8) * 4) * sizeof(float) <= (size_t)TSTAGES * TCHUNK * 2,
-              "the SwiGLU exchange fits the chunk buffers");
+constexpr int PARK = XCH + (WARPS / 2) * 32 * (MAXB / 8) * 4;
+static_assert((size_t)(PARK + WARPS * 32 * (MAXB / 8) * 4) * sizeof(float) <= (size_t)TSTAGES * TCHUNK * 2,
+              "the SwiGLU exchange and the parked partials fit the chunk buffers");
 
 template <typename T, int NB>
 __global__ void __launch_bounds__(THREADS, 1)
     tile_kernel(const __grid_constant__ TmaMap tm, int N, int K, const T *X, int B, float *out, int accumulate, int RT,
-                int KS, int Kr, int pre, float *ws, unsigned int *cnt, const TileFuse<T> f) {
+                int KS, int Kr, int pre, int cluster, float *ws, unsigned int *cnt, const TileFuse<T> f) {
   DYN_SMEM(uint4, tk_raw);
   __shared__ unsigned int s_last;
   __shared__ unsigned long long bar[TSTAGES];  // one per chunk buffer
@@ -594,12 +630,13 @@ __global__ void __launch_bounds__(THREADS, 1)
   float *scratch = reinterpret_cast<float *>(chunks);
   add_slices<NB>(acc, scratch, warp, lane, ks, KS);
   const bool owner = live && ks == 0;
+  float *park = cluster ? scratch + PARK : nullptr;  // split_total's partials for the cluster's sum
   if (!f.act) {
-    finish<NB>(acc, owner, tile, lane, N, B, out, accumulate, ws, cnt, s_last);
+    finish<NB>(acc, owner, tile, lane, N, B, out, accumulate, ws, cnt, s_last, park, lt);
     return;
   }
   // SwiGLU: the up tiles (lt >= RT / 2) park their totals, the gate tiles combine them with theirs.
-  if (!split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last)) return;
+  if (!split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last, park, lt)) return;
   const int pair = RT / 2, I = N / 2;
   float *xch = scratch + XCH + ((size_t)(lt % pair) * 32 + lane) * NB * 4;
   if (owner && lt >= pair)
