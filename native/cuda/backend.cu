@@ -1508,42 +1508,24 @@ struct DecAttn {
 
 // cluster_sync is barrier.cluster with release / acquire order: every block of the thread-block
 // cluster has arrived, and what each wrote to its shared memory before is visible to the others.
-// ld_dsmem reads the float at p (a shared-memory address of this block) in block `rank` of the
-// cluster (distributed shared memory), ld_dsmem4 the float4. decode_attn_kernel's split merge and
-// the tile kernel's K-split sum use them (attn_cluster, tile_cluster); the CPU emulation, which
-// runs one block at a time, never takes those paths.
+// dsmem(p, rank) is the address of p (in this block's shared memory) in block `rank` of the
+// cluster (distributed shared memory), for plain loads. decode_attn_kernel's split merge and the
+// tile kernel's K-split sum use them (attn_cluster, tile_cluster); the CPU emulation, which runs
+// one block at a time, never takes those paths.
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__)
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ float ld_dsmem(const float *p, unsigned rank) {
+template <typename V>
+__device__ __forceinline__ const V *dsmem(const V *p, unsigned rank) {
 #if defined(__CUDA_ARCH__)
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  unsigned r;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-  return v;
+  unsigned long long r;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
+  return reinterpret_cast<const V *>(r);
 #else
   (void)rank;
-  return *p;
-#endif
-}
-__device__ __forceinline__ float4 ld_dsmem4(const float4 *p, unsigned rank) {
-#if defined(__CUDA_ARCH__)
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  unsigned r;
-  float4 v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(r)
-               : "memory");
-  return v;
-#else
-  (void)rank;
-  return *p;
+  return p;
 #endif
 }
 
@@ -1558,7 +1540,8 @@ __device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &h
 // (RMSNorm, RoPE, scale), and in the split that holds p the new k and v, appended to the cache;
 // then attention over the split's positions. With S > 1 every split leaves its unnormalised
 // partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
-// order: the same inputs give the same bits) and resets the counter. Used by
+// order: the same inputs give the same bits) and resets the counter; with a.cluster the S splits
+// are one cluster and split 0 merges them through distributed shared memory. Used by
 // decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
 template <typename T, int GM, bool FLASH_ONLY = false>
 __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem) {
@@ -1620,14 +1603,14 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
       for (int i = tid; i < G * D; i += ATT_THREADS) {
         const int j = i / D;
         float M = -INFINITY;
-        for (int q = 0; q < S; ++q) M = fmaxf(M, ld_dsmem(s_m + j, q));
+        for (int q = 0; q < S; ++q) M = fmaxf(M, *dsmem(s_m + j, q));
         float Lsum = 0.f, A = 0.f;
         for (int q = 0; q < S; ++q) {
-          const float mq = ld_dsmem(s_m + j, q);
+          const float mq = *dsmem(s_m + j, q);
           if (mq == -INFINITY) continue;  // empty range
           const float w = expf(mq - M);
-          Lsum += w * ld_dsmem(s_l + j, q);
-          A += w * ld_dsmem(oacc + i, q);
+          Lsum += w * *dsmem(s_l + j, q);
+          A += w * *dsmem(oacc + i, q);
         }
         out[i] = TT<T>::fromf(A / Lsum);
       }
@@ -1800,12 +1783,12 @@ struct mqb_model {
   // A fused decode step's position splits (2-8 of them) merge through distributed shared memory,
   // the splits of an item one thread-block cluster (debug "attn_cluster"; 0: partials through L2,
   // a counter and the last split's merge). On the H200 batch 1's attention took 228 us a step
-  // instead of 268, batches 2 and 4 decoded 3.5-3.8 % faster, 8 and 16 as before (NOTES.md, runs 89-90).
+  // instead of 268, batches 2 and 4 decoded 3.5-3.8 % faster, 8 and 16 as before (NOTES.md, runs 89-92).
   bool attn_cluster = true;
   // The tile kernel's K splits (2-8 of them) add their partials through distributed shared
   // memory, a row block's splits one cluster (sk::split_total's park; debug "tile_cluster"; 0:
   // through the workspace, a counter and the last split's sum). On the H200 batch 1 decoded 7.3 %
-  // faster (o_proj 106 us a step instead of 164), batch 2 4.2 %, 4-16 1.6-2.1 % (NOTES.md, run 90).
+  // faster (o_proj 106 us a step instead of 164), batch 2 4.2 %, 4-16 1.6-2.1 % (NOTES.md, runs 90-92).
   bool tile_cluster = true;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
   // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b

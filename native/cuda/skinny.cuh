@@ -181,7 +181,7 @@ __device__ __forceinline__ bool split_total(float (&acc)[NB][4], bool owner, int
       for (int q = 0; q < Z; ++q)
 #pragma unroll
         for (int o = 0; o < NB; ++o) {
-          const float4 p = ld_dsmem4(pk + o, (unsigned)q);
+          const float4 p = *dsmem(pk + o, (unsigned)q);
           s[o][0] += p.x;
           s[o][1] += p.y;
           s[o][2] += p.z;
