@@ -160,10 +160,11 @@ __device__ __forceinline__ void add_slices(float (&acc)[NB][4], float *red, int 
 //
 // park != NULL (the tile kernel launched with clusters (1, Z): tile_cluster): the Z blocks of a row
 // block are one thread-block cluster, split z its block z. Each owner lane parks its NB float4 in
-// its own block's shared memory (park, at (tile % RT-in-block, lane)), and split 0 adds the Z of
-// them through distributed shared memory in split order (the same sums in the same order as
-// through ws, so the same bits), between two cluster barriers (the second keeps every block's
-// shared memory alive until split 0 has read it). No workspace, fence or counter.
+// its own block's shared memory (park, at (lt, lane): lt the tile's place in its block), and
+// split 0 adds the Z of them through distributed shared memory in split order (the same sums in
+// the same order as through ws, so the same bits), between two cluster barriers (the second
+// keeps every block's shared memory alive until split 0 has read it). No workspace, fence or
+// counter.
 template <int NB>
 __device__ __forceinline__ bool split_total(float (&acc)[NB][4], bool owner, int tile, int lane, int N, float *ws,
                                             unsigned int *cnt, unsigned int &s_last, float *park = nullptr,
