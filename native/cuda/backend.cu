@@ -1073,12 +1073,18 @@ constexpr int ATT_FEW_POS = 16;     // ... of at least this many positions each
 // one: at 17-32 sequences it lost to qkv_post + attention with two blocks per SM too (NOTES.md
 // run 73), and below that its grid is smaller than the GPU.
 constexpr int ATT_2BLK_GM = 2;
-// Thread-block clusters (mqb_model::attn_cluster, tile_cluster) exist on the GPU only.
+// cluster_of: how many blocks of n splits (decode attention's positions, a product's K) form one
+// thread-block cluster: all n where on and 2 <= n <= 8 (a portable cluster), else 1 (no cluster;
+// the splits meet in L2). The CPU emulation runs one block at a time: never a cluster there.
+inline int cluster_of(bool on, int n) {
 #ifdef MQB_HOST_TEST
-constexpr bool kCluster = false;
+  (void)on;
+  (void)n;
+  return 1;
 #else
-constexpr bool kCluster = true;
+  return on && n > 1 && n <= 8 ? n : 1;
 #endif
+}
 
 __device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
 
@@ -1536,6 +1542,28 @@ __device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &h
   hi = min(n, lo + span);
 }
 
+// merge_splits writes out[i] (i < G * D, the block's threads striding) from S position splits'
+// partials, in split order, skipping empty ranges: m(q, j), l(q, j) are split q's running max
+// and sum for query head j, acc(q, i) its unnormalised sum. attn_item's two merges (partials
+// through L2, or through a cluster's shared memory) differ only in where these are read.
+template <typename T, typename M, typename L, typename A>
+__device__ __forceinline__ void merge_splits(int S, int G, int D, T *out, const M &m, const L &l, const A &acc) {
+  for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) {
+    const int j = i / D;
+    float mx = -INFINITY;
+    for (int q = 0; q < S; ++q) mx = fmaxf(mx, m(q, j));
+    float Lsum = 0.f, Asum = 0.f;
+    for (int q = 0; q < S; ++q) {
+      const float mq = m(q, j);
+      if (mq == -INFINITY) continue;  // empty range
+      const float w = expf(mq - mx);
+      Lsum += w * l(q, j);
+      Asum += w * acc(q, i);
+    }
+    out[i] = TT<T>::fromf(Asum / Lsum);
+  }
+}
+
 // attn_item: token t's new position p, KV head kh, position split z of S: q of the G query heads
 // (RMSNorm, RoPE, scale), and in the split that holds p the new k and v, appended to the cache;
 // then attention over the split's positions. With S > 1 every split leaves its unnormalised
@@ -1576,7 +1604,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     const size_t at = base + (size_t)p * rs;
 #pragma unroll 1
     for (int i = tid * CH; i < 2 * D; i += ATT_THREADS * CH) {
-      T v[CH];
+      alignas(16) T v[CH];
 #pragma unroll
       for (int e = 0; e < CH; ++e) v[e] = TT<T>::fromf(kvv[i + e]);
       T *dst = i < D ? a.kc + at + i : a.vc + at + (i - D);
@@ -1600,20 +1628,9 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     // through L2, no fence, no counter (debug "attn_cluster").
     cluster_sync();
     if (z == 0)
-      for (int i = tid; i < G * D; i += ATT_THREADS) {
-        const int j = i / D;
-        float M = -INFINITY;
-        for (int q = 0; q < S; ++q) M = fmaxf(M, *dsmem(s_m + j, q));
-        float Lsum = 0.f, A = 0.f;
-        for (int q = 0; q < S; ++q) {
-          const float mq = *dsmem(s_m + j, q);
-          if (mq == -INFINITY) continue;  // empty range
-          const float w = expf(mq - M);
-          Lsum += w * *dsmem(s_l + j, q);
-          A += w * *dsmem(oacc + i, q);
-        }
-        out[i] = TT<T>::fromf(A / Lsum);
-      }
+      merge_splits(
+          S, G, D, out, [&](int q, int j) { return *dsmem(s_m + j, q); }, [&](int q, int j) { return *dsmem(s_l + j, q); },
+          [&](int q, int i) { return *dsmem(oacc + i, q); });
     cluster_sync();
     return;
   }
@@ -1633,20 +1650,10 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     __threadfence();
     const float *pa = a.part_acc + (size_t)bk * S * G * D;
     const float *pm = a.part_ml + (size_t)bk * S * G * 2;
-    for (int i = tid; i < G * D; i += ATT_THREADS) {
-      const int j = i / D;
-      float M = -INFINITY;
-      for (int q = 0; q < S; ++q) M = fmaxf(M, __ldcg(pm + ((size_t)q * G + j) * 2));
-      float Lsum = 0.f, A = 0.f;
-      for (int q = 0; q < S; ++q) {
-        const float mq = __ldcg(pm + ((size_t)q * G + j) * 2);
-        if (mq == -INFINITY) continue;  // empty range
-        const float w = expf(mq - M);
-        Lsum += w * __ldcg(pm + ((size_t)q * G + j) * 2 + 1);
-        A += w * __ldcg(pa + (size_t)q * G * D + i);
-      }
-      out[i] = TT<T>::fromf(A / Lsum);
-    }
+    merge_splits(
+        S, G, D, out, [&](int q, int j) { return __ldcg(pm + ((size_t)q * G + j) * 2); },
+        [&](int q, int j) { return __ldcg(pm + ((size_t)q * G + j) * 2 + 1); },
+        [&](int q, int i) { return __ldcg(pa + (size_t)q * G * D + i); });
     if (tid == 0) a.cnt[bk] = 0u;
   }
   __syncthreads();
@@ -2120,8 +2127,7 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
                  const sk::TileFuse<T> &f) {
   const int nb = (B + 7) / 8;
   const auto &tm = tile_map(m, W, N, K, (f.act ? 8 : 16) * c.RT);
-  // The Z blocks of a row block as one cluster where Z fits a portable cluster (tile_cluster).
-  const int clz = kCluster && m.tile_cluster && c.Z > 1 && c.Z <= 8 ? c.Z : 1;
+  const int clz = cluster_of(m.tile_cluster, c.Z);  // a row block's Z splits
   auto go = [&](auto kernel) {
     launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), sk::tile_smem_bytes(nb, c.Kr),
               tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre, clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
@@ -2650,10 +2656,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   const int gm = gm_for(c.nh / c.nkv);
   const size_t asmem = attn_smem(gm, c.D);
   const int S = fused ? m.step_splits : 1;
-  // The splits of a fused decode step's items merge through distributed shared memory, each
-  // item's S blocks one cluster, where S fits a portable cluster (debug "attn_cluster"; not in
-  // the CPU emulation, which runs one block at a time and keeps the merge through L2).
-  const int clz = kCluster && m.attn_cluster && S > 1 && S <= 8 ? S : 1;
+  const int clz = cluster_of(m.attn_cluster, S);  // an item's S position splits
   // Prefill / mixed steps of bf16/fp16 models: attention on the tensor cores (prefill_attn.cuh),
   // over the chunk's tiles (cut once per chunk).
   const bool tc_prefill = !decode && !std::is_same<T, float>::value && m.prefill_tc && pa::supported(c.D);

@@ -151,6 +151,36 @@ __device__ __forceinline__ void add_slices(float (&acc)[NB][4], float *red, int 
     }
 }
 
+// sum_splits sets acc to the sum of Z parked partials, load(q, o) being split q's float4 o, added
+// in split order (ZU splits' loads in flight at a time): split_total's two ways of finishing a K
+// split differ only in where the partials are read.
+template <int NB, typename L>
+__device__ __forceinline__ void sum_splits(float (&acc)[NB][4], int Z, const L &load) {
+  float s[NB][4] = {};
+  for (int q0 = 0; q0 < Z; q0 += ZU) {
+    float4 p[ZU][NB];
+#pragma unroll
+    for (int u = 0; u < ZU; ++u)
+#pragma unroll
+      for (int o = 0; o < NB; ++o)
+        if (q0 + u < Z) p[u][o] = load(q0 + u, o);
+#pragma unroll
+    for (int u = 0; u < ZU; ++u)
+      if (q0 + u < Z)
+#pragma unroll
+        for (int o = 0; o < NB; ++o) {
+          s[o][0] += p[u][o].x;
+          s[o][1] += p[u][o].y;
+          s[o][2] += p[u][o].z;
+          s[o][3] += p[u][o].w;
+        }
+  }
+#pragma unroll
+  for (int o = 0; o < NB; ++o)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[o][e] = s[o][e];
+}
+
 // split_total finishes the K split: with the K range split over Z = gridDim.y blocks, each owner
 // lane parks its NB float4 of split z at ws[((z * NT + tile) * 32 + lane) * NB + o]; the block
 // that finishes last for its row block (blockIdx.x; counter cnt[blockIdx.x]) loads all Z of them
@@ -177,22 +207,7 @@ __device__ __forceinline__ bool split_total(float (&acc)[NB][4], bool owner, int
 #pragma unroll
       for (int o = 0; o < NB; ++o) pk[o] = make_float4(acc[o][0], acc[o][1], acc[o][2], acc[o][3]);
     cluster_sync();
-    if (z == 0 && owner) {
-      float s[NB][4] = {};
-      for (int q = 0; q < Z; ++q)
-#pragma unroll
-        for (int o = 0; o < NB; ++o) {
-          const float4 p = *dsmem(pk + o, (unsigned)q);
-          s[o][0] += p.x;
-          s[o][1] += p.y;
-          s[o][2] += p.z;
-          s[o][3] += p.w;
-        }
-#pragma unroll
-      for (int o = 0; o < NB; ++o)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[o][e] = s[o][e];
-    }
+    if (z == 0 && owner) sum_splits<NB>(acc, Z, [&](int q, int o) { return *dsmem(pk + o, (unsigned)q); });
     cluster_sync();
     return z == 0;
   }
@@ -208,31 +223,8 @@ __device__ __forceinline__ bool split_total(float (&acc)[NB][4], bool owner, int
   __syncthreads();
   if (!s_last) return false;
   __threadfence();
-  if (owner) {
-    float s[NB][4] = {};
-    for (int q0 = 0; q0 < Z; q0 += ZU) {
-      float4 p[ZU][NB];
-#pragma unroll
-      for (int u = 0; u < ZU; ++u)
-#pragma unroll
-        for (int o = 0; o < NB; ++o)
-          if (q0 + u < Z) p[u][o] = __ldcg(wsv + ((size_t)((q0 + u) * NT + tile) * 32 + lane) * NB + o);
-#pragma unroll
-      for (int u = 0; u < ZU; ++u)
-        if (q0 + u < Z)
-#pragma unroll
-          for (int o = 0; o < NB; ++o) {
-            s[o][0] += p[u][o].x;
-            s[o][1] += p[u][o].y;
-            s[o][2] += p[u][o].z;
-            s[o][3] += p[u][o].w;
-          }
-    }
-#pragma unroll
-    for (int o = 0; o < NB; ++o)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[o][e] = s[o][e];
-  }
+  if (owner)
+    sum_splits<NB>(acc, Z, [&](int q, int o) { return __ldcg(wsv + ((size_t)(q * NT + tile) * 32 + lane) * NB + o); });
   if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;  // ready for the next product
   return true;
 }
