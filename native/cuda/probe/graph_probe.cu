@@ -20,14 +20,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                  \
-    }                                                                           \
-  } while (0)
+#include "probe.cuh"
 
 __global__ void tiny(float *buf, int i, int pdl) {
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");

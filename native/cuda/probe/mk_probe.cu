@@ -37,16 +37,9 @@
 #include <cstring>
 #include <vector>
 
-namespace cg = cooperative_groups;
+#include "probe.cuh"
 
-#define CK(x)                                                                                    \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      fprintf(stderr, "%s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);       \
-      exit(1);                                                                                   \
-    }                                                                                            \
-  } while (0)
+namespace cg = cooperative_groups;
 
 constexpr int CONS = 256;  // consumer threads (8 warps); the producer is warp 8
 constexpr int PAD = 32;    // words per flag in mode 2 (one 128-byte line each)
@@ -59,27 +52,6 @@ struct P {
   unsigned long long *sink;
 };
 
-// ld_acquire / ld_relaxed, st_release / st_relaxed: gpu-scope 32-bit loads and stores that differ
-// only in their ordering (relaxed: the timing-only modes 5 and 7).
-#define PROBE_LD(NAME, SEM)                                                               \
-  __device__ __forceinline__ unsigned NAME(const unsigned *p) {                           \
-    unsigned v;                                                                           \
-    asm volatile("ld." SEM ".gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");   \
-    return v;                                                                             \
-  }
-#define PROBE_ST(NAME, SEM)                                                               \
-  __device__ __forceinline__ void NAME(unsigned *p, unsigned v) {                         \
-    asm volatile("st." SEM ".gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");      \
-  }
-PROBE_LD(ld_acquire, "acquire")
-PROBE_LD(ld_relaxed, "relaxed")
-PROBE_ST(st_release, "release")
-PROBE_ST(st_relaxed, "relaxed")
-#undef PROBE_LD
-#undef PROBE_ST
-__device__ __forceinline__ void red_release_add(unsigned *p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 __device__ __forceinline__ uint4 ld_volatile4(const uint4 *p) {
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
@@ -89,38 +61,6 @@ __device__ __forceinline__ void st_volatile4(uint4 *p, uint4 v) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 __device__ __forceinline__ void cbar() { asm volatile("bar.sync 1, 256;" ::: "memory"); }  // consumers only
-
-__device__ __forceinline__ unsigned sa(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(unsigned long long *b, unsigned n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sa(b)), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(unsigned long long *b, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned long long *b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(sa(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned long long *b, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n W_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W_%=;\n}" ::"r"(
-          sa(b)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, unsigned long long *b,
-                                          bool hint, unsigned long long pol) {
-  if (hint)
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-            sa(dst)),
-        "l"(src), "r"(bytes), "r"(sa(b)), "l"(pol)
-        : "memory");
-  else
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     sa(dst)),
-                 "l"(src), "r"(bytes), "r"(sa(b))
-                 : "memory");
-}
 
 // handoff: every CTA's writes before it are visible to every CTA after it (generation gen >= 1).
 __device__ __forceinline__ void handoff(const P &p, unsigned gen) {
