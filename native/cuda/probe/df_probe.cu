@@ -1,12 +1,13 @@
 // df_probe.cu: a batch-1 decode step of the Qwen3-0.6B shape as ONE persistent kernel with two
 // grid-wide handoffs per layer and the real arithmetic, checked against a plain per-kernel
 // reference in the same program (and a planted defect shown to fail that check), then timed
-// against the bandwidth bound (NOTES.md, "Runs 94-101"). Standalone, on the GPU machine:
+// against the bandwidth bound (NOTES.md, "Runs 94-102"). Standalone, on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/df_probe native/cuda/probe/df_probe.cu && /tmp/df_probe
 // DF_POS (default 255) is the step's position, DF_STEPS (50) the launches timed per repetition,
 // DF_REPS (7) the repetitions (median), DF_SIZES (3) how many cluster team sizes to run (largest
-// first), DF_NT=n that team size only, DF_L2=0 skips the teams through L2, DF_PF (0) a list of
-// L2 prefetch distances in chunks (cp.async.bulk.prefetch.L2; it made the stream slower).
+// first), DF_NT=n that team size only, DF_L2=0 skips the teams through L2 (1 or 2: that variant
+// only), DF_PF (0) a list of L2 prefetch distances in chunks (cp.async.bulk.prefetch.L2; it made
+// the stream slower).
 //
 // Why: runs 66-68 (mk_probe.cu) measured, with no arithmetic, that a persistent kernel with five
 // grid handoffs per layer cannot reach 70 % of the bound at batch 1 on this GPU. This asks
@@ -21,12 +22,14 @@
 //            columns of down_proj (stored transposed), summed over the team: one partial per team.
 // A team exchanges through a thread-block cluster's shared memory (NT = the largest cluster of
 // which 8 can be resident: 9 on the H200s lent here, so 72 SMs) or, with l2team, through L2
-// and a counter per team (NT = 16, 128 SMs). Each block streams its weights in consumption order
-// through a ring of shared-memory chunks (cp.async.bulk, mbarrier completion) that never waits
-// for activations, so the next phase's weights arrive while a handoff is pending. Weights are
-// random (the shape is what matters), in Hugging Face's layout, repacked on the device into each
-// block's stream. Modes: the decode step; no handoff waits (a timing, wrong results); the weight
-// stream alone (a timing: what the SMs used can stream at all). Block 0's timeline splits a layer.
+// and a counter per team (NT = 16, 128 SMs; l2team 2 adds the o_proj and down_proj partials
+// into one fp32 sum a layer with atomics instead of a team sum). Each block streams its weights
+// in consumption order through a ring of shared-memory chunks (cp.async.bulk, mbarrier
+// completion) that never waits for activations, so the next phase's weights arrive while a
+// handoff is pending. Weights are random (the shape is what matters), in Hugging Face's layout,
+// repacked on the device into each block's stream. Modes: the decode step; no handoff waits (a
+// timing, wrong results); the weight stream alone (a timing: what the SMs used can stream at
+// all). Block 0's timeline splits a layer.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -95,6 +98,9 @@ struct Params {
   // a cluster's shared memory, so a team needs no cluster and all SMs can take part
   float *tq, *tp, *tm;  // [NKV][QKV], [NB][QH][D + 2], [NB][H]
   unsigned *tcnt;  // [NKV] counters, 32 words apart
+  // l2team = 2: the o_proj and down_proj partials are added into one fp32 sum a layer by atomics
+  // (no team sum, one team exchange fewer; the order of the adds, so the last bits, vary)
+  float *sumA, *sumB;  // [L][H], zeroed by the step's last block
   int nt, nb, pos, nowait, plant, pf, l2team;
 };
 constexpr int TL_POINTS = 11, MAXNT = 16;
@@ -255,6 +261,12 @@ __device__ __forceinline__ void team_sync(const Params &p, int c, unsigned targe
   __syncthreads();
 }
 
+// add_sum: h += one layer's atomic sum (l2team 2).
+__device__ __forceinline__ void add_sum(float *h, const float *sum) {
+  for (int i = threadIdx.x; i < H; i += THREADS) h[i] += __ldcg(sum + i);
+  __syncthreads();
+}
+
 // wait_count: the handoff. Thread 0 polls the step's counter until `target` arrivals (with a
 // 200 ms guard that flags an error instead of hanging the GPU), then the block proceeds.
 __device__ __forceinline__ void wait_count(const Params &p, unsigned target) {
@@ -383,7 +395,8 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
   refill(ring);
   const int tok = *p.token;
   for (int i = tid; i < H; i += THREADS) h[i] = __bfloat162float(p.embed[(size_t)tok * H + i]);
-  const bool l2 = p.l2team;
+  const bool l2 = p.l2team, atom = p.l2team == 2;
+  const int tsyncs = atom ? 2 : 3;  // team exchanges a layer
   if (!l2) cluster_sync();  // every block of the cluster runs before any distributed shared memory access
   if (p.nowait == 2) {  // the weight stream alone: every chunk waited for and freed, nothing else
     while (ring.consumed < ring.total) {
@@ -423,7 +436,8 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
     if (l > 0) {
       wait_count(p, (unsigned)(p.nb * 2 * l));
       mark(p, 1);
-      add_partials(h, p.partB, -1);
+      if (atom) add_sum(h, p.sumB + (size_t)(l - 1) * H);
+      else add_partials(h, p.partB, -1);
     }
     rmsnorm(h, wa, xn, red);
     {
@@ -438,7 +452,7 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
     }
     mark(p, 2);
     if (l2) {  // the team's qkv outputs from L2
-      team_sync(p, c, (unsigned)(NT * (3 * l + 1)));
+      team_sync(p, c, (unsigned)(NT * (tsyncs * l + 1)));
       for (int i = tid; i < QKV; i += THREADS) qkv[i] = __ldcg(p.tq + (size_t)c * QKV + i);
       __syncthreads();
     } else {
@@ -523,7 +537,7 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
     if (l2) {
       __syncthreads();  // part is written by other threads
       for (int i = tid; i < QH * (D + 2); i += THREADS) __stcg(p.tp + (size_t)blk * QH * (D + 2) + i, part[i]);
-      team_sync(p, c, (unsigned)(NT * (3 * l + 2)));
+      team_sync(p, c, (unsigned)(NT * (tsyncs * l + 2)));
     } else {
       cluster_sync();  // every split's partial is in its block
     }
@@ -564,7 +578,10 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
     {
       const int k0 = seg_wait(ring, ring.segc[1]);
       seg_gemv<4>(ring, k0, no, OC * 2, OC, ao, [&](int i, float y) {
-        if (lane == 0) __stcg(p.partA + (size_t)c * H + ro0 + i, y);
+        if (lane == 0) {
+          if (!atom) __stcg(p.partA + (size_t)c * H + ro0 + i, y);
+          else if (!(p.plant && c == NKV - 1)) atomicAdd(p.sumA + (size_t)l * H + ro0 + i, y);
+        }
       });
     }
     arrive(p);
@@ -574,7 +591,8 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
     const NormW wm = norm_w(p.mlp_norm + (size_t)l * H);
     wait_count(p, (unsigned)(p.nb * (2 * l + 1)));
     mark(p, 7);
-    add_partials(h, p.partA, p.plant ? NKV - 1 : -1);
+    if (atom) add_sum(h, p.sumA + (size_t)l * H);
+    else add_partials(h, p.partA, p.plant ? NKV - 1 : -1);
     rmsnorm(h, wm, xn, red);
     for (int g = 0; g < 2; ++g) {  // gate rows, then up rows
       const int k0 = seg_wait(ring, ring.segc[2 + g]);
@@ -609,7 +627,10 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
       }
     }
     mark(p, 8);
-    if (l2) {
+    if (atom) {
+      __syncthreads();  // mlp is written by other threads
+      for (int i = tid; i < H; i += THREADS) atomicAdd(p.sumB + (size_t)l * H + i, mlp[i]);
+    } else if (l2) {
       __syncthreads();  // mlp is written by other threads
       for (int i = tid; i < H; i += THREADS) __stcg(p.tm + (size_t)blk * H + i, mlp[i]);
       team_sync(p, c, (unsigned)(NT * (3 * l + 3)));
@@ -617,7 +638,7 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
       cluster_sync();  // every block's down partial is complete
     }
     mark(p, 9);
-    if (tid < no) {  // this rank's hidden entries summed over the cluster (all loads first)
+    if (!atom && tid < no) {  // this rank's hidden entries summed over the cluster (all loads first)
       const int i = ro0 + tid;
       float v[MAXNT];
 #pragma unroll
@@ -637,7 +658,8 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
   const NormW wf = norm_w(p.final_norm);
   wait_count(p, (unsigned)(p.nb * 2 * L));
   mark_at(p, 0, L);
-  add_partials(h, p.partB, -1);
+  if (atom) add_sum(h, p.sumB + (size_t)(L - 1) * H);
+  else add_partials(h, p.partB, -1);
   rmsnorm(h, wf, xn, red);
   float bv = -INFINITY;
   int bi = 0;
@@ -658,6 +680,7 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
   }
   __shared__ float wbv[NW];
   __shared__ int wbi[NW];
+  __shared__ int last;
   if (lane == 0) {
     wbv[warp] = bv;
     wbi[warp] = bi;
@@ -673,7 +696,8 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
       }
     __stcg(p.best + blk, ((unsigned long long)__float_as_uint(v) << 32) | (unsigned)ix);
     __threadfence();
-    if (atomicAdd(p.ticket, 1u) == (unsigned)p.nb - 1) {  // the last block: the step's argmax, and the reset
+    last = atomicAdd(p.ticket, 1u) == (unsigned)p.nb - 1;
+    if (last) {  // the last block: the step's argmax, and the reset
       __threadfence();
       float bvv = -INFINITY;
       int bix = 0;
@@ -692,6 +716,12 @@ __global__ void __launch_bounds__(THREADS, 1) df_kernel(const Params p) {
       for (int g = 0; g < NKV; ++g) p.tcnt[32 * g] = 0;
     }
   }
+  __syncthreads();
+  if (atom && last)  // the next step's sums start at zero
+    for (int i = tid; i < L * H; i += THREADS) {
+      p.sumA[i] = 0.f;
+      p.sumB[i] = 0.f;
+    }
   mark_at(p, 1, L);
   if (!l2) cluster_sync();  // no block leaves while the cluster may still read its shared memory
 }
@@ -874,7 +904,7 @@ static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, 
                        const bf16 *ref_kc, const bf16 *ref_vc, int nt, int l2team, int t, int steps, int reps,
                        double bound) {
   const int nb = NKV * nt;
-  const char *how = l2team ? "through L2" : "in clusters";
+  const char *how = l2team == 2 ? "through L2, atomic sums" : l2team ? "through L2" : "in clusters";
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -955,6 +985,10 @@ static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, 
   CK(cudaMalloc(&p.tm, (size_t)nb * H * 4));
   CK(cudaMalloc(&p.tcnt, (size_t)NKV * 32 * 4));
   CK(cudaMemset(p.tcnt, 0, (size_t)NKV * 32 * 4));
+  CK(cudaMalloc(&p.sumA, (size_t)L * H * 4));
+  CK(cudaMalloc(&p.sumB, (size_t)L * H * 4));
+  CK(cudaMemset(p.sumA, 0, (size_t)L * H * 4));
+  CK(cudaMemset(p.sumB, 0, (size_t)L * H * 4));
   auto launch = [&](const Params &pp) { CK(cudaLaunchKernelEx(&cfg, df_kernel, pp)); };
   auto check = [&](const char *what, int plant) {
     const int tok0 = 1234;
@@ -1100,6 +1134,8 @@ static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, 
   CK(cudaFree(p.tp));
   CK(cudaFree(p.tm));
   CK(cudaFree(p.tcnt));
+  CK(cudaFree(p.sumA));
+  CK(cudaFree(p.sumB));
   return us_step;
 }
 
@@ -1222,8 +1258,10 @@ int main() {
     if (runs-- <= 0) break;
     run_team(m, rope, kc0, vc0, ref_logits, rkc, rvc, nt, 0, t, steps, reps, bound);
   }
-  // Teams of 16 through L2: no cluster, 128 blocks (every SM but 4).
-  if (!getenv("DF_L2") || atoi(getenv("DF_L2"))) run_team(m, rope, kc0, vc0, ref_logits, rkc, rvc, 16, 1, t, steps, reps, bound);
+  // Teams of 16 through L2: no cluster, 128 blocks (every SM but 4); DF_L2=1 or 2 one variant only.
+  const int l2only = getenv("DF_L2") ? atoi(getenv("DF_L2")) : -1;
+  for (int v = 1; v <= 2; ++v)
+    if (l2only < 0 || l2only == v) run_team(m, rope, kc0, vc0, ref_logits, rkc, rvc, 16, v, t, steps, reps, bound);
   CK(cudaDeviceSynchronize());
   return 0;
 }
