@@ -60,7 +60,8 @@ constexpr int QKV = QH * D + 2 * D;  // qkv rows of a team: its q heads, then k,
 constexpr int OC = QH * D;  // o_proj columns of a team
 constexpr int MAXFF = 48;  // gate/up rows a block may hold (FFN / 64: teams of 8 or more)
 
-// Shape: the split of the work over NKV teams of NT blocks (one thread-block cluster each), NB =
+// The split of the work over NKV teams of NT blocks (a thread-block cluster each, or teams through
+// L2), NB =
 // NKV x NT blocks. Block b of team c (rank r) owns rows [share(n, NT, r)) of its team's qkv (n =
 // QKV) and of o_proj (n = H; the team's columns), rows [share(FFN, NB, b)) of gate and up (and
 // those columns of down_proj), rows [share(VOCAB, NB, b)) of the LM head, and sums hidden entries
@@ -244,6 +245,16 @@ __device__ __forceinline__ void seg_gemv(const Ring &r, int k0, int nrows, int r
   }
 }
 
+// spin_until: poll counter c until it reaches target; a 200 ms guard writes code to *err and
+// gives up instead of hanging the GPU (the results are then wrong, and the host says so).
+__device__ __forceinline__ void spin_until(const unsigned *c, unsigned target, unsigned *err, unsigned code) {
+  const unsigned long long t0 = now_ns();
+  while (ld_acquire(c) < target)
+    if (now_ns() - t0 > 200000000ull) {
+      atomicExch(err, code);
+      break;
+    }
+}
 // team_sync: the L2 teams' barrier: every block of team c has written what it wrote before (the
 // target'th arrival of the step).
 __device__ __forceinline__ void team_sync(const Params &p, int c, unsigned target) {
@@ -251,12 +262,7 @@ __device__ __forceinline__ void team_sync(const Params &p, int c, unsigned targe
   if (threadIdx.x == 0) {
     unsigned *tc = p.tcnt + 32 * c;
     red_release_add(tc, 1u);
-    const unsigned long long t0 = now_ns();
-    while (ld_acquire(tc) < target)
-      if (now_ns() - t0 > 200000000ull) {
-        atomicExch(p.err, 2u);
-        break;
-      }
+    spin_until(tc, target, p.err, 2u);
   }
   __syncthreads();
 }
@@ -267,17 +273,10 @@ __device__ __forceinline__ void add_sum(float *h, const float *sum) {
   __syncthreads();
 }
 
-// wait_count: the handoff. Thread 0 polls the step's counter until `target` arrivals (with a
-// 200 ms guard that flags an error instead of hanging the GPU), then the block proceeds.
+// wait_count: the handoff. Thread 0 polls the step's counter until `target` arrivals, then the
+// block proceeds.
 __device__ __forceinline__ void wait_count(const Params &p, unsigned target) {
-  if (threadIdx.x == 0 && !p.nowait) {
-    const unsigned long long t0 = now_ns();
-    while (ld_acquire(p.cnt) < target)
-      if (now_ns() - t0 > 200000000ull) {
-        atomicExch(p.err, 1u);
-        break;
-      }
-  }
+  if (threadIdx.x == 0 && !p.nowait) spin_until(p.cnt, target, p.err, 1u);
   __syncthreads();
 }
 __device__ __forceinline__ void arrive(const Params &p) {
@@ -898,6 +897,22 @@ static void reference_step(const Model &m, bf16 *kc, bf16 *vc, const float *rope
   CK(cudaGetLastError());
 }
 
+// Bufs: the device buffers of one run_team, zeroed when made and freed together.
+struct Bufs {
+  std::vector<void *> all;
+  template <typename T>
+  T *zeroed(size_t n) {
+    void *p;
+    CK(cudaMalloc(&p, n * sizeof(T)));
+    CK(cudaMemset(p, 0, n * sizeof(T)));
+    all.push_back(p);
+    return static_cast<T *>(p);
+  }
+  ~Bufs() {
+    for (void *p : all) cudaFree(p);
+  }
+};
+
 // run_team: packs the weights for teams of nt blocks, checks one step against the reference (and
 // that a planted defect fails the check), then times chained steps. Returns us a step, or 0.
 static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, const float *ref_logits,
@@ -932,31 +947,20 @@ static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, 
     }
     off[b + 1] = off[b] + (unsigned long long)L * (seg[0] + seg[1] + seg[2] + seg[3] + seg[4]);
   }
-  unsigned char *wp;
-  unsigned long long *d_off;
-  CK(cudaMalloc(&wp, off[nb]));
-  CK(cudaMalloc(&d_off, nb * 8));
+  Bufs buf;
+  unsigned char *wp = buf.zeroed<unsigned char>(off[nb]);
+  unsigned long long *d_off = buf.zeroed<unsigned long long>(nb);
   CK(cudaMemcpy(d_off, off.data(), nb * 8, cudaMemcpyHostToDevice));
   for (int l = 0; l < L; ++l)
     repack<<<nb, 256>>>(wp, d_off, nt, nb, l, m.wq[l], m.wk[l], m.wv[l], m.wo[l], m.wg[l], m.wu[l], m.wd[l]);
   CK(cudaGetLastError());
   const size_t kvn = (size_t)L * NKV * PMAX * D;
-  bf16 *kc, *vc;
-  CK(cudaMalloc(&kc, kvn * 2));
-  CK(cudaMalloc(&vc, kvn * 2));
+  bf16 *kc = buf.zeroed<bf16>(kvn), *vc = buf.zeroed<bf16>(kvn);
   CK(cudaMemcpy(kc, kc0, kvn * 2, cudaMemcpyDeviceToDevice));
   CK(cudaMemcpy(vc, vc0, kvn * 2, cudaMemcpyDeviceToDevice));
-  float *partA, *partB, *logits;
-  unsigned *cnt;
-  unsigned long long *best;
-  int *token;
-  CK(cudaMalloc(&partA, (size_t)NKV * H * 4));
-  CK(cudaMalloc(&partB, (size_t)NKV * H * 4));
-  CK(cudaMalloc(&logits, (size_t)VOCAB * 4));
-  CK(cudaMalloc(&cnt, 64));
-  CK(cudaMemset(cnt, 0, 64));
-  CK(cudaMalloc(&best, nb * 8));
-  CK(cudaMalloc(&token, 4));
+  float *logits = buf.zeroed<float>(VOCAB);
+  unsigned *cnt = buf.zeroed<unsigned>(16);  // the step's counter, ticket and error word
+  int *token = buf.zeroed<int>(1);
   Params p{};
   p.wp = wp;
   p.blk_off = d_off;
@@ -969,26 +973,23 @@ static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, 
   p.kc = kc;
   p.vc = vc;
   p.rope = rope;
-  p.partA = partA;
-  p.partB = partB;
+  p.partA = buf.zeroed<float>((size_t)NKV * H);
+  p.partB = buf.zeroed<float>((size_t)NKV * H);
   p.cnt = cnt;
   p.ticket = cnt + 1;
   p.err = cnt + 2;
-  p.best = best;
+  p.best = buf.zeroed<unsigned long long>(nb);
   p.token = token;
   p.nt = nt;
   p.nb = nb;
   p.pos = t;
   p.l2team = l2team;
-  CK(cudaMalloc(&p.tq, (size_t)NKV * QKV * 4));
-  CK(cudaMalloc(&p.tp, (size_t)nb * QH * (D + 2) * 4));
-  CK(cudaMalloc(&p.tm, (size_t)nb * H * 4));
-  CK(cudaMalloc(&p.tcnt, (size_t)NKV * 32 * 4));
-  CK(cudaMemset(p.tcnt, 0, (size_t)NKV * 32 * 4));
-  CK(cudaMalloc(&p.sumA, (size_t)L * H * 4));
-  CK(cudaMalloc(&p.sumB, (size_t)L * H * 4));
-  CK(cudaMemset(p.sumA, 0, (size_t)L * H * 4));
-  CK(cudaMemset(p.sumB, 0, (size_t)L * H * 4));
+  p.tq = buf.zeroed<float>((size_t)NKV * QKV);
+  p.tp = buf.zeroed<float>((size_t)nb * QH * (D + 2));
+  p.tm = buf.zeroed<float>((size_t)nb * H);
+  p.tcnt = buf.zeroed<unsigned>((size_t)NKV * 32);
+  p.sumA = buf.zeroed<float>((size_t)L * H);
+  p.sumB = buf.zeroed<float>((size_t)L * H);
   auto launch = [&](const Params &pp) { CK(cudaLaunchKernelEx(&cfg, df_kernel, pp)); };
   auto check = [&](const char *what, int plant) {
     const int tok0 = 1234;
@@ -1041,9 +1042,6 @@ static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, 
   const bool ok = check("check", 0);
   const bool planted_fails = !check("planted defect (one team's o_proj partial dropped)", 1);
   printf("DF NT=%d (%s) planted defect %s\n", nt, how, planted_fails ? "caught" : "NOT CAUGHT");
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   const double bytes = (double)off[nb] + (double)VOCAB * H * 2;
   double us_step = 0;
   const char *mode_name[3] = {"decode step", "no handoff waits (timing only, wrong results)",
@@ -1059,27 +1057,22 @@ static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, 
     Params pp = p;
     pp.nowait = nowait;
     pp.pf = pf;
-    std::vector<float> ts;
-    for (int r = 0; r < reps + 1; ++r) {
-      CK(cudaMemset(cnt, 0, 64));
-      const int tok0 = 1234;
-      CK(cudaMemcpy(token, &tok0, 4, cudaMemcpyHostToDevice));
-      CK(cudaEventRecord(e0));
+    std::vector<float> ts;  // ms of `steps` chained steps
+    const double us = 1e3 / steps * median_ms(reps, 1, [&](bool setup) {
+      if (setup) {
+        CK(cudaMemset(cnt, 0, 64));
+        const int tok0 = 1234;
+        CK(cudaMemcpy(token, &tok0, 4, cudaMemcpyHostToDevice));
+        return;
+      }
       for (int s = 0; s < steps; ++s) launch(pp);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r) ts.push_back(ms * 1e3f / steps);
-    }
+    }, &ts);
     unsigned err = 0;
     CK(cudaMemcpy(&err, cnt + 2, 4, cudaMemcpyDeviceToHost));
-    std::sort(ts.begin(), ts.end());
-    const double us = ts[ts.size() / 2];
     printf("DF NT=%d (%s) L2 prefetch %d chunks ahead, %s: %.1f us a step (%.0f tok/s = %.1f %% of the bound), min %.1f max %.1f, stream %.0f GB/s of "
            "%.3f GB%s\n",
            nt, how, pf, mode_name[nowait], us, 1e6 / us,
-           100.0 * 1e6 / us / bound, ts.front(), ts.back(), bytes / (us * 1e-6) / 1e9, bytes / 1e9,
+           100.0 * 1e6 / us / bound, 1e3 / steps * ts.front(), 1e3 / steps * ts.back(), bytes / (us * 1e-6) / 1e9, bytes / 1e9,
            err ? " GUARD TRIPPED" : "");
     if (!nowait && (us_step == 0 || us < us_step)) {
       us_step = us;
@@ -1088,9 +1081,7 @@ static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, 
     CK(cudaMemset(cnt, 0, 64));
   }
   {  // where block 0's step goes: the timeline of one step, averaged over layers 1..L-2
-    unsigned long long *tl;
-    CK(cudaMalloc(&tl, (size_t)(L + 1) * TL_POINTS * 8));
-    CK(cudaMemset(tl, 0, (size_t)(L + 1) * TL_POINTS * 8));
+    unsigned long long *tl = buf.zeroed<unsigned long long>((size_t)(L + 1) * TL_POINTS);
     Params pp = p;
     launch(pp);
     pp.timeline = tl;
@@ -1116,26 +1107,9 @@ static double run_team(const Model &m, const float *rope, bf16 *kc0, bf16 *vc0, 
     printf(" layer %.2f; LM head %.2f; step %.1f\n", tot * 1e-3,
            (double)(h[(size_t)L * TL_POINTS + 1] - h[(size_t)L * TL_POINTS]) * 1e-3,
            (double)(h[(size_t)L * TL_POINTS + 1] - h[0]) * 1e-3);
-    CK(cudaFree(tl));
   }
   printf("DF NT=%d (%s) RESULT %s: %.0f tok/s = %.1f %% of the bound (%d blocks)\n", nt, how,
          ok && planted_fails ? "correct" : "WRONG", 1e6 / us_step, 100.0 * 1e6 / us_step / bound, nb);
-  CK(cudaFree(wp));
-  CK(cudaFree(d_off));
-  CK(cudaFree(kc));
-  CK(cudaFree(vc));
-  CK(cudaFree(partA));
-  CK(cudaFree(partB));
-  CK(cudaFree(logits));
-  CK(cudaFree(cnt));
-  CK(cudaFree(best));
-  CK(cudaFree(token));
-  CK(cudaFree(p.tq));
-  CK(cudaFree(p.tp));
-  CK(cudaFree(p.tm));
-  CK(cudaFree(p.tcnt));
-  CK(cudaFree(p.sumA));
-  CK(cudaFree(p.sumB));
   return us_step;
 }
 
@@ -1199,30 +1173,7 @@ int main() {
   reference_step(m, rkc, rvc, rope, tok, t, ref_logits);
   CK(cudaDeviceSynchronize());
   // The bound: one step's weight bytes over the device-to-device copy rate (read + write).
-  double gbs = 0;
-  {
-    char *A, *B;
-    const size_t n = (size_t)1 << 30;
-    CK(cudaMalloc(&A, n));
-    CK(cudaMalloc(&B, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ts;
-    for (int r = 0; r < 7; ++r) {
-      CK(cudaEventRecord(e0));
-      CK(cudaMemcpyAsync(B, A, n, cudaMemcpyDeviceToDevice));
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r) ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    gbs = 2.0 * n / (ts[ts.size() / 2] * 1e-3) / 1e9;
-    CK(cudaFree(A));
-    CK(cudaFree(B));
-  }
+  const double gbs = copy_gbs(6, 1);
   const double wbytes = (double)L * ((NQ + 2 * NKV) * D * H + H * NQ * D + 3.0 * FFN * H) * 2 + (double)VOCAB * H * 2;
   const double bound = gbs * 1e9 / wbytes;
   printf("DF d2d copy %.0f GB/s; weights %.3f GB a step; bound %.0f tok/s, 70 %% = %.0f tok/s\n", gbs, wbytes / 1e9,

@@ -216,37 +216,8 @@ int main(int argc, char **argv) {
   char *W;
   CK(cudaMalloc(&W, wbytes));
   CK(cudaMemset(W, 0x3c, wbytes));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  // median_ms: the median of reps timings of f (after warm untimed ones), by device events.
-  auto median_ms = [&](int warm, const auto &f) {
-    std::vector<float> ts;
-    for (int r = 0; r < reps + warm; ++r) {
-      f(true);
-      CK(cudaEventRecord(a));
-      f(false);
-      CK(cudaEventRecord(b));
-      CK(cudaEventSynchronize(b));
-      CK(cudaGetLastError());
-      float ms;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      if (r >= warm) ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
-  };
   // The device-to-device copy bandwidth (bytes read + written), the bench's ceiling.
-  {
-    char *D;
-    const size_t n = (size_t)1 << 30;
-    CK(cudaMalloc(&D, n));
-    const float ms = median_ms(2, [&](bool setup) {
-      if (!setup) CK(cudaMemcpyAsync(D, W, n, cudaMemcpyDeviceToDevice));
-    });
-    printf("PROBE d2d copy %.0f GB/s (1 GiB, median of %d)\n", 2.0 * n / (ms * 1e-3) / 1e9, reps);
-    CK(cudaFree(D));
-  }
+  printf("PROBE d2d copy %.0f GB/s (1 GiB, median of %d)\n", copy_gbs(reps, 2), reps);
   unsigned *cnt, *flags;
   float *buf;
   unsigned long long *sink;
@@ -309,7 +280,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "%s: stream larger than the buffer, or grid.sync with a stream (no producer then)\n", c.name);
       return 1;
     }
-    const double us = 1e3 * median_ms(1, [&](bool setup) {
+    const double us = 1e3 * median_ms(reps, 1, [&](bool setup) {
       if (setup) {
         CK(cudaMemset(cnt, 0, 4096));
         CK(cudaMemset(flags, 0, (size_t)G * PAD * 4));

@@ -4,8 +4,10 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CK(x)                                                                              \
   do {                                                                                     \
@@ -15,6 +17,46 @@
       exit(1);                                                                             \
     }                                                                                      \
   } while (0)
+
+// median_ms: the median of reps device-event timings of f(false), each after an untimed f(true)
+// (setup), the first warm of them dropped; sorted, if given, gets the kept timings in order.
+template <typename F>
+float median_ms(int reps, int warm, const F &f, std::vector<float> *sorted = nullptr) {
+  static cudaEvent_t a, b;
+  if (!a) {
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+  }
+  std::vector<float> ts;
+  for (int r = 0; r < reps + warm; ++r) {
+    f(true);
+    CK(cudaEventRecord(a));
+    f(false);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    CK(cudaGetLastError());
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= warm) ts.push_back(ms);
+  }
+  std::sort(ts.begin(), ts.end());
+  if (sorted) *sorted = ts;
+  return ts[ts.size() / 2];
+}
+// copy_gbs: the device-to-device copy rate of 1 GiB in GB/s, bytes read + written: the ceiling the
+// probes' and the bench's bandwidth bound divide by.
+inline double copy_gbs(int reps, int warm) {
+  const size_t n = (size_t)1 << 30;
+  char *src, *dst;
+  CK(cudaMalloc(&src, n));
+  CK(cudaMalloc(&dst, n));
+  const float ms = median_ms(reps, warm, [&](bool setup) {
+    if (!setup) CK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice));
+  });
+  CK(cudaFree(src));
+  CK(cudaFree(dst));
+  return 2.0 * n / (ms * 1e-3) / 1e9;
+}
 
 // ld_acquire / ld_relaxed, st_release / st_relaxed: gpu-scope 32-bit loads and stores that differ
 // only in their ordering (relaxed: mk_probe's timing-only modes).
