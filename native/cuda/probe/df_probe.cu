@@ -1,7 +1,7 @@
 // df_probe.cu: a batch-1 decode step of the Qwen3-0.6B shape as ONE persistent kernel with two
 // grid-wide handoffs per layer and the real arithmetic, checked against a plain per-kernel
 // reference in the same program (and a planted defect shown to fail that check), then timed
-// against the bandwidth bound (NOTES.md, "Runs 94-102"). Standalone, on the GPU machine:
+// against the bandwidth bound (NOTES.md, "Runs 94-103"). Standalone, on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/df_probe native/cuda/probe/df_probe.cu && /tmp/df_probe
 // DF_POS (default 255) is the step's position, DF_STEPS (50) the launches timed per repetition,
 // DF_REPS (7) the repetitions (median), DF_SIZES (3) how many cluster team sizes to run (largest
