@@ -568,35 +568,6 @@ __device__ __forceinline__ void prefetch_l2(const void *p) {
 #endif
 }
 
-// L2Pf: weight ranges a kernel asks L2 to fetch at its start, before griddepcontrol.wait, for
-// products that run after it (debug "l2pf"; run_tokens' pf_*). A decode step's products are
-// short (4-13 MB) and each kernel pays its DRAM latency on the critical path, while the kernels
-// between them (preps, qkv_post, attention) leave DRAM nearly idle: fetching the next products'
-// weights there lets those products read L2. Empty ranges (n = 0) ask for nothing.
-constexpr int L2PF_RANGES = 3;
-constexpr unsigned L2PF_LINE = 128u;  // bytes per prefetch.global.L2
-struct L2Pf {
-  const void *p[L2PF_RANGES] = {nullptr, nullptr, nullptr};
-  unsigned n[L2PF_RANGES] = {0u, 0u, 0u};  // bytes
-};
-// l2_prefetch spreads f's ranges over every thread of the grid, a prefetch.global.L2 per 128-byte
-// line (a hint: nothing waits for it, and the emulation skips it). The bulk form,
-// cp.async.bulk.prefetch.L2 in 16 KB pieces, held its kernel until the bytes had arrived and made
-// every decode batch 1.4-2.9x slower (NOTES.md, run 105).
-__device__ __forceinline__ void l2_prefetch(const L2Pf &f) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const size_t tid = (size_t)blk * blockDim.x + threadIdx.x;
-  const size_t nt = (size_t)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
-#pragma unroll
-  for (int i = 0; i < L2PF_RANGES; ++i)
-    for (size_t off = tid * L2PF_LINE; off < f.n[i]; off += nt * L2PF_LINE)
-      prefetch_l2(static_cast<const char *>(f.p[i]) + off);
-#else
-  (void)f;
-#endif
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -695,7 +666,6 @@ struct PrepArgs {
   float eps;
   unsigned long long *tlb = nullptr;  // timeline records (debug "timeline"), slot tls; NULL: none
   int tls = -1;
-  L2Pf pf;  // asked of L2 by the kernel that makes these rows (prep) or takes them (tile kernel)
 };
 
 constexpr int TL_FIELDS = 8;  // timeline values per slot (tl_mark)
@@ -892,7 +862,6 @@ __global__ void __launch_bounds__(256) embed_kernel(const int *__restrict__ tok,
 template <typename T, int M>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, T *__restrict__ out) {
   __shared__ float red[32];
-  l2_prefetch(a.pf);
   pdl_wait();
   pdl_trigger();
   const int mode = M >= 0 ? M : a.mode;  // M = -1: every mode, read from a (debug "slim" without bit 1)
@@ -1064,9 +1033,8 @@ __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__
                                                        const float *__restrict__ qn, const float *__restrict__ kn,
                                                        float eps, const float *__restrict__ inv_freq, float qscale,
                                                        float *__restrict__ qout, T *__restrict__ kc,
-                                                       T *__restrict__ vc, int maxctx, const L2Pf pf) {
+                                                       T *__restrict__ vc, int maxctx) {
   DYN_SMEM(float, qsm);
-  l2_prefetch(pf);
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.x;
@@ -1510,10 +1478,9 @@ template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
     attention_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                      const int *__restrict__ tpos, const int *__restrict__ tslot, T *__restrict__ out, int nh,
-                     int nkv, int D, int maxctx, int flash, const L2Pf pf) {
+                     int nkv, int D, int maxctx, int flash) {
   DYN_SMEM(float, asm_);
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
-  l2_prefetch(pf);
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
@@ -1543,7 +1510,6 @@ struct DecAttn {
   int score_lanes;                  // attend scores a position with several lanes (debug "attn_lanes")
   int flash;                        // attend_flash instead of attend (debug "attn_flash")
   int cluster;                      // the S splits of an item are one thread-block cluster (1, 1, S)
-  L2Pf pf;                          // later products' weights, asked of L2 first (debug "l2pf")
 };
 
 // cluster_sync is barrier.cluster with release / acquire order: every block of the thread-block
@@ -1701,7 +1667,6 @@ template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
   tl_mark(a.tlb, a.tls, 0);
-  l2_prefetch(a.pf);
   {  // the split's earlier positions (attn_item's range without the new one)
     const int p = a.pos[blockIdx.x];
     int lo, hi;
@@ -1832,12 +1797,6 @@ struct mqb_model {
   // through the workspace, a counter and the last split's sum). On the H200 batch 1 decoded 7.3 %
   // faster (o_proj 106 us a step instead of 164), batch 2 4.2 %, 4-16 1.6-2.1 % (NOTES.md, runs 90-92).
   bool tile_cluster = true;
-  // Weights of a decode step's later products asked of L2 by the kernels before them (debug
-  // "l2pf", a bitmask; L2Pf): bit 0 the attention kernels (qkv_post + attention: o_proj, gate/up;
-  // down; decode attention: all three), bit 1 the layer's last input kernel (the down
-  // projection's prep, or the tile kernel that runs it) the next layer's qkv, and the qkv input
-  // kernel its own (the first layer's).
-  int l2pf = 0;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
   // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b
   // is 16: on the H200 batches 12 and 16 decode 6-7 % faster so; at 24 and 32 the tile kernel,
@@ -2189,7 +2148,7 @@ sk::TCfg tile_shape(const mqb_model &m, int B, int N, int K) {
 // fits); false: the caller uses cuBLAS.
 template <typename T>
 bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int K, const T *W, int N, float *out,
-                   bool accumulate, const L2Pf &pf = L2Pf{}) {
+                   bool accumulate) {
   if constexpr (std::is_same<T, float>::value) {
     return false;
   } else {
@@ -2200,9 +2159,7 @@ bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int
       const sk::TCfg c = tile_shape(m, B, N, K);
       if (!c.Z) return false;
       m.label = role + ":tile_rt" + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
-      sk::TileFuse<T> f;
-      f.pf = pf;
-      tile_launch<T>(m, c, W, N, K, X, B, out, acc, f);
+      tile_launch<T>(m, c, W, N, K, X, B, out, acc, sk::TileFuse<T>{});
       return true;
     }
     const sk::Cfg c = skinny_cfg(m, N, K, B);
@@ -2241,7 +2198,6 @@ bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int
     f.nw = a.w;
     f.eps = a.eps;
     f.act = act;
-    f.pf = a.pf;
     tile_launch<T>(m, c, W, N, K, nullptr, B, out, 0, f);
     return true;
   }
@@ -2333,7 +2289,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     launch(m, k, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
     X = static_cast<const T *>(m.xbuf);
   }
-  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate, a.pf)) gemm<T>(m, r, W, X, B, K, N, out, accumulate);
+  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate)) gemm<T>(m, r, W, X, B, K, N, out, accumulate);
   if (bias) {
     m.label = r + ":bias";
     const int total = B * N;
@@ -2711,38 +2667,15 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   m.label = "embed";
   launch(m, embed_kernel<T>, dim3(Tn), dim3(256), 0, (const int *)m.d_tok(), (const int *)m.d_pos(),
          (const T *)m.emb, (const float *)m.wpe, m.res, H, want_keys ? m.keys : nullptr, R);
-  // L2 prefetches of later products' weights (m.l2pf; decode steps only): what the attention
-  // kernels ask for (o_proj and gate/up from qkv_post, down from attention; all three from the
-  // fused decode attention) and what a layer's down-projection input kernel asks for (the next
-  // layer's qkv).
-  const int UPN = q3 ? 2 * c.I : c.I;
-  auto wpf = [&](L2Pf &f, int i, const void *w, int N, int K) {
-    f.p[i] = w;
-    f.n[i] = (unsigned)((size_t)N * K * sizeof(T));
-  };
-  const int pfm = decode ? m.l2pf : 0;
   for (int l = 0; l < c.L; ++l) {
     Layer &ly = m.layers[l];
-    L2Pf pf_post, pf_att, pf_dec, pf_qkv, pf_next;
-    if (pfm & 1) {
-      wpf(pf_post, 0, ly.w_o, H, AO);
-      wpf(pf_post, 1, ly.w_up, UPN, H);
-      wpf(pf_att, 0, ly.w_down, H, c.I);
-      pf_dec = pf_post;
-      wpf(pf_dec, 2, ly.w_down, H, c.I);
-    }
-    if (pfm & 2) {
-      if (l == 0) wpf(pf_qkv, 0, ly.w_qkv, QKV, H);
-      if (l + 1 < c.L) wpf(pf_next, 0, m.layers[l + 1].w_qkv, QKV, H);
-    }
     auto attention = [&]() {
       m.label = "attention";
       if (fused) {
         const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
                             q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
-                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0,
-                            pf_dec};
+                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0};
         launch_gm(gm, [&](auto g) {
           auto k = flash_only<T>(m, c.D) ? decode_attn_kernel<T, decltype(g)::value, true>
                                          : decode_attn_kernel<T, decltype(g)::value, false>;
@@ -2754,7 +2687,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
       launch(m, qkv_post_kernel<T>, dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8), dim3(256), sizeof(float) * 8 * c.D,
              (const float *)m.qkv, (const int *)m.d_pos(), (const int *)m.d_slot(), c.nh, c.nkv, c.D,
              (const float *)ly.qn, (const float *)ly.kn, eps, (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale,
-             m.qbuf, static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx, pf_post);
+             m.qbuf, static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx);
       m.label = "attention";
       if (tc_prefill) {
         prefill_attention<T>(m, ly, ntiles);
@@ -2766,7 +2699,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
                                                 : attention_kernel<T, decltype(g)::value, false>;
         launch(m, k, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem, (const float *)m.qbuf, (const T *)ly.kc,
                (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh,
-               c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0, pf_att);
+               c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0);
       });
     };
     if constexpr (!std::is_same<T, float>::value) {  // tensor-core products: bf16/fp16 only
@@ -2775,9 +2708,8 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
         continue;
       }
     }
-    PrepArgs<T> qkv_in = prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps);
-    qkv_in.pf = pf_qkv;
-    linear<T>(m, "qkv", qkv_in, Tn, H, ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
+    linear<T>(m, "qkv", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps), Tn, H,
+              ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
     attention();
     linear<T>(m, "o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), Tn, AO,
               ly.w_o, H, ly.b_o, m.res, true, nullptr);
@@ -2787,12 +2719,11 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
     T *act = reinterpret_cast<T *>(m.mlp);
     const bool swiglu_made =
         q3 && !ly.b_up && tile_fused<T>(m, "up", up_in, Tn, H, static_cast<const T *>(ly.w_up), 2 * c.I, nullptr, act);
-    if (!swiglu_made) linear<T>(m, "up", up_in, Tn, H, ly.w_up, UPN, ly.b_up, m.mlp, false, nullptr);
-    PrepArgs<T> down_in =
+    if (!swiglu_made) linear<T>(m, "up", up_in, Tn, H, ly.w_up, q3 ? 2 * c.I : c.I, ly.b_up, m.mlp, false, nullptr);
+    const PrepArgs<T> down_in =
         swiglu_made ? prep<T>(PREP_PLAIN, nullptr, act, c.I, nullptr, nullptr, nullptr, eps)
-                    : prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, UPN, nullptr, nullptr,
+                    : prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr,
                               nullptr, eps);
-    down_in.pf = pf_next;
     linear<T>(m, "down", down_in, Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
   }
   if constexpr (!std::is_same<T, float>::value) {
@@ -3555,7 +3486,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "slim") m->slim = (int)value & 3;
   else if (k == "attn_cluster") m->attn_cluster = value != 0;
   else if (k == "tile_cluster") m->tile_cluster = value != 0;
-  else if (k == "l2pf") m->l2pf = (int)value & 3;
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));

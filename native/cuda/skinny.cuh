@@ -477,7 +477,6 @@ struct TileFuse {
   const float *nw = nullptr;
   float eps = 0.f;
   T *act = nullptr;
-  L2Pf pf;  // later products' weights, asked of L2 before the wait (debug "l2pf")
 };
 
 // XCH: float offset, in the chunk buffers, of the SwiGLU epilogue's exchange (past add_slices');
@@ -524,7 +523,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   // buffer is free (next: the first chunk not yet asked for; the same in every thread).
   int next = 0;
   for (; next < pre; ++next) issue(next);
-  l2_prefetch(f.pf);
   float *nws = reinterpret_cast<float *>(xs + (size_t)NB * 8 * Kr);  // the norm's weights (TileFuse::xr)
   if (f.xr)
     for (int i = threadIdx.x * 4; i < K; i += THREADS * 4) stage16(nws + i, f.nw + i);
