@@ -1005,7 +1005,8 @@ def trace(args):
     layers' kernels are named by their place in the layer's repeating sequence (L3:tile_kernel is
     the layer's fourth kernel). TRACE_VARIANTS (default "default") names switch sets as bench
     variants do (key=value[+key=value...]). Prints TRACE lines: us per step per kernel, the kernel
-    span and the GPU's idle time between steps (medians over steps). TRACE_CHAINED=1 traces
+    span and the GPU's idle time between steps (medians over steps), then each kernel's own time
+    (start to end, overlaps with its neighbours included). TRACE_CHAINED=1 traces
     mqb_debug_chain's steps (tokens fed on the device) instead of the host's decode loop;
     TRACE_BOUNDARY=1 also lists what happens between two steps."""
     import torch
@@ -1046,12 +1047,13 @@ def trace(args):
             k = (len(steps[0]) - 1) // L  # kernels per layer, if the layers repeat
             names = [s[0] for s in steps[0]]
             layered = k > 0 and all(names[1 + j] == names[1 + j + k] for j in range(k * (L - 1)))
-            charge, spans, gaps, prev_end = {}, [], [], None
+            charge, dur, spans, gaps, prev_end = {}, {}, [], [], None
             for s in steps:
                 end = s[0][1]
-                for i, (name, _, t1) in enumerate(s):
+                for i, (name, t0, t1) in enumerate(s):
                     label = ("L%d:%s" % ((i - 1) % k, name)) if layered and 1 <= i <= k * L else name
                     charge[label] = charge.get(label, 0) + max(0, t1 - end)
+                    dur[label] = dur.get(label, 0) + (t1 - t0)
                     end = max(end, t1)
                 spans.append(end - s[0][1])
                 if prev_end is not None:
@@ -1070,12 +1072,16 @@ def trace(args):
                                          e.name[-40:], e.time_range.start - t_end, e.time_range.end - e.time_range.start)
                     for e in near[:40])), flush=True)
             per = {lb: v / len(steps) for lb, v in charge.items()}
-            res["%s_b%d" % (pv, B)] = dict(us_per_step=per, span_us=med(spans), idle_us=med(gaps),
+            # each kernel's own duration (start to end, overlaps included), us per step
+            own = {lb: v / len(steps) for lb, v in dur.items()}
+            res["%s_b%d" % (pv, B)] = dict(us_per_step=per, own_us_per_step=own, span_us=med(spans), idle_us=med(gaps),
                                            kernels_per_step=len(steps[0]), kernels_per_layer=k if layered else None)
             top = sorted(per.items(), key=lambda kv: -kv[1])
             print("TRACE %s batch %2d: span %.1f us, idle between steps %.1f us, %d kernels per step (%s per layer): %s"
                   % (pv, B, med(spans), med(gaps), len(steps[0]), k if layered else "?",
                      ", ".join("%s %.1f" % kv for kv in top)), flush=True)
+            print("TRACE %s batch %2d kernels' own time (us per step): %s"
+                  % (pv, B, ", ".join("%s %.1f" % kv for kv in sorted(own.items(), key=lambda kv: -kv[1]))), flush=True)
     be.close()
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
