@@ -70,7 +70,7 @@
 // attention's position splits through L2 instead of a thread-block cluster's distributed shared
 // memory (mqb_model::attn_cluster), "tile_cluster" 0 adds the tile kernel's K splits through
 // its workspace in L2 instead (mqb_model::tile_cluster), "timeline" 1 records when every
-// GEMV and decode-attention launch of a decode step started, passed its wait and ended
+// GEMV, tile-kernel and decode-attention launch of a decode step started, passed its wait and ended
 // (mqb_debug_timeline; tl_mark).
 // mqb_debug_chain runs decode steps back to back with their tokens fed on the device, the host
 // out of the loop.
@@ -684,7 +684,8 @@ __device__ __forceinline__ unsigned long long gtimer() {
 // tl_mark records, for timeline slot s (one kernel launch), when thread 0 of each block got to
 // what: 0 block start (the first and the last block's), 1 past the wait for the previous
 // kernel, 2 block end (the last block's), 3-6 the phases of decode attention (the last block's:
-// q/k/v made, then attend's scores, softmax and V sums, or attend_flash's whole pass at 6). The
+// q/k/v made, then attend's scores, softmax and V sums, or attend_flash's whole pass at 6) or 3-5
+// those of the tile kernel (input staged, chunks multiplied, K splits summed). The
 // debug timeline (mqb_debug_timeline) shows where a chain of dependent kernels spends its time,
 // which per-kernel events cannot: they serialise it.
 __device__ __forceinline__ void tl_mark(unsigned long long *b, int s, int what) {
@@ -1751,7 +1752,7 @@ struct mqb_model {
   bool prefill_tc = true;
   pa::Tile *ptile = nullptr, *ptile_h = nullptr;
   // Debug timeline (mqb_debug_set "timeline"): TL_SLOTS records of TL_FIELDS timestamps, one per
-  // GEMV and decode-attention launch of the last decode step's dispatch, labelled in tl_labels;
+  // GEMV, tile-kernel and decode-attention launch of the last decode step's dispatch, labelled in tl_labels;
   // tl_buf is tl_mem while on, NULL while off.
   unsigned long long *tl_buf = nullptr, *tl_mem = nullptr;
   bool tl_decode = false;
@@ -1781,6 +1782,9 @@ struct mqb_model {
   // Weight chunks each tile-kernel block asks for before griddepcontrol.wait (debug "tile_pre",
   // 1..sk::TSTAGES): 3. All four buffers' worth made batches 1-16 1-2 % slower (run 61).
   int tile_pre = sk::TSTAGES - 1;
+  // Chunk buffers of each tile-kernel block (debug "tile_stages", sk::TSTAGES..TSTAGES_MAX): its
+  // weights in flight, ns - 1 chunks of 16 KB while one is multiplied.
+  int tile_stages = sk::TSTAGES;
   // Kernels compiled per mode, so that a launch fetches no other mode's instructions (debug
   // "slim", a bitmask, default 3): bit 0 the attention kernels without attend where attend_flash
   // takes the step, bit 1 prep_kernel per PrepMode. A kernel's code is fetched cold at each
@@ -2067,7 +2071,7 @@ sk::TCfg tile_cfg(const mqb_model &m, int N, int K, int B, bool rms = false, boo
       c.KS = KS;
       c.Z = Z;
       c.Kr = K / Z;
-      const int per_sm = std::max(1, std::min(2, (int)(sk::SMEM_SM / sk::tile_smem_bytes(nb, c.Kr))));
+      const int per_sm = std::max(1, std::min(2, (int)(sk::SMEM_SM / sk::tile_smem_bytes(nb, c.Kr, m.tile_stages))));
       const int rounds = (c.blocks(N) + m.sms * per_sm - 1) / (m.sms * per_sm);
       const double block_bytes = (double)RT * 16 * c.Kr * 2 + (double)nb * 8 * (rms ? K * 4 : c.Kr * 2);
       const double t = shape_time((double)N * K * 2, block_bytes * per_sm * rounds, Z);
@@ -2124,13 +2128,17 @@ sk::TmaMap tile_map(mqb_model &, const T *W, int N, int K, int rows) {
 // box and an up box per K slice).
 template <typename T>
 void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, const T *X, int B, float *out, int acc,
-                 const sk::TileFuse<T> &f) {
+                 const sk::TileFuse<T> &f0) {
   const int nb = (B + 7) / 8;
+  sk::TileFuse<T> f = f0;
+  f.tlb = m.tl_buf;
+  f.tls = tl_slot(m);
   const auto &tm = tile_map(m, W, N, K, (f.act ? 8 : 16) * c.RT);
   const int clz = cluster_of(m.tile_cluster, c.Z);  // a row block's Z splits
   auto go = [&](auto kernel) {
-    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), sk::tile_smem_bytes(nb, c.Kr),
-              tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre, clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
+    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS),
+              sk::tile_smem_bytes(nb, c.Kr, m.tile_stages), tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre,
+              m.tile_stages, clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
   };
   by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
 }
@@ -2994,7 +3002,7 @@ void skinny_setup(mqb_model &m) {
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
          "cudaFuncSetAttribute(skinny)");
     };
-    const size_t tsmem = sk::tile_smem_bytes(4, sk::TKR_MAX);
+    const size_t tsmem = sk::tile_smem_bytes(4, sk::TKR_MAX, sk::TSTAGES_MAX);
     for (int nb = 1; nb <= 4; ++nb)
       by_octets(nb, [&](auto o) {
         attr(sk::skinny_kernel<T, decltype(o)::value>);
@@ -3482,7 +3490,11 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "tile_max_b") m->tile_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "tile_rt") m->tile_rt = (value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
-  else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(sk::TSTAGES, (int)value));
+  else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(m->tile_stages, (int)value));
+  else if (k == "tile_stages") {
+    m->tile_stages = std::max(sk::TSTAGES, std::min(sk::TSTAGES_MAX, (int)value));
+    m->tile_pre = std::min(m->tile_pre, m->tile_stages);
+  }
   else if (k == "slim") m->slim = (int)value & 3;
   else if (k == "attn_cluster") m->attn_cluster = value != 0;
   else if (k == "tile_cluster") m->tile_cluster = value != 0;

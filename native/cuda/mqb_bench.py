@@ -692,14 +692,20 @@ def timeline(be, B, V, variant, opts):
         if p6:  # attention's phases; attend_flash has one pass where attend has three (p4, p5: 0)
             for j, (x, y) in enumerate([(w, p3), (p3, p4 or p3), (p4 or p3, p5 or p3), (p5 or p3, p6), (p6, e)]):
                 a[4 + j] += (y - x) / 1e3
+        elif p3 and p4 and p5:  # the tile kernel's: input staged, chunks multiplied, K splits summed
+            for j, (x, y) in enumerate([(w, p3), (p3, p4), (p4, p5), (p5, e)]):
+                a[4 + j] += (y - x) / 1e3
     total = (ks[-1][4] - ks[0][1]) / 1e3 if ks else 0
     print("TIMELINE batch %d %s: %d kernels, first start to last end %.1f us" % (B, variant, len(ks), total), flush=True)
     for label, a in agg.items():
         n = a[0]
+        phases = ("" if not any(a[4:]) else
+                  " (staged %.2f, chunks %.2f, splits summed %.2f, stored %.2f)" % tuple(x / n for x in a[4:8])
+                  if "tile" in label else
+                  " (q/k/v %.2f, scores %.2f, softmax %.2f, V or flash pass %.2f, merge+out %.2f)"
+                  % tuple(x / n for x in a[4:]))
         print("TIMELINE   %-14s x%-3d launch lead %6.2f us, release %5.2f us, work %5.2f us%s"
-              % (label, n, a[1] / n, a[2] / n, a[3] / n,
-                 "" if not any(a[4:]) else " (q/k/v %.2f, scores %.2f, softmax %.2f, V or flash pass %.2f, "
-                 "merge+out %.2f)" % tuple(x / n for x in a[4:])), flush=True)
+              % (label, n, a[1] / n, a[2] / n, a[3] / n, phases), flush=True)
     return dict(kernels=ks, total_us=total)
 
 
@@ -735,7 +741,7 @@ def switches_of(name):
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 0, "sk_kw": 0,
             "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16, "tile_pre": 3, "prefill_flash": 1,
-            "prefill_tc": 1, "blas_tune": 1, "slim": 3, "attn_cluster": 1, "tile_cluster": 1}
+            "prefill_tc": 1, "blas_tune": 1, "slim": 3, "attn_cluster": 1, "tile_cluster": 1, "tile_stages": 4}
 
 
 def bench(args):
@@ -886,9 +892,14 @@ def bench(args):
           flush=True)
     res["ours"] = ours
 
-    # Where a graph-replayed batch-1 step spends its time, kernel by kernel (debug timeline).
-    res["timeline_b1"] = {name: timeline(be, 1, V, name, opts)
-                          for name, opts in [("default", {}), ("no_attn_flash", {"attn_flash": 0})]}
+    # Where a graph-replayed step spends its time, kernel by kernel (debug timeline): batch 1 by
+    # default, TIMELINE_BATCHES (e.g. "1,8,32") and TIMELINE_VARIANTS (default
+    # "default,no_attn_flash"; key=value[+...] names switch sets as bench variants do) otherwise.
+    tl_vars = os.environ.get("TIMELINE_VARIANTS", "default,no_attn_flash").split(",")
+    for tb in [int(b) for b in os.environ.get("TIMELINE_BATCHES", "1").split(",")]:
+        res["timeline_b%d" % tb] = {name: timeline(be, tb, V, name, {} if name == "default" else
+                                                   {"attn_flash": 0} if name == "no_attn_flash" else switches_of(name))
+                                    for name in tl_vars}
 
     # Per-kernel breakdown: eager steps with an event after every kernel (no graph, so small
     # kernels also carry launch gaps), charged per label; ms per decode step.
