@@ -1516,7 +1516,7 @@ struct DecAttn {
 // cluster_sync is barrier.cluster with release / acquire order: every block of the thread-block
 // cluster has arrived, and what each wrote to its shared memory before is visible to the others.
 // dsmem(p, rank) is the address of p (in this block's shared memory) in block `rank` of the
-// cluster (distributed shared memory), for plain loads and stores. decode_attn_kernel's split merge and the
+// cluster (distributed shared memory), for plain loads. decode_attn_kernel's split merge and the
 // tile kernel's K-split sum use them (attn_cluster, tile_cluster); the CPU emulation, which runs
 // one block at a time, never takes those paths.
 __device__ __forceinline__ void cluster_sync() {
@@ -1525,11 +1525,11 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 template <typename V>
-__device__ __forceinline__ V *dsmem(V *p, unsigned rank) {
+__device__ __forceinline__ const V *dsmem(const V *p, unsigned rank) {
 #if defined(__CUDA_ARCH__)
   unsigned long long r;
   asm volatile("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
-  return reinterpret_cast<V *>(r);
+  return reinterpret_cast<const V *>(r);
 #else
   (void)rank;
   return p;
@@ -1785,9 +1785,6 @@ struct mqb_model {
   // Chunk buffers of each tile-kernel block (debug "tile_stages", sk::TSTAGES..TSTAGES_MAX): its
   // weights in flight, ns - 1 chunks of 16 KB while one is multiplied.
   int tile_stages = sk::TSTAGES;
-  // Blocks of a thread-block cluster that share a fused product's RMSNorm staging (debug
-  // "tile_xcl", 1, 2 or 4; sk::TileFuse::xcl): each row is read from L2 by 1 / xcl of the blocks.
-  int tile_xcl = 1;
   // Kernels compiled per mode, so that a launch fetches no other mode's instructions (debug
   // "slim", a bitmask, default 3): bit 0 the attention kernels without attend where attend_flash
   // takes the step, bit 1 prep_kernel per PrepMode. A kernel's code is fetched cold at each
@@ -2138,11 +2135,8 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
   f.tls = tl_slot(m);
   const auto &tm = tile_map(m, W, N, K, (f.act ? 8 : 16) * c.RT);
   const int clz = cluster_of(m.tile_cluster, c.Z);  // a row block's Z splits
-  // Row blocks that share their RMSNorm staging (TileFuse::xcl): products without a K split.
-  const int xcl = f.xr && c.Z == 1 && c.row_blocks(N) % m.tile_xcl == 0 ? cluster_of(true, m.tile_xcl) : 1;
-  f.xcl = xcl;
   auto go = [&](auto kernel) {
-    launch_cl(m, dim3(xcl, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS),
+    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS),
               sk::tile_smem_bytes(nb, c.Kr, m.tile_stages), tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre,
               m.tile_stages, clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
   };
@@ -3497,7 +3491,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "tile_rt") m->tile_rt = (value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
   else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(m->tile_stages, (int)value));
-  else if (k == "tile_xcl") m->tile_xcl = value == 2 || value == 4 ? (int)value : 1;
   else if (k == "tile_stages") {
     m->tile_stages = std::max(sk::TSTAGES, std::min(sk::TSTAGES_MAX, (int)value));
     m->tile_pre = std::min(m->tile_pre, m->tile_stages);

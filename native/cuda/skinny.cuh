@@ -489,10 +489,6 @@ struct TileFuse {
   const float *nw = nullptr;
   float eps = 0.f;
   T *act = nullptr;
-  // xcl > 1 (with xr; a launch with clusters of xcl blocks along x, no K split): the blocks of a
-  // cluster share the RMSNorm staging, each normalizing the rows b with b % xcl == its rank and
-  // writing them into every block's shared memory, so that fewer blocks read each row from L2.
-  int xcl = 1;
   unsigned long long *tlb = nullptr;  // timeline records (debug "timeline"; tl_mark), slot tls
   int tls = -1;
 };
@@ -575,10 +571,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     // two rows per warp at a time, every load of both rows in flight at once (a loop that loads
     // as it goes waits a round trip per step: run 54 lost 5 us per product so); the norm's
     // weights were copied to shared memory before the wait, so that the rows have the registers.
-    // Rows B.. load as zeros, which normalize to zeros. With f.xcl > 1 this block makes only the
-    // rows of its rank in the cluster, for every block of it.
+    // Rows B.. load as zeros, which normalize to zeros.
     const int nj = (K + 127) / 128;
-    const int xcl = f.xcl, rank = xcl > 1 ? (int)(blockIdx.x % xcl) : 0;
     stage_wait();  // the norm's weights (asked for before the wait)
     __syncthreads();
     for (int b0 = warp; b0 < NB * 8; b0 += 2 * WARPS) {
@@ -588,7 +582,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int j = 0; j < RMS_KMAX / 128; ++j) {
           const int b = b0 + r * WARPS;
-          v[r][j] = lane * 4 + 128 * j < K && b < B && b % xcl == rank
+          v[r][j] = lane * 4 + 128 * j < K && b < B
                         ? __ldcg(reinterpret_cast<const float4 *>(f.xr + (size_t)b * K + lane * 4 + 128 * j))
                         : make_float4(0.f, 0.f, 0.f, 0.f);
         }
@@ -596,7 +590,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int r = 0; r < 2; ++r) {
         const int b = b0 + r * WARPS;
         if (b >= NB * 8) break;
-        if (b % xcl != rank) continue;
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < RMS_KMAX / 128; ++j)
@@ -613,14 +606,10 @@ __global__ void __launch_bounds__(THREADS, 1)
           pt[1] = TT<T>::fromf(v[r][j].y * rstd * w.y);
           pt[2] = TT<T>::fromf(v[r][j].z * rstd * w.z);
           pt[3] = TT<T>::fromf(v[r][j].w * rstd * w.w);
-          uint2 *d = reinterpret_cast<uint2 *>(xs + (size_t)b * Kr + tswz(b, k / 8) * 8 + (k & 7));
-          if (xcl == 1) *d = pk;
-          else
-            for (int q = 0; q < xcl; ++q) *dsmem(d, (unsigned)q) = pk;
+          *reinterpret_cast<uint2 *>(xs + (size_t)b * Kr + tswz(b, k / 8) * 8 + (k & 7)) = pk;
         }
       }
     }
-    if (xcl > 1) cluster_sync();  // every block's rows are in every block's shared memory
   }
   stage_wait();
   tl_mark(f.tlb, f.tls, 3);
