@@ -1782,9 +1782,6 @@ struct mqb_model {
   // Weight chunks each tile-kernel block asks for before griddepcontrol.wait (debug "tile_pre",
   // 1..sk::TSTAGES): 3. All four buffers' worth made batches 1-16 1-2 % slower (run 61).
   int tile_pre = sk::TSTAGES - 1;
-  // Chunk buffers of each tile-kernel block (debug "tile_stages", sk::TSTAGES..TSTAGES_MAX): its
-  // weights in flight, ns - 1 chunks of 16 KB while one is multiplied.
-  int tile_stages = sk::TSTAGES;
   // Kernels compiled per mode, so that a launch fetches no other mode's instructions (debug
   // "slim", a bitmask, default 3): bit 0 the attention kernels without attend where attend_flash
   // takes the step, bit 1 prep_kernel per PrepMode. A kernel's code is fetched cold at each
@@ -2071,7 +2068,7 @@ sk::TCfg tile_cfg(const mqb_model &m, int N, int K, int B, bool rms = false, boo
       c.KS = KS;
       c.Z = Z;
       c.Kr = K / Z;
-      const int per_sm = std::max(1, std::min(2, (int)(sk::SMEM_SM / sk::tile_smem_bytes(nb, c.Kr, m.tile_stages))));
+      const int per_sm = std::max(1, std::min(2, (int)(sk::SMEM_SM / sk::tile_smem_bytes(nb, c.Kr))));
       const int rounds = (c.blocks(N) + m.sms * per_sm - 1) / (m.sms * per_sm);
       const double block_bytes = (double)RT * 16 * c.Kr * 2 + (double)nb * 8 * (rms ? K * 4 : c.Kr * 2);
       const double t = shape_time((double)N * K * 2, block_bytes * per_sm * rounds, Z);
@@ -2136,9 +2133,8 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
   const auto &tm = tile_map(m, W, N, K, (f.act ? 8 : 16) * c.RT);
   const int clz = cluster_of(m.tile_cluster, c.Z);  // a row block's Z splits
   auto go = [&](auto kernel) {
-    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS),
-              sk::tile_smem_bytes(nb, c.Kr, m.tile_stages), tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre,
-              m.tile_stages, clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
+    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), sk::tile_smem_bytes(nb, c.Kr),
+              tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre, clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
   };
   by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
 }
@@ -3002,7 +2998,7 @@ void skinny_setup(mqb_model &m) {
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
          "cudaFuncSetAttribute(skinny)");
     };
-    const size_t tsmem = sk::tile_smem_bytes(4, sk::TKR_MAX, sk::TSTAGES_MAX);
+    const size_t tsmem = sk::tile_smem_bytes(4, sk::TKR_MAX);
     for (int nb = 1; nb <= 4; ++nb)
       by_octets(nb, [&](auto o) {
         attr(sk::skinny_kernel<T, decltype(o)::value>);
@@ -3490,11 +3486,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "tile_max_b") m->tile_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "tile_rt") m->tile_rt = (value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
-  else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(m->tile_stages, (int)value));
-  else if (k == "tile_stages") {
-    m->tile_stages = std::max(sk::TSTAGES, std::min(sk::TSTAGES_MAX, (int)value));
-    m->tile_pre = std::min(m->tile_pre, m->tile_stages);
-  }
+  else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(sk::TSTAGES, (int)value));
   else if (k == "slim") m->slim = (int)value & 3;
   else if (k == "attn_cluster") m->attn_cluster = value != 0;
   else if (k == "tile_cluster") m->tile_cluster = value != 0;

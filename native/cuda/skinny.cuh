@@ -329,8 +329,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 // its L2 traffic was 2-4x the weight bytes and each block waited for all its loads at once
 // (NOTES.md, runs 41-45). Here a block owns RT row tiles of 16 (RT * KS = 8 warps) over a K range
 // of Kr columns, stages its input rows once for that range (cp.async), and streams the weights in
-// 16 KB chunks (KS boxes of 16 RT rows x 64 columns) through ns shared-memory buffers (TSTAGES..
-// TSTAGES_MAX; backend.cu's tile_stages), so ns - 1 chunks are in flight while one is multiplied. The copy engine (TMA, a tensor map per
+// 16 KB chunks (KS boxes of 16 RT rows x 64 columns) through TSTAGES shared-memory buffers, so
+// three chunks are in flight while one is multiplied. The copy engine (TMA, a tensor map per
 // weight matrix: backend.cu's tile_map) moves each box with one instruction of one thread and
 // reports its bytes on the buffer's mbarrier. The first three chunks are asked for before
 // griddepcontrol.wait: weights never depend on the previous kernel. Warp w multiplies row tile
@@ -359,8 +359,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 // fused, it beats the skinny kernel (batch 8 7,478 tok/s against 6,363) and the fused GEMV (batch
 // 4 3,804 against 1,836; batch 1 937 against 895), so the layers' products of every batch up to
 // 16 run here.
-constexpr int TSTAGES = 4;          // weight chunks in shared memory by default (3 in flight while 1 is used)
-constexpr int TSTAGES_MAX = 8;      // most chunk buffers a launch may ask for (its ns; backend.cu's tile_stages)
+constexpr int TSTAGES = 4;          // weight chunks in shared memory (3 in flight while 1 is used)
 constexpr int TCHUNK = 128 * 64;    // elements of a chunk: 16 * RT rows x 64 * KS columns
 constexpr int TKR_MAX = 1024;       // most columns of a block's K range (its staged input: 64 KB at 32 rows)
 constexpr size_t SMEM_SM = 227u << 10;  // shared memory the blocks on one sm_90 SM can have together
@@ -378,8 +377,8 @@ constexpr int RMS_KMAX = 1024;
 
 // tile_smem_bytes: 1 KB to align the chunk buffers, the buffers, the staged input, the norm's
 // weights (TileFuse::xr).
-__host__ __device__ inline size_t tile_smem_bytes(int NB, int Kr, int ns = TSTAGES) {
-  return 1024 + (size_t)ns * TCHUNK * 2 + (size_t)NB * 8 * Kr * 2 + RMS_KMAX * sizeof(float);
+__host__ __device__ inline size_t tile_smem_bytes(int NB, int Kr) {
+  return 1024 + (size_t)TSTAGES * TCHUNK * 2 + (size_t)NB * 8 * Kr * 2 + RMS_KMAX * sizeof(float);
 }
 
 __device__ __forceinline__ int tswz(int r, int p) { return p ^ (r & 7); }
@@ -510,13 +509,13 @@ static_assert((size_t)(PARK + WARPS * 32 * (MAXB / 8) * 4) * sizeof(float) <= (s
 template <typename T, int NB>
 __global__ void __launch_bounds__(THREADS, 1)
     tile_kernel(const __grid_constant__ TmaMap tm, int N, int K, const T *X, int B, float *out, int accumulate, int RT,
-                int KS, int Kr, int pre, int ns, int cluster, float *ws, unsigned int *cnt, const TileFuse<T> f) {
+                int KS, int Kr, int pre, int cluster, float *ws, unsigned int *cnt, const TileFuse<T> f) {
   DYN_SMEM(uint4, tk_raw);
   __shared__ unsigned int s_last;
-  __shared__ unsigned long long bar[TSTAGES_MAX];  // one per chunk buffer (ns of them, TSTAGES..TSTAGES_MAX)
+  __shared__ unsigned long long bar[TSTAGES];  // one per chunk buffer
   // The chunk buffers start at the first 1024-byte boundary (the swizzle's period).
   T *chunks = reinterpret_cast<T *>((reinterpret_cast<uintptr_t>(tk_raw) + 1023) & ~(uintptr_t)1023);
-  T *xs = chunks + (size_t)ns * TCHUNK;
+  T *xs = chunks + (size_t)TSTAGES * TCHUNK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int KC = 64 * KS, rows = 16 * RT;  // a chunk: KS sub-tiles of rows x 64 (one per K slice)
   const int lt = warp / KS, ks = warp % KS, tile = blockIdx.x * RT + lt;
@@ -530,22 +529,22 @@ __global__ void __launch_bounds__(THREADS, 1)
   // rows from y0 = row0 / 2, up rows from N / 2 + y0.
   const int y0 = f.act ? row0 / 2 : row0;
   if (threadIdx.x == 0)
-    for (int i = 0; i < ns; ++i) mbar_init(bar + i);
+    for (int i = 0; i < TSTAGES; ++i) mbar_init(bar + i);
   __syncthreads();
-  // issue (thread 0) asks the copy engine for chunk c: KS boxes of rows x 64 into buffer c % ns.
+  // issue (thread 0) asks the copy engine for chunk c: KS boxes of rows x 64 into buffer c % TSTAGES.
   auto issue = [&](int c) {
     if (threadIdx.x != 0 || c >= nch) return;
-    unsigned long long *b = bar + c % ns;
+    unsigned long long *b = bar + c % TSTAGES;
     mbar_expect(b, (unsigned)(KS * rows * 64 * sizeof(T)));
-    T *dst = chunks + (size_t)(c % ns) * TCHUNK;
+    T *dst = chunks + (size_t)(c % TSTAGES) * TCHUNK;
     for (int q = 0; q < KS; ++q) {
       tma_load(dst + q * rows * 64, tm, k0 + c * KC + q * 64, y0, b);
       if (f.act) tma_load(dst + q * rows * 64 + rows / 2 * 64, tm, k0 + c * KC + q * 64, N / 2 + y0, b);
     }
   };
-  // The first pre (1..ns) chunks are asked for before the wait (backend.cu's tile_pre), the rest
-  // up to chunk c + ns - 1 once chunk c - 1's buffer is free (next: the first chunk not yet asked
-  // for; the same in every thread).
+  // The first pre (1..TSTAGES) chunks are asked for before the wait (backend.cu's tile_pre: 3;
+  // all four made the decode steps slower), the rest up to chunk c + TSTAGES - 1 once chunk c - 1's
+  // buffer is free (next: the first chunk not yet asked for; the same in every thread).
   int next = 0;
   for (; next < pre; ++next) issue(next);
   float *nws = reinterpret_cast<float *>(xs + (size_t)NB * 8 * Kr);  // the norm's weights (TileFuse::xr)
@@ -626,11 +625,11 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
   for (int h = 0; h < 2; ++h) boff[h] = i8 * Kr + tswz(i8, ks * 8 + 2 * (2 * h + (m >> 1)) + (m & 1)) * 8;
   for (int c = 0; c < nch; ++c) {
-    mbar_wait(bar + c % ns, (unsigned)(c / ns) & 1u);
+    mbar_wait(bar + c % TSTAGES, (unsigned)(c / TSTAGES) & 1u);
     __syncthreads();  // the input is staged, and every warp is done with chunk c - 1, whose buffer issue refills
-    for (; next <= c + ns - 1; ++next) issue(next);
+    for (; next <= c + TSTAGES - 1; ++next) issue(next);
     if (live) {
-      const T *wr = chunks + (size_t)(c % ns) * TCHUNK;
+      const T *wr = chunks + (size_t)(c % TSTAGES) * TCHUNK;
       const T *xr = xs + c * KC;
       uint32_t a[4][4];
 #pragma unroll

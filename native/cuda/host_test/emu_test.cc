@@ -811,7 +811,7 @@ static bool emu_tile(const std::vector<T> &W, int N, int K, int RT, int Z, const
   by_octets((B + 7) / 8, [&](auto o) {
     auto kernel = sk::tile_kernel<T, decltype(o)::value>;
     emu_launch(dim3((N / 16 + RT - 1) / RT, Z), dim3(sk::THREADS), [&, kernel] {
-      kernel(sk::TmaMap{W.data(), K, N, (f.act ? 8 : 16) * RT}, N, K, X, B, out, acc, RT, KS, Kr, sk::TSTAGES - 1, sk::TSTAGES, 0,
+      kernel(sk::TmaMap{W.data(), K, N, (f.act ? 8 : 16) * RT}, N, K, X, B, out, acc, RT, KS, Kr, sk::TSTAGES - 1, 0,
              ws.data(), cnt.data(), f);
     });
   });
