@@ -811,6 +811,7 @@ def bench(args):
                 ("tile", {"tile_max_b": 32}), ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
     extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
              "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
+    named = dict(variants, **extra)  # every variant by name, before BENCH_VARIANTS picks some
     if os.environ.get("BENCH_VARIANTS"):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")
         variants = [v for v in variants if v[0] in keep_v] + [(k, extra[k]) for k in keep_v if k in extra]
@@ -894,11 +895,10 @@ def bench(args):
 
     # Where a graph-replayed step spends its time, kernel by kernel (debug timeline): batch 1 by
     # default, TIMELINE_BATCHES (e.g. "1,8,32") and TIMELINE_VARIANTS (default
-    # "default,no_attn_flash"; key=value[+...] names switch sets as bench variants do) otherwise.
+    # "default,no_attn_flash"; variant names as in BENCH_VARIANTS, key=value[+...] too) otherwise.
     tl_vars = os.environ.get("TIMELINE_VARIANTS", "default,no_attn_flash").split(",")
     for tb in [int(b) for b in os.environ.get("TIMELINE_BATCHES", "1").split(",")]:
-        res["timeline_b%d" % tb] = {name: timeline(be, tb, V, name, {} if name == "default" else
-                                                   {"attn_flash": 0} if name == "no_attn_flash" else switches_of(name))
+        res["timeline_b%d" % tb] = {name: timeline(be, tb, V, name, switches_of(name) if "=" in name else named[name])
                                     for name in tl_vars}
 
     # Per-kernel breakdown: eager steps with an event after every kernel (no graph, so small
