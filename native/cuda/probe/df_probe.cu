@@ -41,6 +41,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../warp.cuh"  // warp_sum, warp_max: the backend's
 #include "probe.cuh"
 
 typedef __nv_bfloat16 bf16;
@@ -124,16 +125,6 @@ __device__ __forceinline__ unsigned long long now_ns() {
 #define mark(p, i) mark_at(p, i, l)
 __device__ __forceinline__ void mark_at(const Params &p, int i, int layer) {
   if (p.timeline && blockIdx.x == 0 && threadIdx.x == 0) p.timeline[layer * TL_POINTS + i] = now_ns();
-}
-__device__ __forceinline__ float warp_sum(float s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
-__device__ __forceinline__ float warp_max(float s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
-  return s;
 }
 __device__ __forceinline__ float bf_lo(unsigned u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf_hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }
