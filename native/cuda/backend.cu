@@ -53,7 +53,10 @@
 // fixes decode attention's position splits per (token, KV head) (default 0: enough to fill the
 // SMs with splits of at least ATT_SPLIT_MIN_POS positions, more for a few sequences: attn_splits),
 // MQB_FUSED_ATTN=0|1|2 runs decode attention fused (decode_attn) never, where tokens x KV heads <
-// SMs (default), always; MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
+// SMs (default), always; MQB_ATTN_POST=1 runs the decode steps that leaves unfused through
+// decode_attn_kernel's one-wave instance, MQB_ATTN_PRE=n > 0 loads attention_kernel's first K/V
+// rows of a decode step before its wait (n > 1: and asks L2 for (n - 1) * 64 more positions, in
+// either; both default 0, mqb_model::attn_post); MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
 // products in a build with them (default 0: off),
 // MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS (and the GEMV), MQB_SK_MAX_B=n
 // (default 0) and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels,
@@ -1314,6 +1317,55 @@ __device__ void prefetch_kv_rows(const T *kc, const T *vc, int sl, int kh, int l
   }
 }
 
+constexpr int ATT_SU = 4;  // attend_flash: positions in flight per lane group
+
+// FlashLanes: how attend_flash lays a block's threads onto K/V rows: nch lanes (16 bytes each)
+// per row, ngroups rows side by side, this thread in group g (sub of its warp) at slice sl.
+// Step s of attend_flash takes positions lo + (s * ATT_SU + u) * ngroups + g, u < ATT_SU.
+template <typename T>
+struct FlashLanes {
+  int nch, sub, sl, ngroups, g;
+  __device__ __forceinline__ explicit FlashLanes(int D) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ppw = 32 / (D / TT<T>::CH);
+    nch = D / TT<T>::CH;
+    sub = lane / nch;
+    sl = lane - sub * nch;
+    ngroups = (ATT_THREADS / 32) * ppw;
+    g = warp * ppw + sub;
+  }
+};
+
+// KVPre: a thread's K and V chunks of attend_flash's first step, loaded before the kernel waits
+// for the previous one (kv_preload): rows of earlier decode steps do not depend on it, so their
+// latency passes while qkv_post (or the block's own q/k/v) is made. The newest position is left
+// out (zero): the step writes it.
+struct KVPre {
+  uint4 k[ATT_SU], v[ATT_SU];
+};
+
+template <typename T>
+__device__ __forceinline__ void kv_preload(KVPre &pre, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh,
+                                           int D) {
+  const FlashLanes<T> f(D);
+#pragma unroll
+  for (int u = 0; u < ATT_SU; ++u) {
+    const int pp = u * f.ngroups + f.g, pos = lo + pp;
+    const bool ok = pp < hi - lo && pos != fresh;
+    const size_t off = (size_t)pos * rs + f.sl * TT<T>::CH;
+    pre.k[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(kb + off)) : make_uint4(0u, 0u, 0u, 0u);
+    pre.v[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(vb + off)) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// pack_chunk rounds CH fp32 values to T, as the cache stores them, into one 16-byte vector.
+template <typename T>
+__device__ __forceinline__ uint4 pack_chunk(const float *f) {
+  alignas(16) T v[TT<T>::CH];
+#pragma unroll
+  for (int e = 0; e < TT<T>::CH; ++e) v[e] = TT<T>::fromf(f[e]);
+  return *reinterpret_cast<const uint4 *>(v);
+}
+
 // attend_flash: attend's result (unnormalised sums in oacc, running max and sum in s_m, s_l;
 // s_m = -inf for an empty range) for a decode step, computed without block-wide phases: the
 // block's lane groups (nch lanes, a position at a time: 16 groups for bf16 head_dim 128) each
@@ -1322,15 +1374,20 @@ __device__ void prefetch_kv_rows(const T *kc, const T *vc, int sl, int kh, int l
 // through shared memory (red: 8 GM D floats, sc: 16 GM). attend's scores, softmax and V
 // phases were each a round trip to L2 and a barrier (NOTES.md, runs 25-29: 2.7 + 1.1 + 2.1 us
 // of attention's 10.8 at batch 1). Needs lanes_fit(nch).
-template <typename T, int GM>
+// PRE: the first step's chunks are pre's (kv_preload, made before the wait). fresh_f (may be
+// NULL): the newest position's k and v as fp32 in shared memory (k then v, D each), taken from
+// there rounded to T instead of from the cache, so that the block need not wait for its own
+// cache write to reach L2.
+template <typename T, int GM, bool PRE = false>
 __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh, int D,
-                             int G, float *sc, float *red, float *s_m, float *s_l, float *oacc) {
+                             int G, float *sc, float *red, float *s_m, float *s_l, float *oacc,
+                             const KVPre *pre = nullptr, const float *fresh_f = nullptr) {
   constexpr int CH = TT<T>::CH;
-  constexpr int SU = 4;
+  constexpr int SU = ATT_SU;
   constexpr int NW = ATT_THREADS / 32;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nch = D / CH, ppw = 32 / nch, sub = lane / nch, sl = lane - sub * nch;
-  const int ngroups = NW * ppw, g = warp * ppw + sub;
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const FlashLanes<T> fl(D);
+  const int nch = fl.nch, sub = fl.sub, sl = fl.sl, ngroups = fl.ngroups, g = fl.g;
   float qf[GM][CH], acc[GM][CH], m[GM], l[GM];
   __syncthreads();  // qs was written by the caller
 #pragma unroll
@@ -1351,12 +1408,16 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
       const int pp = base + u * ngroups + g, pos = lo + pp;
       const size_t off = (size_t)pos * rs + sl * CH;
       const bool ok = pp < span;
-      kr[u] = !ok           ? make_uint4(0u, 0u, 0u, 0u)
-              : pos == fresh ? ldcg4(kb + off)
-                             : __ldg(reinterpret_cast<const uint4 *>(kb + off));
-      vr[u] = !ok           ? make_uint4(0u, 0u, 0u, 0u)
-              : pos == fresh ? ldcg4(vb + off)
-                             : __ldg(reinterpret_cast<const uint4 *>(vb + off));
+      if (ok && pos == fresh) {
+        kr[u] = fresh_f ? pack_chunk<T>(fresh_f + sl * CH) : ldcg4(kb + off);
+        vr[u] = fresh_f ? pack_chunk<T>(fresh_f + D + sl * CH) : ldcg4(vb + off);
+      } else if (PRE && base == 0) {  // zero where !ok
+        kr[u] = pre->k[u];
+        vr[u] = pre->v[u];
+      } else {
+        kr[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(kb + off)) : make_uint4(0u, 0u, 0u, 0u);
+        vr[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(vb + off)) : make_uint4(0u, 0u, 0u, 0u);
+      }
     }
 #pragma unroll
     for (int u = 0; u < SU; ++u) {
@@ -1445,13 +1506,16 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
 // attend_either runs attend_flash or attend by flash_fits. tlb, tls and score_lanes are attend's
 // timeline slot and lane scoring; attend_flash's single pass marks phase 6. FLASH_ONLY (the launch
 // checked the rule: flash_only) compiles attend_flash alone, so that the kernel carries no attend:
-// dead code too costs a launch (NOTES.md, run 84: batch 1 +4 %).
-template <typename T, int GM, bool FLASH_ONLY = false>
+// dead code too costs a launch (NOTES.md, run 84: batch 1 +4 %). PRE, pre and fresh_f: attend_flash's
+// (PRE needs FLASH_ONLY).
+template <typename T, int GM, bool FLASH_ONLY = false, bool PRE = false>
 __device__ void attend_either(bool flash, const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi,
                               int fresh, int D, int G, float *sc, float *red, float *s_m, float *s_l, float *s_c,
-                              float *oacc, unsigned long long *tlb = nullptr, int tls = -1, bool score_lanes = true) {
+                              float *oacc, unsigned long long *tlb = nullptr, int tls = -1, bool score_lanes = true,
+                              const KVPre *pre = nullptr, const float *fresh_f = nullptr) {
+  static_assert(!PRE || FLASH_ONLY, "a preload is attend_flash's");
   if (FLASH_ONLY || flash_fits<T>(flash, D)) {
-    attend_flash<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc);
+    attend_flash<T, GM, PRE>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc, pre, fresh_f);
     tl_mark(tlb, tls, 6);
   } else if constexpr (!FLASH_ONLY) {
     attend<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, s_c, oacc, tlb, tls, score_lanes);
@@ -1465,22 +1529,31 @@ __device__ void attend_either(bool flash, const float *qs, const T *kb, const T 
 // default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Two blocks
 // per SM for up to ATT_2BLK_GM query heads per KV head (see there; H200, NOTES.md runs 71-72: 8.1
 // us alone instead of 11.7, 7.5 us per layer of a batch-32 step instead of 11.3). FLASH_ONLY:
-// the instance for steps that attend_flash takes (flash_only), without attend's code.
-template <typename T, int GM, bool FLASH_ONLY>
+// the instance for steps that attend_flash takes (flash_only), without attend's code. PRE (decode
+// steps only, debug "attn_pre"): the first ATT_SU K/V rows of each lane group are loaded before
+// the wait (kv_preload), the newest (pos[t], written by qkv_post) after it, and pf further
+// positions are asked of L2 there too (prefetch_kv_rows).
+template <typename T, int GM, bool FLASH_ONLY, bool PRE = false>
 __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
     attention_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                      const int *__restrict__ tpos, const int *__restrict__ tslot, T *__restrict__ out, int nh,
-                     int nkv, int D, int maxctx, int flash) {
+                     int nkv, int D, int maxctx, int flash, int pf) {
   DYN_SMEM(float, asm_);
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
+  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
+  const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
+  KVPre pre;
+  if constexpr (PRE) {
+    const int p = tpos[t], first = ATT_SU * FlashLanes<T>(D).ngroups;
+    kv_preload<T>(pre, kc + base, vc + base, rs, 0, p + 1, p, D);
+    if (pf > 0) prefetch_kv_rows(kc, vc, tslot[t], g, min(p, first), min(p, first + pf), nkv, D, maxctx);
+  }
   pdl_wait();
   pdl_trigger();
-  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
   float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
-  const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
-  attend_either<T, GM, FLASH_ONLY>(flash != 0, qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m,
-                                   s_l, s_c, oacc);
+  attend_either<T, GM, FLASH_ONLY, PRE>(flash != 0, qs, kc + base, vc + base, rs, 0, tpos[t] + 1, PRE ? tpos[t] : -1,
+                                        D, G, sc, red, s_m, s_l, s_c, oacc, nullptr, -1, true, &pre);
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS)
     out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
 }
@@ -1502,6 +1575,7 @@ struct DecAttn {
   int score_lanes;                  // attend scores a position with several lanes (debug "attn_lanes")
   int flash;                        // attend_flash instead of attend (debug "attn_flash")
   int cluster;                      // the S splits of an item are one thread-block cluster (1, 1, S)
+  int pf;                           // one-wave kernel: positions asked of L2 beyond its preload
 };
 
 // cluster_sync is barrier.cluster with release / acquire order: every block of the thread-block
@@ -1563,8 +1637,10 @@ __device__ __forceinline__ void merge_splits(int S, int G, int D, T *out, const 
 // order: the same inputs give the same bits) and resets the counter; with a.cluster the S splits
 // are one cluster and split 0 merges them through distributed shared memory. Used by
 // decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
-template <typename T, int GM, bool FLASH_ONLY = false>
-__device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem) {
+// ONE (S is 1; decode_attn_kernel's one-wave instance): pre holds the first step's K/V rows,
+// loaded before the wait, and attention takes the new k and v from shared memory; no merge code.
+template <typename T, int GM, bool FLASH_ONLY = false, bool ONE = false>
+__device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem, const KVPre *pre = nullptr) {
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
   __shared__ int s_last;
   const int tid = threadIdx.x, warp = tid >> 5, nwarp = ATT_THREADS / 32;
@@ -1596,18 +1672,16 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     const size_t at = base + (size_t)p * rs;
 #pragma unroll 1
     for (int i = tid * CH; i < 2 * D; i += ATT_THREADS * CH) {
-      alignas(16) T v[CH];
-#pragma unroll
-      for (int e = 0; e < CH; ++e) v[e] = TT<T>::fromf(kvv[i + e]);
       T *dst = i < D ? a.kc + at + i : a.vc + at + (i - D);
-      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(v);
+      *reinterpret_cast<uint4 *>(dst) = pack_chunk<T>(kvv + i);
     }
-    __syncthreads();
+    if (!ONE) __syncthreads();  // ONE reads the new rows from kvv, not the cache
   }
-  attend_either<T, GM, FLASH_ONLY>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc,
-                                   red, s_m, s_l, s_c, oacc, a.tlb, a.tls, a.score_lanes != 0);
+  attend_either<T, GM, FLASH_ONLY, ONE>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G,
+                                        sc, red, s_m, s_l, s_c, oacc, a.tlb, a.tls, a.score_lanes != 0, pre,
+                                        ONE ? kvv : nullptr);
   T *out = a.out + ((size_t)t * a.nh + (size_t)kh * G) * D;
-  if (S == 1) {
+  if (ONE || S == 1) {
     for (int i = tid; i < G * D; i += ATT_THREADS) out[i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
     __syncthreads();
     return;
@@ -1655,10 +1729,28 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
 // qkv_post_kernel + attention_kernel there: grid (token, KV head, split), one attn_item each.
 // Splitting the positions lets a few sequences use every SM; the merge needs no extra launch.
 // Launched with clusters (1, 1, S) where a.cluster is set (run_tokens' clz).
-template <typename T, int GM, bool FLASH_ONLY>
-__global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
+// ONE (debug "attn_post"; FLASH_ONLY): the instance for decode steps whose (token, KV head) grid
+// fills the GPU, so one split each (grid (tokens, KV heads, 1)), in place of qkv_post_kernel +
+// attention_kernel there: two blocks per SM where GM allows (as attention_kernel), the first
+// step's K/V rows loaded before the wait (kv_preload) and a.pf further positions asked of L2.
+template <typename T, int GM, bool FLASH_ONLY, bool ONE = false>
+__global__ void __launch_bounds__(ATT_THREADS, ONE && GM <= ATT_2BLK_GM ? 2 : 1) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
   tl_mark(a.tlb, a.tls, 0);
+  if constexpr (ONE) {
+    static_assert(FLASH_ONLY, "the one-wave instance is attend_flash's");
+    const int t = blockIdx.x, kh = blockIdx.y, p = a.pos[t], first = ATT_SU * FlashLanes<T>(a.D).ngroups;
+    const size_t base = ((size_t)a.slot[t] * a.maxctx * a.nkv + kh) * a.D, rs = (size_t)a.nkv * a.D;
+    KVPre pre;
+    kv_preload<T>(pre, a.kc + base, a.vc + base, rs, 0, p + 1, p, a.D);
+    if (a.pf > 0) prefetch_kv_rows(a.kc, a.vc, a.slot[t], kh, min(p, first), min(p, first + a.pf), a.nkv, a.D, a.maxctx);
+    pdl_wait();
+    pdl_trigger();
+    tl_mark(a.tlb, a.tls, 1);
+    attn_item<T, GM, true, true>(a, t, kh, 1, 0, dsm, &pre);
+    tl_mark(a.tlb, a.tls, 2);
+    return;
+  }
   {  // the split's earlier positions (attn_item's range without the new one)
     const int p = a.pos[blockIdx.x];
     int lo, hi;
@@ -1751,6 +1843,12 @@ struct mqb_model {
   std::vector<std::string> tl_labels;
   int attn_split = 0;  // decode attention position splits (MQB_ATTN_SPLIT; 0 = enough to fill the SMs)
   int fused_attn = 1;  // decode_attn_kernel: 1 for small decode grids, 2 always, 0 never (MQB_FUSED_ATTN)
+  // Decode steps that fused_attn leaves unfused: decode_attn_kernel's one-wave instance in place
+  // of qkv_post + attention_kernel (attn_post, MQB_ATTN_POST), or attention_kernel with its
+  // first K/V rows loaded before the wait (attn_pre > 0, MQB_ATTN_PRE; above 1 also (attn_pre -
+  // 1) * 64 further positions asked of L2, in either). Both 0 (off): being measured.
+  bool attn_post = false;
+  int attn_pre = 0;
   // Tensor-core products (megakernel.cuh's linear_kernel) for decode steps of tc_min_b..mk::MAXB
   // entries (MQB_TC_MIN_B), where tc_ok (qwen3, bf16/fp16, shapes that fit its tiles).
   bool tc_ok = false;
@@ -2647,6 +2745,12 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   // splits can (fused_attn 1); always with 2. At batch 32 it measured slower than qkv_post +
   // attention on the H200 (NOTES.md run 5).
   const bool fused = decode && (m.fused_attn == 2 || (m.fused_attn == 1 && Tn * c.nkv < m.sms));
+  // Decode steps that are not fused so: decode_attn_kernel's one-wave instance (attn_post), or
+  // attention_kernel with its first K/V rows loaded before the wait (attn_pre); attn_pre above
+  // 1 also asks L2 for (attn_pre - 1) * 64 further positions, in either.
+  const bool one = decode && !fused && m.attn_post && flash_only<T>(m, c.D);
+  const bool pre = decode && m.attn_pre > 0 && flash_only<T>(m, c.D);
+  const int pf = m.attn_pre > 1 ? (m.attn_pre - 1) * 64 : 0;
   const bool tc = decode && m.tc_ok && m.tc_min_b > 0 && Tn >= m.tc_min_b && Tn <= TC_MAX_B;
   const int gm = gm_for(c.nh / c.nkv);
   const size_t asmem = attn_smem(gm, c.D);
@@ -2670,11 +2774,22 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
         const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
                             q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
-                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0};
+                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0, 0};
         launch_gm(gm, [&](auto g) {
           auto k = flash_only<T>(m, c.D) ? decode_attn_kernel<T, decltype(g)::value, true>
                                          : decode_attn_kernel<T, decltype(g)::value, false>;
           launch_cl(m, dim3(1, 1, clz), k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
+        });
+        return;
+      }
+      if (one) {
+        const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
+                            q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
+                            static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
+                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, 1, 0, pf};
+        launch_gm(gm, [&](auto g) {
+          launch(m, decode_attn_kernel<T, decltype(g)::value, true, true>, dim3(Tn, c.nkv, 1), dim3(ATT_THREADS), asmem,
+                 da);
         });
         return;
       }
@@ -2690,11 +2805,12 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
       }
       const bool flash = decode || m.prefill_flash;  // with m.attn_flash
       launch_gm(gm, [&](auto g) {
-        auto k = flash && flash_only<T>(m, c.D) ? attention_kernel<T, decltype(g)::value, true>
-                                                : attention_kernel<T, decltype(g)::value, false>;
+        auto k = pre                                    ? attention_kernel<T, decltype(g)::value, true, true>
+                 : flash && flash_only<T>(m, c.D) ? attention_kernel<T, decltype(g)::value, true>
+                                                  : attention_kernel<T, decltype(g)::value, false>;
         launch(m, k, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem, (const float *)m.qbuf, (const T *)ly.kc,
                (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh,
-               c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0);
+               c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0, pre ? pf : 0);
       });
     };
     if constexpr (!std::is_same<T, float>::value) {  // tensor-core products: bf16/fp16 only
@@ -2955,10 +3071,12 @@ template <typename T>
 void set_kernel_attrs(int gm, size_t att_bytes) {
   if (att_bytes <= 48 * 1024) return;
   launch_gm(gm, [&](auto g) {
-    for (auto k : {attention_kernel<T, decltype(g)::value, false>, attention_kernel<T, decltype(g)::value, true>})
+    for (auto k : {attention_kernel<T, decltype(g)::value, false>, attention_kernel<T, decltype(g)::value, true>,
+                   attention_kernel<T, decltype(g)::value, true, true>})
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
          "cudaFuncSetAttribute(attention)");
-    for (auto k : {decode_attn_kernel<T, decltype(g)::value, false>, decode_attn_kernel<T, decltype(g)::value, true>})
+    for (auto k : {decode_attn_kernel<T, decltype(g)::value, false>, decode_attn_kernel<T, decltype(g)::value, true>,
+                   decode_attn_kernel<T, decltype(g)::value, true, true>})
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
          "cudaFuncSetAttribute(decode attention)");
   });
@@ -3066,6 +3184,8 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.use_pdl = env_int("MQB_PDL", 1) != 0 && major >= 9;
   m.attn_split = std::max(0, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 0)));
   m.fused_attn = std::max(0, std::min(2, env_int("MQB_FUSED_ATTN", 1)));
+  m.attn_post = env_int("MQB_ATTN_POST", 0) != 0;
+  m.attn_pre = std::max(0, std::min(16, env_int("MQB_ATTN_PRE", 0)));
   m.tc_min_b = env_int("MQB_TC_MIN_B", 0);
   const size_t es = dt_size(m.dt);
   const int Kmax = std::max(std::max(c.H, c.I), c.nh * c.D);
@@ -3484,6 +3604,8 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
+  else if (k == "attn_post") m->attn_post = value != 0;
+  else if (k == "attn_pre") m->attn_pre = std::max(0, std::min(16, (int)value));
   else if (k == "attn_lanes") m->attn_lanes = value != 0;
   else if (k == "attn_flash") m->attn_flash = value != 0;
   else if (k == "prefill_flash") m->prefill_flash = value != 0;

@@ -741,7 +741,8 @@ def switches_of(name):
 DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 0, "sk_kw": 0,
             "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16, "tile_pre": 3, "prefill_flash": 1,
-            "prefill_tc": 1, "blas_tune": 1, "slim": 3, "attn_cluster": 1, "tile_cluster": 1}
+            "prefill_tc": 1, "blas_tune": 1, "slim": 3, "attn_cluster": 1, "tile_cluster": 1,
+            "attn_post": 0, "attn_pre": 0}
 
 
 def bench(args):
@@ -856,13 +857,15 @@ def bench(args):
         ours["b%d_chained" % B] = dict(tok_s=tps, step_ms=step_s * 1e3, same_last_tokens=last == gen[-1])
         print("BENCH ours batch %2d chained     %9.0f tok/s  (%.3f ms/step)  same last tokens: %s"
               % (B, tps, step_s * 1e3, last == gen[-1]), flush=True)
-    # Long contexts (prompt LONG_PROMPT, default 2048): where position splits should pay.
+    # Long contexts (prompt LONG_PROMPT, default 2048): where position splits should pay; the
+    # BENCH_VARIANTS named key=value[+...] run there too.
     long_len = int(os.environ.get("LONG_PROMPT", "2048"))
+    long_variants = [("default", {}), ("attn_split1", {"attn_split": 1}), ("unfused_attn", {"fused_attn": 0}),
+                     ("fused_always", {"fused_attn": 2})] + [v for v in variants if "=" in v[0]]
     for B in (1, 32):
         if not long_len:
             break
-        for name, opts in [("default", {}), ("attn_split1", {"attn_split": 1}), ("unfused_attn", {"fused_attn": 0}),
-                           ("fused_always", {"fused_attn": 2})]:
+        for name, opts in long_variants:
             with be.switched(opts):
                 tps, step_s, gen = bench_ours(be, B, long_len, 4, 64, V, seed=B + 100)
             key = "long%d_b%d_%s" % (long_len, B, name)

@@ -995,6 +995,118 @@ static void prefill_attn_products(const char *prec) {
   }
 }
 
+// decode_attn_products checks a decode step's attention where the first K/V rows are loaded
+// before the kernel's wait (kv_preload) and sequences outrun that first step (bf16/fp16 head_dim
+// 128: 64 positions), against a double-precision reference: q_norm / k_norm, RoPE and the q
+// scale of the step's fp32 qkv row, the new k and v rounded to T, softmax attention over
+// positions 0..p of the T-rounded cache. Three paths: decode_attn_kernel's one-wave instance
+// (debug attn_post), qkv_post_kernel + attention_kernel with the preload (attn_pre), each asking
+// L2 for 64 further positions, and qkv_post_kernel + the plain attention_kernel. 4 query heads
+// over 2 KV heads; positions 0, 7, 63, 64, 130 and 200, each in its own slot. Before the step
+// the new position's rows and every row past it hold NaNs, so reading the new rows before they
+// are written, or any row past them, shows. The new cache rows must be the reference's rounded to
+// T (within one step of T), the outputs within one step of T of the reference.
+template <typename T>
+static void decode_attn_products(const char *prec) {
+  const int nh = 4, nkv = 2, D = 128, G = nh / nkv, maxctx = 224, W = (nh + 2 * nkv) * D;
+  const std::vector<int> pos = {0, 7, 63, 64, 130, 200};
+  const int Tn = (int)pos.size();
+  std::vector<int> slot(Tn);
+  for (int i = 0; i < Tn; ++i) slot[i] = Tn - 1 - i;
+  std::mt19937 r(11);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const T nan = TT<T>::fromf(NAN);
+  std::vector<T> kc0((size_t)Tn * maxctx * nkv * D, nan), vc0(kc0.size(), nan);
+  for (int i = 0; i < Tn; ++i)
+    for (int p = 0; p < pos[i]; ++p)
+      for (int e = 0; e < nkv * D; ++e) {
+        kc0[((size_t)slot[i] * maxctx + p) * nkv * D + e] = TT<T>::fromf(u(r));
+        vc0[((size_t)slot[i] * maxctx + p) * nkv * D + e] = TT<T>::fromf(u(r));
+      }
+  std::vector<float> qkv((size_t)Tn * W), qn(D), kn(D), inv(D / 2);
+  for (auto &x : qkv) x = u(r);
+  for (int d = 0; d < D; ++d) {
+    qn[d] = 1.f + 0.3f * u(r);
+    kn[d] = 1.f + 0.3f * u(r);
+  }
+  for (int j = 0; j < D / 2; ++j) inv[j] = 1.0f / powf(1e6f, (float)(2 * j) / (float)D);
+  const float eps = 1e-6f, qscale = 1.f / sqrtf((float)D);
+  // The reference's post-processed head h of token i (h < nh: q, nh + g: k, nh + nkv + g: v).
+  auto head = [&](int i, int h) {
+    const float *x = qkv.data() + (size_t)i * W + (size_t)h * D;
+    std::vector<double> y(x, x + D);
+    if (h >= nh + nkv) return y;
+    const float *w = h < nh ? qn.data() : kn.data();
+    double ss = 0;
+    for (double v : y) ss += v * v;
+    const double rr = 1.0 / std::sqrt(ss / D + eps);
+    for (int d = 0; d < D; ++d) y[d] *= rr * w[d];
+    std::vector<double> o(D);
+    for (int d = 0; d < D; ++d) {
+      const double ang = (double)((float)pos[i] * inv[d % (D / 2)]);  // the kernel's fp32 angle
+      const double rot = d < D / 2 ? -y[d + D / 2] : y[d - D / 2];
+      o[d] = (y[d] * std::cos(ang) + rot * std::sin(ang)) * (h < nh ? qscale : 1.0);
+    }
+    return o;
+  };
+  const double step = std::string(prec) == "bf16" ? 1.0 / 128 : 1.0 / 1024;  // T's relative step
+  for (int path = 0; path < 3; ++path) {
+    const char *name[] = {"one-wave decode_attn_kernel", "attention_kernel with the preload", "attention_kernel"};
+    std::vector<T> kc = kc0, vc = vc0, out((size_t)Tn * nh * D, nan);
+    std::vector<float> qbuf((size_t)Tn * nh * D);
+    if (path == 0) {
+      const DecAttn<T> a{qkv.data(), pos.data(), slot.data(), nh, nkv, D, maxctx, qn.data(), kn.data(), inv.data(), eps,
+                         qscale, kc.data(), vc.data(), out.data(), nullptr, nullptr, nullptr, nullptr, -1, 1, 1, 0, 64};
+      emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, 2, true, true>(a); });
+    } else {
+      emu_launch(dim3(Tn, (nh + 2 * nkv + 7) / 8), dim3(256), [&] {
+        qkv_post_kernel<T>(qkv.data(), pos.data(), slot.data(), nh, nkv, D, qn.data(), kn.data(), eps, inv.data(), qscale,
+                           qbuf.data(), kc.data(), vc.data(), maxctx);
+      });
+      auto k = path == 1 ? attention_kernel<T, 2, true, true> : attention_kernel<T, 2, true, false>;
+      emu_launch(dim3(Tn, nkv), dim3(ATT_THREADS), [&, k] {
+        k(qbuf.data(), kc.data(), vc.data(), pos.data(), slot.data(), out.data(), nh, nkv, D, maxctx, 1, path == 1 ? 64 : 0);
+      });
+    }
+    double worst_row = 0, worst_out = 0;  // in steps of T
+    for (int i = 0; i < Tn; ++i)
+      for (int g = 0; g < nkv; ++g) {
+        const std::vector<double> kref = head(i, nh + g), vref = head(i, nh + nkv + g);
+        auto cache = [&](const std::vector<T> &c, int p, int d) {
+          return (double)TT<T>::tof(c[(((size_t)slot[i] * maxctx + p) * nkv + g) * D + d]);
+        };
+        for (int d = 0; d < D; ++d)
+          for (auto [ref, got] : {std::pair{kref[d], cache(kc, pos[i], d)}, std::pair{vref[d], cache(vc, pos[i], d)}}) {
+            const double e = std::fabs(got - ref) / (std::fabs(ref) * step + 1e-5);
+            worst_row = std::isfinite(e) ? std::max(worst_row, e) : INFINITY;
+          }
+        for (int j = 0; j < G; ++j) {
+          const std::vector<double> q = head(i, g * G + j);
+          std::vector<double> sc(pos[i] + 1);
+          double mx = -1e300, l = 0;
+          for (int p = 0; p <= pos[i]; ++p) {
+            double dot = 0;
+            for (int d = 0; d < D; ++d) dot += q[d] * cache(kc, p, d);
+            mx = std::max(mx, sc[p] = dot);
+          }
+          for (int p = 0; p <= pos[i]; ++p) l += sc[p] = std::exp(sc[p] - mx);
+          for (int d = 0; d < D; ++d) {
+            double ref = 0;
+            for (int p = 0; p <= pos[i]; ++p) ref += sc[p] * cache(vc, p, d);
+            ref /= l;
+            const double got = TT<T>::tof(out[((size_t)i * nh + g * G + j) * D + d]);
+            const double e = std::fabs(got - ref) / (std::fabs(ref) * step + 1e-5);
+            worst_out = std::isfinite(e) ? std::max(worst_out, e) : INFINITY;
+          }
+        }
+      }
+    check(worst_row <= 1 && worst_out <= 1,
+          std::string(prec) + " decode attention through the " + name[path] + ": new cache rows within " +
+              std::to_string(worst_row) + ", outputs within " + std::to_string(worst_out) +
+              " steps of T of the reference (bound 1)");
+  }
+}
+
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
   assert(f2h(1.0f) == 0x3C00 && f2h(65504.f) == 0x7BFF && f2h(1e-7f) == 0x0002 && f2h(0.1f) == 0x2E66);
@@ -1010,6 +1122,8 @@ int main() {
   if (want("qwen3", "bf16") || want("tile", "bf16")) tile_products<__nv_bfloat16>("bf16");
   if (want("qwen3", "bf16") || want("attn", "bf16")) prefill_attn_products<__nv_bfloat16>("bf16");
   if (want("qwen3", "fp16") || want("attn", "fp16")) prefill_attn_products<__half>("fp16");
+  if (want("qwen3", "bf16") || want("attn", "bf16")) decode_attn_products<__nv_bfloat16>("bf16");
+  if (want("qwen3", "fp16") || want("attn", "fp16")) decode_attn_products<__half>("fp16");
   if (want("qwen3", "bf16")) run_family("qwen3", QCFG, q, "bf16", 0.25, 256);
   if (want("qwen3", "fp16") || want("tile", "fp16")) tile_products<__half>("fp16");
   if (want("qwen3", "fp16")) run_family("qwen3", QCFG, q, "fp16", 0.05, 256);
