@@ -53,10 +53,7 @@
 // fixes decode attention's position splits per (token, KV head) (default 0: enough to fill the
 // SMs with splits of at least ATT_SPLIT_MIN_POS positions, more for a few sequences: attn_splits),
 // MQB_FUSED_ATTN=0|1|2 runs decode attention fused (decode_attn) never, where tokens x KV heads <
-// SMs (default), always; MQB_ATTN_POST=1 runs the decode steps that leaves unfused through
-// decode_attn_kernel's one-wave instance, MQB_ATTN_PRE=n > 0 loads attention_kernel's first K/V
-// rows of a decode step before its wait (n > 1: and asks L2 for (n - 1) * 64 more positions, in
-// either; both default 0, mqb_model::attn_post); MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
+// SMs (default), always; MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
 // products in a build with them (default 0: off),
 // MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS (and the GEMV), MQB_SK_MAX_B=n
 // (default 0) and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels,
@@ -72,7 +69,9 @@
 // the kernels that carry every mode's code (mqb_model::slim), "attn_cluster" 0 merges decode
 // attention's position splits through L2 instead of a thread-block cluster's distributed shared
 // memory (mqb_model::attn_cluster), "tile_cluster" 0 adds the tile kernel's K splits through
-// its workspace in L2 instead (mqb_model::tile_cluster), "timeline" 1 records when every
+// its workspace in L2 instead (mqb_model::tile_cluster), "pre_params" 0 loads the q/k norms'
+// weights, RoPE and the RMSNorm preps' weights after the kernels' wait, RoPE by sincosf there
+// (mqb_model::pre_params), "timeline" 1 records when every
 // GEMV, tile-kernel and decode-attention launch of a decode step started, passed its wait and ended
 // (mqb_debug_timeline; tl_mark).
 // mqb_debug_chain runs decode steps back to back with their tokens fed on the device, the host
@@ -730,8 +729,10 @@ constexpr int PREP_REGS = 12;
 template <typename T, int M = -1>
 __device__ void prep_row_long(const PrepArgs<T> &a, int b, int K, T *dst, float *red);
 
-template <typename T, int M = -1>
-__device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red) {
+// WP: wpre holds the norm's weights w[tid + j * nt], loaded already (prep_kernel, before its
+// wait); rows too long for the registers (prep_row_long) load their own.
+template <typename T, int M = -1, bool WP = false>
+__device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red, const float *wpre = nullptr) {
   const int tid = threadIdx.x, nt = blockDim.x, mode = M >= 0 ? M : a.mode;
   if (K > PREP_REGS * nt) {
     prep_row_long<T, M>(a, b, K, dst, red);
@@ -756,7 +757,8 @@ __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red)
     const int k = tid + j * nt;
     v[j] = k < K ? x[k] : 0.f;
     // SwiGLU's up half, or the norm weight (it does not depend on the row: loaded alongside)
-    if (k < K) w[j] = mode == PREP_SWIGLU ? x[K + k] : (mode == PREP_RMS || mode == PREP_LN) ? a.w[k] : 0.f;
+    if (k < K)
+      w[j] = mode == PREP_SWIGLU ? x[K + k] : (mode == PREP_RMS || mode == PREP_LN) ? (WP ? wpre[j] : a.w[k]) : 0.f;
   }
   if (mode == PREP_SWIGLU || mode == PREP_GELU) {
 #pragma unroll
@@ -854,14 +856,25 @@ __global__ void __launch_bounds__(256) embed_kernel(const int *__restrict__ tok,
 // values, so a few rows of the 3072-wide SwiGLU still spread over many SMs.
 // One instance per mode M (the launch's a.mode): one instance with every mode's code was 47 KB of
 // instructions, fetched cold at each of a batch-32 layer's three preps (NOTES.md, runs 82-86).
-template <typename T, int M>
+// PRE (pre_params): a norm's weights are loaded before the wait (they do not depend on the
+// previous kernel), for rows that fit prep_row's registers.
+template <typename T, int M, bool PRE = false>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, T *__restrict__ out) {
   __shared__ float red[32];
+  const int mode = M >= 0 ? M : a.mode;  // M = -1: every mode, read from a (debug "slim" without bit 1)
+  const bool norm = mode == PREP_RMS || mode == PREP_LN;
+  float wpre[PREP_REGS];
+  if (PRE && norm) {
+#pragma unroll
+    for (int j = 0; j < PREP_REGS; ++j) {
+      const int k = threadIdx.x + j * blockDim.x;
+      wpre[j] = k < K ? a.w[k] : 0.f;
+    }
+  }
   pdl_wait();
   pdl_trigger();
-  const int mode = M >= 0 ? M : a.mode;  // M = -1: every mode, read from a (debug "slim" without bit 1)
-  if (mode == PREP_RMS || mode == PREP_LN) {
-    prep_row<T, M>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red);
+  if (norm) {
+    prep_row<T, M, PRE>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red, wpre);
     return;
   }
   const size_t total = (size_t)B * K;
@@ -965,15 +978,53 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
   }
 }
 
+// HeadPre is a lane's share of what head_vec needs besides the head's own values, for the HV
+// values i = lane + 32 n it holds: the norm's weights and RoPE's cos and sin at the token's
+// position. head_pre loads it; none of it depends on the previous kernel, so the kernels load it
+// before griddepcontrol.wait (mqb_model::pre_params), and after the wait head_vec only loads the
+// head, normalises and rotates. Without the table (pre_params 0) the weights and RoPE's
+// frequencies are loaded with the head after the wait and cos/sin made there by sincosf, whose
+// code (the Payne-Hanek path, per value) is most of head_vec's (NOTES.md, run 87).
+constexpr int HV = 8;  // head_vec's values per lane: D <= 256
+struct HeadPre {
+  float w[HV], c[HV], s[HV];
+};
+
+// head_pre fills h for a head of D values: norm weights nw (NULL: no norm), RoPE from rope (the
+// position's row of mqb_model::rope_tab, (cos, sin) per frequency; NULL: no RoPE).
+__device__ __forceinline__ void head_pre(HeadPre &h, const float *nw, const float2 *rope, int D) {
+  const int lane = threadIdx.x & 31, half = D / 2;
+#pragma unroll
+  for (int n = 0; n < HV; ++n) {
+    const int i = lane + 32 * n;
+    h.w[n] = nw && i < D ? nw[i] : 0.f;
+    const float2 cs = rope && i < D ? rope[i < half ? i : i - half] : make_float2(1.f, 0.f);
+    h.c[n] = cs.x;
+    h.s[n] = cs.y;
+  }
+}
+
+// rope_table_kernel writes tab[p * half + j] = (cos, sin) of (float)p * inv_freq[j] for the n
+// positions: exactly head_vec's own sincosf arguments, so either way gives the same bits.
+__global__ void rope_table_kernel(const float *__restrict__ inv_freq, int half, int n, float2 *__restrict__ tab) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * half; i += gridDim.x * blockDim.x) {
+    float sn, cs;
+    sincosf((float)(i / half) * inv_freq[i % half], &sn, &cs);
+    tab[i] = make_float2(cs, sn);
+  }
+}
+
 // head_vec: RMSNorm over one head of D values (nw may be NULL: no norm), then RoPE (rotate_half)
 // at position p when rope, times scale, into dst (shared memory). One warp; src is fp32.
 // The same arithmetic, in the same order, as transformers' Qwen3 q_norm/k_norm and
-// apply_rotary_pos_emb (cos/sin from inv_freq * position in fp32).
+// apply_rotary_pos_emb (cos/sin from inv_freq * position in fp32). hp (PRE): the weights and
+// cos/sin loaded already (head_pre; nw and rope still say whether to use them), else loaded
+// here from nw and inv_freq.
+template <bool PRE = false>
 __device__ void head_vec(const float *src, const float *nw, float eps, const float *inv_freq, int p, float scale,
-                         int D, float *dst, bool rope) {
+                         int D, float *dst, bool rope, const HeadPre *hp = nullptr) {
   // A lane's values, the norm weights and the RoPE frequencies are loaded together before any
   // is used (one memory round trip, not one per value: see prep_row).
-  constexpr int HV = 8;  // D <= 256
   const int lane = threadIdx.x & 31, half = D / 2;
   float xv[HV], wv[HV], fq[HV];
 #pragma unroll
@@ -982,8 +1033,9 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
     xv[n] = wv[n] = fq[n] = 0.f;
     if (i < D) {
       xv[n] = __ldcg(src + i);
-      if (nw) wv[n] = nw[i];
-      if (rope) fq[n] = inv_freq[i < half ? i : i - half];
+      if (PRE) wv[n] = hp->w[n];
+      else if (nw) wv[n] = nw[i];
+      if (!PRE && rope) fq[n] = inv_freq[i < half ? i : i - half];
     }
   }
   float ss = 0.f;
@@ -1005,9 +1057,14 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
       float v = dst[i];
       if (rope) {
         float sn, cs;
-        sincosf((float)p * fq[n], &sn, &cs);
+        if (PRE) {
+          cs = hp->c[n];
+          sn = hp->s[n];
+        } else {
+          sincosf((float)p * fq[n], &sn, &cs);
+        }
         const float rot = i < half ? -dst[i + half] : dst[i - half];
-        v = v * cs + rot * sn;
+        v = fmaf(v, cs, __fmul_rn(rot, sn));  // explicit, so both ways round alike
       }
       o[n] = v * scale;
     }
@@ -1022,25 +1079,34 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
 // qkv_post_kernel: grid (token, head group); each warp takes one head of the fused q|k|v row:
 // head_vec (q_norm / k_norm, RoPE, q scaled by qscale), then q written fp32 to qout[t, h, :] and
 // k and v appended to the token's slot in the cache.
-template <typename T>
+// PRE (pre_params): each warp's first head's HeadPre is loaded before the wait, from rope_tab.
+template <typename T, bool PRE = false>
 __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__ qkv, const int *__restrict__ tpos,
                                                        const int *__restrict__ tslot, int nh, int nkv, int D,
                                                        const float *__restrict__ qn, const float *__restrict__ kn,
                                                        float eps, const float *__restrict__ inv_freq, float qscale,
                                                        float *__restrict__ qout, T *__restrict__ kc,
-                                                       T *__restrict__ vc, int maxctx) {
+                                                       T *__restrict__ vc, int maxctx, const float2 *__restrict__ rope_tab) {
   DYN_SMEM(float, qsm);
-  pdl_wait();
-  pdl_trigger();
   const int t = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  const int p = tpos[t], s = tslot[t];  // the step's meta, uploaded before it: no wait needed
+  const int nhead = nh + 2 * nkv, hh0 = blockIdx.y * nwarp + warp;
+  auto norm_of = [&](int kind) { return kind == 0 ? qn : (kind == 1 ? kn : nullptr); };
+  auto rope_of = [&](int kind) { return kind != 2 && inv_freq ? rope_tab + (size_t)p * (D / 2) : nullptr; };
+  HeadPre hp;
+  if (PRE && hh0 < nhead) {
+    const int kind = hh0 < nh ? 0 : (hh0 < nh + nkv ? 1 : 2);
+    head_pre(hp, norm_of(kind), rope_of(kind), D);
+  }
+  pdl_wait();
+  pdl_trigger();
   float *buf = qsm + warp * D;
-  const int p = tpos[t], s = tslot[t];
-  const int nhead = nh + 2 * nkv;
-  for (int hh = blockIdx.y * nwarp + warp; hh < nhead; hh += nwarp * gridDim.y) {
+  for (int hh = hh0; hh < nhead; hh += nwarp * gridDim.y) {
     const int kind = hh < nh ? 0 : (hh < nh + nkv ? 1 : 2);
-    head_vec(qkv + (size_t)t * nhead * D + (size_t)hh * D, kind == 0 ? qn : (kind == 1 ? kn : nullptr), eps,
-             inv_freq, p, kind == 0 ? qscale : 1.f, D, buf, kind != 2 && inv_freq);
+    if (PRE && hh != hh0) head_pre(hp, norm_of(kind), rope_of(kind), D);
+    head_vec<PRE>(qkv + (size_t)t * nhead * D + (size_t)hh * D, norm_of(kind), eps, inv_freq, p,
+                  kind == 0 ? qscale : 1.f, D, buf, kind != 2 && inv_freq, &hp);
     for (int i = lane; i < D; i += 32) {
       if (kind == 0) qout[((size_t)t * nh + hh) * D + i] = buf[i];
       else if (kind == 1) kc[(((size_t)s * maxctx + p) * nkv + (hh - nh)) * D + i] = TT<T>::fromf(buf[i]);
@@ -1317,55 +1383,6 @@ __device__ void prefetch_kv_rows(const T *kc, const T *vc, int sl, int kh, int l
   }
 }
 
-constexpr int ATT_SU = 4;  // attend_flash: positions in flight per lane group
-
-// FlashLanes: how attend_flash lays a block's threads onto K/V rows: nch lanes (16 bytes each)
-// per row, ngroups rows side by side, this thread in group g (sub of its warp) at slice sl.
-// Step s of attend_flash takes positions lo + (s * ATT_SU + u) * ngroups + g, u < ATT_SU.
-template <typename T>
-struct FlashLanes {
-  int nch, sub, sl, ngroups, g;
-  __device__ __forceinline__ explicit FlashLanes(int D) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ppw = 32 / (D / TT<T>::CH);
-    nch = D / TT<T>::CH;
-    sub = lane / nch;
-    sl = lane - sub * nch;
-    ngroups = (ATT_THREADS / 32) * ppw;
-    g = warp * ppw + sub;
-  }
-};
-
-// KVPre: a thread's K and V chunks of attend_flash's first step, loaded before the kernel waits
-// for the previous one (kv_preload): rows of earlier decode steps do not depend on it, so their
-// latency passes while qkv_post (or the block's own q/k/v) is made. The newest position is left
-// out (zero): the step writes it.
-struct KVPre {
-  uint4 k[ATT_SU], v[ATT_SU];
-};
-
-template <typename T>
-__device__ __forceinline__ void kv_preload(KVPre &pre, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh,
-                                           int D) {
-  const FlashLanes<T> f(D);
-#pragma unroll
-  for (int u = 0; u < ATT_SU; ++u) {
-    const int pp = u * f.ngroups + f.g, pos = lo + pp;
-    const bool ok = pp < hi - lo && pos != fresh;
-    const size_t off = (size_t)pos * rs + f.sl * TT<T>::CH;
-    pre.k[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(kb + off)) : make_uint4(0u, 0u, 0u, 0u);
-    pre.v[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(vb + off)) : make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
-// pack_chunk rounds CH fp32 values to T, as the cache stores them, into one 16-byte vector.
-template <typename T>
-__device__ __forceinline__ uint4 pack_chunk(const float *f) {
-  alignas(16) T v[TT<T>::CH];
-#pragma unroll
-  for (int e = 0; e < TT<T>::CH; ++e) v[e] = TT<T>::fromf(f[e]);
-  return *reinterpret_cast<const uint4 *>(v);
-}
-
 // attend_flash: attend's result (unnormalised sums in oacc, running max and sum in s_m, s_l;
 // s_m = -inf for an empty range) for a decode step, computed without block-wide phases: the
 // block's lane groups (nch lanes, a position at a time: 16 groups for bf16 head_dim 128) each
@@ -1374,20 +1391,15 @@ __device__ __forceinline__ uint4 pack_chunk(const float *f) {
 // through shared memory (red: 8 GM D floats, sc: 16 GM). attend's scores, softmax and V
 // phases were each a round trip to L2 and a barrier (NOTES.md, runs 25-29: 2.7 + 1.1 + 2.1 us
 // of attention's 10.8 at batch 1). Needs lanes_fit(nch).
-// PRE: the first step's chunks are pre's (kv_preload, made before the wait). fresh_f (may be
-// NULL): the newest position's k and v as fp32 in shared memory (k then v, D each), taken from
-// there rounded to T instead of from the cache, so that the block need not wait for its own
-// cache write to reach L2.
-template <typename T, int GM, bool PRE = false>
+template <typename T, int GM>
 __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh, int D,
-                             int G, float *sc, float *red, float *s_m, float *s_l, float *oacc,
-                             const KVPre *pre = nullptr, const float *fresh_f = nullptr) {
+                             int G, float *sc, float *red, float *s_m, float *s_l, float *oacc) {
   constexpr int CH = TT<T>::CH;
-  constexpr int SU = ATT_SU;
+  constexpr int SU = 4;
   constexpr int NW = ATT_THREADS / 32;
-  const int tid = threadIdx.x, warp = tid >> 5;
-  const FlashLanes<T> fl(D);
-  const int nch = fl.nch, sub = fl.sub, sl = fl.sl, ngroups = fl.ngroups, g = fl.g;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nch = D / CH, ppw = 32 / nch, sub = lane / nch, sl = lane - sub * nch;
+  const int ngroups = NW * ppw, g = warp * ppw + sub;
   float qf[GM][CH], acc[GM][CH], m[GM], l[GM];
   __syncthreads();  // qs was written by the caller
 #pragma unroll
@@ -1408,16 +1420,12 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
       const int pp = base + u * ngroups + g, pos = lo + pp;
       const size_t off = (size_t)pos * rs + sl * CH;
       const bool ok = pp < span;
-      if (ok && pos == fresh) {
-        kr[u] = fresh_f ? pack_chunk<T>(fresh_f + sl * CH) : ldcg4(kb + off);
-        vr[u] = fresh_f ? pack_chunk<T>(fresh_f + D + sl * CH) : ldcg4(vb + off);
-      } else if (PRE && base == 0) {  // zero where !ok
-        kr[u] = pre->k[u];
-        vr[u] = pre->v[u];
-      } else {
-        kr[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(kb + off)) : make_uint4(0u, 0u, 0u, 0u);
-        vr[u] = ok ? __ldg(reinterpret_cast<const uint4 *>(vb + off)) : make_uint4(0u, 0u, 0u, 0u);
-      }
+      kr[u] = !ok           ? make_uint4(0u, 0u, 0u, 0u)
+              : pos == fresh ? ldcg4(kb + off)
+                             : __ldg(reinterpret_cast<const uint4 *>(kb + off));
+      vr[u] = !ok           ? make_uint4(0u, 0u, 0u, 0u)
+              : pos == fresh ? ldcg4(vb + off)
+                             : __ldg(reinterpret_cast<const uint4 *>(vb + off));
     }
 #pragma unroll
     for (int u = 0; u < SU; ++u) {
@@ -1506,16 +1514,13 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
 // attend_either runs attend_flash or attend by flash_fits. tlb, tls and score_lanes are attend's
 // timeline slot and lane scoring; attend_flash's single pass marks phase 6. FLASH_ONLY (the launch
 // checked the rule: flash_only) compiles attend_flash alone, so that the kernel carries no attend:
-// dead code too costs a launch (NOTES.md, run 84: batch 1 +4 %). PRE, pre and fresh_f: attend_flash's
-// (PRE needs FLASH_ONLY).
-template <typename T, int GM, bool FLASH_ONLY = false, bool PRE = false>
+// dead code too costs a launch (NOTES.md, run 84: batch 1 +4 %).
+template <typename T, int GM, bool FLASH_ONLY = false>
 __device__ void attend_either(bool flash, const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi,
                               int fresh, int D, int G, float *sc, float *red, float *s_m, float *s_l, float *s_c,
-                              float *oacc, unsigned long long *tlb = nullptr, int tls = -1, bool score_lanes = true,
-                              const KVPre *pre = nullptr, const float *fresh_f = nullptr) {
-  static_assert(!PRE || FLASH_ONLY, "a preload is attend_flash's");
+                              float *oacc, unsigned long long *tlb = nullptr, int tls = -1, bool score_lanes = true) {
   if (FLASH_ONLY || flash_fits<T>(flash, D)) {
-    attend_flash<T, GM, PRE>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc, pre, fresh_f);
+    attend_flash<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc);
     tl_mark(tlb, tls, 6);
   } else if constexpr (!FLASH_ONLY) {
     attend<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, s_c, oacc, tlb, tls, score_lanes);
@@ -1529,31 +1534,22 @@ __device__ void attend_either(bool flash, const float *qs, const T *kb, const T 
 // default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Two blocks
 // per SM for up to ATT_2BLK_GM query heads per KV head (see there; H200, NOTES.md runs 71-72: 8.1
 // us alone instead of 11.7, 7.5 us per layer of a batch-32 step instead of 11.3). FLASH_ONLY:
-// the instance for steps that attend_flash takes (flash_only), without attend's code. PRE (decode
-// steps only, debug "attn_pre"): the first ATT_SU K/V rows of each lane group are loaded before
-// the wait (kv_preload), the newest (pos[t], written by qkv_post) after it, and pf further
-// positions are asked of L2 there too (prefetch_kv_rows).
-template <typename T, int GM, bool FLASH_ONLY, bool PRE = false>
+// the instance for steps that attend_flash takes (flash_only), without attend's code.
+template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
     attention_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                      const int *__restrict__ tpos, const int *__restrict__ tslot, T *__restrict__ out, int nh,
-                     int nkv, int D, int maxctx, int flash, int pf) {
+                     int nkv, int D, int maxctx, int flash) {
   DYN_SMEM(float, asm_);
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
-  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
-  const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
-  KVPre pre;
-  if constexpr (PRE) {
-    const int p = tpos[t], first = ATT_SU * FlashLanes<T>(D).ngroups;
-    kv_preload<T>(pre, kc + base, vc + base, rs, 0, p + 1, p, D);
-    if (pf > 0) prefetch_kv_rows(kc, vc, tslot[t], g, min(p, first), min(p, first + pf), nkv, D, maxctx);
-  }
   pdl_wait();
   pdl_trigger();
+  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
   float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
-  attend_either<T, GM, FLASH_ONLY, PRE>(flash != 0, qs, kc + base, vc + base, rs, 0, tpos[t] + 1, PRE ? tpos[t] : -1,
-                                        D, G, sc, red, s_m, s_l, s_c, oacc, nullptr, -1, true, &pre);
+  const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
+  attend_either<T, GM, FLASH_ONLY>(flash != 0, qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m,
+                                   s_l, s_c, oacc);
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS)
     out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
 }
@@ -1575,8 +1571,9 @@ struct DecAttn {
   int score_lanes;                  // attend scores a position with several lanes (debug "attn_lanes")
   int flash;                        // attend_flash instead of attend (debug "attn_flash")
   int cluster;                      // the S splits of an item are one thread-block cluster (1, 1, S)
-  int pf;                           // one-wave kernel: positions asked of L2 beyond its preload
+  const float2 *rope_tab;           // mqb_model::rope_tab (head_pre; with inv_freq)
 };
+
 
 // cluster_sync is barrier.cluster with release / acquire order: every block of the thread-block
 // cluster has arrived, and what each wrote to its shared memory before is visible to the others.
@@ -1608,6 +1605,19 @@ __device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &h
   hi = min(n, lo + span);
 }
 
+// dec_head_pre loads, for attn_item's item (token t, split z of S; any KV head), the HeadPre of
+// the head its warp makes first (warp h < G: query head kh * G + h; G: k; G + 1: v, in the split
+// that holds the new position). Before the wait: decode_attn_kernel with PRE.
+template <typename T>
+__device__ __forceinline__ void dec_head_pre(const DecAttn<T> &a, int t, int S, int z, HeadPre &hp) {
+  const int G = a.nh / a.nkv, h = threadIdx.x >> 5, p = a.pos[t];
+  int lo, hi;
+  split_range(p + 1, S, z, lo, hi);
+  if (h > G + 1 || (h >= G && !(lo <= p && p < hi))) return;
+  const float2 *rope = a.inv_freq && h <= G ? a.rope_tab + (size_t)p * (a.D / 2) : nullptr;
+  head_pre(hp, h < G ? a.qn : (h == G ? a.kn : nullptr), rope, a.D);
+}
+
 // merge_splits writes out[i] (i < G * D, the block's threads striding) from S position splits'
 // partials, in split order, skipping empty ranges: m(q, j), l(q, j) are split q's running max
 // and sum for query head j, acc(q, i) its unnormalised sum. attn_item's two merges (partials
@@ -1637,10 +1647,9 @@ __device__ __forceinline__ void merge_splits(int S, int G, int D, T *out, const 
 // order: the same inputs give the same bits) and resets the counter; with a.cluster the S splits
 // are one cluster and split 0 merges them through distributed shared memory. Used by
 // decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
-// ONE (S is 1; decode_attn_kernel's one-wave instance): pre holds the first step's K/V rows,
-// loaded before the wait, and attention takes the new k and v from shared memory; no merge code.
-template <typename T, int GM, bool FLASH_ONLY = false, bool ONE = false>
-__device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem, const KVPre *pre = nullptr) {
+// PRE: hp holds the HeadPre of the warp's first head (dec_head_pre), the rest load their own.
+template <typename T, int GM, bool FLASH_ONLY = false, bool PRE = false>
+__device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem, HeadPre *hp = nullptr) {
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
   __shared__ int s_last;
   const int tid = threadIdx.x, warp = tid >> 5, nwarp = ATT_THREADS / 32;
@@ -1659,8 +1668,10 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     if (h >= G && !mine) continue;
     const bool q = h < G, k = h == G;
     const float *src = row + (size_t)(q ? kh * G + h : (k ? a.nh + kh : a.nh + nkv + kh)) * D;
-    head_vec(src, q ? a.qn : (k ? a.kn : nullptr), a.eps, a.inv_freq, p, q ? a.qscale : 1.f, D,
-             q ? qs + h * D : (k ? kvv : kvv + D), rope && h <= G);
+    const float *nw = q ? a.qn : (k ? a.kn : nullptr);
+    if (PRE && h != warp) head_pre(*hp, nw, rope && h <= G ? a.rope_tab + (size_t)p * (D / 2) : nullptr, D);
+    head_vec<PRE>(src, nw, a.eps, a.inv_freq, p, q ? a.qscale : 1.f, D, q ? qs + h * D : (k ? kvv : kvv + D),
+                  rope && h <= G, hp);
   }
   __syncthreads();
   tl_mark(a.tlb, a.tls, 3);
@@ -1672,16 +1683,18 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     const size_t at = base + (size_t)p * rs;
 #pragma unroll 1
     for (int i = tid * CH; i < 2 * D; i += ATT_THREADS * CH) {
+      alignas(16) T v[CH];
+#pragma unroll
+      for (int e = 0; e < CH; ++e) v[e] = TT<T>::fromf(kvv[i + e]);
       T *dst = i < D ? a.kc + at + i : a.vc + at + (i - D);
-      *reinterpret_cast<uint4 *>(dst) = pack_chunk<T>(kvv + i);
+      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(v);
     }
-    if (!ONE) __syncthreads();  // ONE reads the new rows from kvv, not the cache
+    __syncthreads();
   }
-  attend_either<T, GM, FLASH_ONLY, ONE>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G,
-                                        sc, red, s_m, s_l, s_c, oacc, a.tlb, a.tls, a.score_lanes != 0, pre,
-                                        ONE ? kvv : nullptr);
+  attend_either<T, GM, FLASH_ONLY>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc,
+                                   red, s_m, s_l, s_c, oacc, a.tlb, a.tls, a.score_lanes != 0);
   T *out = a.out + ((size_t)t * a.nh + (size_t)kh * G) * D;
-  if (ONE || S == 1) {
+  if (S == 1) {
     for (int i = tid; i < G * D; i += ATT_THREADS) out[i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
     __syncthreads();
     return;
@@ -1728,39 +1741,24 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
 // decode_attn_kernel: a decode step's attention (one new token per sequence), replacing
 // qkv_post_kernel + attention_kernel there: grid (token, KV head, split), one attn_item each.
 // Splitting the positions lets a few sequences use every SM; the merge needs no extra launch.
-// Launched with clusters (1, 1, S) where a.cluster is set (run_tokens' clz).
-// ONE (debug "attn_post"; FLASH_ONLY): the instance for decode steps whose (token, KV head) grid
-// fills the GPU, so one split each (grid (tokens, KV heads, 1)), in place of qkv_post_kernel +
-// attention_kernel there: two blocks per SM where GM allows (as attention_kernel), the first
-// step's K/V rows loaded before the wait (kv_preload) and a.pf further positions asked of L2.
-template <typename T, int GM, bool FLASH_ONLY, bool ONE = false>
-__global__ void __launch_bounds__(ATT_THREADS, ONE && GM <= ATT_2BLK_GM ? 2 : 1) decode_attn_kernel(const DecAttn<T> a) {
+// Launched with clusters (1, 1, S) where a.cluster is set (run_tokens' clz). PRE (pre_params):
+// the q/k/v heads' HeadPre loaded before the wait too.
+template <typename T, int GM, bool FLASH_ONLY, bool PRE = false>
+__global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
   tl_mark(a.tlb, a.tls, 0);
-  if constexpr (ONE) {
-    static_assert(FLASH_ONLY, "the one-wave instance is attend_flash's");
-    const int t = blockIdx.x, kh = blockIdx.y, p = a.pos[t], first = ATT_SU * FlashLanes<T>(a.D).ngroups;
-    const size_t base = ((size_t)a.slot[t] * a.maxctx * a.nkv + kh) * a.D, rs = (size_t)a.nkv * a.D;
-    KVPre pre;
-    kv_preload<T>(pre, a.kc + base, a.vc + base, rs, 0, p + 1, p, a.D);
-    if (a.pf > 0) prefetch_kv_rows(a.kc, a.vc, a.slot[t], kh, min(p, first), min(p, first + a.pf), a.nkv, a.D, a.maxctx);
-    pdl_wait();
-    pdl_trigger();
-    tl_mark(a.tlb, a.tls, 1);
-    attn_item<T, GM, true, true>(a, t, kh, 1, 0, dsm, &pre);
-    tl_mark(a.tlb, a.tls, 2);
-    return;
-  }
   {  // the split's earlier positions (attn_item's range without the new one)
     const int p = a.pos[blockIdx.x];
     int lo, hi;
     split_range(p + 1, gridDim.z, blockIdx.z, lo, hi);
     prefetch_kv_rows(a.kc, a.vc, a.slot[blockIdx.x], blockIdx.y, lo, min(p, hi), a.nkv, a.D, a.maxctx);
   }
+  HeadPre hp;
+  if (PRE) dec_head_pre(a, blockIdx.x, gridDim.z, blockIdx.z, hp);
   pdl_wait();
   pdl_trigger();
   tl_mark(a.tlb, a.tls, 1);
-  attn_item<T, GM, FLASH_ONLY>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm);
+  attn_item<T, GM, FLASH_ONLY, PRE>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm, &hp);
   tl_mark(a.tlb, a.tls, 2);  // attn_item ends with __syncthreads
 }
 
@@ -1843,12 +1841,13 @@ struct mqb_model {
   std::vector<std::string> tl_labels;
   int attn_split = 0;  // decode attention position splits (MQB_ATTN_SPLIT; 0 = enough to fill the SMs)
   int fused_attn = 1;  // decode_attn_kernel: 1 for small decode grids, 2 always, 0 never (MQB_FUSED_ATTN)
-  // Decode steps that fused_attn leaves unfused: decode_attn_kernel's one-wave instance in place
-  // of qkv_post + attention_kernel (attn_post, MQB_ATTN_POST), or attention_kernel with its
-  // first K/V rows loaded before the wait (attn_pre > 0, MQB_ATTN_PRE; above 1 also (attn_pre -
-  // 1) * 64 further positions asked of L2, in either). Both 0 (off): being measured.
-  bool attn_post = false;
-  int attn_pre = 0;
+  // Parameters that do not depend on the previous kernel loaded before its wait (debug
+  // "pre_params"): q_norm / k_norm weights and RoPE's cos / sin (from rope_tab, made at load:
+  // [max_ctx][D / 2] (cos, sin), with head_vec's own sincosf arguments) in qkv_post_kernel and
+  // decode_attn_kernel (head_pre), the RMSNorm weights in prep_kernel. 0: loaded after the wait,
+  // cos / sin by sincosf there.
+  bool pre_params = true;
+  float2 *rope_tab = nullptr;
   // Tensor-core products (megakernel.cuh's linear_kernel) for decode steps of tc_min_b..mk::MAXB
   // entries (MQB_TC_MIN_B), where tc_ok (qwen3, bf16/fp16, shapes that fit its tiles).
   bool tc_ok = false;
@@ -2374,7 +2373,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     const bool norm = a.mode == PREP_RMS || a.mode == PREP_LN;
     const int blocks = norm ? B : (int)std::min<int64_t>(((int64_t)B * K + 255) / 256, (int64_t)m.sms * 8);
     auto k = !(m.slim & 2)           ? prep_kernel<T, -1>
-             : a.mode == PREP_RMS    ? prep_kernel<T, PREP_RMS>
+             : a.mode == PREP_RMS    ? (m.pre_params ? prep_kernel<T, PREP_RMS, true> : prep_kernel<T, PREP_RMS>)
              : a.mode == PREP_LN     ? prep_kernel<T, PREP_LN>
              : a.mode == PREP_SWIGLU ? prep_kernel<T, PREP_SWIGLU>
              : a.mode == PREP_GELU   ? prep_kernel<T, PREP_GELU>
@@ -2745,12 +2744,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   // splits can (fused_attn 1); always with 2. At batch 32 it measured slower than qkv_post +
   // attention on the H200 (NOTES.md run 5).
   const bool fused = decode && (m.fused_attn == 2 || (m.fused_attn == 1 && Tn * c.nkv < m.sms));
-  // Decode steps that are not fused so: decode_attn_kernel's one-wave instance (attn_post), or
-  // attention_kernel with its first K/V rows loaded before the wait (attn_pre); attn_pre above
-  // 1 also asks L2 for (attn_pre - 1) * 64 further positions, in either.
-  const bool one = decode && !fused && m.attn_post && flash_only<T>(m, c.D);
-  const bool pre = decode && m.attn_pre > 0 && flash_only<T>(m, c.D);
-  const int pf = m.attn_pre > 1 ? (m.attn_pre - 1) * 64 : 0;
   const bool tc = decode && m.tc_ok && m.tc_min_b > 0 && Tn >= m.tc_min_b && Tn <= TC_MAX_B;
   const int gm = gm_for(c.nh / c.nkv);
   const size_t asmem = attn_smem(gm, c.D);
@@ -2774,30 +2767,22 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
         const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
                             q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
-                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0, 0};
+                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0,
+                            m.rope_tab};
         launch_gm(gm, [&](auto g) {
-          auto k = flash_only<T>(m, c.D) ? decode_attn_kernel<T, decltype(g)::value, true>
-                                         : decode_attn_kernel<T, decltype(g)::value, false>;
+          constexpr int G = decltype(g)::value;
+          auto k = flash_only<T>(m, c.D) ? (m.pre_params ? decode_attn_kernel<T, G, true, true> : decode_attn_kernel<T, G, true>)
+                                         : decode_attn_kernel<T, G, false>;
           launch_cl(m, dim3(1, 1, clz), k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
         });
         return;
       }
-      if (one) {
-        const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
-                            q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
-                            static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
-                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, 1, 0, pf};
-        launch_gm(gm, [&](auto g) {
-          launch(m, decode_attn_kernel<T, decltype(g)::value, true, true>, dim3(Tn, c.nkv, 1), dim3(ATT_THREADS), asmem,
-                 da);
-        });
-        return;
-      }
       m.label = "qkv_post";
-      launch(m, qkv_post_kernel<T>, dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8), dim3(256), sizeof(float) * 8 * c.D,
-             (const float *)m.qkv, (const int *)m.d_pos(), (const int *)m.d_slot(), c.nh, c.nkv, c.D,
-             (const float *)ly.qn, (const float *)ly.kn, eps, (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale,
-             m.qbuf, static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx);
+      launch(m, m.pre_params ? qkv_post_kernel<T, true> : qkv_post_kernel<T>, dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8),
+             dim3(256), sizeof(float) * 8 * c.D, (const float *)m.qkv, (const int *)m.d_pos(), (const int *)m.d_slot(),
+             c.nh, c.nkv, c.D, (const float *)ly.qn, (const float *)ly.kn, eps,
+             (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale, m.qbuf, static_cast<T *>(ly.kc),
+             static_cast<T *>(ly.vc), m.max_ctx, (const float2 *)m.rope_tab);
       m.label = "attention";
       if (tc_prefill) {
         prefill_attention<T>(m, ly, ntiles);
@@ -2805,12 +2790,11 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
       }
       const bool flash = decode || m.prefill_flash;  // with m.attn_flash
       launch_gm(gm, [&](auto g) {
-        auto k = pre                                    ? attention_kernel<T, decltype(g)::value, true, true>
-                 : flash && flash_only<T>(m, c.D) ? attention_kernel<T, decltype(g)::value, true>
-                                                  : attention_kernel<T, decltype(g)::value, false>;
+        auto k = flash && flash_only<T>(m, c.D) ? attention_kernel<T, decltype(g)::value, true>
+                                                : attention_kernel<T, decltype(g)::value, false>;
         launch(m, k, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem, (const float *)m.qbuf, (const T *)ly.kc,
                (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh,
-               c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0, pre ? pf : 0);
+               c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0);
       });
     };
     if constexpr (!std::is_same<T, float>::value) {  // tensor-core products: bf16/fp16 only
@@ -3062,6 +3046,14 @@ void load(mqb_model &m, const mqb_model_params *p) {
       inv[j] = 1.0f / powf((float)c.theta, (float)(2 * j) / (float)D);
     m.inv_freq = static_cast<float *>(m.dmalloc(inv.size() * sizeof(float)));
     ck(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice), "inv_freq upload");
+    // RoPE's (cos, sin) for every position the cache holds (head_pre): 2 MB at 4,096 positions
+    // of head_dim 128.
+    const int half = (int)(D / 2);
+    m.rope_tab = static_cast<float2 *>(m.dmalloc(sizeof(float2) * (size_t)m.max_ctx * half));
+    m.label = "rope_table";
+    launch(m, rope_table_kernel, dim3(std::min((m.max_ctx * half + 255) / 256, 1024)), dim3(256), 0,
+           (const float *)m.inv_freq, half, m.max_ctx, m.rope_tab);
+    ck(cudaStreamSynchronize(m.stream), "rope table");
   }
 }
 
@@ -3071,8 +3063,7 @@ template <typename T>
 void set_kernel_attrs(int gm, size_t att_bytes) {
   if (att_bytes <= 48 * 1024) return;
   launch_gm(gm, [&](auto g) {
-    for (auto k : {attention_kernel<T, decltype(g)::value, false>, attention_kernel<T, decltype(g)::value, true>,
-                   attention_kernel<T, decltype(g)::value, true, true>})
+    for (auto k : {attention_kernel<T, decltype(g)::value, false>, attention_kernel<T, decltype(g)::value, true>})
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
          "cudaFuncSetAttribute(attention)");
     for (auto k : {decode_attn_kernel<T, decltype(g)::value, false>, decode_attn_kernel<T, decltype(g)::value, true>,
@@ -3184,8 +3175,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.use_pdl = env_int("MQB_PDL", 1) != 0 && major >= 9;
   m.attn_split = std::max(0, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 0)));
   m.fused_attn = std::max(0, std::min(2, env_int("MQB_FUSED_ATTN", 1)));
-  m.attn_post = env_int("MQB_ATTN_POST", 0) != 0;
-  m.attn_pre = std::max(0, std::min(16, env_int("MQB_ATTN_PRE", 0)));
   m.tc_min_b = env_int("MQB_TC_MIN_B", 0);
   const size_t es = dt_size(m.dt);
   const int Kmax = std::max(std::max(c.H, c.I), c.nh * c.D);
@@ -3604,8 +3593,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
-  else if (k == "attn_post") m->attn_post = value != 0;
-  else if (k == "attn_pre") m->attn_pre = std::max(0, std::min(16, (int)value));
+  else if (k == "pre_params") m->pre_params = value != 0;
   else if (k == "attn_lanes") m->attn_lanes = value != 0;
   else if (k == "attn_flash") m->attn_flash = value != 0;
   else if (k == "prefill_flash") m->prefill_flash = value != 0;

@@ -995,20 +995,21 @@ static void prefill_attn_products(const char *prec) {
   }
 }
 
-// decode_attn_products checks a decode step's attention where the first K/V rows are loaded
-// before the kernel's wait (kv_preload) and sequences outrun that first step (bf16/fp16 head_dim
-// 128: 64 positions), against a double-precision reference: q_norm / k_norm, RoPE and the q
-// scale of the step's fp32 qkv row, the new k and v rounded to T, softmax attention over
-// positions 0..p of the T-rounded cache. Three paths: decode_attn_kernel's one-wave instance
-// (debug attn_post), qkv_post_kernel + attention_kernel with the preload (attn_pre), each asking
-// L2 for 64 further positions, and qkv_post_kernel + the plain attention_kernel. 4 query heads
-// over 2 KV heads; positions 0, 7, 63, 64, 130 and 200, each in its own slot. Before the step
-// the new position's rows and every row past it hold NaNs, so reading the new rows before they
-// are written, or any row past them, shows. The new cache rows must be the reference's rounded to
-// T (within one step of T), the outputs within one step of T of the reference.
+// decode_attn_products checks a decode step's attention with head_dim 128 (attend_flash's first
+// step covers 64 positions, so longer sequences take more) against a double-precision
+// reference: q_norm / k_norm, RoPE and the q scale of the step's fp32 qkv row, the new k and v
+// rounded to T, softmax attention over positions 0..p of the T-rounded cache. Four paths:
+// decode_attn_kernel with its q/k/v parameters loaded before the wait (pre_params: RoPE from the
+// table rope_table_kernel makes) in one split, the same without (sincosf) in 3 splits merged
+// through L2, and qkv_post_kernel with and without them + attention_kernel. 4 query heads over 2
+// KV heads; positions 0, 7, 63, 64, 130 and 200, each in its own slot. Before the step the new
+// position's rows and every row past it hold NaNs, so a read of one before it is written, or
+// past it, shows. The new cache rows must be the reference's rounded to T (within one step of
+// T) and the same bits in every path (the table holds sincosf's own values), the outputs within
+// one step of T of the reference.
 template <typename T>
 static void decode_attn_products(const char *prec) {
-  const int nh = 4, nkv = 2, D = 128, G = nh / nkv, maxctx = 224, W = (nh + 2 * nkv) * D;
+  const int nh = 4, nkv = 2, D = 128, G = nh / nkv, maxctx = 224, W = (nh + 2 * nkv) * D, S = 3;
   const std::vector<int> pos = {0, 7, 63, 64, 130, 200};
   const int Tn = (int)pos.size();
   std::vector<int> slot(Tn);
@@ -1030,6 +1031,8 @@ static void decode_attn_products(const char *prec) {
     kn[d] = 1.f + 0.3f * u(r);
   }
   for (int j = 0; j < D / 2; ++j) inv[j] = 1.0f / powf(1e6f, (float)(2 * j) / (float)D);
+  std::vector<float2> tab((size_t)maxctx * D / 2);
+  emu_launch(dim3(8), dim3(256), [&] { rope_table_kernel(inv.data(), D / 2, maxctx, tab.data()); });
   const float eps = 1e-6f, qscale = 1.f / sqrtf((float)D);
   // The reference's post-processed head h of token i (h < nh: q, nh + g: k, nh + nkv + g: v).
   auto head = [&](int i, int h) {
@@ -1050,25 +1053,33 @@ static void decode_attn_products(const char *prec) {
     return o;
   };
   const double step = std::string(prec) == "bf16" ? 1.0 / 128 : 1.0 / 1024;  // T's relative step
-  for (int path = 0; path < 3; ++path) {
-    const char *name[] = {"one-wave decode_attn_kernel", "attention_kernel with the preload", "attention_kernel"};
+  std::vector<T> rows0;  // the first path's new cache rows, which every path must write alike
+  for (int path = 0; path < 4; ++path) {
+    const char *name[] = {"decode_attn_kernel, parameters before the wait", "decode_attn_kernel in 3 splits",
+                          "qkv_post_kernel (parameters before the wait) + attention_kernel",
+                          "qkv_post_kernel + attention_kernel"};
     std::vector<T> kc = kc0, vc = vc0, out((size_t)Tn * nh * D, nan);
-    std::vector<float> qbuf((size_t)Tn * nh * D);
-    if (path == 0) {
+    std::vector<float> qbuf((size_t)Tn * nh * D), pacc((size_t)Tn * nkv * S * G * D), pml((size_t)Tn * nkv * S * G * 2);
+    std::vector<unsigned> cnt(Tn * nkv, 0u);
+    if (path < 2) {
       const DecAttn<T> a{qkv.data(), pos.data(), slot.data(), nh, nkv, D, maxctx, qn.data(), kn.data(), inv.data(), eps,
-                         qscale, kc.data(), vc.data(), out.data(), nullptr, nullptr, nullptr, nullptr, -1, 1, 1, 0, 64};
-      emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, 2, true, true>(a); });
+                         qscale, kc.data(), vc.data(), out.data(), pacc.data(), pml.data(), cnt.data(), nullptr, -1,
+                         1, 1, 0, tab.data()};
+      if (path == 0) emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, 2, true, true>(a); });
+      else emu_launch(dim3(Tn, nkv, S), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, 2, true>(a); });
     } else {
-      emu_launch(dim3(Tn, (nh + 2 * nkv + 7) / 8), dim3(256), [&] {
-        qkv_post_kernel<T>(qkv.data(), pos.data(), slot.data(), nh, nkv, D, qn.data(), kn.data(), eps, inv.data(), qscale,
-                           qbuf.data(), kc.data(), vc.data(), maxctx);
+      auto post = path == 2 ? qkv_post_kernel<T, true> : qkv_post_kernel<T>;
+      emu_launch(dim3(Tn, (nh + 2 * nkv + 7) / 8), dim3(256), [&, post] {
+        post(qkv.data(), pos.data(), slot.data(), nh, nkv, D, qn.data(), kn.data(), eps, inv.data(), qscale,
+             qbuf.data(), kc.data(), vc.data(), maxctx, tab.data());
       });
-      auto k = path == 1 ? attention_kernel<T, 2, true, true> : attention_kernel<T, 2, true, false>;
-      emu_launch(dim3(Tn, nkv), dim3(ATT_THREADS), [&, k] {
-        k(qbuf.data(), kc.data(), vc.data(), pos.data(), slot.data(), out.data(), nh, nkv, D, maxctx, 1, path == 1 ? 64 : 0);
+      emu_launch(dim3(Tn, nkv), dim3(ATT_THREADS), [&] {
+        attention_kernel<T, 2, true>(qbuf.data(), kc.data(), vc.data(), pos.data(), slot.data(), out.data(), nh, nkv, D,
+                                     maxctx, 1);
       });
     }
     double worst_row = 0, worst_out = 0;  // in steps of T
+    std::vector<T> rows;
     for (int i = 0; i < Tn; ++i)
       for (int g = 0; g < nkv; ++g) {
         const std::vector<double> kref = head(i, nh + g), vref = head(i, nh + nkv + g);
@@ -1079,6 +1090,7 @@ static void decode_attn_products(const char *prec) {
           for (auto [ref, got] : {std::pair{kref[d], cache(kc, pos[i], d)}, std::pair{vref[d], cache(vc, pos[i], d)}}) {
             const double e = std::fabs(got - ref) / (std::fabs(ref) * step + 1e-5);
             worst_row = std::isfinite(e) ? std::max(worst_row, e) : INFINITY;
+            rows.push_back(TT<T>::fromf((float)got));
           }
         for (int j = 0; j < G; ++j) {
           const std::vector<double> q = head(i, g * G + j);
@@ -1100,10 +1112,12 @@ static void decode_attn_products(const char *prec) {
           }
         }
       }
-    check(worst_row <= 1 && worst_out <= 1,
-          std::string(prec) + " decode attention through the " + name[path] + ": new cache rows within " +
-              std::to_string(worst_row) + ", outputs within " + std::to_string(worst_out) +
-              " steps of T of the reference (bound 1)");
+    if (path == 0) rows0 = rows;
+    const bool same = memcmp(rows.data(), rows0.data(), rows.size() * sizeof(T)) == 0;
+    check(worst_row <= 1 && worst_out <= 1 && same,
+          std::string(prec) + " decode attention through " + name[path] + ": new cache rows within " +
+              std::to_string(worst_row) + (same ? " (the first path's bits)" : " (NOT the first path's bits)") +
+              ", outputs within " + std::to_string(worst_out) + " steps of T of the reference (bound 1)");
   }
 }
 

@@ -21,6 +21,7 @@ struct uint2 { unsigned x, y; };
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return float2{a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 extern thread_local uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
@@ -31,6 +32,7 @@ unsigned long long __shfl_xor_sync(unsigned, unsigned long long, int);
 unsigned __float_as_uint(float);
 float __uint_as_float(unsigned);
 float rsqrtf(float);
+inline float __fmul_rn(float a, float b) { return a * b; }
 void sincosf(float, float *, float *);
 template <typename T> T __ldg(const T *p) { return *p; }
 template <typename T> T __ldcg(const T *p) { return *p; }
