@@ -1574,7 +1574,6 @@ struct DecAttn {
   const float2 *rope_tab;           // mqb_model::rope_tab (head_pre; with inv_freq)
 };
 
-
 // cluster_sync is barrier.cluster with release / acquire order: every block of the thread-block
 // cluster has arrived, and what each wrote to its shared memory before is visible to the others.
 // dsmem(p, rank) is the address of p (in this block's shared memory) in block `rank` of the
