@@ -1092,18 +1092,16 @@ __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
   const int p = tpos[t], s = tslot[t];  // the step's meta, uploaded before it: no wait needed
   const int nhead = nh + 2 * nkv, hh0 = blockIdx.y * nwarp + warp;
+  auto kind_of = [&](int hh) { return hh < nh ? 0 : (hh < nh + nkv ? 1 : 2); };  // q, k, v
   auto norm_of = [&](int kind) { return kind == 0 ? qn : (kind == 1 ? kn : nullptr); };
   auto rope_of = [&](int kind) { return kind != 2 && inv_freq ? rope_tab + (size_t)p * (D / 2) : nullptr; };
   HeadPre hp;
-  if (PRE && hh0 < nhead) {
-    const int kind = hh0 < nh ? 0 : (hh0 < nh + nkv ? 1 : 2);
-    head_pre(hp, norm_of(kind), rope_of(kind), D);
-  }
+  if (PRE && hh0 < nhead) head_pre(hp, norm_of(kind_of(hh0)), rope_of(kind_of(hh0)), D);
   pdl_wait();
   pdl_trigger();
   float *buf = qsm + warp * D;
   for (int hh = hh0; hh < nhead; hh += nwarp * gridDim.y) {
-    const int kind = hh < nh ? 0 : (hh < nh + nkv ? 1 : 2);
+    const int kind = kind_of(hh);
     if (PRE && hh != hh0) head_pre(hp, norm_of(kind), rope_of(kind), D);
     head_vec<PRE>(qkv + (size_t)t * nhead * D + (size_t)hh * D, norm_of(kind), eps, inv_freq, p,
                   kind == 0 ? qscale : 1.f, D, buf, kind != 2 && inv_freq, &hp);
@@ -1604,12 +1602,13 @@ __device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &h
   hi = min(n, lo + span);
 }
 
-// dec_head_pre loads, for attn_item's item (token t, split z of S; any KV head), the HeadPre of
-// the head its warp makes first (warp h < G: query head kh * G + h; G: k; G + 1: v, in the split
-// that holds the new position). Before the wait: decode_attn_kernel with PRE.
+// dec_head_pre loads the HeadPre of head h that attn_item's item (token t, split z of S; any KV
+// head) makes: h < G a query head, G its k and G + 1 its v, those two only in the split that
+// holds the new position (else, and for h > G + 1, nothing). decode_attn_kernel with PRE calls
+// it before the wait for its warp's first head (h = warp), attn_item for the others.
 template <typename T>
-__device__ __forceinline__ void dec_head_pre(const DecAttn<T> &a, int t, int S, int z, HeadPre &hp) {
-  const int G = a.nh / a.nkv, h = threadIdx.x >> 5, p = a.pos[t];
+__device__ __forceinline__ void dec_head_pre(const DecAttn<T> &a, int t, int S, int z, int h, HeadPre &hp) {
+  const int G = a.nh / a.nkv, p = a.pos[t];
   int lo, hi;
   split_range(p + 1, S, z, lo, hi);
   if (h > G + 1 || (h >= G && !(lo <= p && p < hi))) return;
@@ -1667,10 +1666,9 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     if (h >= G && !mine) continue;
     const bool q = h < G, k = h == G;
     const float *src = row + (size_t)(q ? kh * G + h : (k ? a.nh + kh : a.nh + nkv + kh)) * D;
-    const float *nw = q ? a.qn : (k ? a.kn : nullptr);
-    if (PRE && h != warp) head_pre(*hp, nw, rope && h <= G ? a.rope_tab + (size_t)p * (D / 2) : nullptr, D);
-    head_vec<PRE>(src, nw, a.eps, a.inv_freq, p, q ? a.qscale : 1.f, D, q ? qs + h * D : (k ? kvv : kvv + D),
-                  rope && h <= G, hp);
+    if (PRE && h != warp) dec_head_pre(a, t, S, z, h, *hp);
+    head_vec<PRE>(src, q ? a.qn : (k ? a.kn : nullptr), a.eps, a.inv_freq, p, q ? a.qscale : 1.f, D,
+                  q ? qs + h * D : (k ? kvv : kvv + D), rope && h <= G, hp);
   }
   __syncthreads();
   tl_mark(a.tlb, a.tls, 3);
@@ -1753,7 +1751,7 @@ __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<
     prefetch_kv_rows(a.kc, a.vc, a.slot[blockIdx.x], blockIdx.y, lo, min(p, hi), a.nkv, a.D, a.maxctx);
   }
   HeadPre hp;
-  if (PRE) dec_head_pre(a, blockIdx.x, gridDim.z, blockIdx.z, hp);
+  if (PRE) dec_head_pre(a, blockIdx.x, gridDim.z, blockIdx.z, threadIdx.x >> 5, hp);
   pdl_wait();
   pdl_trigger();
   tl_mark(a.tlb, a.tls, 1);

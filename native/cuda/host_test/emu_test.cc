@@ -1001,15 +1001,16 @@ static void prefill_attn_products(const char *prec) {
 // rounded to T, softmax attention over positions 0..p of the T-rounded cache. Four paths:
 // decode_attn_kernel with its q/k/v parameters loaded before the wait (pre_params: RoPE from the
 // table rope_table_kernel makes) in one split, the same without (sincosf) in 3 splits merged
-// through L2, and qkv_post_kernel with and without them + attention_kernel. 4 query heads over 2
-// KV heads; positions 0, 7, 63, 64, 130 and 200, each in its own slot. Before the step the new
+// through L2, and qkv_post_kernel with and without them + attention_kernel. 4 and 16 query heads
+// over 2 KV heads (with 16, GM 8: ten heads a block's eight warps make, two of them a second
+// head each); positions 0, 7, 63, 64, 130 and 200, each in its own slot. Before the step the new
 // position's rows and every row past it hold NaNs, so a read of one before it is written, or
 // past it, shows. The new cache rows must be the reference's rounded to T (within one step of
 // T) and the same bits in every path (the table holds sincosf's own values), the outputs within
 // one step of T of the reference.
-template <typename T>
-static void decode_attn_products(const char *prec) {
-  const int nh = 4, nkv = 2, D = 128, G = nh / nkv, maxctx = 224, W = (nh + 2 * nkv) * D, S = 3;
+template <typename T, int GM>
+static void decode_attn_case(const char *prec, int nh) {
+  const int nkv = 2, D = 128, G = nh / nkv, maxctx = 224, W = (nh + 2 * nkv) * D, S = 3;
   const std::vector<int> pos = {0, 7, 63, 64, 130, 200};
   const int Tn = (int)pos.size();
   std::vector<int> slot(Tn);
@@ -1065,8 +1066,8 @@ static void decode_attn_products(const char *prec) {
       const DecAttn<T> a{qkv.data(), pos.data(), slot.data(), nh, nkv, D, maxctx, qn.data(), kn.data(), inv.data(), eps,
                          qscale, kc.data(), vc.data(), out.data(), pacc.data(), pml.data(), cnt.data(), nullptr, -1,
                          1, 1, 0, tab.data()};
-      if (path == 0) emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, 2, true, true>(a); });
-      else emu_launch(dim3(Tn, nkv, S), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, 2, true>(a); });
+      if (path == 0) emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true, true>(a); });
+      else emu_launch(dim3(Tn, nkv, S), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true>(a); });
     } else {
       auto post = path == 2 ? qkv_post_kernel<T, true> : qkv_post_kernel<T>;
       emu_launch(dim3(Tn, (nh + 2 * nkv + 7) / 8), dim3(256), [&, post] {
@@ -1074,7 +1075,7 @@ static void decode_attn_products(const char *prec) {
              qbuf.data(), kc.data(), vc.data(), maxctx, tab.data());
       });
       emu_launch(dim3(Tn, nkv), dim3(ATT_THREADS), [&] {
-        attention_kernel<T, 2, true>(qbuf.data(), kc.data(), vc.data(), pos.data(), slot.data(), out.data(), nh, nkv, D,
+        attention_kernel<T, GM, true>(qbuf.data(), kc.data(), vc.data(), pos.data(), slot.data(), out.data(), nh, nkv, D,
                                      maxctx, 1);
       });
     }
@@ -1115,10 +1116,17 @@ static void decode_attn_products(const char *prec) {
     if (path == 0) rows0 = rows;
     const bool same = memcmp(rows.data(), rows0.data(), rows.size() * sizeof(T)) == 0;
     check(worst_row <= 1 && worst_out <= 1 && same,
-          std::string(prec) + " decode attention through " + name[path] + ": new cache rows within " +
+          std::string(prec) + " decode attention, " + std::to_string(nh) + " query heads, through " + name[path] +
+              ": new cache rows within " +
               std::to_string(worst_row) + (same ? " (the first path's bits)" : " (NOT the first path's bits)") +
               ", outputs within " + std::to_string(worst_out) + " steps of T of the reference (bound 1)");
   }
+}
+
+template <typename T>
+static void decode_attn_products(const char *prec) {
+  decode_attn_case<T, 2>(prec, 4);
+  decode_attn_case<T, 8>(prec, 16);
 }
 
 int main() {
