@@ -69,7 +69,9 @@
 // the kernels that carry every mode's code (mqb_model::slim), "attn_cluster" 0 merges decode
 // attention's position splits through L2 instead of a thread-block cluster's distributed shared
 // memory (mqb_model::attn_cluster), "tile_cluster" 0 adds the tile kernel's K splits through
-// its workspace in L2 instead (mqb_model::tile_cluster), "pre_params" 0 loads the q/k norms'
+// its workspace in L2 instead (mqb_model::tile_cluster), "attn_push" 0 has split 0 of a decode
+// attention cluster read the other splits' partials instead of their pushing them to it
+// (mqb_model::attn_push), "pre_params" 0 loads the q/k norms'
 // weights, RoPE and the RMSNorm preps' weights after the kernels' wait, RoPE by sincosf there
 // (mqb_model::pre_params), "timeline" 1 records when every
 // GEMV, tile-kernel and decode-attention launch of a decode step started, passed its wait and ended
@@ -1132,6 +1134,7 @@ constexpr int ATT_FEW_POS = 16;     // ... of at least this many positions each
 // one: at 17-32 sequences it lost to qkv_post + attention with two blocks per SM too (NOTES.md
 // run 73), and below that its grid is smaller than the GPU.
 constexpr int ATT_2BLK_GM = 2;
+constexpr int ATT_CLUSTER_MAX = 8;  // the most blocks of one cluster (cluster_of): portable
 // cluster_of: how many blocks of n splits (decode attention's positions, a product's K) form one
 // thread-block cluster: all n where on and 2 <= n <= 8 (a portable cluster), else 1 (no cluster;
 // the splits meet in L2). The CPU emulation runs one block at a time: never a cluster there.
@@ -1141,7 +1144,7 @@ inline int cluster_of(bool on, int n) {
   (void)n;
   return 1;
 #else
-  return on && n > 1 && n <= 8 ? n : 1;
+  return on && n > 1 && n <= ATT_CLUSTER_MAX ? n : 1;
 #endif
 }
 
@@ -1153,6 +1156,10 @@ __device__ __forceinline__ uint4 ldcg4(const void *p) { return __ldcg(reinterpre
 __host__ __device__ inline size_t attn_smem(int GM, int D) {
   return sizeof(float) * ((size_t)2 * GM * D + 2 * (size_t)D + (size_t)GM * ATT_TILE + (size_t)ATT_GRP * GM * D);
 }
+
+// attn_park: floats per split of decode_attn_kernel's park (debug "attn_push"), which follows
+// attn_smem in split 0's shared memory: a split's G * D sums, then its G (max, sum) pairs.
+__host__ __device__ inline int attn_park(int GM, int D) { return GM * D + 2 * GM; }
 
 
 // lanes_fit: a K row of nch 16-byte chunks can be split over nch lanes of a warp (nch a power
@@ -1569,6 +1576,7 @@ struct DecAttn {
   int score_lanes;                  // attend scores a position with several lanes (debug "attn_lanes")
   int flash;                        // attend_flash instead of attend (debug "attn_flash")
   int cluster;                      // the S splits of an item are one thread-block cluster (1, 1, S)
+  int push;                         // with cluster: the partials pushed to split 0 (debug "attn_push")
   const float2 *rope_tab;           // mqb_model::rope_tab (head_pre; with inv_freq)
 };
 
@@ -1584,11 +1592,11 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 template <typename V>
-__device__ __forceinline__ const V *dsmem(const V *p, unsigned rank) {
+__device__ __forceinline__ V *dsmem(V *p, unsigned rank) {
 #if defined(__CUDA_ARCH__)
   unsigned long long r;
   asm volatile("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
-  return reinterpret_cast<const V *>(r);
+  return reinterpret_cast<V *>(r);
 #else
   (void)rank;
   return p;
@@ -1702,6 +1710,27 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     // memory in split order (the arithmetic of the merge below, so the same bits), and the second
     // barrier keeps every block's shared memory alive until split 0 has read it. No partials
     // through L2, no fence, no counter (debug "attn_cluster").
+    if (a.push) {
+      // attn_push: each split z > 0 writes its partial into split 0's park (distributed shared
+      // memory), so one barrier serves: after it no block reads another's memory.
+      float *park = smem + attn_smem(GM, D) / sizeof(float);
+      const int st = attn_park(GM, D);
+      if (z > 0) {
+        float *dst = dsmem(park + (size_t)z * st, 0u);
+        for (int i = tid; i < G * D; i += ATT_THREADS) dst[i] = oacc[i];
+        if (tid < G) {
+          dst[GM * D + 2 * tid] = s_m[tid];
+          dst[GM * D + 2 * tid + 1] = s_l[tid];
+        }
+      }
+      cluster_sync();
+      if (z == 0)
+        merge_splits(
+            S, G, D, out, [&](int q, int j) { return q ? park[q * st + GM * D + 2 * j] : s_m[j]; },
+            [&](int q, int j) { return q ? park[q * st + GM * D + 2 * j + 1] : s_l[j]; },
+            [&](int q, int i) { return q ? park[q * st + i] : oacc[i]; });
+      return;
+    }
     cluster_sync();
     if (z == 0)
       merge_splits(
@@ -1878,6 +1907,11 @@ struct mqb_model {
   // a counter and the last split's merge). On the H200 batch 1's attention took 228 us a step
   // instead of 268, batches 2 and 4 decoded 3.5-3.8 % faster, 8 and 16 as before (NOTES.md, runs 89-92).
   bool attn_cluster = true;
+  // With attn_cluster: the splits z > 0 push their partials into split 0's shared memory (its
+  // park, where that fits: attn_park_fits) before one cluster barrier, instead of split 0
+  // reading them between two (debug "attn_push" 0). On the H200 (NOTES.md run 117) the merge
+  // took 1.21 us a layer at batch 1 instead of 2.02; batches 1-4 decoded 1.2-1.3 % faster, 8 the same.
+  bool attn_push = true, attn_park_fits = false;
   // The tile kernel's K splits (2-8 of them) add their partials through distributed shared
   // memory, a row block's splits one cluster (sk::split_total's park; debug "tile_cluster"; 0:
   // through the workspace, a counter and the last split's sum). On the H200 batch 1 decoded 7.3 %
@@ -2765,12 +2799,13 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
                             q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
                             m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0,
-                            m.rope_tab};
+                            clz > 1 && m.attn_push && m.attn_park_fits ? 1 : 0, m.rope_tab};
+        const size_t dsmem_bytes = asmem + (da.push ? sizeof(float) * (size_t)clz * attn_park(gm, c.D) : 0);
         launch_gm(gm, [&](auto g) {
           constexpr int G = decltype(g)::value;
           auto k = flash_only<T>(m, c.D) ? (m.pre_params ? decode_attn_kernel<T, G, true, true> : decode_attn_kernel<T, G, true>)
                                          : decode_attn_kernel<T, G, false>;
-          launch_cl(m, dim3(1, 1, clz), k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), asmem, da);
+          launch_cl(m, dim3(1, 1, clz), k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), dsmem_bytes, da);
         });
         return;
       }
@@ -3230,7 +3265,10 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   ck(cudaMallocHost(reinterpret_cast<void **>(&m.ptile_h), sizeof(pa::Tile) * m.Tcap), "cudaMallocHost");
 
   const int gm = gm_for(G);
-  const size_t ab = attn_smem(gm, c.D);
+  // The decode attention's park (attn_push) where it fits beside attn_smem (227 KB a block).
+  const size_t park = sizeof(float) * ATT_CLUSTER_MAX * attn_park(gm, c.D);
+  m.attn_park_fits = attn_smem(gm, c.D) + park <= 227 * 1024;
+  const size_t ab = attn_smem(gm, c.D) + (m.attn_park_fits ? park : 0);
   switch (m.dt) {
     case DT_BF16: set_kernel_attrs<__nv_bfloat16>(gm, ab); skinny_setup<__nv_bfloat16>(m); break;
     case DT_F16: set_kernel_attrs<__half>(gm, ab); skinny_setup<__half>(m); break;
@@ -3586,6 +3624,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(sk::TSTAGES, (int)value));
   else if (k == "slim") m->slim = (int)value & 3;
   else if (k == "attn_cluster") m->attn_cluster = value != 0;
+  else if (k == "attn_push") m->attn_push = value != 0;
   else if (k == "tile_cluster") m->tile_cluster = value != 0;
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));

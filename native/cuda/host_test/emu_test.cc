@@ -1065,7 +1065,7 @@ static void decode_attn_case(const char *prec, int nh) {
     if (path < 2) {
       const DecAttn<T> a{qkv.data(), pos.data(), slot.data(), nh, nkv, D, maxctx, qn.data(), kn.data(), inv.data(), eps,
                          qscale, kc.data(), vc.data(), out.data(), pacc.data(), pml.data(), cnt.data(), nullptr, -1,
-                         1, 1, 0, tab.data()};
+                         1, 1, 0, 0, tab.data()};
       if (path == 0) emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true, true>(a); });
       else emu_launch(dim3(Tn, nkv, S), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true>(a); });
     } else {
