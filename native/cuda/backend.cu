@@ -1785,7 +1785,7 @@ __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<
   pdl_trigger();
   tl_mark(a.tlb, a.tls, 1);
   attn_item<T, GM, FLASH_ONLY, PRE>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm, &hp);
-  tl_mark(a.tlb, a.tls, 2);  // attn_item ends with __syncthreads
+  tl_mark(a.tlb, a.tls, 2);  // after attn_item's last barrier (split 0 of a pushed merge: its thread 0's share)
 }
 
 // argmax_kernel: grid (chunks, rows); each block reduces a chunk of one logits row.
