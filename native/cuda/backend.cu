@@ -71,11 +71,10 @@
 // memory (mqb_model::attn_cluster), "tile_cluster" 0 adds the tile kernel's K splits through
 // its workspace in L2 instead (mqb_model::tile_cluster), "attn_push" 0 has split 0 of a decode
 // attention cluster read the other splits' partials instead of their pushing them to it
-// (mqb_model::attn_push), "pre_params" 0 loads the q/k norms'
-// weights, RoPE and the RMSNorm preps' weights after the kernels' wait, RoPE by sincosf there
-// (mqb_model::pre_params), "timeline" 1 records when every
-// GEMV, tile-kernel and decode-attention launch of a decode step started, passed its wait and ended
-// (mqb_debug_timeline; tl_mark).
+// (mqb_model::attn_push), "pre_params" 0 loads the q/k norms' weights, RoPE and the RMSNorm
+// preps' weights after the kernels' wait, RoPE by sincosf there (mqb_model::pre_params),
+// "timeline" 1 records when every GEMV, tile-kernel and decode-attention launch of a decode step
+// started, passed its wait and ended (mqb_debug_timeline; tl_mark).
 // mqb_debug_chain runs decode steps back to back with their tokens fed on the device, the host
 // out of the loop.
 // Faults (MODELQUAL_FAULTS, comma separated; shared names with the CPU runtime):
@@ -1161,7 +1160,6 @@ __host__ __device__ inline size_t attn_smem(int GM, int D) {
 // attn_smem in split 0's shared memory: a split's G * D sums, then its G (max, sum) pairs.
 __host__ __device__ inline int attn_park(int GM, int D) { return GM * D + 2 * GM; }
 
-
 // lanes_fit: a K row of nch 16-byte chunks can be split over nch lanes of a warp (nch a power
 // of two of at most 32: every head_dim in use), as attend's lane scoring and attend_flash need.
 __host__ __device__ __forceinline__ bool lanes_fit(int nch) { return nch <= 32 && (nch & (nch - 1)) == 0; }
@@ -1705,11 +1703,9 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     return;
   }
   if (a.cluster) {
-    // The S splits of (t, kh) are one cluster, split z its block z: each leaves its partial in
-    // its own shared memory (oacc, s_m, s_l), split 0 merges them through distributed shared
-    // memory in split order (the arithmetic of the merge below, so the same bits), and the second
-    // barrier keeps every block's shared memory alive until split 0 has read it. No partials
-    // through L2, no fence, no counter (debug "attn_cluster").
+    // The S splits of (t, kh) are one cluster, split z its block z, merged by split 0 in split
+    // order (the arithmetic of the merge below, so the same bits). No partials through L2, no
+    // fence, no counter (debug "attn_cluster").
     if (a.push) {
       // attn_push: each split z > 0 writes its partial into split 0's park (distributed shared
       // memory), so one barrier serves: after it no block reads another's memory.
@@ -1731,6 +1727,9 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
             [&](int q, int i) { return q ? park[q * st + i] : oacc[i]; });
       return;
     }
+    // Else each leaves its partial in its own shared memory (oacc, s_m, s_l), split 0 reads them
+    // through distributed shared memory, and the second barrier keeps every block's shared
+    // memory alive until it has.
     cluster_sync();
     if (z == 0)
       merge_splits(
@@ -3265,9 +3264,10 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   ck(cudaMallocHost(reinterpret_cast<void **>(&m.ptile_h), sizeof(pa::Tile) * m.Tcap), "cudaMallocHost");
 
   const int gm = gm_for(G);
-  // The decode attention's park (attn_push) where it fits beside attn_smem (227 KB a block).
+  // The decode attention's park (attn_push) where it fits beside attn_smem in one block (sm_90:
+  // all of an SM's 227 KB, sk::SMEM_SM).
   const size_t park = sizeof(float) * ATT_CLUSTER_MAX * attn_park(gm, c.D);
-  m.attn_park_fits = attn_smem(gm, c.D) + park <= 227 * 1024;
+  m.attn_park_fits = attn_smem(gm, c.D) + park <= sk::SMEM_SM;
   const size_t ab = attn_smem(gm, c.D) + (m.attn_park_fits ? park : 0);
   switch (m.dt) {
     case DT_BF16: set_kernel_attrs<__nv_bfloat16>(gm, ab); skinny_setup<__nv_bfloat16>(m); break;
