@@ -71,7 +71,8 @@
 // memory (mqb_model::attn_cluster), "tile_cluster" 0 adds the tile kernel's K splits through
 // its workspace in L2 instead (mqb_model::tile_cluster), "attn_push" 0 has split 0 of a decode
 // attention cluster read the other splits' partials instead of their pushing them to it
-// (mqb_model::attn_push), "pre_params" 0 loads the q/k norms' weights, RoPE and the RMSNorm
+// (mqb_model::attn_push), "tile_push" 0 the same for the tile kernel's K splits
+// (mqb_model::tile_push), "pre_params" 0 loads the q/k norms' weights, RoPE and the RMSNorm
 // preps' weights after the kernels' wait, RoPE by sincosf there (mqb_model::pre_params),
 // "timeline" 1 records when every GEMV, tile-kernel and decode-attention launch of a decode step
 // started, passed its wait and ended (mqb_debug_timeline; tl_mark).
@@ -1589,6 +1590,20 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 #endif
 }
+// cluster_arrive / cluster_wait split one cluster barrier: a kernel whose blocks store into
+// another block's shared memory (the pushed merges: attn_push, tile_push) arrives when it begins
+// and waits before its first remote store, which is then sure to find the other block running
+// (CUDA's rule for distributed shared memory) without a barrier on the critical path.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
 template <typename V>
 __device__ __forceinline__ V *dsmem(V *p, unsigned rank) {
 #if defined(__CUDA_ARCH__)
@@ -1711,6 +1726,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
       // memory), so one barrier serves: after it no block reads another's memory.
       float *park = smem + attn_smem(GM, D) / sizeof(float);
       const int st = attn_park(GM, D);
+      cluster_wait();  // decode_attn_kernel's arrival at its start: every split is running
       if (z > 0) {
         float *dst = dsmem(park + (size_t)z * st, 0u);
         for (int i = tid; i < G * D; i += ATT_THREADS) dst[i] = oacc[i];
@@ -1768,10 +1784,11 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
 // Splitting the positions lets a few sequences use every SM; the merge needs no extra launch.
 // Launched with clusters (1, 1, S) where a.cluster is set (run_tokens' clz). PRE (pre_params):
 // the q/k/v heads' HeadPre loaded before the wait too.
-template <typename T, int GM, bool FLASH_ONLY, bool PRE = false>
-__global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
+template <typename T, int GM, bool FLASH_ONLY, bool PRE = false, int MINB = 1>
+__global__ void __launch_bounds__(ATT_THREADS, MINB) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
   tl_mark(a.tlb, a.tls, 0);
+  if (a.cluster && a.push && gridDim.z > 1) cluster_arrive();  // attn_item's pushed merge waits for it
   {  // the split's earlier positions (attn_item's range without the new one)
     const int p = a.pos[blockIdx.x];
     int lo, hi;
@@ -1866,6 +1883,7 @@ struct mqb_model {
   std::vector<std::string> tl_labels;
   int attn_split = 0;  // decode attention position splits (MQB_ATTN_SPLIT; 0 = enough to fill the SMs)
   int fused_attn = 1;  // decode_attn_kernel: 1 for small decode grids, 2 always, 0 never (MQB_FUSED_ATTN)
+  bool attn_2blk = false;  // unsplit fused items bound to two blocks per SM (debug "attn_2blk"; tried)
   // Parameters that do not depend on the previous kernel loaded before its wait (debug
   // "pre_params"): q_norm / k_norm weights and RoPE's cos / sin (from rope_tab, made at load:
   // [max_ctx][D / 2] (cos, sin), with head_vec's own sincosf arguments) in qkv_post_kernel and
@@ -1916,6 +1934,10 @@ struct mqb_model {
   // through the workspace, a counter and the last split's sum). On the H200 batch 1 decoded 7.3 %
   // faster (o_proj 106 us a step instead of 164), batch 2 4.2 %, 4-16 1.6-2.1 % (NOTES.md, runs 90-92).
   bool tile_cluster = true;
+  // With tile_cluster: the splits z > 0 push their partials into split 0's shared memory (a park
+  // past its input, where that fits: tile_launch) before one cluster barrier, instead of split 0
+  // reading them between two (debug "tile_push" 0).
+  bool tile_push = true;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
   // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b
   // is 16: on the H200 batches 12 and 16 decode 6-7 % faster so; at 24 and 32 the tile kernel,
@@ -2250,9 +2272,14 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
   f.tls = tl_slot(m);
   const auto &tm = tile_map(m, W, N, K, (f.act ? 8 : 16) * c.RT);
   const int clz = cluster_of(m.tile_cluster, c.Z);  // a row block's Z splits
+  // tile_push: the park for the pushed partials, where it fits without costing a block per SM
+  // (tile_cfg's choice assumed tile_smem_bytes) within the kernels' shared-memory attribute.
+  const size_t base = sk::tile_smem_bytes(nb, c.Kr), park = sk::tile_park_bytes(nb, c.RT, c.Z);
+  const bool push = clz > 1 && m.tile_push && base + park <= sk::tile_smem_bytes(4, sk::TKR_MAX) &&
+                    sk::SMEM_SM / (base + park) >= std::min<size_t>(2, sk::SMEM_SM / base);
   auto go = [&](auto kernel) {
-    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), sk::tile_smem_bytes(nb, c.Kr),
-              tm, N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre, clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
+    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), base + (push ? park : 0), tm,
+              N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre, push ? 2 : clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
   };
   by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
 }
@@ -2804,6 +2831,9 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
           constexpr int G = decltype(g)::value;
           auto k = flash_only<T>(m, c.D) ? (m.pre_params ? decode_attn_kernel<T, G, true, true> : decode_attn_kernel<T, G, true>)
                                          : decode_attn_kernel<T, G, false>;
+          // attn_2blk: unsplit items in the instance bound to two blocks per SM (as attention_kernel's).
+          if constexpr (G <= ATT_2BLK_GM)
+            if (m.attn_2blk && S == 1 && flash_only<T>(m, c.D) && m.pre_params) k = decode_attn_kernel<T, G, true, true, 2>;
           launch_cl(m, dim3(1, 1, clz), k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), dsmem_bytes, da);
         });
         return;
@@ -3097,8 +3127,12 @@ void set_kernel_attrs(int gm, size_t att_bytes) {
     for (auto k : {attention_kernel<T, decltype(g)::value, false>, attention_kernel<T, decltype(g)::value, true>})
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
          "cudaFuncSetAttribute(attention)");
-    for (auto k : {decode_attn_kernel<T, decltype(g)::value, false>, decode_attn_kernel<T, decltype(g)::value, true>,
-                   decode_attn_kernel<T, decltype(g)::value, true, true>})
+    constexpr int G = decltype(g)::value;
+    const auto two = [] {  // the attn_2blk instance, made only where it is launched
+      if constexpr (G <= ATT_2BLK_GM) return decode_attn_kernel<T, G, true, true, 2>;
+      else return decode_attn_kernel<T, G, true, true>;
+    }();
+    for (auto k : {decode_attn_kernel<T, G, false>, decode_attn_kernel<T, G, true>, decode_attn_kernel<T, G, true, true>, two})
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
          "cudaFuncSetAttribute(decode attention)");
   });
@@ -3626,6 +3660,8 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "attn_cluster") m->attn_cluster = value != 0;
   else if (k == "attn_push") m->attn_push = value != 0;
   else if (k == "tile_cluster") m->tile_cluster = value != 0;
+  else if (k == "tile_push") m->tile_push = value != 0;
+  else if (k == "attn_2blk") m->attn_2blk = value != 0;
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));

@@ -189,18 +189,39 @@ __device__ __forceinline__ void sum_splits(float (&acc)[NB][4], int Z, const L &
 // once); the same for every thread of a block.
 //
 // park != NULL (the tile kernel launched with clusters (1, Z): tile_cluster): the Z blocks of a row
-// block are one thread-block cluster, split z its block z. Each owner lane parks its NB float4 in
-// its own block's shared memory (park, at (lt, lane): lt the tile's place in its block), and
-// split 0 adds the Z of them through distributed shared memory in split order (the same sums in
-// the same order as through ws, so the same bits), between two cluster barriers (the second
-// keeps every block's shared memory alive until split 0 has read it). No workspace, fence or
-// counter.
+// block are one thread-block cluster, split z its block z, and split 0 adds the Z partials in
+// split order (the same sums in the same order as through ws, so the same bits). No workspace,
+// fence or counter. Two ways:
+// - rt > 0 (tile_push): each split z > 0 writes its NB float4 into split 0's park (distributed
+//   shared memory; slot z - 1 of rt * 32 * NB float4, at (lt, lane): lt the tile's place in its
+//   block), so that one cluster barrier serves: after it no block touches another's memory. The
+//   cluster's barrier was arrived at when the kernel began (cluster_arrive), so the wait before
+//   the first remote store makes sure split 0 is running;
+// - rt = 0: each owner lane parks its NB float4 in its own block's shared memory, split 0 reads
+//   them through distributed shared memory between two cluster barriers (the second keeps every
+//   block's shared memory alive until split 0 has read it).
 template <int NB>
 __device__ __forceinline__ bool split_total(float (&acc)[NB][4], bool owner, int tile, int lane, int N, float *ws,
                                             unsigned int *cnt, unsigned int &s_last, float *park = nullptr,
-                                            int lt = 0) {
+                                            int lt = 0, int rt = 0) {
   const int NT = N / 16, z = blockIdx.y, Z = gridDim.y;
   if (Z == 1) return true;
+  if (park && rt) {
+    cluster_wait();  // the arrival at the kernel's start: every block of the cluster is running
+    float4 *pk = reinterpret_cast<float4 *>(park) + ((size_t)lt * 32 + lane) * NB;
+    const size_t slot = (size_t)rt * 32 * NB;
+    if (z > 0 && owner) {
+      float4 *dst = dsmem(pk + (size_t)(z - 1) * slot, 0u);
+#pragma unroll
+      for (int o = 0; o < NB; ++o) dst[o] = make_float4(acc[o][0], acc[o][1], acc[o][2], acc[o][3]);
+    }
+    cluster_sync();
+    if (z == 0 && owner)
+      sum_splits<NB>(acc, Z, [&](int q, int o) {
+        return q ? pk[(size_t)(q - 1) * slot + o] : make_float4(acc[o][0], acc[o][1], acc[o][2], acc[o][3]);
+      });
+    return z == 0;
+  }
   if (park) {
     float4 *pk = reinterpret_cast<float4 *>(park) + ((size_t)lt * 32 + lane) * NB;
     if (owner)
@@ -381,6 +402,12 @@ __host__ __device__ inline size_t tile_smem_bytes(int NB, int Kr) {
   return 1024 + (size_t)TSTAGES * TCHUNK * 2 + (size_t)NB * 8 * Kr * 2 + RMS_KMAX * sizeof(float);
 }
 
+// tile_park_bytes: the park that follows tile_smem_bytes in a cluster's split 0 where the K
+// splits push their partials (split_total with rt: tile_push): Z - 1 slots of RT tiles' lanes.
+__host__ __device__ inline size_t tile_park_bytes(int NB, int RT, int Z) {
+  return (size_t)(Z - 1) * RT * 32 * NB * sizeof(float4);
+}
+
 __device__ __forceinline__ int tswz(int r, int p) { return p ^ (r & 7); }
 
 #ifdef MQB_HOST_TEST
@@ -525,6 +552,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // summed (5), end.
   tl_mark(f.tlb, f.tls, 0);
   const TlEnd tl_end{f.tlb, f.tls};
+  if (cluster == 2) cluster_arrive();  // split_total's pushed sum waits for it
   // y0: the first weight row the block reads. With act its rows are two boxes of rows / 2: gate
   // rows from y0 = row0 / 2, up rows from N / 2 + y0.
   const int y0 = f.act ? row0 / 2 : row0;
@@ -650,8 +678,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   float *scratch = reinterpret_cast<float *>(chunks);
   add_slices<NB>(acc, scratch, warp, lane, ks, KS);
   const bool owner = live && ks == 0;
-  float *park = cluster ? scratch + PARK : nullptr;  // split_total's partials for the cluster's sum
-  const bool total = split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last, park, lt);
+  // split_total's partials for the cluster's sum: pushed into the park past the norm's weights
+  // (cluster 2: tile_push), or left in the chunk buffers for split 0 to read (1).
+  float *park = cluster == 2 ? nws + RMS_KMAX : cluster ? scratch + PARK : nullptr;
+  const bool total = split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last, park, lt, cluster == 2 ? RT : 0);
   tl_mark(f.tlb, f.tls, 5);
   if (!total) return;
   if (!f.act) {
