@@ -72,7 +72,8 @@
 // its workspace in L2 instead (mqb_model::tile_cluster), "attn_push" 0 has split 0 of a decode
 // attention cluster read the other splits' partials instead of their pushing them to it
 // (mqb_model::attn_push), "tile_push" 0 the same for the tile kernel's K splits
-// (mqb_model::tile_push), "pre_params" 0 loads the q/k norms' weights, RoPE and the RMSNorm
+// (mqb_model::tile_push), "rms_compact_b" n the most rows whose RMSNorm the tile kernel stages in
+// its compact form (mqb_model::rms_compact_b), "pre_params" 0 loads the q/k norms' weights, RoPE and the RMSNorm
 // preps' weights after the kernels' wait, RoPE by sincosf there (mqb_model::pre_params),
 // "timeline" 1 records when every GEMV, tile-kernel and decode-attention launch of a decode step
 // started, passed its wait and ended (mqb_debug_timeline; tl_mark).
@@ -1784,8 +1785,8 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
 // Splitting the positions lets a few sequences use every SM; the merge needs no extra launch.
 // Launched with clusters (1, 1, S) where a.cluster is set (run_tokens' clz). PRE (pre_params):
 // the q/k/v heads' HeadPre loaded before the wait too.
-template <typename T, int GM, bool FLASH_ONLY, bool PRE = false, int MINB = 1>
-__global__ void __launch_bounds__(ATT_THREADS, MINB) decode_attn_kernel(const DecAttn<T> a) {
+template <typename T, int GM, bool FLASH_ONLY, bool PRE = false>
+__global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
   tl_mark(a.tlb, a.tls, 0);
   if (a.cluster && a.push && gridDim.z > 1) cluster_arrive();  // attn_item's pushed merge waits for it
@@ -1883,7 +1884,6 @@ struct mqb_model {
   std::vector<std::string> tl_labels;
   int attn_split = 0;  // decode attention position splits (MQB_ATTN_SPLIT; 0 = enough to fill the SMs)
   int fused_attn = 1;  // decode_attn_kernel: 1 for small decode grids, 2 always, 0 never (MQB_FUSED_ATTN)
-  bool attn_2blk = false;  // unsplit fused items bound to two blocks per SM (debug "attn_2blk"; tried)
   // Parameters that do not depend on the previous kernel loaded before its wait (debug
   // "pre_params"): q_norm / k_norm weights and RoPE's cos / sin (from rope_tab, made at load:
   // [max_ctx][D / 2] (cos, sin), with head_vec's own sincosf arguments) in qkv_post_kernel and
@@ -1934,9 +1934,15 @@ struct mqb_model {
   // through the workspace, a counter and the last split's sum). On the H200 batch 1 decoded 7.3 %
   // faster (o_proj 106 us a step instead of 164), batch 2 4.2 %, 4-16 1.6-2.1 % (NOTES.md, runs 90-92).
   bool tile_cluster = true;
+  // The tile kernel's RMSNorm staging in its compact form (sk::TileFuse::compact) up to
+  // rms_compact_b rows: on the H200 batch 1 decoded 2.7-2.8 % faster (the staging 1.3 us a layer
+  // instead of 2.0), batch 2 1.3 %, 4 as fast, 8 and 16 6-10 % slower (NOTES.md runs 123-124;
+  // debug "rms_compact_b", 0: the other form at every batch).
+  int rms_compact_b = 2;
   // With tile_cluster: the splits z > 0 push their partials into split 0's shared memory (a park
   // past its input, where that fits: tile_launch) before one cluster barrier, instead of split 0
-  // reading them between two (debug "tile_push" 0).
+  // reading them between two (debug "tile_push" 0). On the H200 batches 1-16 decoded 0.7-2.3 %
+  // faster (NOTES.md run 119: o_proj's split sum 1.22 us a layer at batch 1 instead of 1.52).
   bool tile_push = true;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
   // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b
@@ -2347,6 +2353,7 @@ bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int
     f.nw = a.w;
     f.eps = a.eps;
     f.act = act;
+    f.compact = B <= m.rms_compact_b && K <= 4 * sk::THREADS ? 1 : 0;
     tile_launch<T>(m, c, W, N, K, nullptr, B, out, 0, f);
     return true;
   }
@@ -2831,9 +2838,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
           constexpr int G = decltype(g)::value;
           auto k = flash_only<T>(m, c.D) ? (m.pre_params ? decode_attn_kernel<T, G, true, true> : decode_attn_kernel<T, G, true>)
                                          : decode_attn_kernel<T, G, false>;
-          // attn_2blk: unsplit items in the instance bound to two blocks per SM (as attention_kernel's).
-          if constexpr (G <= ATT_2BLK_GM)
-            if (m.attn_2blk && S == 1 && flash_only<T>(m, c.D) && m.pre_params) k = decode_attn_kernel<T, G, true, true, 2>;
           launch_cl(m, dim3(1, 1, clz), k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), dsmem_bytes, da);
         });
         return;
@@ -3128,11 +3132,7 @@ void set_kernel_attrs(int gm, size_t att_bytes) {
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
          "cudaFuncSetAttribute(attention)");
     constexpr int G = decltype(g)::value;
-    const auto two = [] {  // the attn_2blk instance, made only where it is launched
-      if constexpr (G <= ATT_2BLK_GM) return decode_attn_kernel<T, G, true, true, 2>;
-      else return decode_attn_kernel<T, G, true, true>;
-    }();
-    for (auto k : {decode_attn_kernel<T, G, false>, decode_attn_kernel<T, G, true>, decode_attn_kernel<T, G, true, true>, two})
+    for (auto k : {decode_attn_kernel<T, G, false>, decode_attn_kernel<T, G, true>, decode_attn_kernel<T, G, true, true>})
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
          "cudaFuncSetAttribute(decode attention)");
   });
@@ -3660,8 +3660,8 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "attn_cluster") m->attn_cluster = value != 0;
   else if (k == "attn_push") m->attn_push = value != 0;
   else if (k == "tile_cluster") m->tile_cluster = value != 0;
+  else if (k == "rms_compact_b") m->rms_compact_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "tile_push") m->tile_push = value != 0;
-  else if (k == "attn_2blk") m->attn_2blk = value != 0;
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));

@@ -517,6 +517,7 @@ struct TileFuse {
   T *act = nullptr;
   unsigned long long *tlb = nullptr;  // timeline records (debug "timeline"; tl_mark), slot tls
   int tls = -1;
+  int compact = 0;  // the RMSNorm staging's compact form (debug "rms_compact"): see tile_kernel
 };
 
 // TlEnd marks a tile-kernel block's end on the timeline (tl_mark 2) wherever the block returns.
@@ -592,6 +593,52 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (b < B) stage16(d + tswz(b, p) * 8, src + p * 8);
         else *reinterpret_cast<uint4 *>(d + tswz(b, p) * 8) = make_uint4(0u, 0u, 0u, 0u);
       }
+    }
+  } else if (f.compact) {
+    // RMSNorm while staging, compact (backend.cu's rms_compact_b: one or two rows): thread t
+    // holds 16-byte piece t of each row (K <= 4 THREADS), four rows at a time, their sums of
+    // squares added across the block through shared memory (lane sums, then the warps' in warp
+    // order: not the form below's order, so its last bits may differ). At batch 1 the form below
+    // leaves one warp all the work; on the H200 this took 1.3 us a layer instead of 2.0, and
+    // from 8 rows on its round trip per four rows made it slower (NOTES.md runs 120-124).
+    __shared__ float s_ss[4][WARPS];
+    const int q4 = K / 4, t = threadIdx.x;
+    for (int b = B + warp; b < NB * 8; b += WARPS)  // rows B.. of the last octet: zeros
+      for (int p = lane; p < xp; p += 32) *reinterpret_cast<uint4 *>(xs + (size_t)b * Kr + tswz(b, p) * 8) = make_uint4(0u, 0u, 0u, 0u);
+    stage_wait();  // the norm's weights (asked for before the wait)
+    __syncthreads();
+    const float4 w = t < q4 ? *reinterpret_cast<const float4 *>(nws + 4 * t) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const int k = 4 * t - k0;  // in the block's range [0, Kr)?
+    for (int r0 = 0; r0 < B; r0 += 4) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        v[u] = t < q4 && r0 + u < B ? __ldcg(reinterpret_cast<const float4 *>(f.xr + (size_t)(r0 + u) * K) + t)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float ss = warp_sum(v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w);
+        if (lane == 0) s_ss[u][warp] = ss;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        float tot = 0.f;
+#pragma unroll
+        for (int q = 0; q < WARPS; ++q) tot += s_ss[u][q];
+        const float rstd = rsqrtf(tot / (float)K + f.eps);
+        const int b = r0 + u;
+        if (b < B && t < q4 && k >= 0 && k < Kr) {
+          uint2 pk;
+          T *pt = reinterpret_cast<T *>(&pk);
+          pt[0] = TT<T>::fromf(v[u].x * rstd * w.x);
+          pt[1] = TT<T>::fromf(v[u].y * rstd * w.y);
+          pt[2] = TT<T>::fromf(v[u].z * rstd * w.z);
+          pt[3] = TT<T>::fromf(v[u].w * rstd * w.w);
+          *reinterpret_cast<uint2 *>(xs + (size_t)b * Kr + tswz(b, k / 8) * 8 + (k & 7)) = pk;
+        }
+      }
+      __syncthreads();  // s_ss is read before the next rows' sums
     }
   } else {
     // RMSNorm while staging: lane holds k = 4 lane + 128 j of a row (K <= RMS_KMAX, K % 4 == 0),

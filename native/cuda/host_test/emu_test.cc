@@ -824,8 +824,9 @@ static bool emu_tile(const std::vector<T> &W, int N, int K, int RT, int Z, const
 // double-precision reference: the input rows RMSNorm(x) * w of fp32 rows x (the kernel rounds them
 // to T, the reference does not, hence a bound of 5e-4 of the sum of |terms| where the exact
 // product's is 1e-6), and with SwiGLU, act = silu(gate) * up of W = [gate; up] [2 x 128, 1024],
-// within the propagated bound plus T's rounding of act. Every row-tile shape, K splits, 9 and 32
-// rows.
+// within the propagated bound plus T's rounding of act. Every row-tile shape, K splits, 1, 2, 9
+// and 32 rows; each staged both ways (TileFuse::compact, backend.cu's rms_compact_b: four rows at
+// a time, so 9 rows take a part-filled third pass).
 template <typename T>
 static void tile_fused_products(const char *prec) {
   const int N = 256, K = 1024, I = N / 2;
@@ -842,7 +843,8 @@ static void tile_fused_products(const char *prec) {
   struct Shape { int RT, Z; };
   for (bool swiglu : {false, true})
     for (Shape sh : {Shape{8, 1}, Shape{8, 4}, Shape{4, 2}, Shape{2, 1}, Shape{2, 4}})
-      for (int B : {9, 32}) {
+      for (int B : {1, 2, 9, 32})
+      for (int compact : {0, 1}) {
         std::vector<float> out((size_t)B * N, 0.f);
         std::fill(act.begin(), act.end(), TT<T>::fromf(-7.f));
         sk::TileFuse<T> f;
@@ -850,6 +852,7 @@ static void tile_fused_products(const char *prec) {
         f.nw = nw.data();
         f.eps = eps;
         f.act = swiglu ? act.data() : nullptr;
+        f.compact = compact;
         const bool zeroed = emu_tile<T>(W, N, K, sh.RT, sh.Z, nullptr, B, out.data(), 0, ws, cnt, f);
         double worst = 0;  // largest error as a fraction of its bound
         for (int b = 0; b < B; ++b) {
@@ -878,10 +881,10 @@ static void tile_fused_products(const char *prec) {
             worst = std::max(worst, fabs(want - (double)TT<T>::tof(act[(size_t)b * I + n])) / bound);
           }
         }
-        check(worst <= 1 && zeroed, std::string(prec) + " tile product, RMSNorm fused" + (swiglu ? ", SwiGLU" : "") +
-                                        ", RT " + std::to_string(sh.RT) + " Z " + std::to_string(sh.Z) + " rows " +
-                                        std::to_string(B) + ": largest error " + std::to_string(worst) +
-                                        " of its bound");
+        check(worst <= 1 && zeroed, std::string(prec) + " tile product, RMSNorm fused" + (compact ? " (compact)" : "") +
+                                        (swiglu ? ", SwiGLU" : "") + ", RT " + std::to_string(sh.RT) + " Z " +
+                                        std::to_string(sh.Z) + " rows " + std::to_string(B) + ": largest error " +
+                                        std::to_string(worst) + " of its bound");
       }
 }
 
