@@ -76,6 +76,8 @@ type gpuTelemetry struct {
 	Reason    string  `json:"reason"`
 	EnergyJ   float64 `json:"energy_j"`
 	JPerToken float64 `json:"joules_per_output_token"`
+	WindowS   float64 `json:"window_s"`
+	Note      string  `json:"note"`
 	Devices   []struct {
 		Index         int     `json:"index"`
 		UUID          string  `json:"uuid"`
@@ -85,12 +87,15 @@ type gpuTelemetry struct {
 		PowerAvg      float64 `json:"power_avg_w"`
 		PowerMax      float64 `json:"power_max_w"`
 		DeviceEnergyJ float64 `json:"energy_j"`
+		EnergySource  string  `json:"energy_source"`
 	} `json:"devices"`
 }
 
 // gpuMarkdown adds the GPU figures of a run that recorded telemetry: per device the memory
-// high-water, utilisation, power and energy, and the run's joules per output token. A run
-// that recorded telemetry as unavailable gets one line saying why.
+// high-water, utilisation, power and energy (marked where it was integrated from the power
+// samples rather than read from the energy counter), the run's joules per output token, and
+// the sampler's note on a short window. A run that recorded telemetry as unavailable gets one
+// line saying why.
 func gpuMarkdown(b *strings.Builder, blob json.RawMessage) {
 	if len(blob) == 0 {
 		return
@@ -108,10 +113,21 @@ func gpuMarkdown(b *strings.Builder, blob json.RawMessage) {
 	}
 	b.WriteString("\n| GPU | Memory high-water (MiB) | Utilization avg / max (%) | Power avg / max (W) | Energy (J) |\n|---|--:|--:|--:|--:|\n")
 	for _, d := range t.Devices {
+		energy := two(d.DeviceEnergyJ)
+		if d.EnergySource == "power_samples" {
+			energy += " (from power samples)"
+		}
 		fmt.Fprintf(b, "| %d %s | %s | %s / %s | %s / %s | %s |\n", d.Index, mdEscape(d.UUID),
-			two(float64(d.MemHighWater)/(1<<20)), two(d.UtilAvg), two(d.UtilMax), two(d.PowerAvg), two(d.PowerMax), two(d.DeviceEnergyJ))
+			two(float64(d.MemHighWater)/(1<<20)), two(d.UtilAvg), two(d.UtilMax), two(d.PowerAvg), two(d.PowerMax), energy)
 	}
-	fmt.Fprintf(b, "\nGPU energy %s J, %s J per output token.\n", two(t.EnergyJ), two(t.JPerToken))
+	fmt.Fprintf(b, "\nGPU energy %s J, %s J per output token", two(t.EnergyJ), two(t.JPerToken))
+	if t.WindowS > 0 {
+		fmt.Fprintf(b, ", over %s s", two(t.WindowS))
+	}
+	b.WriteString(".\n")
+	if t.Note != "" {
+		fmt.Fprintf(b, "\nNote: %s.\n", mdEscape(t.Note))
+	}
 }
 
 func count(p *PhaseStats, tag string) int {

@@ -1,7 +1,8 @@
 // Package gpu records the GPUs a run used, through NVIDIA's management library (go-nvml):
 // an inventory (name, UUID, memory, driver) for the environment record, and a sampler that
 // runs during a profile (utilization, memory used and its high-water mark, power, and the
-// total-energy delta that gives joules per output token).
+// energy that gives joules per output token: the total-energy counter's delta, or the power
+// samples integrated where the counter did not move over the window).
 //
 // Machines without an NVIDIA driver (CI, laptops) are normal: the library then reports
 // telemetry as unavailable with the reason, and nothing fails unless GPUs were required.
@@ -126,7 +127,7 @@ func Require(inv Inventory) error {
 	return fmt.Errorf("%w: %s; GPUs were requested, so the run stops (run without --gpus for a CPU run)", ErrUnavailable, inv.Reason)
 }
 
-// DeviceStats summarises one device over a sampling window.
+// DeviceStats are one device's figures over a sampler's window.
 type DeviceStats struct {
 	Index int    `json:"index"`
 	UUID  string `json:"uuid"`
@@ -139,10 +140,13 @@ type DeviceStats struct {
 	// Power in watts (average and max).
 	PowerAvgW float64 `json:"power_avg_w"`
 	PowerMaxW float64 `json:"power_max_w"`
-	// EnergyJ is the total-energy counter's delta over the window, in joules (0 when the
-	// device has no counter).
-	EnergyJ float64 `json:"energy_j"`
-	Samples int     `json:"samples"`
+	// EnergyJ is the device's energy over the window, in joules, from EnergySource:
+	// "counter" (the total-energy counter's delta), "power_samples" (the power samples
+	// integrated over their times, where the counter is missing or did not move: on the H200 it
+	// read 0 J over sub-second profile points), or "" (neither: 0).
+	EnergyJ      float64 `json:"energy_j"`
+	EnergySource string  `json:"energy_source,omitempty"`
+	Samples      int     `json:"samples"`
 }
 
 // Telemetry is a sampler's result.
@@ -150,12 +154,22 @@ type Telemetry struct {
 	Available bool          `json:"available"`
 	Reason    string        `json:"reason,omitempty"`
 	Interval  time.Duration `json:"interval_ns"`
-	Devices   []DeviceStats `json:"devices,omitempty"`
+	// WindowS is the time from the first sample to the last, in seconds.
+	WindowS float64       `json:"window_s"`
+	Devices []DeviceStats `json:"devices,omitempty"`
 	// EnergyJ sums the devices' energy; JoulesPerOutputToken is set by the caller through
 	// PerToken once the token count is known.
 	EnergyJ              float64 `json:"energy_j"`
 	JoulesPerOutputToken float64 `json:"joules_per_output_token,omitempty"`
+	// Note says what to keep in mind reading these figures (a window shorter than NVML's own
+	// averaging periods), or is empty.
+	Note string `json:"note,omitempty"`
 }
+
+// utilizationPeriod is the longest period over which NVML averages a utilization reading (1/6 s
+// to 1 s by product, per nvmlDeviceGetUtilizationRates' documentation): a shorter window's
+// readings partly describe the time before it.
+const utilizationPeriod = time.Second
 
 // PerToken fills JoulesPerOutputToken from the run's output token count.
 func (t *Telemetry) PerToken(outputTokens int) {
@@ -167,16 +181,22 @@ func (t *Telemetry) PerToken(outputTokens int) {
 // Sampler samples GPUs periodically between Start and Stop.
 type Sampler struct {
 	interval time.Duration
-	indices  []int
 	reason   string
+	now      func() time.Time
+	release  func() // NVML's shutdown, once the sampler is done with it
 	cancel   context.CancelFunc
 	done     chan struct{}
 	mu       sync.Mutex
 	devs     []nvml.Device
 	stats    []DeviceStats
-	energy0  []uint64
+	energy0  []uint64 // the counter at the start, mJ (0: no counter)
 	utilSum  []float64
 	powerSum []float64
+	powerJ   []float64 // the power samples integrated (trapezoids), J
+	lastW    []float64 // the last power sample, W (-1: none yet)
+	lastT    []time.Time
+	first    time.Time
+	last     time.Time
 	ok       bool
 }
 
@@ -184,56 +204,73 @@ type Sampler struct {
 // interval (default 100 ms). Without NVML the sampler records the reason and Stop returns
 // unavailable telemetry; required turns that into an error here instead.
 func StartSampler(indices []int, interval time.Duration, required bool) (*Sampler, error) {
-	if interval <= 0 {
-		interval = 100 * time.Millisecond
-	}
-	s := &Sampler{interval: interval, indices: indices, done: make(chan struct{})}
-	if err := initNVML(); err != nil {
-		s.reason = err.Error()
+	unavailable := func(reason string) (*Sampler, error) {
+		s := &Sampler{interval: interval, reason: reason, done: make(chan struct{})}
+		if s.interval <= 0 {
+			s.interval = 100 * time.Millisecond
+		}
 		close(s.done)
 		if required {
-			return s, fmt.Errorf("%w: %v; GPUs were requested", ErrUnavailable, err)
+			return s, fmt.Errorf("%w: %s; GPUs were requested", ErrUnavailable, reason)
 		}
 		return s, nil
+	}
+	if err := initNVML(); err != nil {
+		return unavailable(err.Error())
 	}
 	n, ret := nvml.DeviceGetCount()
 	if ret != nvml.SUCCESS || n == 0 {
 		shutdownNVML()
-		s.reason = "NVML reports no GPUs"
-		close(s.done)
-		if required {
-			return s, fmt.Errorf("%w: %s", ErrUnavailable, s.reason)
-		}
-		return s, nil
+		return unavailable("NVML reports no GPUs")
 	}
 	if indices == nil {
 		for i := 0; i < n; i++ {
 			indices = append(indices, i)
 		}
 	}
+	var devs []nvml.Device
 	for _, i := range indices {
 		d, ret := nvml.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
 			shutdownNVML()
-			return s, fmt.Errorf("gpu sampler: device %d: %s", i, nvml.ErrorString(ret))
+			err := fmt.Errorf("gpu sampler: device %d: %s", i, nvml.ErrorString(ret))
+			bad := &Sampler{interval: interval, reason: err.Error(), done: make(chan struct{})}
+			close(bad.done) // Stop returns unavailable telemetry
+			return bad, err
 		}
-		st := DeviceStats{Index: i}
+		devs = append(devs, d)
+	}
+	s := newSampler(devs, indices, interval, time.Now, shutdownNVML)
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go s.loop(ctx)
+	return s, nil
+}
+
+// newSampler prepares a sampler of devs (their indices alongside) that reads the time from
+// now and calls release when it stops; the caller starts its loop (StartSampler), or a test
+// calls sample itself.
+func newSampler(devs []nvml.Device, indices []int, interval time.Duration, now func() time.Time, release func()) *Sampler {
+	if interval <= 0 {
+		interval = 100 * time.Millisecond
+	}
+	s := &Sampler{interval: interval, now: now, release: release, done: make(chan struct{}), devs: devs, ok: true}
+	for k, d := range devs {
+		st := DeviceStats{Index: indices[k]}
 		st.UUID, _ = str(d.GetUUID())
-		s.devs = append(s.devs, d)
 		s.stats = append(s.stats, st)
 		e, ret := d.GetTotalEnergyConsumption()
 		if ret != nvml.SUCCESS {
 			e = 0
 		}
 		s.energy0 = append(s.energy0, e)
+		s.lastW = append(s.lastW, -1)
 	}
-	s.utilSum = make([]float64, len(s.devs))
-	s.powerSum = make([]float64, len(s.devs))
-	s.ok = true
-	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
-	go s.loop(ctx)
-	return s, nil
+	s.utilSum = make([]float64, len(devs))
+	s.powerSum = make([]float64, len(devs))
+	s.powerJ = make([]float64, len(devs))
+	s.lastT = make([]time.Time, len(devs))
+	return s
 }
 
 func (s *Sampler) loop(ctx context.Context) {
@@ -255,6 +292,11 @@ func (s *Sampler) loop(ctx context.Context) {
 func (s *Sampler) sample() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now()
+	if s.first.IsZero() {
+		s.first = now
+	}
+	s.last = now
 	for k, d := range s.devs {
 		st := &s.stats[k]
 		st.Samples++
@@ -270,6 +312,10 @@ func (s *Sampler) sample() {
 			w := float64(p) / 1000
 			s.powerSum[k] += w
 			st.PowerMaxW = max(st.PowerMaxW, w)
+			if s.lastW[k] >= 0 {
+				s.powerJ[k] += (s.lastW[k] + w) / 2 * now.Sub(s.lastT[k]).Seconds()
+			}
+			s.lastW[k], s.lastT[k] = w, now
 		}
 	}
 }
@@ -280,24 +326,39 @@ func (s *Sampler) Stop() Telemetry {
 		<-s.done
 		return Telemetry{Reason: s.reason, Interval: s.interval}
 	}
-	s.cancel()
-	<-s.done
+	if s.cancel != nil {
+		s.cancel()
+		<-s.done
+	}
+	return s.result()
+}
+
+// result makes the telemetry of the samples taken and releases NVML.
+func (s *Sampler) result() Telemetry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	tel := Telemetry{Available: true, Interval: s.interval}
+	tel := Telemetry{Available: true, Interval: s.interval, WindowS: s.last.Sub(s.first).Seconds()}
 	for k, d := range s.devs {
 		st := s.stats[k]
 		if st.Samples > 0 {
 			st.UtilizationAvg = s.utilSum[k] / float64(st.Samples)
 			st.PowerAvgW = s.powerSum[k] / float64(st.Samples)
 		}
-		if e, ret := d.GetTotalEnergyConsumption(); ret == nvml.SUCCESS && s.energy0[k] > 0 && e >= s.energy0[k] {
-			st.EnergyJ = float64(e-s.energy0[k]) / 1000 // mJ -> J
+		if e, ret := d.GetTotalEnergyConsumption(); ret == nvml.SUCCESS && s.energy0[k] > 0 && e > s.energy0[k] {
+			st.EnergyJ, st.EnergySource = float64(e-s.energy0[k])/1000, "counter" // mJ -> J
+		} else if s.powerJ[k] > 0 {
+			st.EnergyJ, st.EnergySource = s.powerJ[k], "power_samples"
 		}
 		tel.EnergyJ += st.EnergyJ
 		tel.Devices = append(tel.Devices, st)
 	}
+	if tel.WindowS < utilizationPeriod.Seconds() {
+		tel.Note = fmt.Sprintf("the window (%.2f s) is shorter than NVML's utilization period (up to %v): "+
+			"utilization partly describes the time before it", tel.WindowS, utilizationPeriod)
+	}
 	s.ok = false
-	shutdownNVML()
+	if s.release != nil {
+		s.release()
+	}
 	return tel
 }
