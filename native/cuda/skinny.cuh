@@ -517,7 +517,7 @@ struct TileFuse {
   T *act = nullptr;
   unsigned long long *tlb = nullptr;  // timeline records (debug "timeline"; tl_mark), slot tls
   int tls = -1;
-  int compact = 0;  // the RMSNorm staging's compact form (debug "rms_compact"): see tile_kernel
+  int compact = 0;  // the RMSNorm staging's compact form (backend.cu's rms_compact_b): see tile_kernel
 };
 
 // TlEnd marks a tile-kernel block's end on the timeline (tl_mark 2) wherever the block returns.
@@ -526,6 +526,19 @@ struct TlEnd {
   int s;
   __device__ ~TlEnd() { tl_mark(b, s, 2); }
 };
+
+// put_normed stores x * rstd * w, rounded to T, as elements k..k+3 (k % 4 == 0) of staged row b
+// (Kr elements, swizzled as tswz): both forms of the tile kernel's RMSNorm staging.
+template <typename T>
+__device__ __forceinline__ void put_normed(T *xs, int b, int Kr, int k, const float4 &x, float rstd, const float4 &w) {
+  uint2 pk;
+  T *pt = reinterpret_cast<T *>(&pk);
+  pt[0] = TT<T>::fromf(x.x * rstd * w.x);
+  pt[1] = TT<T>::fromf(x.y * rstd * w.y);
+  pt[2] = TT<T>::fromf(x.z * rstd * w.z);
+  pt[3] = TT<T>::fromf(x.w * rstd * w.w);
+  *reinterpret_cast<uint2 *>(xs + (size_t)b * Kr + tswz(b, k / 8) * 8 + (k & 7)) = pk;
+}
 
 // XCH: float offset, in the chunk buffers, of the SwiGLU epilogue's exchange (past add_slices');
 // PARK: of split_total's parked partials in a cluster's K split (past the exchange).
@@ -629,13 +642,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         const float rstd = rsqrtf(tot / (float)K + f.eps);
         const int b = r0 + u;
         if (b < B && t < q4 && k >= 0 && k < Kr) {
-          uint2 pk;
-          T *pt = reinterpret_cast<T *>(&pk);
-          pt[0] = TT<T>::fromf(v[u].x * rstd * w.x);
-          pt[1] = TT<T>::fromf(v[u].y * rstd * w.y);
-          pt[2] = TT<T>::fromf(v[u].z * rstd * w.z);
-          pt[3] = TT<T>::fromf(v[u].w * rstd * w.w);
-          *reinterpret_cast<uint2 *>(xs + (size_t)b * Kr + tswz(b, k / 8) * 8 + (k & 7)) = pk;
+          put_normed(xs, b, Kr, k, v[u], rstd, w);
         }
       }
       __syncthreads();  // s_ss is read before the next rows' sums
@@ -673,14 +680,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int j = 0; j < RMS_KMAX / 128; ++j) {
           const int k = lane * 4 + 128 * j - k0;  // in the block's range [0, Kr)?
           if (j >= nj || k < 0 || k >= Kr) continue;  // (k < Kr: also k + k0 < K)
-          uint2 pk;
-          T *pt = reinterpret_cast<T *>(&pk);
-          const float4 w = *reinterpret_cast<const float4 *>(nws + lane * 4 + 128 * j);
-          pt[0] = TT<T>::fromf(v[r][j].x * rstd * w.x);
-          pt[1] = TT<T>::fromf(v[r][j].y * rstd * w.y);
-          pt[2] = TT<T>::fromf(v[r][j].z * rstd * w.z);
-          pt[3] = TT<T>::fromf(v[r][j].w * rstd * w.w);
-          *reinterpret_cast<uint2 *>(xs + (size_t)b * Kr + tswz(b, k / 8) * 8 + (k & 7)) = pk;
+          put_normed(xs, b, Kr, k, v[r][j], rstd, *reinterpret_cast<const float4 *>(nws + lane * 4 + 128 * j));
         }
       }
     }
