@@ -88,6 +88,7 @@ type gpuTelemetry struct {
 		PowerMax      float64 `json:"power_max_w"`
 		DeviceEnergyJ float64 `json:"energy_j"`
 		EnergySource  string  `json:"energy_source"`
+		PowerReading  string  `json:"power_reading"`
 	} `json:"devices"`
 }
 
@@ -127,6 +128,12 @@ func gpuMarkdown(b *strings.Builder, blob json.RawMessage) {
 	b.WriteString(".\n")
 	if t.Note != "" {
 		fmt.Fprintf(b, "\nNote: %s.\n", mdEscape(t.Note))
+	}
+	for _, d := range t.Devices {
+		if d.PowerReading == "usage" {
+			b.WriteString("\nPower is nvmlDeviceGetPowerUsage's reading, a one-second average on Ampere and newer GPUs (the driver has no instant reading).\n")
+			break
+		}
 	}
 }
 

@@ -23,9 +23,9 @@ func TestMarkdownShowsGPUTelemetry(t *testing.T) {
 	// A short window: energy integrated from the power samples, said so, and the sampler's note.
 	blob = json.RawMessage(`{"available":true,"interval_ns":100000000,"energy_j":9,"joules_per_output_token":0.003,
 		"window_s":0.4,"note":"the window (0.40 s) is shorter than NVML's utilization period (up to 1s): utilization partly describes the time before it",
-		"devices":[{"index":1,"uuid":"GPU-5678","memory_high_water_bytes":1048576,"power_avg_w":90,"power_max_w":100,"energy_j":9,"energy_source":"power_samples","samples":5}]}`)
+		"devices":[{"index":1,"uuid":"GPU-5678","memory_high_water_bytes":1048576,"power_avg_w":90,"power_max_w":100,"energy_j":9,"energy_source":"power_samples","power_reading":"usage","samples":5}]}`)
 	md = Markdown(&Summary{Run: Run{Name: "short", GPUTelemetry: blob}})
-	for _, want := range []string{"| 9.00 (from power samples) |", "J per output token, over 0.40 s.", "Note: the window (0.40 s) is shorter"} {
+	for _, want := range []string{"| 9.00 (from power samples) |", "J per output token, over 0.40 s.", "Note: the window (0.40 s) is shorter", "Power is nvmlDeviceGetPowerUsage's reading"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("summary.md lacks %q:\n%s", want, md)
 		}

@@ -10,6 +10,7 @@ package gpu
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -137,9 +138,13 @@ type DeviceStats struct {
 	// Memory used in bytes: the last sample and the high-water mark.
 	MemoryUsedBytes      uint64 `json:"memory_used_bytes"`
 	MemoryHighWaterBytes uint64 `json:"memory_high_water_bytes"`
-	// Power in watts (average and max).
-	PowerAvgW float64 `json:"power_avg_w"`
-	PowerMaxW float64 `json:"power_max_w"`
+	// Power in watts (average and max) as PowerReading reads it: "instant" (NVML's
+	// FI_DEV_POWER_INSTANT field) where the driver has it, else "usage"
+	// (nvmlDeviceGetPowerUsage, which on Ampere and newer GPUs except GA100 averages the last
+	// second, so that a short window's readings partly describe the time before it).
+	PowerAvgW    float64 `json:"power_avg_w"`
+	PowerMaxW    float64 `json:"power_max_w"`
+	PowerReading string  `json:"power_reading,omitempty"`
 	// EnergyJ is the device's energy over the window, in joules, from EnergySource:
 	// "counter" (the total-energy counter's delta), "power_samples" (the power samples
 	// integrated over their times, where the counter is missing or did not move: on the H200 it
@@ -308,8 +313,8 @@ func (s *Sampler) sample() {
 			st.MemoryUsedBytes = m.Used
 			st.MemoryHighWaterBytes = max(st.MemoryHighWaterBytes, m.Used)
 		}
-		if p, ret := d.GetPowerUsage(); ret == nvml.SUCCESS {
-			w := float64(p) / 1000
+		if w, how, ok := powerW(d); ok {
+			st.PowerReading = how
 			s.powerSum[k] += w
 			st.PowerMaxW = max(st.PowerMaxW, w)
 			if s.lastW[k] >= 0 {
@@ -318,6 +323,31 @@ func (s *Sampler) sample() {
 			s.lastW[k], s.lastT[k] = w, now
 		}
 	}
+}
+
+// powerW reads d's power draw in watts and says how (DeviceStats.PowerReading).
+func powerW(d nvml.Device) (float64, string, bool) {
+	fv := []nvml.FieldValue{{FieldId: nvml.FI_DEV_POWER_INSTANT}}
+	if d.GetFieldValues(fv) == nvml.SUCCESS && nvml.Return(fv[0].NvmlReturn) == nvml.SUCCESS {
+		if mw, ok := fieldUint(fv[0]); ok {
+			return float64(mw) / 1000, "instant", true
+		}
+	}
+	if mw, ret := d.GetPowerUsage(); ret == nvml.SUCCESS {
+		return float64(mw) / 1000, "usage", true
+	}
+	return 0, "", false
+}
+
+// fieldUint is an NVML field's value where it is an unsigned integer.
+func fieldUint(f nvml.FieldValue) (uint64, bool) {
+	switch nvml.ValueType(f.ValueType) {
+	case nvml.VALUE_TYPE_UNSIGNED_INT:
+		return uint64(binary.NativeEndian.Uint32(f.Value[:4])), true
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG:
+		return binary.NativeEndian.Uint64(f.Value[:]), true
+	}
+	return 0, false
 }
 
 // Stop ends sampling and returns the telemetry.

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"encoding/binary"
 	"math"
 	"strings"
 	"testing"
@@ -13,10 +14,11 @@ import (
 // script is one mock GPU's readings, sample by sample: the sampler reads utilization, memory
 // and power once per sample, and the energy counter at the start and at the stop.
 type script struct {
-	util   []uint32
-	memMiB []uint64
-	powerW []float64
-	energy []uint64 // mJ: at the start, at the stop; nil: no counter
+	util    []uint32
+	memMiB  []uint64
+	powerW  []float64
+	energy  []uint64 // mJ: at the start, at the stop; nil: no counter
+	instant bool     // power through the FI_DEV_POWER_INSTANT field (else only nvmlDeviceGetPowerUsage)
 }
 
 func (sc script) device(t *testing.T) *mock.Device {
@@ -29,9 +31,22 @@ func (sc script) device(t *testing.T) *mock.Device {
 		GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) {
 			return nvml.Memory{Used: sc.memMiB[i] << 20}, nvml.SUCCESS
 		},
-		GetPowerUsageFunc: func() (uint32, nvml.Return) {
-			w := sc.powerW[i]
+		GetFieldValuesFunc: func(fv []nvml.FieldValue) nvml.Return {
+			if !sc.instant || len(fv) != 1 || fv[0].FieldId != nvml.FI_DEV_POWER_INSTANT {
+				return nvml.ERROR_NOT_SUPPORTED
+			}
+			fv[0].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+			fv[0].NvmlReturn = uint32(nvml.SUCCESS)
+			binary.NativeEndian.PutUint32(fv[0].Value[:4], uint32(sc.powerW[i]*1000))
 			i++ // power is the last reading of a sample
+			return nvml.SUCCESS
+		},
+		GetPowerUsageFunc: func() (uint32, nvml.Return) {
+			if sc.instant {
+				t.Fatal("nvmlDeviceGetPowerUsage read where the instant field answered")
+			}
+			w := sc.powerW[i]
+			i++
 			return uint32(w * 1000), nvml.SUCCESS
 		},
 		GetTotalEnergyConsumptionFunc: func() (uint64, nvml.Return) {
@@ -80,8 +95,8 @@ func TestSamplerFigures(t *testing.T) {
 	if !tel.Available || d.Index != 3 || d.UUID != "GPU-mock" || d.Samples != 3 {
 		t.Fatalf("telemetry %+v", tel)
 	}
-	if !near(d.UtilizationAvg, 50) || d.UtilizationMax != 90 || !near(d.PowerAvgW, 200) || d.PowerMaxW != 300 {
-		t.Fatalf("utilization %v/%v, power %v/%v", d.UtilizationAvg, d.UtilizationMax, d.PowerAvgW, d.PowerMaxW)
+	if !near(d.UtilizationAvg, 50) || d.UtilizationMax != 90 || !near(d.PowerAvgW, 200) || d.PowerMaxW != 300 || d.PowerReading != "usage" {
+		t.Fatalf("utilization %v/%v, power %v/%v (%q)", d.UtilizationAvg, d.UtilizationMax, d.PowerAvgW, d.PowerMaxW, d.PowerReading)
 	}
 	if d.MemoryUsedBytes != 200<<20 || d.MemoryHighWaterBytes != 300<<20 {
 		t.Fatalf("memory %d, high-water %d", d.MemoryUsedBytes, d.MemoryHighWaterBytes)
@@ -109,11 +124,15 @@ func TestSamplerShortWindowEnergy(t *testing.T) {
 		energy: []uint64{9_000, 9_000},
 	}
 	at := []float64{0, 0.1, 0.2, 0.4} // trapezoids: 20 + 30 + 40 = 90 W s
-	for _, sc := range []script{sc, {util: sc.util, memMiB: sc.memMiB, powerW: sc.powerW}} {
+	noCounter := script{util: sc.util, memMiB: sc.memMiB, powerW: sc.powerW}
+	instant := sc
+	instant.instant = true
+	for _, sc := range []script{sc, noCounter, instant} {
 		tel := run(t, sc, at)
 		d := tel.Devices[0]
-		if d.EnergySource != "power_samples" || !near(d.EnergyJ, 90) || !near(tel.EnergyJ, 90) {
-			t.Fatalf("counter %v: energy %v J from %q", sc.energy, d.EnergyJ, d.EnergySource)
+		want := map[bool]string{true: "instant", false: "usage"}[sc.instant]
+		if d.EnergySource != "power_samples" || !near(d.EnergyJ, 90) || !near(tel.EnergyJ, 90) || d.PowerReading != want {
+			t.Fatalf("counter %v: energy %v J from %q, power read %q (want %q)", sc.energy, d.EnergyJ, d.EnergySource, d.PowerReading, want)
 		}
 		if !near(tel.WindowS, 0.4) || !strings.Contains(tel.Note, "0.40 s") {
 			t.Fatalf("window %v s, note %q", tel.WindowS, tel.Note)
