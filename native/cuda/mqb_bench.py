@@ -18,6 +18,9 @@ and compares.
           bandwidth measured here), transformers eager generate at batch 1 and 32, ratios;
           "chained" the same decode with the host out of the loop
           (mqb_debug_chain: tokens fed on the device, no synchronisation between steps).
+          BENCH_VARIANTS picks switch settings to compare (key=value[+key=value...]);
+          BENCH_ROUNDS=n passes over them n times in turn and prints each one's median and its
+          ratio to the default's (run_variants).
   trace   graph-replayed decode steps under CUPTI: every kernel charged with how much it moved
           the step's end, and the GPU's idle time between steps (see trace()).
   decode  plain decode steps, the process to run under Nsight Compute.
@@ -745,6 +748,61 @@ DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel
             "tile_push": 1, "rms_compact_b": 2}
 
 
+def run_variants(batches, variants, rounds, measure, out=print):
+    """The decode benchmark's variants at each batch: rounds passes over the variants in turn (the
+    same order each pass, so that a drift of the machine within the call touches every variant
+    alike), measure(B, opts) giving (tok/s, s/step, tokens) for one. Prints every measurement
+    and, with more than one round, each variant's median (of an even count, the mean of the middle
+    two) and its ratio to the default's median. Returns {"b<B>_<name>": {tok_s, step_ms (medians),
+    runs (tok/s of each round), same_tokens_as_default}}; a variant the build cannot run
+    (SwitchUnavailable) is printed as skipped and left out."""
+    import statistics
+    ours = {}
+    for B in batches:
+        ref = None  # the default's tokens, from its first round
+        for r in range(rounds):
+            for name, opts in variants:
+                if name.startswith("attn_split") and B == 32:
+                    continue  # batch 32 is not fused by default, so the split does not apply
+                # tile equals the default up to 16 rows (the layers' products of batches 1-16 run
+                # the tile kernel by default).
+                if name == "tile" and B <= 16:
+                    continue
+                key = "b%d_%s" % (B, name)
+                if r > 0 and key not in ours:
+                    continue  # skipped in the first round
+                try:
+                    tps, step_s, gen = measure(B, opts)
+                except SwitchUnavailable as e:  # e.g. tc_products in a build without MQB_TC_PRODUCTS
+                    out("BENCH ours batch %2d %-12s skipped: %s" % (B, name, e), flush=True)
+                    continue
+                e = ours.setdefault(key, dict(runs=[], step_s=[]))
+                e["runs"].append(tps)
+                e["step_s"].append(step_s)
+                if name == "default" and ref is None:
+                    ref = gen
+                same = None
+                if name != "default" and ref is not None:
+                    same = gen == ref
+                    e["same_tokens_as_default"] = e.get("same_tokens_as_default", True) and same
+                out("BENCH ours batch %2d %-12s %9.0f tok/s  (%.3f ms/step)%s%s"
+                    % (B, name, tps, step_s * 1e3, "" if same is None else "  same tokens: %s" % same,
+                       "  (round %d)" % (r + 1) if rounds > 1 else ""), flush=True)
+        for name, _ in variants:
+            e = ours.get("b%d_%s" % (B, name))
+            if e is None or "tok_s" in e:
+                continue
+            e["tok_s"] = statistics.median(e["runs"])
+            e["step_ms"] = statistics.median(e.pop("step_s")) * 1e3
+            if rounds > 1:
+                d = ours.get("b%d_default" % B)
+                vs = "" if d is None or name == "default" else "  %+.1f %% against the default" % (
+                    100 * (e["tok_s"] / statistics.median(d["runs"]) - 1))
+                out("BENCH median batch %2d %-12s %9.0f tok/s of %d rounds (%s)%s"
+                    % (B, name, e["tok_s"], len(e["runs"]), ", ".join("%.0f" % x for x in e["runs"]), vs), flush=True)
+    return ours
+
+
 def bench(args):
     import torch
     from transformers import Qwen3ForCausalLM
@@ -817,33 +875,12 @@ def bench(args):
         keep_v = os.environ["BENCH_VARIANTS"].split(",")
         variants = [v for v in variants if v[0] in keep_v] + [(k, extra[k]) for k in keep_v if k in extra]
         variants += [(k, switches_of(k)) for k in keep_v if "=" in k]
-    ours = {}
-    gen_ref = {}
     batches = [int(b) for b in os.environ.get("BENCH_BATCHES", "1,32").split(",")]
-    for B in batches:
-        for name, opts in variants:
-            if name.startswith("attn_split") and B == 32:
-                continue  # batch 32 is not fused by default, so the split does not apply
-            # tile equals the default up to 16 rows (the layers' products of batches 1-16 run the
-            # tile kernel by default).
-            if name == "tile" and B <= 16:
-                continue
-            try:
-                with be.switched(opts):
-                    tps, step_s, gen = bench_ours(be, B, prompt_len, warm, steps, V, seed=B)
-            except SwitchUnavailable as e:  # e.g. tc_products in a build without MQB_TC_PRODUCTS
-                print("BENCH ours batch %2d %-12s skipped: %s" % (B, name, e), flush=True)
-                continue
-            key = "b%d_%s" % (B, name)
-            ours[key] = dict(tok_s=tps, step_ms=step_s * 1e3)
-            if name == "default":
-                gen_ref[B] = gen
-            else:
-                ours[key]["same_tokens_as_default"] = gen == gen_ref[B]
-            print("BENCH ours batch %2d %-12s %9.0f tok/s  (%.3f ms/step)%s"
-                  % (B, name, tps, step_s * 1e3,
-                     "" if name == "default" else "  same tokens: %s" % ours[key]["same_tokens_as_default"]),
-                  flush=True)
+
+    def measure(B, opts):
+        with be.switched(opts):
+            return bench_ours(be, B, prompt_len, warm, steps, V, seed=B)
+    ours = run_variants(batches, variants, int(os.environ.get("BENCH_ROUNDS", "1")), measure)
     # The same decode with the host out of the loop (mqb_debug_chain), positions 32-248 so that
     # every step's graph was captured by the warm-up: what pipelined decoding would reach.
     for B in (1, 32):
@@ -862,6 +899,7 @@ def bench(args):
     long_len = int(os.environ.get("LONG_PROMPT", "2048"))
     long_variants = [("default", {}), ("attn_split1", {"attn_split": 1}), ("unfused_attn", {"fused_attn": 0}),
                      ("fused_always", {"fused_attn": 2})] + [v for v in variants if "=" in v[0]]
+    gen_ref = {}
     for B in (1, 32):
         if not long_len:
             break
