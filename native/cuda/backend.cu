@@ -73,8 +73,9 @@
 // attention cluster read the other splits' partials instead of their pushing them to it
 // (mqb_model::attn_push), "tile_push" 0 the same for the tile kernel's K splits
 // (mqb_model::tile_push), "rms_compact_b" n the most rows whose RMSNorm the tile kernel stages in
-// its compact form (mqb_model::rms_compact_b), "pre_params" 0 loads the q/k norms' weights, RoPE and the RMSNorm
-// preps' weights after the kernels' wait, RoPE by sincosf there (mqb_model::pre_params),
+// its compact form (mqb_model::rms_compact_b), "pre_params" 0 loads the q/k norms' weights,
+// RoPE and the RMSNorm preps' weights after the kernels' wait, RoPE by sincosf there
+// (mqb_model::pre_params),
 // "timeline" 1 records when every GEMV, tile-kernel and decode-attention launch of a decode step
 // started, passed its wait and ended (mqb_debug_timeline; tl_mark).
 // mqb_debug_chain runs decode steps back to back with their tokens fed on the device, the host

@@ -197,9 +197,9 @@ type Sampler struct {
 	energy0  []uint64 // the counter at the start, mJ (0: no counter)
 	utilSum  []float64
 	powerSum []float64
-	powerJ   []float64 // the power samples integrated (trapezoids), J
-	lastW    []float64 // the last power sample, W (-1: none yet)
-	lastT    []time.Time
+	powerJ   []float64   // the power samples integrated (trapezoids), J
+	lastW    []float64   // the last power sample, W
+	lastT    []time.Time // when it was read (zero: none yet)
 	first    time.Time
 	last     time.Time
 	ok       bool
@@ -209,16 +209,12 @@ type Sampler struct {
 // interval (default 100 ms). Without NVML the sampler records the reason and Stop returns
 // unavailable telemetry; required turns that into an error here instead.
 func StartSampler(indices []int, interval time.Duration, required bool) (*Sampler, error) {
+	interval = orDefault(interval)
 	unavailable := func(reason string) (*Sampler, error) {
-		s := &Sampler{interval: interval, reason: reason, done: make(chan struct{})}
-		if s.interval <= 0 {
-			s.interval = 100 * time.Millisecond
-		}
-		close(s.done)
 		if required {
-			return s, fmt.Errorf("%w: %s; GPUs were requested", ErrUnavailable, reason)
+			return offline(interval, reason), fmt.Errorf("%w: %s; GPUs were requested", ErrUnavailable, reason)
 		}
-		return s, nil
+		return offline(interval, reason), nil
 	}
 	if err := initNVML(); err != nil {
 		return unavailable(err.Error())
@@ -239,9 +235,7 @@ func StartSampler(indices []int, interval time.Duration, required bool) (*Sample
 		if ret != nvml.SUCCESS {
 			shutdownNVML()
 			err := fmt.Errorf("gpu sampler: device %d: %s", i, nvml.ErrorString(ret))
-			bad := &Sampler{interval: interval, reason: err.Error(), done: make(chan struct{})}
-			close(bad.done) // Stop returns unavailable telemetry
-			return bad, err
+			return offline(interval, err.Error()), err
 		}
 		devs = append(devs, d)
 	}
@@ -252,14 +246,26 @@ func StartSampler(indices []int, interval time.Duration, required bool) (*Sample
 	return s, nil
 }
 
+// orDefault is the sampling interval asked for, or 100 ms.
+func orDefault(interval time.Duration) time.Duration {
+	if interval <= 0 {
+		return 100 * time.Millisecond
+	}
+	return interval
+}
+
+// offline is a sampler that takes no samples: its Stop returns unavailable telemetry with reason.
+func offline(interval time.Duration, reason string) *Sampler {
+	s := &Sampler{interval: interval, reason: reason, done: make(chan struct{})}
+	close(s.done)
+	return s
+}
+
 // newSampler prepares a sampler of devs (their indices alongside) that reads the time from
 // now and calls release when it stops; the caller starts its loop (StartSampler), or a test
 // calls sample itself.
 func newSampler(devs []nvml.Device, indices []int, interval time.Duration, now func() time.Time, release func()) *Sampler {
-	if interval <= 0 {
-		interval = 100 * time.Millisecond
-	}
-	s := &Sampler{interval: interval, now: now, release: release, done: make(chan struct{}), devs: devs, ok: true}
+	s := &Sampler{interval: orDefault(interval), now: now, release: release, done: make(chan struct{}), devs: devs, ok: true}
 	for k, d := range devs {
 		st := DeviceStats{Index: indices[k]}
 		st.UUID, _ = str(d.GetUUID())
@@ -269,11 +275,11 @@ func newSampler(devs []nvml.Device, indices []int, interval time.Duration, now f
 			e = 0
 		}
 		s.energy0 = append(s.energy0, e)
-		s.lastW = append(s.lastW, -1)
 	}
 	s.utilSum = make([]float64, len(devs))
 	s.powerSum = make([]float64, len(devs))
 	s.powerJ = make([]float64, len(devs))
+	s.lastW = make([]float64, len(devs))
 	s.lastT = make([]time.Time, len(devs))
 	return s
 }
@@ -317,7 +323,7 @@ func (s *Sampler) sample() {
 			st.PowerReading = how
 			s.powerSum[k] += w
 			st.PowerMaxW = max(st.PowerMaxW, w)
-			if s.lastW[k] >= 0 {
+			if !s.lastT[k].IsZero() {
 				s.powerJ[k] += (s.lastW[k] + w) / 2 * now.Sub(s.lastT[k]).Seconds()
 			}
 			s.lastW[k], s.lastT[k] = w, now
