@@ -60,7 +60,8 @@
 // MQB_FUSE_MAX_B=n (default 16; 0 off) the batches whose RMSNorm / SwiGLU the tile kernel makes,
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md),
-// MQB_TCAP=n (default 2048) caps the tokens of a prefill or mixed step's chunk.
+// MQB_TCAP=n (default 2048) caps the tokens of a prefill or mixed step's chunk, MQB_WARMUP=0
+// leaves the prefill warm-up and the graph captures of warm_up to the first requests.
 // Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
 // before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
 // position (as before run 26), "prefill_tc" 0 sends bf16/fp16 prefill attention back to
@@ -98,6 +99,7 @@
 #include "blas_pick.h"  // the cuBLASLt algorithm of each decode bucket's products, timed once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -1968,12 +1970,16 @@ struct mqb_model {
   void *blas_ws = nullptr;
   // The cuBLAS products of decode buckets (a graph's batch: the layers' products above
   // tile_max_b rows, the LM head above gemv_max_b) run the cuBLASLt algorithm blas_pick timed
-  // fastest on this model's weights: tuned while the model loads (tune_buckets), or at a shape's
+  // fastest on this model's weights: tuned while the model loads (warm_up), or at a shape's
   // first eager step where that did not see it. blas_tune false (MQB_BLAS_TUNE=0, debug
   // "blas_tune" 0) runs cublasGemmEx's default. tune_here: a decode step is being run
   // (decode_step sets it; prefill's token counts vary, so its products keep the default).
   // blas_log (MQB_BLAS_LOG=1) prints each choice.
   bool blas_tune = true, tune_here = false, blas_log = false;
+  // warm: warm_up's prefills and graph captures at load (MQB_WARMUP, default 1; 0 in the CPU
+  // emulation); warm_s: how long warm_up took.
+  bool warm = true;
+  double warm_s = 0;
   std::unique_ptr<blaspick::Picker> picker;
   std::vector<void *> allocs;
 
@@ -3182,19 +3188,72 @@ void skinny_setup(mqb_model &m) {
 
 void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *tokens, const int32_t *start_pos,
                  const float *temp, const uint64_t *rkey, float *logits_out, int32_t *argmax_out);
+void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, int32_t *argmax_out,
+               const std::vector<int> &row_entry);
 
-// tune_buckets runs one eager decode step of every graph bucket on the scratch slot, so that
-// blas_pick tunes the buckets' cuBLAS products while the model loads (H200, Qwen3-0.6B shape at
-// max_batch 32: 0.6-0.9 s, NOTES.md run 81) instead of stalling the first step of each bucket a
-// server runs (about a second at batch 32, run 78).
-void tune_buckets(mqb_model &m) {
+// warm_up runs, while the model loads, what a server's first requests would otherwise pay for.
+// On a freshly opened Qwen3-0.6B-shaped model (H200, run 126, mqb_bench.py coldstart) the first
+// 128-token prompt took 16.5 ms against 2.3 warm, the first call of 31 prompts beside a decode
+// 33.0 against 15.0 (the kernels' modules loaded and cuBLAS's heuristics asked at first use),
+// and the first decode step of 32 sequences 4.5 against 1.4 (its graph captured): a served burst
+// of 32 requests waited for all of it. So, with warm (MQB_WARMUP, default 1):
+// - one prompt of every power-of-two length up to Tcap, then a chunk of up to Tcap tokens made
+//   of one decode entry and max_batch - 1 prompts (what a burst of requests beside a running
+//   one makes), all on the scratch slot, token 0 at every position so their K/V rows agree;
+// - every graph bucket's decode step, eagerly (blas_pick tunes its cuBLAS products) and again
+//   to capture its graph, once for each number of attention splits the bucket can take over
+//   max_context (attn_splits: up to 16 at one sequence), so no graph is captured mid-request.
+//   The graphs of steps that hand out logits (top-k / top-p requests) are still made at first use.
+// With warm 0 only the eager decode steps run, and only with blas_tune (the CPU emulation's
+// default: its checks count launches). Returns seconds spent.
+double warm_up(mqb_model &m) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (m.warm) {
+    std::vector<int> row_entry;
+    // chunk: a decode entry (one token at position 1) when dec, then R prompts of L tokens.
+    auto chunk = [&](bool dec, int R, int L) {
+      int Tn = 0, rows = 0;
+      auto entry = [&](int n, int start) {
+        for (int j = 0; j < n; ++j, ++Tn) {
+          m.meta_h[Tn] = 0;
+          m.meta_h[m.Tcap + Tn] = start + j;
+          m.meta_h[2 * m.Tcap + Tn] = m.scratch;
+        }
+        m.meta_h[3 * m.Tcap + rows] = Tn - 1;
+        set_samp(m, rows++, -1, nullptr, nullptr);
+      };
+      if (dec) entry(1, 1);
+      for (int r = 0; r < R; ++r) entry(L, 0);
+      row_entry.assign(rows, 0);
+      run_chunk(m, Tn, rows, true, nullptr, nullptr, row_entry);
+    };
+    const int top = std::min(m.Tcap, m.max_ctx);
+    for (int Tn = 2;; Tn *= 2) {
+      chunk(false, 1, std::min(Tn, top));
+      if (Tn >= top) break;
+    }
+    const int R = std::min(m.max_batch, m.Rcap) - 1;  // a burst of prompts beside a decode
+    if (R > 0 && top > R) chunk(true, R, (top - 1) / R);
+  }
   std::vector<int> bs;
   for (int n = 1; n <= m.max_batch; ++n)
     if (bs.empty() || bucket_for(m, n) != bs.back()) bs.push_back(bucket_for(m, n));
   for (int b : bs) {
+    if (!m.warm && !m.blas_tune) break;
+    std::vector<int> at = {1};  // the first context length at which each split count appears
+    for (int nmax = 2, last = attn_splits(m, b, 1); m.warm && nmax <= m.max_ctx; ++nmax) {
+      const int s = attn_splits(m, b, nmax);
+      if (s != last) at.push_back(nmax);
+      last = s;
+    }
     const std::vector<int32_t> slots(b, m.scratch), zeros(b, 0);
-    decode_step(m, b, slots.data(), zeros.data(), zeros.data(), nullptr, nullptr, nullptr, nullptr);
+    for (int nmax : at) {
+      const std::vector<int32_t> pos(b, nmax - 1);
+      for (int k = 0; k < (m.warm ? 2 : 1); ++k)  // eager (tunes), then captured
+        decode_step(m, b, slots.data(), zeros.data(), pos.data(), nullptr, nullptr, nullptr, nullptr);
+    }
   }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void open_model(mqb_model &m, const mqb_model_params *p) {
@@ -3256,6 +3315,11 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   ckb(cublasSetWorkspace(m.blas, m.blas_ws, ws), "cublasSetWorkspace");
   ckb(cublasSetMathMode(m.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   m.blas_tune = env_int("MQB_BLAS_TUNE", 1) != 0;
+#ifdef MQB_HOST_TEST
+  m.warm = env_int("MQB_WARMUP", 0) != 0;
+#else
+  m.warm = env_int("MQB_WARMUP", 1) != 0;
+#endif
   m.blas_log = env_int("MQB_BLAS_LOG", 0) != 0;
   m.picker.reset(new blaspick::Picker(m.blas, m.stream, m.blas_ws, ws));
 
@@ -3321,7 +3385,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
 #endif
     );
   ck(cudaDeviceSynchronize(), "load");
-  if (m.blas_tune) tune_buckets(m);
+  m.warm_s = warm_up(m);
 }
 
 // run_chunk: uploads the meta already in meta_h, runs, and copies back keys/logits of R rows.

@@ -26,6 +26,9 @@ and compares.
   decode  plain decode steps, the process to run under Nsight Compute.
   prefill prompts prefilled in one forward call (the engine's share of time to first token), per
           token cap of a forward chunk (MQB_TCAP), with the kernels' summed time (see prefill_bench()).
+  coldstart the first calls on a freshly opened model as a served concurrency-32 point makes them
+          (one prompt, then 31 prompts beside its first decode, then decode steps of 32), each
+          timed, and the same sequence again on the warm model (see coldstart()).
 
 Usage (GPU machine, after `make cuda`):
   python3 native/cuda/mqb_bench.py parity --lib native/cuda/build/libmodelqual_cuda.so --out parity.json
@@ -1196,9 +1199,64 @@ def prefill_bench(args):
         json.dump(res, f, indent=1)
 
 
+def coldstart(args):
+    """What a served point pays for a model's first calls: on a freshly opened Qwen3-0.6B-shaped
+    model, one prompt of COLD_LEN (default 128) tokens alone, then COLD_B - 1 (default 31) prompts
+    in the call that decodes the first one's next token (as the server's continuous batching
+    makes it when a burst of requests arrives), then COLD_STEPS (default 12) decode steps of all
+    COLD_B sequences. Each call is timed on its own; the sequence then runs again on the same
+    model (now warm), so the difference is the first use's cost: modules loaded, heuristics
+    asked, graphs captured. COLD_WARMUPS (default "0,1") lists the MQB_WARMUP settings to open
+    the model with (backend.cu's warm_up at load). Prints COLD lines; --out gets the figures."""
+    import torch
+    L = int(os.environ.get("COLD_LEN", "128"))
+    B = int(os.environ.get("COLD_B", "32"))
+    steps = int(os.environ.get("COLD_STEPS", "12"))
+    res = {}
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        out = fn()
+        return out, (time.perf_counter() - t0) * 1e3
+
+    for wu in os.environ.get("COLD_WARMUPS", "0,1").split(","):
+        os.environ["MQB_WARMUP"] = wu
+        cfg, be = shape_backend(args.lib)
+        V = cfg.vocab_size
+        print("COLD MQB_WARMUP=%s: model open %.3f s (weights uploaded, warm_up)" % (wu, be.open_s), flush=True)
+        toks = torch.randint(0, V, (B * L,), generator=torch.Generator().manual_seed(7)).tolist()
+        res["warmup" + wu] = r = {"open_s": be.open_s}
+        for rnd in ("first", "again"):
+            ms = {}
+            (first, _), ms["prompt_1"] = timed(lambda: be.forward([0], [L], toks[:L], [0]))
+            slots = list(range(B))
+            ntok = [1] + [L] * (B - 1)
+            (nxt, _), ms["mixed"] = timed(lambda: be.forward(slots, ntok, [first[0]] + toks[L:], [L] + [0] * (B - 1)))
+            pos = [L + 1] + [L] * (B - 1)
+            dec = []
+            for _ in range(steps):
+                (nxt, _), t = timed(lambda: be.forward(slots, [1] * B, nxt, pos))
+                dec.append(t)
+                pos = [p + 1 for p in pos]
+            ms["decode"] = dec
+            ms["tokens"] = nxt
+            r[rnd] = ms
+            print("COLD MQB_WARMUP=%s %s: 1 prompt %.2f ms; %d prompts + 1 decode %.2f ms; decode steps of %d: %s ms"
+                  " (median %.3f)" % (wu, rnd, ms["prompt_1"], B - 1, ms["mixed"], B,
+                                      ", ".join("%.2f" % t for t in dec[:6]), sorted(dec)[len(dec) // 2]), flush=True)
+        be.close()
+        del be
+        torch.cuda.empty_cache()
+    runs = [v for v in res.values()]
+    toks = [v[rnd]["tokens"] for v in runs for rnd in ("first", "again")]
+    print("COLD same tokens in every run: %s" % all(t == toks[0] for t in toks), flush=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["parity", "bench", "all", "decode", "trace", "prefill"])
+    ap.add_argument("mode", choices=["parity", "bench", "all", "decode", "trace", "prefill", "coldstart"])
     ap.add_argument("--lib", default="native/cuda/build/libmodelqual_cuda.so")
     ap.add_argument("--out", required=True, help="JSON file; for mode all a folder for bench.json and parity.json")
     args = ap.parse_args()
@@ -1213,7 +1271,8 @@ def main():
         args.out = os.path.join(out, "parity.json")
         parity(args)
         return
-    {"parity": parity, "bench": bench, "decode": decode_only, "trace": trace, "prefill": prefill_bench}[args.mode](args)
+    {"parity": parity, "bench": bench, "decode": decode_only, "trace": trace, "prefill": prefill_bench,
+     "coldstart": coldstart}[args.mode](args)
 
 
 if __name__ == "__main__":
