@@ -3,6 +3,7 @@ package reports
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -121,7 +122,9 @@ func gpuMarkdown(b *strings.Builder, blob json.RawMessage) {
 		fmt.Fprintf(b, "| %d %s | %s | %s / %s | %s / %s | %s |\n", d.Index, mdEscape(d.UUID),
 			two(float64(d.MemHighWater)/(1<<20)), two(d.UtilAvg), two(d.UtilMax), two(d.PowerAvg), two(d.PowerMax), energy)
 	}
-	fmt.Fprintf(b, "\nGPU energy %s J, %s J per output token", two(t.EnergyJ), two(t.JPerToken))
+	// Joules per token run from ~0.001 (a small model at high concurrency) to ~1: three
+	// significant digits, where two decimals would print 0.00.
+	fmt.Fprintf(b, "\nGPU energy %s J, %s J per output token", two(t.EnergyJ), strconv.FormatFloat(t.JPerToken, 'g', 3, 64))
 	if t.WindowS > 0 {
 		fmt.Fprintf(b, ", over %s s", two(t.WindowS))
 	}

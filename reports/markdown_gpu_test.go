@@ -14,18 +14,18 @@ func TestMarkdownShowsGPUTelemetry(t *testing.T) {
 		"memory_used_bytes":1048576,"memory_high_water_bytes":18114150400,"power_avg_w":184.25,"power_max_w":301,"energy_j":96,"samples":12}]}`)
 	md := Markdown(&Summary{Run: Run{Name: "gpu", GPUTelemetry: blob}})
 	// 18114150400 B / 2^20 = 17275.00 MiB.
-	for _, want := range []string{"| 0 GPU-1234 | 17275.00 | 37.50 / 90.00 | 184.25 / 301.00 | 96.00 |", "0.38 J per output token"} {
+	for _, want := range []string{"| 0 GPU-1234 | 17275.00 | 37.50 / 90.00 | 184.25 / 301.00 | 96.00 |", "0.375 J per output token"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("summary.md lacks %q:\n%s", want, md)
 		}
 	}
 
 	// A short window: energy integrated from the power samples, said so, and the sampler's note.
-	blob = json.RawMessage(`{"available":true,"interval_ns":100000000,"energy_j":9,"joules_per_output_token":0.003,
+	blob = json.RawMessage(`{"available":true,"interval_ns":100000000,"energy_j":9,"joules_per_output_token":0.00325,
 		"window_s":0.4,"note":"the window (0.40 s) is shorter than NVML's utilization period (up to 1s): utilization partly describes the time before it",
 		"devices":[{"index":1,"uuid":"GPU-5678","memory_high_water_bytes":1048576,"power_avg_w":90,"power_max_w":100,"energy_j":9,"energy_source":"power_samples","power_reading":"usage","samples":5}]}`)
 	md = Markdown(&Summary{Run: Run{Name: "short", GPUTelemetry: blob}})
-	for _, want := range []string{"| 9.00 (from power samples) |", "J per output token, over 0.40 s.", "Note: the window (0.40 s) is shorter", "Power is nvmlDeviceGetPowerUsage's reading"} {
+	for _, want := range []string{"| 9.00 (from power samples) |", "GPU energy 9.00 J, 0.00325 J per output token, over 0.40 s.", "Note: the window (0.40 s) is shorter", "Power is nvmlDeviceGetPowerUsage's reading"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("summary.md lacks %q:\n%s", want, md)
 		}

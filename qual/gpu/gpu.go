@@ -389,8 +389,11 @@ func (s *Sampler) result() Telemetry {
 		tel.Devices = append(tel.Devices, st)
 	}
 	if tel.WindowS < utilizationPeriod.Seconds() {
+		// The energy counter and the power readings move in steps too: about every 100 ms on an
+		// H200 (native/cuda/NOTES.md run 126), so a window of a few of them has a coarse energy.
 		tel.Note = fmt.Sprintf("the window (%.2f s) is shorter than NVML's utilization period (up to %v): "+
-			"utilization partly describes the time before it", tel.WindowS, utilizationPeriod)
+			"utilization partly describes the time before it, and the energy is coarse (NVML's energy "+
+			"counter and power readings move in steps of about 100 ms)", tel.WindowS, utilizationPeriod)
 	}
 	s.ok = false
 	if s.release != nil {

@@ -134,7 +134,7 @@ func TestSamplerShortWindowEnergy(t *testing.T) {
 		if d.EnergySource != "power_samples" || !near(d.EnergyJ, 90) || !near(tel.EnergyJ, 90) || d.PowerReading != want {
 			t.Fatalf("counter %v: energy %v J from %q, power read %q (want %q)", sc.energy, d.EnergyJ, d.EnergySource, d.PowerReading, want)
 		}
-		if !near(tel.WindowS, 0.4) || !strings.Contains(tel.Note, "0.40 s") {
+		if !near(tel.WindowS, 0.4) || !strings.Contains(tel.Note, "0.40 s") || !strings.Contains(tel.Note, "energy is coarse") {
 			t.Fatalf("window %v s, note %q", tel.WindowS, tel.Note)
 		}
 	}
