@@ -99,7 +99,6 @@
 #include "blas_pick.h"  // the cuBLASLt algorithm of each decode bucket's products, timed once
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -1977,9 +1976,8 @@ struct mqb_model {
   // blas_log (MQB_BLAS_LOG=1) prints each choice.
   bool blas_tune = true, tune_here = false, blas_log = false;
   // warm: warm_up's prefills and graph captures at load (MQB_WARMUP, default 1; 0 in the CPU
-  // emulation); warm_s: how long warm_up took.
+  // emulation).
   bool warm = true;
-  double warm_s = 0;
   std::unique_ptr<blaspick::Picker> picker;
   std::vector<void *> allocs;
 
@@ -3205,9 +3203,8 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
 //   max_context (attn_splits: up to 16 at one sequence), so no graph is captured mid-request.
 //   The graphs of steps that hand out logits (top-k / top-p requests) are still made at first use.
 // With warm 0 only the eager decode steps run, and only with blas_tune (the CPU emulation's
-// default: its checks count launches). Returns seconds spent.
-double warm_up(mqb_model &m) {
-  const auto t0 = std::chrono::steady_clock::now();
+// default: its checks count launches).
+void warm_up(mqb_model &m) {
   if (m.warm) {
     std::vector<int> row_entry;
     // chunk: a decode entry (one token at position 1) when dec, then R prompts of L tokens.
@@ -3249,11 +3246,10 @@ double warm_up(mqb_model &m) {
     const std::vector<int32_t> slots(b, m.scratch), zeros(b, 0);
     for (int nmax : at) {
       const std::vector<int32_t> pos(b, nmax - 1);
-      for (int k = 0; k < (m.warm ? 2 : 1); ++k)  // eager (tunes), then captured
+      for (int k = 0; k < (m.warm && m.use_graphs ? 2 : 1); ++k)  // eager (tunes), then captured
         decode_step(m, b, slots.data(), zeros.data(), pos.data(), nullptr, nullptr, nullptr, nullptr);
     }
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void open_model(mqb_model &m, const mqb_model_params *p) {
@@ -3385,7 +3381,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
 #endif
     );
   ck(cudaDeviceSynchronize(), "load");
-  m.warm_s = warm_up(m);
+  warm_up(m);
 }
 
 // run_chunk: uploads the meta already in meta_h, runs, and copies back keys/logits of R rows.
