@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/modelqual/modelqual/server/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -19,6 +20,11 @@ type metrics struct {
 	slotsInUse     prometheus.Gauge
 	workersReady   prometheus.Gauge
 	workerRestarts prometheus.Counter
+	// stepDuration and stepTokens describe the engines' steps (vLLM's iteration histograms):
+	// kind "decode" for steps that only decoded, "prefill" for steps that prefilled a prompt
+	// (beside any decodes), whose length is what a burst of requests waits for.
+	stepDuration *prometheus.HistogramVec // kind
+	stepTokens   *prometheus.HistogramVec // kind
 }
 
 func newMetrics() *metrics {
@@ -57,9 +63,27 @@ func newMetrics() *metrics {
 		workerRestarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "qual_server_worker_restarts_total", Help: "Worker processes replaced after they exited or crashed.",
 		}),
+		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "qual_server_engine_step_duration_seconds", Help: "Wall time of an engine step, by kind: decode (only decodes) or prefill (prefilled at least one prompt).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16), // 0.1 ms .. ~3.3 s
+		}, []string{"kind"}),
+		stepTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "qual_server_engine_step_tokens", Help: "Tokens an engine step ran through the model (prompt tokens plus one per decoded sequence), by kind.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 16), // 1 .. 32768
+		}, []string{"kind"}),
 	}
 	m.reg.MustRegister(m.requests, m.latency, m.ttft, m.inputTokens, m.outputTokens, m.queueDepth,
-		m.inflight, m.slotsInUse, m.workersReady, m.workerRestarts,
+		m.inflight, m.slotsInUse, m.workersReady, m.workerRestarts, m.stepDuration, m.stepTokens,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// step records one engine step a worker reported.
+func (m *metrics) step(st wire.Step) {
+	kind := "decode"
+	if st.Prompts > 0 {
+		kind = "prefill"
+	}
+	m.stepDuration.WithLabelValues(kind).Observe(float64(st.DurationNs) / 1e9)
+	m.stepTokens.WithLabelValues(kind).Observe(float64(st.PromptTokens + st.Decodes))
 }

@@ -357,6 +357,11 @@ func (p *pool) read(w *workerProc, r *wire.Reader) {
 					t.finish(d, nil)
 				}
 			}
+		case wire.TypeStep:
+			var st wire.Step
+			if st, err = wire.DecodeStep(pl); err == nil {
+				p.m.step(st)
+			}
 		case wire.TypeLogitsResult:
 			var a wire.LogitsAnswer
 			if a, err = wire.DecodeLogitsResult(pl); err == nil {

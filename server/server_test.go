@@ -537,6 +537,42 @@ func TestOneRecordPerRequest(t *testing.T) {
 	}
 }
 
+// TestEngineStepMetrics: the engines' steps reach /metrics, split by kind, and their tokens
+// add up with the requests': every request's prompt is prefilled once and each of its output
+// tokens but the first (which its prefill made) takes one decode.
+func TestEngineStepMetrics(t *testing.T) {
+	s := startServer(t, mockBundle(t, 0), "--max-batch", "4")
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			body := fmt.Sprintf(`{"prompt":"Hello there number %d","max_tokens":4,"ignore_eos":true}`, i)
+			if st, _, b := s.post("/v1/completions", body); st != 200 {
+				t.Errorf("request %d: %d %s", i, st, b)
+			}
+		}(i)
+	}
+	wg.Wait()
+	steps := func(kind, series string) float64 {
+		return s.metric("qual_server_engine_step_"+series, `{kind="`+kind+`"}`)
+	}
+	want := s.metric("qual_server_input_tokens_total", "") + s.metric("qual_server_output_tokens_total", "") - 6
+	eventually(t, "the step metrics to count every token", 5*time.Second, func() bool {
+		return steps("prefill", "tokens_sum")+steps("decode", "tokens_sum") == want
+	})
+	if n := steps("prefill", "duration_seconds_count"); n < 1 || n > 6 {
+		t.Errorf("%v steps prefilled the 6 prompts, want 1-6", n)
+	}
+	if steps("decode", "duration_seconds_count") < 3 || steps("prefill", "duration_seconds_sum") <= 0 {
+		t.Errorf("decode steps %v, prefill seconds %v", steps("decode", "duration_seconds_count"), steps("prefill", "duration_seconds_sum"))
+	}
+	if steps("prefill", "tokens_count") != steps("prefill", "duration_seconds_count") {
+		t.Error("the step histograms disagree on the number of steps")
+	}
+	s.stop()
+}
+
 // TestRequestTimeoutAndAPIKey: --request-timeout cancels long requests (504, or an error
 // event once streaming), and --api-key guards the API routes but not /health.
 func TestRequestTimeoutAndAPIKey(t *testing.T) {

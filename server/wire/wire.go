@@ -16,7 +16,8 @@
 // refuses a worker whose version differs or that lacks a capability it needs. Then the parent
 // sends Submit, Cancel and Logits; the worker answers with one Deltas frame per engine step
 // (every token of that step, for all sequences), a Done per finished request carrying the
-// engine's native timings, and a LogitsResult per Logits request. The parent acknowledges
+// engine's native timings, a Step per engine step (its time, prompts and decodes: the
+// frontend's engine-step metrics), and a LogitsResult per Logits request. The parent acknowledges
 // consumed Deltas frames (Ack, batched while it is behind); the worker keeps at most AckWindow
 // frames unacknowledged, so tokens never queue up in the pipe, except that a step which admits
 // a new request runs at once (its first token does not wait for the parent to catch up), which
@@ -67,6 +68,9 @@ const (
 	TypeDone         uint8 = 7 // worker → parent
 	TypeLogitsResult uint8 = 8 // worker → parent
 	TypeAck          uint8 = 9 // parent → worker: count of Deltas frames consumed so far
+	// TypeStep (worker → parent) follows each engine step: its time and work (Step). A parent
+	// that predates it skips it, as both sides skip types they do not know.
+	TypeStep uint8 = 10
 )
 
 // MaxFrame bounds a frame so a corrupt length cannot make the reader allocate without limit;
@@ -458,6 +462,42 @@ func DecodeDone(p []byte) (Done, error) {
 	}
 	d.Message = string(p[doneFixed : doneFixed+n])
 	return d, nil
+}
+
+// Step is one engine step as the worker timed it: the wall time of the engine call, the
+// prompts it prefilled (how many, and their tokens) and the sequences it decoded a token for.
+// The parent turns it into the engine-step metrics; a step's prompt tokens are what makes it
+// long, which is where a burst of requests' time to first token goes.
+type Step struct {
+	DurationNs   uint64
+	Prompts      uint32
+	PromptTokens uint32
+	Decodes      uint32
+}
+
+const stepSize = 8 + 4*3
+
+// Step buffers a Step frame.
+func (w *Writer) Step(st Step) {
+	s := w.begin(TypeStep)
+	b := binary.LittleEndian.AppendUint64(w.buf, st.DurationNs)
+	b = binary.LittleEndian.AppendUint32(b, st.Prompts)
+	b = binary.LittleEndian.AppendUint32(b, st.PromptTokens)
+	w.buf = binary.LittleEndian.AppendUint32(b, st.Decodes)
+	w.end(s)
+}
+
+// DecodeStep decodes a Step frame's payload.
+func DecodeStep(p []byte) (Step, error) {
+	if len(p) < stepSize {
+		return Step{}, ErrShort
+	}
+	return Step{
+		DurationNs:   binary.LittleEndian.Uint64(p),
+		Prompts:      binary.LittleEndian.Uint32(p[8:]),
+		PromptTokens: binary.LittleEndian.Uint32(p[12:]),
+		Decodes:      binary.LittleEndian.Uint32(p[16:]),
+	}, nil
 }
 
 // LogitsAnswer is a decoded LogitsResult; Data aliases the frame payload (little-endian

@@ -21,6 +21,7 @@ func TestRoundTrip(t *testing.T) {
 	empty.End() // a step without tokens adds no frame
 	w.Done(Done{ID: 42, Reason: ReasonLength, AddedNs: 1, FirstTokenNs: 2, DoneNs: 3, PromptTokens: 3, OutputTokens: 5, Message: "m"})
 	w.LogitsResult(43, 2, 2, []float32{1, 2, 3, 4}, "")
+	w.Step(Step{DurationNs: 1 << 40, Prompts: 31, PromptTokens: 3968, Decodes: 1})
 	if err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -62,6 +63,9 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil || a.ID != 43 || a.Vocab != 2 || a.Positions != 2 || len(a.Data) != 16 {
 		t.Fatalf("logits result %+v %v", a, err)
 	}
+	if st, err := DecodeStep(next(TypeStep)); err != nil || st != (Step{DurationNs: 1 << 40, Prompts: 31, PromptTokens: 3968, Decodes: 1}) {
+		t.Fatalf("step %+v %v", st, err)
+	}
 	if _, _, err := r.Next(); err != io.EOF {
 		t.Fatalf("after last frame: %v, want EOF", err)
 	}
@@ -70,6 +74,9 @@ func TestRoundTrip(t *testing.T) {
 func TestShortPayloadsAreErrors(t *testing.T) {
 	if _, err := DecodeDone([]byte{1, 2}); err != ErrShort {
 		t.Error("short done accepted")
+	}
+	if _, err := DecodeStep(make([]byte, 19)); err != ErrShort {
+		t.Error("short step accepted")
 	}
 	if err := Deltas([]byte{5, 0, 0, 0, 1}, func(uint64, int32) {}); err != ErrShort {
 		t.Error("short deltas accepted")

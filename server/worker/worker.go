@@ -10,6 +10,7 @@ package worker
 import (
 	"errors"
 	"io"
+	"time"
 
 	"github.com/modelqual/modelqual/server/wire"
 )
@@ -71,6 +72,9 @@ type loop struct {
 	// batchFull: the last admit left requests pending because the engine had no free slot;
 	// they wait for a step (or a cancellation) to free one.
 	batchFull bool
+	// fresh: engine sequences admitted but not yet prefilled → their prompt tokens, so that
+	// each step's Step frame says how many prompts it prefilled.
+	fresh map[uint64]int
 }
 
 // blocked reports whether the loop must wait for a command: nothing to run, or the parent is
@@ -89,7 +93,8 @@ func (l *loop) blocked() bool {
 // died), then closes the engine. hello.Info describes eng. It returns the first write or
 // engine error; EOF on in is a clean end.
 func Serve(eng Engine, info wire.Info, in io.Reader, out io.Writer) error {
-	l := &loop{eng: eng, out: wire.NewWriter(out), bySeq: map[uint64]uint64{}, byID: map[uint64]uint64{}, info: info}
+	l := &loop{eng: eng, out: wire.NewWriter(out), bySeq: map[uint64]uint64{}, byID: map[uint64]uint64{}, info: info,
+		fresh: map[uint64]int{}}
 	l.out.Hello(wire.Hello{Version: wire.Version, Caps: wire.AllCaps, Info: info})
 	if err := l.out.Flush(); err != nil {
 		return err
@@ -221,6 +226,7 @@ func (l *loop) admit() int {
 		}
 		l.bySeq[seq] = p.id
 		l.byID[p.id] = seq
+		l.fresh[seq] = len(p.prompt)
 	}
 	l.pending = append(l.pending[:0], l.pending[n:]...)
 	return n
@@ -229,7 +235,18 @@ func (l *loop) admit() int {
 func (l *loop) step() error {
 	d := l.out.BeginDeltas()
 	l.dones = l.dones[:0]
+	var st wire.Step
+	t0 := time.Now()
 	_, err := l.eng.Step(func(ev Event) {
+		if n, ok := l.fresh[ev.Seq]; ok {
+			delete(l.fresh, ev.Seq)
+			if ev.Token >= 0 {
+				st.Prompts++
+				st.PromptTokens += uint32(n)
+			}
+		} else if ev.Token >= 0 {
+			st.Decodes++
+		}
 		id, ok := l.bySeq[ev.Seq]
 		if !ok {
 			return
@@ -252,6 +269,10 @@ func (l *loop) step() error {
 	for _, done := range l.dones {
 		l.out.Done(done)
 	}
+	if err == nil {
+		st.DurationNs = uint64(time.Since(t0))
+		l.out.Step(st)
+	}
 	if err != nil {
 		// A failed step leaves the engine in an unknown state: fail everything it held and
 		// let the frontend replace this worker.
@@ -260,6 +281,7 @@ func (l *loop) step() error {
 			delete(l.bySeq, seq)
 			delete(l.byID, id)
 		}
+		clear(l.fresh)
 		_ = l.out.Flush()
 		return err
 	}

@@ -185,40 +185,53 @@ func TestServeKeepsAtMostAckWindowFramesUnacknowledged(t *testing.T) {
 }
 
 // expectPaused checks that the worker sends no further step: a Logits request must be
-// answered before any other frame.
+// answered before any other frame but the Step frame of the step already seen.
 func (s *session) expectPaused(why string) {
 	s.t.Helper()
 	s.send(func(w *wire.Writer) { w.Logits(7, []int32{1}) })
 	typ, _, err := s.r.Next()
+	for err == nil && typ == wire.TypeStep {
+		typ, _, err = s.r.Next()
+	}
 	if err != nil || typ != wire.TypeLogitsResult {
 		s.t.Fatalf("%s: the worker sent frame type %d (%v), want it paused", why, typ, err)
 	}
 }
 
-func TestServeAdmitsANewRequestPastTheAckWindow(t *testing.T) {
+// Each step is followed by a Step frame that counts the prompts it prefilled (with their
+// tokens) apart from the sequences it decoded, and times it.
+func TestServeReportsEachStep(t *testing.T) {
 	s := startSessionBatch(t, 2)
-	s.send(func(w *wire.Writer) { w.Submit(1, wire.Sampling{MaxNewTokens: 100}, []int32{5}) })
-	for i := 0; i < wire.AckWindow; i++ {
-		s.next(wire.TypeDeltas)
-	}
-	// The parent is AckWindow frames behind, but a new request's first token must not wait
-	// for it to catch up: one more step, which carries request 2's first token.
-	s.send(func(w *wire.Writer) { w.Submit(2, wire.Sampling{MaxNewTokens: 100}, []int32{5}) })
-	var first []int32
-	wire.Deltas(s.next(wire.TypeDeltas), func(id uint64, tok int32) {
-		if id == 2 {
-			first = append(first, tok)
+	s.send(func(w *wire.Writer) { w.Submit(1, wire.Sampling{MaxNewTokens: 100}, []int32{5, 6, 7}) })
+	steps := 0
+	step := func() wire.Step {
+		t.Helper()
+		st, err := wire.DecodeStep(s.next(wire.TypeStep))
+		if err != nil || st.DurationNs == 0 {
+			t.Fatalf("step %+v %v", st, err)
 		}
-	})
-	if len(first) != 1 || first[0] != 101 {
-		t.Fatalf("the step past the window gave request 2 tokens %v, want its first (101)", first)
+		steps++
+		s.send(func(w *wire.Writer) { w.Ack(uint64(steps)) })
+		st.DurationNs = 0
+		return st
 	}
-	// Only that one step: the backlog stays bounded by admissions.
-	s.expectPaused("after the admitting step")
-	// A request that finds the batch full waits in the worker and does not step it either.
-	s.send(func(w *wire.Writer) { w.Submit(3, wire.Sampling{MaxNewTokens: 100}, []int32{5}) })
-	s.expectPaused("with the batch full")
-	s.send(func(w *wire.Writer) { w.Ack(wire.AckWindow + 1) })
-	s.next(wire.TypeDeltas) // stepping resumes
+	if st := step(); st != (wire.Step{Prompts: 1, PromptTokens: 3}) {
+		t.Fatalf("the first step %+v, want request 1's 3-token prompt prefilled", st)
+	}
+	s.send(func(w *wire.Writer) { w.Submit(2, wire.Sampling{MaxNewTokens: 3}, []int32{8, 9}) })
+	// Request 2's prompt joins one of the next steps, beside request 1's decode; the steps
+	// before it decode request 1 alone.
+	for {
+		st := step()
+		if st == (wire.Step{Prompts: 1, PromptTokens: 2, Decodes: 1}) {
+			break
+		}
+		if st != (wire.Step{Decodes: 1}) || steps > 20 {
+			t.Fatalf("step %d %+v, want request 1 decoded alone until request 2 is prefilled beside it", steps, st)
+		}
+	}
+	if st := step(); st != (wire.Step{Decodes: 2}) {
+		t.Fatalf("the step after both were prefilled %+v, want two decodes", st)
+	}
 	s.close()
 }
