@@ -304,11 +304,40 @@ type Run struct {
 	Environment  json.RawMessage `json:"environment,omitempty"`
 	Provenance   json.RawMessage `json:"provenance,omitempty"`
 	GPUTelemetry json.RawMessage `json:"gpu_telemetry,omitempty"`
+	// EngineSteps are the server's engine steps during the profiling phase, where it reports
+	// them (qual-server's /metrics); nil otherwise.
+	EngineSteps *EngineSteps `json:"engine_steps,omitempty"`
 	// StartTime and EndTime bound the run; zero values are taken from the records.
 	StartTime time.Time `json:"start_time"`
 	EndTime   time.Time `json:"end_time"`
 	// Shards lists the runs a merged run was made from.
 	Shards []string `json:"shards,omitempty"`
+}
+
+// EngineSteps sums a server's engine steps by kind: "prefill" steps prefilled at least one
+// prompt (beside any decodes), "decode" steps only decoded. They say where the engine's time
+// went: a burst of requests waits for the prefill steps (its time to first token), streams
+// for the decode steps (their inter-token latency).
+type EngineSteps struct {
+	Prefill StepStats `json:"prefill"`
+	Decode  StepStats `json:"decode"`
+}
+
+// StepStats sums one kind of engine step: how many, their wall seconds, and the tokens they
+// ran through the model (prompt tokens plus one per decoded sequence).
+type StepStats struct {
+	Steps   float64 `json:"steps"`
+	Seconds float64 `json:"seconds"`
+	Tokens  float64 `json:"tokens"`
+}
+
+// Add sums o into s (merging shards).
+func (s *EngineSteps) Add(o *EngineSteps) {
+	for _, p := range [2][2]*StepStats{{&s.Prefill, &o.Prefill}, {&s.Decode, &o.Decode}} {
+		p[0].Steps += p[1].Steps
+		p[0].Seconds += p[1].Seconds
+		p[0].Tokens += p[1].Tokens
+	}
 }
 
 // SchemaVersion is the version of summary.json; bump it on incompatible changes.

@@ -66,8 +66,33 @@ func Markdown(s *Summary) string {
 			fmt.Fprintf(&b, "| %d | %s | %d | %s |\n", e.Details.Code, mdEscape(e.Details.Type), e.Count, mdEscape(truncate(e.Details.Message, 120)))
 		}
 	}
+	stepsMarkdown(&b, s.EngineSteps)
 	gpuMarkdown(&b, s.GPUTelemetry)
 	return b.String()
+}
+
+// stepsMarkdown adds the server's engine steps of the profiling phase: per kind the steps,
+// their mean length, tokens per step and share of the engine's time.
+func stepsMarkdown(b *strings.Builder, e *EngineSteps) {
+	if e == nil || e.Prefill.Steps+e.Decode.Steps == 0 {
+		return
+	}
+	total := e.Prefill.Seconds + e.Decode.Seconds
+	b.WriteString("\n| Engine steps | Steps | Mean (ms) | Tokens per step | Share of engine time (%) |\n|---|--:|--:|--:|--:|\n")
+	for _, k := range []struct {
+		name string
+		s    StepStats
+	}{{"prefill", e.Prefill}, {"decode", e.Decode}} {
+		if k.s.Steps == 0 {
+			fmt.Fprintf(b, "| %s | 0 | | | |\n", k.name)
+			continue
+		}
+		share := 0.0
+		if total > 0 {
+			share = 100 * k.s.Seconds / total
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %s |\n", k.name, k.s.Steps, two(1e3*k.s.Seconds/k.s.Steps), two(k.s.Tokens/k.s.Steps), two(share))
+	}
 }
 
 // gpuTelemetry is the part of the GPU telemetry blob (written by qual/gpu's sampler) that

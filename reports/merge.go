@@ -17,7 +17,7 @@ import (
 // (wall clock), so throughputs are those of the shards together.
 //
 // Runs must share their SLOs (goodput would mean different things otherwise). Serving-cost
-// CPU times and engine rates are summed; environment, provenance and GPU telemetry become an
+// CPU times, engine rates and engine steps are summed; environment, provenance and GPU telemetry become an
 // object keyed by shard ID; input_config and the sweep point are kept when all shards agree.
 func Merge(runs []*Run, shardIDs []string) (*Run, error) {
 	if len(runs) == 0 {
@@ -63,6 +63,12 @@ func Merge(runs []*Run, shardIDs []string) (*Run, error) {
 		addBlob(env, id, r.Environment)
 		addBlob(prov, id, r.Provenance)
 		addBlob(gpu, id, r.GPUTelemetry)
+		if r.EngineSteps != nil {
+			if out.EngineSteps == nil {
+				out.EngineSteps = &EngineSteps{}
+			}
+			out.EngineSteps.Add(r.EngineSteps)
+		}
 		if !r.StartTime.IsZero() && (out.StartTime.IsZero() || r.StartTime.Before(out.StartTime)) {
 			out.StartTime = r.StartTime
 		}

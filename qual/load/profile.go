@@ -195,6 +195,9 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 
 	recOffset := fileSize(in.Endpoint.RecordsPath)
 	var cpuStart, cpuEnd procCPU
+	// The server's engine steps over the profiling phase, where it exports them.
+	var stepsStart, stepsEnd reports.EngineSteps
+	var stepsOK bool
 	userHook := cfg.OnPhase
 	cfg.OnPhase = func(phase string, start bool) {
 		if phase == records.PhaseProfiling && in.Endpoint.PID > 0 {
@@ -202,6 +205,14 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 				cpuStart = readProcCPU(in.Endpoint.PID)
 			} else {
 				cpuEnd = readProcCPU(in.Endpoint.PID)
+			}
+		}
+		if phase == records.PhaseProfiling {
+			var ok bool
+			if start {
+				stepsStart, stepsOK = readEngineSteps(ctx, in.Endpoint.BaseURL)
+			} else if stepsEnd, ok = readEngineSteps(ctx, in.Endpoint.BaseURL); !ok {
+				stepsOK = false
 			}
 		}
 		if userHook != nil {
@@ -284,6 +295,10 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	}{pres.Environment, pres.GPU})
 	run.Provenance = mustJSON(map[string]any{"before": before, "after": after})
 	run.GPUTelemetry = mustJSON(tel)
+	if stepsOK {
+		run.EngineSteps, err = stepsBetween(stepsStart, stepsEnd)
+		fail(err)
+	}
 	sum, err := reports.WriteRun(dir, run)
 	fail(err)
 	pr.Summary = sum

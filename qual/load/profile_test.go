@@ -76,6 +76,17 @@ func TestProfileAgainstMockJoinsEveryID(t *testing.T) {
 				t.Errorf("client token counts missing: %+v", j.Request)
 			}
 		}
+		// The server's engine steps of the profiling phase: each request's prompt prefilled
+		// once and each output token but the first (its prefill's) decoded once.
+		want := 0.0
+		for _, j := range p.Joined.Requests {
+			if j.Phase == records.PhaseProfiling {
+				want += float64(j.Server.InputTokens + j.Server.OutputTokens - 1)
+			}
+		}
+		if es := p.Summary.EngineSteps; es == nil || es.Prefill.Steps < 1 || es.Decode.Steps < 1 || es.Prefill.Tokens+es.Decode.Tokens != want {
+			t.Errorf("%s: engine steps %+v, want %v tokens", filepath.Base(p.Dir), es, want)
+		}
 		if p.Summary.Profiling.Requests != 20 || p.Summary.Warmup.Requests != 2 {
 			t.Errorf("profiling %d warmup %d", p.Summary.Profiling.Requests, p.Summary.Warmup.Requests)
 		}

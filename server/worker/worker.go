@@ -266,12 +266,15 @@ func (l *loop) step() error {
 	if d.End() {
 		l.sent++
 	}
-	for _, done := range l.dones {
-		l.out.Done(done)
-	}
+	// The Step frame goes before the Dones, so that the parent has counted a step before it
+	// answers the requests that step finished (a client reading /metrics after its last
+	// response sees every step).
 	if err == nil {
 		st.DurationNs = uint64(time.Since(t0))
 		l.out.Step(st)
+	}
+	for _, done := range l.dones {
+		l.out.Done(done)
 	}
 	if err != nil {
 		// A failed step leaves the engine in an unknown state: fail everything it held and

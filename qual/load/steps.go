@@ -1,0 +1,86 @@
+package load
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/modelqual/modelqual/reports"
+)
+
+// The engine-step histograms qual-server exports (server/metrics.go), labelled kind="prefill"
+// or kind="decode".
+const (
+	stepSecondsMetric = "qual_server_engine_step_duration_seconds"
+	stepTokensMetric  = "qual_server_engine_step_tokens"
+)
+
+// readEngineSteps reads the server's engine-step histograms from baseURL/metrics: the totals so
+// far, per kind. ok is false when the server has none (another server, an older qual-server,
+// or /metrics not answering within two seconds): the run then has no engine steps, which is
+// not an error.
+func readEngineSteps(ctx context.Context, baseURL string) (reports.EngineSteps, bool) {
+	var es reports.EngineSteps
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+"/metrics", nil)
+	if err != nil {
+		return es, false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return es, false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return es, false
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil || fams[stepSecondsMetric] == nil || fams[stepTokensMetric] == nil {
+		return es, false
+	}
+	kinds := map[string]*reports.StepStats{"prefill": &es.Prefill, "decode": &es.Decode}
+	for _, m := range fams[stepSecondsMetric].GetMetric() {
+		if st := kinds[label(m, "kind")]; st != nil {
+			st.Steps = float64(m.GetHistogram().GetSampleCount())
+			st.Seconds = m.GetHistogram().GetSampleSum()
+		}
+	}
+	for _, m := range fams[stepTokensMetric].GetMetric() {
+		if st := kinds[label(m, "kind")]; st != nil {
+			st.Tokens = m.GetHistogram().GetSampleSum()
+		}
+	}
+	return es, true
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// stepsBetween is what the server's engine did between two readings; an error when a total
+// went down (the server or its metrics were restarted between them).
+func stepsBetween(a, b reports.EngineSteps) (*reports.EngineSteps, error) {
+	d := &reports.EngineSteps{}
+	for _, k := range []struct {
+		name      string
+		a, b, out *reports.StepStats
+	}{{"prefill", &a.Prefill, &b.Prefill, &d.Prefill}, {"decode", &a.Decode, &b.Decode, &d.Decode}} {
+		*k.out = reports.StepStats{Steps: k.b.Steps - k.a.Steps, Seconds: k.b.Seconds - k.a.Seconds, Tokens: k.b.Tokens - k.a.Tokens}
+		if k.out.Steps < 0 || k.out.Seconds < 0 || k.out.Tokens < 0 {
+			return nil, fmt.Errorf("the server's %s step totals went down during the point (was it restarted?)", k.name)
+		}
+	}
+	return d, nil
+}
