@@ -16,7 +16,8 @@
 #   E2E_DEVICE=cpu OUT=/tmp/e2e bash native/cuda/run_e2e.sh
 # Environment: OUT (results; at most a handful of small files), E2E_DEADLINE (seconds from the
 # start after which optional steps are skipped; default 200), E2E_BIG=0 skips the
-# Qwen3-0.6B-shaped run.
+# Qwen3-0.6B-shaped run, E2E_BIG_CONC its concurrencies (default 1,8,32), E2E_TINY_PROFILE=0
+# the tiny model's profile, E2E_SPECS the families whose gpu specs run (default "qwen gpt2").
 set -o pipefail
 OUT=${OUT:-/tmp/mq_e2e}
 mkdir -p "$OUT"
@@ -178,14 +179,17 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "**", "summary.json"), recur
     otoks = (osl.get("avg") or 0) * (osl.get("count") or 0)
     # joules_per_output_token is filled only when the harness calls Telemetry.PerToken; derive it.
     jpt = tel.get("joules_per_output_token") or (round(tel.get("energy_j", 0) / otoks, 4) if otoks and tel.get("energy_j") else None)
-    print("PROFILE %s %s: ttft p50/p99 %s/%s ms  itl p50/p99 %s/%s ms  out tok/s %s  req/s %s  gpu: available=%s mem_hw=%.0f MiB util avg/max=%s/%s%% power avg/max=%s/%s W energy=%s J J/out-token=%s" % (
+    es = s.get("engine_steps") or {}
+    steps = "  steps: " + ", ".join("%s %d x %.2f ms (%.0f tok)" % (k, v["steps"], 1e3 * v["seconds"] / v["steps"], v["tokens"] / v["steps"])
+                                    for k, v in sorted(es.items()) if v.get("steps")) if es else ""
+    print("PROFILE %s %s: ttft p50/p99 %s/%s ms  itl p50/p99 %s/%s ms  out tok/s %s  req/s %s  gpu: available=%s mem_hw=%.0f MiB util avg/max=%s/%s%% power avg/max=%s/%s W energy=%s J J/out-token=%s%s" % (
         sys.argv[2], os.path.basename(os.path.dirname(f)),
         q("time_to_first_token", "p50"), q("time_to_first_token", "p99"),
         q("inter_token_latency", "p50"), q("inter_token_latency", "p99"),
         q("output_token_throughput", "avg"), q("request_throughput", "avg"),
         tel.get("available"), (d.get("memory_high_water_bytes") or 0) / 2**20,
         d.get("gpu_utilization_avg_pct"), d.get("gpu_utilization_max_pct"), d.get("power_avg_w"), d.get("power_max_w"),
-        tel.get("energy_j"), jpt))
+        tel.get("energy_j"), jpt, steps))
 EOF
   return $rc
 }
@@ -196,7 +200,7 @@ if [ "$DEV" = cuda ] && [ "${E2E_BIG:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
   tb=$(date +%s)
   if BIG=$(bundle qwen3-0.6b-shape-bf16 bf16); then
     say "fixture + bundle qwen3-0.6b-shape-bf16 in $(( $(date +%s) - tb )) s"
-    [ "$(left)" -gt 30 ] && { profile qwen3-0.6b-shape-bf16 "$BIG" 1,8,32 48 64 || say "FAIL profile qwen3-0.6b-shape-bf16"; }
+    [ "$(left)" -gt 30 ] && { profile qwen3-0.6b-shape-bf16 "$BIG" "${E2E_BIG_CONC:-1,8,32}" 48 64 || say "FAIL profile qwen3-0.6b-shape-bf16"; }
   else
     say "FAIL fixture/bundle qwen3-0.6b-shape-bf16"
   fi
