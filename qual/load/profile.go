@@ -208,11 +208,11 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 			}
 		}
 		if phase == records.PhaseProfiling {
-			var ok bool
+			es, ok := readEngineSteps(ctx, in.Endpoint.BaseURL)
 			if start {
-				stepsStart, stepsOK = readEngineSteps(ctx, in.Endpoint.BaseURL)
-			} else if stepsEnd, ok = readEngineSteps(ctx, in.Endpoint.BaseURL); !ok {
-				stepsOK = false
+				stepsStart, stepsOK = es, ok
+			} else {
+				stepsEnd, stepsOK = es, stepsOK && ok
 			}
 		}
 		if userHook != nil {
