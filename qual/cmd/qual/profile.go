@@ -38,7 +38,9 @@ const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher
 Profiles a server the way AIPerf does and writes one run directory per sweep point under
 --out: profile_export.jsonl, profile_export_aiperf.json/.csv, summary.json, summary.md,
 plots, the raw client and server records joined by request ID, fingerprints taken before
-and after, the environment and the server logs. A summary table is printed at the end.
+and after, the environment and the server logs; against a qual-server, summary.json and
+summary.md also hold its engine steps of the profiling phase (from its /metrics). A summary
+table is printed at the end.
 
 The run fails (exit 1) when a client request has no server record or the reverse, or when
 a fingerprinted file (bundle, inputs, tokenizer, source tree) changed during the run; the
