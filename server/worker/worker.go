@@ -237,14 +237,20 @@ func (l *loop) step() error {
 	l.dones = l.dones[:0]
 	var st wire.Step
 	t0 := time.Now()
+	prefills := len(l.fresh) > 0 // most steps prefill nothing: no lookup per token then
 	_, err := l.eng.Step(func(ev Event) {
-		if n, ok := l.fresh[ev.Seq]; ok {
-			delete(l.fresh, ev.Seq)
-			if ev.Token >= 0 {
-				st.Prompts++
-				st.PromptTokens += uint32(n)
+		fresh := false
+		if prefills {
+			var n int
+			if n, fresh = l.fresh[ev.Seq]; fresh {
+				delete(l.fresh, ev.Seq)
+				if ev.Token >= 0 {
+					st.Prompts++
+					st.PromptTokens += uint32(n)
+				}
 			}
-		} else if ev.Token >= 0 {
+		}
+		if !fresh && ev.Token >= 0 {
 			st.Decodes++
 		}
 		id, ok := l.bySeq[ev.Seq]
