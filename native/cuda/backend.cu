@@ -3203,7 +3203,8 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
 //   max_context (attn_splits: up to 16 at one sequence), so no graph is captured mid-request.
 //   The graphs of steps that hand out logits (top-k / top-p requests) are still made at first use.
 // With warm 0 only the eager decode steps run, and only with blas_tune (the CPU emulation's
-// default: its checks count launches).
+// default: an emulated launch takes about half a second, and its tuning checks need only these
+// steps).
 void warm_up(mqb_model &m) {
   if (m.warm) {
     std::vector<int> row_entry;
