@@ -333,11 +333,24 @@ type StepStats struct {
 
 // Add sums o into s (merging shards).
 func (s *EngineSteps) Add(o *EngineSteps) {
-	for _, p := range [2][2]*StepStats{{&s.Prefill, &o.Prefill}, {&s.Decode, &o.Decode}} {
-		p[0].Steps += p[1].Steps
-		p[0].Seconds += p[1].Seconds
-		p[0].Tokens += p[1].Tokens
+	s.Prefill, s.Decode = s.Prefill.plus(o.Prefill, 1), s.Decode.plus(o.Decode, 1)
+}
+
+// Since is what the engine did between an earlier reading of its totals and s; an error when
+// a total went down (the server or its metrics were restarted between the two).
+func (s EngineSteps) Since(earlier EngineSteps) (*EngineSteps, error) {
+	d := &EngineSteps{Prefill: s.Prefill.plus(earlier.Prefill, -1), Decode: s.Decode.plus(earlier.Decode, -1)}
+	for kind, st := range map[string]StepStats{"prefill": d.Prefill, "decode": d.Decode} {
+		if st.Steps < 0 || st.Seconds < 0 || st.Tokens < 0 {
+			return nil, fmt.Errorf("the server's %s step totals went down during the point (was it restarted?)", kind)
+		}
 	}
+	return d, nil
+}
+
+// plus is s + k·o, field by field.
+func (s StepStats) plus(o StepStats, k float64) StepStats {
+	return StepStats{Steps: s.Steps + k*o.Steps, Seconds: s.Seconds + k*o.Seconds, Tokens: s.Tokens + k*o.Tokens}
 }
 
 // SchemaVersion is the version of summary.json; bump it on incompatible changes.

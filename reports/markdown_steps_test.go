@@ -37,3 +37,17 @@ func TestEngineStepsInMarkdownAndMerge(t *testing.T) {
 		t.Errorf("merged engine steps %+v", got)
 	}
 }
+
+// Since is what the engine did between two readings of its totals; a total that went down
+// (a restarted server) is an error, not a negative figure in the report.
+func TestEngineStepsSince(t *testing.T) {
+	before := EngineSteps{Prefill: StepStats{Steps: 2, Seconds: 0.5, Tokens: 300}, Decode: StepStats{Steps: 10, Seconds: 1, Tokens: 40}}
+	after := EngineSteps{Prefill: StepStats{Steps: 5, Seconds: 0.75, Tokens: 900}, Decode: StepStats{Steps: 30, Seconds: 3, Tokens: 120}}
+	d, err := after.Since(before)
+	if err != nil || d.Prefill != (StepStats{Steps: 3, Seconds: 0.25, Tokens: 600}) || d.Decode != (StepStats{Steps: 20, Seconds: 2, Tokens: 80}) {
+		t.Fatalf("since %+v %v", d, err)
+	}
+	if _, err := before.Since(after); err == nil || !strings.Contains(err.Error(), "went down") {
+		t.Fatalf("totals that went down: %v, want an error", err)
+	}
+}

@@ -25,6 +25,9 @@ type metrics struct {
 	// (beside any decodes), whose length is what a burst of requests waits for.
 	stepDuration *prometheus.HistogramVec // kind
 	stepTokens   *prometheus.HistogramVec // kind
+	// stepObs: the two histograms' observers per kind ([0] decode, [1] prefill), resolved once
+	// rather than by label on every step.
+	stepObs [2][2]prometheus.Observer
 }
 
 func newMetrics() *metrics {
@@ -75,15 +78,18 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(m.requests, m.latency, m.ttft, m.inputTokens, m.outputTokens, m.queueDepth,
 		m.inflight, m.slotsInUse, m.workersReady, m.workerRestarts, m.stepDuration, m.stepTokens,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for i, kind := range [2]string{"decode", "prefill"} {
+		m.stepObs[i] = [2]prometheus.Observer{m.stepDuration.WithLabelValues(kind), m.stepTokens.WithLabelValues(kind)}
+	}
 	return m
 }
 
 // step records one engine step a worker reported.
 func (m *metrics) step(st wire.Step) {
-	kind := "decode"
+	obs := m.stepObs[0]
 	if st.Prompts > 0 {
-		kind = "prefill"
+		obs = m.stepObs[1]
 	}
-	m.stepDuration.WithLabelValues(kind).Observe(float64(st.DurationNs) / 1e9)
-	m.stepTokens.WithLabelValues(kind).Observe(float64(st.PromptTokens + st.Decodes))
+	obs[0].Observe(float64(st.DurationNs) / 1e9)
+	obs[1].Observe(float64(st.PromptTokens + st.Decodes))
 }

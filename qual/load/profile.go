@@ -296,7 +296,7 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	run.Provenance = mustJSON(map[string]any{"before": before, "after": after})
 	run.GPUTelemetry = mustJSON(tel)
 	if stepsOK {
-		run.EngineSteps, err = stepsBetween(stepsStart, stepsEnd)
+		run.EngineSteps, err = stepsEnd.Since(stepsStart)
 		fail(err)
 	}
 	sum, err := reports.WriteRun(dir, run)

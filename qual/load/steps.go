@@ -2,7 +2,6 @@ package load
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -67,20 +66,4 @@ func label(m *dto.Metric, name string) string {
 		}
 	}
 	return ""
-}
-
-// stepsBetween is what the server's engine did between two readings; an error when a total
-// went down (the server or its metrics were restarted between them).
-func stepsBetween(a, b reports.EngineSteps) (*reports.EngineSteps, error) {
-	d := &reports.EngineSteps{}
-	for _, k := range []struct {
-		name      string
-		a, b, out *reports.StepStats
-	}{{"prefill", &a.Prefill, &b.Prefill, &d.Prefill}, {"decode", &a.Decode, &b.Decode, &d.Decode}} {
-		*k.out = reports.StepStats{Steps: k.b.Steps - k.a.Steps, Seconds: k.b.Seconds - k.a.Seconds, Tokens: k.b.Tokens - k.a.Tokens}
-		if k.out.Steps < 0 || k.out.Seconds < 0 || k.out.Tokens < 0 {
-			return nil, fmt.Errorf("the server's %s step totals went down during the point (was it restarted?)", k.name)
-		}
-	}
-	return d, nil
 }
