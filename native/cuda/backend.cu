@@ -2928,11 +2928,22 @@ void set_samp(mqb_model &m, int r, int e, const float *temp, const uint64_t *rke
   m.samp_key_h[r] = rkey && e >= 0 ? (unsigned long long)rkey[e] : 0ull;
 }
 
+// mk_applies says whether a decode step of b entries runs as the megakernel (off by default;
+// the profile always goes kernel by kernel).
+bool mk_applies(const mqb_model &m, int b) {
+#ifndef MQB_HOST_TEST
+  return m.use_mk && !m.prof && b <= mk::MAXB;
+#else
+  (void)m, (void)b;
+  return false;
+#endif
+}
+
 // step_dispatch runs the decode step of b entries whose meta is uploaded: the megakernel when it
-// applies, else kernel by kernel (the profile always goes kernel by kernel).
+// applies, else kernel by kernel.
 void step_dispatch(mqb_model &m, int b, bool want_logits) {
 #ifndef MQB_HOST_TEST
-  if (m.use_mk && !m.prof && b <= mk::MAXB) {
+  if (mk_applies(m, b)) {
     if (m.dt == DT_BF16) mk_launch_t<__nv_bfloat16>(m, b, want_logits);
     else mk_launch_t<__half>(m, b, want_logits);
     return;
@@ -3200,8 +3211,9 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
 //   one makes), all on the scratch slot, token 0 at every position so their K/V rows agree;
 // - every graph bucket's decode step, eagerly (blas_pick tunes its cuBLAS products) and again
 //   to capture its graph, once for each number of attention splits the bucket can take over
-//   max_context (attn_splits: up to 16 at one sequence), so no graph is captured mid-request.
-//   The graphs of steps that hand out logits (top-k / top-p requests) are still made at first use.
+//   max_context (attn_splits: up to 16 at one sequence), so no graph is captured mid-request
+//   (steps that hand out logits share these graphs, see graph_key; with the opt-in megakernel
+//   theirs are still made at first use).
 // With warm 0 only the eager decode steps run, and only with blas_tune (the CPU emulation's
 // default: an emulated launch takes about half a second, and its tuning checks need only these
 // steps).
@@ -3413,7 +3425,10 @@ int bucket_for(const mqb_model &m, int n) {
 }
 
 // graph_key names a decode step's graph in mqb_model::graphs: a graph bakes in the batch bucket,
-// the attention splits and whether the logits are written (the megakernel's choice).
+// the attention splits and whether the logits are written. Only the megakernel leaves them
+// unwritten when nobody reads them; kernel by kernel a step that hands out logits (a top-k or
+// top-p request's, sampled on the host) is the same graph as a greedy one, and shares it, so
+// such a request neither waits for a capture nor adds a graph (decode_step).
 int graph_key(int b, int splits, bool logits) { return (b * (ATT_SPLIT_MAX + 1) + splits) * 2 + (logits ? 1 : 0); }
 
 void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *tokens, const int32_t *start_pos,
@@ -3440,7 +3455,7 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
   if (m.tl_buf) ck(cudaMemsetAsync(m.tl_buf, 0, sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS, m.stream), "timeline reset");
   GraphEntry *ge = nullptr;
   if (graphs) {
-    ge = &m.graphs[graph_key(b, m.step_splits, logits_out != nullptr)];
+    ge = &m.graphs[graph_key(b, m.step_splits, logits_out != nullptr && mk_applies(m, b))];
     if (!ge->warmed) {  // first use of this bucket: run eagerly (loads modules, cuBLAS heuristics)
       step_dispatch(m, b, logits_out != nullptr);
       ck(cudaGetLastError(), "forward");

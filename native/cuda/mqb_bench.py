@@ -160,15 +160,16 @@ class Backend:
             for k in opts:
                 self.set(k, DEFAULTS[k])
 
-    def forward(self, slots, ntoks, tokens, start_pos, want_logits=False):
-        """Returns (argmax list, logits tensor [n, V] or None)."""
+    def forward(self, slots, ntoks, tokens, start_pos, want_logits=False, out=None):
+        """Returns (argmax list, logits tensor [n, V] or None); out: a float32 [n, V] tensor to
+        take the logits (a fresh one is allocated otherwise)."""
         import torch
         n = len(slots)
         am = (ctypes.c_int32 * n)()
         lo = None
         lp = None
         if want_logits:
-            lo = torch.empty((n, self.V), dtype=torch.float32)
+            lo = out if out is not None else torch.empty((n, self.V), dtype=torch.float32)
             lp = ctypes.cast(ctypes.c_void_p(lo.data_ptr()), C_F32P)
         rc = self.lib.mqb_forward(self.m, n, i32arr(slots), i32arr(ntoks), i32arr(tokens), i32arr(start_pos), lp,
                                   am, self.err, 4096)
@@ -1204,7 +1205,8 @@ def coldstart(args):
     model, one prompt of COLD_LEN (default 128) tokens alone, then COLD_B - 1 (default 31) prompts
     in the call that decodes the first one's next token (as the server's continuous batching
     makes it when a burst of requests arrives), then COLD_STEPS (default 12) decode steps of all
-    COLD_B sequences. Each call is timed on its own; the sequence then runs again on the same
+    COLD_B sequences, then one more that hands out its logits (what a top-k / top-p request
+    makes). Each call is timed on its own; the sequence then runs again on the same
     model (now warm), so the difference is the first use's cost: modules loaded, heuristics
     asked, graphs captured. COLD_WARMUPS (default "0,1") lists the MQB_WARMUP settings to open
     the model with (backend.cu's warm_up at load). Prints COLD lines; --out gets the figures."""
@@ -1226,6 +1228,7 @@ def coldstart(args):
         print("COLD MQB_WARMUP=%s: model open %.3f s (weights uploaded, warm_up)" % (wu, be.open_s), flush=True)
         toks = torch.randint(0, V, (B * L,), generator=torch.Generator().manual_seed(7)).tolist()
         res["warmup" + wu] = r = {"open_s": be.open_s}
+        lbuf = torch.zeros((B, V), dtype=torch.float32)
         for rnd in ("first", "again"):
             ms = {}
             (first, _), ms["prompt_1"] = timed(lambda: be.forward([0], [L], toks[:L], [0]))
@@ -1239,11 +1242,18 @@ def coldstart(args):
                 dec.append(t)
                 pos = [p + 1 for p in pos]
             ms["decode"] = dec
+            # The step a top-k / top-p request makes: the same decode step, its logits handed out
+            # (into a buffer touched beforehand, as the engine's reused one is, so that the timing
+            # holds no page faults of fresh host memory).
+            (nxt, _), ms["logits_step"] = timed(lambda: be.forward(slots, [1] * B, nxt, pos, want_logits=True,
+                                                                   out=lbuf))
+            pos = [p + 1 for p in pos]
             ms["tokens"] = nxt
             r[rnd] = ms
             print("COLD MQB_WARMUP=%s %s: 1 prompt %.2f ms; %d prompts + 1 decode %.2f ms; decode steps of %d: %s ms"
-                  " (median %.3f)" % (wu, rnd, ms["prompt_1"], B - 1, ms["mixed"], B,
-                                      ", ".join("%.2f" % t for t in dec[:6]), sorted(dec)[len(dec) // 2]), flush=True)
+                  " (median %.3f); then one with logits %.2f ms" % (
+                      wu, rnd, ms["prompt_1"], B - 1, ms["mixed"], B, ", ".join("%.2f" % t for t in dec[:6]),
+                      sorted(dec)[len(dec) // 2], ms["logits_step"]), flush=True)
         be.close()
         del be
         torch.cuda.empty_cache()

@@ -770,6 +770,26 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     }
     check(rc == 0 && seen.size() >= 3, std::string(family) + " " + prec + " sampled at T=50: " +
                                            std::to_string(seen.size()) + " distinct tokens in 6 draws");
+    // A step that hands out logits (a top-k/top-p batch-mate) and a greedy one share one graph
+    // (graph_key): in bucket 2, which no step above used, three of each, alternating, capture
+    // once; the replayed steps give the eager step's logits and argmax.
+    const size_t before = g_graphs.size();
+    std::vector<int32_t> s2{0, 1}, one2(2, 1), pos2(2, 10), x2(2, am[0]), am2(2);
+    std::vector<std::vector<float>> lg;
+    std::vector<std::vector<int32_t>> ams;
+    for (int k = 0; k < 6; ++k) {
+      std::vector<float> l((size_t)2 * V, -1.f);
+      rc |= mqb_forward(m, 2, s2.data(), one2.data(), x2.data(), pos2.data(), k % 2 ? nullptr : l.data(), am2.data(),
+                        err, sizeof err);
+      if (k % 2 == 0) lg.push_back(l);
+      ams.push_back(am2);
+    }
+    const size_t captured = g_graphs.size() - before;
+    bool same = lg[1] == lg[0] && lg[2] == lg[0];
+    for (const auto &a : ams) same = same && a == ams[0];
+    check(rc == 0 && captured == 1 && same, std::string(family) + " " + prec + " logits and greedy steps share a graph: " +
+                                                std::to_string(captured) + " captured for 6 steps, same outputs " +
+                                                std::to_string(same));
   }
   if (std::string(prec) == "fp32" && std::string(family) == "qwen3") {  // profiling mode bookkeeping
     mqb_debug_set(m, "profile", 1);
