@@ -16,7 +16,10 @@
 #   E2E_DEVICE=cpu OUT=/tmp/e2e bash native/cuda/run_e2e.sh
 # Environment: OUT (results; at most a handful of small files), E2E_DEADLINE (seconds from the
 # start after which optional steps are skipped; default 200), E2E_BIG=0 skips the
-# Qwen3-0.6B-shaped run, E2E_BIG_CONC its concurrencies (default 1,8,32), E2E_TINY_PROFILE=0
+# Qwen3-0.6B-shaped run, E2E_BIG_CONC its concurrencies (default 1,8,32), E2E_BIG_REQUESTS its
+# requests at each (default 48: at c32 that is mostly the first burst), E2E_OUT_STDDEV the
+# profiles' output-length spread (default none: every request asks for 64 tokens, so a closed
+# loop's requests end, and arrive again, in waves), E2E_TINY_PROFILE=0
 # the tiny model's profile, E2E_SPECS the families whose gpu specs run (default "qwen gpt2").
 set -o pipefail
 OUT=${OUT:-/tmp/mq_e2e}
@@ -152,7 +155,7 @@ profile() {
   local name=$1 b=$2 conc=$3 nreq=$4 otok=$5 snap
   snap=$(cat "$W/$name.snap")
   timeout $(( $(left) > 45 ? $(left) : 45 )) "$QUAL" profile --bundle "$b" "${GPUS_FLAG[@]}" --model "$name" --tokenizer "$snap" \
-    --stream --concurrency "$conc" --requests "$nreq" --warmup 4 --input-tokens-mean 128 --output-tokens "$otok" \
+    --stream --concurrency "$conc" --requests "$nreq" --warmup 4 --input-tokens-mean 128 --output-tokens "$otok" ${E2E_OUT_STDDEV:+--output-tokens-stddev "$E2E_OUT_STDDEV"} \
     --server-arg=--workers=1 --startup-timeout 120s --source-root none --no-progress \
     --out "$W/prof-$name" --name "$name" > "$W/profile-$name.log" 2>&1
   local rc=$?
@@ -200,7 +203,7 @@ if [ "$DEV" = cuda ] && [ "${E2E_BIG:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
   tb=$(date +%s)
   if BIG=$(bundle qwen3-0.6b-shape-bf16 bf16); then
     say "fixture + bundle qwen3-0.6b-shape-bf16 in $(( $(date +%s) - tb )) s"
-    [ "$(left)" -gt 30 ] && { profile qwen3-0.6b-shape-bf16 "$BIG" "${E2E_BIG_CONC:-1,8,32}" 48 64 || say "FAIL profile qwen3-0.6b-shape-bf16"; }
+    [ "$(left)" -gt 30 ] && { profile qwen3-0.6b-shape-bf16 "$BIG" "${E2E_BIG_CONC:-1,8,32}" "${E2E_BIG_REQUESTS:-48}" 64 || say "FAIL profile qwen3-0.6b-shape-bf16"; }
   else
     say "FAIL fixture/bundle qwen3-0.6b-shape-bf16"
   fi

@@ -33,6 +33,12 @@ type Prompt struct {
 	// InputTokens is the client tokenizer's count of what is sent (add_special_tokens=False;
 	// for chat, the sum over message contents); 0 when no tokenizer was given.
 	InputTokens int `json:"input_tokens,omitempty"`
+	// OutputTokens, when above 0, is this prompt's own output length (max_tokens with
+	// ignore_eos), taking precedence over Config.OutputTokens: AIPerf's per-line
+	// "output_length" in an input file, or a draw of DrawOutputLengths. Lengths that differ
+	// from request to request keep a closed loop's requests from finishing, and arriving
+	// again, in lockstep waves.
+	OutputTokens int `json:"output_length,omitempty"`
 }
 
 // ReadCorpus reads a JSONL prompt file: the families' corpus format
@@ -68,6 +74,9 @@ func ReadCorpus(path string, tok Tokenizer) ([]Prompt, error) {
 		if p.Prompt == "" && len(p.Messages) == 0 {
 			return nil, fmt.Errorf("input file %s line %d: no \"prompt\", \"messages\" or \"text\"", path, line)
 		}
+		if p.OutputTokens < 0 {
+			return nil, fmt.Errorf("input file %s line %d: output_length %d is negative; give a positive token count, or leave it out to use --output-tokens", path, line, p.OutputTokens)
+		}
 		if p.Name == "" {
 			p.Name = fmt.Sprintf("line-%d", line)
 		}
@@ -85,6 +94,28 @@ func ReadCorpus(path string, tok Tokenizer) ([]Prompt, error) {
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("input file %s holds no prompts", path)
+	}
+	return out, nil
+}
+
+// DrawOutputLengths gives every prompt without an output length of its own (OutputTokens 0)
+// one drawn from a normal distribution of the given mean and standard deviation, rounded and
+// at least 1 (AIPerf's --output-tokens-mean and --output-tokens-stddev). The prompts are
+// copied, not changed; the same seed gives the same lengths.
+func DrawOutputLengths(prompts []Prompt, mean, stddev int, seed uint64) ([]Prompt, error) {
+	if mean < 1 {
+		return nil, fmt.Errorf("load.DrawOutputLengths: mean output length %d must be at least 1 token (--output-tokens)", mean)
+	}
+	if stddev < 0 {
+		return nil, fmt.Errorf("load.DrawOutputLengths: output length stddev %d is negative", stddev)
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x6f73))
+	out := make([]Prompt, len(prompts))
+	for i, p := range prompts {
+		if p.OutputTokens == 0 {
+			p.OutputTokens = max(1, int(math.Round(float64(mean)+rng.NormFloat64()*float64(stddev))))
+		}
+		out[i] = p
 	}
 	return out, nil
 }

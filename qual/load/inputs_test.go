@@ -92,4 +92,54 @@ func TestReadCorpus(t *testing.T) {
 	if _, err := ReadCorpus(path, nil); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("err = %v", err)
 	}
+	// AIPerf's per-line output_length.
+	os.WriteFile(path, []byte("{\"text\":\"a\",\"output_length\":50}\n{\"text\":\"b\"}\n"), 0o644)
+	if ps, err := ReadCorpus(path, nil); err != nil || ps[0].OutputTokens != 50 || ps[1].OutputTokens != 0 {
+		t.Fatalf("output_length: %+v, %v", ps, err)
+	}
+	os.WriteFile(path, []byte("{\"text\":\"a\"}\n{\"text\":\"b\",\"output_length\":-3}\n"), 0o644)
+	if _, err := ReadCorpus(path, nil); err == nil || !strings.Contains(err.Error(), "line 2: output_length -3") {
+		t.Fatalf("negative output_length: err = %v", err)
+	}
+}
+
+func TestDrawOutputLengths(t *testing.T) {
+	in := make([]Prompt, 400)
+	in[7].OutputTokens = 3 // an input file's own length stays
+	ps, err := DrawOutputLengths(in, 64, 16, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := DrawOutputLengths(in, 64, 16, 5)
+	other, _ := DrawOutputLengths(in, 64, 16, 6)
+	if in[0].OutputTokens != 0 || ps[7].OutputTokens != 3 {
+		t.Fatalf("input changed (%d) or own length replaced (%d)", in[0].OutputTokens, ps[7].OutputTokens)
+	}
+	var sum, sq float64
+	sameSeed, otherSeed := true, true
+	for i, p := range ps {
+		if p.OutputTokens < 1 {
+			t.Fatalf("prompt %d: length %d", i, p.OutputTokens)
+		}
+		sameSeed = sameSeed && p.OutputTokens == again[i].OutputTokens
+		otherSeed = otherSeed && p.OutputTokens == other[i].OutputTokens
+		if i != 7 {
+			sum += float64(p.OutputTokens)
+			sq += float64(p.OutputTokens * p.OutputTokens)
+		}
+	}
+	n := float64(len(ps) - 1)
+	mean := sum / n
+	variance := sq/n - mean*mean
+	// 399 draws: the mean's standard error is 0.8 tokens, so ±4 is five of them.
+	if !sameSeed || otherSeed || mean < 60 || mean > 68 || variance < 12*12 || variance > 20*20 {
+		t.Errorf("same seed same lengths %v, other seed other lengths %v, mean %.1f, variance %.1f (want about 64 and 256)",
+			sameSeed, !otherSeed, mean, variance)
+	}
+	if _, err := DrawOutputLengths(in, 0, 4, 1); err == nil || !strings.Contains(err.Error(), "--output-tokens") {
+		t.Errorf("mean 0: err = %v", err)
+	}
+	if _, err := DrawOutputLengths(in, 8, -1, 1); err == nil || !strings.Contains(err.Error(), "negative") {
+		t.Errorf("stddev -1: err = %v", err)
+	}
 }

@@ -70,7 +70,7 @@ type Config struct {
 	// Prompts are cycled through in order (request i uses Prompts[i % len]).
 	Prompts []Prompt
 	// OutputTokens > 0 sends max_tokens with ignore_eos, so every request generates exactly
-	// that many tokens.
+	// that many tokens; a prompt's own Prompt.OutputTokens takes precedence.
 	OutputTokens int
 	// Extra body fields for every request (temperature, seed, ...).
 	Extra map[string]any
@@ -295,8 +295,12 @@ func (r *run) buildBodies() error {
 	cfg := r.cfg
 	r.bodies = make([][]byte, len(cfg.Prompts))
 	for i, p := range cfg.Prompts {
+		maxTokens := cfg.OutputTokens
+		if p.OutputTokens > 0 {
+			maxTokens = p.OutputTokens
+		}
 		req := client.Request{Endpoint: cfg.Endpoint, Stream: cfg.Stream, Prompt: p.Prompt,
-			MaxTokens: cfg.OutputTokens, IgnoreEOS: cfg.OutputTokens > 0}
+			MaxTokens: maxTokens, IgnoreEOS: maxTokens > 0}
 		extra := map[string]any{}
 		for k, v := range cfg.Extra {
 			extra[k] = v

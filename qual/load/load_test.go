@@ -2,6 +2,7 @@ package load
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,6 +24,7 @@ type fakeServer struct {
 	inflight, maxInflight atomic.Int64
 	mu                    sync.Mutex
 	ids                   []string
+	bodies                []string
 	block                 bool // stream one token, then wait for the client to go away
 }
 
@@ -37,10 +39,11 @@ func newFakeServer(t *testing.T, block bool) *fakeServer {
 				break
 			}
 		}
+		body, _ := io.ReadAll(r.Body)
 		f.mu.Lock()
 		f.ids = append(f.ids, r.Header.Get("X-Request-Id"))
+		f.bodies = append(f.bodies, string(body))
 		f.mu.Unlock()
-		body, _ := io.ReadAll(r.Body)
 		stream := strings.Contains(string(body), `"stream":true`)
 		if !stream {
 			w.Header().Set("Content-Type", "application/json")
@@ -115,6 +118,34 @@ func TestClosedLoopWarmupApart(t *testing.T) {
 	}
 	if res.Seed != 7 || res.Mode != "concurrency" {
 		t.Errorf("seed %d mode %s", res.Seed, res.Mode)
+	}
+}
+
+// A prompt's own output length is its requests' max_tokens; the others take the run's.
+func TestPromptOutputLengthIsMaxTokens(t *testing.T) {
+	f := newFakeServer(t, false)
+	ps := prompts(3)
+	ps[1].OutputTokens, ps[2].OutputTokens = 5, 9
+	if _, err := Run(context.Background(), Config{BaseURL: f.URL, Model: "m", Endpoint: client.Completions,
+		Concurrency: 1, Requests: 6, Prompts: ps, OutputTokens: 3, Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.bodies) != 6 {
+		t.Fatalf("server saw %d requests, want 6", len(f.bodies))
+	}
+	for i, b := range f.bodies {
+		var body struct {
+			MaxTokens int  `json:"max_tokens"`
+			IgnoreEOS bool `json:"ignore_eos"`
+		}
+		if err := json.Unmarshal([]byte(b), &body); err != nil {
+			t.Fatal(err)
+		}
+		if want := []int{3, 5, 9}[i%3]; body.MaxTokens != want || !body.IgnoreEOS {
+			t.Errorf("request %d: max_tokens %d ignore_eos %v, want %d and true", i, body.MaxTokens, body.IgnoreEOS, want)
+		}
 	}
 }
 

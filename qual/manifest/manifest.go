@@ -66,20 +66,23 @@ type Server struct {
 
 // Profile is one load profile: closed loop (Concurrency sweep) or open loop (RequestRate sweep).
 type Profile struct {
-	Name              string            `json:"name"`
-	Premerge          bool              `json:"premerge"`
-	Endpoint          string            `json:"endpoint"` // completions | chat
-	Stream            bool              `json:"stream"`
-	Concurrency       []int             `json:"concurrency,omitempty"`
-	RequestRate       []float64         `json:"request_rate,omitempty"`    // requests/s
-	MaxConcurrency    int               `json:"max_concurrency,omitempty"` // open loop cap; 0 = none
-	Requests          int               `json:"requests,omitempty"`        // per sweep point
-	Duration          Duration          `json:"duration,omitempty"`        // per sweep point
-	Warmup            int               `json:"warmup"`                    // warmup requests, reported apart
-	InputTokensMean   int               `json:"input_tokens_mean"`
-	InputTokensStddev int               `json:"input_tokens_stddev"`
-	OutputTokens      int               `json:"output_tokens"`
-	SLO               map[string]string `json:"slo,omitempty"` // metric -> limit, e.g. ttft_p99: 500ms
+	Name              string    `json:"name"`
+	Premerge          bool      `json:"premerge"`
+	Endpoint          string    `json:"endpoint"` // completions | chat
+	Stream            bool      `json:"stream"`
+	Concurrency       []int     `json:"concurrency,omitempty"`
+	RequestRate       []float64 `json:"request_rate,omitempty"`    // requests/s
+	MaxConcurrency    int       `json:"max_concurrency,omitempty"` // open loop cap; 0 = none
+	Requests          int       `json:"requests,omitempty"`        // per sweep point
+	Duration          Duration  `json:"duration,omitempty"`        // per sweep point
+	Warmup            int       `json:"warmup"`                    // warmup requests, reported apart
+	InputTokensMean   int       `json:"input_tokens_mean"`
+	InputTokensStddev int       `json:"input_tokens_stddev"`
+	OutputTokens      int       `json:"output_tokens"`
+	// OutputTokensStddev > 0 gives each prompt its own output length, drawn around
+	// OutputTokens, so the requests of a closed loop do not finish and arrive in waves.
+	OutputTokensStddev int               `json:"output_tokens_stddev,omitempty"`
+	SLO                map[string]string `json:"slo,omitempty"` // metric -> limit, e.g. ttft_p99: 500ms
 }
 
 // Manifest is a family's manifest.yaml.
@@ -259,6 +262,9 @@ func (m *Manifest) validateProfile(i int, names map[string]bool) error {
 	}
 	if p.OutputTokens < 1 {
 		return m.errf(f("output_tokens"), "%d must be at least 1", p.OutputTokens)
+	}
+	if p.OutputTokensStddev < 0 {
+		return m.errf(f("output_tokens_stddev"), "%d is negative", p.OutputTokensStddev)
 	}
 	for k, v := range p.SLO {
 		if k == "" {

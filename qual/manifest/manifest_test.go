@@ -72,6 +72,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"profiles[0].input_tokens_mean", func(m *Manifest) { m.Profiles[0].InputTokensMean = 0 }},
 		{"profiles[0].input_tokens_stddev", func(m *Manifest) { m.Profiles[0].InputTokensStddev = -2 }},
 		{"profiles[1].output_tokens", func(m *Manifest) { m.Profiles[1].OutputTokens = 0 }},
+		{"profiles[1].output_tokens_stddev", func(m *Manifest) { m.Profiles[1].OutputTokensStddev = -1 }},
 		{"profiles[0].slo.ttft_p99", func(m *Manifest) { m.Profiles[0].SLO["ttft_p99"] = "fast" }},
 	}
 	for _, c := range cases {

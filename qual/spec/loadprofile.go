@@ -101,6 +101,11 @@ func CheckLoad(ctx context.Context, in LoadInput) (*LoadResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: profile %q: synthetic prompts: %w", fn, p.Name, err)
 	}
+	if p.OutputTokensStddev > 0 {
+		if prompts, err = load.DrawOutputLengths(prompts, p.OutputTokens, p.OutputTokensStddev, 1); err != nil {
+			return nil, fmt.Errorf("%s: profile %q: output lengths: %w", fn, p.Name, err)
+		}
+	}
 	endpoint := "completions"
 	if p.Endpoint == "chat" {
 		endpoint = "chat"

@@ -32,8 +32,8 @@ const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher
          --model NAME [--tokenizer DIR] --endpoint completions|chat [--stream]
          (--concurrency 1,8,32 | --request-rate R[,R...] [--max-concurrency C] [--arrival constant|poisson])
          (--requests N | --duration D) [--warmup N]
-         [--input-tokens-mean M --input-tokens-stddev S | --input-file F] [--output-tokens N]
-         [--slo ttft:200ms,...] [--seed S] --out DIR
+         [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
+         [--output-tokens N [--output-tokens-stddev S]] [--slo ttft:200ms,...] [--seed S] --out DIR
 
 Profiles a server the way AIPerf does and writes one run directory per sweep point under
 --out: profile_export.jsonl, profile_export_aiperf.json/.csv, summary.json, summary.md,
@@ -76,7 +76,8 @@ func runProfile(args []string) int {
 		inStd          = fs.Int("input-tokens-stddev", 0, "synthetic prompts: input length standard deviation")
 		numPrompts     = fs.Int("num-prompts", 100, "synthetic prompts: how many distinct prompts to cycle through")
 		inputFile      = fs.String("input-file", "", "JSONL prompts: families' corpus format or {\"text\": ...} lines")
-		outTokens      = fs.Int("output-tokens", 0, "fixed output length: max_tokens with ignore_eos (0: server default)")
+		outTokens      = fs.Int("output-tokens", 0, "output length: max_tokens with ignore_eos (0: server default); the mean with --output-tokens-stddev; an input file's per-line output_length takes precedence")
+		outStd         = fs.Int("output-tokens-stddev", 0, "output length standard deviation: each prompt gets its own length, drawn from a normal distribution around --output-tokens (so requests do not all finish together)")
 		slo            = fs.String("slo", "", "goodput SLOs, e.g. ttft:200ms,itl:20ms,request_latency:1s")
 		seed           = fs.Uint64("seed", 0, "random seed (0: pick one; the seed used is recorded)")
 		out            = fs.String("out", "", "output folder (one run directory per sweep point)")
@@ -134,6 +135,9 @@ func runProfile(args []string) int {
 	if *gpus != "" && *url != "" {
 		return bad("--gpus needs --bundle (the harness starts the server on those GPUs)")
 	}
+	if *outStd < 0 || *outStd > 0 && *outTokens <= 0 {
+		return bad("--output-tokens-stddev %d needs --output-tokens M > 0 (the mean) and must not be negative", *outStd)
+	}
 	gpuIndices, err := profileGPUIndices(*gpus)
 	if err != nil {
 		return bad("--gpus: %v", err)
@@ -161,17 +165,20 @@ func runProfile(args []string) int {
 		ltok = tok
 	}
 	var prompts []load.Prompt
+	promptSeed := *seed
+	if promptSeed == 0 {
+		promptSeed = uint64(time.Now().UnixNano())
+	}
 	if *inputFile != "" {
 		prompts, err = load.ReadCorpus(*inputFile, ltok)
 	} else {
 		if tok == nil {
 			return bad("synthetic prompts need a tokenizer: pass --tokenizer DIR (or --input-file F)")
 		}
-		promptSeed := *seed
-		if promptSeed == 0 {
-			promptSeed = uint64(time.Now().UnixNano())
-		}
 		prompts, err = load.Synthetic(tok, load.SyntheticOptions{Count: *numPrompts, Mean: *inMean, Stddev: *inStd, Seed: promptSeed})
+	}
+	if err == nil && *outStd > 0 {
+		prompts, err = load.DrawOutputLengths(prompts, *outTokens, *outStd, promptSeed)
 	}
 	if err != nil {
 		return profileFail("%v", err)

@@ -68,14 +68,48 @@ func TestProfileCommandSweepsAndWritesRunDirs(t *testing.T) {
 	}
 }
 
+// --output-tokens-stddev gives the prompts lengths of their own, which the served requests
+// then have (the mock model generates exactly max_tokens with ignore_eos).
+func TestProfileCommandOutputLengthSpread(t *testing.T) {
+	t.Setenv("MODELQUAL_BIN", filepath.Dir(launchtest.ServerBin(t)))
+	bundle := launchtest.MockBundle(t, 0)
+	out := t.TempDir()
+	var code int
+	table := captureStdout(t, func() {
+		code = runProfile([]string{"--bundle", bundle, "--model", "mock", "--endpoint", "completions", "--stream",
+			"--concurrency", "4", "--requests", "24", "--input-tokens-mean", "8", "--num-prompts", "12",
+			"--output-tokens", "12", "--output-tokens-stddev", "5", "--seed", "3", "--out", out, "--no-progress",
+			"--source-root", "none"})
+	})
+	if code != 0 {
+		t.Fatalf("exit %d; table:\n%s", code, table)
+	}
+	s, err := reports.ReadSummary(filepath.Join(out, "profile-c4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	osl := s.Profiling.Metrics["output_sequence_length"].Dist
+	if osl == nil || osl.Count != 24 || osl.Min == osl.Max || osl.Avg < 7 || osl.Avg > 17 {
+		t.Fatalf("output_sequence_length %+v: want 24 requests of differing lengths around 12", osl)
+	}
+	var in struct {
+		Config map[string]string `json:"config"`
+	}
+	if err := json.Unmarshal(s.InputConfig, &in); err != nil || in.Config["output-tokens-stddev"] != "5" {
+		t.Errorf("input_config does not record the stddev (%v): %s", err, s.InputConfig)
+	}
+}
+
 func TestProfileCommandRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{
-		{"--model", "m", "--out", "x", "--concurrency", "1", "--requests", "1"},                                     // neither --url nor --bundle
-		{"--url", "http://x", "--out", "x", "--concurrency", "1", "--requests", "1"},                                // no --model
-		{"--url", "http://x", "--model", "m", "--out", "x", "--requests", "1"},                                      // no load mode
-		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "1"},                                   // no stop condition
-		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "0", "--requests", "1"},                // bad concurrency
-		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "1", "--requests", "1", "--gpus", "0"}, // GPUs for an external URL
+		{"--model", "m", "--out", "x", "--concurrency", "1", "--requests", "1"},                                                                              // neither --url nor --bundle
+		{"--url", "http://x", "--out", "x", "--concurrency", "1", "--requests", "1"},                                                                         // no --model
+		{"--url", "http://x", "--model", "m", "--out", "x", "--requests", "1"},                                                                               // no load mode
+		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "1"},                                                                            // no stop condition
+		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "0", "--requests", "1"},                                                         // bad concurrency
+		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "1", "--requests", "1", "--gpus", "0"},                                          // GPUs for an external URL
+		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "1", "--requests", "1", "--output-tokens-stddev", "4"},                          // a spread without a mean
+		{"--url", "http://x", "--model", "m", "--out", "x", "--concurrency", "1", "--requests", "1", "--output-tokens", "8", "--output-tokens-stddev", "-1"}, // negative spread
 	} {
 		if code := runProfile(args); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
