@@ -31,19 +31,27 @@ func captureStdout(t *testing.T, f func()) string {
 	return string(<-done)
 }
 
-func TestProfileCommandSweepsAndWritesRunDirs(t *testing.T) {
+// profileMock runs `qual profile` against qual-server on the mock bundle with the given load
+// flags, fails the test unless it exits 0, and returns its output folder and printed table.
+func profileMock(t *testing.T, load ...string) (out, table string) {
+	t.Helper()
 	t.Setenv("MODELQUAL_BIN", filepath.Dir(launchtest.ServerBin(t)))
 	bundle := launchtest.MockBundle(t, 0)
-	out := t.TempDir()
+	out = t.TempDir()
 	var code int
-	table := captureStdout(t, func() {
-		code = runProfile([]string{"--bundle", bundle, "--model", "mock", "--endpoint", "completions", "--stream",
-			"--concurrency", "1,2", "--requests", "6", "--warmup", "1", "--input-tokens-mean", "16", "--input-tokens-stddev", "2",
-			"--output-tokens", "4", "--slo", "ttft:5s", "--seed", "7", "--out", out, "--no-progress", "--source-root", "none"})
+	table = captureStdout(t, func() {
+		code = runProfile(append([]string{"--bundle", bundle, "--model", "mock", "--endpoint", "completions", "--stream",
+			"--out", out, "--no-progress", "--source-root", "none"}, load...))
 	})
 	if code != 0 {
 		t.Fatalf("exit %d; table:\n%s", code, table)
 	}
+	return out, table
+}
+
+func TestProfileCommandSweepsAndWritesRunDirs(t *testing.T) {
+	out, table := profileMock(t, "--concurrency", "1,2", "--requests", "6", "--warmup", "1", "--input-tokens-mean", "16",
+		"--input-tokens-stddev", "2", "--output-tokens", "4", "--slo", "ttft:5s", "--seed", "7")
 	for _, want := range []string{"concurrency=1", "concurrency=2", "ok", "TTFT p50 ms"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("summary table lacks %q:\n%s", want, table)
@@ -71,19 +79,8 @@ func TestProfileCommandSweepsAndWritesRunDirs(t *testing.T) {
 // --output-tokens-stddev gives the prompts lengths of their own, which the served requests
 // then have (the mock model generates exactly max_tokens with ignore_eos).
 func TestProfileCommandOutputLengthSpread(t *testing.T) {
-	t.Setenv("MODELQUAL_BIN", filepath.Dir(launchtest.ServerBin(t)))
-	bundle := launchtest.MockBundle(t, 0)
-	out := t.TempDir()
-	var code int
-	table := captureStdout(t, func() {
-		code = runProfile([]string{"--bundle", bundle, "--model", "mock", "--endpoint", "completions", "--stream",
-			"--concurrency", "4", "--requests", "24", "--input-tokens-mean", "8", "--num-prompts", "12",
-			"--output-tokens", "12", "--output-tokens-stddev", "5", "--seed", "3", "--out", out, "--no-progress",
-			"--source-root", "none"})
-	})
-	if code != 0 {
-		t.Fatalf("exit %d; table:\n%s", code, table)
-	}
+	out, _ := profileMock(t, "--concurrency", "4", "--requests", "24", "--input-tokens-mean", "8", "--num-prompts", "12",
+		"--output-tokens", "12", "--output-tokens-stddev", "5", "--seed", "3")
 	s, err := reports.ReadSummary(filepath.Join(out, "profile-c4"))
 	if err != nil {
 		t.Fatal(err)
