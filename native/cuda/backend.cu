@@ -105,6 +105,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -1964,6 +1965,7 @@ struct mqb_model {
   float *part_acc = nullptr, *part_ml = nullptr;
   unsigned int *att_cnt = nullptr;  // [ATT_SPLIT_MAX_T * nkv] attention splits done, zero between steps
   bool use_graphs = true, use_pdl = true;
+  bool mixed_graphs = true;  // prefill and mixed chunks as graphs too (run_chunk; MQB_MIXED_GRAPHS)
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   void *blas_ws = nullptr;
@@ -2765,7 +2767,7 @@ int attn_splits(const mqb_model &m, int Tn, int nmax) {
 
 // prefill_tiles cuts the Tn tokens of the chunk in meta_h into pa::Tiles (runs of up to pa::BQ
 // tokens of one slot at consecutive positions), uploads them to m.ptile and returns how many.
-int prefill_tiles(mqb_model &m, int Tn) {
+int prefill_tiles(mqb_model &m, int Tn, int pad_to = 0) {
   const int *pos = m.meta_h + m.Tcap, *slot = m.meta_h + 2 * m.Tcap;
   int n = 0;
   for (int i = 0; i < Tn;) {
@@ -2774,6 +2776,9 @@ int prefill_tiles(mqb_model &m, int Tn) {
     m.ptile_h[n++] = pa::Tile{i, k};
     i += k;
   }
+  // A graphed chunk's launch has a fixed grid (mixed_tiles): the tiles past the chunk's are
+  // empty, and their blocks return at once.
+  while (n < pad_to) m.ptile_h[n++] = pa::Tile{0, 0};
   ck(cudaMemcpyAsync(m.ptile, m.ptile_h, sizeof(pa::Tile) * n, cudaMemcpyHostToDevice, m.stream), "tile upload");
   return n;
 }
@@ -2804,7 +2809,7 @@ void prefill_attention(mqb_model &m, const Layer &ly, int ntiles) {
 // may then run fused with the q/k/v post-processing (decode_attn_kernel, by the fused_attn rule
 // below), and batches of tc_min_b..TC_MAX_B use the tensor-core products where tc_ok.
 template <typename T>
-void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
+void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, int tiles) {
   const Cfg &c = m.c;
   const int H = c.H, QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
   const float eps = (float)c.eps;
@@ -2821,7 +2826,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
   // Prefill / mixed steps of bf16/fp16 models: attention on the tensor cores (prefill_attn.cuh),
   // over the chunk's tiles (cut once per chunk).
   const bool tc_prefill = !decode && !std::is_same<T, float>::value && m.prefill_tc && pa::supported(c.D);
-  const int ntiles = tc_prefill ? prefill_tiles(m, Tn) : 0;
+  const int ntiles = !tc_prefill ? 0 : tiles >= 0 ? tiles : prefill_tiles(m, Tn);
   m.tl_decode = decode;
   m.tl_next = 0;
   mark(m, "start");
@@ -2903,11 +2908,13 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
             R, H, m.lm, c.V, nullptr, m.logits, false, want_keys ? m.keys : nullptr, Samp{m.samp_temp, m.samp_key});
 }
 
-void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys, bool decode) {
+// run_dispatch runs run_tokens for the model's precision. tiles >= 0: the prefill attention's
+// tiles are uploaded already (a graphed chunk's, padded to that many); -1 cuts them here.
+void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys, bool decode, int tiles = -1) {
   switch (m.dt) {
-    case DT_BF16: run_tokens<__nv_bfloat16>(m, Tn, R, want_keys, decode); break;
-    case DT_F16: run_tokens<__half>(m, Tn, R, want_keys, decode); break;
-    default: run_tokens<float>(m, Tn, R, want_keys, decode); break;
+    case DT_BF16: run_tokens<__nv_bfloat16>(m, Tn, R, want_keys, decode, tiles); break;
+    case DT_F16: run_tokens<__half>(m, Tn, R, want_keys, decode, tiles); break;
+    default: run_tokens<float>(m, Tn, R, want_keys, decode, tiles); break;
   }
 }
 
@@ -3195,8 +3202,19 @@ void skinny_setup(mqb_model &m) {
   }
 }
 
+// CHUNK_GRAPH_MAX is the largest prefill or mixed chunk that runs as a graph (run_chunk). On the
+// H200 (NOTES.md run 133) a graph saved 0.35-0.45 ms of launches a chunk: 21 % of a 128-token
+// prompt's 2.1 ms, 12 % of a prompt beside 26 decodes, 4-8 % of 1,024-4,096 prompt tokens; where
+// padding to a coarse bucket added a third to the tokens it lost 5 %.
+constexpr int CHUNK_GRAPH_MAX = 512;
+
+// chunk_bucket is the token count a graphed chunk of Tn <= CHUNK_GRAPH_MAX tokens runs at: 16,
+// 32, 48 or 64, then a multiple of 64 (at most 63 tokens of padding).
+int chunk_bucket(int Tn) { return Tn <= 64 ? (Tn + 15) / 16 * 16 : (Tn + 63) / 64 * 64; }
+
 void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *tokens, const int32_t *start_pos,
                  const float *temp, const uint64_t *rkey, float *logits_out, int32_t *argmax_out);
+void run_graphed(mqb_model &m, GraphEntry *&ge, const std::function<void()> &body);
 void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, int32_t *argmax_out,
                const std::vector<int> &row_entry);
 
@@ -3213,7 +3231,9 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
 //   to capture its graph, once for each number of attention splits the bucket can take over
 //   max_context (attn_splits: up to 16 at one sequence), so no graph is captured mid-request
 //   (steps that hand out logits share these graphs, see graph_key; with the opt-in megakernel
-//   theirs are still made at first use).
+//   theirs are still made at first use);
+// - with mixed_graphs, every graphed prefill or mixed chunk bucket (run_chunk: up to
+//   CHUNK_GRAPH_MAX tokens, a power of two of rows up to max_batch), eagerly and captured.
 // With warm 0 only the eager decode steps run, and only with blas_tune (the CPU emulation's
 // default: an emulated launch takes about half a second, and its tuning checks need only these
 // steps).
@@ -3244,6 +3264,28 @@ void warm_up(mqb_model &m) {
     }
     const int R = std::min(m.max_batch, m.Rcap) - 1;  // a burst of prompts beside a decode
     if (R > 0 && top > R) chunk(true, R, (top - 1) / R);
+    // Every graphed chunk bucket (run_chunk): Tg tokens in rows prompts (of at most one
+    // pa::BQ-token tile each, so the tiles fit the graph's grid), eagerly, then captured.
+    for (int Tg = 16; m.use_graphs && m.mixed_graphs && Tg <= std::min({CHUNK_GRAPH_MAX, m.Tcap, m.max_ctx});
+         Tg = chunk_bucket(Tg + 1))
+      for (int rows = 1; rows <= std::min(m.max_batch, Tg); rows *= 2)
+        for (int k = 0; k < 2; ++k) {
+          int Tn = 0;
+          auto entry = [&](int n) {  // a prompt of n tokens
+            for (int j = 0; j < n; ++j, ++Tn) {
+              m.meta_h[Tn] = 0;
+              m.meta_h[m.Tcap + Tn] = j;
+              m.meta_h[2 * m.Tcap + Tn] = m.scratch;
+            }
+          };
+          for (int r = 0; r < rows; ++r) {
+            entry(r + 1 < rows ? 1 : Tg - (rows - 1));
+            m.meta_h[3 * m.Tcap + r] = Tn - 1;
+            set_samp(m, r, -1, nullptr, nullptr);
+          }
+          row_entry.assign(rows, 0);
+          run_chunk(m, Tn, rows, true, nullptr, nullptr, row_entry);
+        }
   }
   std::vector<int> bs;
   for (int n = 1; n <= m.max_batch; ++n)
@@ -3306,6 +3348,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.Tcap = std::max(m.max_batch, std::max(64, env_int("MQB_TCAP", 2048)));
   m.Rcap = std::max(64, m.max_batch);
   m.use_graphs = env_int("MQB_GRAPHS", 1) != 0;
+  m.mixed_graphs = env_int("MQB_MIXED_GRAPHS", 1) != 0;
   m.use_pdl = env_int("MQB_PDL", 1) != 0 && major >= 9;
   m.attn_split = std::max(0, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 0)));
   m.fused_attn = std::max(0, std::min(2, env_int("MQB_FUSED_ATTN", 1)));
@@ -3397,17 +3440,51 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   warm_up(m);
 }
 
+// chunk_graph_key names a graphed prefill or mixed chunk's graph (run_chunk): negative, apart
+// from the decode steps' keys.
+int chunk_graph_key(const mqb_model &m, int Tg, int Rg, bool keys) {
+  return -1 - ((Tg * (m.Rcap + 1) + Rg) * 2 + (keys ? 1 : 0));
+}
+
 // run_chunk: uploads the meta already in meta_h, runs, and copies back keys/logits of R rows.
+// With graphs and mixed_graphs (MQB_MIXED_GRAPHS, default 1) a chunk of up to CHUNK_GRAPH_MAX
+// tokens runs as the graph of its bucket (chunk_bucket tokens, a power of two of rows): a served
+// point's prefill and mixed steps (prompts beside running decodes) otherwise launch their ~300
+// kernels one by one. warm_up captures every bucket's graph at load. The padding
+// tokens are a sequence of their own on the scratch slot from position 0, the padding rows
+// repeat the last token's; neither is read back.
 void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, int32_t *argmax_out,
                const std::vector<int> &row_entry) {
+  GraphEntry *ge = nullptr;
+  const int Tg = chunk_bucket(Tn);
+  int Rg = 1;
+  while (Rg < R) Rg *= 2;
+  Rg = std::min(Rg, m.Rcap);
+  // Tiles of at most pa::BQ tokens, one sequence each: at most Tg / BQ + one more per entry
+  // (R rows, a prompt continued in the next chunk, the padding).
+  const int G = std::min(Tg, Tg / pa::BQ + Rg + 2);
+  if (m.use_graphs && m.mixed_graphs && !m.prof && Tg <= std::min(CHUNK_GRAPH_MAX, m.Tcap) && Tg - Tn <= m.max_ctx) {
+    for (int j = Tn; j < Tg; ++j) {
+      m.meta_h[j] = 0;
+      m.meta_h[m.Tcap + j] = j - Tn;
+      m.meta_h[2 * m.Tcap + j] = m.scratch;
+    }
+    for (int r = R; r < Rg; ++r) {
+      m.meta_h[3 * m.Tcap + r] = Tg - 1;
+      set_samp(m, r, -1, nullptr, nullptr);
+    }
+    if (prefill_tiles(m, Tg, G) == G) ge = &m.graphs[chunk_graph_key(m, Tg, Rg, want_keys)];
+  }
   upload_meta(m);
-  run_dispatch(m, Tn, R, want_keys, false);
+  if (ge) run_graphed(m, ge, [&] { run_dispatch(m, Tg, Rg, want_keys, false, G); });
+  else run_dispatch(m, Tn, R, want_keys, false);
   ck(cudaGetLastError(), "forward");
   if (want_keys)
     ck(cudaMemcpyAsync(m.keys_h, m.keys, sizeof(unsigned long long) * R, cudaMemcpyDeviceToHost, m.stream),
        "argmax download");
   ck(cudaStreamSynchronize(m.stream), "forward");
   prof_collect(m);
+  if (ge) ge->warmed = true;
   const size_t V = m.c.V;
   for (int r = 0; r < R; ++r) {
     const int e = row_entry[r];
@@ -3431,6 +3508,51 @@ int bucket_for(const mqb_model &m, int n) {
 // such a request neither waits for a capture nor adds a graph (decode_step).
 int graph_key(int b, int splits, bool logits) { return (b * (ATT_SPLIT_MAX + 1) + splits) * 2 + (logits ? 1 : 0); }
 
+// run_graphed runs body (a step's launches on m.stream) through the graph in *ge: the first
+// time eagerly (modules load, cuBLAS asks its heuristics) and marks it warmed, the second time
+// captured and instantiated, then replayed. ge NULL runs body eagerly. A capture that fails
+// (a driver without PDL-in-graph support, say) must not fail the request: graphs are switched
+// off for this model, said on stderr, *ge is set to NULL and body runs eagerly.
+void run_graphed(mqb_model &m, GraphEntry *&ge, const std::function<void()> &body) {
+  if (ge && ge->warmed && !ge->exec) {
+    std::string why;
+    ck(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      body();
+    } catch (const std::exception &e) {
+      why = e.what();
+    }
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(m.stream, &g);
+    if (e != cudaSuccess && why.empty()) why = fmt("cudaStreamEndCapture: %s", cudaGetErrorString(e));
+    if (why.empty()) {
+#if defined(CUDART_VERSION) && CUDART_VERSION < 12000  // CUDA 11's signature (compile checks with nvcc 11.8)
+      e = cudaGraphInstantiate(&ge->exec, g, nullptr, nullptr, 0);
+#else
+      e = cudaGraphInstantiate(&ge->exec, g, 0);
+#endif
+      if (e != cudaSuccess) {
+        why = fmt("cudaGraphInstantiate: %s", cudaGetErrorString(e));
+        ge->exec = nullptr;
+      }
+    }
+    if (g) cudaGraphDestroy(g);
+    if (!why.empty()) {
+      (void)cudaGetLastError();
+      fprintf(stderr, "cuda backend: CUDA graphs disabled, running eagerly: %s\n", why.c_str());
+      m.clear_graphs();
+      m.use_graphs = false;
+      ge = nullptr;
+    }
+  }
+  if (ge && ge->exec) {
+    ck(cudaGraphLaunch(ge->exec, m.stream), "cudaGraphLaunch");
+    return;
+  }
+  body();
+  ck(cudaGetLastError(), "forward");
+}
+
 void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *tokens, const int32_t *start_pos,
                  const float *temp, const uint64_t *rkey, float *logits_out, int32_t *argmax_out) {
   struct Tuning {  // mqb_model::tune_here for this step only, also when it throws
@@ -3453,56 +3575,8 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
   }
   upload_meta(m);
   if (m.tl_buf) ck(cudaMemsetAsync(m.tl_buf, 0, sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS, m.stream), "timeline reset");
-  GraphEntry *ge = nullptr;
-  if (graphs) {
-    ge = &m.graphs[graph_key(b, m.step_splits, logits_out != nullptr && mk_applies(m, b))];
-    if (!ge->warmed) {  // first use of this bucket: run eagerly (loads modules, cuBLAS heuristics)
-      step_dispatch(m, b, logits_out != nullptr);
-      ck(cudaGetLastError(), "forward");
-    } else {
-      if (!ge->exec) {
-        // A capture that fails (driver without PDL-in-graph support, say) must not fail the
-        // request: graphs are switched off for this model, said on stderr, and the step runs eagerly.
-        std::string why;
-        ck(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-        try {
-          step_dispatch(m, b, logits_out != nullptr);
-        } catch (const std::exception &e) {
-          why = e.what();
-        }
-        cudaGraph_t g = nullptr;
-        cudaError_t e = cudaStreamEndCapture(m.stream, &g);
-        if (e != cudaSuccess && why.empty()) why = fmt("cudaStreamEndCapture: %s", cudaGetErrorString(e));
-        if (why.empty()) {
-#if defined(CUDART_VERSION) && CUDART_VERSION < 12000  // CUDA 11's signature (compile checks with nvcc 11.8)
-          e = cudaGraphInstantiate(&ge->exec, g, nullptr, nullptr, 0);
-#else
-          e = cudaGraphInstantiate(&ge->exec, g, 0);
-#endif
-          if (e != cudaSuccess) {
-            why = fmt("cudaGraphInstantiate: %s", cudaGetErrorString(e));
-            ge->exec = nullptr;
-          }
-        }
-        if (g) cudaGraphDestroy(g);
-        if (!why.empty()) {
-          (void)cudaGetLastError();
-          fprintf(stderr, "cuda backend: CUDA graphs disabled, running eagerly: %s\n", why.c_str());
-          m.clear_graphs();
-          m.use_graphs = false;
-          ge = nullptr;
-        }
-      }
-      if (ge) ck(cudaGraphLaunch(ge->exec, m.stream), "cudaGraphLaunch");
-      else {
-        step_dispatch(m, b, logits_out != nullptr);
-        ck(cudaGetLastError(), "forward");
-      }
-    }
-  } else {
-    step_dispatch(m, b, logits_out != nullptr);
-    ck(cudaGetLastError(), "forward");
-  }
+  GraphEntry *ge = graphs ? &m.graphs[graph_key(b, m.step_splits, logits_out != nullptr && mk_applies(m, b))] : nullptr;
+  run_graphed(m, ge, [&] { step_dispatch(m, b, logits_out != nullptr); });
   ck(cudaMemcpyAsync(m.keys_h, m.keys, sizeof(unsigned long long) * n, cudaMemcpyDeviceToHost, m.stream),
      "argmax download");
   if (logits_out)
@@ -3712,6 +3786,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   }
   m->clear_graphs();
   if (k == "graphs") m->use_graphs = value != 0;
+  else if (k == "mixed_graphs") m->mixed_graphs = value != 0;
   else if (k == "pdl") m->use_pdl = value != 0;
   else if (k == "blas_tune") m->blas_tune = value != 0;  // the shapes tuned so far keep their plans
 #ifndef MQB_HOST_TEST

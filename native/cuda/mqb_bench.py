@@ -745,7 +745,7 @@ def switches_of(name):
 
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
-DEFAULTS = {"pdl": 1, "graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
+DEFAULTS = {"pdl": 1, "graphs": 1, "mixed_graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 0, "sk_kw": 0,
             "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16, "tile_pre": 3, "prefill_flash": 1,
             "prefill_tc": 1, "blas_tune": 1, "slim": 3, "attn_cluster": 1, "tile_cluster": 1, "pre_params": 1, "attn_push": 1,
@@ -1150,12 +1150,16 @@ def prefill_bench(args):
     PREFILL_TCAPS (MQB_TCAP, read when a model is opened: one Qwen3-0.6B-shaped model per value;
     default "2048", the backend's) and each switch set in PREFILL_VARIANTS (default "default"; key=value[+...] as
     bench's). Prints PREFILL lines (ms per call and prompt tokens per second) and, for the largest
-    batch, the kernels' summed time per name over one traced call (CUPTI)."""
+    batch, the kernels' summed time per name over one traced call (CUPTI), and all kernels' sum
+    against the call's time. PREFILL_DECODES=N (default 0) puts N decode entries (one token each,
+    after an L-token context) beside the prompts in every call: the mixed step a served point makes
+    when requests arrive beside running ones."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     L = int(os.environ.get("PREFILL_LEN", "128"))
     reps = int(os.environ.get("PREFILL_REPS", "7"))
     batches = [int(b) for b in os.environ.get("PREFILL_BATCHES", "1,8,32").split(",")]
+    D = int(os.environ.get("PREFILL_DECODES", "0"))
     res = {}
 
     def prompts(B, V):  # B prompts of L tokens, flattened, the same for a batch in every variant
@@ -1168,9 +1172,14 @@ def prefill_bench(args):
         for pv in os.environ.get("PREFILL_VARIANTS", "default").split(","):
             opts = {} if pv == "default" else switches_of(pv)
             with be.switched(opts):
+                mixed = {}
                 for B in batches:
                     toks = prompts(B, V)
-                    call = lambda: be.forward(list(range(B)), [L] * B, toks, [0] * B)
+                    dslots = list(range(B, B + D))
+                    if D:  # the decode entries' contexts
+                        be.forward(dslots, [L] * D, prompts(D, V), [0] * D)
+                    mixed[B] = (list(range(B)) + dslots, [L] * B + [1] * D, toks + [1] * D, [0] * B + [L] * D)
+                    call = lambda: be.forward(*mixed[B])
                     first = call()[0]
                     call()
                     ts = []
@@ -1180,21 +1189,28 @@ def prefill_bench(args):
                         ts.append(time.perf_counter() - t0)
                     ms = sorted(ts)[len(ts) // 2] * 1e3
                     key = "tcap%s_%s_b%d" % (tcap, pv, B)
-                    res[key] = dict(ms=ms, tok_s=B * L / ms * 1e3, same_tokens=out == first)
-                    print("PREFILL tcap %5s %-24s batch %2d x %d tokens: %8.2f ms  %9.0f tok/s" % (
-                        tcap, pv, B, L, ms, B * L / ms * 1e3), flush=True)
+                    res[key] = dict(ms=ms, tok_s=B * L / ms * 1e3, same_tokens=out == first, decodes=D)
+                    print("PREFILL tcap %5s %-24s batch %2d x %d tokens%s: %8.2f ms  %9.0f tok/s" % (
+                        tcap, pv, B, L, " + %d decodes" % D if D else "", ms, B * L / ms * 1e3), flush=True)
                 B = max(batches)
+                be.forward(*mixed[B])
+                t0 = time.perf_counter()
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    be.forward(list(range(B)), [L] * B, prompts(B, V), [0] * B)
+                    be.forward(*mixed[B])
+                traced_ms = (time.perf_counter() - t0) * 1e3
                 tot = {}
+                nk = 0
                 for e in prof.events():
                     if e.device_type == torch.autograd.DeviceType.CUDA:
+                        nk += 1
                         nm = kernel_name(e, 40)
                         tot[nm] = tot.get(nm, 0.0) + (e.time_range.end - e.time_range.start) / 1e3
                 top = sorted(tot.items(), key=lambda kv: -kv[1])[:12]
                 res["tcap%s_%s_b%d_kernels_ms" % (tcap, pv, B)] = dict(top)
-                print("PREFILL tcap %5s %-24s batch %2d kernels (ms, summed): %s" % (
-                    tcap, pv, B, ", ".join("%s %.2f" % kv for kv in top)), flush=True)
+                res["tcap%s_%s_b%d_kernels_total_ms" % (tcap, pv, B)] = sum(tot.values())
+                print("PREFILL tcap %5s %-24s batch %2d kernels (ms, summed): all %d %.2f of the traced call's %.2f;"
+                      " %s" % (tcap, pv, B, nk, sum(tot.values()), traced_ms, ", ".join("%s %.2f" % kv for kv in top)),
+                      flush=True)
         be.close()
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
   pdl_trigger();
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const Tile tile = tiles[blockIdx.x];
+  if (tile.n == 0) return;  // past a graphed chunk's tiles (its grid is fixed: run_chunk)
   const int h = blockIdx.y, kh = h / (nh / nkv);
   const int slot = tslot[tile.t0], p0 = tpos[tile.t0], pmax = p0 + tile.n - 1;
   // The tile's q rows as T in ks (rows past n zero), then each warp's 16 rows as A fragments.
