@@ -2776,7 +2776,7 @@ int prefill_tiles(mqb_model &m, int Tn, int pad_to = 0) {
     m.ptile_h[n++] = pa::Tile{i, k};
     i += k;
   }
-  // A graphed chunk's launch has a fixed grid (mixed_tiles): the tiles past the chunk's are
+  // A graphed chunk's launch has a fixed grid (run_chunk): the tiles past the chunk's are
   // empty, and their blocks return at once.
   while (n < pad_to) m.ptile_h[n++] = pa::Tile{0, 0};
   ck(cudaMemcpyAsync(m.ptile, m.ptile_h, sizeof(pa::Tile) * n, cudaMemcpyHostToDevice, m.stream), "tile upload");
@@ -3240,10 +3240,11 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
 void warm_up(mqb_model &m) {
   if (m.warm) {
     std::vector<int> row_entry;
-    // chunk: a decode entry (one token at position 1) when dec, then R prompts of L tokens.
-    auto chunk = [&](bool dec, int R, int L) {
+    // chunk runs one chunk of the given entries (token count, first position), each a
+    // sequence on the scratch slot with its own row.
+    auto chunk = [&](const std::vector<std::pair<int, int>> &entries) {
       int Tn = 0, rows = 0;
-      auto entry = [&](int n, int start) {
+      for (const auto &[n, start] : entries) {
         for (int j = 0; j < n; ++j, ++Tn) {
           m.meta_h[Tn] = 0;
           m.meta_h[m.Tcap + Tn] = start + j;
@@ -3251,41 +3252,30 @@ void warm_up(mqb_model &m) {
         }
         m.meta_h[3 * m.Tcap + rows] = Tn - 1;
         set_samp(m, rows++, -1, nullptr, nullptr);
-      };
-      if (dec) entry(1, 1);
-      for (int r = 0; r < R; ++r) entry(L, 0);
+      }
       row_entry.assign(rows, 0);
       run_chunk(m, Tn, rows, true, nullptr, nullptr, row_entry);
     };
     const int top = std::min(m.Tcap, m.max_ctx);
     for (int Tn = 2;; Tn *= 2) {
-      chunk(false, 1, std::min(Tn, top));
+      chunk({{std::min(Tn, top), 0}});
       if (Tn >= top) break;
     }
     const int R = std::min(m.max_batch, m.Rcap) - 1;  // a burst of prompts beside a decode
-    if (R > 0 && top > R) chunk(true, R, (top - 1) / R);
-    // Every graphed chunk bucket (run_chunk): Tg tokens in rows prompts (of at most one
-    // pa::BQ-token tile each, so the tiles fit the graph's grid), eagerly, then captured.
+    if (R > 0 && top > R) {
+      std::vector<std::pair<int, int>> burst(R + 1, {(top - 1) / R, 0});
+      burst[0] = {1, 1};  // the decode entry: one token at position 1
+      chunk(burst);
+    }
+    // Every graphed chunk bucket (run_chunk): Tg tokens in rows prompts, all of one token but
+    // the last (so the tiles fit the graph's grid), eagerly, then captured.
     for (int Tg = 16; m.use_graphs && m.mixed_graphs && Tg <= std::min({CHUNK_GRAPH_MAX, m.Tcap, m.max_ctx});
          Tg = chunk_bucket(Tg + 1))
-      for (int rows = 1; rows <= std::min(m.max_batch, Tg); rows *= 2)
-        for (int k = 0; k < 2; ++k) {
-          int Tn = 0;
-          auto entry = [&](int n) {  // a prompt of n tokens
-            for (int j = 0; j < n; ++j, ++Tn) {
-              m.meta_h[Tn] = 0;
-              m.meta_h[m.Tcap + Tn] = j;
-              m.meta_h[2 * m.Tcap + Tn] = m.scratch;
-            }
-          };
-          for (int r = 0; r < rows; ++r) {
-            entry(r + 1 < rows ? 1 : Tg - (rows - 1));
-            m.meta_h[3 * m.Tcap + r] = Tn - 1;
-            set_samp(m, r, -1, nullptr, nullptr);
-          }
-          row_entry.assign(rows, 0);
-          run_chunk(m, Tn, rows, true, nullptr, nullptr, row_entry);
-        }
+      for (int rows = 1; rows <= std::min(m.max_batch, Tg); rows *= 2) {
+        std::vector<std::pair<int, int>> entries(rows, {1, 0});
+        entries.back().first = Tg - (rows - 1);
+        for (int k = 0; k < 2; ++k) chunk(entries);
+      }
   }
   std::vector<int> bs;
   for (int n = 1; n <= m.max_batch; ++n)
