@@ -3498,9 +3498,9 @@ int bucket_for(const mqb_model &m, int n) {
 // such a request neither waits for a capture nor adds a graph (decode_step).
 int graph_key(int b, int splits, bool logits) { return (b * (ATT_SPLIT_MAX + 1) + splits) * 2 + (logits ? 1 : 0); }
 
-// run_graphed runs body (a step's launches on m.stream) through the graph in *ge: the first
-// time eagerly (modules load, cuBLAS asks its heuristics) and marks it warmed, the second time
-// captured and instantiated, then replayed. ge NULL runs body eagerly. A capture that fails
+// run_graphed runs body (a step's launches on m.stream) through the graph in *ge: eagerly until
+// the caller has marked it warmed (after the first run: modules load, cuBLAS asks its
+// heuristics), then captured and instantiated once, then replayed. ge NULL runs body eagerly. A capture that fails
 // (a driver without PDL-in-graph support, say) must not fail the request: graphs are switched
 // off for this model, said on stderr, *ge is set to NULL and body runs eagerly.
 void run_graphed(mqb_model &m, GraphEntry *&ge, const std::function<void()> &body) {

@@ -791,7 +791,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
                                                 std::to_string(captured) + " captured for 6 steps, same outputs " +
                                                 std::to_string(same));
   }
-  // Prefill and mixed chunks as graphs (run_chunk, padded to their bucket: 19 tokens to 24 on
+  // Prefill and mixed chunks as graphs (run_chunk, padded to their bucket: 19 tokens to 32 on
   // the scratch slot, 5 rows to 8): two prompts beside three decodes, run three times graphed
   // (eager, captured, replayed) and once with mixed_graphs 0, give the same logits bit for bit,
   // and one graph is captured.
