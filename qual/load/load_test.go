@@ -275,3 +275,20 @@ func TestValidateNamesField(t *testing.T) {
 		}
 	}
 }
+
+// The recorded input_config says what each prompt asked for when prompts have lengths of
+// their own (a manifest's output_tokens_stddev), and nothing more when none has.
+func TestDescribeConfigRecordsPromptOutputLengths(t *testing.T) {
+	ps := prompts(3)
+	if _, ok := describeConfig(Config{Prompts: ps, OutputTokens: 8}, &Result{})["prompt_output_tokens"]; ok {
+		t.Error("prompt_output_tokens recorded although no prompt has a length of its own")
+	}
+	ps, err := DrawOutputLengths(ps, 8, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := describeConfig(Config{Prompts: ps, OutputTokens: 8}, &Result{})["prompt_output_tokens"].([]int)
+	if len(got) != 3 || got[0] != ps[0].OutputTokens || got[2] != ps[2].OutputTokens {
+		t.Errorf("prompt_output_tokens %v, want the prompts' lengths %d %d %d", got, ps[0].OutputTokens, ps[1].OutputTokens, ps[2].OutputTokens)
+	}
+}

@@ -305,15 +305,25 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	return pr
 }
 
-// describeConfig is the input_config recorded when the caller gave none.
+// describeConfig is the input_config recorded when the caller gave none. Prompts with output
+// lengths of their own (a manifest's output_tokens_stddev, an input file's output_length) add
+// them in prompt order, since output_tokens alone would not say what was asked for.
 func describeConfig(cfg Config, lr *Result) map[string]any {
-	return map[string]any{
+	d := map[string]any{
 		"endpoint": cfg.Endpoint, "stream": cfg.Stream, "concurrency": cfg.Concurrency,
 		"request_rate": cfg.RequestRate, "arrival": cfg.Arrival, "max_concurrency": cfg.MaxConcurrency,
 		"requests": cfg.Requests, "duration": cfg.Duration.String(), "warmup": cfg.Warmup,
 		"prompts": len(cfg.Prompts), "output_tokens": cfg.OutputTokens, "cancel_rate": cfg.CancelRate,
 		"cancel_delay": cfg.CancelDelay.String(), "seed": lr.Seed, "model": cfg.Model, "url": cfg.BaseURL,
 	}
+	own, some := make([]int, len(cfg.Prompts)), false
+	for i, p := range cfg.Prompts {
+		own[i], some = p.OutputTokens, some || p.OutputTokens > 0
+	}
+	if some {
+		d["prompt_output_tokens"] = own
+	}
+	return d
 }
 
 // waitServerRecords reads the server records appended since offset, waiting (up to wait)
