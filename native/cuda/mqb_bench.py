@@ -1151,7 +1151,7 @@ def prefill_bench(args):
     default "2048", the backend's) and each switch set in PREFILL_VARIANTS (default "default"; key=value[+...] as
     bench's). Prints PREFILL lines (ms per call and prompt tokens per second) and, for the largest
     batch, the kernels' summed time per name over one traced call (CUPTI), and all kernels' sum
-    against the call's time. PREFILL_DECODES=N (default 0) puts N decode entries (one token each,
+    against the call's time (PREFILL_TRACE_B picks another of the batches to trace). PREFILL_DECODES=N (default 0) puts N decode entries (one token each,
     after an L-token context) beside the prompts in every call: the mixed step a served point makes
     when requests arrive beside running ones."""
     import torch
@@ -1192,7 +1192,7 @@ def prefill_bench(args):
                     res[key] = dict(ms=ms, tok_s=B * L / ms * 1e3, same_tokens=out == first, decodes=D)
                     print("PREFILL tcap %5s %-24s batch %2d x %d tokens%s: %8.2f ms  %9.0f tok/s" % (
                         tcap, pv, B, L, " + %d decodes" % D if D else "", ms, B * L / ms * 1e3), flush=True)
-                B = max(batches)
+                B = int(os.environ.get("PREFILL_TRACE_B", max(batches)))
                 be.forward(*mixed[B])
                 t0 = time.perf_counter()
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -36,6 +36,40 @@ struct Tile {
 // supported: head_dims the kernel is instantiated for.
 __host__ __device__ constexpr bool supported(int D) { return D == 16 || D == 32 || D == 64 || D == 128; }
 
+// stage_rows copies cached rows k0 .. k0 + BK - 1 of one KV head (row stride rs elements, from
+// src) into shared rows of RS elements with asynchronous 16-byte copies (sk::stage16), and
+// zeros the rows past pmax with plain stores. Every thread of the block takes part.
+template <typename T, int D>
+__device__ __forceinline__ void stage_rows(T *dst, const T *src, size_t rs, int k0, int pmax) {
+  constexpr int RS = D + 8;
+  for (int i = threadIdx.x; i < BK * (D / 8); i += THREADS) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    if (k0 + r <= pmax)
+      sk::stage16(dst + r * RS + c, src + (size_t)(k0 + r) * rs + c);
+    else
+      *reinterpret_cast<uint4 *>(dst + r * RS + c) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// The asynchronous copies' groups: stage_commit closes the copies issued so far into a group;
+// stage_wait_but_one waits for all groups but the newest, stage_wait_all for all of them. (In
+// the CPU emulation sk::stage16 copies at once, and these are no-ops.)
+__device__ __forceinline__ void stage_commit() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void stage_wait_but_one() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void stage_wait_all() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
 // prefill_attn_kernel: grid (tiles, query heads), THREADS threads. q [tokens, nh, D] fp32; the
 // cache [slots, maxctx, nkv, D] in T holds every position up to each token's (qkv_post appended
 // the chunk's); out [tokens, nh, D] in T.
@@ -83,22 +117,22 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[dn][e] = 0.f;
   const size_t rs = (size_t)nkv * D, base = ((size_t)slot * maxctx * nkv + kh) * D;
+  const bool active = w * 16 < tile.n;  // warp-uniform: the warp has rows of the tile
+  float s[NT][4];
   for (int k0 = 0; k0 <= pmax; k0 += BK) {
-    // K and V rows k0 .. k0 + BK - 1; those past the tile's last position are zeros (masked for
-    // every row, and finite, so 0 * V stays 0).
-    for (int i = threadIdx.x; i < BK * (D / 8); i += THREADS) {
-      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-      uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
-      if (k0 + r <= pmax) {
-        kv = __ldg(reinterpret_cast<const uint4 *>(kc + base + (size_t)(k0 + r) * rs + c));
-        vv = __ldg(reinterpret_cast<const uint4 *>(vc + base + (size_t)(k0 + r) * rs + c));
-      }
-      *reinterpret_cast<uint4 *>(ks + r * RS + c) = kv;
-      *reinterpret_cast<uint4 *>(vs + r * RS + c) = vv;
-    }
+    // K rows k0 .. k0 + BK - 1, then V's, as two groups of asynchronous copies: every load of a
+    // tile is in flight at once (a loop of register loads waited for each in turn: 8 round trips
+    // a tile at D = 128, which made a mixed step's one-token tiles cost ~30 us a layer, run 134),
+    // and V lands while the scores are made. Rows past the tile's last position are zeros
+    // (masked for every row, and finite, so 0 * V stays 0).
+    stage_rows<T, D>(ks, kc + base, rs, k0, pmax);
+    stage_commit();
+    stage_rows<T, D>(vs, vc + base, rs, k0, pmax);
+    stage_commit();
+    stage_wait_but_one();
     __syncthreads();
-    if (w * 16 < tile.n && wlast >= k0) {  // warp-uniform: a warp whose rows all precede k0 skips
-      float s[NT][4];
+    const bool live_tile = active && wlast >= k0;  // a warp whose rows all precede k0 skips the tile
+    if (live_tile) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -147,6 +181,10 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
           o[dn][2 * r + 1] *= corr;
         }
       }
+    }
+    stage_wait_all();
+    __syncthreads();  // V has landed for every thread's copies
+    if (live_tile) {
       // O += P V: P's n tiles 2 kk and 2 kk + 1 are the A fragment of positions 16 kk..; lanes
       // address V rows 16 kk + 8 ((lane >> 3) & 1) + (lane & 7) at dim tile 2 dp + (lane >> 4).
 #pragma unroll
