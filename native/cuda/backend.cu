@@ -65,7 +65,8 @@
 // Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
 // before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
 // position (as before run 26), "prefill_tc" 0 sends bf16/fp16 prefill attention back to
-// attention_kernel ("prefill_flash" 0: through attend there), "tile_pre" n has each tile-kernel
+// attention_kernel ("prefill_flash" 0: through attend there), "prefill_one" 0 sends a chunk's
+// one-token tiles to prefill_attn_kernel with the others (mqb_model::prefill_one), "tile_pre" n has each tile-kernel
 // block ask for n weight chunks before its wait (default 3), "slim" (bitmask, default 3) 0 runs
 // the kernels that carry every mode's code (mqb_model::slim), "attn_cluster" 0 merges decode
 // attention's position splits through L2 instead of a thread-block cluster's distributed shared
@@ -1542,17 +1543,20 @@ __device__ void attend_either(bool flash, const float *qs, const T *kb, const T 
 // default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Two blocks
 // per SM for up to ATT_2BLK_GM query heads per KV head (see there; H200, NOTES.md runs 71-72: 8.1
 // us alone instead of 11.7, 7.5 us per layer of a batch-32 step instead of 11.3). FLASH_ONLY:
-// the instance for steps that attend_flash takes (flash_only), without attend's code.
+// the instance for steps that attend_flash takes (flash_only), without attend's code. toks
+// (NULL: block x is token x) lists the tokens to take, -1 for none (a graphed chunk's fixed grid):
+// a prefill or mixed chunk's one-token tiles (prefill_tiles).
 template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
     attention_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                      const int *__restrict__ tpos, const int *__restrict__ tslot, T *__restrict__ out, int nh,
-                     int nkv, int D, int maxctx, int flash) {
+                     int nkv, int D, int maxctx, int flash, const int *__restrict__ toks) {
   DYN_SMEM(float, asm_);
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
   pdl_wait();
   pdl_trigger();
-  const int t = blockIdx.x, g = blockIdx.y, G = nh / nkv;
+  const int t = toks ? toks[blockIdx.x] : (int)blockIdx.x, g = blockIdx.y, G = nh / nkv;
+  if (t < 0) return;  // block-uniform
   float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
   const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
@@ -1877,7 +1881,16 @@ struct mqb_model {
   // prompts of 128 tokens prefill in 15.9 ms instead of 46.5, one in 1.93 instead of 2.50 (run
   // 63). ptile is the chunk's tiles (prefill_tiles), ptile_h its pinned host copy, Tcap each.
   bool prefill_tc = true;
+  // With prefill_tc, a chunk's one-token tiles (its decode entries: a served mixed step's
+  // running sequences) go through attention_kernel, as a decode step's tokens do, and only the
+  // longer tiles through prefill_attn_kernel (debug "prefill_one"; 0: every tile there). There a
+  // one-token tile is a block of four warps with one row, walking the context 64 positions at
+  // a time: 26 of them beside a 128-token prompt took 0.77-0.85 ms of a 2.2 ms step (run 134).
+  bool prefill_one = true;
+  // ptile: the chunk's tiles (prefill_tiles), then its one-token tiles' token indices (ints);
+  // ptile_h its pinned host copy. Room for Tcap of each.
   pa::Tile *ptile = nullptr, *ptile_h = nullptr;
+  std::vector<int> ones_h;  // prefill_tiles' one-token tiles, before the copy into ptile_h
   // Debug timeline (mqb_debug_set "timeline"): TL_SLOTS records of TL_FIELDS timestamps, one per
   // GEMV, tile-kernel and decode-attention launch of the last decode step's dispatch, labelled in tl_labels;
   // tl_buf is tl_mem while on, NULL while off.
@@ -2765,22 +2778,39 @@ int attn_splits(const mqb_model &m, int Tn, int nmax) {
   return std::max(1, std::min(ATT_SPLIT_MAX, std::min(fill, std::max(len, few))));
 }
 
+// TileGrid: a prefill or mixed chunk's attention grids (prefill_tiles): multi tiles through
+// prefill_attn_kernel, one-token tiles (with prefill_one) through attention_kernel. A graphed
+// chunk's are fixed sizes, the entries past the chunk's empty (run_chunk).
+struct TileGrid {
+  int multi = 0, one = 0;
+  bool operator==(const TileGrid &o) const { return multi == o.multi && one == o.one; }
+};
+
 // prefill_tiles cuts the Tn tokens of the chunk in meta_h into pa::Tiles (runs of up to pa::BQ
-// tokens of one slot at consecutive positions), uploads them to m.ptile and returns how many.
-int prefill_tiles(mqb_model &m, int Tn, int pad_to = 0) {
+// tokens of one slot at consecutive positions); with prefill_one a run of one token is listed
+// apart, by its token index, after the tiles. Pads both lists to pad (empty tiles, token -1),
+// uploads them to m.ptile and returns their lengths.
+TileGrid prefill_tiles(mqb_model &m, int Tn, TileGrid pad = {}) {
   const int *pos = m.meta_h + m.Tcap, *slot = m.meta_h + 2 * m.Tcap;
+  std::vector<int> &ones = m.ones_h;
+  ones.clear();
   int n = 0;
   for (int i = 0; i < Tn;) {
     int k = 1;
     while (i + k < Tn && k < pa::BQ && slot[i + k] == slot[i] && pos[i + k] == pos[i] + k) ++k;
-    m.ptile_h[n++] = pa::Tile{i, k};
+    if (k == 1 && m.prefill_one) ones.push_back(i);
+    else m.ptile_h[n++] = pa::Tile{i, k};
     i += k;
   }
   // A graphed chunk's launch has a fixed grid (run_chunk): the tiles past the chunk's are
   // empty, and their blocks return at once.
-  while (n < pad_to) m.ptile_h[n++] = pa::Tile{0, 0};
-  ck(cudaMemcpyAsync(m.ptile, m.ptile_h, sizeof(pa::Tile) * n, cudaMemcpyHostToDevice, m.stream), "tile upload");
-  return n;
+  while (n < pad.multi) m.ptile_h[n++] = pa::Tile{0, 0};
+  while ((int)ones.size() < pad.one) ones.push_back(-1);
+  std::memcpy(reinterpret_cast<int *>(m.ptile_h + n), ones.data(), sizeof(int) * ones.size());
+  ck(cudaMemcpyAsync(m.ptile, m.ptile_h, sizeof(pa::Tile) * n + sizeof(int) * ones.size(), cudaMemcpyHostToDevice,
+                     m.stream),
+     "tile upload");
+  return TileGrid{n, (int)ones.size()};
 }
 
 // prefill_attention launches pa::prefill_attn_kernel over the chunk's ntiles tiles (m.ptile) for
@@ -2809,7 +2839,7 @@ void prefill_attention(mqb_model &m, const Layer &ly, int ntiles) {
 // may then run fused with the q/k/v post-processing (decode_attn_kernel, by the fused_attn rule
 // below), and batches of tc_min_b..TC_MAX_B use the tensor-core products where tc_ok.
 template <typename T>
-void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, int tiles) {
+void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const TileGrid *tiles) {
   const Cfg &c = m.c;
   const int H = c.H, QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
   const float eps = (float)c.eps;
@@ -2824,9 +2854,9 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, int ti
   const int S = fused ? m.step_splits : 1;
   const int clz = cluster_of(m.attn_cluster, S);  // an item's S position splits
   // Prefill / mixed steps of bf16/fp16 models: attention on the tensor cores (prefill_attn.cuh),
-  // over the chunk's tiles (cut once per chunk).
+  // over the chunk's tiles (cut once per chunk), the one-token tiles through attention_kernel.
   const bool tc_prefill = !decode && !std::is_same<T, float>::value && m.prefill_tc && pa::supported(c.D);
-  const int ntiles = !tc_prefill ? 0 : tiles >= 0 ? tiles : prefill_tiles(m, Tn);
+  const TileGrid grid = !tc_prefill ? TileGrid{} : tiles ? *tiles : prefill_tiles(m, Tn);
   m.tl_decode = decode;
   m.tl_next = 0;
   mark(m, "start");
@@ -2859,17 +2889,17 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, int ti
              (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale, m.qbuf, static_cast<T *>(ly.kc),
              static_cast<T *>(ly.vc), m.max_ctx, (const float2 *)m.rope_tab);
       m.label = "attention";
-      if (tc_prefill) {
-        prefill_attention<T>(m, ly, ntiles);
-        return;
-      }
-      const bool flash = decode || m.prefill_flash;  // with m.attn_flash
+      // The one-token tiles' tokens are decode-like: attend_flash, as a decode step's.
+      const bool flash = decode || m.prefill_flash || tc_prefill;  // with m.attn_flash
+      if (tc_prefill && grid.multi > 0) prefill_attention<T>(m, ly, grid.multi);
+      if (tc_prefill && grid.one == 0) return;
       launch_gm(gm, [&](auto g) {
         auto k = flash && flash_only<T>(m, c.D) ? attention_kernel<T, decltype(g)::value, true>
                                                 : attention_kernel<T, decltype(g)::value, false>;
-        launch(m, k, dim3(Tn, c.nkv), dim3(ATT_THREADS), asmem, (const float *)m.qbuf, (const T *)ly.kc,
-               (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), static_cast<T *>(m.attn), c.nh,
-               c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0);
+        launch(m, k, dim3(tc_prefill ? grid.one : Tn, c.nkv), dim3(ATT_THREADS), asmem, (const float *)m.qbuf,
+               (const T *)ly.kc, (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(),
+               static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0,
+               tc_prefill ? reinterpret_cast<const int *>(m.ptile + grid.multi) : (const int *)nullptr);
       });
     };
     if constexpr (!std::is_same<T, float>::value) {  // tensor-core products: bf16/fp16 only
@@ -2908,9 +2938,9 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, int ti
             R, H, m.lm, c.V, nullptr, m.logits, false, want_keys ? m.keys : nullptr, Samp{m.samp_temp, m.samp_key});
 }
 
-// run_dispatch runs run_tokens for the model's precision. tiles >= 0: the prefill attention's
-// tiles are uploaded already (a graphed chunk's, padded to that many); -1 cuts them here.
-void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys, bool decode, int tiles = -1) {
+// run_dispatch runs run_tokens for the model's precision. tiles: the prefill attention's tiles
+// are uploaded already (a graphed chunk's, padded to those sizes); NULL cuts them here.
+void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const TileGrid *tiles = nullptr) {
   switch (m.dt) {
     case DT_BF16: run_tokens<__nv_bfloat16>(m, Tn, R, want_keys, decode, tiles); break;
     case DT_F16: run_tokens<__half>(m, Tn, R, want_keys, decode, tiles); break;
@@ -3401,8 +3431,9 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   memset(m.samp_temp_h, 0, sizeof(float) * m.Rcap);
   memset(m.samp_key_h, 0, sizeof(unsigned long long) * m.Rcap);
   memset(m.meta_h, 0, sizeof(int) * m.meta_count());
-  m.ptile = static_cast<pa::Tile *>(m.dmalloc(sizeof(pa::Tile) * m.Tcap));
-  ck(cudaMallocHost(reinterpret_cast<void **>(&m.ptile_h), sizeof(pa::Tile) * m.Tcap), "cudaMallocHost");
+  m.ptile = static_cast<pa::Tile *>(m.dmalloc((sizeof(pa::Tile) + sizeof(int)) * m.Tcap));
+  ck(cudaMallocHost(reinterpret_cast<void **>(&m.ptile_h), (sizeof(pa::Tile) + sizeof(int)) * m.Tcap),
+     "cudaMallocHost");
 
   const int gm = gm_for(G);
   // The decode attention's park (attn_push) where it fits beside attn_smem in one block (sm_90:
@@ -3451,8 +3482,9 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
   while (Rg < R) Rg *= 2;
   Rg = std::min(Rg, m.Rcap);
   // Tiles of at most pa::BQ tokens, one sequence each: at most Tg / BQ + one more per entry
-  // (R rows, a prompt continued in the next chunk, the padding).
-  const int G = std::min(Tg, Tg / pa::BQ + Rg + 2);
+  // (R rows, a prompt continued in the next chunk, the padding); one-token tiles at most one
+  // per entry.
+  const TileGrid G{std::min(Tg, Tg / pa::BQ + Rg + 2), m.prefill_one ? std::min(Tg, Rg + 2) : 0};
   if (m.use_graphs && m.mixed_graphs && !m.prof && Tg <= std::min(CHUNK_GRAPH_MAX, m.Tcap) && Tg - Tn <= m.max_ctx) {
     for (int j = Tn; j < Tg; ++j) {
       m.meta_h[j] = 0;
@@ -3466,7 +3498,7 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
     if (prefill_tiles(m, Tg, G) == G) ge = &m.graphs[chunk_graph_key(m, Tg, Rg, want_keys)];
   }
   upload_meta(m);
-  if (ge) run_graphed(m, ge, [&] { run_dispatch(m, Tg, Rg, want_keys, false, G); });
+  if (ge) run_graphed(m, ge, [&] { run_dispatch(m, Tg, Rg, want_keys, false, &G); });
   else run_dispatch(m, Tn, R, want_keys, false);
   ck(cudaGetLastError(), "forward");
   if (want_keys)
@@ -3812,6 +3844,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "attn_flash") m->attn_flash = value != 0;
   else if (k == "prefill_flash") m->prefill_flash = value != 0;
   else if (k == "prefill_tc") m->prefill_tc = value != 0;
+  else if (k == "prefill_one") m->prefill_one = value != 0;
   else if (k == "timeline") {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));

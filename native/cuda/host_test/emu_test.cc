@@ -791,27 +791,32 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
                                                 std::to_string(captured) + " captured for 6 steps, same outputs " +
                                                 std::to_string(same));
   }
-  // Prefill and mixed chunks as graphs (run_chunk, padded to their bucket: 19 tokens to 32 on
-  // the scratch slot, 5 rows to 8): two prompts beside three decodes, run three times graphed
-  // (eager, captured, replayed) and once with mixed_graphs 0, give the same logits bit for bit,
-  // and one graph is captured.
+  // Prefill and mixed chunks as graphs (run_chunk, padded to their bucket: 15 tokens to 16 on
+  // the scratch slot, 5 rows to 8): two prompts (1 and 11 tokens) beside three decodes, run three
+  // times graphed (eager, captured, replayed) and once with mixed_graphs 0, give the same logits
+  // bit for bit, and one graph is captured. Every row must match the reference: in bf16/fp16 the
+  // one-token tiles (the decodes, the 1-token prompt, the 1-token padding) go through
+  // attention_kernel and the 11-token prompt through prefill_attn_kernel (prefill_one); a fifth
+  // run with prefill_one 0 sends all of them through prefill_attn_kernel.
   {
     std::vector<int32_t> ctx_slots{0, 1, 2}, ctx_nt(3, 7), ctx_sp(3, 0), ctx_am(3);
     std::vector<int> ctx = rnd_ids(21);
     int rc = mqb_forward(m, 3, ctx_slots.data(), ctx_nt.data(), ctx.data(), ctx_sp.data(), nullptr, ctx_am.data(), err,
                          sizeof err);
-    std::vector<int32_t> sl{3, 4, 0, 1, 2}, nt{5, 11, 1, 1, 1}, sp{0, 0, 7, 7, 7}, am(5);
-    std::vector<int> tk = rnd_ids(16);
+    std::vector<int32_t> sl{3, 4, 0, 1, 2}, nt{1, 11, 1, 1, 1}, sp{0, 0, 7, 7, 7}, am(5);
+    std::vector<int> tk = rnd_ids(12);
     tk.insert(tk.end(), ctx_am.begin(), ctx_am.end());
     std::vector<std::vector<float>> lg;
     const size_t before = g_graphs.size();
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < 5; ++k) {
       if (k == 3) mqb_debug_set(m, "mixed_graphs", 0);
+      if (k == 4) mqb_debug_set(m, "prefill_one", 0);
       std::vector<float> l((size_t)5 * V, -1.f);
       rc |= mqb_forward(m, 5, sl.data(), nt.data(), tk.data(), sp.data(), l.data(), am.data(), err, sizeof err);
       lg.push_back(l);
     }
     mqb_debug_set(m, "mixed_graphs", 1);
+    mqb_debug_set(m, "prefill_one", 1);
     const size_t captured = g_graphs.size() - before;
     const bool same = lg[1] == lg[0] && lg[2] == lg[0] && lg[3] == lg[0];
     double md = 0;
@@ -820,6 +825,20 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
           std::string(family) + " " + prec + " a mixed chunk as a graph: " + std::to_string(captured) +
               " captured in 3 runs, logits equal to the eager chunk's " + std::to_string(same) + " (max|d| " +
               std::to_string(md) + ")");
+    // The reference: each entry's sequence so far, its last position's logits.
+    std::vector<std::vector<int>> ids{{tk[0]}, std::vector<int>(tk.begin() + 1, tk.begin() + 12)};
+    for (int i = 0; i < 3; ++i) {
+      ids.emplace_back(ctx.begin() + 7 * i, ctx.begin() + 7 * i + 7);
+      ids.back().push_back(ctx_am[i]);
+    }
+    double mr[2] = {0, 0};
+    for (int e = 0; e < 5; ++e) {
+      const Vec r = ref_logits(o, c, ids[e]).back();
+      for (int k : {0, 1}) mr[k] = std::max(mr[k], maxdiff(lg[k == 0 ? 0 : 4].data() + (size_t)e * V, r));
+    }
+    check(mr[0] < tol && mr[1] < tol, std::string(family) + " " + prec +
+                                          " a mixed chunk against the reference: max|d| " + std::to_string(mr[0]) +
+                                          ", every tile through prefill attention " + std::to_string(mr[1]));
   }
   if (std::string(prec) == "fp32" && std::string(family) == "qwen3") {  // profiling mode bookkeeping
     mqb_debug_set(m, "profile", 1);
@@ -1129,7 +1148,7 @@ static void decode_attn_case(const char *prec, int nh) {
       });
       emu_launch(dim3(Tn, nkv), dim3(ATT_THREADS), [&] {
         attention_kernel<T, GM, true>(qbuf.data(), kc.data(), vc.data(), pos.data(), slot.data(), out.data(), nh, nkv, D,
-                                     maxctx, 1);
+                                     maxctx, 1, nullptr);
       });
     }
     double worst_row = 0, worst_out = 0;  // in steps of T
