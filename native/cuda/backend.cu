@@ -65,8 +65,9 @@
 // Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
 // before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
 // position (as before run 26), "prefill_tc" 0 sends bf16/fp16 prefill attention back to
-// attention_kernel ("prefill_flash" 0: through attend there), "prefill_one" 0 sends a chunk's
-// one-token tiles to prefill_attn_kernel with the others (mqb_model::prefill_one), "tile_pre" n has each tile-kernel
+// attention_kernel ("prefill_flash" 0: through attend there), "prefill_one" n sends the one-token
+// tiles of a chunk of at least n rows to attention_kernel (default 17; 0 never:
+// mqb_model::prefill_one), "tile_pre" n has each tile-kernel
 // block ask for n weight chunks before its wait (default 3), "slim" (bitmask, default 3) 0 runs
 // the kernels that carry every mode's code (mqb_model::slim), "attn_cluster" 0 merges decode
 // attention's position splits through L2 instead of a thread-block cluster's distributed shared
@@ -1881,12 +1882,16 @@ struct mqb_model {
   // prompts of 128 tokens prefill in 15.9 ms instead of 46.5, one in 1.93 instead of 2.50 (run
   // 63). ptile is the chunk's tiles (prefill_tiles), ptile_h its pinned host copy, Tcap each.
   bool prefill_tc = true;
-  // With prefill_tc, a chunk's one-token tiles (its decode entries: a served mixed step's
-  // running sequences) go through attention_kernel, as a decode step's tokens do, and only the
-  // longer tiles through prefill_attn_kernel (debug "prefill_one"; 0: every tile there). There a
-  // one-token tile is a block of four warps with one row, walking the context 64 positions at
-  // a time: 26 of them beside a 128-token prompt took 0.77-0.85 ms of a 2.2 ms step (run 134).
-  bool prefill_one = true;
+  // With prefill_tc, the one-token tiles of a chunk of at least prefill_one entries (rows; its
+  // decode entries: a served mixed step's running sequences) go through attention_kernel, as a
+  // decode step's tokens do, and only the longer tiles through prefill_attn_kernel (debug
+  // "prefill_one"; 0: every tile there). In prefill_attn_kernel a one-token tile is a block of
+  // four warps with one row, walking the context 64 positions at a time: 26 of them beside a
+  // 128-token prompt took 0.77-0.85 ms of the step's 2.2 summed kernel ms (run 134). A second
+  // launch costs its own latency, so few tiles stay there (run 137, ms a step of one prompt of
+  // 128 and N decodes, routed / not: N 3 2.07-2.22 / 1.99-2.00, 7 2.06-2.24 / 1.99, 14 2.14-2.27 /
+  // 2.08-2.21, 26 2.20-2.34 / 2.38). Rows, not tiles, decide, so a graph's bucket fixes the choice.
+  int prefill_one = 17;
   // ptile: the chunk's tiles (prefill_tiles), then its one-token tiles' token indices (ints);
   // ptile_h its pinned host copy. Room for Tcap of each.
   pa::Tile *ptile = nullptr, *ptile_h = nullptr;
@@ -2786,11 +2791,14 @@ struct TileGrid {
   bool operator==(const TileGrid &o) const { return multi == o.multi && one == o.one; }
 };
 
+// ones_apart: whether a chunk of R rows sends its one-token tiles to attention_kernel (prefill_one).
+bool ones_apart(const mqb_model &m, int R) { return m.prefill_one > 0 && R >= m.prefill_one; }
+
 // prefill_tiles cuts the Tn tokens of the chunk in meta_h into pa::Tiles (runs of up to pa::BQ
-// tokens of one slot at consecutive positions); with prefill_one a run of one token is listed
-// apart, by its token index, after the tiles. Pads both lists to pad (empty tiles, token -1),
-// uploads them to m.ptile and returns their lengths.
-TileGrid prefill_tiles(mqb_model &m, int Tn, TileGrid pad = {}) {
+// tokens of one slot at consecutive positions); with apart a run of one token is listed apart, by
+// its token index, after the tiles. Pads both lists to pad (empty tiles, token -1), uploads them
+// to m.ptile and returns their lengths.
+TileGrid prefill_tiles(mqb_model &m, int Tn, bool apart, TileGrid pad = {}) {
   const int *pos = m.meta_h + m.Tcap, *slot = m.meta_h + 2 * m.Tcap;
   std::vector<int> &ones = m.ones_h;
   ones.clear();
@@ -2798,7 +2806,7 @@ TileGrid prefill_tiles(mqb_model &m, int Tn, TileGrid pad = {}) {
   for (int i = 0; i < Tn;) {
     int k = 1;
     while (i + k < Tn && k < pa::BQ && slot[i + k] == slot[i] && pos[i + k] == pos[i] + k) ++k;
-    if (k == 1 && m.prefill_one) ones.push_back(i);
+    if (k == 1 && apart) ones.push_back(i);
     else m.ptile_h[n++] = pa::Tile{i, k};
     i += k;
   }
@@ -2856,7 +2864,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
   // Prefill / mixed steps of bf16/fp16 models: attention on the tensor cores (prefill_attn.cuh),
   // over the chunk's tiles (cut once per chunk), the one-token tiles through attention_kernel.
   const bool tc_prefill = !decode && !std::is_same<T, float>::value && m.prefill_tc && pa::supported(c.D);
-  const TileGrid grid = !tc_prefill ? TileGrid{} : tiles ? *tiles : prefill_tiles(m, Tn);
+  const TileGrid grid = !tc_prefill ? TileGrid{} : tiles ? *tiles : prefill_tiles(m, Tn, ones_apart(m, R));
   m.tl_decode = decode;
   m.tl_next = 0;
   mark(m, "start");
@@ -3484,7 +3492,8 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
   // Tiles of at most pa::BQ tokens, one sequence each: at most Tg / BQ + one more per entry
   // (R rows, a prompt continued in the next chunk, the padding); one-token tiles at most one
   // per entry.
-  const TileGrid G{std::min(Tg, Tg / pa::BQ + Rg + 2), m.prefill_one ? std::min(Tg, Rg + 2) : 0};
+  const bool ones = ones_apart(m, Rg);
+  const TileGrid G{std::min(Tg, Tg / pa::BQ + Rg + 2), ones ? std::min(Tg, Rg + 2) : 0};
   if (m.use_graphs && m.mixed_graphs && !m.prof && Tg <= std::min(CHUNK_GRAPH_MAX, m.Tcap) && Tg - Tn <= m.max_ctx) {
     for (int j = Tn; j < Tg; ++j) {
       m.meta_h[j] = 0;
@@ -3495,7 +3504,7 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
       m.meta_h[3 * m.Tcap + r] = Tg - 1;
       set_samp(m, r, -1, nullptr, nullptr);
     }
-    if (prefill_tiles(m, Tg, G) == G) ge = &m.graphs[chunk_graph_key(m, Tg, Rg, want_keys)];
+    if (prefill_tiles(m, Tg, ones, G) == G) ge = &m.graphs[chunk_graph_key(m, Tg, Rg, want_keys)];
   }
   upload_meta(m);
   if (ge) run_graphed(m, ge, [&] { run_dispatch(m, Tg, Rg, want_keys, false, &G); });
@@ -3844,7 +3853,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "attn_flash") m->attn_flash = value != 0;
   else if (k == "prefill_flash") m->prefill_flash = value != 0;
   else if (k == "prefill_tc") m->prefill_tc = value != 0;
-  else if (k == "prefill_one") m->prefill_one = value != 0;
+  else if (k == "prefill_one") m->prefill_one = std::max(0, (int)value);
   else if (k == "timeline") {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));

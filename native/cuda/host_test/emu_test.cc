@@ -796,8 +796,9 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // times graphed (eager, captured, replayed) and once with mixed_graphs 0, give the same logits
   // bit for bit, and one graph is captured. Every row must match the reference: in bf16/fp16 the
   // one-token tiles (the decodes, the 1-token prompt, the 1-token padding) go through
-  // attention_kernel and the 11-token prompt through prefill_attn_kernel (prefill_one); a fifth
-  // run with prefill_one 0 sends all of them through prefill_attn_kernel.
+  // attention_kernel and the 11-token prompt through prefill_attn_kernel (prefill_one 1: from one
+  // row on); a fifth run with prefill_one 0 sends all of them through prefill_attn_kernel, as the
+  // default (17 rows) does for this chunk.
   {
     std::vector<int32_t> ctx_slots{0, 1, 2}, ctx_nt(3, 7), ctx_sp(3, 0), ctx_am(3);
     std::vector<int> ctx = rnd_ids(21);
@@ -807,6 +808,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     std::vector<int> tk = rnd_ids(12);
     tk.insert(tk.end(), ctx_am.begin(), ctx_am.end());
     std::vector<std::vector<float>> lg;
+    mqb_debug_set(m, "prefill_one", 1);
     const size_t before = g_graphs.size();
     for (int k = 0; k < 5; ++k) {
       if (k == 3) mqb_debug_set(m, "mixed_graphs", 0);
@@ -816,7 +818,7 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
       lg.push_back(l);
     }
     mqb_debug_set(m, "mixed_graphs", 1);
-    mqb_debug_set(m, "prefill_one", 1);
+    mqb_debug_set(m, "prefill_one", 17);
     const size_t captured = g_graphs.size() - before;
     const bool same = lg[1] == lg[0] && lg[2] == lg[0] && lg[3] == lg[0];
     double md = 0;
