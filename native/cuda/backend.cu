@@ -67,7 +67,8 @@
 // position (as before run 26), "prefill_tc" 0 sends bf16/fp16 prefill attention back to
 // attention_kernel ("prefill_flash" 0: through attend there), "prefill_one" n sends the one-token
 // tiles of a chunk of at least n rows to attention_kernel (default 17; 0 never:
-// mqb_model::prefill_one), "tile_pre" n has each tile-kernel
+// mqb_model::prefill_one), "prep_vec" 0 has the element-wise preps load one value at a time
+// (mqb_model::prep_vec), "tile_pre" n has each tile-kernel
 // block ask for n weight chunks before its wait (default 3), "slim" (bitmask, default 3) 0 runs
 // the kernels that carry every mode's code (mqb_model::slim), "attn_cluster" 0 merges decode
 // attention's position splits through L2 instead of a thread-block cluster's distributed shared
@@ -859,14 +860,55 @@ __global__ void __launch_bounds__(256) embed_kernel(const int *__restrict__ tok,
   for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = TT<T>::tof(e[i]) + (pe ? pe[i] : 0.f);
 }
 
+// prep_vec4 is prep_kernel's element-wise mode M (SWIGLU or GELU) 4 values at a time, for rows
+// whose K, stride and base are multiples of 4 floats and no a.rows (linear checks). Each thread
+// loads its next two groups of every source before it stores either: a grid-stride loop of
+// single values waits a round trip per value (the stores may alias the next loads, as in
+// prep_row), which left a 4,096-row SwiGLU (100 MB read) far from the copy rate. The same
+// arithmetic per value as prep_elem, so the same bits.
+template <typename T, int M>
+__device__ void prep_vec4(const PrepArgs<T> &a, int B, int K, T *out) {
+  struct __align__(8) T4 {
+    T v[4];
+  };
+  const int K4 = K / 4;
+  const size_t total = (size_t)B * K4, stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += 2 * stride) {
+    float4 g[2], u[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const size_t j = i + h * stride;
+      if (j < total) {
+        const int b = (int)(j / K4), k = (int)(j - (size_t)b * K4) * 4;
+        const float *x = a.src + (size_t)b * a.ld + k;
+        g[h] = *reinterpret_cast<const float4 *>(x);
+        if (M == PREP_SWIGLU) u[h] = *reinterpret_cast<const float4 *>(x + K);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const size_t j = i + h * stride;
+      if (j < total) {
+        const float gv[4] = {g[h].x, g[h].y, g[h].z, g[h].w};
+        const float uv[4] = {u[h].x, u[h].y, u[h].z, u[h].w};
+        T4 o;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o.v[e] = TT<T>::fromf(M == PREP_SWIGLU ? swiglu(gv[e], uv[e]) : gelu_new(gv[e]));
+        reinterpret_cast<T4 *>(out)[j] = o;
+      }
+    }
+  }
+}
+
 // prep_kernel makes the T input rows [B, K] of a cuBLAS product (decode batches above gemv_max_b,
 // prefill). Norms: a block per row (prep_row); element-wise modes: the grid strides over all B*K
 // values, so a few rows of the 3072-wide SwiGLU still spread over many SMs.
 // One instance per mode M (the launch's a.mode): one instance with every mode's code was 47 KB of
 // instructions, fetched cold at each of a batch-32 layer's three preps (NOTES.md, runs 82-86).
 // PRE (pre_params): a norm's weights are loaded before the wait (they do not depend on the
-// previous kernel), for rows that fit prep_row's registers.
-template <typename T, int M, bool PRE = false>
+// previous kernel), for rows that fit prep_row's registers. V4 (prep_vec): the element-wise
+// modes through prep_vec4.
+template <typename T, int M, bool PRE = false, bool V4 = false>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, T *__restrict__ out) {
   __shared__ float red[32];
   const int mode = M >= 0 ? M : a.mode;  // M = -1: every mode, read from a (debug "slim" without bit 1)
@@ -883,6 +925,10 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, 
   pdl_trigger();
   if (norm) {
     prep_row<T, M, PRE>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red, wpre);
+    return;
+  }
+  if constexpr (V4 && (M == PREP_SWIGLU || M == PREP_GELU)) {
+    prep_vec4<T, M>(a, B, K, out);
     return;
   }
   const size_t total = (size_t)B * K;
@@ -1892,6 +1938,11 @@ struct mqb_model {
   // 128 and N decodes, routed / not: N 3 2.07-2.22 / 1.99-2.00, 7 2.06-2.24 / 1.99, 14 2.14-2.27 /
   // 2.08-2.21, 26 2.20-2.34 / 2.38). Rows, not tiles, decide, so a graph's bucket fixes the choice.
   int prefill_one = 17;
+  // The element-wise preps (SwiGLU, GELU: the down projection's input where cuBLAS makes it)
+  // load 4 values of a row at a time, two such loads of each source in flight per thread (debug
+  // "prep_vec"; 0: one value at a time, as the kernel with every mode's code still does). Same
+  // bits either way.
+  bool prep_vec = true;
   // ptile: the chunk's tiles (prefill_tiles), then its one-token tiles' token indices (ints);
   // ptile_h its pinned host copy. Room for Tcap of each.
   pa::Tile *ptile = nullptr, *ptile_h = nullptr;
@@ -2460,12 +2511,16 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
   } else {
     m.label = r + ":prep";
     const bool norm = a.mode == PREP_RMS || a.mode == PREP_LN;
-    const int blocks = norm ? B : (int)std::min<int64_t>(((int64_t)B * K + 255) / 256, (int64_t)m.sms * 8);
+    // prep_vec4's rows: K, the stride and the base 4-float aligned, no row list.
+    const bool v4 = m.prep_vec && (m.slim & 2) && (a.mode == PREP_SWIGLU || a.mode == PREP_GELU) && K % 4 == 0 &&
+                    a.ld % 4 == 0 && !a.rows && reinterpret_cast<uintptr_t>(a.src) % 16 == 0;
+    const int blocks = norm ? B
+                       : (int)std::min<int64_t>(((int64_t)B * (v4 ? K / 4 : K) + 255) / 256, (int64_t)m.sms * 8);
     auto k = !(m.slim & 2)           ? prep_kernel<T, -1>
              : a.mode == PREP_RMS    ? (m.pre_params ? prep_kernel<T, PREP_RMS, true> : prep_kernel<T, PREP_RMS>)
              : a.mode == PREP_LN     ? prep_kernel<T, PREP_LN>
-             : a.mode == PREP_SWIGLU ? prep_kernel<T, PREP_SWIGLU>
-             : a.mode == PREP_GELU   ? prep_kernel<T, PREP_GELU>
+             : a.mode == PREP_SWIGLU ? (v4 ? prep_kernel<T, PREP_SWIGLU, false, true> : prep_kernel<T, PREP_SWIGLU>)
+             : a.mode == PREP_GELU   ? (v4 ? prep_kernel<T, PREP_GELU, false, true> : prep_kernel<T, PREP_GELU>)
                                      : prep_kernel<T, PREP_PLAIN>;
     launch(m, k, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
     X = static_cast<const T *>(m.xbuf);
@@ -3854,6 +3909,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "prefill_flash") m->prefill_flash = value != 0;
   else if (k == "prefill_tc") m->prefill_tc = value != 0;
   else if (k == "prefill_one") m->prefill_one = std::max(0, (int)value);
+  else if (k == "prep_vec") m->prep_vec = value != 0;
   else if (k == "timeline") {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));

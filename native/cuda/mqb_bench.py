@@ -748,7 +748,7 @@ def switches_of(name):
 DEFAULTS = {"pdl": 1, "graphs": 1, "mixed_graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 0, "sk_kw": 0,
             "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16, "tile_pre": 3, "prefill_flash": 1,
-            "prefill_tc": 1, "prefill_one": 17, "blas_tune": 1, "slim": 3, "attn_cluster": 1, "tile_cluster": 1, "pre_params": 1, "attn_push": 1,
+            "prefill_tc": 1, "prefill_one": 17, "prep_vec": 1, "blas_tune": 1, "slim": 3, "attn_cluster": 1, "tile_cluster": 1, "pre_params": 1, "attn_push": 1,
             "tile_push": 1, "rms_compact_b": 2}
 
 
@@ -1151,7 +1151,8 @@ def prefill_bench(args):
     default "2048", the backend's) and each switch set in PREFILL_VARIANTS (default "default"; key=value[+...] as
     bench's). Prints PREFILL lines (ms per call and prompt tokens per second) and, for the largest
     batch, the kernels' summed time per name over one traced call (CUPTI), and all kernels' sum
-    against the call's untraced median (PREFILL_TRACE_B picks another of the batches to trace). PREFILL_DECODES=N (default 0) puts N decode entries (one token each,
+    against the call's untraced median (PREFILL_TRACE_B picks another of the batches to trace), and
+    whether each variant's logits are the first variant's bits. PREFILL_DECODES=N (default 0) puts N decode entries (one token each,
     after an L-token context) beside the prompts in every call: the mixed step a served point makes
     when requests arrive beside running ones."""
     import torch
@@ -1161,6 +1162,7 @@ def prefill_bench(args):
     batches = [int(b) for b in os.environ.get("PREFILL_BATCHES", "1,8,32").split(",")]
     D = int(os.environ.get("PREFILL_DECODES", "0"))
     res = {}
+    first_logits = {}  # (tcap, B): the first variant's logits
 
     def prompts(B, V):  # B prompts of L tokens, flattened, the same for a batch in every variant
         return torch.randint(0, V, (B * L,), generator=torch.Generator().manual_seed(B)).tolist()
@@ -1169,7 +1171,8 @@ def prefill_bench(args):
         os.environ["MQB_TCAP"] = tcap
         cfg, be = shape_backend(args.lib)
         V = cfg.vocab_size
-        for pv in os.environ.get("PREFILL_VARIANTS", "default").split(","):
+        variants = os.environ.get("PREFILL_VARIANTS", "default").split(",")
+        for pv in variants:
             opts = {} if pv == "default" else switches_of(pv)
             with be.switched(opts):
                 mixed = {}
@@ -1190,8 +1193,16 @@ def prefill_bench(args):
                     ms = sorted(ts)[len(ts) // 2] * 1e3
                     key = "tcap%s_%s_b%d" % (tcap, pv, B)
                     res[key] = dict(ms=ms, tok_s=B * L / ms * 1e3, same_tokens=out == first, decodes=D)
-                    print("PREFILL tcap %5s %-24s batch %2d x %d tokens%s: %8.2f ms  %9.0f tok/s" % (
-                        tcap, pv, B, L, " + %d decodes" % D if D else "", ms, B * L / ms * 1e3), flush=True)
+                    # The call's logits against the first variant's, bit for bit (switches that
+                    # only reorganise the work, e.g. post_tile or prep_vec, must give the same).
+                    lo = be.forward(*mixed[B], want_logits=True)[1]
+                    same = "" if (tcap, B) not in first_logits else " same logits as %s: %s" % (
+                        variants[0], torch.equal(lo, first_logits[(tcap, B)]))
+                    first_logits.setdefault((tcap, B), lo)
+                    if same:
+                        res[key]["same_logits_as_first_variant"] = same.endswith("True")
+                    print("PREFILL tcap %5s %-24s batch %2d x %d tokens%s: %8.2f ms  %9.0f tok/s%s" % (
+                        tcap, pv, B, L, " + %d decodes" % D if D else "", ms, B * L / ms * 1e3, same), flush=True)
                 B = int(os.environ.get("PREFILL_TRACE_B", max(batches)))
                 be.forward(*mixed[B])
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -614,6 +614,13 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     double md = 0;
     for (int t = 0; t < 70; ++t) md = std::max(md, maxdiff(out.data() + (size_t)t * V, ref[t]));
     check(rc == 0 && md < tol, std::string(family) + " " + prec + " logits_all max|d| = " + std::to_string(md));
+    // The same logits, bit for bit, with the SwiGLU / GELU prep one value at a time (prep_vec 0;
+    // the 70 rows' products go through cuBLAS, so their down projection's input is that prep's).
+    std::vector<float> alt((size_t)70 * V);
+    mqb_debug_set(m, "prep_vec", 0);
+    rc = mqb_logits_all(m, ids.data(), 70, alt.data(), err, sizeof err);
+    mqb_debug_set(m, "prep_vec", 1);
+    check(rc == 0 && alt == out, std::string(family) + " " + prec + " logits_all: the same bits with prep_vec 0");
   }
   // Batched generation with teacher-forced reference: prefill of several lengths in one call,
   // then decode steps; batches 6 (bucket 8), 3 (bucket 4 with padding), 1, and 3 again without
