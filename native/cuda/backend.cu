@@ -68,7 +68,8 @@
 // attention_kernel ("prefill_flash" 0: through attend there), "prefill_one" n sends the one-token
 // tiles of a chunk of at least n rows to attention_kernel (default 17; 0 never:
 // mqb_model::prefill_one), "prep_vec" 0 has the element-wise preps load one value at a time
-// (mqb_model::prep_vec), "tile_pre" n has each tile-kernel
+// (mqb_model::prep_vec), "post_n" 0 has qkv_post_kernel hold 8 values a lane whatever the
+// head_dim (mqb_model::post_n), "tile_pre" n has each tile-kernel
 // block ask for n weight chunks before its wait (default 3), "slim" (bitmask, default 3) 0 runs
 // the kernels that carry every mode's code (mqb_model::slim), "attn_cluster" 0 merges decode
 // attention's position splits through L2 instead of a thread-block cluster's distributed shared
@@ -1039,17 +1040,26 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
 // head, normalises and rotates. Without the table (pre_params 0) the weights and RoPE's
 // frequencies are loaded with the head after the wait and cos/sin made there by sincosf, whose
 // code (the Payne-Hanek path, per value) is most of head_vec's (NOTES.md, run 87).
+// N (HeadPreN, head_pre, head_vec) is how many of those values a lane holds at most: HV covers
+// every head_dim up to 256; qkv_post_kernel takes N = D / 32 rounded up (head_n), since a lane
+// issues every unrolled step, guarded off or not (NOTES.md run 141).
 constexpr int HV = 8;  // head_vec's values per lane: D <= 256
-struct HeadPre {
-  float w[HV], c[HV], s[HV];
+template <int N = HV>
+struct HeadPreN {
+  float w[N], c[N], s[N];
 };
+using HeadPre = HeadPreN<HV>;
+
+// head_n is the N for head_dim D: the fewest values per lane, a power of two, that hold a head.
+inline int head_n(int D) { return D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : HV; }
 
 // head_pre fills h for a head of D values: norm weights nw (NULL: no norm), RoPE from rope (the
 // position's row of mqb_model::rope_tab, (cos, sin) per frequency; NULL: no RoPE).
-__device__ __forceinline__ void head_pre(HeadPre &h, const float *nw, const float2 *rope, int D) {
+template <int N>
+__device__ __forceinline__ void head_pre(HeadPreN<N> &h, const float *nw, const float2 *rope, int D) {
   const int lane = threadIdx.x & 31, half = D / 2;
 #pragma unroll
-  for (int n = 0; n < HV; ++n) {
+  for (int n = 0; n < N; ++n) {
     const int i = lane + 32 * n;
     h.w[n] = nw && i < D ? nw[i] : 0.f;
     const float2 cs = rope && i < D ? rope[i < half ? i : i - half] : make_float2(1.f, 0.f);
@@ -1073,16 +1083,16 @@ __global__ void rope_table_kernel(const float *__restrict__ inv_freq, int half, 
 // The same arithmetic, in the same order, as transformers' Qwen3 q_norm/k_norm and
 // apply_rotary_pos_emb (cos/sin from inv_freq * position in fp32). hp (PRE): the weights and
 // cos/sin loaded already (head_pre; nw and rope still say whether to use them), else loaded
-// here from nw and inv_freq.
-template <bool PRE = false>
+// here from nw and inv_freq. N: values per lane (D <= 32 N).
+template <bool PRE = false, int N = HV>
 __device__ void head_vec(const float *src, const float *nw, float eps, const float *inv_freq, int p, float scale,
-                         int D, float *dst, bool rope, const HeadPre *hp = nullptr) {
+                         int D, float *dst, bool rope, const HeadPreN<N> *hp = nullptr) {
   // A lane's values, the norm weights and the RoPE frequencies are loaded together before any
   // is used (one memory round trip, not one per value: see prep_row).
   const int lane = threadIdx.x & 31, half = D / 2;
-  float xv[HV], wv[HV], fq[HV];
+  float xv[N], wv[N], fq[N];
 #pragma unroll
-  for (int n = 0; n < HV; ++n) {
+  for (int n = 0; n < N; ++n) {
     const int i = lane + 32 * n;
     xv[n] = wv[n] = fq[n] = 0.f;
     if (i < D) {
@@ -1094,17 +1104,17 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
   }
   float ss = 0.f;
 #pragma unroll
-  for (int n = 0; n < HV; ++n)
+  for (int n = 0; n < N; ++n)
     if (lane + 32 * n < D) ss += xv[n] * xv[n];
   ss = warp_sum(ss);
   const float r = rsqrtf(ss / (float)D + eps);
 #pragma unroll
-  for (int n = 0; n < HV; ++n)
+  for (int n = 0; n < N; ++n)
     if (lane + 32 * n < D) dst[lane + 32 * n] = nw ? xv[n] * r * wv[n] : xv[n];
   __syncwarp();
-  float o[HV];
+  float o[N];
 #pragma unroll
-  for (int n = 0; n < HV; ++n) {
+  for (int n = 0; n < N; ++n) {
     const int i = lane + 32 * n;
     o[n] = 0.f;
     if (i < D) {
@@ -1125,7 +1135,7 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
   }
   __syncwarp();
 #pragma unroll
-  for (int n = 0; n < HV; ++n)
+  for (int n = 0; n < N; ++n)
     if (lane + 32 * n < D) dst[lane + 32 * n] = o[n];
   __syncwarp();
 }
@@ -1134,7 +1144,10 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
 // head_vec (q_norm / k_norm, RoPE, q scaled by qscale), then q written fp32 to qout[t, h, :] and
 // k and v appended to the token's slot in the cache.
 // PRE (pre_params): each warp's first head's HeadPre is loaded before the wait, from rope_tab.
-template <typename T, bool PRE = false>
+// N: values per lane, head_n(D) (the kernel's instructions are most of its time: a 2,048-token
+// prefill chunk's 65,536 heads took 55 us a layer with HV, with pdl off too, and as long with
+// every load in flight at once; NOTES.md runs 139-141).
+template <typename T, bool PRE = false, int N = HV>
 __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__ qkv, const int *__restrict__ tpos,
                                                        const int *__restrict__ tslot, int nh, int nkv, int D,
                                                        const float *__restrict__ qn, const float *__restrict__ kn,
@@ -1149,7 +1162,7 @@ __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__
   auto kind_of = [&](int hh) { return hh < nh ? 0 : (hh < nh + nkv ? 1 : 2); };  // q, k, v
   auto norm_of = [&](int kind) { return kind == 0 ? qn : (kind == 1 ? kn : nullptr); };
   auto rope_of = [&](int kind) { return kind != 2 && inv_freq ? rope_tab + (size_t)p * (D / 2) : nullptr; };
-  HeadPre hp;
+  HeadPreN<N> hp;
   if (PRE && hh0 < nhead) head_pre(hp, norm_of(kind_of(hh0)), rope_of(kind_of(hh0)), D);
   pdl_wait();
   pdl_trigger();
@@ -1157,12 +1170,20 @@ __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__
   for (int hh = hh0; hh < nhead; hh += nwarp * gridDim.y) {
     const int kind = kind_of(hh);
     if (PRE && hh != hh0) head_pre(hp, norm_of(kind), rope_of(kind), D);
-    head_vec<PRE>(qkv + (size_t)t * nhead * D + (size_t)hh * D, norm_of(kind), eps, inv_freq, p,
-                  kind == 0 ? qscale : 1.f, D, buf, kind != 2 && inv_freq, &hp);
-    for (int i = lane; i < D; i += 32) {
-      if (kind == 0) qout[((size_t)t * nh + hh) * D + i] = buf[i];
-      else if (kind == 1) kc[(((size_t)s * maxctx + p) * nkv + (hh - nh)) * D + i] = TT<T>::fromf(buf[i]);
-      else vc[(((size_t)s * maxctx + p) * nkv + (hh - nh - nkv)) * D + i] = TT<T>::fromf(buf[i]);
+    head_vec<PRE, N>(qkv + (size_t)t * nhead * D + (size_t)hh * D, norm_of(kind), eps, inv_freq, p,
+                     kind == 0 ? qscale : 1.f, D, buf, kind != 2 && inv_freq, &hp);
+    // A lane stores the values it made (i = lane + 32 n), through one row pointer.
+    if (kind == 0) {
+      float *q = qout + ((size_t)t * nh + hh) * D;
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+        if (lane + 32 * n < D) q[lane + 32 * n] = buf[lane + 32 * n];
+    } else {
+      T *c = kind == 1 ? kc + (((size_t)s * maxctx + p) * nkv + (hh - nh)) * D
+                       : vc + (((size_t)s * maxctx + p) * nkv + (hh - nh - nkv)) * D;
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+        if (lane + 32 * n < D) c[lane + 32 * n] = TT<T>::fromf(buf[lane + 32 * n]);
     }
     __syncwarp();
   }
@@ -1943,6 +1964,9 @@ struct mqb_model {
   // "prep_vec"; 0: one value at a time, as the kernel with every mode's code still does). Same
   // bits either way.
   bool prep_vec = true;
+  // qkv_post_kernel holds head_n(D) values a lane (4 at head_dim 128) instead of HV (8), so no
+  // lane issues the guarded-off half of every unrolled step (debug "post_n" 0: HV). Same bits.
+  bool post_n = true;
   // ptile: the chunk's tiles (prefill_tiles), then its one-token tiles' token indices (ints);
   // ptile_h its pinned host copy. Room for Tcap of each.
   pa::Tile *ptile = nullptr, *ptile_h = nullptr;
@@ -2946,11 +2970,20 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
         return;
       }
       m.label = "qkv_post";
-      launch(m, m.pre_params ? qkv_post_kernel<T, true> : qkv_post_kernel<T>, dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8),
-             dim3(256), sizeof(float) * 8 * c.D, (const float *)m.qkv, (const int *)m.d_pos(), (const int *)m.d_slot(),
-             c.nh, c.nkv, c.D, (const float *)ly.qn, (const float *)ly.kn, eps,
-             (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale, m.qbuf, static_cast<T *>(ly.kc),
-             static_cast<T *>(ly.vc), m.max_ctx, (const float2 *)m.rope_tab);
+      auto post = [&](auto n) {
+        constexpr int N = decltype(n)::value;
+        launch(m, m.pre_params ? qkv_post_kernel<T, true, N> : qkv_post_kernel<T, false, N>,
+               dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8), dim3(256), sizeof(float) * 8 * c.D, (const float *)m.qkv,
+               (const int *)m.d_pos(), (const int *)m.d_slot(), c.nh, c.nkv, c.D, (const float *)ly.qn,
+               (const float *)ly.kn, eps, (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale, m.qbuf,
+               static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx, (const float2 *)m.rope_tab);
+      };
+      switch (m.post_n ? head_n(c.D) : HV) {
+        case 1: post(std::integral_constant<int, 1>{}); break;
+        case 2: post(std::integral_constant<int, 2>{}); break;
+        case 4: post(std::integral_constant<int, 4>{}); break;
+        default: post(std::integral_constant<int, HV>{}); break;
+      }
       m.label = "attention";
       // The one-token tiles' tokens are decode-like: attend_flash, as a decode step's.
       const bool flash = decode || m.prefill_flash || tc_prefill;  // with m.attn_flash
@@ -3910,6 +3943,7 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "prefill_tc") m->prefill_tc = value != 0;
   else if (k == "prefill_one") m->prefill_one = std::max(0, (int)value);
   else if (k == "prep_vec") m->prep_vec = value != 0;
+  else if (k == "post_n") m->post_n = value != 0;
   else if (k == "timeline") {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));

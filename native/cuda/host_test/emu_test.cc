@@ -621,6 +621,11 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     rc = mqb_logits_all(m, ids.data(), 70, alt.data(), err, sizeof err);
     mqb_debug_set(m, "prep_vec", 1);
     check(rc == 0 && alt == out, std::string(family) + " " + prec + " logits_all: the same bits with prep_vec 0");
+    // ... and with qkv_post_kernel holding HV values a lane (post_n 0) instead of head_n's.
+    mqb_debug_set(m, "post_n", 0);
+    rc = mqb_logits_all(m, ids.data(), 70, alt.data(), err, sizeof err);
+    mqb_debug_set(m, "post_n", 1);
+    check(rc == 0 && alt == out, std::string(family) + " " + prec + " logits_all: the same bits with post_n 0");
   }
   // Batched generation with teacher-forced reference: prefill of several lengths in one call,
   // then decode steps; batches 6 (bucket 8), 3 (bucket 4 with padding), 1, and 3 again without
@@ -1082,7 +1087,9 @@ static void prefill_attn_products(const char *prec) {
 // rounded to T, softmax attention over positions 0..p of the T-rounded cache. Four paths:
 // decode_attn_kernel with its q/k/v parameters loaded before the wait (pre_params: RoPE from the
 // table rope_table_kernel makes) in one split, the same without (sincosf) in 3 splits merged
-// through L2, and qkv_post_kernel with and without them + attention_kernel. 4 and 16 query heads
+// through L2, and qkv_post_kernel with and without them + attention_kernel, each of those two
+// also with 4 values a lane (head_n, as run_tokens launches it; its q must be the 8-value
+// instance's bits too). 4 and 16 query heads
 // over 2 KV heads (with 16, GM 8: ten heads a block's eight warps make, two of them a second
 // head each); positions 0, 7, 63, 64, 130 and 200, each in its own slot. Before the step the new
 // position's rows and every row past it hold NaNs, so a read of one before it is written, or
@@ -1136,10 +1143,13 @@ static void decode_attn_case(const char *prec, int nh) {
   };
   const double step = std::string(prec) == "bf16" ? 1.0 / 128 : 1.0 / 1024;  // T's relative step
   std::vector<T> rows0;  // the first path's new cache rows, which every path must write alike
-  for (int path = 0; path < 4; ++path) {
+  std::vector<float> q2;  // path 2's q, which the 4-values-a-lane instances must write alike
+  for (int path = 0; path < 6; ++path) {
     const char *name[] = {"decode_attn_kernel, parameters before the wait", "decode_attn_kernel in 3 splits",
                           "qkv_post_kernel (parameters before the wait) + attention_kernel",
-                          "qkv_post_kernel + attention_kernel"};
+                          "qkv_post_kernel + attention_kernel",
+                          "qkv_post_kernel, 4 values a lane, parameters before the wait + attention_kernel",
+                          "qkv_post_kernel, 4 values a lane + attention_kernel"};
     std::vector<T> kc = kc0, vc = vc0, out((size_t)Tn * nh * D, nan);
     std::vector<float> qbuf((size_t)Tn * nh * D), pacc((size_t)Tn * nkv * S * G * D), pml((size_t)Tn * nkv * S * G * 2);
     std::vector<unsigned> cnt(Tn * nkv, 0u);
@@ -1150,11 +1160,16 @@ static void decode_attn_case(const char *prec, int nh) {
       if (path == 0) emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true, true>(a); });
       else emu_launch(dim3(Tn, nkv, S), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true>(a); });
     } else {
-      auto post = path == 2 ? qkv_post_kernel<T, true> : qkv_post_kernel<T>;
+      // paths 4 and 5: head_n(128) = 4 values a lane, as run_tokens launches it (post_n)
+      auto post = path == 2 ? qkv_post_kernel<T, true>
+                : path == 3 ? qkv_post_kernel<T>
+                : path == 4 ? qkv_post_kernel<T, true, 4>
+                            : qkv_post_kernel<T, false, 4>;
       emu_launch(dim3(Tn, (nh + 2 * nkv + 7) / 8), dim3(256), [&, post] {
         post(qkv.data(), pos.data(), slot.data(), nh, nkv, D, qn.data(), kn.data(), eps, inv.data(), qscale,
              qbuf.data(), kc.data(), vc.data(), maxctx, tab.data());
       });
+      if (path == 2) q2 = qbuf;
       emu_launch(dim3(Tn, nkv), dim3(ATT_THREADS), [&] {
         attention_kernel<T, GM, true>(qbuf.data(), kc.data(), vc.data(), pos.data(), slot.data(), out.data(), nh, nkv, D,
                                      maxctx, 1, nullptr);
@@ -1195,11 +1210,13 @@ static void decode_attn_case(const char *prec, int nh) {
         }
       }
     if (path == 0) rows0 = rows;
-    const bool same = memcmp(rows.data(), rows0.data(), rows.size() * sizeof(T)) == 0;
+    const bool same = memcmp(rows.data(), rows0.data(), rows.size() * sizeof(T)) == 0 && (path < 4 || qbuf == q2);
     check(worst_row <= 1 && worst_out <= 1 && same,
           std::string(prec) + " decode attention, " + std::to_string(nh) + " query heads, through " + name[path] +
               ": new cache rows within " +
-              std::to_string(worst_row) + (same ? " (the first path's bits)" : " (NOT the first path's bits)") +
+              std::to_string(worst_row) +
+              (same ? path < 4 ? " (the first path's bits)" : " (the first path's bits; q path 2's)"
+                    : " (NOT the first path's bits, or q not path 2's)") +
               ", outputs within " + std::to_string(worst_out) + " steps of T of the reference (bound 1)");
   }
 }
