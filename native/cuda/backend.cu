@@ -68,8 +68,8 @@
 // attention_kernel ("prefill_flash" 0: through attend there), "prefill_one" n sends the one-token
 // tiles of a chunk of at least n rows to attention_kernel (default 17; 0 never:
 // mqb_model::prefill_one), "prep_vec" 0 has the element-wise preps load one value at a time
-// (mqb_model::prep_vec), "post_n" 0 has qkv_post_kernel hold 8 values a lane whatever the
-// head_dim (mqb_model::post_n), "tile_pre" n has each tile-kernel
+// (mqb_model::prep_vec), "post_n" 0 has qkv_post_kernel and decode_attn_kernel hold 8 values a
+// lane whatever the head_dim (mqb_model::post_n), "tile_pre" n has each tile-kernel
 // block ask for n weight chunks before its wait (default 3), "slim" (bitmask, default 3) 0 runs
 // the kernels that carry every mode's code (mqb_model::slim), "attn_cluster" 0 merges decode
 // attention's position splits through L2 instead of a thread-block cluster's distributed shared
@@ -1703,8 +1703,8 @@ __device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &h
 // head) makes: h < G a query head, G its k and G + 1 its v, those two only in the split that
 // holds the new position (else, and for h > G + 1, nothing). decode_attn_kernel with PRE calls
 // it before the wait for its warp's first head (h = warp), attn_item for the others.
-template <typename T>
-__device__ __forceinline__ void dec_head_pre(const DecAttn<T> &a, int t, int S, int z, int h, HeadPre &hp) {
+template <typename T, int N>
+__device__ __forceinline__ void dec_head_pre(const DecAttn<T> &a, int t, int S, int z, int h, HeadPreN<N> &hp) {
   const int G = a.nh / a.nkv, p = a.pos[t];
   int lo, hi;
   split_range(p + 1, S, z, lo, hi);
@@ -1743,8 +1743,10 @@ __device__ __forceinline__ void merge_splits(int S, int G, int D, T *out, const 
 // are one cluster and split 0 merges them through distributed shared memory. Used by
 // decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
 // PRE: hp holds the HeadPre of the warp's first head (dec_head_pre), the rest load their own.
-template <typename T, int GM, bool FLASH_ONLY = false, bool PRE = false>
-__device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem, HeadPre *hp = nullptr) {
+// N: head_vec's values per lane (head_n).
+template <typename T, int GM, bool FLASH_ONLY = false, bool PRE = false, int N = HV>
+__device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, float *smem,
+                          HeadPreN<N> *hp = nullptr) {
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
   __shared__ int s_last;
   const int tid = threadIdx.x, warp = tid >> 5, nwarp = ATT_THREADS / 32;
@@ -1764,7 +1766,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     const bool q = h < G, k = h == G;
     const float *src = row + (size_t)(q ? kh * G + h : (k ? a.nh + kh : a.nh + nkv + kh)) * D;
     if (PRE && h != warp) dec_head_pre(a, t, S, z, h, *hp);
-    head_vec<PRE>(src, q ? a.qn : (k ? a.kn : nullptr), a.eps, a.inv_freq, p, q ? a.qscale : 1.f, D,
+    head_vec<PRE, N>(src, q ? a.qn : (k ? a.kn : nullptr), a.eps, a.inv_freq, p, q ? a.qscale : 1.f, D,
                   q ? qs + h * D : (k ? kvv : kvv + D), rope && h <= G, hp);
   }
   __syncthreads();
@@ -1859,8 +1861,9 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
 // qkv_post_kernel + attention_kernel there: grid (token, KV head, split), one attn_item each.
 // Splitting the positions lets a few sequences use every SM; the merge needs no extra launch.
 // Launched with clusters (1, 1, S) where a.cluster is set (run_tokens' clz). PRE (pre_params):
-// the q/k/v heads' HeadPre loaded before the wait too.
-template <typename T, int GM, bool FLASH_ONLY, bool PRE = false>
+// the q/k/v heads' HeadPre loaded before the wait too. N: head_vec's values per lane (head_n;
+// run_tokens takes 4 at head_dim 128 with pre_params, else HV).
+template <typename T, int GM, bool FLASH_ONLY, bool PRE = false, int N = HV>
 __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
   tl_mark(a.tlb, a.tls, 0);
@@ -1871,12 +1874,12 @@ __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<
     split_range(p + 1, gridDim.z, blockIdx.z, lo, hi);
     prefetch_kv_rows(a.kc, a.vc, a.slot[blockIdx.x], blockIdx.y, lo, min(p, hi), a.nkv, a.D, a.maxctx);
   }
-  HeadPre hp;
+  HeadPreN<N> hp;
   if (PRE) dec_head_pre(a, blockIdx.x, gridDim.z, blockIdx.z, threadIdx.x >> 5, hp);
   pdl_wait();
   pdl_trigger();
   tl_mark(a.tlb, a.tls, 1);
-  attn_item<T, GM, FLASH_ONLY, PRE>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm, &hp);
+  attn_item<T, GM, FLASH_ONLY, PRE, N>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm, &hp);
   tl_mark(a.tlb, a.tls, 2);  // after attn_item's last barrier (split 0 of a pushed merge: its thread 0's share)
 }
 
@@ -1965,7 +1968,8 @@ struct mqb_model {
   // bits either way.
   bool prep_vec = true;
   // qkv_post_kernel holds head_n(D) values a lane (4 at head_dim 128) instead of HV (8), so no
-  // lane issues the guarded-off half of every unrolled step (debug "post_n" 0: HV). Same bits.
+  // lane issues the guarded-off half of every unrolled step, and so does decode_attn_kernel at
+  // head_dim 128 with pre_params (debug "post_n" 0: HV in both). Same bits.
   bool post_n = true;
   // ptile: the chunk's tiles (prefill_tiles), then its one-token tiles' token indices (ints);
   // ptile_h its pinned host copy. Room for Tcap of each.
@@ -2963,8 +2967,11 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
         const size_t dsmem_bytes = asmem + (da.push ? sizeof(float) * (size_t)clz * attn_park(gm, c.D) : 0);
         launch_gm(gm, [&](auto g) {
           constexpr int G = decltype(g)::value;
-          auto k = flash_only<T>(m, c.D) ? (m.pre_params ? decode_attn_kernel<T, G, true, true> : decode_attn_kernel<T, G, true>)
-                                         : decode_attn_kernel<T, G, false>;
+          // head_dim 128 with pre_params: head_vec with 4 values a lane (post_n, as qkv_post)
+          auto k = !flash_only<T>(m, c.D) ? decode_attn_kernel<T, G, false>
+                   : !m.pre_params        ? decode_attn_kernel<T, G, true>
+                   : m.post_n && head_n(c.D) == 4 ? decode_attn_kernel<T, G, true, true, 4>
+                                                  : decode_attn_kernel<T, G, true, true>;
           launch_cl(m, dim3(1, 1, clz), k, dim3(Tn, c.nkv, S), dim3(ATT_THREADS), dsmem_bytes, da);
         });
         return;
@@ -3281,7 +3288,8 @@ void set_kernel_attrs(int gm, size_t att_bytes) {
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
          "cudaFuncSetAttribute(attention)");
     constexpr int G = decltype(g)::value;
-    for (auto k : {decode_attn_kernel<T, G, false>, decode_attn_kernel<T, G, true>, decode_attn_kernel<T, G, true, true>})
+    for (auto k : {decode_attn_kernel<T, G, false>, decode_attn_kernel<T, G, true>, decode_attn_kernel<T, G, true, true>,
+                   decode_attn_kernel<T, G, true, true, 4>})
       ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_bytes),
          "cudaFuncSetAttribute(decode attention)");
   });

@@ -1089,7 +1089,8 @@ static void prefill_attn_products(const char *prec) {
 // table rope_table_kernel makes) in one split, the same without (sincosf) in 3 splits merged
 // through L2, and qkv_post_kernel with and without them + attention_kernel, each of those two
 // also with 4 values a lane (head_n, as run_tokens launches it; its q must be the 8-value
-// instance's bits too). 4 and 16 query heads
+// instance's bits too), and the first with 4 values a lane (its outputs the first path's bits).
+// 4 and 16 query heads
 // over 2 KV heads (with 16, GM 8: ten heads a block's eight warps make, two of them a second
 // head each); positions 0, 7, 63, 64, 130 and 200, each in its own slot. Before the step the new
 // position's rows and every row past it hold NaNs, so a read of one before it is written, or
@@ -1144,20 +1145,24 @@ static void decode_attn_case(const char *prec, int nh) {
   const double step = std::string(prec) == "bf16" ? 1.0 / 128 : 1.0 / 1024;  // T's relative step
   std::vector<T> rows0;  // the first path's new cache rows, which every path must write alike
   std::vector<float> q2;  // path 2's q, which the 4-values-a-lane instances must write alike
-  for (int path = 0; path < 6; ++path) {
+  std::vector<T> out0;    // path 0's outputs, which path 6 must write alike
+  for (int path = 0; path < 7; ++path) {
     const char *name[] = {"decode_attn_kernel, parameters before the wait", "decode_attn_kernel in 3 splits",
                           "qkv_post_kernel (parameters before the wait) + attention_kernel",
                           "qkv_post_kernel + attention_kernel",
                           "qkv_post_kernel, 4 values a lane, parameters before the wait + attention_kernel",
-                          "qkv_post_kernel, 4 values a lane + attention_kernel"};
+                          "qkv_post_kernel, 4 values a lane + attention_kernel",
+                          "decode_attn_kernel, 4 values a lane, parameters before the wait"};
     std::vector<T> kc = kc0, vc = vc0, out((size_t)Tn * nh * D, nan);
     std::vector<float> qbuf((size_t)Tn * nh * D), pacc((size_t)Tn * nkv * S * G * D), pml((size_t)Tn * nkv * S * G * 2);
     std::vector<unsigned> cnt(Tn * nkv, 0u);
-    if (path < 2) {
+    if (path < 2 || path == 6) {
       const DecAttn<T> a{qkv.data(), pos.data(), slot.data(), nh, nkv, D, maxctx, qn.data(), kn.data(), inv.data(), eps,
                          qscale, kc.data(), vc.data(), out.data(), pacc.data(), pml.data(), cnt.data(), nullptr, -1,
                          1, 1, 0, 0, tab.data()};
       if (path == 0) emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true, true>(a); });
+      else if (path == 6)  // head_n(128) = 4, as run_tokens launches it (post_n)
+        emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true, true, 4>(a); });
       else emu_launch(dim3(Tn, nkv, S), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true>(a); });
     } else {
       // paths 4 and 5: head_n(128) = 4 values a lane, as run_tokens launches it (post_n)
@@ -1209,14 +1214,18 @@ static void decode_attn_case(const char *prec, int nh) {
           }
         }
       }
-    if (path == 0) rows0 = rows;
-    const bool same = memcmp(rows.data(), rows0.data(), rows.size() * sizeof(T)) == 0 && (path < 4 || qbuf == q2);
+    if (path == 0) rows0 = rows, out0 = out;
+    const bool same = memcmp(rows.data(), rows0.data(), rows.size() * sizeof(T)) == 0 &&
+                      (path < 4 || path == 6 || qbuf == q2) &&
+                      (path != 6 || memcmp(out.data(), out0.data(), out.size() * sizeof(T)) == 0);
     check(worst_row <= 1 && worst_out <= 1 && same,
           std::string(prec) + " decode attention, " + std::to_string(nh) + " query heads, through " + name[path] +
               ": new cache rows within " +
               std::to_string(worst_row) +
-              (same ? path < 4 ? " (the first path's bits)" : " (the first path's bits; q path 2's)"
-                    : " (NOT the first path's bits, or q not path 2's)") +
+              (same ? path < 4 ? " (the first path's bits)"
+                      : path == 6 ? " (the first path's bits; outputs too)"
+                                  : " (the first path's bits; q path 2's)"
+                    : " (NOT the first path's bits, or q / outputs not those of path 2 / 0)") +
               ", outputs within " + std::to_string(worst_out) + " steps of T of the reference (bound 1)");
   }
 }
