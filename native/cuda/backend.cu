@@ -1042,8 +1042,9 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
 // frequencies are loaded with the head after the wait and cos/sin made there by sincosf, whose
 // code (the Payne-Hanek path, per value) is most of head_vec's (NOTES.md, run 87).
 // N (HeadPreN, head_pre, head_vec) is how many of those values a lane holds at most: HV covers
-// every head_dim up to 256; qkv_post_kernel takes N = D / 32 rounded up (head_n), since a lane
-// issues every unrolled step, guarded off or not (NOTES.md run 141).
+// every head_dim up to 256; qkv_post_kernel and decode_attn_kernel take D / 32 rounded up to a
+// power of two (head_n), as a lane issues every unrolled step, guarded off or not (NOTES.md
+// runs 141-142).
 constexpr int HV = 8;  // head_vec's values per lane: D <= 256
 template <int N = HV>
 struct HeadPreN {
