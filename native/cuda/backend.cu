@@ -669,12 +669,6 @@ struct PrepArgs {
   float eps;
   unsigned long long *tlb = nullptr;  // timeline records (debug "timeline"), slot tls; NULL: none
   int tls = -1;
-  // RMS only (psum): nparts partial products parts + z * pstride (rows of ld, as src) are added to
-  // each src row first, in slice order, and the sum is stored back through wres (== src).
-  const float *parts = nullptr;
-  float *wres = nullptr;
-  int nparts = 0;
-  size_t pstride = 0;
 };
 
 constexpr int TL_FIELDS = 8;  // timeline values per slot (tl_mark)
@@ -746,9 +740,8 @@ template <typename T, int M = -1>
 __device__ void prep_row_long(const PrepArgs<T> &a, int b, int K, T *dst, float *red);
 
 // WP: wpre holds the norm's weights w[tid + j * nt], loaded already (prep_kernel, before its
-// wait); rows too long for the registers (prep_row_long) load their own. PS (RMS rows that fit
-// the registers): the row is first res + a.parts' slices, stored back (PrepArgs::parts).
-template <typename T, int M = -1, bool WP = false, bool PS = false>
+// wait); rows too long for the registers (prep_row_long) load their own.
+template <typename T, int M = -1, bool WP = false>
 __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red, const float *wpre = nullptr) {
   const int tid = threadIdx.x, nt = blockDim.x, mode = M >= 0 ? M : a.mode;
   if (K > PREP_REGS * nt) {
@@ -785,28 +778,6 @@ __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red,
         dst[k] = TT<T>::fromf(mode == PREP_SWIGLU ? swiglu(v[j], w[j]) : gelu_new(v[j]));
     }
     return;
-  }
-  if constexpr (PS) {
-    // The slices four at a time, all of their loads issued before any is added; the sum in
-    // slice order, then stored: this row's residual from here on.
-    for (int z0 = 0; z0 < a.nparts; z0 += 4) {
-      float p[4][PREP_REGS];
-#pragma unroll
-      for (int zz = 0; zz < 4; ++zz)
-#pragma unroll
-        for (int j = 0; j < PREP_REGS; ++j) {
-          const int k = tid + j * nt;
-          p[zz][j] = z0 + zz < a.nparts && k < K ? a.parts[(size_t)(z0 + zz) * a.pstride + (size_t)r * a.ld + k] : 0.f;
-        }
-#pragma unroll
-      for (int zz = 0; zz < 4; ++zz)
-#pragma unroll
-        for (int j = 0; j < PREP_REGS; ++j)
-          if (z0 + zz < a.nparts && tid + j * nt < K) v[j] += p[zz][j];
-    }
-#pragma unroll
-    for (int j = 0; j < PREP_REGS; ++j)
-      if (tid + j * nt < K) a.wres[(size_t)r * a.ld + tid + j * nt] = v[j];
   }
   if (mode == PREP_RMS) {
     float ss = 0.f;
@@ -938,8 +909,8 @@ __device__ void prep_vec4(const PrepArgs<T> &a, int B, int K, T *out) {
 // instructions, fetched cold at each of a batch-32 layer's three preps (NOTES.md, runs 82-86).
 // PRE (pre_params): a norm's weights are loaded before the wait (they do not depend on the
 // previous kernel), for rows that fit prep_row's registers. V4 (prep_vec): the element-wise
-// modes through prep_vec4. PS (psum, RMS): the partial products in a.parts added in first.
-template <typename T, int M, bool PRE = false, bool V4 = false, bool PS = false>
+// modes through prep_vec4.
+template <typename T, int M, bool PRE = false, bool V4 = false>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, T *__restrict__ out) {
   __shared__ float red[32];
   const int mode = M >= 0 ? M : a.mode;  // M = -1: every mode, read from a (debug "slim" without bit 1)
@@ -955,7 +926,7 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, 
   pdl_wait();
   pdl_trigger();
   if (norm) {
-    prep_row<T, M, PRE, PS>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red, wpre);
+    prep_row<T, M, PRE>(a, blockIdx.x, K, out + (size_t)blockIdx.x * K, red, wpre);
     return;
   }
   if constexpr (V4 && (M == PREP_SWIGLU || M == PREP_GELU)) {
@@ -1224,7 +1195,6 @@ constexpr int ATT_THREADS = 256;
 constexpr int ATT_TILE = 512;
 constexpr int ATT_GRP = 16;          // V-accumulating thread groups of attend
 constexpr int MAXG = 8;
-constexpr int PSUM_MAX = 8;          // K slices of a psum product (mqb_model::psum_o / psum_d)
 constexpr int ATT_SPLIT_MAX = 16;    // most position splits of one (token, KV head) in a decode step
 constexpr int ATT_SPLIT_MAX_T = 64;  // split only decode steps of at most this many tokens
 constexpr int TC_MAX_B = 32;         // the tensor-core products' largest batch (mk::MAXB)
@@ -2082,14 +2052,6 @@ struct mqb_model {
   // fused, is 8 % slower than cuBLAS with the prep kernels (NOTES.md, runs 53-56). Debug
   // "fuse_max_b" / MQB_FUSE_MAX_B (0: off, prep kernels and the unfused products).
   int fuse_max_b = 16;
-  // psum: in decode steps whose layer products run on cuBLAS (qwen3, bf16/fp16), o_proj and
-  // down_proj (all but the last layer's) cut K into psum_o / psum_d slices (psum_z) whose partial
-  // products cuBLAS writes side by side into pbuf (a strided batch) instead of accumulating into
-  // the residual, and the next RMSNorm prep adds them in (PrepArgs::parts): no split-K reduce
-  // kernel of cuBLAS's own, a layer's residual added where the norm reads it anyway. Debug
-  // "psum_o" / "psum_d" (0: off, the products accumulate into the residual).
-  int psum_o = 0, psum_d = 0;
-  float *pbuf = nullptr;  // [PSUM_MAX][max_batch][H]
 #ifndef MQB_HOST_TEST
   // The copy engine's descriptions of the weight matrices the tile kernel has read, by (W, N, K,
   // box rows): made at first use (tile_map), also while a graph is captured.
@@ -2486,7 +2448,7 @@ bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int
   if constexpr (std::is_same<T, float>::value) {
     return false;
   } else {
-    if (!m.sk_on || B <= m.sk_max_b || B > m.fuse_max_b || N > m.sk_max_n || a.mode != PREP_RMS || a.rows || a.parts ||
+    if (!m.sk_on || B <= m.sk_max_b || B > m.fuse_max_b || N > m.sk_max_n || a.mode != PREP_RMS || a.rows ||
         a.ld != K)
       return false;
     const sk::TCfg c = tile_cfg(m, N, K, B, true, act != nullptr);
@@ -2524,11 +2486,9 @@ std::vector<const void *> layer_weights(const mqb_model &m, const void *W) {
 // gemm: out[B, N] (+)= X[B, K] · W[N, K]^T on cuBLAS (fp32 out): a decode bucket's shape with
 // the algorithm blas_pick chose for it (mqb_model::blas_tune), any other with cublasGemmEx's
 // default.
-// Z > 1: K in Z slices, slice z's partial product to out + z * B * N (blaspick::Shape::Z; psum).
 template <typename T>
-void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int K, int N, float *out, bool acc,
-          int Z = 1) {
-  const blaspick::Shape s{cuda_type<T>(), N, K, B, acc, Z};
+void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int K, int N, float *out, bool acc) {
+  const blaspick::Shape s{cuda_type<T>(), N, K, B, acc};
   const blaspick::Plan *p = nullptr;
   if (m.blas_tune && m.tune_here && B == bucket_for(m, B)) {
     p = m.picker->find(s);
@@ -2541,30 +2501,6 @@ void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int
   }
   m.picker->run(s, p, W, X, out);
   mark(m, r + ":gemm");
-}
-
-// linear_x: the T input rows [B, K] of a product that takes them whole (the tile kernel unfused,
-// cuBLAS): a.srcT as it is, or prep_kernel's rows in xbuf.
-template <typename T>
-const T *linear_x(mqb_model &m, const std::string &r, const PrepArgs<T> &a, int B, int K) {
-  if (a.mode == PREP_PLAIN && !a.rows && a.ld == K) return a.srcT;  // the input rows as they are
-  m.label = r + ":prep";
-  const bool norm = a.mode == PREP_RMS || a.mode == PREP_LN;
-  // prep_vec4's rows: K, the stride and the base 4-float aligned, no row list.
-  const bool v4 = m.prep_vec && (m.slim & 2) && (a.mode == PREP_SWIGLU || a.mode == PREP_GELU) && K % 4 == 0 &&
-                  a.ld % 4 == 0 && !a.rows && reinterpret_cast<uintptr_t>(a.src) % 16 == 0;
-  const int blocks = norm ? B
-                     : (int)std::min<int64_t>(((int64_t)B * (v4 ? K / 4 : K) + 255) / 256, (int64_t)m.sms * 8);
-  auto k = !(m.slim & 2)           ? prep_kernel<T, -1>
-           : a.mode == PREP_RMS && a.parts
-               ? (m.pre_params ? prep_kernel<T, PREP_RMS, true, false, true> : prep_kernel<T, PREP_RMS, false, false, true>)
-           : a.mode == PREP_RMS    ? (m.pre_params ? prep_kernel<T, PREP_RMS, true> : prep_kernel<T, PREP_RMS>)
-           : a.mode == PREP_LN     ? prep_kernel<T, PREP_LN>
-           : a.mode == PREP_SWIGLU ? (v4 ? prep_kernel<T, PREP_SWIGLU, false, true> : prep_kernel<T, PREP_SWIGLU>)
-           : a.mode == PREP_GELU   ? (v4 ? prep_kernel<T, PREP_GELU, false, true> : prep_kernel<T, PREP_GELU>)
-                                   : prep_kernel<T, PREP_PLAIN>;
-  launch(m, k, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
-  return static_cast<const T *>(m.xbuf);
 }
 
 // linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. bf16/fp16 layer products of
@@ -2584,7 +2520,6 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
   // The GEMV takes small batches where it fuses something (the input's prep, a bias, the argmax);
   // a layer's product with none of them goes to the tile kernel, which beats it at 1-4 rows on the
   // H200 (batch 1 937 against 895 tok/s, 4 3,804 against 1,836: NOTES.md run 58).
-  if (a.parts && B <= m.gemv_max_b) throw Fail("psum: partial products reached the GEMV, which does not add them");
   if (B <= m.gemv_max_b && !(plain && !bias && !keys && tile_shape(m, B, N, K).Z)) {
     m.label = r + ":gemv";
     a.tlb = m.tl_buf;
@@ -2600,7 +2535,26 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     }
     return;
   }
-  const T *X = linear_x<T>(m, r, a, B, K);
+  const T *X;
+  if (plain) {
+    X = a.srcT;
+  } else {
+    m.label = r + ":prep";
+    const bool norm = a.mode == PREP_RMS || a.mode == PREP_LN;
+    // prep_vec4's rows: K, the stride and the base 4-float aligned, no row list.
+    const bool v4 = m.prep_vec && (m.slim & 2) && (a.mode == PREP_SWIGLU || a.mode == PREP_GELU) && K % 4 == 0 &&
+                    a.ld % 4 == 0 && !a.rows && reinterpret_cast<uintptr_t>(a.src) % 16 == 0;
+    const int blocks = norm ? B
+                       : (int)std::min<int64_t>(((int64_t)B * (v4 ? K / 4 : K) + 255) / 256, (int64_t)m.sms * 8);
+    auto k = !(m.slim & 2)           ? prep_kernel<T, -1>
+             : a.mode == PREP_RMS    ? (m.pre_params ? prep_kernel<T, PREP_RMS, true> : prep_kernel<T, PREP_RMS>)
+             : a.mode == PREP_LN     ? prep_kernel<T, PREP_LN>
+             : a.mode == PREP_SWIGLU ? (v4 ? prep_kernel<T, PREP_SWIGLU, false, true> : prep_kernel<T, PREP_SWIGLU>)
+             : a.mode == PREP_GELU   ? (v4 ? prep_kernel<T, PREP_GELU, false, true> : prep_kernel<T, PREP_GELU>)
+                                     : prep_kernel<T, PREP_PLAIN>;
+    launch(m, k, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
+    X = static_cast<const T *>(m.xbuf);
+  }
   if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate)) gemm<T>(m, r, W, X, B, K, N, out, accumulate);
   if (bias) {
     m.label = r + ":bias";
@@ -2977,22 +2931,6 @@ void prefill_attention(mqb_model &m, const Layer &ly, int ntiles) {
 // decode says every token is the next one of a different sequence (rows = tokens): attention
 // may then run fused with the q/k/v post-processing (decode_attn_kernel, by the fused_attn rule
 // below), and batches of tc_min_b..TC_MAX_B use the tensor-core products where tc_ok.
-// psum_z: the K slices a decode step of Tn rows cuts a residual product of K columns into
-// (mqb_model::psum_o / psum_d): want, or the most below it that cut K into whole 16-byte
-// vectors; 1 (accumulate into the residual) where psum does not apply: not qwen3 in bf16/fp16,
-// products not on cuBLAS (the GEMV, the skinny and tile kernels take their rows), RMSNorm rows
-// too long for prep_row's registers, prep_kernel without its per-mode instances (slim bit 1).
-int psum_z(const mqb_model &m, int Tn, int K, int want) {
-  const Cfg &c = m.c;
-  if (want <= 1 || c.fam != QWEN3 || m.dt == DT_F32 || !(m.slim & 2) || c.H > PREP_REGS * 256 ||
-      Tn > m.max_batch || Tn <= m.gemv_max_b ||
-      (m.sk_on && (Tn <= m.sk_max_b || Tn <= m.tile_max_b || Tn <= m.fuse_max_b)))
-    return 1;
-  for (int z = std::min(want, PSUM_MAX); z > 1; --z)
-    if (K % z == 0 && (K / z) % 8 == 0) return z;
-  return 1;
-}
-
 template <typename T>
 void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const TileGrid *tiles) {
   const Cfg &c = m.c;
@@ -3018,31 +2956,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
   m.label = "embed";
   launch(m, embed_kernel<T>, dim3(Tn), dim3(256), 0, (const int *)m.d_tok(), (const int *)m.d_pos(),
          (const T *)m.emb, (const float *)m.wpe, m.res, H, want_keys ? m.keys : nullptr, R);
-  // psum: the partial products (slices of o_proj's or down_proj's K) that the next RMSNorm prep
-  // adds into the residual; pend_z 0: none pending.
-  const int zo = decode && !std::is_same<T, float>::value ? psum_z(m, Tn, AO, m.psum_o) : 1;
-  const int zd = decode && !std::is_same<T, float>::value ? psum_z(m, Tn, c.I, m.psum_d) : 1;
-  int pend_z = 0;
-  auto take_parts = [&](PrepArgs<T> a) {
-    if (pend_z > 1) {
-      a.parts = m.pbuf;
-      a.nparts = pend_z;
-      a.pstride = (size_t)Tn * H;
-      a.wres = m.res;
-      pend_z = 0;
-    }
-    return a;
-  };
-  // residual: out (the residual) += the product, or its slices into pbuf for the next prep.
-  auto residual = [&](const char *role, const PrepArgs<T> &a, int K, const void *W, const float *bias, int z) {
-    if (z <= 1 || bias) {
-      linear<T>(m, role, a, Tn, K, W, H, bias, m.res, true, nullptr);
-      return;
-    }
-    const T *X = linear_x<T>(m, role, a, Tn, K);
-    gemm<T>(m, role, static_cast<const T *>(W), X, Tn, K, H, m.pbuf, false, z);
-    pend_z = z;
-  };
   for (int l = 0; l < c.L; ++l) {
     Layer &ly = m.layers[l];
     auto attention = [&]() {
@@ -3100,14 +3013,12 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
         continue;
       }
     }
-    linear<T>(m, "qkv",
-              take_parts(prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps)), Tn,
-              H, ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
+    linear<T>(m, "qkv", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps), Tn, H,
+              ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
     attention();
-    residual("o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), AO, ly.w_o,
-             ly.b_o, zo);
-    const PrepArgs<T> up_in =
-        take_parts(prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps));
+    linear<T>(m, "o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), Tn, AO,
+              ly.w_o, H, ly.b_o, m.res, true, nullptr);
+    const PrepArgs<T> up_in = prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps);
     // qwen3 batches in the tile kernel's fused range: RMSNorm, gate/up and SwiGLU in one kernel,
     // whose T output (in m.mlp's memory) is the down projection's input as it is.
     T *act = reinterpret_cast<T *>(m.mlp);
@@ -3118,7 +3029,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
         swiglu_made ? prep<T>(PREP_PLAIN, nullptr, act, c.I, nullptr, nullptr, nullptr, eps)
                     : prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr,
                               nullptr, eps);
-    residual("down", down_in, c.I, ly.w_down, ly.b_down, l + 1 < c.L ? zd : 1);  // the LM head's prep adds no parts
+    linear<T>(m, "down", down_in, Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
   }
   if constexpr (!std::is_same<T, float>::value) {
     if (tc) {
@@ -3568,8 +3479,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.attn_split = std::max(0, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 0)));
   m.fused_attn = std::max(0, std::min(2, env_int("MQB_FUSED_ATTN", 1)));
   m.tc_min_b = env_int("MQB_TC_MIN_B", 0);
-  m.psum_o = std::max(0, std::min(PSUM_MAX, env_int("MQB_PSUM_O", m.psum_o)));
-  m.psum_d = std::max(0, std::min(PSUM_MAX, env_int("MQB_PSUM_D", m.psum_d)));
   const size_t es = dt_size(m.dt);
   const int Kmax = std::max(std::max(c.H, c.I), c.nh * c.D);
   int gb = std::min(4, env_int("MQB_GEMV_MAX_B", 4));
@@ -3612,7 +3521,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.mlp = static_cast<float *>(m.dmalloc(sizeof(float) * m.Tcap * MLP));
   m.attn = m.dmalloc(es * m.Tcap * c.nh * c.D);
   m.xbuf = m.dmalloc(es * (size_t)m.Tcap * Kmax);
-  m.pbuf = static_cast<float *>(m.dmalloc(sizeof(float) * PSUM_MAX * (size_t)m.max_batch * c.H));
   m.logits = static_cast<float *>(m.dmalloc(sizeof(float) * (size_t)m.Rcap * c.V));
   m.keys = static_cast<unsigned long long *>(m.dmalloc(sizeof(unsigned long long) * m.Rcap));
   m.part_acc = static_cast<float *>(m.dmalloc(sizeof(float) * ATT_SPLIT_MAX_T * c.nkv * ATT_SPLIT_MAX * G * c.D));
@@ -4046,8 +3954,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "prefill_one") m->prefill_one = std::max(0, (int)value);
   else if (k == "prep_vec") m->prep_vec = value != 0;
   else if (k == "post_n") m->post_n = value != 0;
-  else if (k == "psum_o") m->psum_o = std::max(0, std::min(PSUM_MAX, (int)value));
-  else if (k == "psum_d") m->psum_d = std::max(0, std::min(PSUM_MAX, (int)value));
   else if (k == "timeline") {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));

@@ -50,15 +50,6 @@ std::string describe(const cublasLtMatmulAlgo_t &a) {
   return buf;
 }
 
-// batched makes layout l a strided batch of z matrices, offset elements apart (Shape::Z).
-bool batched(cublasLtMatrixLayout_t l, int z, int64_t offset) {
-  const int32_t count = z;
-  return cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count) ==
-             CUBLAS_STATUS_SUCCESS &&
-         cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset, sizeof offset) ==
-             CUBLAS_STATUS_SUCCESS;
-}
-
 // alignment: the largest power of two up to 256 that divides every pointer.
 uint32_t alignment(const std::vector<const void *> &ps) {
   uint32_t al = 256;
@@ -94,10 +85,6 @@ const Plan *Picker::find(const Shape &s) const {
 
 cublasStatus_t Picker::gemm_default(const Shape &s, const void *W, const void *X, float *out) const {
   const float alpha = 1.f, beta = s.acc ? 1.f : 0.f;
-  if (s.Z > 1)
-    return cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, s.N, s.B, s.Ks(), &alpha, W, s.type, s.K,
-                                      (long long)s.Ks(), X, s.type, s.K, (long long)s.Ks(), &beta, out, CUDA_R_32F,
-                                      s.N, (long long)s.N * s.B, s.Z, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   return cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, s.N, s.B, s.K, &alpha, W, s.type, s.K, X, s.type, s.K, &beta,
                       out, CUDA_R_32F, s.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
@@ -112,9 +99,8 @@ void Picker::run(const Shape &s, const Plan *p, const void *W, const void *X, fl
   const cublasStatus_t st = p && p->lt ? gemm_lt(s, *p, p->algo, p->ws, W, X, out) : gemm_default(s, W, X, out);
   if (st != CUBLAS_STATUS_SUCCESS) {
     char buf[260];
-    snprintf(buf, sizeof buf, "cuda backend: %s failed (status %d) for the product N=%d K=%d B=%d Z=%d%s",
-             p && p->lt ? "cublasLtMatmul" : s.Z > 1 ? "cublasGemmStridedBatchedEx" : "cublasGemmEx", (int)st, s.N,
-             s.K, s.B, s.Z,
+    snprintf(buf, sizeof buf, "cuda backend: %s failed (status %d) for the product N=%d K=%d B=%d%s",
+             p && p->lt ? "cublasLtMatmul" : "cublasGemmEx", (int)st, s.N, s.K, s.B,
              p && p->lt ? " with the algorithm blas_pick chose (MQB_BLAS_TUNE=0 runs cuBLAS's default)" : "");
     throw std::runtime_error(buf);
   }
@@ -124,7 +110,7 @@ void Picker::run(const Shape &s, const Plan *p, const void *W, const void *X, fl
 // call on W from a zeroed output (accumulating products included).
 double Picker::max_diff(const Shape &s, const Candidate &c, const Plan &lt, const void *W, const void *X,
                         float *out) const {
-  const size_t n = (size_t)s.N * s.B * s.Z;
+  const size_t n = (size_t)s.N * s.B;
   float *ref = nullptr;
   ok(cudaMalloc(reinterpret_cast<void **>(&ref), sizeof(float) * n), "check output");
   std::vector<float> a(n), b(n);
@@ -177,9 +163,8 @@ const Plan *Picker::tune(const Shape &s, const std::vector<const void *> &weight
   std::vector<Candidate> cands;
   Plan lt;  // the cuBLASLt descriptors; moved into plan if a candidate of theirs wins
   try {
-    const size_t nout = (size_t)s.N * s.B * s.Z;
-    ok(cudaMalloc(reinterpret_cast<void **>(&out), sizeof(float) * nout), "scratch output");
-    ok(cudaMemsetAsync(out, 0, sizeof(float) * nout, stream_), "scratch output");
+    ok(cudaMalloc(reinterpret_cast<void **>(&out), sizeof(float) * (size_t)s.N * s.B), "scratch output");
+    ok(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)s.N * s.B, stream_), "scratch output");
     const std::vector<unsigned char> xin = input_bytes(s.type, s.B, s.K);
     ok(cudaMalloc(&X, xin.size()), "tuning input");
     ok(cudaMemcpy(X, xin.data(), xin.size(), cudaMemcpyHostToDevice), "tuning input");
@@ -187,11 +172,9 @@ const Plan *Picker::tune(const Shape &s, const std::vector<const void *> &weight
     if (cublasLtMatmulDescCreate(&lt.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
         cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA) != CUBLAS_STATUS_SUCCESS ||
         cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&lt.a, s.type, s.Ks(), s.N, s.K) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&lt.b, s.type, s.Ks(), s.B, s.K) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&lt.c, CUDA_R_32F, s.N, s.B, s.N) != CUBLAS_STATUS_SUCCESS ||
-        (s.Z > 1 && (!batched(lt.a, s.Z, s.Ks()) || !batched(lt.b, s.Z, s.Ks()) ||
-                     !batched(lt.c, s.Z, (int64_t)s.N * s.B)))) {
+        cublasLtMatrixLayoutCreate(&lt.a, s.type, s.K, s.N, s.K) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&lt.b, s.type, s.K, s.B, s.K) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&lt.c, CUDA_R_32F, s.N, s.B, s.N) != CUBLAS_STATUS_SUCCESS) {
       throw std::runtime_error("blas_pick: cuBLASLt descriptors");
     }
     cublasLtMatmulPreference_t pref = nullptr;
@@ -220,7 +203,7 @@ const Plan *Picker::tune(const Shape &s, const std::vector<const void *> &weight
       if (cap(cands[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) != 1) continue;
       const long long mask = cap(cands[i].algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
       for (uint32_t split : {2u, 3u, 4u, 6u, 8u, 16u}) {
-        if ((int)split * 64 > s.Ks()) continue;
+        if ((int)split * 64 > s.K) continue;
         for (uint32_t scheme : {(uint32_t)CUBLASLT_REDUCTION_SCHEME_INPLACE, (uint32_t)CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE}) {
           if (mask >= 0 && !(mask & scheme)) continue;
           cublasLtMatmulAlgo_t a = cands[i].algo;
@@ -316,8 +299,8 @@ const Plan *Picker::tune(const Shape &s, const std::vector<const void *> &weight
       check += cb;
     }
     char buf[320];
-    snprintf(buf, sizeof buf, "N=%d K=%d B=%d Z=%d%s: default %.2f us, chosen %.2f us (%s), %zu candidates", s.N, s.K,
-             s.B, s.Z, s.acc ? " accumulate" : "", tdef * 1e3, median(cands[best].ms) * 1e3,
+    snprintf(buf, sizeof buf, "N=%d K=%d B=%d%s: default %.2f us, chosen %.2f us (%s), %zu candidates", s.N, s.K,
+             s.B, s.acc ? " accumulate" : "", tdef * 1e3, median(cands[best].ms) * 1e3,
              best == 0 ? "the default" : describe(cands[best].algo).c_str(), cands.size());
     std::string ranks;
     for (size_t j = 0; j < order.size() && j < 3; ++j) {

@@ -36,17 +36,12 @@
 namespace blaspick {
 
 // Shape of out[B, N] (+)= X[B, K] · W[N, K]^T with T inputs (type), fp32 out and accumulation.
-// Z > 1: K is cut into Z equal slices and slice z's partial product goes to out + z * B * N (a
-// strided batch; never accumulating), for the caller to add up: the split-K sum then needs no
-// kernel of cuBLAS's own (backend.cu's psum, whose next RMSNorm prep adds the slices).
 struct Shape {
   cudaDataType_t type;
   int N, K, B;
   bool acc;  // beta 1: out accumulates (the residual's products)
-  int Z = 1;
-  int Ks() const { return K / Z; }  // a slice's K
   bool operator<(const Shape &o) const {
-    return std::tie(type, N, K, B, acc, Z) < std::tie(o.type, o.N, o.K, o.B, o.acc, o.Z);
+    return std::tie(type, N, K, B, acc) < std::tie(o.type, o.N, o.K, o.B, o.acc);
   }
 };
 

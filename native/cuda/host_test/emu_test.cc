@@ -252,20 +252,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
   emu_gemm(m, n, k, k, *(const float *)alpha, A, at, lda, B, bt, ldb, *(const float *)beta, C, ldc, 8.0);
   return CUBLAS_STATUS_SUCCESS;
 }
-static size_t emu_esize(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
-// The strided batch: batch z's A, B and C start sa, sb and sc elements after batch z - 1's.
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                                          int k, const void *alpha, const void *A, cudaDataType_t at, int lda,
-                                          long long sa, const void *B, cudaDataType_t bt, int ldb, long long sb,
-                                          const void *beta, void *C, cudaDataType_t ct, int ldc, long long sc,
-                                          int batches, cublasComputeType_t, cublasGemmAlgo_t) {
-  assert(ta == CUBLAS_OP_T && tb == CUBLAS_OP_N && ct == CUDA_R_32F);
-  for (int z = 0; z < batches; ++z)
-    emu_gemm(m, n, k, k, *(const float *)alpha, (const char *)A + z * sa * emu_esize(at), at, lda,
-             (const char *)B + z * sb * emu_esize(bt), bt, ldb, *(const float *)beta, (float *)C + z * sc, ldc,
-             8.0 / batches);
-  return CUBLAS_STATUS_SUCCESS;
-}
 
 // cuBLASLt, emulated with three algorithms that its heuristic returns in this order: 2 is the
 // fastest (1 us a call) and wrong (it drops the last of the K terms, as a split-K kernel that
@@ -275,8 +261,6 @@ struct EmuLayout {
   cudaDataType_t type;
   uint64_t rows, cols;
   int64_t ld;
-  int32_t batches = 1;  // a strided batch, offset elements apart
-  int64_t offset = 0;
 };
 struct EmuDesc {
   int ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
@@ -299,14 +283,6 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete (EmuLayout *)l; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a,
-                                                const void *v, size_t n) {
-  EmuLayout &e = *(EmuLayout *)l;
-  if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && n == sizeof(int32_t)) memcpy(&e.batches, v, n);
-  else if (a == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && n == sizeof(int64_t)) memcpy(&e.offset, v, n);
-  else return CUBLAS_STATUS_NOT_SUPPORTED;
-  return CUBLAS_STATUS_SUCCESS;
-}
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
   *p = (cublasLtMatmulPreference_t)0x1;
   return CUBLAS_STATUS_SUCCESS;
@@ -367,15 +343,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
   // out = X W^T as blas_pick states it: A = W stored [K rows, N cols], B = X [K, B], C = D [N, B].
   if (o.ta != CUBLAS_OP_T || o.tb != CUBLAS_OP_N || C != D || c.type != CUDA_R_32F || dd.type != CUDA_R_32F ||
       a.rows != b.rows || a.cols != c.rows || b.cols != c.cols || a.ld < (int64_t)a.rows || b.ld < (int64_t)b.rows ||
-      c.ld < (int64_t)c.rows || algo->data[0] > 2 || a.batches != b.batches || a.batches != c.batches ||
-      dd.batches != c.batches || dd.offset != c.offset)
+      c.ld < (int64_t)c.rows || algo->data[0] > 2)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const int k = (int)a.rows, id = (int)algo->data[0];
-  for (int z = 0; z < c.batches; ++z)
-    emu_gemm((int)c.rows, (int)c.cols, k, id == 2 ? k - 1 : k, *(const float *)alpha,
-             (const char *)A + z * a.offset * emu_esize(a.type), a.type, (int)a.ld,
-             (const char *)B + z * b.offset * emu_esize(b.type), b.type, (int)b.ld, *(const float *)beta,
-             (float *)D + z * c.offset, (int)c.ld, (id == 2 ? 1.0 : id == 1 ? 6.0 : 5.0) / c.batches);
+  emu_gemm((int)c.rows, (int)c.cols, k, id == 2 ? k - 1 : k, *(const float *)alpha, A, a.type, (int)a.ld, B, b.type,
+           (int)b.ld, *(const float *)beta, D, (int)c.ld, id == 2 ? 1.0 : id == 1 ? 6.0 : 5.0);
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -665,14 +637,11 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // RMSNorm, and gate/up with the SwiGLU, fused into it; the fp32 runs take the GEMV at 1-4
   // rows); variant 6 sends batch 6 through the skinny kernel at its finest K split (one 32-column
   // slice per warp, partials summed by the last block), variant 7 to cuBLAS, variant 8 to the tile
-  // kernel unfused (prep kernels), variant 9 batch 3 through the fused GEMV, variant 10 batch 6
-  // to cuBLAS with o_proj and down_proj in K slices that the next RMSNorm prep adds into the
-  // residual (psum: 4 and 8 slices of 16 columns; the last layer's down accumulates). Variants 5 and 7 run
+  // kernel unfused (prep kernels), variant 9 batch 3 through the fused GEMV. Variants 5 and 7 run
   // the kernels that carry every mode's code (debug "slim" 0: prep_kernel's and the attention
   // kernels' instances for all modes), the others those compiled per mode.
   const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention",
-                         " attention-split-3 slim-0", " skinny-split-K", " cuBLAS slim-0", " tile unfused", " GEMV",
-                         " cuBLAS psum"};
+                         " attention-split-3 slim-0", " skinny-split-K", " cuBLAS slim-0", " tile unfused", " GEMV"};
   // Each variant's debug switches: the value it runs with, then the backend's default it restores.
   struct Switch {
     const char *key;
@@ -683,12 +652,10 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
       {{"fused_attn", 0, 1}},
       {{"attn_split", 3, 0}, {"slim", 0, 3}}, {{"sk_max_b", 8, 0}, {"sk_kw", 32, 0}, {"sk_ks", 1, 0}},
       {{"skinny", 0, 1}, {"slim", 0, 3}},
-      {{"fuse_max_b", 0, 16}}, {{"tile_max_b", 0, 16}, {"fuse_max_b", 0, 16}},
-      {{"skinny", 0, 1}, {"psum_o", 4, 0}, {"psum_d", 8, 0}}};
+      {{"fuse_max_b", 0, 16}}, {{"tile_max_b", 0, 16}, {"fuse_max_b", 0, 16}}};
   const bool half = std::string(prec) != "fp32";
-  for (int variant = 0; variant < (half ? 11 : 6); ++variant) {
-    std::vector<int> lens = variant == 0 || (variant >= 6 && variant <= 8) || variant == 10
-                                ? std::vector<int>{5, 20, 9, 33, 2, 12}
+  for (int variant = 0; variant < (half ? 10 : 6); ++variant) {
+    std::vector<int> lens = variant == 0 || (variant >= 6 && variant <= 8) ? std::vector<int>{5, 20, 9, 33, 2, 12}
                           : variant == 2 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
     for (const Switch &w : vsw[variant]) mqb_debug_set(m, w.key, w.on);
     const int n = (int)lens.size(), steps = 5;

@@ -17,7 +17,6 @@ struct cublasLtMatmulHeuristicResult_t {
   int reserved[4];
 };
 enum cublasLtMatmulDescAttributes_t { CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB };
-enum cublasLtMatrixLayoutAttribute_t { CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET };
 enum cublasLtMatmulPreferenceAttributes_t {
   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
@@ -47,8 +46,6 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t, cublasLtMatm
                                               size_t);
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *, cudaDataType_t, uint64_t, uint64_t, int64_t);
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t);
-cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, const void *,
-                                                size_t);
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *);
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t);
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,

@@ -14,7 +14,3 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t);
 cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
                             const void *, cudaDataType_t, int, const void *, cudaDataType_t, int, const void *, void *,
                             cudaDataType_t, int, cublasComputeType_t, cublasGemmAlgo_t);
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                                          const void *, const void *, cudaDataType_t, int, long long int, const void *,
-                                          cudaDataType_t, int, long long int, const void *, void *, cudaDataType_t, int,
-                                          long long int, int, cublasComputeType_t, cublasGemmAlgo_t);
