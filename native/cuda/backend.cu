@@ -111,7 +111,6 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -2053,10 +2052,6 @@ struct mqb_model {
   // fused, is 8 % slower than cuBLAS with the prep kernels (NOTES.md, runs 53-56). Debug
   // "fuse_max_b" / MQB_FUSE_MAX_B (0: off, prep kernels and the unfused products).
   int fuse_max_b = 16;
-  // pdl_blas (debug, experimental): in a captured graph, the plain edges from our kernels into
-  // cuBLAS's are made programmatic, so a cuBLAS kernel may start while ours drain, as ours do.
-  // Correct only if cuBLAS's kernels wait (griddepcontrol.wait) before reading their inputs.
-  bool pdl_blas = false;
 #ifndef MQB_HOST_TEST
   // The copy engine's descriptions of the weight matrices the tile kernel has read, by (W, N, K,
   // box rows): made at first use (tile_map), also while a graph is captured.
@@ -3484,7 +3479,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.attn_split = std::max(0, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 0)));
   m.fused_attn = std::max(0, std::min(2, env_int("MQB_FUSED_ATTN", 1)));
   m.tc_min_b = env_int("MQB_TC_MIN_B", 0);
-  m.pdl_blas = env_int("MQB_PDL_BLAS", 0) != 0;
   const size_t es = dt_size(m.dt);
   const int Kmax = std::max(std::max(c.H, c.I), c.nh * c.D);
   int gb = std::min(4, env_int("MQB_GEMV_MAX_B", 4));
@@ -3648,52 +3642,6 @@ int graph_key(int b, int splits, bool logits) { return (b * (ATT_SPLIT_MAX + 1) 
 // heuristics), then captured and instantiated once, then replayed. ge NULL runs body eagerly. A capture that fails
 // (a driver without PDL-in-graph support, say) must not fail the request: graphs are switched
 // off for this model, said on stderr, *ge is set to NULL and body runs eagerly.
-#ifndef MQB_HOST_TEST
-// pdl_foreign makes graph g's plain edges from a kernel of ours into a foreign kernel (cuBLAS's)
-// programmatic (mqb_model::pdl_blas). Ours are the kernel nodes with a programmatic incoming edge
-// (launch() gives every launch of ours the attribute); a foreign node has only plain ones.
-// Returns the edges changed, -1 on an error.
-int pdl_foreign(cudaGraph_t g) {
-#if defined(CUDART_VERSION) && CUDART_VERSION >= 13000
-#define MQB_EDGES(...) cudaGraphGetEdges(__VA_ARGS__)
-#define MQB_ADD(...) cudaGraphAddDependencies(__VA_ARGS__)
-#define MQB_REMOVE(...) cudaGraphRemoveDependencies(__VA_ARGS__)
-#else
-#define MQB_EDGES(...) cudaGraphGetEdges_v2(__VA_ARGS__)
-#define MQB_ADD(...) cudaGraphAddDependencies_v2(__VA_ARGS__)
-#define MQB_REMOVE(...) cudaGraphRemoveDependencies_v2(__VA_ARGS__)
-#endif
-  size_t ne = 0;
-  if (MQB_EDGES(g, nullptr, nullptr, nullptr, &ne) != cudaSuccess) return -1;
-  std::vector<cudaGraphNode_t> from(ne), to(ne);
-  std::vector<cudaGraphEdgeData> ed(ne);
-  if (MQB_EDGES(g, from.data(), to.data(), ed.data(), &ne) != cudaSuccess) return -1;
-  std::set<cudaGraphNode_t> ours;
-  for (size_t i = 0; i < ne; ++i)
-    if (ed[i].type == cudaGraphDependencyTypeProgrammatic) ours.insert(to[i]);
-  auto kernel = [](cudaGraphNode_t n) {
-    cudaGraphNodeType t;
-    return cudaGraphNodeGetType(n, &t) == cudaSuccess && t == cudaGraphNodeTypeKernel;
-  };
-  int changed = 0;
-  for (size_t i = 0; i < ne; ++i) {
-    if (ed[i].type != cudaGraphDependencyTypeDefault || !ours.count(from[i]) || ours.count(to[i]) ||
-        !kernel(from[i]) || !kernel(to[i]))
-      continue;
-    cudaGraphEdgeData d = {};
-    d.type = cudaGraphDependencyTypeProgrammatic;
-    d.from_port = cudaGraphKernelNodePortProgrammatic;
-    if (MQB_REMOVE(g, &from[i], &to[i], &ed[i], 1) != cudaSuccess || MQB_ADD(g, &from[i], &to[i], &d, 1) != cudaSuccess)
-      return -1;
-    ++changed;
-  }
-#undef MQB_EDGES
-#undef MQB_ADD
-#undef MQB_REMOVE
-  return changed;
-}
-#endif
-
 void run_graphed(mqb_model &m, GraphEntry *&ge, const std::function<void()> &body) {
   if (ge && ge->warmed && !ge->exec) {
     std::string why;
@@ -3706,13 +3654,6 @@ void run_graphed(mqb_model &m, GraphEntry *&ge, const std::function<void()> &bod
     cudaGraph_t g = nullptr;
     cudaError_t e = cudaStreamEndCapture(m.stream, &g);
     if (e != cudaSuccess && why.empty()) why = fmt("cudaStreamEndCapture: %s", cudaGetErrorString(e));
-#ifndef MQB_HOST_TEST
-    if (why.empty() && m.pdl_blas && m.use_pdl) {
-      const int n = pdl_foreign(g);
-      if (n < 0) why = "pdl_blas: the graph's edges could not be changed";
-      else if (m.blas_log) fprintf(stderr, "cuda backend: pdl_blas made %d edges programmatic\n", n);
-    }
-#endif
     if (why.empty()) {
 #if defined(CUDART_VERSION) && CUDART_VERSION < 12000  // CUDA 11's signature (compile checks with nvcc 11.8)
       e = cudaGraphInstantiate(&ge->exec, g, nullptr, nullptr, 0);
@@ -4013,7 +3954,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "prefill_one") m->prefill_one = std::max(0, (int)value);
   else if (k == "prep_vec") m->prep_vec = value != 0;
   else if (k == "post_n") m->post_n = value != 0;
-  else if (k == "pdl_blas") m->pdl_blas = value != 0;
   else if (k == "timeline") {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));
