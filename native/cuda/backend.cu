@@ -2485,7 +2485,10 @@ std::vector<const void *> layer_weights(const mqb_model &m, const void *W) {
 
 // gemm: out[B, N] (+)= X[B, K] · W[N, K]^T on cuBLAS (fp32 out): a decode bucket's shape with
 // the algorithm blas_pick chose for it (mqb_model::blas_tune), any other with cublasGemmEx's
-// default.
+// default. cuBLAS launches its kernels itself, so in a captured graph the edge into one is plain,
+// not programmatic like the edges into ours, and it must stay so: cuBLAS's kernels do not wait for
+// the kernel before them (NOTES.md run 144 made those edges programmatic: batch 32 decoded 9 %
+// faster and parity failed, max|d| 1.05, graph != eager).
 template <typename T>
 void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int K, int N, float *out, bool acc) {
   const blaspick::Shape s{cuda_type<T>(), N, K, B, acc};
