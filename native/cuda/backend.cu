@@ -2012,11 +2012,6 @@ struct mqb_model {
   // (NOTES.md, runs 46-52). Debug "tile_max_b" (up to 32) / MQB_TILE_MAX_B set the range, tile_rt / tile_z force
   // row tiles per block / K splits (0 = chosen by tile_cfg).
   int tile_max_b = 16, tile_rt = 0, tile_z = 0;
-  // tile_half (debug, 0 off; 8 or 16): the tile kernel takes a product of more rows as groups of
-  // tile_half rows, one launch whose grid.z is the group (sk::tile_kernel's row groups), each
-  // group shaped as a launch of tile_half rows: twice the blocks at 32 rows, each staging half
-  // the input, so that two fit an SM (one at 32 rows) and the next kernel's can start beside them.
-  int tile_half = 0;
   // Weight chunks each tile-kernel block asks for before griddepcontrol.wait (debug "tile_pre",
   // 1..sk::TSTAGES): 3. All four buffers' worth made batches 1-16 1-2 % slower (run 61).
   int tile_pre = sk::TSTAGES - 1;
@@ -2380,15 +2375,10 @@ sk::TmaMap tile_map(mqb_model &, const T *W, int N, int K, int rows) {
 
 // tile_launch launches sk::tile_kernel in shape c (with act, its boxes are half as high: a gate
 // box and an up box per K slice).
-// tile_groups: the row groups of a tile-kernel product of B rows (mqb_model::tile_half), 1: none.
-int tile_groups(const mqb_model &m, int B) { return m.tile_half > 0 && B > m.tile_half ? (B + m.tile_half - 1) / m.tile_half : 1; }
-// tile_rows: the rows tile_cfg shapes a launch for (a group's where there are groups).
-int tile_rows(const mqb_model &m, int B) { return tile_groups(m, B) > 1 ? m.tile_half : B; }
-
 template <typename T>
 void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, const T *X, int B, float *out, int acc,
                  const sk::TileFuse<T> &f0) {
-  const int G = tile_groups(m, B), nb = G > 1 ? m.tile_half / 8 : (B + 7) / 8;
+  const int nb = (B + 7) / 8;
   sk::TileFuse<T> f = f0;
   f.tlb = m.tl_buf;
   f.tls = tl_slot(m);
@@ -2400,7 +2390,7 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
   const bool push = clz > 1 && m.tile_push && base + park <= sk::tile_smem_bytes(4, sk::TKR_MAX) &&
                     sk::SMEM_SM / (base + park) >= std::min<size_t>(2, sk::SMEM_SM / base);
   auto go = [&](auto kernel) {
-    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z, G), dim3(sk::THREADS), base + (push ? park : 0), tm,
+    launch_cl(m, dim3(1, clz, 1), kernel, dim3(c.row_blocks(N), c.Z), dim3(sk::THREADS), base + (push ? park : 0), tm,
               N, K, X, B, out, acc, c.RT, c.KS, c.Kr, m.tile_pre, push ? 2 : clz > 1 ? 1 : 0, m.sk_ws, m.sk_cnt, f);
   };
   by_octets(nb, [&](auto o) { go(sk::tile_kernel<T, decltype(o)::value>); });
@@ -2411,7 +2401,7 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
 // own, a layer's shape that tile_cfg fits); Z = 0 where it does not.
 sk::TCfg tile_shape(const mqb_model &m, int B, int N, int K) {
   if (!m.sk_on || B <= m.sk_max_b || B > m.tile_max_b || N > m.sk_max_n) return sk::TCfg{};
-  return tile_cfg(m, N, K, tile_rows(m, B));
+  return tile_cfg(m, N, K, B);
 }
 
 // skinny_linear runs out (+)= X W^T through skinny.cuh where it applies (bf16/fp16, on: the skinny
@@ -2461,7 +2451,7 @@ bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int
     if (!m.sk_on || B <= m.sk_max_b || B > m.fuse_max_b || N > m.sk_max_n || a.mode != PREP_RMS || a.rows ||
         a.ld != K)
       return false;
-    const sk::TCfg c = tile_cfg(m, N, K, tile_rows(m, B), true, act != nullptr);
+    const sk::TCfg c = tile_cfg(m, N, K, B, true, act != nullptr);
     if (!c.Z) return false;
     m.label = role + (act ? ":tile_rms_swiglu_rt" : ":tile_rms_rt") + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
     sk::TileFuse<T> f;
@@ -3327,7 +3317,7 @@ void skinny_setup(mqb_model &m) {
     }
     m.sk_ws_floats = ws;
     m.sk_ws = static_cast<float *>(m.dmalloc(sizeof(float) * ws));
-    const int nc = 4 * ((m.sk_max_n + 15) / 16);  // 4: tile_half's row groups (8 rows) have their own
+    const int nc = (m.sk_max_n + 15) / 16;
     m.sk_cnt = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int) * nc));
     ck(cudaMemset(m.sk_cnt, 0, sizeof(unsigned int) * nc), "cudaMemset(sk_cnt)");
     const size_t smem = sk::smem_bytes(4, sk::KC_MAX);
@@ -3348,8 +3338,6 @@ void skinny_setup(mqb_model &m) {
     m.sk_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_SK_MAX_B", m.sk_max_b)));
     m.tile_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_TILE_MAX_B", m.tile_max_b)));
     m.fuse_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_FUSE_MAX_B", m.fuse_max_b)));
-    const int th = env_int("MQB_TILE_HALF", m.tile_half);
-    m.tile_half = th == 8 || th == 16 ? th : 0;
   }
 }
 
@@ -3951,7 +3939,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "tile_max_b") m->tile_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "tile_rt") m->tile_rt = (value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
-  else if (k == "tile_half") m->tile_half = value == 8 || value == 16 ? value : 0;
   else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(sk::TSTAGES, (int)value));
   else if (k == "slim") m->slim = (int)value & 3;
   else if (k == "attn_cluster") m->attn_cluster = value != 0;

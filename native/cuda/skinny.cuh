@@ -550,7 +550,7 @@ static_assert((size_t)(PARK + WARPS * 32 * (MAXB / 8) * 4) * sizeof(float) <= (s
 template <typename T, int NB>
 __global__ void __launch_bounds__(THREADS, 1)
     tile_kernel(const __grid_constant__ TmaMap tm, int N, int K, const T *X, int B, float *out, int accumulate, int RT,
-                int KS, int Kr, int pre, int cluster, float *ws, unsigned int *cnt, TileFuse<T> f) {
+                int KS, int Kr, int pre, int cluster, float *ws, unsigned int *cnt, const TileFuse<T> f) {
   DYN_SMEM(uint4, tk_raw);
   __shared__ unsigned int s_last;
   __shared__ unsigned long long bar[TSTAGES];  // one per chunk buffer
@@ -562,19 +562,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int lt = warp / KS, ks = warp % KS, tile = blockIdx.x * RT + lt;
   const int row0 = blockIdx.x * rows, k0 = blockIdx.y * Kr, nch = Kr / KC;
   const bool live = tile < N / 16;
-  // Row groups (gridDim.z > 1: backend.cu's tile_half): the blocks of z = g take rows 8 NB g.. of
-  // the batch as a launch of those rows alone would, with their own share of the split-K
-  // workspace and counters; the weights are read by every group (from L2 after the first).
-  if (gridDim.z > 1) {
-    const int g = blockIdx.z, r0 = g * NB * 8;
-    if (X) X += (size_t)r0 * K;
-    if (f.xr) f.xr += (size_t)r0 * K;
-    if (out) out += (size_t)r0 * N;
-    if (f.act) f.act += (size_t)r0 * (N / 2);
-    B = min(NB * 8, B - r0);
-    ws += (size_t)g * gridDim.y * N * NB * 8;
-    cnt += (size_t)g * gridDim.x;
-  }
   // The debug timeline: start, past the wait, input staged (3), chunks multiplied (4), K splits
   // summed (5), end.
   tl_mark(f.tlb, f.tls, 0);

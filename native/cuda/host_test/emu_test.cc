@@ -726,27 +726,22 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
     mqb_debug_set(m, "sk_max_b", 0);  // 24 rows: the tile kernel, RMSNorm and SwiGLU fused
     mqb_debug_set(m, "tile_max_b", 32);
     mqb_debug_set(m, "fuse_max_b", 32);
-    std::vector<float> tl((size_t)6 * V), grp((size_t)6 * V);
+    std::vector<float> tl((size_t)6 * V);
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), tl.data(), am.data(), err, sizeof err);
-    mqb_debug_set(m, "tile_half", 8);  // ... in row groups of 8 (three groups, one launch a product)
-    rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), grp.data(), am.data(), err, sizeof err);
-    mqb_debug_set(m, "tile_half", 0);
     mqb_debug_set(m, "tile_max_b", 16);
     mqb_debug_set(m, "fuse_max_b", 16);
     mqb_debug_set(m, "skinny", 0);
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), cub.data(), am.data(), err, sizeof err);
     mqb_debug_set(m, "skinny", 1);
-    double d1 = 0, d2 = 0, d3 = 0, d4 = 0;
+    double d1 = 0, d2 = 0, d3 = 0;
     for (size_t i = 0; i < cub.size(); ++i) {
       d1 = std::max(d1, fabs((double)sk[i] - cub[i]));
       d2 = std::max(d2, fabs((double)split[i] - cub[i]));
       d3 = std::max(d3, fabs((double)tl[i] - cub[i]));
-      d4 = std::max(d4, fabs((double)grp[i] - cub[i]));
     }
-    check(rc == 0 && d1 < tol / 10 && d2 < tol / 10 && d3 < tol / 10 && d4 < tol / 10,
+    check(rc == 0 && d1 < tol / 10 && d2 < tol / 10 && d3 < tol / 10,
           std::string(family) + " " + prec + " 24-row prefill, skinny vs cuBLAS max|d| = " + std::to_string(d1) +
-              ", split-K " + std::to_string(d2) + ", tile " + std::to_string(d3) + ", tile in row groups of 8 " +
-              std::to_string(d4));
+              ", split-K " + std::to_string(d2) + ", tile " + std::to_string(d3));
   }
   // Sampling on the device (mqb_forward_sampled): temperature 0 and a vanishing temperature
   // give the argmax, equal keys give equal draws, distinct keys at a high temperature spread.
@@ -894,12 +889,11 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
 // every split-K counter was left at zero for the next product.
 template <typename T>
 static bool emu_tile(const std::vector<T> &W, int N, int K, int RT, int Z, const T *X, int B, float *out, int acc,
-                     std::vector<float> &ws, std::vector<unsigned> &cnt, const sk::TileFuse<T> &f, int hr = 0) {
+                     std::vector<float> &ws, std::vector<unsigned> &cnt, const sk::TileFuse<T> &f) {
   const int KS = 8 / RT, Kr = K / Z;
-  const int G = hr > 0 && B > hr ? (B + hr - 1) / hr : 1;  // row groups of hr rows (backend.cu's tile_half)
-  by_octets(G > 1 ? hr / 8 : (B + 7) / 8, [&](auto o) {
+  by_octets((B + 7) / 8, [&](auto o) {
     auto kernel = sk::tile_kernel<T, decltype(o)::value>;
-    emu_launch(dim3((N / 16 + RT - 1) / RT, Z, G), dim3(sk::THREADS), [&, kernel] {
+    emu_launch(dim3((N / 16 + RT - 1) / RT, Z), dim3(sk::THREADS), [&, kernel] {
       kernel(sk::TmaMap{W.data(), K, N, (f.act ? 8 : 16) * RT}, N, K, X, B, out, acc, RT, KS, Kr, sk::TSTAGES - 1, 0,
              ws.data(), cnt.data(), f);
     });
@@ -977,56 +971,6 @@ static void tile_fused_products(const char *prec) {
       }
 }
 
-// tile_group_products checks sk::tile_kernel's row groups (backend.cu's tile_half): 24 and 32 rows
-// in groups of 8 or 16 rows, one launch, must give the bits of one launch per group of its rows
-// alone, plain (accumulating) and fused (RMSNorm; RMSNorm and SwiGLU), with and without K splits
-// (whose workspace and counters each group has its own share of).
-template <typename T>
-static void tile_group_products(const char *prec) {
-  const int N = 256, K = 1024, I = N / 2;
-  std::mt19937 r(13);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<T> W((size_t)N * K), X((size_t)32 * K);
-  std::vector<float> Xr((size_t)32 * K), nw(K), base((size_t)32 * N);
-  for (auto &w : W) w = TT<T>::fromf(u(r));
-  for (auto &x : X) x = TT<T>::fromf(u(r));
-  for (auto &x : Xr) x = 3.f * u(r);
-  for (auto &w : nw) w = 0.5f + u(r);
-  for (auto &v : base) v = u(r);
-  std::vector<float> ws((size_t)(K / 64) * 32 * N);
-  std::vector<unsigned> cnt(4 * N / 16, 0u);
-  struct Shape { int RT, Z; };
-  for (int mode = 0; mode < 3; ++mode)  // plain accumulating, RMSNorm, RMSNorm + SwiGLU
-    for (Shape sh : {Shape{8, 1}, Shape{4, 2}, Shape{2, 4}})
-      for (int hr : {8, 16})
-        for (int B : {24, 32}) {
-          std::vector<float> got(base.begin(), base.begin() + (size_t)B * N), want = got;
-          std::vector<T> act_got((size_t)B * I, TT<T>::fromf(-7.f)), act_want = act_got;
-          auto fuse = [&](std::vector<T> &act, int r0) {
-            sk::TileFuse<T> f;
-            if (mode > 0) {
-              f.xr = Xr.data() + (size_t)r0 * K;
-              f.nw = nw.data();
-              f.eps = 1e-6f;
-            }
-            if (mode == 2) f.act = act.data() + (size_t)r0 * I;
-            return f;
-          };
-          bool zeroed = emu_tile<T>(W, N, K, sh.RT, sh.Z, mode ? nullptr : X.data(), B, got.data(), mode ? 0 : 1, ws,
-                                    cnt, fuse(act_got, 0), hr);
-          for (int r0 = 0; r0 < B; r0 += hr)
-            zeroed = emu_tile<T>(W, N, K, sh.RT, sh.Z, mode ? nullptr : X.data() + (size_t)r0 * K,
-                                 std::min(hr, B - r0), want.data() + (size_t)r0 * N, mode ? 0 : 1, ws, cnt,
-                                 fuse(act_want, r0)) && zeroed;
-          const bool same = mode == 2 ? memcmp(act_got.data(), act_want.data(), act_got.size() * sizeof(T)) == 0
-                                      : got == want;
-          check(same && zeroed, std::string(prec) + " tile product in row groups of " + std::to_string(hr) + ", " +
-                                    (mode == 0 ? "accumulating" : mode == 1 ? "RMSNorm fused" : "RMSNorm and SwiGLU fused") +
-                                    ", RT " + std::to_string(sh.RT) + " Z " + std::to_string(sh.Z) + " rows " +
-                                    std::to_string(B) + ": the bits of a launch per group");
-        }
-}
-
 // tile_products checks sk::tile_kernel alone against a double-precision product of the same
 // rounded values, W [256, 1024] (16 chunks of 64 columns per block at one split: the chunk
 // buffers are refilled four times), every row-tile shape, several K splits (finish's partial
@@ -1068,7 +1012,6 @@ static void tile_products(const char *prec) {
     }
   }
   tile_fused_products<T>(prec);
-  tile_group_products<T>(prec);
 }
 
 // prefill_attn_products checks pa::prefill_attn_kernel alone (prefill_attn.cuh) against a
