@@ -1,0 +1,170 @@
+"""triton_chain.py: what batch 32's layer products cost as a chain of Triton kernels launched
+with programmatic dependent launch (PDL), against the same chain on cuBLAS.
+
+At batch 32 the layers' products run on cuBLAS, whose kernels do not execute
+griddepcontrol.wait, so the edges into them must stay plain (NOTES.md run 144: made
+programmatic, batch 32 decoded 9 % faster and wrong). Each product then costs 4-6 us in a graph
+whatever its size. A kernel of our own can wait, and can load what does not depend on the kernel
+before it (the weights) ahead of the wait; the tile kernel does so, but at 32 rows it is slower
+than cuBLAS (runs 107-109, 148). Triton, which this GPU machine's python3 has, compiles a
+32-row product to the Hopper tensor cores' warpgroup instructions (wgmma) with the weights as
+the 64-row side. This probe times, with no model around it, the 4 x 28 products of a
+Qwen3-0.6B-shaped step at 32 rows (bf16 inputs, fp32 accumulation) captured in one CUDA graph:
+- cuBLAS (torch.mm, bf16 out);
+- Triton, plain launches;
+- Triton with PDL: griddepcontrol.wait before the first load, launch_dependents after it;
+- the same with the first weight tile loaded before the wait (pre).
+K splits add into fp32 outputs with atomics (order not fixed): a timing, not a kernel to ship.
+
+Usage (GPU machine): python3 native/cuda/probe/triton_chain.py
+"""
+import statistics
+
+import torch
+import triton
+import triton.language as tl
+
+B, L = 32, 28
+H, QKV, AO, I = 1024, 4096, 2048, 3072
+# (N, K) of a layer's products: qkv, o_proj, gate/up, down
+SHAPES = [(QKV, H), (H, AO), (2 * I, H), (H, I)]
+
+
+@triton.jit
+def skinny(w_ptr, x_ptr, out_ptr, N, K, BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+           KSPLIT: tl.constexpr, PDL: tl.constexpr, PRE: tl.constexpr):
+    """out[b, n] (+)= sum_k x[b, k] w[n, k] for BN weight rows and all BR input rows, over
+    program 1's share of K."""
+    pn = tl.program_id(0)
+    pk = tl.program_id(1)
+    kper = K // KSPLIT
+    k0 = pk * kper
+    rn = pn * BN + tl.arange(0, BN)
+    rb = tl.arange(0, BR)
+    rk = tl.arange(0, BK)
+    wp = w_ptr + rn[:, None] * K + (k0 + rk)[None, :]
+    xp = x_ptr + rb[None, :] * K + (k0 + rk)[:, None]
+    acc = tl.zeros((BN, BR), dtype=tl.float32)
+    if PRE:
+        w0 = tl.load(wp)  # the weights never depend on the kernel before
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        acc = tl.dot(w0, tl.load(xp), acc)
+        wp += BK
+        xp += BK
+        for _ in range(BK, kper, BK):
+            acc = tl.dot(tl.load(wp), tl.load(xp), acc)
+            wp += BK
+            xp += BK
+    else:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        for _ in range(0, kper, BK):
+            acc = tl.dot(tl.load(wp), tl.load(xp), acc)
+            wp += BK
+            xp += BK
+    op = out_ptr + rb[None, :] * N + rn[:, None]
+    if KSPLIT == 1:
+        tl.store(op, acc)
+    else:
+        tl.atomic_add(op, acc, sem="relaxed")
+
+
+def product(w, x, out, cfg, pdl, pre):
+    N, K = w.shape
+    bn, bk, ks, warps, stages = cfg
+    skinny[(N // bn, ks)](w, x, out, N, K, BR=B, BN=bn, BK=bk, KSPLIT=ks, PDL=pdl, PRE=pre, num_warps=warps,
+                          num_stages=stages, launch_pdl=pdl)
+
+
+def graph_ms(fn, reps=30):
+    """fn captured in one CUDA graph; median ms of a replay over reps."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def main():
+    torch.manual_seed(0)
+    dev = "cuda"
+    Ws = [[torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for n, k in SHAPES] for _ in range(L)]
+    Xs = [torch.randn(B, k, device=dev, dtype=torch.bfloat16) for _, k in SHAPES]
+    Ob = [torch.empty(B, n, device=dev, dtype=torch.bfloat16) for n, _ in SHAPES]
+    Of = [torch.zeros(B, n, device=dev, dtype=torch.float32) for n, _ in SHAPES]
+    # Launch shapes per product (BN weight rows, BK, K splits, warps, stages): ~128-256 programs.
+    CFGS = {
+        "a": [(64, 128, 2, 4, 4), (64, 128, 8, 4, 4), (64, 128, 2, 4, 4), (64, 128, 8, 4, 4)],
+        "b": [(64, 64, 2, 4, 4), (64, 64, 8, 4, 4), (64, 64, 1, 4, 4), (64, 64, 8, 4, 4)],
+        "c": [(128, 128, 4, 8, 3), (64, 128, 16, 4, 3), (128, 128, 2, 8, 3), (64, 128, 12, 4, 3)],
+    }
+    # Each configuration checked once against torch (K splits add into a zeroed output).
+    for name, cfgs in CFGS.items():
+        for j, (w, x) in enumerate(zip(Ws[0], Xs)):
+            Of[j].zero_()
+            product(w, x, Of[j], cfgs[j], True, True)
+            ref = (x.float() @ w.float().t())
+            err = (Of[j] - ref).abs().max().item()
+            print("TRITON check %s product %d: max|d| %.3g (|ref| max %.3g)" % (name, j, err, ref.abs().max().item()),
+                  flush=True)
+            assert err < 1e-2 * max(1.0, ref.abs().max().item()), "the probe's kernel is wrong"
+
+    def blas():
+        for l in range(L):
+            for j in range(4):
+                torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j])
+
+    def tri(cfgs, pdl, pre):
+        def f():
+            for l in range(L):
+                for j in range(4):
+                    product(Ws[l][j], Xs[j], Of[j], cfgs[j], pdl, pre)
+        return f
+
+    cases = [("cuBLAS (torch.mm)", blas)]
+    for name, cfgs in CFGS.items():
+        cases += [("triton %s plain" % name, tri(cfgs, False, False)), ("triton %s pdl" % name, tri(cfgs, True, False)),
+                  ("triton %s pdl+pre" % name, tri(cfgs, True, True))]
+    got = {n: [] for n, _ in cases}
+    for r in range(3):
+        for n, fn in cases:
+            got[n].append(graph_ms(fn))
+    for n, _ in cases:
+        ms = statistics.median(got[n])
+        print("TRITON chain %-22s %8.1f us a step of 112 products, %.2f us each (rounds %s)" %
+              (n, ms * 1e3, ms * 1e3 / (4 * L), ", ".join("%.1f" % (v * 1e3) for v in got[n])), flush=True)
+    # Per product shape: the 28 layers' products of one shape alone in a graph.
+    for j, (n, k) in enumerate(SHAPES):
+        def one_blas(j=j):
+            for l in range(L):
+                torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j])
+        line = "TRITON shape %d (N %d, K %d): cuBLAS %.2f" % (j, n, k, graph_ms(one_blas) * 1e3 / L)
+        for name, cfgs in CFGS.items():
+            def one_tri(j=j, cfgs=cfgs):
+                for l in range(L):
+                    product(Ws[l][j], Xs[j], Of[j], cfgs[j], True, True)
+            line += ", triton %s pdl+pre %.2f" % (name, graph_ms(one_tri) * 1e3 / L)
+        print(line + " us each", flush=True)
+
+
+if __name__ == "__main__":
+    main()
