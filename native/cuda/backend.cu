@@ -1932,18 +1932,6 @@ struct GraphEntry {
   bool warmed = false;
 };
 
-#ifndef MQB_HOST_TEST
-// TriKernel: one of tri_gen.py's compiled variants (a line of its kernels.txt).
-struct TriKernel {
-  CUfunction f = nullptr;
-  int bn = 0, bk = 0, ks = 0, acc = 0, warps = 0, nparams = 0;
-  unsigned smem = 0;
-};
-constexpr int TRI_BR = 32;                  // rows a Triton product covers (tri_gen.py's BR)
-constexpr int TRI_KS_MAX = 16;              // most K slices of a variant (the partials' room)
-constexpr int TRI_TILES_MAX = 4096;         // most BN-row tiles of one product (the counters)
-#endif
-
 }  // namespace mqcuda
 
 using namespace mqcuda;
@@ -2121,17 +2109,6 @@ struct mqb_model {
   int *meta_h = nullptr;    // pinned host mirror
   unsigned long long *keys_h = nullptr;
   std::map<int, GraphEntry> graphs;
-#ifndef MQB_HOST_TEST
-  // Triton decode products (experimental; tri_gen.py, tri_linear): the kernels loaded from
-  // MQB_TRITON_DIR at open, their split-K partials and per-tile counters (zero between products),
-  // and tri_min_b (debug "tri_min_b", MQB_TRI_MIN_B; 0 = off): decode products of tri_min_b..32
-  // rows that would go to cuBLAS run there.
-  std::vector<TriKernel> tri;
-  std::vector<CUmodule> tri_mods;
-  float *tri_ws = nullptr;
-  unsigned int *tri_cnt = nullptr;
-  int tri_min_b = 0;
-#endif
 
   // Profiling (mqb_debug_set "profile"): eager steps with an event after every kernel; the
   // time between consecutive events is charged to the later kernel's label.
@@ -2175,9 +2152,6 @@ struct mqb_model {
     if (samp_temp_h) cudaFreeHost(samp_temp_h);
     if (samp_key_h) cudaFreeHost(samp_key_h);
     for (auto e : evpool) cudaEventDestroy(e);
-#ifndef MQB_HOST_TEST
-    for (CUmodule mod : tri_mods) cuModuleUnload(mod);
-#endif
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -2532,121 +2506,6 @@ void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int
   mark(m, r + ":gemm");
 }
 
-int env_int(const char *k, int dflt);
-
-#ifndef MQB_HOST_TEST
-// tri_setup loads tri_gen.py's Triton products from MQB_TRITON_DIR (experimental, bf16 models
-// only; unset: none, and debug "tri_min_b" is refused). MQB_TRI_MIN_B turns them on at open.
-void tri_setup(mqb_model &m) {
-  const char *dir = getenv("MQB_TRITON_DIR");
-  if (!dir || !*dir) return;
-  if (m.dt != DT_BF16) {
-    fprintf(stderr, "cuda backend: MQB_TRITON_DIR ignored: the Triton products are compiled for bf16 weights only\n");
-    return;
-  }
-  const std::string d = dir;
-  FILE *f = fopen((d + "/kernels.txt").c_str(), "r");
-  if (!f)
-    throw Fail(fmt("cuda backend: MQB_TRITON_DIR=%s has no kernels.txt; make it with python3 native/cuda/tri_gen.py --out %s",
-                   dir, dir));
-  char file[256], name[256];
-  TriKernel k;
-  while (fscanf(f, "%255s %255s %d %d %d %d %d %u %d", file, name, &k.bn, &k.bk, &k.ks, &k.acc, &k.warps, &k.smem,
-                &k.nparams) == 9) {
-    FILE *cf = fopen((d + "/" + file).c_str(), "rb");
-    if (!cf) {
-      fclose(f);
-      throw Fail(fmt("cuda backend: %s/%s (listed in kernels.txt) cannot be read; run tri_gen.py again", dir, file));
-    }
-    std::string bin;
-    char buf[65536];
-    for (size_t n; (n = fread(buf, 1, sizeof buf, cf)) > 0;) bin.append(buf, n);
-    fclose(cf);
-    CUmodule mod = nullptr;
-    CUresult r = cuModuleLoadData(&mod, bin.data());
-    if (r == CUDA_SUCCESS) m.tri_mods.push_back(mod);
-    if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&k.f, mod, name);
-    if (r == CUDA_SUCCESS && k.smem > 48 * 1024)
-      r = cuFuncSetAttribute(k.f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)k.smem);
-    if (r != CUDA_SUCCESS || k.ks < 1 || k.ks > TRI_KS_MAX || k.nparams < 8 || k.nparams > 16) {
-      fclose(f);
-      throw Fail(fmt("cuda backend: Triton kernel %s from %s/%s cannot be used (CUDA error %d, %d K slices, %d parameters); "
-                     "run tri_gen.py again with this machine's triton",
-                     name, dir, file, (int)r, k.ks, k.nparams));
-    }
-    m.tri.push_back(k);
-  }
-  fclose(f);
-  if (m.tri.empty()) throw Fail(fmt("cuda backend: %s/kernels.txt lists no kernels", dir));
-  const Cfg &c = m.c;
-  const int nmax = std::max(std::max((c.nh + 2 * c.nkv) * c.D, 2 * c.I), std::max(c.H, c.nh * c.D));
-  m.tri_ws = static_cast<float *>(m.dmalloc(sizeof(float) * TRI_KS_MAX * TRI_BR * (size_t)nmax));
-  m.tri_cnt = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int) * TRI_TILES_MAX));
-  ck(cudaMemset(m.tri_cnt, 0, sizeof(unsigned int) * TRI_TILES_MAX), "Triton tile counters");
-  m.tri_min_b = std::max(0, std::min(TRI_BR, env_int("MQB_TRI_MIN_B", 0)));
-}
-
-// tri_pick: the variant for W [N, K], as probe/triton_chain.py timed the Qwen3-0.6B shape's
-// products fastest (NOTES.md run 150): 128-row tiles for the widest (gate/up), 64 rows in 2 K
-// slices for qkv, 8 slices for the narrow ones (o_proj, down); else the first that fits.
-const TriKernel *tri_pick(const mqb_model &m, int N, int K, bool acc) {
-  const int t64 = N / 64;
-  const int bn = t64 >= 96 ? 128 : 64, bk = t64 >= 64 ? 128 : 64, ks = t64 >= 64 ? 2 : 8;
-  const TriKernel *fit = nullptr;
-  for (const TriKernel &k : m.tri) {
-    if (k.acc != (acc ? 1 : 0) || N % k.bn || K % (k.ks * k.bk) || N / k.bn > TRI_TILES_MAX) continue;
-    if (k.bn == bn && k.bk == bk && k.ks == ks) return &k;
-    if (!fit) fit = &k;
-  }
-  return fit;
-}
-
-// tri_linear: out[B, N] (+)= X[B, K] · W[N, K]^T through a Triton product (tri_gen.py) where
-// tri_min_b <= B <= 32 and a variant fits; false: the caller uses cuBLAS. Launched with
-// programmatic dependent launch like the backend's kernels: the kernel waits for the one before.
-template <typename T>
-bool tri_linear(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int K, int N, float *out, bool acc) {
-  if constexpr (!std::is_same<T, __nv_bfloat16>::value) {
-    return false;
-  } else {
-    if (m.tri_min_b <= 0 || B < m.tri_min_b || B > TRI_BR || m.tri.empty() || r == "lm_head") return false;
-    if (N % 16 || K % 16) return false;
-    for (const void *p : {(const void *)W, (const void *)X, (const void *)out})
-      if (reinterpret_cast<uintptr_t>(p) % 16) return false;
-    const TriKernel *k = tri_pick(m, N, K, acc);
-    if (!k) return false;
-    CUlaunchConfig cfg = {};
-    cfg.gridDimX = (unsigned)(N / k->bn);
-    cfg.gridDimY = (unsigned)k->ks;
-    cfg.gridDimZ = 1;
-    cfg.blockDimX = 32u * (unsigned)k->warps;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = k->smem;
-    cfg.hStream = m.stream;
-    CUlaunchAttribute at[1];
-    at[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    at[0].value.programmaticStreamSerializationAllowed = m.use_pdl ? 1 : 0;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    CUdeviceptr w = reinterpret_cast<CUdeviceptr>(W), x = reinterpret_cast<CUdeviceptr>(X),
-                o = reinterpret_cast<CUdeviceptr>(out), ws = reinterpret_cast<CUdeviceptr>(m.tri_ws),
-                cnt = reinterpret_cast<CUdeviceptr>(m.tri_cnt), none = 0;
-    int n = N, kk = K, b = B;
-    void *args[16] = {&w, &x, &o, &ws, &cnt, &n, &kk, &b};
-    for (int i = 8; i < k->nparams; ++i) args[i] = &none;  // Triton's scratch pointers (none needed)
-    const CUresult e = cuLaunchKernelEx(&cfg, k->f, args, nullptr);
-    if (e != CUDA_SUCCESS) throw Fail(fmt("cuLaunchKernelEx of the Triton product %s failed (error %d)", r.c_str(), (int)e));
-    mark(m, r + ":tri");
-    return true;
-  }
-}
-#else
-template <typename T>
-bool tri_linear(mqb_model &, const std::string &, const T *, const T *, int, int, int, float *, bool) {
-  return false;  // the CPU emulation has no Triton
-}
-#endif
-
 // linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. bf16/fp16 layer products of
 // up to tile_max_b rows run on skinny.cuh's tensor-core kernels: with the RMSNorm fused
 // (tile_fused), or with an input that needs no prep (skinny_linear); other products of small B
@@ -2699,8 +2558,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     launch(m, k, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
     X = static_cast<const T *>(m.xbuf);
   }
-  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate) && !tri_linear<T>(m, r, W, X, B, K, N, out, accumulate))
-    gemm<T>(m, r, W, X, B, K, N, out, accumulate);
+  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate)) gemm<T>(m, r, W, X, B, K, N, out, accumulate);
   if (bias) {
     m.label = r + ":bias";
     const int total = B * N;
@@ -3699,7 +3557,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   }
 #ifndef MQB_HOST_TEST
   mk_setup(m);
-  tri_setup(m);
 #endif
   if (m.tc_min_b > 0 && !m.tc_ok)
     fprintf(stderr, "cuda backend: MQB_TC_MIN_B ignored: tensor-core products %s\n",
@@ -4066,10 +3923,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "blas_tune") m->blas_tune = value != 0;  // the shapes tuned so far keep their plans
 #ifndef MQB_HOST_TEST
   else if (k == "mk_skip") m->mk_dbg = value;
-  else if (k == "tri_min_b") {
-    if (value > 0 && m->tri.empty()) return 1;  // no MQB_TRITON_DIR, or not a bf16 model
-    m->tri_min_b = std::max(0, std::min(TRI_BR, (int)value));
-  }
   else if (k == "megakernel") {
     if (value == 0) m->use_mk = false;
     else if (m->mk_built) m->use_mk = true;  // built (MQB_MEGAKERNEL) and applicable to this model
