@@ -6,9 +6,9 @@ griddepcontrol.wait, so the edges into them must stay plain (NOTES.md run 144: m
 programmatic, batch 32 decoded 9 % faster and wrong). Each product then costs 4-6 us in a graph
 whatever its size. A kernel of our own can wait, and can load what does not depend on the kernel
 before it (the weights) ahead of the wait; the tile kernel does so, but at 32 rows it is slower
-than cuBLAS (runs 107-109, 148). Triton, which this GPU machine's python3 has, compiles a
-32-row product to the Hopper tensor cores' warpgroup instructions (wgmma) with the weights as
-the 64-row side. This probe times, with no model around it, the 4 x 28 products of a
+than cuBLAS (runs 107-109, 148). Triton, which this GPU machine's python3 has, compiles such a
+kernel from Python; this one puts the weights on the 64- or 128-row side of each tile, the shape
+the Hopper tensor cores' warpgroup instructions (wgmma) take. This probe times, with no model around it, the 4 x 28 products of a
 Qwen3-0.6B-shaped step at 32 rows (bf16 inputs, fp32 accumulation) captured in one CUDA graph:
 - cuBLAS (torch.mm, bf16 out);
 - Triton, plain launches;
