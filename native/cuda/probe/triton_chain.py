@@ -14,7 +14,8 @@ Qwen3-0.6B-shaped step at 32 rows (bf16 inputs, fp32 accumulation) captured in o
 - Triton, plain launches;
 - Triton with PDL: griddepcontrol.wait before the first load, launch_dependents after it;
 - the same with the first weight tile loaded before the wait (pre).
-K splits add into fp32 outputs with atomics (order not fixed): a timing, not a kernel to ship.
+K splits add into fp32 outputs with atomics (order not fixed), or, in the `ordered` rows, in slice
+order as run 151's backend kernel added them.
 
 Usage (GPU machine): python3 native/cuda/probe/triton_chain.py
 """
@@ -31,10 +32,12 @@ SHAPES = [(QKV, H), (H, AO), (2 * I, H), (H, I)]
 
 
 @triton.jit
-def skinny(w_ptr, x_ptr, out_ptr, N, K, BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-           KSPLIT: tl.constexpr, PDL: tl.constexpr, PRE: tl.constexpr):
+def skinny(w_ptr, x_ptr, out_ptr, ws_ptr, cnt_ptr, N, K, BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+           KSPLIT: tl.constexpr, PDL: tl.constexpr, PRE: tl.constexpr, ORDERED: tl.constexpr):
     """out[b, n] (+)= sum_k x[b, k] w[n, k] for BN weight rows and all BR input rows, over
-    program 1's share of K."""
+    program 1's share of K. ORDERED: the K slices are added as run 151's backend kernel added
+    them (each stores its partial, the last of a tile to arrive sums them in slice order and
+    resets the tile's counter) instead of with atomics."""
     pn = tl.program_id(0)
     pk = tl.program_id(1)
     kper = K // KSPLIT
@@ -68,15 +71,31 @@ def skinny(w_ptr, x_ptr, out_ptr, N, K, BR: tl.constexpr, BN: tl.constexpr, BK: 
     op = out_ptr + rb[None, :] * N + rn[:, None]
     if KSPLIT == 1:
         tl.store(op, acc)
+    elif ORDERED:
+        tl.store(ws_ptr + pk * (BR * N) + rb[None, :] * N + rn[:, None], acc)
+        tl.debug_barrier()
+        seen = tl.atomic_add(cnt_ptr + pn, 1, sem="acq_rel")
+        if seen == KSPLIT - 1:
+            tot = tl.zeros((BN, BR), dtype=tl.float32)
+            for s in range(0, KSPLIT):
+                tot += tl.load(ws_ptr + s * (BR * N) + rb[None, :] * N + rn[:, None], cache_modifier=".cg")
+            tl.store(op, tot)
+            tl.atomic_xchg(cnt_ptr + pn, 0)
     else:
         tl.atomic_add(op, acc, sem="relaxed")
 
 
-def product(w, x, out, cfg, pdl, pre):
+WS = {}  # the ordered sum's partials and tile counters, made at the first use
+
+
+def product(w, x, out, cfg, pdl, pre, ordered=False):
     N, K = w.shape
     bn, bk, ks, warps, stages = cfg
-    skinny[(N // bn, ks)](w, x, out, N, K, BR=B, BN=bn, BK=bk, KSPLIT=ks, PDL=pdl, PRE=pre, num_warps=warps,
-                          num_stages=stages, launch_pdl=pdl)
+    if "ws" not in WS:
+        WS["ws"] = torch.zeros(16 * B * 2 * I, device=w.device, dtype=torch.float32)
+        WS["cnt"] = torch.zeros(4096, device=w.device, dtype=torch.int32)
+    skinny[(N // bn, ks)](w, x, out, WS["ws"], WS["cnt"], N, K, BR=B, BN=bn, BK=bk, KSPLIT=ks, PDL=pdl, PRE=pre,
+                          ORDERED=ordered, num_warps=warps, num_stages=stages, launch_pdl=pdl)
 
 
 def graph_ms(fn, reps=30):
@@ -120,30 +139,33 @@ def main():
     # Each configuration checked once against torch (K splits add into a zeroed output).
     for name, cfgs in CFGS.items():
         for j, (w, x) in enumerate(zip(Ws[0], Xs)):
-            Of[j].zero_()
-            product(w, x, Of[j], cfgs[j], True, True)
             ref = (x.float() @ w.float().t())
-            err = (Of[j] - ref).abs().max().item()
-            print("TRITON check %s product %d: max|d| %.3g (|ref| max %.3g)" % (name, j, err, ref.abs().max().item()),
-                  flush=True)
-            assert err < 1e-2 * max(1.0, ref.abs().max().item()), "the probe's kernel is wrong"
+            for ordered in (False, True):
+                Of[j].zero_()
+                product(w, x, Of[j], cfgs[j], True, True, ordered)
+                err = (Of[j] - ref).abs().max().item()
+                print("TRITON check %s%s product %d: max|d| %.3g (|ref| max %.3g)" %
+                      (name, " ordered" if ordered else "", j, err, ref.abs().max().item()), flush=True)
+                assert err < 1e-2 * max(1.0, ref.abs().max().item()), "the probe's kernel is wrong"
+    assert int(WS["cnt"].sum().item()) == 0, "a tile counter was not reset"
 
     def blas():
         for l in range(L):
             for j in range(4):
                 torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j])
 
-    def tri(cfgs, pdl, pre):
+    def tri(cfgs, pdl, pre, ordered=False):
         def f():
             for l in range(L):
                 for j in range(4):
-                    product(Ws[l][j], Xs[j], Of[j], cfgs[j], pdl, pre)
+                    product(Ws[l][j], Xs[j], Of[j], cfgs[j], pdl, pre, ordered)
         return f
 
     cases = [("cuBLAS (torch.mm)", blas)]
     for name, cfgs in CFGS.items():
         cases += [("triton %s plain" % name, tri(cfgs, False, False)), ("triton %s pdl" % name, tri(cfgs, True, False)),
-                  ("triton %s pdl+pre" % name, tri(cfgs, True, True))]
+                  ("triton %s pdl+pre" % name, tri(cfgs, True, True)),
+                  ("triton %s pdl ordered" % name, tri(cfgs, True, False, True))]
     got = {n: [] for n, _ in cases}
     for r in range(3):
         for n, fn in cases:
