@@ -8,8 +8,9 @@ whatever its size. A kernel of our own can wait, and can load what does not depe
 before it (the weights) ahead of the wait; the tile kernel does so, but at 32 rows it is slower
 than cuBLAS (runs 107-109, 148). Triton, which this GPU machine's python3 has, compiles such a
 kernel from Python; this one puts the weights on the 64- or 128-row side of each tile, the shape
-the Hopper tensor cores' warpgroup instructions (wgmma) take. This probe times, with no model around it, the 4 x 28 products of a
-Qwen3-0.6B-shaped step at 32 rows (bf16 inputs, fp32 accumulation) captured in one CUDA graph:
+the Hopper tensor cores' warpgroup instructions (wgmma) take. This probe times, with no model
+around it, the 4 x 28 products of a Qwen3-0.6B-shaped step at 32 rows (bf16 inputs, fp32
+accumulation) captured in one CUDA graph:
 - cuBLAS (torch.mm, bf16 out);
 - Triton, plain launches;
 - Triton with PDL: griddepcontrol.wait before the first load, launch_dependents after it;
@@ -149,19 +150,23 @@ def main():
                 assert err < 1e-2 * max(1.0, ref.abs().max().item()), "the probe's kernel is wrong"
     assert int(WS["cnt"].sum().item()) == 0, "a tile counter was not reset"
 
-    def blas():
-        for l in range(L):
-            for j in range(4):
-                torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j])
-
-    def tri(cfgs, pdl, pre, ordered=False):
+    def blas(js=range(4)):
+        """The products js (indices into SHAPES) of every layer on cuBLAS, as one function."""
         def f():
             for l in range(L):
-                for j in range(4):
+                for j in js:
+                    torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j])
+        return f
+
+    def tri(cfgs, pdl, pre, ordered=False, js=range(4)):
+        """The same through the Triton kernel in the launch shapes cfgs."""
+        def f():
+            for l in range(L):
+                for j in js:
                     product(Ws[l][j], Xs[j], Of[j], cfgs[j], pdl, pre, ordered)
         return f
 
-    cases = [("cuBLAS (torch.mm)", blas)]
+    cases = [("cuBLAS (torch.mm)", blas())]
     for name, cfgs in CFGS.items():
         cases += [("triton %s plain" % name, tri(cfgs, False, False)), ("triton %s pdl" % name, tri(cfgs, True, False)),
                   ("triton %s pdl+pre" % name, tri(cfgs, True, True)),
@@ -176,15 +181,9 @@ def main():
               (n, ms * 1e3, ms * 1e3 / (4 * L), ", ".join("%.1f" % (v * 1e3) for v in got[n])), flush=True)
     # Per product shape: the 28 layers' products of one shape alone in a graph.
     for j, (n, k) in enumerate(SHAPES):
-        def one_blas(j=j):
-            for l in range(L):
-                torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j])
-        line = "TRITON shape %d (N %d, K %d): cuBLAS %.2f" % (j, n, k, graph_ms(one_blas) * 1e3 / L)
+        line = "TRITON shape %d (N %d, K %d): cuBLAS %.2f" % (j, n, k, graph_ms(blas([j])) * 1e3 / L)
         for name, cfgs in CFGS.items():
-            def one_tri(j=j, cfgs=cfgs):
-                for l in range(L):
-                    product(Ws[l][j], Xs[j], Of[j], cfgs[j], True, True)
-            line += ", triton %s pdl+pre %.2f" % (name, graph_ms(one_tri) * 1e3 / L)
+            line += ", triton %s pdl+pre %.2f" % (name, graph_ms(tri(cfgs, True, True, js=[j])) * 1e3 / L)
         print(line + " us each", flush=True)
 
 
