@@ -669,12 +669,6 @@ struct PrepArgs {
   float eps;
   unsigned long long *tlb = nullptr;  // timeline records (debug "timeline"), slot tls; NULL: none
   int tls = -1;
-  // RMS only (prep_row, rows of up to PREP_REGS * 256 values): the Triton products' fixed-point
-  // sums of the residual's update (tri_linear's fx), added to src's row and stored back into
-  // resw (the same memory as src); fx and the row's fxbad flag are left zero.
-  long long *fx = nullptr;
-  int *fxbad = nullptr;
-  float *resw = nullptr;
 };
 
 constexpr int TL_FIELDS = 8;  // timeline values per slot (tl_mark)
@@ -728,15 +722,6 @@ __device__ __forceinline__ T prep_elem(const PrepArgs<T> &a, int r, int K, int k
     return TT<T>::fromf(swiglu(x[k], x[K + k]));
   }
   return TT<T>::fromf(gelu_new(x[k]));  // PREP_GELU
-}
-
-// fx_to_float: a fixed-point sum of tri_gen.py's MODE 2 (units of 2^-32) as the nearest float.
-__device__ __forceinline__ float fx_to_float(long long t) {
-#if defined(__CUDA_ARCH__)
-  return __ll2float_rn(t) * 0x1p-32f;
-#else
-  return (float)t * 0x1p-32f;
-#endif
 }
 
 // PREP_REGS: values per thread that prep_row holds in registers, so rows of up to
@@ -795,32 +780,11 @@ __device__ void prep_row(const PrepArgs<T> &a, int b, int K, T *dst, float *red,
     return;
   }
   if (mode == PREP_RMS) {
-    // The Triton products' update of the residual (PrepArgs::fx): folded in, stored back, zeroed.
-    // A flagged row (a partial not finite or out of the fixed point's range) becomes NaN.
-    const bool fx = a.fx != nullptr, bad = fx && a.fxbad[r] != 0;
-    if (fx) {
-      long long *q = a.fx + (size_t)r * a.ld;
-      float *xo = a.resw + (size_t)r * a.ld;
-      long long t[PREP_REGS];
-#pragma unroll
-      for (int j = 0; j < PREP_REGS; ++j)
-        if (tid + j * nt < K) t[j] = q[tid + j * nt];
-#pragma unroll
-      for (int j = 0; j < PREP_REGS; ++j) {
-        const int k = tid + j * nt;
-        if (k < K) {
-          v[j] = bad ? __uint_as_float(0x7fc00000u) : v[j] + fx_to_float(t[j]);
-          xo[k] = v[j];
-          q[k] = 0;
-        }
-      }
-    }
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < PREP_REGS; ++j)
       if (tid + j * nt < K) ss += v[j] * v[j];
     ss = block_sum(ss, red);
-    if (bad && tid == 0) a.fxbad[r] = 0;  // every thread read it before block_sum's barriers
     const float rstd = rsqrtf(ss / (float)K + a.eps);
 #pragma unroll
     for (int j = 0; j < PREP_REGS; ++j)
@@ -1968,21 +1932,6 @@ struct GraphEntry {
   bool warmed = false;
 };
 
-#ifndef MQB_HOST_TEST
-// TriKernel: one of tri_gen.py's compiled variants (a line of its kernels.txt). mode 0 stores
-// its fp32 product (one K slice); mode 2 (fx) adds its K slices' partials as 64-bit fixed point
-// into mqb_model::tri_fx, which the next RMSNorm prep adds to the residual (prep_row).
-struct TriKernel {
-  CUfunction f = nullptr;
-  int bn = 0, bk = 0, ks = 0, mode = 0, warps = 0, nparams = 0, mask = 1;  // mask 0: reads all TRI_BR input rows
-  unsigned smem = 0;
-};
-constexpr int TRI_KS_MAX = 16;  // most K slices of a variant (tri_gen.py's FX_LIMIT assumes 16)
-#endif
-constexpr int TRI_BR = 32;  // rows a Triton product covers (tri_gen.py's BR)
-// Roles of the Triton products (debug "tri_roles", MQB_TRI_ROLES, a bit each).
-enum TriRole { TRI_QKV = 1, TRI_O = 2, TRI_UP = 4, TRI_DOWN = 8 };
-
 }  // namespace mqcuda
 
 using namespace mqcuda;
@@ -2160,19 +2109,6 @@ struct mqb_model {
   int *meta_h = nullptr;    // pinned host mirror
   unsigned long long *keys_h = nullptr;
   std::map<int, GraphEntry> graphs;
-#ifndef MQB_HOST_TEST
-  // Triton decode products (experimental; tri_gen.py, tri_linear): the kernels loaded from
-  // MQB_TRITON_DIR at open.
-  std::vector<TriKernel> tri;
-  std::vector<CUmodule> tri_mods;
-#endif
-  // tri_min_b (debug "tri_min_b", MQB_TRI_MIN_B; 0 = off): products of tri_min_b..32 rows in the
-  // roles tri_roles (TriRole bits) that would go to cuBLAS run there. tri_fx [TRI_BR, H]: o_proj's
-  // and down's fixed-point sums, zero between a product and the prep that reads it (prep_row);
-  // tri_bad [TRI_BR]: the rows whose partials were not finite. Both zero at rest.
-  long long *tri_fx = nullptr;
-  int *tri_bad = nullptr;
-  int tri_min_b = 0, tri_roles = TRI_O | TRI_DOWN;
 
   // Profiling (mqb_debug_set "profile"): eager steps with an event after every kernel; the
   // time between consecutive events is charged to the later kernel's label.
@@ -2216,9 +2152,6 @@ struct mqb_model {
     if (samp_temp_h) cudaFreeHost(samp_temp_h);
     if (samp_key_h) cudaFreeHost(samp_key_h);
     for (auto e : evpool) cudaEventDestroy(e);
-#ifndef MQB_HOST_TEST
-    for (CUmodule mod : tri_mods) cuModuleUnload(mod);
-#endif
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -2573,147 +2506,6 @@ void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int
   mark(m, r + ":gemm");
 }
 
-int env_int(const char *k, int dflt);
-
-#ifndef MQB_HOST_TEST
-// tri_setup loads tri_gen.py's Triton products from MQB_TRITON_DIR (experimental, bf16 models
-// only; unset: none, and debug "tri_min_b" is refused). MQB_TRI_MIN_B turns them on at open,
-// MQB_TRI_ROLES picks the roles (TriRole bits; default o_proj and down).
-void tri_setup(mqb_model &m) {
-  const char *dir = getenv("MQB_TRITON_DIR");
-  if (!dir || !*dir) return;
-  if (m.dt != DT_BF16) {
-    fprintf(stderr, "cuda backend: MQB_TRITON_DIR ignored: the Triton products are compiled for bf16 weights only\n");
-    return;
-  }
-  const std::string d = dir;
-  FILE *f = fopen((d + "/kernels.txt").c_str(), "r");
-  if (!f)
-    throw Fail(fmt("cuda backend: MQB_TRITON_DIR=%s has no kernels.txt; make it with python3 native/cuda/tri_gen.py --out %s",
-                   dir, dir));
-  char file[256], name[256];
-  TriKernel k;
-  while (fscanf(f, "%255s %255s %d %d %d %d %d %u %d %d", file, name, &k.bn, &k.bk, &k.ks, &k.mode, &k.warps, &k.smem,
-                &k.nparams, &k.mask) == 10) {
-    FILE *cf = fopen((d + "/" + file).c_str(), "rb");
-    if (!cf) {
-      fclose(f);
-      throw Fail(fmt("cuda backend: %s/%s (listed in kernels.txt) cannot be read; run tri_gen.py again", dir, file));
-    }
-    std::string bin;
-    char buf[65536];
-    for (size_t n; (n = fread(buf, 1, sizeof buf, cf)) > 0;) bin.append(buf, n);
-    fclose(cf);
-    CUmodule mod = nullptr;
-    CUresult r = cuModuleLoadData(&mod, bin.data());
-    if (r == CUDA_SUCCESS) m.tri_mods.push_back(mod);
-    if (r == CUDA_SUCCESS) r = cuModuleGetFunction(&k.f, mod, name);
-    if (r == CUDA_SUCCESS && k.smem > 48 * 1024)
-      r = cuFuncSetAttribute(k.f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)k.smem);
-    if (r != CUDA_SUCCESS || k.ks < 1 || k.ks > TRI_KS_MAX || (k.mode != 0 && k.mode != 2) || (k.mode == 0 && k.ks != 1) ||
-        k.nparams < 7 || k.nparams > 16 || (!k.mask && m.Tcap < TRI_BR)) {
-      fclose(f);
-      throw Fail(fmt("cuda backend: Triton kernel %s from %s/%s cannot be used (CUDA error %d, %d K slices, mode %d, %d "
-                     "parameters, mask %d with a token cap of %d); run tri_gen.py again with this machine's triton "
-                     "(without TRI_NOMASK for a token cap under 32)",
-                     name, dir, file, (int)r, k.ks, k.mode, k.nparams, k.mask, m.Tcap));
-    }
-    m.tri.push_back(k);
-  }
-  fclose(f);
-  if (m.tri.empty()) throw Fail(fmt("cuda backend: %s/kernels.txt lists no kernels", dir));
-  m.tri_fx = static_cast<long long *>(m.dmalloc(sizeof(long long) * TRI_BR * (size_t)m.c.H));
-  m.tri_bad = static_cast<int *>(m.dmalloc(sizeof(int) * TRI_BR));
-  ck(cudaMemset(m.tri_fx, 0, sizeof(long long) * TRI_BR * (size_t)m.c.H), "Triton fixed-point sums");
-  ck(cudaMemset(m.tri_bad, 0, sizeof(int) * TRI_BR), "Triton row flags");
-  m.tri_min_b = std::max(0, std::min(TRI_BR, env_int("MQB_TRI_MIN_B", 0)));
-  m.tri_roles = env_int("MQB_TRI_ROLES", m.tri_roles);
-}
-
-// tri_pick: the variant of mode `mode` for W [N, K] whose programs come nearest the SM count
-// without passing twice it (ties: the shorter K step, as probe/triton_chain.py's b shapes, run
-// 150's fastest for o_proj and down); NULL: none fits.
-const TriKernel *tri_pick(const mqb_model &m, int N, int K, int mode) {
-  const TriKernel *best = nullptr;
-  int best_d = 1 << 30;
-  for (const TriKernel &k : m.tri) {
-    if (k.mode != mode || N % k.bn || K % (k.ks * k.bk)) continue;
-    const int progs = N / k.bn * k.ks;
-    if (progs > 2 * m.sms) continue;
-    const int d = std::abs(progs - m.sms);
-    if (d < best_d || (d == best_d && k.bk < best->bk)) best = &k, best_d = d;
-  }
-  return best;
-}
-
-int tri_role(const std::string &r) {
-  return r == "qkv" ? TRI_QKV : r == "o_proj" ? TRI_O : r == "up" ? TRI_UP : r == "down" ? TRI_DOWN : 0;
-}
-
-// tri_fx_fits: whether the product (role r, B rows, W [N, K]) goes through a fixed-point Triton
-// product into tri_fx (run_tokens then hands tri_fx to the next RMSNorm prep).
-template <typename T>
-bool tri_fx_fits(const mqb_model &m, const std::string &r, int B, int K, int N) {
-  if constexpr (!std::is_same<T, __nv_bfloat16>::value) {
-    return false;
-  } else {
-    return m.tri_min_b > 0 && B >= m.tri_min_b && B <= TRI_BR && !m.tri.empty() && (m.tri_roles & tri_role(r)) &&
-           N == m.c.H && N <= PREP_REGS * 256 && tri_pick(m, N, K, 2);
-  }
-}
-
-// tri_linear: out[B, N] = X[B, K] · W[N, K]^T through a Triton product (tri_gen.py): with fx, its
-// fixed-point sums into tri_fx (tri_fx_fits said yes); otherwise where tri_min_b <= B <= 32, the
-// role is in tri_roles and a one-slice variant fits (false: the caller uses cuBLAS). Launched with
-// programmatic dependent launch like the backend's kernels: the kernel waits for the one before.
-template <typename T>
-bool tri_linear(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int K, int N, float *out, bool acc,
-                bool fx) {
-  if constexpr (!std::is_same<T, __nv_bfloat16>::value) {
-    return false;
-  } else {
-    if (!fx && (acc || m.tri_min_b <= 0 || B < m.tri_min_b || B > TRI_BR || m.tri.empty() || !(m.tri_roles & tri_role(r))))
-      return false;
-    for (const void *p : {(const void *)W, (const void *)X, (const void *)out})
-      if (reinterpret_cast<uintptr_t>(p) % 16) return false;
-    const TriKernel *k = tri_pick(m, N, K, fx ? 2 : 0);
-    if (!k) return false;
-    CUlaunchConfig cfg = {};
-    cfg.gridDimX = (unsigned)(N / k->bn);
-    cfg.gridDimY = (unsigned)k->ks;
-    cfg.gridDimZ = 1;
-    cfg.blockDimX = 32u * (unsigned)k->warps;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = k->smem;
-    cfg.hStream = m.stream;
-    CUlaunchAttribute at[1];
-    at[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    at[0].value.programmaticStreamSerializationAllowed = m.use_pdl ? 1 : 0;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    CUdeviceptr w = reinterpret_cast<CUdeviceptr>(W), x = reinterpret_cast<CUdeviceptr>(X),
-                o = fx ? reinterpret_cast<CUdeviceptr>(m.tri_fx) : reinterpret_cast<CUdeviceptr>(out),
-                bad = reinterpret_cast<CUdeviceptr>(m.tri_bad), none = 0;
-    int n = N, kk = K, b = B;
-    void *args[16] = {&w, &x, &o, &bad, &n, &kk, &b};
-    for (int i = 7; i < k->nparams; ++i) args[i] = &none;  // Triton's scratch pointers (none needed)
-    const CUresult e = cuLaunchKernelEx(&cfg, k->f, args, nullptr);
-    if (e != CUDA_SUCCESS) throw Fail(fmt("cuLaunchKernelEx of the Triton product %s failed (error %d)", r.c_str(), (int)e));
-    mark(m, r + (fx ? ":tri_fx" : ":tri"));
-    return true;
-  }
-}
-#else
-template <typename T>
-bool tri_fx_fits(const mqb_model &, const std::string &, int, int, int) {
-  return false;  // the CPU emulation has no Triton
-}
-template <typename T>
-bool tri_linear(mqb_model &, const std::string &, const T *, const T *, int, int, int, float *, bool, bool) {
-  return false;
-}
-#endif
-
 // linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. bf16/fp16 layer products of
 // up to tile_max_b rows run on skinny.cuh's tensor-core kernels: with the RMSNorm fused
 // (tile_fused), or with an input that needs no prep (skinny_linear); other products of small B
@@ -2721,21 +2513,17 @@ bool tri_linear(mqb_model &, const std::string &, const T *, const T *, int, int
 // or cuBLAS.
 template <typename T>
 void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K, const void *Wv, int N,
-            const float *bias, float *out, bool accumulate, unsigned long long *keys, Samp samp = Samp{},
-            bool fx = false) {
+            const float *bias, float *out, bool accumulate, unsigned long long *keys, Samp samp = Samp{}) {
   if (B <= 0) return;  // a prefill chunk that ends no entry has no logits rows
   const std::string r = role;
   const T *W = static_cast<const T *>(Wv);
   PrepArgs<T> a = a0;
-  // fx: the product's sums go to tri_fx (run_tokens checked tri_fx_fits); a.fx: the input's prep
-  // must fold tri_fx into the residual, which only prep_kernel does. Both take the prep path.
-  const bool via_prep = fx || a.fx;
-  if (!via_prep && !bias && !keys && !accumulate && tile_fused<T>(m, r, a, B, K, W, N, out, nullptr)) return;
+  if (!bias && !keys && !accumulate && tile_fused<T>(m, r, a, B, K, W, N, out, nullptr)) return;
   const bool plain = a.mode == PREP_PLAIN && !a.rows && a.ld == K;  // the input rows as they are
   // The GEMV takes small batches where it fuses something (the input's prep, a bias, the argmax);
   // a layer's product with none of them goes to the tile kernel, which beats it at 1-4 rows on the
   // H200 (batch 1 937 against 895 tok/s, 4 3,804 against 1,836: NOTES.md run 58).
-  if (!via_prep && B <= m.gemv_max_b && !(plain && !bias && !keys && tile_shape(m, B, N, K).Z)) {
+  if (B <= m.gemv_max_b && !(plain && !bias && !keys && tile_shape(m, B, N, K).Z)) {
     m.label = r + ":gemv";
     a.tlb = m.tl_buf;
     a.tls = tl_slot(m);
@@ -2770,15 +2558,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     launch(m, k, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
     X = static_cast<const T *>(m.xbuf);
   }
-  if (fx) {
-    if (bias || !tri_linear<T>(m, r, W, X, B, K, N, out, accumulate, true))
-      throw Fail(fmt("cuda backend: the fixed-point Triton product %s (%d x %d, %d rows) could not be launched", r.c_str(),
-                     N, K, B));
-    return;
-  }
-  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate) &&
-      !tri_linear<T>(m, r, W, X, B, K, N, out, accumulate, false))
-    gemm<T>(m, r, W, X, B, K, N, out, accumulate);
+  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate)) gemm<T>(m, r, W, X, B, K, N, out, accumulate);
   if (bias) {
     m.label = r + ":bias";
     const int total = B * N;
@@ -2802,15 +2582,6 @@ PrepArgs<T> prep(int mode, const float *src, const T *srcT, int ld, const int *r
   a.bb = bb;
   a.eps = eps;
   return a;
-}
-
-// fx_input makes the RMSNorm prep a fold tri_fx (a fixed-point Triton product's sums) into the
-// residual it reads (PrepArgs::fx).
-template <typename T>
-void fx_input(const mqb_model &m, PrepArgs<T> &a) {
-  a.fx = m.tri_fx;
-  a.fxbad = m.tri_bad;
-  a.resw = m.res;
 }
 
 int env_int(const char *k, int dflt);
@@ -3188,7 +2959,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
   m.label = "embed";
   launch(m, embed_kernel<T>, dim3(Tn), dim3(256), 0, (const int *)m.d_tok(), (const int *)m.d_pos(),
          (const T *)m.emb, (const float *)m.wpe, m.res, H, want_keys ? m.keys : nullptr, R);
-  bool fx_pending = false;  // tri_fx holds the last down_proj's sums, for the next qkv's prep
   for (int l = 0; l < c.L; ++l) {
     Layer &ly = m.layers[l];
     auto attention = [&]() {
@@ -3246,29 +3016,23 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
         continue;
       }
     }
-    PrepArgs<T> qkv_in = prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps);
-    if (fx_pending) fx_input(m, qkv_in);
-    linear<T>(m, "qkv", qkv_in, Tn, H, ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
+    linear<T>(m, "qkv", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps), Tn, H,
+              ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
     attention();
-    // o_proj and down (but the last layer's: the LM head's prep takes only the logits rows) as
-    // fixed-point Triton products where they fit: the next RMSNorm prep adds them to the residual.
-    const bool fx_o = q3 && !ly.b_o && tri_fx_fits<T>(m, "o_proj", Tn, AO, H);
     linear<T>(m, "o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), Tn, AO,
-              ly.w_o, H, ly.b_o, m.res, true, nullptr, Samp{}, fx_o);
-    PrepArgs<T> up_in = prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps);
-    if (fx_o) fx_input(m, up_in);
+              ly.w_o, H, ly.b_o, m.res, true, nullptr);
+    const PrepArgs<T> up_in = prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps);
     // qwen3 batches in the tile kernel's fused range: RMSNorm, gate/up and SwiGLU in one kernel,
     // whose T output (in m.mlp's memory) is the down projection's input as it is.
     T *act = reinterpret_cast<T *>(m.mlp);
-    const bool swiglu_made = q3 && !ly.b_up && !fx_o &&
-                             tile_fused<T>(m, "up", up_in, Tn, H, static_cast<const T *>(ly.w_up), 2 * c.I, nullptr, act);
+    const bool swiglu_made =
+        q3 && !ly.b_up && tile_fused<T>(m, "up", up_in, Tn, H, static_cast<const T *>(ly.w_up), 2 * c.I, nullptr, act);
     if (!swiglu_made) linear<T>(m, "up", up_in, Tn, H, ly.w_up, q3 ? 2 * c.I : c.I, ly.b_up, m.mlp, false, nullptr);
     const PrepArgs<T> down_in =
         swiglu_made ? prep<T>(PREP_PLAIN, nullptr, act, c.I, nullptr, nullptr, nullptr, eps)
                     : prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr,
                               nullptr, eps);
-    fx_pending = q3 && l + 1 < c.L && !ly.b_down && tri_fx_fits<T>(m, "down", Tn, c.I, H);
-    linear<T>(m, "down", down_in, Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr, Samp{}, fx_pending);
+    linear<T>(m, "down", down_in, Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
   }
   if constexpr (!std::is_same<T, float>::value) {
     if (tc) {
@@ -3793,7 +3557,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   }
 #ifndef MQB_HOST_TEST
   mk_setup(m);
-  tri_setup(m);
 #endif
   if (m.tc_min_b > 0 && !m.tc_ok)
     fprintf(stderr, "cuda backend: MQB_TC_MIN_B ignored: tensor-core products %s\n",
@@ -4158,13 +3921,8 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "mixed_graphs") m->mixed_graphs = value != 0;
   else if (k == "pdl") m->use_pdl = value != 0;
   else if (k == "blas_tune") m->blas_tune = value != 0;  // the shapes tuned so far keep their plans
-  else if (k == "tri_roles") m->tri_roles = value;
 #ifndef MQB_HOST_TEST
   else if (k == "mk_skip") m->mk_dbg = value;
-  else if (k == "tri_min_b") {
-    if (value > 0 && m->tri.empty()) return 1;  // no MQB_TRITON_DIR, or not a bf16 model
-    m->tri_min_b = std::max(0, std::min(TRI_BR, (int)value));
-  }
   else if (k == "megakernel") {
     if (value == 0) m->use_mk = false;
     else if (m->mk_built) m->use_mk = true;  // built (MQB_MEGAKERNEL) and applicable to this model
