@@ -16,10 +16,14 @@ accumulation) captured in one CUDA graph:
 - Triton with PDL: griddepcontrol.wait before the first load, launch_dependents after it;
 - the same with the first weight tile loaded before the wait (pre).
 K splits add into fp32 outputs with atomics (order not fixed), or, in the `ordered` rows, in slice
-order as run 151's backend kernel added them.
+order as run 151's backend kernel added them, or, in the `fx` rows, as 64-bit fixed point with
+integer atomics (order-free bits, tri_gen.py's MODE 2 in run 153).
+PROBE_SET=evict instead times cuBLAS's and Triton's chains with a kernel of ~1 or ~32 KB of code
+after every product, standing in for a step's other kernels (run 154).
 
-Usage (GPU machine): python3 native/cuda/probe/triton_chain.py
+Usage (GPU machine): [PROBE_SET=evict] python3 native/cuda/probe/triton_chain.py
 """
+import os
 import statistics
 
 import torch
@@ -33,12 +37,16 @@ SHAPES = [(QKV, H), (H, AO), (2 * I, H), (H, I)]
 
 
 @triton.jit
-def skinny(w_ptr, x_ptr, out_ptr, ws_ptr, cnt_ptr, N, K, BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-           KSPLIT: tl.constexpr, PDL: tl.constexpr, PRE: tl.constexpr, ORDERED: tl.constexpr):
+def skinny(w_ptr, x_ptr, out_ptr, ws_ptr, cnt_ptr, N, K, B, BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+           KSPLIT: tl.constexpr, PDL: tl.constexpr, PRE: tl.constexpr, ORDERED: tl.constexpr, FX: tl.constexpr,
+           MASK: tl.constexpr):
     """out[b, n] (+)= sum_k x[b, k] w[n, k] for BN weight rows and all BR input rows, over
     program 1's share of K. ORDERED: the K slices are added as run 151's backend kernel added
     them (each stores its partial, the last of a tile to arrive sums them in slice order and
-    resets the tile's counter) instead of with atomics."""
+    resets the tile's counter) instead of with atomics. FX: the slices added as 64-bit fixed
+    point (trunc(p * 2^32)) with integer atomics into ws, as tri_gen.py's MODE 2 does (order-free
+    bits); the conversion back is left to a consumer, as in the backend. MASK: the input rows
+    loaded under a mask of the live rows b < B, as tri_gen.py's kernel loads them."""
     pn = tl.program_id(0)
     pk = tl.program_id(1)
     kper = K // KSPLIT
@@ -66,12 +74,18 @@ def skinny(w_ptr, x_ptr, out_ptr, ws_ptr, cnt_ptr, N, K, BR: tl.constexpr, BN: t
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         for _ in range(0, kper, BK):
-            acc = tl.dot(tl.load(wp), tl.load(xp), acc)
+            if MASK:
+                acc = tl.dot(tl.load(wp), tl.load(xp, mask=(rb < B)[None, :], other=0.0), acc)
+            else:
+                acc = tl.dot(tl.load(wp), tl.load(xp), acc)
             wp += BK
             xp += BK
     op = out_ptr + rb[None, :] * N + rn[:, None]
     if KSPLIT == 1:
         tl.store(op, acc)
+    elif FX:
+        tl.atomic_add(ws_ptr.to(tl.pointer_type(tl.int64)) + rb[None, :] * N + rn[:, None],
+                      (acc * 4294967296.0).to(tl.int64), sem="relaxed")
     elif ORDERED:
         tl.store(ws_ptr + pk * (BR * N) + rb[None, :] * N + rn[:, None], acc)
         tl.debug_barrier()
@@ -86,17 +100,32 @@ def skinny(w_ptr, x_ptr, out_ptr, ws_ptr, cnt_ptr, N, K, BR: tl.constexpr, BN: t
         tl.atomic_add(op, acc, sem="relaxed")
 
 
+@triton.jit
+def evict(p_ptr, ITERS: tl.constexpr):
+    """A stand-in for the step's other kernels between two products: ITERS unrolled rounds of 8
+    independent FMAs a thread (~128 bytes of code a round: ITERS 256 is ~32 KB, 4 is ~1 KB),
+    launched under PDL like the backend's kernels. It evicts the products' code from the SMs'
+    instruction caches, as a decode step's other kernels do (NOTES.md runs 82-86)."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
+    o = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    a = tl.load(p_ptr + o)
+    for _ in tl.static_range(ITERS):
+        a = a * 1.0001 + 0.5
+    tl.store(p_ptr + o, a)
+
+
 WS = {}  # the ordered sum's partials and tile counters, made at the first use
 
 
-def product(w, x, out, cfg, pdl, pre, ordered=False):
+def product(w, x, out, cfg, pdl, pre, ordered=False, fx=False, mask=False):
     N, K = w.shape
     bn, bk, ks, warps, stages = cfg
     if "ws" not in WS:
         WS["ws"] = torch.zeros(16 * B * 2 * I, device=w.device, dtype=torch.float32)
         WS["cnt"] = torch.zeros(4096, device=w.device, dtype=torch.int32)
-    skinny[(N // bn, ks)](w, x, out, WS["ws"], WS["cnt"], N, K, BR=B, BN=bn, BK=bk, KSPLIT=ks, PDL=pdl, PRE=pre,
-                          ORDERED=ordered, num_warps=warps, num_stages=stages, launch_pdl=pdl)
+    skinny[(N // bn, ks)](w, x, out, WS["ws"], WS["cnt"], N, K, B, BR=B, BN=bn, BK=bk, KSPLIT=ks, PDL=pdl, PRE=pre,
+                          ORDERED=ordered, FX=fx, MASK=mask, num_warps=warps, num_stages=stages, launch_pdl=pdl)
 
 
 def graph_ms(fn, reps=30):
@@ -158,19 +187,63 @@ def main():
                     torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j])
         return f
 
-    def tri(cfgs, pdl, pre, ordered=False, js=range(4)):
+    def tri(cfgs, pdl, pre, ordered=False, js=range(4), fx=False, mask=False):
         """The same through the Triton kernel in the launch shapes cfgs."""
         def f():
             for l in range(L):
                 for j in js:
-                    product(Ws[l][j], Xs[j], Of[j], cfgs[j], pdl, pre, ordered)
+                    product(Ws[l][j], Xs[j], Of[j], cfgs[j], pdl, pre, ordered, fx, mask)
         return f
+
+    EV = torch.zeros(132 * 1024, device=dev, dtype=torch.float32)
+
+    def with_evict(fn_of_js, iters):
+        """Each product of fn_of_js followed by an evict kernel of ITERS rounds (132 programs)."""
+        def f():
+            for l in range(L):
+                for j in range(4):
+                    fn_of_js(l, j)
+                    evict[(132,)](EV, ITERS=iters, num_warps=4, launch_pdl=True)
+        return f
+
+    if os.environ.get("PROBE_SET") == "evict":
+        # Does code eviction between products (a real step's other kernels) cost Triton's
+        # products more than cuBLAS's? Each chain with an evict kernel after every product, of
+        # ~1 KB and of ~32 KB of code; evict alone (112 launches) for its own cost.
+        b = CFGS["b"]
+        mk = {"cuBLAS": lambda l, j: torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j]),
+              "triton b pdl": lambda l, j: product(Ws[l][j], Xs[j], Of[j], b[j], True, False),
+              "triton b pdl fx": lambda l, j: product(Ws[l][j], Xs[j], Of[j], b[j], True, False, fx=True)}
+        cases = []
+        for n, fn in mk.items():
+            cases += [(n, with_evict(fn, 0)), (n + " +evict 1K", with_evict(fn, 4)), (n + " +evict 32K", with_evict(fn, 256))]
+        cases[0] = ("cuBLAS", blas())
+        cases[3] = ("triton b pdl", tri(b, True, False))
+        cases[6] = ("triton b pdl fx", tri(b, True, False, fx=True))
+
+        def ev_only(iters):
+            def f():
+                for _ in range(4 * L):
+                    evict[(132,)](EV, ITERS=iters, num_warps=4, launch_pdl=True)
+            return f
+        cases += [("evict 1K alone", ev_only(4)), ("evict 32K alone", ev_only(256))]
+        got = {n: [] for n, _ in cases}
+        for r in range(3):
+            for n, fn in cases:
+                got[n].append(graph_ms(fn))
+        for n, _ in cases:
+            ms = statistics.median(got[n])
+            print("TRITON evict %-28s %8.1f us a chain of 112, %.2f us each (rounds %s)" %
+                  (n, ms * 1e3, ms * 1e3 / (4 * L), ", ".join("%.1f" % (v * 1e3) for v in got[n])), flush=True)
+        return
 
     cases = [("cuBLAS (torch.mm)", blas())]
     for name, cfgs in CFGS.items():
         cases += [("triton %s plain" % name, tri(cfgs, False, False)), ("triton %s pdl" % name, tri(cfgs, True, False)),
                   ("triton %s pdl+pre" % name, tri(cfgs, True, True)),
-                  ("triton %s pdl ordered" % name, tri(cfgs, True, False, True))]
+                  ("triton %s pdl ordered" % name, tri(cfgs, True, False, True)),
+                  ("triton %s pdl fx" % name, tri(cfgs, True, False, fx=True)),
+                  ("triton %s pdl fx masked" % name, tri(cfgs, True, False, fx=True, mask=True))]
     got = {n: [] for n, _ in cases}
     for r in range(3):
         for n, fn in cases:
