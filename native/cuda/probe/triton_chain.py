@@ -214,12 +214,10 @@ def main():
         mk = {"cuBLAS": lambda l, j: torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j]),
               "triton b pdl": lambda l, j: product(Ws[l][j], Xs[j], Of[j], b[j], True, False),
               "triton b pdl fx": lambda l, j: product(Ws[l][j], Xs[j], Of[j], b[j], True, False, fx=True)}
+        alone = {"cuBLAS": blas(), "triton b pdl": tri(b, True, False), "triton b pdl fx": tri(b, True, False, fx=True)}
         cases = []
         for n, fn in mk.items():
-            cases += [(n, with_evict(fn, 0)), (n + " +evict 1K", with_evict(fn, 4)), (n + " +evict 32K", with_evict(fn, 256))]
-        cases[0] = ("cuBLAS", blas())
-        cases[3] = ("triton b pdl", tri(b, True, False))
-        cases[6] = ("triton b pdl fx", tri(b, True, False, fx=True))
+            cases += [(n, alone[n]), (n + " +evict 1K", with_evict(fn, 4)), (n + " +evict 32K", with_evict(fn, 256))]
 
         def ev_only(iters):
             def f():
