@@ -19,7 +19,7 @@ K splits add into fp32 outputs with atomics (order not fixed), or, in the `order
 order as run 151's backend kernel added them, or, in the `fx` rows, as 64-bit fixed point with
 integer atomics (order-free bits, tri_gen.py's MODE 2 in run 153).
 PROBE_SET=evict instead times cuBLAS's and Triton's chains with a kernel of ~1 or ~32 KB of code
-after every product, standing in for a step's other kernels (run 154).
+after every product, standing in for a step's other kernels (run 155).
 
 Usage (GPU machine): [PROBE_SET=evict] python3 native/cuda/probe/triton_chain.py
 """
