@@ -153,6 +153,20 @@ def graph_ms(fn, reps=30):
     return statistics.median(ts)
 
 
+def time_cases(cases, what, width):
+    """Each (name, fn) of cases timed by graph_ms in 3 rounds, the cases in turn in each round;
+    prints each one's median per chain of 4 x L products and per product."""
+    got = {n: [] for n, _ in cases}
+    for _ in range(3):
+        for n, fn in cases:
+            got[n].append(graph_ms(fn))
+    for n, _ in cases:
+        ms = statistics.median(got[n])
+        print("TRITON %s %-*s %8.1f us a chain of %d products, %.2f us each (rounds %s)" %
+              (what, width, n, ms * 1e3, 4 * L, ms * 1e3 / (4 * L), ", ".join("%.1f" % (v * 1e3) for v in got[n])),
+              flush=True)
+
+
 def main():
     torch.manual_seed(0)
     dev = "cuda"
@@ -225,14 +239,7 @@ def main():
                     evict[(132,)](EV, ITERS=iters, num_warps=4, launch_pdl=True)
             return f
         cases += [("evict 1K alone", ev_only(4)), ("evict 32K alone", ev_only(256))]
-        got = {n: [] for n, _ in cases}
-        for r in range(3):
-            for n, fn in cases:
-                got[n].append(graph_ms(fn))
-        for n, _ in cases:
-            ms = statistics.median(got[n])
-            print("TRITON evict %-28s %8.1f us a chain of 112, %.2f us each (rounds %s)" %
-                  (n, ms * 1e3, ms * 1e3 / (4 * L), ", ".join("%.1f" % (v * 1e3) for v in got[n])), flush=True)
+        time_cases(cases, "evict", 28)
         return
 
     cases = [("cuBLAS (torch.mm)", blas())]
@@ -242,14 +249,7 @@ def main():
                   ("triton %s pdl ordered" % name, tri(cfgs, True, False, True)),
                   ("triton %s pdl fx" % name, tri(cfgs, True, False, fx=True)),
                   ("triton %s pdl fx masked" % name, tri(cfgs, True, False, fx=True, mask=True))]
-    got = {n: [] for n, _ in cases}
-    for r in range(3):
-        for n, fn in cases:
-            got[n].append(graph_ms(fn))
-    for n, _ in cases:
-        ms = statistics.median(got[n])
-        print("TRITON chain %-22s %8.1f us a step of 112 products, %.2f us each (rounds %s)" %
-              (n, ms * 1e3, ms * 1e3 / (4 * L), ", ".join("%.1f" % (v * 1e3) for v in got[n])), flush=True)
+    time_cases(cases, "chain", 22)
     # Per product shape: the 28 layers' products of one shape alone in a graph.
     for j, (n, k) in enumerate(SHAPES):
         line = "TRITON shape %d (N %d, K %d): cuBLAS %.2f" % (j, n, k, graph_ms(blas([j])) * 1e3 / L)
