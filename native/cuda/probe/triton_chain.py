@@ -193,45 +193,42 @@ def main():
                 assert err < 1e-2 * max(1.0, ref.abs().max().item()), "the probe's kernel is wrong"
     assert int(WS["cnt"].sum().item()) == 0, "a tile counter was not reset"
 
-    def blas(js=range(4)):
-        """The products js (indices into SHAPES) of every layer on cuBLAS, as one function."""
+    EV = torch.zeros(132 * 1024, device=dev, dtype=torch.float32)
+
+    def chain(one, js=range(4), evict_iters=0):
+        """one(l, j), the product j (an index into SHAPES) of layer l, for every layer and each j
+        of js, as one function; with evict_iters, each followed by an evict kernel of that many
+        rounds (132 programs)."""
         def f():
             for l in range(L):
                 for j in js:
-                    torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j])
+                    one(l, j)
+                    if evict_iters:
+                        evict[(132,)](EV, ITERS=evict_iters, num_warps=4, launch_pdl=True)
         return f
+
+    def mm(l, j):
+        torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j])
+
+    def blas(js=range(4)):
+        """The products js of every layer on cuBLAS."""
+        return chain(mm, js)
 
     def tri(cfgs, pdl, pre, ordered=False, js=range(4), fx=False, mask=False):
         """The same through the Triton kernel in the launch shapes cfgs."""
-        def f():
-            for l in range(L):
-                for j in js:
-                    product(Ws[l][j], Xs[j], Of[j], cfgs[j], pdl, pre, ordered, fx, mask)
-        return f
-
-    EV = torch.zeros(132 * 1024, device=dev, dtype=torch.float32)
-
-    def with_evict(fn_of_js, iters):
-        """Each product of fn_of_js followed by an evict kernel of ITERS rounds (132 programs)."""
-        def f():
-            for l in range(L):
-                for j in range(4):
-                    fn_of_js(l, j)
-                    evict[(132,)](EV, ITERS=iters, num_warps=4, launch_pdl=True)
-        return f
+        return chain(lambda l, j: product(Ws[l][j], Xs[j], Of[j], cfgs[j], pdl, pre, ordered, fx, mask), js)
 
     if os.environ.get("PROBE_SET") == "evict":
         # Does code eviction between products (a real step's other kernels) cost Triton's
         # products more than cuBLAS's? Each chain with an evict kernel after every product, of
         # ~1 KB and of ~32 KB of code; evict alone (112 launches) for its own cost.
         b = CFGS["b"]
-        mk = {"cuBLAS": lambda l, j: torch.mm(Xs[j], Ws[l][j].t(), out=Ob[j]),
-              "triton b pdl": lambda l, j: product(Ws[l][j], Xs[j], Of[j], b[j], True, False),
-              "triton b pdl fx": lambda l, j: product(Ws[l][j], Xs[j], Of[j], b[j], True, False, fx=True)}
-        alone = {"cuBLAS": blas(), "triton b pdl": tri(b, True, False), "triton b pdl fx": tri(b, True, False, fx=True)}
+        ones = {"cuBLAS": mm, "triton b pdl": lambda l, j: product(Ws[l][j], Xs[j], Of[j], b[j], True, False),
+                "triton b pdl fx": lambda l, j: product(Ws[l][j], Xs[j], Of[j], b[j], True, False, fx=True)}
         cases = []
-        for n, fn in mk.items():
-            cases += [(n, alone[n]), (n + " +evict 1K", with_evict(fn, 4)), (n + " +evict 32K", with_evict(fn, 256))]
+        for n, one in ones.items():
+            cases += [(n, chain(one)), (n + " +evict 1K", chain(one, evict_iters=4)),
+                      (n + " +evict 32K", chain(one, evict_iters=256))]
 
         def ev_only(iters):
             def f():
