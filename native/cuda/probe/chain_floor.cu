@@ -161,29 +161,7 @@ static int g_sms = 132;
 // launch runs gemv_chain<U> over a's pieces, U from the longest row.
 static void launch(cudaStream_t s, bool pdl, int grid, const Args &a) {
   void (*k)(Args) = a.kmax <= 1024 ? gemv_chain<4> : a.kmax <= 2048 ? gemv_chain<8> : gemv_chain<12>;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(THREADS);
-  cfg.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, k, a));
-}
-
-static void launch_attn(cudaStream_t s, bool pdl, const float *x, const uint4 *cache, float *y) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(128);
-  cfg.blockDim = dim3(THREADS);
-  cfg.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, attn_standin, x, cache, y, pdl ? 1 : 0));
+  launch_pdl(s, dim3(grid), dim3(THREADS), pdl, k, a);
 }
 
 struct Mat {
@@ -214,14 +192,6 @@ static Args make_args(const std::vector<Mat> &ms, const float *x, float *y, bool
 }
 
 static int grid_for(int rows, int bps) { return std::max(1, std::min((rows + 7) / 8, g_sms * bps)); }
-
-static cudaError_t instantiate(cudaGraphExec_t *ex, cudaGraph_t g) {
-#if CUDART_VERSION < 12000
-  return cudaGraphInstantiate(ex, g, nullptr, nullptr, 0);
-#else
-  return cudaGraphInstantiate(ex, g, 0);
-#endif
-}
 
 // check: rows of one kernel's output against a double sum on the host over the same bf16 weights
 // and fp32 input. Returns the largest |d| / (sum |w x| + 1e-6) over the rows it looked at.
@@ -352,7 +322,8 @@ int main() {
         switch (v.per_layer) {
           case 5:
             kern({w.qkv});
-            launch_attn(s, v.pdl, buf[p], cache, buf[p ^ 1]);
+            launch_pdl(s, dim3(128), dim3(THREADS), v.pdl, attn_standin, (const float *)buf[p], (const uint4 *)cache, buf[p ^ 1],
+                       v.pdl ? 1 : 0);
             p ^= 1;
             ++nk;
             kern({w.o});
@@ -381,7 +352,7 @@ int main() {
     cudaGraph_t g;
     CK(cudaStreamEndCapture(s, &g));
     cudaGraphExec_t ex;
-    CK(instantiate(&ex, g));
+    CK(graph_instantiate(&ex, g));
     const int per = 20;
     std::vector<float> ts;
     cudaEvent_t e0, e1;

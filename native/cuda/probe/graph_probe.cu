@@ -64,15 +64,6 @@ BigFn<F> big_fn(int id) {
   }
 }
 
-// instantiate: cudaGraphInstantiate in CUDA 12's form, or CUDA 11's (a compile check with nvcc 11.8).
-static cudaError_t instantiate(cudaGraphExec_t *ex, cudaGraph_t g) {
-#if CUDART_VERSION < 12000
-  return cudaGraphInstantiate(ex, g, nullptr, nullptr, 0);
-#else
-  return cudaGraphInstantiate(ex, g, 0);
-#endif
-}
-
 static double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -80,21 +71,6 @@ static double now_us() {
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-// launch_k launches k<<<G, 128, 0, s>>>(args...), with programmatic dependent launch when pdl.
-template <typename... P, typename... A>
-static void launch_k(cudaStream_t s, int G, bool pdl, void (*k)(P...), A... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(G);
-  cfg.blockDim = dim3(128);
-  cfg.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, k, args...));
 }
 
 // replay_us: GPU us per replay of a captured chain (launch(i) for i < N).
@@ -105,7 +81,7 @@ static double replay_us(cudaStream_t s, int N, const L &launch) {
   cudaGraph_t g;
   CK(cudaStreamEndCapture(s, &g));
   cudaGraphExec_t ex;
-  CK(instantiate(&ex, g));
+  CK(graph_instantiate(&ex, g));
   for (int w = 0; w < 10; ++w) CK(cudaGraphLaunch(ex, s));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -132,7 +108,7 @@ static void code_rows(cudaStream_t s, float *buf) {
   const int N = 140;
   for (int G : {132, 256})
     for (int NK : {1, 2, 5, 10}) {
-      const double us = replay_us(s, N, [&](int i) { launch_k(s, G, true, big_fn<F>(i % NK), buf, 1); });
+      const double us = replay_us(s, N, [&](int i) { launch_pdl(s, dim3(G), dim3(128), true, big_fn<F>(i % NK), buf, 1); });
       printf("CODE fmas %5d (~%3d KB of code) grid %3d distinct kernels %2d | %7.1f us per replay of %d | %5.2f us per kernel\n",
              F, F * 16 / 1024, G, NK, us, N, us / N);
     }
@@ -172,11 +148,11 @@ int main() {
     for (int G : Gs)
       for (int pdl = 0; pdl < 2; ++pdl) {
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < N; ++i) launch_k(s, G, pdl != 0, tiny, buf, i, pdl);
+        for (int i = 0; i < N; ++i) launch_pdl(s, dim3(G), dim3(128), pdl != 0, tiny, buf, i, pdl);
         cudaGraph_t g;
         CK(cudaStreamEndCapture(s, &g));
         cudaGraphExec_t ex;
-        CK(instantiate(&ex, g));
+        CK(graph_instantiate(&ex, g));
         CK(cudaGraphUpload(ex, s));
         for (int w = 0; w < 20; ++w) CK(cudaGraphLaunch(ex, s));
         CK(cudaStreamSynchronize(s));

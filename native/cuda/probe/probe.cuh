@@ -1,4 +1,5 @@
-// probe.cuh: what the standalone probes (mk_probe.cu, df_probe.cu) share: the CUDA error check and
+// probe.cuh: what the standalone probes (mk_probe.cu, df_probe.cu, graph_probe.cu, chain_floor.cu) share:
+// the CUDA error check, timing, a launch with programmatic dependent launch, graph instantiation, and
 // the PTX they build persistent kernels from (mbarriers, bulk copies into shared memory, gpu-scope
 // acquire/release). The probes stay standalone programs: one nvcc command each, no library.
 #pragma once
@@ -56,6 +57,32 @@ inline double copy_gbs(int reps, int warm) {
   CK(cudaFree(src));
   CK(cudaFree(dst));
   return 2.0 * n / (ms * 1e-3) / 1e9;
+}
+
+// launch_pdl launches k<<<grid, block, 0, s>>>(args...), with programmatic dependent launch
+// (programmatic stream serialization) when pdl, as the backend launches its kernels.
+template <typename... P, typename... A>
+void launch_pdl(cudaStream_t s, dim3 grid, dim3 block, bool pdl, void (*k)(P...), A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = s;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CK(cudaLaunchKernelEx(&cfg, k, args...));
+}
+
+// graph_instantiate: cudaGraphInstantiate in CUDA 12's form, or CUDA 11's (a compile check with
+// nvcc 11.8).
+inline cudaError_t graph_instantiate(cudaGraphExec_t *ex, cudaGraph_t g) {
+#if CUDART_VERSION < 12000
+  return cudaGraphInstantiate(ex, g, nullptr, nullptr, 0);
+#else
+  return cudaGraphInstantiate(ex, g, 0);
+#endif
 }
 
 // ld_acquire / ld_relaxed, st_release / st_relaxed: gpu-scope 32-bit loads and stores that differ
