@@ -58,8 +58,6 @@
 // MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS (and the GEMV), MQB_SK_MAX_B=n
 // (default 0) and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels,
 // MQB_FUSE_MAX_B=n (default 16; 0 off) the batches whose RMSNorm / SwiGLU the tile kernel makes,
-// MQB_GEMV_ALL_B=n (default 0) the batches (up to gemv_max_b) whose every product runs on the fused
-// GEMV, MQB_GEMV_PRE=1 has the one-row GEMV load its first weight row before its wait,
 // MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
 // kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md),
 // MQB_TCAP=n (default 2048) caps the tokens of a prefill or mixed step's chunk, MQB_WARMUP=0
@@ -952,14 +950,10 @@ __global__ void __launch_bounds__(256) add_bias_kernel(float *__restrict__ y, co
 // gemv_kernel: out[b, n] (+)= sum_k W[n, k] * x_b[k] + bias[n] for B <= 4 rows, x_b made by
 // prep_row into shared memory. Each warp owns whole output rows (grid-stride); every lane loads
 // 16-byte vectors, U of them in flight. With keys != NULL it also reduces the greedy argmax.
-// PF > 0 (debug "gemv_pre", rows of at most 32 PF vectors): the warp's first row is loaded into
-// registers before the wait, as probe/chain_floor.cu's products are (NOTES.md runs 156-157: a
-// chain of such kernels took 495 us a step where the first rows were only prefetched into L2, as
-// PF 0 does, took 630); its sums are those of the loop below, in the same order.
-template <typename T, int B, int PF = 0>
-__global__ void __launch_bounds__(256, PF > 4 ? 2 : 4)
-    gemv_kernel(PrepArgs<T> a, int K, const T *__restrict__ W, int N, const float *__restrict__ bias, float *out,
-                int accumulate, unsigned long long *keys, Samp samp) {
+template <typename T, int B>
+__global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, const T *__restrict__ W, int N,
+                                                   const float *__restrict__ bias, float *out, int accumulate,
+                                                   unsigned long long *keys, Samp samp) {
   constexpr int CH = TT<T>::CH;
   constexpr int U = 4;
   DYN_SMEM(uint4, gsm_raw);
@@ -969,18 +963,10 @@ __global__ void __launch_bounds__(256, PF > 4 ? 2 : 4)
   const int nch = K / CH;
   const int gw = blockIdx.x * 8 + warp, nw = gridDim.x * 8;
   tl_mark(a.tlb, a.tls, 0);
-  uint4 pre[PF > 0 ? PF : 1];
-  if (gw < N) {  // weights do not depend on earlier kernels: start pulling them in now
-    if constexpr (PF > 0) {
-      const uint4 *wr = reinterpret_cast<const uint4 *>(W + (size_t)gw * K);
-#pragma unroll
-      for (int u = 0; u < PF; ++u)
-        if (lane + 32 * u < nch) pre[u] = __ldg(wr + lane + 32 * u);
-    } else {
-      const char *wr = reinterpret_cast<const char *>(W + (size_t)gw * K);
-      const int bytes = K * (int)sizeof(T);
-      for (int off = lane * 128; off < bytes; off += 32 * 128) prefetch_l2(wr + off);
-    }
+  if (gw < N) {  // weights do not depend on earlier kernels: start pulling them into L2 now
+    const char *wr = reinterpret_cast<const char *>(W + (size_t)gw * K);
+    const int bytes = K * (int)sizeof(T);
+    for (int off = lane * 128; off < bytes; off += 32 * 128) prefetch_l2(wr + off);
   }
   pdl_wait();
   pdl_trigger();
@@ -990,41 +976,33 @@ __global__ void __launch_bounds__(256, PF > 4 ? 2 : 4)
   unsigned long long best[B];
 #pragma unroll
   for (int b = 0; b < B; ++b) best[b] = 0ull;
-  // add: vector c of the row (its weights w) into acc, for every input row
-  auto add = [&](float(&acc)[B], const uint4 &w, int c) {
-    float wf[CH];
-    TT<T>::unpack(w, wf);
-#pragma unroll
-    for (int b = 0; b < B; ++b) {
-      const uint4 xv = reinterpret_cast<const uint4 *>(xs + (size_t)b * K)[c];
-      float xf[CH];
-      TT<T>::unpack(xv, xf);
-#pragma unroll
-      for (int e = 0; e < CH; ++e) acc[b] = fmaf(wf[e], xf[e], acc[b]);
-    }
-  };
   for (int row = gw; row < N; row += nw) {
     const uint4 *wr = reinterpret_cast<const uint4 *>(W + (size_t)row * K);
     float acc[B];
 #pragma unroll
     for (int b = 0; b < B; ++b) acc[b] = 0.f;
-    if (PF > 0 && row == gw && nch <= 32 * PF) {  // the row loaded before the wait: vectors lane + 32 u, in order
+    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+      uint4 wv[U];
 #pragma unroll
-      for (int u = 0; u < (PF > 0 ? PF : 1); ++u)
-        if (lane + 32 * u < nch) add(acc, pre[u], lane + 32 * u);
-    } else {
-      for (int c0 = lane; c0 < nch; c0 += 32 * U) {
-        uint4 wv[U];
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u * 32;
+        if (c < nch) wv[u] = __ldg(wr + c);
+        else wv[u] = make_uint4(0u, 0u, 0u, 0u);
+      }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int c = c0 + u * 32;
-          if (c < nch) wv[u] = __ldg(wr + c);
-          else wv[u] = make_uint4(0u, 0u, 0u, 0u);
-        }
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u * 32;
+        if (c < nch) {
+          float wf[CH];
+          TT<T>::unpack(wv[u], wf);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int c = c0 + u * 32;
-          if (c < nch) add(acc, wv[u], c);
+          for (int b = 0; b < B; ++b) {
+            const uint4 xv = reinterpret_cast<const uint4 *>(xs + (size_t)b * K)[c];
+            float xf[CH];
+            TT<T>::unpack(xv, xf);
+#pragma unroll
+            for (int e = 0; e < CH; ++e) acc[b] = fmaf(wf[e], xf[e], acc[b]);
+          }
         }
       }
     }
@@ -1965,11 +1943,6 @@ struct mqb_model {
   int max_batch = 0, max_ctx = 0, slots = 0, scratch = 0;
   int Tcap = 0, Rcap = 0;
   int gemv_max_b = 4;
-  // Debug "gemv_all_b": decode batches of up to this many rows (and gemv_max_b) run every product
-  // on the fused GEMV, the tile kernel's too (0: none). Debug "gemv_pre": the GEMV of one input
-  // row loads its first weight row into registers before its wait (gemv_kernel's PF).
-  int gemv_all_b = 0;
-  bool gemv_pre = false;
   bool attn_lanes = true;  // attend's several-lanes-per-position scores (debug "attn_lanes")
   bool attn_flash = true;  // decode attention through attend_flash (debug "attn_flash")
   // Prefill attention through attend_flash too (debug "prefill_flash"; with attn_flash), where
@@ -2476,7 +2449,7 @@ bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int
     return false;
   } else {
     if (!m.sk_on || B <= m.sk_max_b || B > m.fuse_max_b || N > m.sk_max_n || a.mode != PREP_RMS || a.rows ||
-        a.ld != K || (B <= m.gemv_all_b && B <= m.gemv_max_b))
+        a.ld != K)
       return false;
     const sk::TCfg c = tile_cfg(m, N, K, B, true, act != nullptr);
     if (!c.Z) return false;
@@ -2549,26 +2522,14 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
   const bool plain = a.mode == PREP_PLAIN && !a.rows && a.ld == K;  // the input rows as they are
   // The GEMV takes small batches where it fuses something (the input's prep, a bias, the argmax);
   // a layer's product with none of them goes to the tile kernel, which beats it at 1-4 rows on the
-  // H200 (batch 1 937 against 895 tok/s, 4 3,804 against 1,836: NOTES.md run 58), unless debug
-  // gemv_all_b sends every product of its batches to the GEMV.
-  if (B <= m.gemv_max_b && (B <= m.gemv_all_b || !(plain && !bias && !keys && tile_shape(m, B, N, K).Z))) {
+  // H200 (batch 1 937 against 895 tok/s, 4 3,804 against 1,836: NOTES.md run 58).
+  if (B <= m.gemv_max_b && !(plain && !bias && !keys && tile_shape(m, B, N, K).Z)) {
     m.label = r + ":gemv";
     a.tlb = m.tl_buf;
     a.tls = tl_slot(m);
     const int blocks = std::max(1, std::min((N + 7) / 8, m.sms * 4));
     const size_t smem = (size_t)B * K * sizeof(T);
     const int acc = accumulate ? 1 : 0;
-    // gemv_pre: one input row whose weight rows fit a lane's 4, 8 or 12 vectors (bf16/fp16: K up
-    // to 3,072) loads its first row before the wait.
-    if constexpr (!std::is_same<T, float>::value) {
-      const int nch = K / TT<T>::CH;
-      const int pf = !m.gemv_pre || B != 1 ? 0 : nch <= 128 ? 4 : nch <= 256 ? 8 : nch <= 384 ? 12 : 0;
-      if (pf) {
-        auto k = pf == 4 ? gemv_kernel<T, 1, 4> : pf == 8 ? gemv_kernel<T, 1, 8> : gemv_kernel<T, 1, 12>;
-        launch(m, k, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp);
-        return;
-      }
-    }
     switch (B) {
       case 1: launch(m, gemv_kernel<T, 1>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
       case 2: launch(m, gemv_kernel<T, 2>, dim3(blocks), dim3(256), smem, a, K, W, N, bias, out, acc, keys, samp); break;
@@ -3526,8 +3487,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   int gb = std::min(4, env_int("MQB_GEMV_MAX_B", 4));
   while (gb > 0 && (size_t)gb * Kmax * es > 48 * 1024) --gb;
   m.gemv_max_b = std::max(0, gb);
-  m.gemv_all_b = std::max(0, env_int("MQB_GEMV_ALL_B", 0));
-  m.gemv_pre = env_int("MQB_GEMV_PRE", 0) != 0;
 
   ck(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   ckb(cublasCreate(&m.blas), "cublasCreate");
@@ -3997,8 +3956,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "prefill_tc") m->prefill_tc = value != 0;
   else if (k == "prefill_one") m->prefill_one = std::max(0, (int)value);
   else if (k == "prep_vec") m->prep_vec = value != 0;
-  else if (k == "gemv_all_b") m->gemv_all_b = std::max(0, (int)value);
-  else if (k == "gemv_pre") m->gemv_pre = value != 0;
   else if (k == "post_n") m->post_n = value != 0;
   else if (k == "timeline") {
     if (value && !m->tl_mem)

@@ -749,7 +749,7 @@ DEFAULTS = {"pdl": 1, "graphs": 1, "mixed_graphs": 1, "gemv_max_b": 4, "attn_spl
             "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 0, "sk_kw": 0,
             "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16, "tile_pre": 3, "prefill_flash": 1,
             "prefill_tc": 1, "prefill_one": 17, "prep_vec": 1, "post_n": 1, "blas_tune": 1, "slim": 3, "attn_cluster": 1, "tile_cluster": 1, "pre_params": 1, "attn_push": 1,
-            "tile_push": 1, "rms_compact_b": 2, "gemv_all_b": 0, "gemv_pre": 0}
+            "tile_push": 1, "rms_compact_b": 2}
 
 
 def run_variants(batches, variants, rounds, measure, out=print):

@@ -637,14 +637,11 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
   // RMSNorm, and gate/up with the SwiGLU, fused into it; the fp32 runs take the GEMV at 1-4
   // rows); variant 6 sends batch 6 through the skinny kernel at its finest K split (one 32-column
   // slice per warp, partials summed by the last block), variant 7 to cuBLAS, variant 8 to the tile
-  // kernel unfused (prep kernels), variant 9 batch 3 through the fused GEMV, variant 10 batch 1
-  // through it with every product's first weight row loaded before the wait (debug gemv_all_b,
-  // gemv_pre: gemv_kernel's PF instances). Variants 5 and 7 run
+  // kernel unfused (prep kernels), variant 9 batch 3 through the fused GEMV. Variants 5 and 7 run
   // the kernels that carry every mode's code (debug "slim" 0: prep_kernel's and the attention
   // kernels' instances for all modes), the others those compiled per mode.
   const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention",
-                         " attention-split-3 slim-0", " skinny-split-K", " cuBLAS slim-0", " tile unfused", " GEMV",
-                         " GEMV first row before the wait"};
+                         " attention-split-3 slim-0", " skinny-split-K", " cuBLAS slim-0", " tile unfused", " GEMV"};
   // Each variant's debug switches: the value it runs with, then the backend's default it restores.
   struct Switch {
     const char *key;
@@ -655,12 +652,11 @@ static void run_family(const char *family, const char *cfgjson, Owned &o, const 
       {{"fused_attn", 0, 1}},
       {{"attn_split", 3, 0}, {"slim", 0, 3}}, {{"sk_max_b", 8, 0}, {"sk_kw", 32, 0}, {"sk_ks", 1, 0}},
       {{"skinny", 0, 1}, {"slim", 0, 3}},
-      {{"fuse_max_b", 0, 16}}, {{"tile_max_b", 0, 16}, {"fuse_max_b", 0, 16}},
-      {{"gemv_all_b", 1, 0}, {"gemv_pre", 1, 0}}};
+      {{"fuse_max_b", 0, 16}}, {{"tile_max_b", 0, 16}, {"fuse_max_b", 0, 16}}};
   const bool half = std::string(prec) != "fp32";
-  for (int variant = 0; variant < (half ? 11 : 6); ++variant) {
+  for (int variant = 0; variant < (half ? 10 : 6); ++variant) {
     std::vector<int> lens = variant == 0 || (variant >= 6 && variant <= 8) ? std::vector<int>{5, 20, 9, 33, 2, 12}
-                          : variant == 2 || variant == 10 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
+                          : variant == 2 ? std::vector<int>{17} : std::vector<int>{5, 20, 9};
     for (const Switch &w : vsw[variant]) mqb_debug_set(m, w.key, w.on);
     const int n = (int)lens.size(), steps = 5;
     std::vector<std::vector<int>> seqs;
