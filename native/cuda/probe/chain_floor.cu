@@ -1,9 +1,9 @@
 // chain_floor.cu: the least a batch-1 decode step of the Qwen3-0.6B shape takes as a chain of
-// dependent kernels that do nothing but its matrix-vector products (NOTES.md, runs 156-157).
+// dependent kernels that do nothing but its matrix-vector products (NOTES.md, runs 156-158).
 // Standalone, on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/chain_floor native/cuda/probe/chain_floor.cu && /tmp/chain_floor
 //
-// Why: the batch-1 target (70 % of the bandwidth bound, ~405 us a step on an H200) leaves about
+// Why: the batch-1 target (70 % of the bandwidth bound, about 403 us a step on an H200) leaves about
 // 130 us a step for everything that is not streaming weights. mk_probe.cu and df_probe.cu measured
 // what a persistent kernel's handoffs cost beside the weight stream (runs 66-68, 94-103); this
 // measures the floor of the other design, one kernel per piece of work: the step's 1.19 GB of
@@ -22,7 +22,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <string>
 #include <vector>
 
 #include "probe.cuh"
@@ -30,8 +29,8 @@
 typedef __nv_bfloat16 bf16;
 
 constexpr int THREADS = 256;  // 8 warps; a warp owns whole rows
-// U: 16-byte vectors a lane holds of one row, K <= 32 * 8 * U (4: K 1,024; 8: 2,048; 12: 3,072),
-// a template argument so that a kernel of short rows keeps few registers.
+// gemv_chain's U: the 16-byte vectors a lane holds of one row, K <= 32 * 8 * U (4: K 1,024; 8:
+// 2,048; 12: 3,072), a template argument so that a kernel of short rows keeps few registers.
 constexpr int MAXP = 4;       // pieces (weight matrices) one kernel may cover
 constexpr int KMAX = 3072;
 
