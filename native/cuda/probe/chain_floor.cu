@@ -20,7 +20,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -34,10 +33,11 @@ constexpr int THREADS = 256;  // 8 warps; a warp owns whole rows
 constexpr int MAXP = 4;       // pieces (weight matrices) one kernel may cover
 constexpr int KMAX = 3072;
 
-// Piece: rows [row0, row0 + N) of a kernel's output are W[N, K] times the input vector's first K.
+// Piece: the rows of a kernel's output from row0 (to the next piece's row0, or Args::rows) are
+// W[., K] times the input vector's first K.
 struct Piece {
   const bf16 *W;
-  int N, K, row0;
+  int K, row0;
 };
 struct Args {
   Piece p[MAXP];
@@ -175,7 +175,7 @@ static Args make_args(const std::vector<Mat> &ms, const float *x, float *y, bool
   a.np = (int)ms.size();
   int row = 0, kmax = 0;
   for (int i = 0; i < a.np; ++i) {
-    a.p[i] = Piece{ms[i].W, ms[i].N, ms[i].K, row};
+    a.p[i] = Piece{ms[i].W, ms[i].K, row};
     row += ms[i].N;
     kmax = std::max(kmax, ms[i].K);
   }
@@ -346,35 +346,12 @@ int main() {
       }
       kern({head});
     };
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    step();
-    cudaGraph_t g;
-    CK(cudaStreamEndCapture(s, &g));
-    cudaGraphExec_t ex;
-    CK(graph_instantiate(&ex, g));
-    const int per = 20;
-    std::vector<float> ts;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int r = 0; r < 9; ++r) {
-      CK(cudaEventRecord(e0, s));
-      for (int k = 0; k < per; ++k) CK(cudaGraphLaunch(ex, s));
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float t;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      if (r >= 2) ts.push_back(1000.f * t / per);
-    }
-    std::sort(ts.begin(), ts.end());
-    const double us = ts[ts.size() / 2];
+    std::vector<double> ts;
+    // 40 untimed replays first, as runs 156-158 dropped their first two timed rounds of 20
+    const double us = replay_us(s, step, 40, &ts);
     printf("STEP %-42s kernels %4d | %7.1f us a step (%.1f-%.1f) | %5.0f tok/s = %4.1f %% of the bound | %.2f us a "
            "kernel beyond the stream\n",
            v.name, nk, us, ts.front(), ts.back(), 1e6 / us, 100.0 * bound_us / us, (us - bound_us) / nk);
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    CK(cudaGraphExecDestroy(ex));
-    CK(cudaGraphDestroy(g));
   }
   return 0;
 }

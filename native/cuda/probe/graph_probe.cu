@@ -73,42 +73,14 @@ static double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// replay_us: GPU us per replay of a captured chain (launch(i) for i < N).
-template <typename L>
-static double replay_us(cudaStream_t s, int N, const L &launch) {
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < N; ++i) launch(i);
-  cudaGraph_t g;
-  CK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t ex;
-  CK(graph_instantiate(&ex, g));
-  for (int w = 0; w < 10; ++w) CK(cudaGraphLaunch(ex, s));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<double> v;
-  for (int r = 0; r < 7; ++r) {
-    CK(cudaEventRecord(e0, s));
-    for (int k = 0; k < 20; ++k) CK(cudaGraphLaunch(ex, s));
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0.f;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    v.push_back(1000.0 * ms / 20);
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  CK(cudaGraphExecDestroy(ex));
-  CK(cudaGraphDestroy(g));
-  return median(v);
-}
-
 template <int F>
 static void code_rows(cudaStream_t s, float *buf) {
   const int N = 140;
   for (int G : {132, 256})
     for (int NK : {1, 2, 5, 10}) {
-      const double us = replay_us(s, N, [&](int i) { launch_pdl(s, dim3(G), dim3(128), true, big_fn<F>(i % NK), buf, 1); });
+      const double us = replay_us(s, [&] {
+        for (int i = 0; i < N; ++i) launch_pdl(s, dim3(G), dim3(128), true, big_fn<F>(i % NK), buf, 1);
+      });
       printf("CODE fmas %5d (~%3d KB of code) grid %3d distinct kernels %2d | %7.1f us per replay of %d | %5.2f us per kernel\n",
              F, F * 16 / 1024, G, NK, us, N, us / N);
     }

@@ -1,5 +1,6 @@
 // probe.cuh: what the standalone probes (mk_probe.cu, df_probe.cu, graph_probe.cu, chain_floor.cu) share:
-// the CUDA error check, timing, a launch with programmatic dependent launch, graph instantiation, and
+// the CUDA error check, timing (of calls and of graph replays), a launch with programmatic dependent
+// launch, graph instantiation, and
 // the PTX they build persistent kernels from (mbarriers, bulk copies into shared memory, gpu-scope
 // acquire/release). The probes stay standalone programs: one nvcc command each, no library.
 #pragma once
@@ -83,6 +84,40 @@ inline cudaError_t graph_instantiate(cudaGraphExec_t *ex, cudaGraph_t g) {
 #else
   return cudaGraphInstantiate(ex, g, 0);
 #endif
+}
+
+// replay_us: GPU us per replay of the chain that capture() launches on s, captured once as a
+// graph: the median of 7 timings of 20 back-to-back replays, after `warm` untimed replays;
+// sorted, if given, gets the 7 in order.
+template <typename C>
+double replay_us(cudaStream_t s, const C &capture, int warm = 10, std::vector<double> *sorted = nullptr) {
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  capture();
+  cudaGraph_t g;
+  CK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t ex;
+  CK(graph_instantiate(&ex, g));
+  for (int w = 0; w < warm; ++w) CK(cudaGraphLaunch(ex, s));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<double> v;
+  for (int r = 0; r < 7; ++r) {
+    CK(cudaEventRecord(e0, s));
+    for (int k = 0; k < 20; ++k) CK(cudaGraphLaunch(ex, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    v.push_back(1000.0 * ms / 20);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaGraphExecDestroy(ex));
+  CK(cudaGraphDestroy(g));
+  std::sort(v.begin(), v.end());
+  if (sorted) *sorted = v;
+  return v[v.size() / 2];
 }
 
 // ld_acquire / ld_relaxed, st_release / st_relaxed: gpu-scope 32-bit loads and stores that differ
