@@ -3,7 +3,7 @@ package modelqual_test
 // This test enforces the import direction of DESIGN.md:
 //
 //	families → qual → reports
-//	qual → native/bundle, server/tokenizer (libraries only; never native or the rest of server)
+//	qual → native/bundle, server/tokenizer, server/record (libraries only; never native or the rest of server)
 //	server → native
 //	nothing imports families
 //
@@ -45,12 +45,15 @@ func listPackages(t *testing.T) []goPackage {
 }
 
 // area names the top-level area of a module package: "families", "qual", "reports",
-// "server", "server/tokenizer", "native", "native/bundle", "fixtures" or "" (module root).
+// "server", "server/tokenizer", "server/record", "native", "native/bundle", "fixtures" or ""
+// (module root).
 func area(path string) string {
 	rel := strings.TrimPrefix(strings.TrimPrefix(path, module), "/")
 	switch {
 	case rel == "server/tokenizer" || strings.HasPrefix(rel, "server/tokenizer/"):
 		return "server/tokenizer"
+	case rel == "server/record":
+		return "server/record"
 	case rel == "native/bundle" || strings.HasPrefix(rel, "native/bundle/"):
 		return "native/bundle"
 	}
@@ -66,16 +69,18 @@ func allowed(fromPath, to string) bool {
 	}
 	switch from {
 	case "families":
-		return to == "qual" || to == "reports" || to == "native/bundle" || to == "server/tokenizer"
+		return to == "qual" || to == "reports" || to == "native/bundle" || to == "server/tokenizer" || to == "server/record"
 	case "qual":
 		if to == "native" && strings.HasPrefix(fromPath, module+"/qual/cmd/qual") {
 			return true
 		}
-		return to == "reports" || to == "native/bundle" || to == "server/tokenizer"
+		return to == "reports" || to == "native/bundle" || to == "server/tokenizer" || to == "server/record"
 	case "reports":
 		return false
 	case "server", "server/tokenizer":
-		return to == "native" || to == "native/bundle" || to == "server/tokenizer"
+		return to == "native" || to == "native/bundle" || to == "server/tokenizer" || to == "server/record"
+	case "server/record":
+		return false
 	case "native":
 		return to == "native/bundle"
 	case "native/bundle":
@@ -113,6 +118,7 @@ func TestImportDirectionRules(t *testing.T) {
 		{module + "/server", "qual"},
 		{module + "/native", "server"},
 		{module + "/native/bundle", "native"},
+		{module + "/server/record", "server"},
 	}
 	for _, b := range bad {
 		if allowed(b[0], b[1]) {
@@ -125,6 +131,7 @@ func TestImportDirectionRules(t *testing.T) {
 		{module + "/qual/load", "server/tokenizer"},
 		{module + "/server", "native"},
 		{module + "/qual/cmd/qual", "native"},
+		{module + "/qual/records", "server/record"},
 	}
 	for _, g := range good {
 		if !allowed(g[0], g[1]) {

@@ -120,7 +120,7 @@ func (s *Server) handleTokenize(q *reqState) {
 	if ids == nil {
 		ids = []int32{}
 	}
-	q.rec.PromptSHA256, q.rec.PromptBytes, q.rec.InputTokens = sha256Hex([]byte(text)), len(text), len(ids)
+	q.rec.PromptSHA256, q.rec.PromptBytes, q.rec.InputTokens = sha256Hex([]byte(text)), int64(len(text)), len(ids)
 	resp["tokens"], resp["count"] = ids, len(ids)
 	q.writeJSON(http.StatusOK, resp)
 }
@@ -148,7 +148,7 @@ func (s *Server) handleDetokenize(q *reqState) {
 	}
 	text := s.tok.Decode(ids)
 	q.rec.InputTokens = len(ids)
-	q.rec.OutputSHA256, q.rec.OutputBytes = sha256Hex([]byte(text)), len(text)
+	q.rec.OutputSHA256, q.rec.OutputBytes = sha256Hex([]byte(text)), int64(len(text))
 	q.writeJSON(http.StatusOK, map[string]any{"prompt": text})
 }
 
@@ -184,7 +184,7 @@ func (s *Server) handleLogits(q *reqState) {
 		return
 	}
 	q.rec.InputTokens = len(ids)
-	q.rec.PromptSHA256, q.rec.PromptBytes = sha256Hex(idsBytes(ids)), 4*len(ids)
+	q.rec.PromptSHA256, q.rec.PromptBytes = sha256Hex(idsBytes(ids)), int64(4*len(ids))
 	t := s.pool.newTask()
 	t.prompt, t.logits = ids, true
 	ctx := q.r.Context()

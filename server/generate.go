@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/modelqual/modelqual/server/record"
 	"io"
 	"net/http"
 	"strconv"
@@ -80,7 +81,7 @@ func (s *Server) promptIDs(q *reqState, req *GenRequest) ([]int32, *APIError) {
 	default:
 		ids, promptBytes = s.tok.Encode(req.Prompt), []byte(req.Prompt)
 	}
-	q.rec.PromptSHA256, q.rec.PromptBytes, q.rec.InputTokens = sha256Hex(promptBytes), len(promptBytes), len(ids)
+	q.rec.PromptSHA256, q.rec.PromptBytes, q.rec.InputTokens = sha256Hex(promptBytes), int64(len(promptBytes)), len(ids)
 	if len(ids) == 0 {
 		return nil, badRequest(param, "`%s` is empty after tokenization; send at least one token", param)
 	}
@@ -172,7 +173,7 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
 	err := s.pool.run(t, ctx.Done(), func() error { return context.Cause(ctx) })
 	if t.worker != nil {
-		q.rec.WorkerID = t.worker.index
+		q.rec.WorkerID = record.WorkerIndex(t.worker.index)
 	}
 	q.rec.QueueWaitNs = t.queueWait.Nanoseconds()
 	switch {
@@ -362,7 +363,7 @@ func (g *gen) fillRecord() {
 		r.TaskTTFTNs = res.FirstTokenNs - res.AddedNs
 	}
 	r.OutputTokens = g.ntok
-	r.OutputSHA256, r.OutputBytes = sha256Hex(g.out), len(g.out)
+	r.OutputSHA256, r.OutputBytes = sha256Hex(g.out), int64(len(g.out))
 	if r.FinishReason == "" {
 		r.FinishReason = g.finishReason()
 	}

@@ -8,36 +8,13 @@ import (
 	"fmt"
 	"os"
 	"sync"
+
+	"github.com/modelqual/modelqual/server/record"
 )
 
-// Record is one request's line in the --records JSONL file (README "Records"). It
-// carries no prompt or output text: a sha256 and a byte count stand in for them, so records
-// can be kept and shared without leaking what was asked or answered. Nanosecond integers;
-// task_* come from the engine's own timings in the worker's terminal message (0 when the
-// request never reached an engine).
-type Record struct {
-	RequestID     string `json:"request_id"`
-	Route         string `json:"route"`
-	Model         string `json:"model"`
-	Status        int    `json:"status"`
-	Stream        bool   `json:"stream"`
-	StartUnixNs   int64  `json:"start_unix_ns"`
-	HTTPLatencyNs int64  `json:"http_latency_ns"`
-	TTFTNs        int64  `json:"ttft_ns"` // arrival to the first content written (streams) or to the response; 0: none
-	QueueWaitNs   int64  `json:"queue_wait_ns"`
-	TaskWallNs    int64  `json:"task_wall_ns"`
-	TaskTTFTNs    int64  `json:"task_ttft_ns"`
-	InputTokens   int    `json:"input_tokens"`
-	OutputTokens  int    `json:"output_tokens"`
-	FinishReason  string `json:"finish_reason"`
-	ErrorType     string `json:"error_type"`
-	ErrorMessage  string `json:"error_message"`
-	PromptSHA256  string `json:"prompt_sha256"`
-	PromptBytes   int    `json:"prompt_bytes"`
-	OutputSHA256  string `json:"output_sha256"`
-	OutputBytes   int    `json:"output_bytes"`
-	WorkerID      int    `json:"worker_id"`
-}
+// Record is one request's line in the --records JSONL file; the schema lives in package
+// record so the harness reads exactly what the server writes.
+type Record = record.Record
 
 // recordWriter appends records to a file, one line each, flushed per record so that a killed
 // frontend loses at most the line being written.

@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/modelqual/modelqual/server/record"
 	"log"
 	"math/rand/v2"
 	"net"
@@ -565,7 +566,7 @@ func (s *Server) begin(w http.ResponseWriter, r *http.Request, route string, rec
 	w.Header().Set("X-Request-Id", id)
 	now := time.Now()
 	return &reqState{s: s, w: w, r: r, start: now, recorded: recorded,
-		rec: Record{RequestID: id, Route: route, Model: s.cfg.ModelName, StartUnixNs: now.UnixNano(), WorkerID: -1}}
+		rec: Record{RequestID: id, Route: route, Model: s.cfg.ModelName, StartUnixNs: now.UnixNano(), WorkerID: record.WorkerIndex(-1)}}
 }
 
 func (s *Server) end(q *reqState) {

@@ -14,8 +14,9 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
+
+	"github.com/modelqual/modelqual/server/record"
 )
 
 // Phases of a run. Warmup requests are recorded but never mixed into measured statistics.
@@ -82,57 +83,9 @@ func (r *Request) OutputTokens() int {
 	return r.OutputTokensClient
 }
 
-// Server mirrors one JSONL record of qual-server (server.Record; README "Records"). Times are
-// nanoseconds; Task* are the native engine's timings from the worker's terminal record and 0
-// when not applicable (e.g. /tokenize or a request refused before reaching a worker).
-type Server struct {
-	RequestID     string `json:"request_id"`
-	Route         string `json:"route"`
-	Model         string `json:"model"`
-	Status        int    `json:"status"`
-	Stream        bool   `json:"stream"`
-	StartUnixNs   int64  `json:"start_unix_ns"`
-	HTTPLatencyNs int64  `json:"http_latency_ns"`
-	TTFTNs        int64  `json:"ttft_ns"` // arrival to the first content written; 0: none
-	QueueWaitNs   int64  `json:"queue_wait_ns"`
-	TaskWallNs    int64  `json:"task_wall_ns"`
-	TaskTTFTNs    int64  `json:"task_ttft_ns"`
-	InputTokens   int    `json:"input_tokens"`
-	OutputTokens  int    `json:"output_tokens"`
-	FinishReason  string `json:"finish_reason"`
-	ErrorType     string `json:"error_type"`
-	ErrorMessage  string `json:"error_message"`
-	PromptSHA256  string `json:"prompt_sha256"`
-	PromptBytes   int64  `json:"prompt_bytes"`
-	OutputSHA256  string `json:"output_sha256"`
-	OutputBytes   int64  `json:"output_bytes"`
-	WorkerID      FlexID `json:"worker_id"`
-}
-
-// FlexID is an identifier that may be written as a JSON string or number (a worker index);
-// it is kept as its decimal or string form so records from other servers still parse.
-type FlexID string
-
-// UnmarshalJSON accepts a string, a number or null.
-func (f *FlexID) UnmarshalJSON(b []byte) error {
-	s := strings.TrimSpace(string(b))
-	switch {
-	case s == "null":
-		*f = ""
-	case strings.HasPrefix(s, `"`):
-		var v string
-		if err := json.Unmarshal(b, &v); err != nil {
-			return err
-		}
-		*f = FlexID(v)
-	default:
-		if _, err := strconv.ParseFloat(s, 64); err != nil {
-			return fmt.Errorf("worker_id %s is neither a string nor a number", s)
-		}
-		*f = FlexID(s)
-	}
-	return nil
-}
+// Server is one JSONL record of qual-server (README "Records"): the schema package the
+// server writes with, so the two sides cannot drift apart.
+type Server = record.Record
 
 // WriteJSONL writes one JSON object per line to path (created or truncated). T is Request,
 // Server or any record type; the file is the raw artifact later reread by ReadJSONL.
