@@ -13,6 +13,10 @@
 #include "mq_backend.h"
 #include "runtime.h"
 
+static_assert((int)MQ_DTYPE_F32 == (int)MQB_DTYPE_F32 && (int)MQ_DTYPE_BF16 == (int)MQB_DTYPE_BF16 &&
+                  (int)MQ_DTYPE_F16 == (int)MQB_DTYPE_F16,
+              "mq_dtype and mqb_dtype must agree");
+
 namespace mq {
 namespace {
 
@@ -29,6 +33,7 @@ struct Api {
                          const float *, const uint64_t *, int32_t *, float *, char *, size_t);
   int (*logits_all)(mqb_model *, const int32_t *, int32_t, float *, char *, size_t);
   void (*slot_reset)(mqb_model *, int32_t);
+  const char *const *(*families)(void);
 };
 
 std::string exe_dir() {
@@ -60,7 +65,7 @@ void *open_lib(std::string *tried) {
 
 class Cuda : public Backend {
  public:
-  Cuda(const mq_engine_params &p, const std::string &family, int max_batch, int max_context) {
+  Cuda(const mq_engine_params &p, const Family &family, const HParams &hp, int max_batch, int max_context) {
     std::string tried;
     lib_ = open_lib(&tried);
     if (!lib_)
@@ -74,22 +79,38 @@ class Cuda : public Backend {
     sym(api_.forward_sampled, "mqb_forward_sampled");
     sym(api_.logits_all, "mqb_logits_all");
     sym(api_.slot_reset, "mqb_slot_reset");
+    sym(api_.families, "mqb_families");
     int32_t v = api_.abi_version();
     if (v != MQB_ABI_VERSION)
       throw Error(MQ_ERR_LOAD, "device cuda: " + std::string(kLib) + " speaks backend ABI " + std::to_string(v) +
                                    ", this runtime speaks " + std::to_string(MQB_ABI_VERSION) + "; rebuild it with make cuda");
+    std::string known;
+    bool supported = false;
+    for (const char *const *f = api_.families(); f && *f; f++) {
+      supported = supported || family.name == *f;
+      known += (known.empty() ? "" : ", ") + std::string(*f);
+    }
+    if (!supported)
+      throw Error(MQ_ERR_LOAD, "device cuda: family " + family.name + " has no CUDA implementation in " + kLib +
+                                   " (it has: " + known + "); serve it with --device cpu");
     std::vector<mqb_tensor> ts(p.n_tensors);
     for (int i = 0; i < p.n_tensors; i++) {
       ts[i].name = p.tensors[i].name;
       ts[i].data = p.tensors[i].data;
+      ts[i].dtype = p.tensors[i].dtype;  // mq_dtype and mqb_dtype share their values
       std::memcpy(ts[i].shape, p.tensors[i].shape, sizeof(ts[i].shape));
       ts[i].ndim = p.tensors[i].ndim;
     }
+    // The backend reads the family's resolved hyper-parameters, never config.json.
+    std::vector<mqb_hparam> hps;
+    for (const auto &kv : hp.numbers()) hps.push_back(mqb_hparam{kv.first.c_str(), kv.second, nullptr});
+    for (const auto &kv : hp.strings()) hps.push_back(mqb_hparam{kv.first.c_str(), 0, kv.second.c_str()});
     mqb_model_params mp;
     std::memset(&mp, 0, sizeof(mp));
     mp.abi_version = MQB_ABI_VERSION;
-    mp.family = family.c_str();
-    mp.config_json = p.config_json ? p.config_json : "{}";
+    mp.family = family.name.c_str();
+    mp.hparams = hps.data();
+    mp.n_hparams = (int32_t)hps.size();
     mp.precision = p.precision ? p.precision : "fp32";
     mp.max_batch = max_batch;
     mp.max_context = max_context;
@@ -166,9 +187,9 @@ class Cuda : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda(const mq_engine_params &p, const std::string &family, int n_slots,
+std::unique_ptr<Backend> make_cuda(const mq_engine_params &p, const Family &family, const HParams &hp, int n_slots,
                                    int max_context) {
-  return std::unique_ptr<Backend>(new Cuda(p, family, n_slots, max_context));
+  return std::unique_ptr<Backend>(new Cuda(p, family, hp, n_slots, max_context));
 }
 
 }  // namespace mq

@@ -1,11 +1,7 @@
 // engine.cc: the C ABI of modelqual.h: engine lifetime, validation, the step scheduler
 // (continuous batching: queued prompts are prefilled in the same forward pass that decodes one
-// token for every running sequence), sampling and stop rules. Models live in models/*.cc.
-//
-// Faults owned here (MODELQUAL_FAULTS, comma-separated, read once per mq_engine_open):
-//   qwen3.rope_theta_x10  multiply the qwen3 rope_theta by 10
-//   qwen3.drop_q_norm     skip the qwen3 per-head q_norm
-// They plant real defects so parity gates can be shown to fail; unknown names are ignored.
+// token for every running sequence), sampling and stop rules. Models live in
+// native/models/<family>.cc and register themselves (registry.cc); this file names none.
 #include <unistd.h>
 
 #include <immintrin.h>
@@ -56,23 +52,6 @@ struct Seq {
   int n_out = 0;
   int64_t added_ns = 0, first_ns = 0;
 };
-
-bool has_fault(const char *name) {
-  const char *env = getenv("MODELQUAL_FAULTS");
-  if (!env) return false;
-  std::string s(env);
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    std::string f = s.substr(i, j - i);
-    f.erase(0, f.find_first_not_of(" \t"));
-    f.erase(f.find_last_not_of(" \t") + 1);
-    if (f == name) return true;
-    i = j + 1;
-  }
-  return false;
-}
 
 }  // namespace
 
@@ -134,9 +113,9 @@ struct mq_engine {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Weights> weights;
   std::unique_ptr<Backend> be;
-  std::string family, device;
+  std::string family, device, task;
+  HParams hp;
   int max_batch = 0, max_context = 0, vocab = 0, n_threads = 1;
-  int64_t step_delay_ns = 0;
   std::vector<int32_t> eos;
   std::vector<std::unique_ptr<Seq>> slots;
   int live = 0;
@@ -325,40 +304,33 @@ mq_status mq_engine_open(const mq_engine_params *p, mq_engine **out) {
     if (n <= 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
     e->n_threads = std::max(1, n);
     e->eos.assign(p->eos_ids, p->eos_ids + std::max(0, p->n_eos_ids));
-    e->step_delay_ns = p->hparams.step_delay_ns;
 
+    const Family &fam = find_family(e->family);
+    e->task = fam.task;
+    fam.resolve(Config(p->config, p->n_config), e->hp);
     ModelArgs a;
-    a.hp = p->hparams;
+    a.hp = &e->hp;
     a.max_batch = e->max_batch;
     a.n_slots = e->max_batch + 1;  // the last slot is the scratch slot of mq_engine_logits
     a.max_context = e->max_context;
-    a.fault_rope_theta_x10 = has_fault("qwen3.rope_theta_x10");
-    a.fault_drop_q_norm = has_fault("qwen3.drop_q_norm");
-    if (e->family == "mock") {
+    if (e->device == "cuda") {
+      e->n_threads = 1;
       e->pool.reset(new ThreadPool(1));
-      a.pool = e->pool.get();
-      e->be = make_mock(a);
-    } else if (e->device == "cuda") {
-      if (e->family != "gpt2" && e->family != "qwen3")
-        return fail(MQ_ERR_LOAD, "family \"" + e->family + "\" has no native model; known: gpt2, qwen3, mock");
-      e->pool.reset(new ThreadPool(1));
-      e->be = make_cuda(*p, e->family, e->max_batch, e->max_context);
+      e->be = make_cuda(*p, fam, e->hp, e->max_batch, e->max_context);
     } else {
-      if (a.hp.vocab_size < 1 || a.hp.hidden_size < 1 || a.hp.num_layers < 1 || a.hp.num_heads < 1)
-        return fail(MQ_ERR_INVALID_ARGUMENT, "hparams of family \"" + e->family + "\" are incomplete");
+      if (fam.threads > 0) e->n_threads = fam.threads;
       e->pool.reset(new ThreadPool(e->n_threads));
       e->weights.reset(new Weights(p->tensors, p->n_tensors));
       a.pool = e->pool.get();
       a.w = e->weights.get();
-      if (e->family == "gpt2")
-        e->be = make_gpt2(a);
-      else if (e->family == "qwen3")
-        e->be = make_qwen3(a);
-      else
-        return fail(MQ_ERR_LOAD, "family \"" + e->family + "\" has no native model; known: gpt2, qwen3, mock");
+      e->be = fam.make(a);
+      std::vector<std::string> unused = e->weights->unused();
+      if (!unused.empty())
+        return fail(MQ_ERR_LOAD, "tensor " + unused[0] + " (and " + std::to_string(unused.size() - 1) +
+                                     " more) is not read by family " + e->family +
+                                     ": the checkpoint does not fit its config.json; rebuild the bundle from a matching checkpoint");
     }
     e->vocab = e->be->vocab();
-    if (e->family == "mock" || e->device == "cuda") e->n_threads = 1;
     e->slots.resize(e->max_batch);
   } catch (const Error &err) {
     return fail(err.status, err.what());
@@ -377,8 +349,8 @@ mq_status mq_engine_info_get(const mq_engine *e, mq_engine_info *out) {
   out->max_context = e->max_context;
   out->max_batch = e->max_batch;
   out->n_threads = e->n_threads;
-  out->step_delay_ns = e->step_delay_ns;
   out->device = e->device.c_str();
+  out->task = e->task.c_str();
   return MQ_OK;
 }
 
@@ -588,6 +560,14 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
   }
   if (active_out) *active_out = e->live;
   return st;
+}
+
+mq_status mq_family_resolve(const char *family, const mq_kv *config, int32_t n_config, char **json_out) {
+  if (!json_out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_family_resolve: json_out is NULL");
+  *json_out = nullptr;
+  std::string err;
+  mq_status st = resolve_family_json(family, config, n_config, json_out, &err);
+  return st == MQ_OK ? MQ_OK : fail(st, err);
 }
 
 mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *out) {

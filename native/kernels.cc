@@ -96,12 +96,44 @@ void ThreadPool::worker(int idx) {
 
 // ---- weights ----------------------------------------------------------------------------------
 
+// to_f32 converts n elements of a stored dtype to fp32 (bf16: the top half of an fp32; fp16:
+// IEEE half, through F16C).
+static void to_f32(const void *src, int32_t dtype, size_t n, float *dst) {
+  if (dtype == MQ_DTYPE_BF16) {
+    const uint16_t *s = static_cast<const uint16_t *>(src);
+    for (size_t i = 0; i < n; i++) {
+      uint32_t u = (uint32_t)s[i] << 16;
+      std::memcpy(&dst[i], &u, 4);
+    }
+  } else {
+    const uint16_t *s = static_cast<const uint16_t *>(src);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(s + i))));
+    for (; i < n; i++) dst[i] = _cvtsh_ss(s[i]);
+  }
+}
+
 Weights::Weights(const mq_tensor *t, int n) {
   for (int i = 0; i < n; i++) {
-    mq_tensor c = t[i];
-    std::string name = c.name ? c.name : "";
-    c.name = nullptr;
-    map_[name] = c;
+    Entry e;
+    e.t = t[i];
+    std::string name = t[i].name ? t[i].name : "";
+    e.t.name = nullptr;
+    if (t[i].dtype != MQ_DTYPE_F32 && t[i].dtype != MQ_DTYPE_BF16 && t[i].dtype != MQ_DTYPE_F16)
+      throw Error(MQ_ERR_LOAD, "tensor " + name + " has dtype " + std::to_string(t[i].dtype) + "; the runtime reads F32, BF16 and F16");
+    if (t[i].dtype == MQ_DTYPE_F32 || !t[i].data) {
+      e.f32 = static_cast<const float *>(t[i].data);
+    } else {
+      size_t elems = 1;
+      for (int d = 0; d < t[i].ndim; d++) elems *= (size_t)t[i].shape[d];
+      std::unique_ptr<float[]> buf(new float[elems]);
+      to_f32(t[i].data, t[i].dtype, elems, buf.get());
+      e.f32 = buf.get();
+      e.converted = true;
+      converted_.push_back(std::move(buf));
+    }
+    map_[name] = e;
   }
 }
 
@@ -117,20 +149,40 @@ const float *Weights::get(const std::string &name, std::vector<int64_t> shape) c
   auto it = map_.find(name);
   if (it == map_.end())
     throw Error(MQ_ERR_LOAD, "tensor " + name + " is missing from the bundle; rebuild it from a complete checkpoint");
-  const mq_tensor &t = it->second;
+  used_[name] = true;
+  const mq_tensor &t = it->second.t;
   bool ok = t.ndim == (int)shape.size();
   for (int i = 0; ok && i < t.ndim; i++) ok = t.shape[i] == shape[i];
   if (!ok)
     throw Error(MQ_ERR_LOAD, "tensor " + name + " has shape " + shape_str(t.shape, t.ndim) + ", config.json implies " +
                                  shape_str(shape.data(), (int)shape.size()));
-  if (!t.data) throw Error(MQ_ERR_LOAD, "tensor " + name + " has no data");
-  return t.data;
+  if (!it->second.f32) throw Error(MQ_ERR_LOAD, "tensor " + name + " has no data");
+  return it->second.f32;
 }
 
 const float *Weights::get_any(const std::vector<std::string> &names, std::vector<int64_t> shape) const {
   for (auto &n : names)
     if (has(n)) return get(n, shape);
   return get(names[0], shape);
+}
+
+void Weights::ignore_suffix(const std::string &suffix) const {
+  for (const auto &kv : map_)
+    if (kv.first.size() >= suffix.size() && kv.first.compare(kv.first.size() - suffix.size(), suffix.size(), suffix) == 0)
+      used_[kv.first] = true;
+}
+
+bool Weights::file_backed(const float *p) const {
+  for (const auto &kv : map_)
+    if (kv.second.f32 == p) return !kv.second.converted;
+  return false;
+}
+
+std::vector<std::string> Weights::unused() const {
+  std::vector<std::string> out;
+  for (const auto &kv : map_)
+    if (!used_.count(kv.first)) out.push_back(kv.first);
+  return out;
 }
 
 // ---- dot products -----------------------------------------------------------------------------
@@ -460,7 +512,7 @@ static void *map_anon(size_t bytes) {
   return m == MAP_FAILED ? nullptr : m;
 }
 
-LMHead::LMHead(const float *W, int N, int K) : W_(W), N_(N), K_(K), nb_(0) {
+LMHead::LMHead(const float *W, int N, int K, bool release_pages) : W_(W), N_(N), K_(K), nb_(0) {
   if (!have_avx512() || N < 16) return;
   nb_ = N / 16;
   const int K4 = (K + 3) / 4;
@@ -526,6 +578,7 @@ LMHead::LMHead(const float *W, int N, int K) : W_(W), N_(N), K_(K), nb_(0) {
   // building it touched (whole pages strictly inside W): the mapping is read-only and
   // file-backed, so a later read (a rescored row, a token embedding, a sampling step) just
   // faults them back from the page cache.
+  if (!release_pages) return;  // a converted copy in anonymous memory would read back as zeros
   const uintptr_t page = 4096;
   uintptr_t a = ((uintptr_t)W + page - 1) & ~(page - 1);
   uintptr_t e = ((uintptr_t)(W + (size_t)N * K)) & ~(page - 1);

@@ -2,8 +2,10 @@
 // or a CUDA backend loaded at run time) and is the project's only cgo binding.
 //
 // Why one package: every crossing of the Go/C boundary (pointer pinning, handle lifetimes,
-// string freeing) lives in this file, so the rest of the project stays pure Go. `go build`
-// compiles the runtime (native/*.cc, which include native/models/*.cc); no separate step.
+// string freeing) lives in this package, so the rest of the project stays pure Go. `go build`
+// compiles the runtime (native/*.cc) and, through the blank import of native/models, every
+// family's model file; no separate step. The headers live in package include, which both import,
+// so a header edit rebuilds both.
 //
 // An Engine holds one model, a KV cache with Params.MaxBatch slots, and a scheduler that
 // batches every live sequence through each forward pass step by step. It is driven by one
@@ -39,6 +41,9 @@ import (
 	"unsafe"
 
 	"github.com/modelqual/modelqual/native/bundle"
+	// Headers (rebuild on edit) and the family model files (registered at start-up).
+	_ "github.com/modelqual/modelqual/native/include"
+	_ "github.com/modelqual/modelqual/native/models"
 )
 
 // ErrBatchFull is returned (wrapped) by Add when every slot holds a live sequence; the caller
@@ -65,12 +70,13 @@ func DefaultParams() Params {
 // Info describes an opened engine.
 type Info struct {
 	Family     string
+	Task       string // text | image | vision
 	VocabSize  int
 	MaxContext int
 	MaxBatch   int
 	EOSIDs     []int32
 	Device     string
-	StepDelay  time.Duration // mock family only
+	StepDelay  time.Duration // the mock family's step_delay_ns; 0 for others
 	Threads    int
 }
 
@@ -141,10 +147,11 @@ func Open(b *bundle.Bundle, p Params) (*Engine, error) {
 		return nil, errors.New("native.Open: bundle is nil; open one with bundle.Open")
 	}
 	h := b.Header()
-	spec, err := modelSpecFor(h)
+	hp, err := Resolve(h.Family, h.Config)
 	if err != nil {
 		return nil, fmt.Errorf("native.Open %s: %w", b.Path(), err)
 	}
+	maxPositions := intParam(hp, "max_positions")
 	if p.Device == "" {
 		p.Device = "cpu"
 	}
@@ -159,15 +166,19 @@ func Open(b *bundle.Bundle, p Params) (*Engine, error) {
 	}
 	if p.MaxContext == 0 {
 		p.MaxContext = h.Provenance.Build.MaxContext
-		if p.MaxContext == 0 || p.MaxContext > spec.hp.MaxPositions {
-			p.MaxContext = spec.hp.MaxPositions
+		if p.MaxContext == 0 || (maxPositions > 0 && p.MaxContext > maxPositions) {
+			p.MaxContext = maxPositions
 		}
 	}
 	if p.MaxBatch < 1 || p.MaxContext < 1 || p.Threads < 0 {
 		return nil, fmt.Errorf("native.Open %s: Params %+v: MaxBatch and MaxContext must be >= 1 and Threads >= 0", b.Path(), p)
 	}
-	if spec.hp.MaxPositions > 0 && p.MaxContext > spec.hp.MaxPositions {
-		return nil, fmt.Errorf("native.Open %s: Params.MaxContext %d exceeds the model's position limit %d", b.Path(), p.MaxContext, spec.hp.MaxPositions)
+	if maxPositions > 0 && p.MaxContext > maxPositions {
+		return nil, fmt.Errorf("native.Open %s: Params.MaxContext %d exceeds the model's position limit %d", b.Path(), p.MaxContext, maxPositions)
+	}
+	eos, err := eosIDs(h, intParam(hp, "vocab_size"))
+	if err != nil {
+		return nil, fmt.Errorf("native.Open %s: %w", b.Path(), err)
 	}
 
 	// Everything handed to C lives in C memory (names, tensor table, config) or in the
@@ -189,21 +200,27 @@ func Open(b *bundle.Bundle, p Params) (*Engine, error) {
 	}()
 	cp.device = cstr(p.Device)
 	cp.family = cstr(h.Family)
-	cp.config_json = cstr(string(h.Config))
 	prec := h.Provenance.Build.Precision
 	if prec == "" || p.Device == "cpu" {
 		prec = "fp32"
 	}
 	cp.precision = cstr(prec)
-	cp.hparams = spec.hp.toC()
+	kvs, err := flattenConfig(h.Config)
+	if err != nil {
+		return nil, fmt.Errorf("native.Open %s: %w", b.Path(), err)
+	}
+	ck, freeKV := cKV(kvs)
+	defer freeKV()
+	cp.config, cp.n_config = ck.ptr, C.int32_t(ck.n)
 
 	n := len(h.Tensors)
 	if n > 0 {
 		tab := (*[1 << 28]C.mq_tensor)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(C.mq_tensor{}))))[:n:n]
 		defer C.free(unsafe.Pointer(&tab[0]))
 		for i, ti := range h.Tensors {
-			if ti.DType != "F32" {
-				return nil, fmt.Errorf("native.Open %s: tensor %s has dtype %s; the runtime reads F32 only (rebuild the bundle)", b.Path(), ti.Name, ti.DType)
+			dt, ok := dtypes[ti.DType]
+			if !ok {
+				return nil, fmt.Errorf("native.Open %s: tensor %s has dtype %s; the runtime reads F32, BF16 and F16 (rebuild the bundle)", b.Path(), ti.Name, ti.DType)
 			}
 			if len(ti.Shape) > 4 {
 				return nil, fmt.Errorf("native.Open %s: tensor %s has %d dimensions; at most 4 are supported", b.Path(), ti.Name, len(ti.Shape))
@@ -213,8 +230,9 @@ func Open(b *bundle.Bundle, p Params) (*Engine, error) {
 				return nil, fmt.Errorf("native.Open %s: %w", b.Path(), err)
 			}
 			tab[i].name = cstr(ti.Name)
+			tab[i].dtype = dt
 			if len(data) > 0 {
-				tab[i].data = (*C.float)(unsafe.Pointer(&data[0]))
+				tab[i].data = unsafe.Pointer(&data[0])
 			}
 			tab[i].ndim = C.int32_t(len(ti.Shape))
 			for d, s := range ti.Shape {
@@ -224,14 +242,14 @@ func Open(b *bundle.Bundle, p Params) (*Engine, error) {
 		cp.tensors = &tab[0]
 		cp.n_tensors = C.int32_t(n)
 	}
-	if len(spec.eos) > 0 {
-		eos := (*[1 << 20]C.int32_t)(C.calloc(C.size_t(len(spec.eos)), 4))[:len(spec.eos):len(spec.eos)]
-		defer C.free(unsafe.Pointer(&eos[0]))
-		for i, id := range spec.eos {
-			eos[i] = C.int32_t(id)
+	if len(eos) > 0 {
+		ce := (*[1 << 20]C.int32_t)(C.calloc(C.size_t(len(eos)), 4))[:len(eos):len(eos)]
+		defer C.free(unsafe.Pointer(&ce[0]))
+		for i, id := range eos {
+			ce[i] = C.int32_t(id)
 		}
-		cp.eos_ids = &eos[0]
-		cp.n_eos_ids = C.int32_t(len(spec.eos))
+		cp.eos_ids = &ce[0]
+		cp.n_eos_ids = C.int32_t(len(eos))
 	}
 
 	var ce *C.mq_engine
@@ -243,12 +261,13 @@ func Open(b *bundle.Bundle, p Params) (*Engine, error) {
 	C.mq_engine_info_get(ce, &ci)
 	e.info = Info{
 		Family:     h.Family,
+		Task:       C.GoString(ci.task),
 		VocabSize:  int(ci.vocab_size),
 		MaxContext: int(ci.max_context),
 		MaxBatch:   int(ci.max_batch),
-		EOSIDs:     append([]int32(nil), spec.eos...),
+		EOSIDs:     eos,
 		Device:     C.GoString(ci.device),
-		StepDelay:  time.Duration(ci.step_delay_ns),
+		StepDelay:  time.Duration(intParam(hp, "step_delay_ns")),
 		Threads:    int(ci.n_threads),
 	}
 	e.handle = cgo.NewHandle(e)
@@ -404,27 +423,13 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-func (h hparams) toC() C.mq_hparams {
-	flag := func(v bool) C.int32_t {
-		if v {
-			return 1
-		}
-		return 0
+// dtypes maps a bundle tensor dtype to mq_dtype.
+var dtypes = map[string]C.int32_t{"F32": C.MQ_DTYPE_F32, "BF16": C.MQ_DTYPE_BF16, "F16": C.MQ_DTYPE_F16}
+
+// intParam reads a resolved hyper-parameter as an int (0 when absent).
+func intParam(hp map[string]any, key string) int {
+	if f, ok := hp[key].(float64); ok {
+		return int(f)
 	}
-	return C.mq_hparams{
-		vocab_size:                      C.int32_t(h.VocabSize),
-		hidden_size:                     C.int32_t(h.HiddenSize),
-		num_layers:                      C.int32_t(h.NumLayers),
-		num_heads:                       C.int32_t(h.NumHeads),
-		num_kv_heads:                    C.int32_t(h.NumKVHeads),
-		head_dim:                        C.int32_t(h.HeadDim),
-		intermediate_size:               C.int32_t(h.IntermediateSize),
-		max_positions:                   C.int32_t(h.MaxPositions),
-		norm_eps:                        C.float(h.NormEps),
-		rope_theta:                      C.double(h.RopeTheta),
-		tie_word_embeddings:             flag(h.TieWordEmbeddings),
-		attention_bias:                  flag(h.AttentionBias),
-		scale_attn_by_inverse_layer_idx: flag(h.ScaleAttnByInverseLayerIdx),
-		step_delay_ns:                   C.int64_t(h.StepDelayNs),
-	}
+	return 0
 }

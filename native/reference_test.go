@@ -7,6 +7,7 @@ package native
 // for qualification; this one keeps package native's own tests self-contained.
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"testing"
@@ -17,7 +18,42 @@ import (
 type refModel struct {
 	t   testing.TB
 	b   *bundle.Bundle
-	cfg hparams
+	cfg refConfig
+}
+
+// refConfig is what the reference reads from config.json, with transformers' defaults, parsed
+// here on its own (not through the runtime's resolve step, which is under test).
+type refConfig struct {
+	HiddenSize, NumHeads, NumKVHeads, HeadDim, IntermediateSize, VocabSize, NumLayers int
+	NormEps, RopeTheta                                                                 float64
+}
+
+func readRefConfig(t testing.TB, h *bundle.Header) refConfig {
+	t.Helper()
+	var c map[string]any
+	if err := json.Unmarshal(h.Config, &c); err != nil {
+		t.Fatal(err)
+	}
+	num := func(k string, d float64) float64 {
+		if v, ok := c[k].(float64); ok {
+			return v
+		}
+		return d
+	}
+	var r refConfig
+	switch h.Family {
+	case "qwen3":
+		r.HiddenSize, r.NumHeads, r.IntermediateSize = int(num("hidden_size", 0)), int(num("num_attention_heads", 0)), int(num("intermediate_size", 0))
+		r.NumKVHeads = int(num("num_key_value_heads", float64(r.NumHeads)))
+		r.HeadDim = int(num("head_dim", float64(r.HiddenSize/r.NumHeads)))
+		r.VocabSize, r.NumLayers = int(num("vocab_size", 0)), int(num("num_hidden_layers", 0))
+		r.NormEps, r.RopeTheta = num("rms_norm_eps", 1e-6), num("rope_theta", 10000)
+	case "gpt2":
+		r.HiddenSize, r.NumHeads, r.VocabSize, r.NumLayers = int(num("n_embd", 0)), int(num("n_head", 0)), int(num("vocab_size", 0)), int(num("n_layer", 0))
+		r.HeadDim, r.IntermediateSize = r.HiddenSize/r.NumHeads, int(num("n_inner", float64(4*r.HiddenSize)))
+		r.NormEps = num("layer_norm_epsilon", 1e-5)
+	}
+	return r
 }
 
 func (m refModel) w(name string) []float32 {
@@ -140,11 +176,7 @@ func add(a, b []float64) {
 // refLogits returns the logits at every position of ids (float64).
 func refLogits(t testing.TB, b *bundle.Bundle, ids []int32) [][]float64 {
 	t.Helper()
-	spec, err := modelSpecFor(b.Header())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := refModel{t: t, b: b, cfg: spec.hp}
+	m := refModel{t: t, b: b, cfg: readRefConfig(t, b.Header())}
 	switch b.Header().Family {
 	case "qwen3":
 		return m.qwen3(ids)

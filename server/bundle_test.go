@@ -43,7 +43,7 @@ func (s *testServer) servedSHA256() string {
 	}
 	defer resp.Body.Close()
 	var bi struct {
-		SHA string `json:"bundle_sha256"`
+		SHA string `json:"bundle_digest"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&bi); err != nil {
 		s.t.Fatal(err)
@@ -51,13 +51,15 @@ func (s *testServer) servedSHA256() string {
 	return bi.SHA
 }
 
-func fileSHA256(t *testing.T, path string) string {
+// fileDigest computes a bundle's digest as its format defines it (native/bundle's package doc):
+// the sha256 of the 56-byte prefix, which holds the header's sha256.
+func fileDigest(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := sha256.Sum256(b)
+	s := sha256.Sum256(b[:56])
 	return hex.EncodeToString(s[:])
 }
 
@@ -99,8 +101,8 @@ func TestBundleHashedOncePerStart(t *testing.T) {
 	if n := strings.Count(s.log.String(), "mapped bundle "+path+" without hashing it"); n != 3 {
 		t.Errorf("%d worker starts mapped the bundle without hashing it, want 3 (two workers and a replacement)", n)
 	}
-	if got, want := s.servedSHA256(), fileSHA256(t, path); got != want {
-		t.Errorf("/mq/v1/bundle serves sha256 %s, the file hashes to %s", got, want)
+	if got, want := s.servedSHA256(), fileDigest(t, path); got != want {
+		t.Errorf("/mq/v1/bundle serves digest %s, the file's is %s", got, want)
 	}
 }
 
@@ -159,9 +161,9 @@ func TestCorruptBundleRefusedAtStart(t *testing.T) {
 	}{
 		// The mock bundle has no tensor data; qwen3-tiny's last tensor byte is flipped.
 		{"tensor data", qwenBundle(t), func(h *bundle.Header) int64 { return h.TensorData.Offset + h.TensorData.Size - 1 },
-			"header.tensor_data.sha256 mismatch"},
+			"header.data.chunk_sha256["},
 		{"tokenizer section", mockBundle(t, 0), func(h *bundle.Header) int64 { return h.Sections[0].Offset + 10 },
-			`header.sections[0].sha256 mismatch for section "tokenizer.json"`},
+			`header.data.chunk_sha256[0] mismatch`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -246,7 +246,7 @@ func (p *pool) spawn(index, gen int) error {
 		hr.err = fmt.Errorf("capabilities %#x lack required %#x", hr.h.Caps, wire.AllCaps)
 	}
 	if want := p.cfg.Verified.SHA256; hr.err == nil && want != "" {
-		switch got := hr.h.Info.BundleSHA256; {
+		switch got := hr.h.Info.BundleDigest; {
 		case got == "":
 			hr.err = errors.New("its hello does not name the bundle's sha256; the worker binary is from another build")
 		case got != want:

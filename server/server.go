@@ -109,7 +109,7 @@ type Server struct {
 	state   atomic.Int32
 	tok     *tokenizer.Tokenizer
 	header  json.RawMessage // the bundle header as served by /mq/v1/bundle
-	fileSum string          // the bundle's sha256, from the start's one hashing pass
+	fileSum string          // the bundle's digest, from the start's one verification
 	info    wire.Info
 	eos     map[int32]bool
 	created int64
@@ -259,11 +259,11 @@ func (s *Server) Start() error {
 	return nil
 }
 
-// verifyBundle opens the bundle with bundle.Open: its structure, and in one pass over the file
-// the sha256 of every section and of the tensor data (a mismatch is an error naming the file
-// and the field) and of the whole file (served by /mq/v1/bundle). Workers map the file with
-// the result (bundle.OpenVerified) instead of hashing it again, so a start hashes a
-// multi-gigabyte bundle once, not twice per worker plus once here.
+// verifyBundle opens the bundle with bundle.Open: its structure and header checksum, and the
+// sha256 of every data chunk and section, hashed on every core (a mismatch is an error naming
+// the file and the field); its digest is served by /mq/v1/bundle. Workers map the file with the
+// result (bundle.OpenVerified) instead of hashing it again, so a start hashes a multi-gigabyte
+// bundle once, not once per worker plus once here.
 func (s *Server) verifyBundle() (bundle.Verified, error) {
 	t0 := time.Now()
 	b, err := bundle.Open(s.cfg.Bundle)
@@ -275,8 +275,10 @@ func (s *Server) verifyBundle() (bundle.Verified, error) {
 	if err != nil {
 		return bundle.Verified{}, fmt.Errorf("qual-server: encode bundle header: %w", err)
 	}
-	s.header, s.fileSum = hdr, b.FileSHA256()
-	log.Printf("verified bundle %s (%d MB, sha256 %s) in %v", s.cfg.Bundle, len(b.Data())>>20, s.fileSum, time.Since(t0).Round(time.Millisecond))
+	s.header, s.fileSum = hdr, b.Digest()
+	el := time.Since(t0)
+	log.Printf("verified bundle %s (%d MB, digest %s) in %v (%.1f GB/s)", s.cfg.Bundle, len(b.Data())>>20, s.fileSum, el.Round(time.Millisecond),
+		float64(len(b.Data()))/el.Seconds()/1e9)
 	return b.Verified(), nil
 }
 
@@ -509,7 +511,7 @@ func (s *Server) handleModel(q *reqState) {
 }
 
 func (s *Server) handleBundle(q *reqState) {
-	q.writeJSON(http.StatusOK, map[string]any{"header": s.header, "bundle_sha256": s.fileSum, "bundle_path": s.cfg.Bundle})
+	q.writeJSON(http.StatusOK, map[string]any{"header": s.header, "bundle_digest": s.fileSum, "bundle_path": s.cfg.Bundle})
 }
 
 func (s *Server) unknownModel(name string) *APIError {

@@ -2,6 +2,7 @@ package bundle
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"os"
@@ -23,15 +24,31 @@ func TestOpenRejectsBadBundles(t *testing.T) {
 		detail string // must appear too
 	}{
 		{"truncated prefix", func() []byte { return good[:10] }, "file", "truncated"},
-		{"truncated data", func() []byte { return good[:len(good)-100] }, "header.tensor", "past end of file"},
+		{"truncated data", func() []byte { return good[:len(good)-100] }, "header.data.size", "truncated or extended"},
+		{"extended data", func() []byte { return append(bytes.Clone(good), 0) }, "header.data.size", "truncated or extended"},
 		{"bad magic", func() []byte { b := bytes.Clone(good); copy(b, "NOTABNDL"); return b }, "magic", `"NOTABNDL"`},
-		{"unsupported version", func() []byte { b := bytes.Clone(good); binary.LittleEndian.PutUint32(b[8:], 2); return b }, "format_version", "2 is not supported"},
+		{"unsupported version", func() []byte { b := bytes.Clone(good); binary.LittleEndian.PutUint32(b[8:], 3); return b }, "format_version", "3 is not supported"},
+		{"version 1", func() []byte { b := bytes.Clone(good); binary.LittleEndian.PutUint32(b[8:], 1); return b }, "format_version", "1 is no longer read"},
+		{"header edited, checksum not updated", func() []byte {
+			return editHeader(t, good, func(h *Header) { h.Tensors[0].Offset, h.Tensors[1].Offset = h.Tensors[1].Offset, h.Tensors[0].Offset })
+		}, "header_sha256", "the header was edited or corrupted"},
+		{"provenance edited, checksum not updated", func() []byte {
+			return editHeader(t, good, func(h *Header) { h.Provenance.CheckpointID = "evil/model" })
+		}, "header_sha256", "mismatch"},
+		{"header checksum corrupted", func() []byte { b := bytes.Clone(good); b[30] ^= 1; return b }, "header_sha256", "mismatch"},
 		{"header length past EOF", func() []byte {
 			b := bytes.Clone(good)
 			binary.LittleEndian.PutUint64(b[16:], uint64(len(b)))
 			return b
 		}, "header_length", "past end of file"},
-		{"invalid JSON", func() []byte { b := bytes.Clone(good); b[24] = '['; return b }, "header", "not valid JSON"},
+		{"invalid JSON", func() []byte {
+			b := bytes.Clone(good)
+			b[prefixSize] = '['
+			hlen := binary.LittleEndian.Uint64(b[16:24])
+			sum := sha256.Sum256(b[prefixSize : prefixSize+int(hlen)])
+			copy(b[24:56], sum[:])
+			return b
+		}, "header", "not valid JSON"},
 		{"section offset out of range", func() []byte {
 			return rewriteHeader(t, good, func(h *Header) { h.Sections[1].Offset = align(int64(len(good))) + 64 })
 		}, "header.sections[1].offset", "past end of file"},
@@ -65,21 +82,23 @@ func TestOpenRejectsBadBundles(t *testing.T) {
 		{"tensor dtype", func() []byte {
 			return rewriteHeader(t, good, func(h *Header) { h.Tensors[0].DType = "Q4" })
 		}, "header.tensors[0].dtype", `"Q4" is not supported`},
-		{"missing tensor", func() []byte {
-			return rewriteHeader(t, good, func(h *Header) { h.Tensors = h.Tensors[1:] })
-		}, "header.tensors", "is missing"},
-		{"misshaped tensor", func() []byte {
+		{"empty architecture", func() []byte {
+			return rewriteHeader(t, good, func(h *Header) { h.Architecture = "" })
+		}, "header.architecture", "is empty"},
+		{"bad family name", func() []byte {
+			return rewriteHeader(t, good, func(h *Header) { h.Family = "Qwen 3" })
+		}, "header.family", "is not a family name"},
+		{"unknown task", func() []byte {
+			return rewriteHeader(t, good, func(h *Header) { h.Task = "audio" })
+		}, "header.task", `"audio" is not one of`},
+		{"tensor dtype differs from the storage dtype", func() []byte {
 			return rewriteHeader(t, good, func(h *Header) {
-				i := tensorIndex(h, "wte.weight")
-				h.Tensors[i].Shape = []int64{4, 6}
+				h.Tensors[0].DType, h.Tensors[0].Size = "BF16", h.Tensors[0].Size/2
 			})
-		}, "header.tensors", `tensor "wte.weight" has shape [4 6], but config.json implies [6 4]`},
-		{"unknown architecture", func() []byte {
-			return rewriteHeader(t, good, func(h *Header) { h.Architecture = "LlamaForCausalLM" })
-		}, "header.architecture", `"LlamaForCausalLM" is not known`},
-		{"family does not match architecture", func() []byte {
-			return rewriteHeader(t, good, func(h *Header) { h.Family = "qwen3" })
-		}, "header.family", "does not match"},
+		}, "header.tensors[0].dtype", `differs from the build's storage dtype "F32"`},
+		{"chunk list short", func() []byte {
+			return rewriteHeader(t, good, func(h *Header) { h.Data.Chunks = h.Data.Chunks[:0] })
+		}, "header.data.chunk_sha256", "has 0 entries"},
 		{"non-immutable revision", func() []byte {
 			return rewriteHeader(t, good, func(h *Header) { h.Provenance.Revision = "main" })
 		}, "provenance.revision", `"main" is not an immutable 40-hex commit`},
@@ -87,9 +106,18 @@ func TestOpenRejectsBadBundles(t *testing.T) {
 			return rewriteHeader(t, good, func(h *Header) { h.Provenance.Build.Precision = "int4" })
 		}, "provenance.build", `precision "int4"`},
 		{"corrupted section", func() []byte { b := bytes.Clone(good); b[secOff+3] ^= 0xff; return b },
-			"header.sections[0].sha256", "mismatch for section \"tokenizer.json\""},
+			"header.data.chunk_sha256[0]", "it holds section tokenizer.json"},
 		{"corrupted tensor data", func() []byte { b := bytes.Clone(good); b[len(b)-1] ^= 0x01; return b },
-			"header.tensor_data.sha256", "mismatch"},
+			"header.data.chunk_sha256[0]", "it holds"},
+		{"corrupted header padding", func() []byte {
+			b := bytes.Clone(good)
+			hlen := int(binary.LittleEndian.Uint64(b[16:24]))
+			if align(int64(prefixSize+hlen)) == int64(prefixSize+hlen) {
+				t.Skip("the header ends on an alignment boundary: no padding")
+			}
+			b[prefixSize+hlen] = 1
+			return b
+		}, "header padding", "zero bytes"},
 		{"empty file", func() []byte { return nil }, "file", "truncated"},
 		{"header config differs from its section", func() []byte {
 			return rewriteHeader(t, good, func(h *Header) {
@@ -133,4 +161,23 @@ func tensorIndex(h *Header, name string) int {
 		}
 	}
 	panic("no tensor " + name)
+}
+
+// TestDigestNamesTheHeader: a header edited with its checksum recomputed (two same-size tensors
+// swapped: structurally valid, served silently by version 1) still opens, but as another
+// bundle: its digest differs, which is what provenance records and fingerprints compare.
+func TestDigestNamesTheHeader(t *testing.T) {
+	path, good := buildTiny(t)
+	b := must(Open(path))
+	digest := b.Digest()
+	b.Close()
+	swapped := rewriteHeader(t, good, func(h *Header) {
+		i, j := tensorIndex(h, "h.0.ln_1.weight"), tensorIndex(h, "h.0.ln_1.bias")
+		h.Tensors[i].Offset, h.Tensors[j].Offset = h.Tensors[j].Offset, h.Tensors[i].Offset
+	})
+	b2 := must(Open(writeTemp(t, "swapped.mqb", swapped)))
+	defer b2.Close()
+	if b2.Digest() == digest {
+		t.Fatalf("a bundle with two tensors swapped has the original's digest %s", digest)
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -50,7 +51,24 @@ type BuildOptions struct {
 	// detokenizes with a real tokenizer). Pass the gpt2-tiny fixture snapshot
 	// (fixtures.Ensure(cache, "gpt2-tiny")); fixtures.MockBundle does this for you.
 	TokenizerDir string
+	// Resolve says which runtime family serves the checkpoint's architecture (required for a
+	// checkpoint): native.BundleFamily asks the runtime's registry (qual bundle build passes
+	// it); a fixture generator that knows its own family may answer itself.
+	Resolve Resolver
 }
+
+// Family is what the runtime says of a checkpoint: the family that serves its architecture, the
+// task it serves and the model's position limit (the default max context; 0 when it has none).
+type Family struct {
+	Name         string
+	Task         string
+	MaxPositions int
+}
+
+// Resolver maps a checkpoint's architecture (config.json's architectures[0], or a diffusers
+// pipeline's model_index.json _class_name) and its config to the runtime family that serves it,
+// or refuses it with an error that names what is unsupported.
+type Resolver func(architecture string, config json.RawMessage) (Family, error)
 
 // SourceRevision and SourceDirty may be set at link time
 // (-ldflags "-X github.com/modelqual/modelqual/native/bundle.SourceRevision=<sha>") when the
@@ -109,13 +127,15 @@ func Build(ctx context.Context, o BuildOptions) (*Header, error) {
 
 // source is everything read from the input before writing.
 type source struct {
-	family, arch     string
-	id, revision     string
-	config, genCfg   []byte
-	tokenizer, tokCf []byte
-	tensors          []stTensor // normalised names
-	files            map[string]string
-	maxContext       int
+	family, task, arch string
+	id, revision       string
+	config, genCfg     []byte
+	tokenizer, tokCf   []byte
+	optional           map[string][]byte // OptionalSections present in the checkpoint
+	tensors            []stTensor
+	files              map[string]string
+	skipped            []string
+	maxContext         int
 }
 
 // ResolveHubCache finds a model's snapshot in a Hugging Face hub cache. cacheDir may be the
@@ -176,6 +196,9 @@ func notImmutable(rev string) error {
 }
 
 func checkpointSource(o BuildOptions) (*source, error) {
+	if o.Resolve == nil {
+		return nil, errors.New("bundle: BuildOptions.Resolve is nil; pass the runtime's resolver (native.BundleFamily), which says which family serves the checkpoint")
+	}
 	if o.Model == "" && o.CheckpointDir != "" {
 		o.Model = modelFromSnapshotPath(o.CheckpointDir)
 	}
@@ -199,7 +222,7 @@ func checkpointSource(o BuildOptions) (*source, error) {
 	} else if !hex40.MatchString(rev) {
 		return nil, notImmutable(rev)
 	}
-	s := &source{id: o.Model, revision: rev, files: map[string]string{}}
+	s := &source{id: o.Model, revision: rev, files: map[string]string{}, optional: map[string][]byte{}}
 	read := func(name string, required bool) ([]byte, error) {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
@@ -212,23 +235,62 @@ func checkpointSource(o BuildOptions) (*source, error) {
 		return b, nil
 	}
 	var err error
-	if s.config, err = read("config.json", true); err != nil {
+	pipeline, err := read("model_index.json", false)
+	if err != nil {
 		return nil, err
 	}
-	if !isObject(s.config) {
-		return nil, fmt.Errorf("bundle: checkpoint %s: config.json is not a JSON object", dir)
+	tokDir := ""
+	if pipeline != nil {
+		if err := s.readPipeline(dir, pipeline, read); err != nil {
+			return nil, err
+		}
+		tokDir = "tokenizer/"
+	} else {
+		if s.config, err = read("config.json", true); err != nil {
+			return nil, err
+		}
+		if !isObject(s.config) {
+			return nil, fmt.Errorf("bundle: checkpoint %s: config.json is not a JSON object", dir)
+		}
+		if s.arch, err = architecture(s.config); err != nil {
+			return nil, fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
+		}
+		if err := s.readTensors(dir, "", read); err != nil {
+			return nil, err
+		}
 	}
-	if s.arch, s.family, err = architecture(s.config); err != nil {
+	fam, err := o.Resolve(s.arch, s.config)
+	if err != nil {
 		return nil, fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
 	}
-	if s.tokenizer, err = read("tokenizer.json", true); err != nil {
+	if !slices.Contains(Tasks, fam.Task) || !familyName.MatchString(fam.Name) {
+		return nil, fmt.Errorf("bundle: checkpoint %s: the resolver answered family %q, task %q; want a family name and one of %v", dir, fam.Name, fam.Task, Tasks)
+	}
+	s.family, s.task = fam.Name, fam.Task
+	if s.tokenizer, err = read(tokDir+"tokenizer.json", true); err != nil {
 		return nil, err
 	}
-	if s.tokCf, err = read("tokenizer_config.json", true); err != nil {
+	if s.tokCf, err = read(tokDir+"tokenizer_config.json", true); err != nil {
 		return nil, err
 	}
-	if s.genCfg, err = read("generation_config.json", false); err != nil {
-		return nil, err
+	for _, name := range OptionalSections {
+		b, err := read(tokDir+name, false)
+		if err != nil {
+			return nil, err
+		}
+		if b == nil && tokDir != "" {
+			if b, err = read(name, false); err != nil {
+				return nil, err
+			}
+		}
+		if b != nil {
+			s.optional[name] = b
+		}
+	}
+	if pipeline == nil {
+		if s.genCfg, err = read("generation_config.json", false); err != nil {
+			return nil, err
+		}
 	}
 	if s.genCfg == nil {
 		// As transformers does, derive the generation defaults from config.json.
@@ -239,25 +301,90 @@ func checkpointSource(o BuildOptions) (*source, error) {
 	} else if !isObject(s.genCfg) {
 		return nil, fmt.Errorf("bundle: checkpoint %s: generation_config.json is not a JSON object", dir)
 	}
-	if err := s.readTensors(dir, read); err != nil {
-		return nil, err
-	}
-	c, _ := parseConfig(s.config)
-	key := "max_position_embeddings"
-	if s.family == "gpt2" {
-		key = "n_positions"
-	}
-	limit, err := c.positive(key)
-	if err != nil {
-		return nil, fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
-	}
+	limit := int64(fam.MaxPositions)
 	s.maxContext = o.MaxContext
-	if s.maxContext == 0 {
+	switch {
+	case s.maxContext == 0 && limit > 0:
 		s.maxContext = int(min(limit, MaxDefaultContext))
-	} else if int64(s.maxContext) > limit {
-		return nil, fmt.Errorf("bundle: --max-context %d exceeds config.%s %d of %s", s.maxContext, key, limit, dir)
+	case s.maxContext == 0:
+		s.maxContext = MaxDefaultContext
+	case limit > 0 && int64(s.maxContext) > limit:
+		return nil, fmt.Errorf("bundle: --max-context %d exceeds the position limit %d of %s (family %s)", s.maxContext, limit, dir, s.family)
 	}
 	return s, nil
+}
+
+// architecture returns the single architecture of config.architectures.
+func architecture(config json.RawMessage) (string, error) {
+	var c struct {
+		Architectures []string `json:"architectures"`
+	}
+	if err := json.Unmarshal(config, &c); err != nil {
+		return "", fmt.Errorf("config.architectures: %v", err)
+	}
+	if len(c.Architectures) != 1 || c.Architectures[0] == "" {
+		return "", fmt.Errorf("config.architectures is %q, want exactly one architecture", c.Architectures)
+	}
+	return c.Architectures[0], nil
+}
+
+// readPipeline reads a diffusers pipeline folder: model_index.json names the pipeline class and
+// its components; each component with a config (config.json, or a scheduler's
+// scheduler_config.json) joins the bundle's config under its name, and its weights
+// (<component>/*.safetensors) join the tensors with "<component>." before their names. The
+// tokenizer comes from tokenizer/.
+func (s *source) readPipeline(dir string, index []byte, read func(string, bool) ([]byte, error)) error {
+	var idx map[string]json.RawMessage
+	if err := json.Unmarshal(index, &idx); err != nil || idx == nil {
+		return fmt.Errorf("bundle: checkpoint %s: model_index.json is not a JSON object", dir)
+	}
+	if err := json.Unmarshal(idx["_class_name"], &s.arch); err != nil || s.arch == "" {
+		return fmt.Errorf("bundle: checkpoint %s: model_index.json has no _class_name (the pipeline class)", dir)
+	}
+	merged := map[string]json.RawMessage{"model_index": json.RawMessage(compactJSON(index))}
+	var comps []string
+	for k, v := range idx {
+		var pair []any
+		if strings.HasPrefix(k, "_") || json.Unmarshal(v, &pair) != nil || len(pair) != 2 || pair[0] == nil {
+			continue // metadata, or a component the pipeline leaves out ([null, null])
+		}
+		comps = append(comps, k)
+	}
+	sort.Strings(comps)
+	for _, c := range comps {
+		if c == "tokenizer" {
+			continue
+		}
+		var cfg []byte
+		for _, name := range []string{c + "/config.json", c + "/scheduler_config.json"} {
+			b, err := read(name, false)
+			if err != nil {
+				return err
+			}
+			if b != nil {
+				cfg = b
+				break
+			}
+		}
+		if cfg == nil {
+			return fmt.Errorf("bundle: checkpoint %s: component %s has neither %s/config.json nor %s/scheduler_config.json", dir, c, c, c)
+		}
+		if !isObject(cfg) {
+			return fmt.Errorf("bundle: checkpoint %s: %s's config is not a JSON object", dir, c)
+		}
+		merged[c] = json.RawMessage(compactJSON(cfg))
+		if m, _ := filepath.Glob(filepath.Join(dir, c, "*.safetensors")); len(m) > 0 {
+			if err := s.readTensors(filepath.Join(dir, c), c+"/", read); err != nil {
+				return err
+			}
+		}
+	}
+	var err error
+	if s.config, err = json.Marshal(merged); err != nil {
+		return fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
+	}
+	s.genCfg = []byte("{}")
+	return nil
 }
 
 func deriveGenerationConfig(config []byte) ([]byte, error) {
@@ -274,25 +401,34 @@ func deriveGenerationConfig(config []byte) ([]byte, error) {
 	return json.Marshal(g)
 }
 
-// readTensors lists the tensors of model.safetensors.index.json's shards, or of every
-// *.safetensors file, normalises their names for the family and checks them against config.
-func (s *source) readTensors(dir string, read func(string, bool) ([]byte, error)) error {
+// readTensors lists the tensors of dir's model.safetensors.index.json shards (or of its
+// diffusion_pytorch_model.safetensors.index.json), or of every *.safetensors file. component
+// ("" or "transformer/") prefixes file paths in provenance and, as "transformer.", the tensor
+// names.
+func (s *source) readTensors(dir, component string, read func(string, bool) ([]byte, error)) error {
 	var shards []string
-	idx, err := read("model.safetensors.index.json", false)
-	if err != nil {
-		return err
+	var idx []byte
+	for _, name := range []string{"model.safetensors.index.json", "diffusion_pytorch_model.safetensors.index.json"} {
+		b, err := read(component+name, false)
+		if err != nil {
+			return err
+		}
+		if b != nil {
+			idx = b
+			break
+		}
 	}
 	if idx != nil {
 		var ix struct {
 			WeightMap map[string]string `json:"weight_map"`
 		}
 		if err := json.Unmarshal(idx, &ix); err != nil || len(ix.WeightMap) == 0 {
-			return fmt.Errorf("bundle: checkpoint %s: model.safetensors.index.json has no weight_map", dir)
+			return fmt.Errorf("bundle: checkpoint %s: the safetensors index has no weight_map", dir)
 		}
 		set := map[string]bool{}
 		for _, f := range ix.WeightMap {
 			if f != filepath.Base(f) {
-				return fmt.Errorf("bundle: checkpoint %s: model.safetensors.index.json names shard %q outside the directory", dir, f)
+				return fmt.Errorf("bundle: checkpoint %s: the safetensors index names shard %q outside the directory", dir, f)
 			}
 			set[f] = true
 		}
@@ -309,7 +445,11 @@ func (s *source) readTensors(dir string, read func(string, bool) ([]byte, error)
 		return fmt.Errorf("bundle: checkpoint %s has no *.safetensors files", dir)
 	}
 	sort.Strings(shards)
-	shapes := map[string][]int64{}
+	prefix := strings.ReplaceAll(component, "/", ".")
+	seen := map[string]bool{}
+	for _, t := range s.tensors {
+		seen[t.Name] = true
+	}
 	for _, sh := range shards {
 		p := filepath.Join(dir, sh)
 		ts, err := readSafetensorsHeader(p)
@@ -320,41 +460,25 @@ func (s *source) readTensors(dir string, read func(string, bool) ([]byte, error)
 		if err != nil {
 			return err
 		}
-		s.files[sh] = fs
+		s.files[component+sh] = fs
 		for _, t := range ts {
-			name, keep := normaliseName(s.family, t.Name)
-			if !keep {
+			if _, float := stDTypeSize[t.DType]; !float {
+				s.skipped = append(s.skipped, fmt.Sprintf("%s%s (%s)", prefix, t.Name, t.DType))
 				continue
 			}
 			if _, err := t.elements(); err != nil {
 				return err
 			}
-			if _, dup := shapes[name]; dup {
-				return fmt.Errorf("bundle: checkpoint %s: tensor %q appears twice (shard %s)", dir, name, sh)
+			t.Name = prefix + t.Name
+			if seen[t.Name] {
+				return fmt.Errorf("bundle: checkpoint %s: tensor %q appears twice (shard %s)", dir, t.Name, sh)
 			}
-			t.Name = name
-			shapes[name] = t.Shape
+			seen[t.Name] = true
 			s.tensors = append(s.tensors, t)
 		}
 	}
-	if err := checkTensorSet(s.family, s.config, shapes); err != nil {
-		return fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
-	}
 	sort.Slice(s.tensors, func(i, j int) bool { return s.tensors[i].Name < s.tensors[j].Name })
 	return nil
-}
-
-// normaliseName maps a checkpoint tensor name to the bundle's name. GPT-2 checkpoints exist
-// with and without the "transformer." prefix (hub gpt2 vs save_pretrained); its causal-mask
-// buffers (attn.bias, attn.masked_bias) are not weights.
-func normaliseName(family, name string) (string, bool) {
-	if family == "gpt2" {
-		name = strings.TrimPrefix(name, "transformer.")
-		if strings.HasSuffix(name, ".attn.bias") || strings.HasSuffix(name, ".attn.masked_bias") {
-			return "", false
-		}
-	}
-	return name, true
 }
 
 func fileSHA256(path string) (string, error) {
@@ -392,7 +516,7 @@ func mockSource(o BuildOptions) (*source, error) {
 	if !validCheckpointID(id) {
 		return nil, fmt.Errorf("bundle: model %q is not of the form ORG/NAME", id)
 	}
-	s := &source{family: "mock", arch: "MockForCausalLM", id: id, maxContext: ctxLen, files: map[string]string{}}
+	s := &source{family: "mock", task: "text", arch: "MockForCausalLM", id: id, maxContext: ctxLen, files: map[string]string{}}
 	var err error
 	for _, f := range []struct {
 		name string
@@ -456,66 +580,106 @@ func builderInfo(ctx context.Context) Builder {
 	return b
 }
 
-// layoutWriter writes sequentially at increasing absolute offsets, zero-padding gaps.
+// layoutWriter writes sequentially at increasing absolute offsets, zero-padding gaps, and
+// hashes what it writes in the data span's chunks.
 type layoutWriter struct {
-	w   *bufio.Writer
-	pos int64
-	hs  []hash.Hash // hashes currently fed (sections / tensor region)
+	w         *bufio.Writer
+	pos       int64
+	dataStart int64
+	chunk     hash.Hash // the current chunk's sha256
+	chunks    []string  // finished chunks' sums
+	sections  []hash.Hash
 }
 
 func (l *layoutWriter) Write(p []byte) (int, error) {
-	for _, h := range l.hs {
-		h.Write(p)
+	written := 0
+	for len(p) > 0 {
+		// Feed the chunk hash up to the next chunk boundary.
+		inChunk := (l.pos - l.dataStart) % ChunkSize
+		n := min(int64(len(p)), ChunkSize-inChunk)
+		l.chunk.Write(p[:n])
+		for _, h := range l.sections {
+			h.Write(p[:n])
+		}
+		m, err := l.w.Write(p[:n])
+		l.pos += int64(m)
+		written += m
+		if err != nil {
+			return written, err
+		}
+		if inChunk+n == ChunkSize {
+			l.chunks = append(l.chunks, hex.EncodeToString(l.chunk.Sum(nil)))
+			l.chunk.Reset()
+		}
+		p = p[n:]
 	}
-	n, err := l.w.Write(p)
-	l.pos += int64(n)
-	return n, err
+	return written, nil
+}
+
+// finish closes the last, short chunk.
+func (l *layoutWriter) finish() {
+	if (l.pos-l.dataStart)%ChunkSize != 0 {
+		l.chunks = append(l.chunks, hex.EncodeToString(l.chunk.Sum(nil)))
+	}
 }
 
 func (l *layoutWriter) padTo(off int64) error {
 	if off < l.pos {
 		return fmt.Errorf("bundle: internal layout error: offset %d behind write position %d", off, l.pos)
 	}
-	_, err := l.Write(make([]byte, off-l.pos))
-	return err
+	for off > l.pos {
+		n := min(off-l.pos, int64(len(zeros)))
+		if _, err := l.Write(zeros[:n]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
+
+var zeros = make([]byte, 64<<10)
 
 const zeroSum = "0000000000000000000000000000000000000000000000000000000000000000"
 
 func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
+	dtype := storageDType[o.Precision]
 	h := &Header{
 		FormatVersion:    FormatVersion,
 		Family:           s.family,
-		Task:             "text",
+		Task:             s.task,
 		Architecture:     s.arch,
 		Config:           compactJSON(s.config),
 		GenerationConfig: compactJSON(s.genCfg),
 		Tensors:          make([]TensorInfo, len(s.tensors)),
 		Provenance: Provenance{
 			CheckpointID: s.id,
-			Revision:     s.revision,
-			Files:        s.files,
+			Revision:       s.revision,
+			Files:          s.files,
+			SkippedTensors: s.skipped,
 			Build: BuildSettings{
 				Precision:     o.Precision,
 				MaxContext:    s.maxContext,
 				MaxBatch:      o.MaxBatch,
 				Backend:       o.Backend,
 				MockStepDelay: o.MockStepDelay.String(),
-				StorageDType:  "F32",
+				StorageDType:  dtype,
 			},
 			Builder: builderInfo(ctx),
 			BuiltAt: time.Now().UTC().Format(time.RFC3339),
 		},
 		name: o.Out,
 	}
-	if o.Precision != "fp32" {
-		h.Provenance.Build.StorageNote = "tensors are stored as F32; the cuda backend converts them to " + o.Precision + " at load"
-	}
+	names := append([]string{}, RequiredSections...)
 	sections := [][]byte{s.tokenizer, s.tokCf, s.genCfg, s.config} // RequiredSections order
+	for _, n := range OptionalSections {
+		if b, ok := s.optional[n]; ok {
+			names = append(names, n)
+			sections = append(sections, b)
+		}
+	}
 	for i := range s.tensors {
 		t := s.tensors[i]
 		n, _ := t.elements()
-		h.Tensors[i] = TensorInfo{Name: t.Name, DType: "F32", Shape: t.Shape, Size: n * 4}
+		h.Tensors[i] = TensorInfo{Name: t.Name, DType: dtype, Shape: t.Shape, Size: n * dtypeSize[dtype]}
 	}
 	// The header holds the offsets, the offsets depend on the header's length: iterate to a
 	// fixed point (sha256 placeholders have their final length, so filling them in later
@@ -524,16 +688,24 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 		off := dataStart
 		h.Sections = h.Sections[:0]
 		for i, b := range sections {
-			h.Sections = append(h.Sections, Section{Name: RequiredSections[i], Offset: off, Size: int64(len(b)), SHA256: zeroSum})
+			h.Sections = append(h.Sections, Section{Name: names[i], Offset: off, Size: int64(len(b)), SHA256: zeroSum})
 			off = align(off + int64(len(b)))
 		}
-		h.TensorData = Region{Offset: off, SHA256: zeroSum}
+		// With no tensors (the mock) the file ends padded to the empty tensor region's start.
+		h.TensorData = Region{Offset: off}
+		end := off
 		for i := range h.Tensors {
 			h.Tensors[i].Offset = off
-			off = align(off + h.Tensors[i].Size)
+			end = off + h.Tensors[i].Size
+			off = align(end)
 		}
 		if n := len(h.Tensors); n > 0 {
 			h.TensorData.Size = h.Tensors[n-1].Offset + h.Tensors[n-1].Size - h.TensorData.Offset
+		}
+		h.Data = Data{Offset: dataStart, Size: end - dataStart, ChunkSize: ChunkSize}
+		h.Data.Chunks = make([]string, (h.Data.Size+ChunkSize-1)/ChunkSize)
+		for i := range h.Data.Chunks {
+			h.Data.Chunks[i] = zeroSum
 		}
 	}
 	var hdr []byte
@@ -575,7 +747,7 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 	if _, err := f.Seek(dataStart, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("bundle: write %s: %w", tmp, err)
 	}
-	lw := &layoutWriter{w: bufio.NewWriterSize(f, 4<<20), pos: dataStart}
+	lw := &layoutWriter{w: bufio.NewWriterSize(f, 4<<20), pos: dataStart, dataStart: dataStart, chunk: sha256.New()}
 	for i, b := range sections {
 		if err := lw.padTo(h.Sections[i].Offset); err != nil {
 			return nil, err
@@ -585,11 +757,6 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 		}
 		h.Sections[i].SHA256 = sum(b)
 	}
-	if err := lw.padTo(h.TensorData.Offset); err != nil {
-		return nil, err
-	}
-	region := sha256.New()
-	lw.hs = []hash.Hash{region}
 	readers := map[string]*os.File{}
 	defer func() {
 		for _, r := range readers {
@@ -610,11 +777,18 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 			}
 			readers[t.File] = r
 		}
-		if err := copyAsF32(lw, r, t); err != nil {
+		if err := copyAs(lw, r, t, dtype); err != nil {
 			return nil, err
 		}
 	}
-	h.TensorData.SHA256 = hex.EncodeToString(region.Sum(nil))
+	if err := lw.padTo(h.Data.Offset + h.Data.Size); err != nil {
+		return nil, err
+	}
+	lw.finish()
+	if len(lw.chunks) != len(h.Data.Chunks) || lw.pos != h.Data.Offset+h.Data.Size {
+		return nil, fmt.Errorf("bundle: internal layout error: wrote %d bytes in %d chunks, planned %d in %d", lw.pos-dataStart, len(lw.chunks), h.Data.Size, len(h.Data.Chunks))
+	}
+	copy(h.Data.Chunks, lw.chunks)
 	if err := lw.w.Flush(); err != nil {
 		return nil, fmt.Errorf("bundle: write %s: %w", tmp, err)
 	}
@@ -625,6 +799,9 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 	copy(prefix, Magic)
 	binary.LittleEndian.PutUint32(prefix[8:], FormatVersion)
 	binary.LittleEndian.PutUint64(prefix[16:], uint64(len(hdr)))
+	hs := sha256.Sum256(hdr)
+	copy(prefix[24:], hs[:])
+	// The gap between the header and the data start is zero padding.
 	if _, err := f.WriteAt(append(prefix, hdr...), 0); err != nil {
 		return nil, fmt.Errorf("bundle: write header of %s: %w", tmp, err)
 	}
@@ -639,6 +816,8 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 		return nil, fmt.Errorf("bundle: rename %s to %s: %w", tmp, o.Out, err)
 	}
 	ok = true
+	ds := sha256.Sum256(prefix)
+	h.digest = hex.EncodeToString(ds[:])
 	return h, nil
 }
 

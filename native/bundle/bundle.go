@@ -6,8 +6,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"hash"
 	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -22,11 +25,12 @@ type Bundle struct {
 	verified Verified
 }
 
-// Open validates a bundle completely — structure (ReadHeader) and the sha256 of every section
-// and of the tensor data — and maps it read-only. A corrupted, truncated or malformed file is
-// an error naming the file and the field; Open never panics. The file is hashed in one pass,
-// which also yields the whole-file sha256 (FileSHA256) and what OpenVerified needs to map it
-// again in another process without hashing (Verified).
+// Open validates a bundle completely — structure and header checksum (ReadHeader), the sha256
+// of every data chunk and of every section — and maps it read-only. A corrupted, truncated or
+// malformed file is an error naming the file and the field; Open never panics. The chunks are
+// hashed in parallel on every core, so verification runs at several GB/s; Open also yields the
+// bundle's Digest and what OpenVerified needs to map it again in another process without
+// hashing (Verified).
 func Open(path string) (*Bundle, error) {
 	b, f, err := mapFile(path)
 	if err != nil {
@@ -75,6 +79,10 @@ func OpenVerified(path string, v Verified) (*Bundle, error) {
 		_ = syscall.Munmap(b.data)
 		return nil, err
 	}
+	if v.SHA256 != b.header.digest {
+		_ = syscall.Munmap(b.data)
+		return nil, fmt.Errorf("bundle %s: %w since it was verified (digest %s, was %s)", path, ErrChanged, b.header.digest, v.SHA256)
+	}
 	b.verified.SHA256 = v.SHA256
 	return b, nil
 }
@@ -108,31 +116,74 @@ func mapFile(path string) (*Bundle, *os.File, error) {
 	return &Bundle{path: path, header: h, data: data, verified: Verified{id: fileIDOf(st)}}, f, nil
 }
 
-// verify hashes the file in one pass (digest) and compares the sections' and the tensor
-// data's sums with the header's.
+// verify hashes every data chunk (in parallel) and every section and compares them with the
+// header's sums.
 func (b *Bundle) verify() error {
 	h := b.header
-	spans := make([][2]int64, 0, len(h.Sections)+1)
-	for _, s := range h.Sections {
-		spans = append(spans, [2]int64{s.Offset, s.Offset + s.Size})
-	}
-	td := h.TensorData
-	spans = append(spans, [2]int64{td.Offset, td.Offset + td.Size})
 	if traceHashPass != nil {
 		traceHashPass(b.path, len(b.data))
 	}
-	fileSum, sums := digest(b.data, spans)
-	b.verified.SHA256 = fileSum
+	d := h.Data
+	got := hashChunks(b.data[d.Offset:d.Offset+d.Size], d.ChunkSize)
+	for i, want := range d.Chunks {
+		if got[i] != want {
+			lo := d.Offset + int64(i)*d.ChunkSize
+			return ferr(b.path, fmt.Sprintf("header.data.chunk_sha256[%d]", i),
+				"mismatch for bytes [%d, %d): header says %s, data hashes to %s (the file is corrupted%s)", lo, min(lo+d.ChunkSize, d.Offset+d.Size), want, got[i], b.whatLiesAt(lo, lo+d.ChunkSize))
+		}
+	}
 	for i, s := range h.Sections {
-		if got := sums[i]; got != s.SHA256 {
+		if got := sumBytes(b.data[s.Offset : s.Offset+s.Size]); got != s.SHA256 {
 			return ferr(b.path, fmt.Sprintf("header.sections[%d].sha256", i),
 				"mismatch for section %q: header says %s, data hashes to %s (the file is corrupted)", s.Name, s.SHA256, got)
 		}
 	}
-	if got := sums[len(h.Sections)]; got != td.SHA256 {
-		return ferr(b.path, "header.tensor_data.sha256", "mismatch: header says %s, data hashes to %s (the file is corrupted)", td.SHA256, got)
-	}
+	b.verified.SHA256 = h.digest
 	return b.checkConfigSections()
+}
+
+// whatLiesAt names the sections and first tensor overlapping [lo, hi), for a mismatch message.
+func (b *Bundle) whatLiesAt(lo, hi int64) string {
+	var names []string
+	for _, s := range b.header.Sections {
+		if s.Offset < hi && s.Offset+s.Size > lo {
+			names = append(names, "section "+s.Name)
+		}
+	}
+	for _, t := range b.header.Tensors {
+		if t.Offset < hi && t.Offset+t.Size > lo {
+			names = append(names, "tensor "+t.Name)
+			break
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return "; it holds " + strings.Join(names, ", ")
+}
+
+// hashChunks returns the sha256 of each chunkSize piece of data, hashed on every core.
+func hashChunks(data []byte, chunkSize int64) []string {
+	n := (int64(len(data)) + chunkSize - 1) / chunkSize
+	out := make([]string, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < min(runtime.GOMAXPROCS(0), int(n)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= n {
+					return
+				}
+				lo := i * chunkSize
+				out[i] = sumBytes(data[lo:min(lo+chunkSize, int64(len(data)))])
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // checkConfigSections compares the header's config with the sections: the runtime reads
@@ -152,54 +203,12 @@ func (b *Bundle) checkConfigSections() error {
 	return nil
 }
 
-// newSHA256 makes every hash digest uses; tests count the passes through it.
-var newSHA256 = sha256.New
-
 // traceHashPass, when set (by the modelqual_hashtrace build tag, see hashtrace.go), is told of
 // every hashing pass over a bundle file.
 var traceHashPass func(path string, size int)
 
-// hashChunk is how far the whole-file hash and the span hashes move together: small enough
-// that a chunk is still in the CPU cache when the second of them reads it, large enough that
-// handing chunks over costs nothing next to hashing them.
-const hashChunk = 1 << 20
-
-// digest hashes data in one pass: each chunk goes into the whole-file sha256 and into the
-// sha256 of every span [start, end) it overlaps. The whole-file hash runs on its own
-// goroutine at most a few chunks behind, so on a multi-core machine the pass takes about as
-// long as one sha256 of the file.
-func digest(data []byte, spans [][2]int64) (file string, sums []string) {
-	whole := newSHA256()
-	hs := make([]hash.Hash, len(spans))
-	for i := range hs {
-		hs[i] = newSHA256()
-	}
-	chunks := make(chan []byte, 2)
-	wholeDone := make(chan struct{})
-	go func() {
-		defer close(wholeDone)
-		for c := range chunks {
-			whole.Write(c)
-		}
-	}()
-	size := int64(len(data))
-	for off := int64(0); off < size; off += hashChunk {
-		end := min(off+hashChunk, size)
-		chunks <- data[off:end]
-		for i, s := range spans {
-			if lo, hi := max(off, s[0]), min(end, s[1]); lo < hi {
-				hs[i].Write(data[lo:hi])
-			}
-		}
-	}
-	close(chunks)
-	<-wholeDone
-	sums = make([]string, len(hs))
-	for i, h := range hs {
-		sums[i] = hex.EncodeToString(h.Sum(nil))
-	}
-	return hex.EncodeToString(whole.Sum(nil)), sums
-}
+// sumBytes is how verification hashes; tests count what it is fed.
+var sumBytes = sum
 
 func sum(p []byte) string {
 	s := sha256.Sum256(p)
@@ -215,9 +224,10 @@ func (b *Bundle) Path() string { return b.path }
 // Data is the whole read-only mapping (offsets in the header index into it).
 func (b *Bundle) Data() []byte { return b.data }
 
-// FileSHA256 is the sha256 of the whole bundle file, computed by Open (or by the Open that
-// OpenVerified trusts): the identity a qualification records for "what was served".
-func (b *Bundle) FileSHA256() string { return b.verified.SHA256 }
+// Digest identifies the bundle file: the sha256 of its prefix, which holds the header's sha256,
+// which lists every data chunk's sha256, so any change to any byte changes it. It is what a
+// qualification records for "what was served" (README "Bundles").
+func (b *Bundle) Digest() string { return b.header.digest }
 
 // Verified is what OpenVerified needs to map this file again, in this process or another,
 // without hashing it.
@@ -252,7 +262,7 @@ func (b *Bundle) Section(name string) ([]byte, error) {
 			return b.data[s.Offset : s.Offset+s.Size : s.Offset+s.Size], nil
 		}
 	}
-	return nil, fmt.Errorf("bundle %s: section %q is not in the bundle (sections: %v)", b.path, name, RequiredSections)
+	return nil, fmt.Errorf("bundle %s: section %q is not in the bundle", b.path, name)
 }
 
 // Close unmaps the file. Slices obtained from the bundle become invalid.
@@ -271,7 +281,7 @@ func (b *Bundle) Close() error {
 // Expect is what a family manifest requires of a bundle. Empty strings and zero MaxContext
 // are not checked.
 type Expect struct {
-	Family       string // native family: gpt2, qwen3, mock
+	Family       string // runtime family, e.g. qwen3
 	CheckpointID string
 	Revision     string
 	Precision    string

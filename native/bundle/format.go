@@ -1,25 +1,29 @@
 // Package bundle is the one-file container the native runtime serves from: a JSON header
-// (family, tensor table, sections with sha256, provenance) followed by 64-byte aligned tensor
-// data that the runtime maps read-only with mmap, plus the tokenizer and config files.
+// (family, task, tensor table, sections, provenance) followed by 64-byte aligned tensor data
+// that the runtime maps read-only with mmap, plus the tokenizer and config files.
 //
-// Why one file: a qualification names exactly one artifact; its sha256 identifies what was
+// Why one file: a qualification names exactly one artifact; its digest identifies what was
 // served, and its provenance says which checkpoint revision and build settings produced it.
 //
-// File layout (all integers little-endian, all offsets absolute from the file start):
+// File layout, format version 2 (all integers little-endian, all offsets absolute from the file
+// start):
 //
-//	magic "MQBUNDLE" (8 bytes) | uint32 format version (1) | uint32 reserved (0)
-//	uint64 header JSON length | header JSON | zero padding to 64
-//	sections and tensor data, each starting at a multiple of 64
+//	magic "MQBUNDLE" (8 bytes) | uint32 format version (2) | uint32 reserved (0)
+//	uint64 header JSON length | sha256 of the header JSON (32 bytes)
+//	header JSON | zero padding to 64
+//	data: sections and tensors, each starting at a multiple of 64, to the end of the file
 //
-// Tensor names are the Hugging Face names of the family, normalised:
+// Integrity: the data (everything after the header, padding included) is hashed in chunks of
+// header.data.chunk_size bytes, each chunk's sha256 listed in the header; the header's own
+// sha256 sits in the fixed prefix. So every byte of the file is covered by a SHA-256 that leads
+// up to the prefix, and the bundle's Digest (the sha256 of the prefix) identifies the whole
+// file as a whole-file sha256 would, while verification hashes the chunks in parallel.
 //
-//	gpt2:  wte.weight, wpe.weight, h.N.ln_1.weight, h.N.attn.c_attn.weight (Conv1D [in,out]),
-//	       ..., ln_f.weight ("transformer." prefixes are stripped; attn.bias buffers dropped)
-//	qwen3: model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight ([out,in]), ...,
-//	       model.norm.weight, lm_head.weight (only when tie_word_embeddings is false or present)
-//
-// All tensors are stored as F32 whatever the build precision; a bf16/fp16 precision is a
-// request to the cuda backend to convert at load time (see Build.StorageNote).
+// Tensors keep their checkpoint names (a pipeline's are prefixed with their component:
+// "transformer.layers.0.attention.to_q.weight") and are stored at the build precision: F32,
+// BF16 or F16. The CPU runtime converts what it needs at load; the CUDA backend uploads
+// tensors of its precision as they are. The bundle knows no family: the caller of Build says
+// which runtime family serves the checkpoint's architecture (Resolver).
 package bundle
 
 import (
@@ -30,15 +34,22 @@ import (
 // Magic starts every bundle file.
 const Magic = "MQBUNDLE"
 
-// FormatVersion is the only version this package reads and writes.
-const FormatVersion = 1
+// FormatVersion is the only version this package reads and writes. Version 1 (every tensor
+// F32, one sha256 per section and over all tensor data, no header checksum) is refused with a
+// message saying how to rebuild.
+const FormatVersion = 2
 
 // Alignment of every section and tensor, so the runtime can use the mapping directly
 // (64 bytes = one cache line and an AVX-512 vector).
 const Alignment = 64
 
-// prefixSize is magic + version + reserved + header length.
-const prefixSize = 8 + 4 + 4 + 8
+// ChunkSize is the span each data chunk hash covers: small enough that a many-core machine
+// hashes a bundle in parallel and a 32 GB bundle's list stays about 130 KB of header, large
+// enough that the list of a small bundle is a few entries.
+const ChunkSize = 16 << 20
+
+// prefixSize is magic + version + reserved + header length + header sha256.
+const prefixSize = 8 + 4 + 4 + 8 + 32
 
 // maxHeaderLen bounds the JSON header so a corrupt length cannot make the reader allocate
 // gigabytes; real headers are a few hundred kilobytes at most.
@@ -50,38 +61,54 @@ const (
 	SectionTokenizerConfig  = "tokenizer_config.json"
 	SectionGenerationConfig = "generation_config.json"
 	SectionConfig           = "config.json"
+	// SectionPreprocessorConfig is a vision-language checkpoint's image processor settings.
+	SectionPreprocessorConfig = "preprocessor_config.json"
+	// SectionChatTemplate is a checkpoint's chat template kept beside the tokenizer config
+	// (transformers 4.43+ writes chat_template.jinja, older ones chat_template.json).
+	SectionChatTemplate     = "chat_template.jinja"
+	SectionChatTemplateJSON = "chat_template.json"
 )
 
 // RequiredSections lists the sections every bundle must carry, in file order.
 var RequiredSections = []string{SectionTokenizer, SectionTokenizerConfig, SectionGenerationConfig, SectionConfig}
 
+// OptionalSections are carried when the checkpoint has them, after the required ones.
+var OptionalSections = []string{SectionPreprocessorConfig, SectionChatTemplate, SectionChatTemplateJSON}
+
+// Tasks a bundle may serve.
+var Tasks = []string{"text", "image", "vision"}
+
 // Header is the JSON header of a bundle. Config and GenerationConfig are the checkpoint's
-// config.json and generation_config.json verbatim.
+// config.json and generation_config.json verbatim; a diffusers pipeline's Config is one object
+// holding model_index.json and each component's config under the component's name.
 type Header struct {
 	FormatVersion    int             `json:"format_version"`
-	Family           string          `json:"family"` // "gpt2", "qwen3", "mock"
-	Task             string          `json:"task"`   // "text"
+	Family           string          `json:"family"` // the runtime family, e.g. "qwen3"
+	Task             string          `json:"task"`   // "text" | "image" | "vision"
 	Architecture     string          `json:"architecture"`
 	Config           json.RawMessage `json:"config"`
 	GenerationConfig json.RawMessage `json:"generation_config"`
 	Tensors          []TensorInfo    `json:"tensors"`
 	Sections         []Section       `json:"sections"`
 	TensorData       Region          `json:"tensor_data"`
+	Data             Data            `json:"data"`
 	Provenance       Provenance      `json:"provenance"`
 
-	name string // file name used in error messages; not serialised
+	name   string // file name used in error messages; not serialised
+	digest string // sha256 of the file's prefix (Bundle.Digest); not serialised
 }
 
 // TensorInfo is one entry of the tensor table.
 type TensorInfo struct {
 	Name   string  `json:"name"`
-	DType  string  `json:"dtype"` // "F32"
+	DType  string  `json:"dtype"` // "F32" | "BF16" | "F16"
 	Shape  []int64 `json:"shape"`
 	Offset int64   `json:"offset"`
 	Size   int64   `json:"size"`
 }
 
-// Section is a file carried verbatim inside the bundle.
+// Section is a file carried verbatim inside the bundle. Its sha256 is the file's, so a
+// provenance record can name the tokenizer a bundle carries.
 type Section struct {
 	Name   string `json:"name"`
 	Offset int64  `json:"offset"`
@@ -89,18 +116,29 @@ type Section struct {
 	SHA256 string `json:"sha256"`
 }
 
-// Region is the span holding all tensors (with their alignment padding), hashed as one.
+// Region is the span holding all tensors (with their alignment padding).
 type Region struct {
-	Offset int64  `json:"offset"`
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
+	Offset int64 `json:"offset"`
+	Size   int64 `json:"size"`
+}
+
+// Data is the span from the end of the header to the end of the file and the sha256 of each
+// of its ChunkSize chunks, in order (the last may be shorter).
+type Data struct {
+	Offset    int64    `json:"offset"`
+	Size      int64    `json:"size"`
+	ChunkSize int64    `json:"chunk_size"`
+	Chunks    []string `json:"chunk_sha256"`
 }
 
 // Provenance says where the bundle came from and how it was built.
 type Provenance struct {
 	CheckpointID string            `json:"checkpoint_id"` // ORG/NAME
 	Revision     string            `json:"revision"`      // 40-hex immutable commit
-	Files        map[string]string `json:"files"`         // checkpoint file name -> sha256
+	Files        map[string]string `json:"files"`         // checkpoint file path -> sha256
+	// SkippedTensors are the checkpoint's non-float tensors (integer or boolean buffers such as
+	// causal masks and position ids), left out as "name (DTYPE)": they are not weights.
+	SkippedTensors []string `json:"skipped_tensors,omitempty"`
 	Build        BuildSettings     `json:"build"`
 	Builder      Builder           `json:"builder"`
 	BuiltAt      string            `json:"built_at"` // RFC3339
@@ -108,15 +146,13 @@ type Provenance struct {
 
 // BuildSettings are the resolved build options.
 type BuildSettings struct {
-	Precision     string `json:"precision"` // fp32 | bf16 | fp16
+	Precision     string `json:"precision"` // fp32 | bf16 | fp16: the stored and (cuda) computed precision
 	MaxContext    int    `json:"max_context"`
 	MaxBatch      int    `json:"max_batch"`
 	Backend       string `json:"backend"` // cpu | cuda
 	MockStepDelay string `json:"mock_step_delay"`
-	// StorageDType is the dtype of the stored tensors (always F32 in format version 1).
-	StorageDType string `json:"storage_dtype,omitempty"`
-	// StorageNote explains a precision that differs from the storage dtype.
-	StorageNote string `json:"storage_note,omitempty"`
+	// StorageDType is the dtype of the stored tensors: F32, BF16 or F16.
+	StorageDType string `json:"storage_dtype"`
 }
 
 // Builder identifies the code that built the bundle.
@@ -150,9 +186,5 @@ func (h *Header) Tensor(name string) (TensorInfo, bool) {
 // dtypeSize is the byte size of one element of each storable dtype.
 var dtypeSize = map[string]int64{"F32": 4, "F16": 2, "BF16": 2}
 
-// knownArchitectures maps a config.json architecture to its native family.
-var knownArchitectures = map[string]string{
-	"GPT2LMHeadModel":  "gpt2",
-	"Qwen3ForCausalLM": "qwen3",
-	"MockForCausalLM":  "mock",
-}
+// storageDType is the stored dtype of each build precision.
+var storageDType = map[string]string{"fp32": "F32", "bf16": "BF16", "fp16": "F16"}

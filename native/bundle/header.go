@@ -2,12 +2,15 @@ package bundle
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"time"
 )
@@ -26,10 +29,15 @@ type FormatError struct {
 	File   string
 	Field  string
 	Detail string
+	Hint   string // what to do; rebuildHint when empty
 }
 
 func (e *FormatError) Error() string {
-	return fmt.Sprintf("bundle %s: %s %s; %s", e.File, e.Field, e.Detail, rebuildHint)
+	hint := e.Hint
+	if hint == "" {
+		hint = rebuildHint
+	}
+	return fmt.Sprintf("bundle %s: %s %s; %s", e.File, e.Field, e.Detail, hint)
 }
 
 func ferr(file, field, format string, args ...any) error {
@@ -37,10 +45,11 @@ func ferr(file, field, format string, args ...any) error {
 }
 
 // ReadHeader reads and structurally validates the header of a bundle of the given size:
-// magic, version, header length, JSON, every offset/size/alignment/overlap, tensor sizes
-// against shapes, the family's required tensors and shapes, the architecture and the
-// provenance fields. It does not hash data (Open does). It never panics on any input (it is
-// fuzzed: FuzzReadHeader) and every error names the file and the field.
+// magic, version, header length and checksum, JSON, every offset/size/alignment/overlap,
+// tensor sizes against shapes and dtypes, the chunk list against the data span, and the
+// provenance fields. Whether the tensors fit the family is the runtime's check (the family's
+// model reads them at open). It does not hash data (Open does). It never panics on any input
+// (it is fuzzed: FuzzReadHeader) and every error names the file and the field.
 func ReadHeader(r io.ReaderAt, size int64, name string) (*Header, error) {
 	if size < prefixSize {
 		return nil, ferr(name, "file", "is truncated: %d bytes, shorter than the %d-byte prefix", size, prefixSize)
@@ -53,6 +62,10 @@ func ReadHeader(r io.ReaderAt, size int64, name string) (*Header, error) {
 		return nil, ferr(name, "magic", "is %q, want %q (not a modelqual bundle)", pre[:8], Magic)
 	}
 	if v := binary.LittleEndian.Uint32(pre[8:12]); v != FormatVersion {
+		if v == 1 {
+			return nil, &FormatError{File: name, Field: "format_version", Detail: "1 is no longer read: version 2 stores tensors at the build precision and hashes the data in chunks",
+				Hint: "rebuild it from its checkpoint with `qual bundle build` (the provenance in `qual bundle inspect` of a version-1 build names the checkpoint and settings)"}
+		}
 		return nil, ferr(name, "format_version", "%d is not supported (this build reads version %d)", v, FormatVersion)
 	}
 	if v := binary.LittleEndian.Uint32(pre[12:16]); v != 0 {
@@ -69,6 +82,16 @@ func ReadHeader(r io.ReaderAt, size int64, name string) (*Header, error) {
 	if _, err := r.ReadAt(buf, prefixSize); err != nil {
 		return nil, ferr(name, "header", "cannot be read: %v", err)
 	}
+	if got := sha256.Sum256(buf); !bytes.Equal(got[:], pre[24:56]) {
+		return nil, ferr(name, "header_sha256", "mismatch: the prefix says %x, the header hashes to %x (the header was edited or corrupted)", pre[24:56], got)
+	}
+	dataStart := align(prefixSize + int64(hlen))
+	if pad := dataStart - prefixSize - int64(hlen); pad > 0 && dataStart <= size {
+		p := make([]byte, pad)
+		if _, err := r.ReadAt(p, prefixSize+int64(hlen)); err != nil || !bytes.Equal(p, make([]byte, pad)) {
+			return nil, ferr(name, "header padding", "is not %d zero bytes", pad)
+		}
+	}
 	h := &Header{}
 	dec := json.NewDecoder(bytes.NewReader(buf))
 	if err := dec.Decode(h); err != nil {
@@ -78,12 +101,16 @@ func ReadHeader(r io.ReaderAt, size int64, name string) (*Header, error) {
 		return nil, ferr(name, "header", "has trailing data after the JSON object")
 	}
 	h.name = name
-	dataStart := align(prefixSize + int64(hlen))
+	ds := sha256.Sum256(pre[:])
+	h.digest = hex.EncodeToString(ds[:])
 	if err := h.validate(size, dataStart); err != nil {
 		return nil, err
 	}
 	return h, nil
 }
+
+// familyName is what a runtime family's name may look like.
+var familyName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
 // validate checks everything that can be checked without reading data.
 func (h *Header) validate(size, dataStart int64) error {
@@ -91,21 +118,41 @@ func (h *Header) validate(size, dataStart int64) error {
 	if h.FormatVersion != FormatVersion {
 		return ferr(n, "header.format_version", "%d does not match the file's version %d", h.FormatVersion, FormatVersion)
 	}
-	if h.Task != "text" {
-		return ferr(n, "header.task", "%q is not supported (want \"text\")", h.Task)
+	if !slices.Contains(Tasks, h.Task) {
+		return ferr(n, "header.task", "%q is not one of %v", h.Task, Tasks)
 	}
-	fam, ok := knownArchitectures[h.Architecture]
-	if !ok {
-		return ferr(n, "header.architecture", "%q is not known (known: %s, MockForCausalLM)", h.Architecture, knownArchitectureList())
+	if !familyName.MatchString(h.Family) {
+		return ferr(n, "header.family", "%q is not a family name (lowercase letters, digits, '_')", h.Family)
 	}
-	if fam != h.Family {
-		return ferr(n, "header.family", "%q does not match architecture %s (family %s)", h.Family, h.Architecture, fam)
+	if h.Architecture == "" {
+		return ferr(n, "header.architecture", "is empty")
 	}
 	if !isObject(h.Config) {
 		return ferr(n, "header.config", "is not a JSON object")
 	}
 	if !isObject(h.GenerationConfig) {
 		return ferr(n, "header.generation_config", "is not a JSON object")
+	}
+
+	// The data span runs from the end of the header to the end of the file, and its chunk
+	// list covers it exactly.
+	d := h.Data
+	if d.Offset != dataStart {
+		return ferr(n, "header.data.offset", "%d, want %d (the end of the header, aligned)", d.Offset, dataStart)
+	}
+	if d.Size != size-dataStart {
+		return ferr(n, "header.data.size", "%d, want %d (to the end of the file; truncated or extended?)", d.Size, size-dataStart)
+	}
+	if d.ChunkSize <= 0 || d.ChunkSize%Alignment != 0 {
+		return ferr(n, "header.data.chunk_size", "%d is not a positive multiple of %d", d.ChunkSize, Alignment)
+	}
+	if want := (d.Size + d.ChunkSize - 1) / d.ChunkSize; int64(len(d.Chunks)) != want {
+		return ferr(n, "header.data.chunk_sha256", "has %d entries, want %d for %d bytes in chunks of %d", len(d.Chunks), want, d.Size, d.ChunkSize)
+	}
+	for i, c := range d.Chunks {
+		if !hex64.MatchString(c) {
+			return ferr(n, fmt.Sprintf("header.data.chunk_sha256[%d]", i), "%q is not 64 lowercase hex digits", c)
+		}
 	}
 
 	// Spans: every section, the tensor region, each tensor. Check bounds and alignment, then
@@ -137,8 +184,8 @@ func (h *Header) validate(size, dataStart int64) error {
 			return ferr(n, f+".name", "%q appears twice", s.Name)
 		}
 		seen[s.Name] = true
-		if !isRequiredSection(s.Name) {
-			return ferr(n, f+".name", "%q is not a known section (known: %v)", s.Name, RequiredSections)
+		if !slices.Contains(RequiredSections, s.Name) && !slices.Contains(OptionalSections, s.Name) {
+			return ferr(n, f+".name", "%q is not a known section (known: %v, %v)", s.Name, RequiredSections, OptionalSections)
 		}
 		if !hex64.MatchString(s.SHA256) {
 			return ferr(n, f+".sha256", "%q is not 64 lowercase hex digits", s.SHA256)
@@ -154,9 +201,6 @@ func (h *Header) validate(size, dataStart int64) error {
 			return ferr(n, "header.sections", "lacks the %q section", want)
 		}
 	}
-	if !hex64.MatchString(h.TensorData.SHA256) {
-		return ferr(n, "header.tensor_data.sha256", "%q is not 64 lowercase hex digits", h.TensorData.SHA256)
-	}
 	region, err := checkSpan("header.tensor_data", h.TensorData.Offset, h.TensorData.Size)
 	if err != nil {
 		return err
@@ -167,18 +211,18 @@ func (h *Header) validate(size, dataStart int64) error {
 	}
 
 	var inner []span
-	shapes := map[string][]int64{}
+	names := map[string]bool{}
 	for i, t := range h.Tensors {
 		f := fmt.Sprintf("header.tensors[%d]", i)
 		if t.Name == "" {
 			return ferr(n, f+".name", "is empty")
 		}
-		if _, dup := shapes[t.Name]; dup {
+		if names[t.Name] {
 			return ferr(n, f+".name", "%q appears twice", t.Name)
 		}
 		es, ok := dtypeSize[t.DType]
-		if !ok || t.DType != "F32" {
-			return ferr(n, f+".dtype", "%q is not supported (tensor %q; format version 1 stores F32)", t.DType, t.Name)
+		if !ok {
+			return ferr(n, f+".dtype", "%q is not supported (tensor %q; F32, BF16 or F16)", t.DType, t.Name)
 		}
 		if len(t.Shape) == 0 || len(t.Shape) > 4 {
 			return ferr(n, f+".shape", "%v of tensor %q must have 1 to 4 dimensions", t.Shape, t.Name)
@@ -201,13 +245,10 @@ func (h *Header) validate(size, dataStart int64) error {
 			return ferr(n, f+".offset", "%d (size %d) of tensor %q lies outside header.tensor_data [%d, %d)", t.Offset, t.Size, t.Name, region.off, region.end)
 		}
 		inner = append(inner, span{f, sp.off, sp.end})
-		shapes[t.Name] = t.Shape
+		names[t.Name] = true
 	}
 	if err := noOverlap(n, inner, func(s span) (string, int64, int64) { return s.field, s.off, s.end }); err != nil {
 		return err
-	}
-	if err := checkTensorSet(h.Family, h.Config, shapes); err != nil {
-		return ferr(n, "header.tensors", "do not fit header.config: %v", err)
 	}
 	return h.validateProvenance()
 }
@@ -228,6 +269,14 @@ func (h *Header) validateProvenance() error {
 	b := p.Build
 	if err := checkPrecisionBackend(b.Precision, b.Backend); err != nil {
 		return ferr(n, "provenance.build", "%v", err)
+	}
+	if want := storageDType[b.Precision]; b.StorageDType != want {
+		return ferr(n, "provenance.build.storage_dtype", "%q, want %q for precision %s", b.StorageDType, want, b.Precision)
+	}
+	for i, t := range h.Tensors {
+		if t.DType != b.StorageDType {
+			return ferr(n, fmt.Sprintf("header.tensors[%d].dtype", i), "%q of tensor %q differs from the build's storage dtype %q", t.DType, t.Name, b.StorageDType)
+		}
 	}
 	if b.MaxContext <= 0 {
 		return ferr(n, "provenance.build.max_context", "%d must be positive", b.MaxContext)
@@ -262,15 +311,6 @@ func noOverlap[S any](file string, spans []S, get func(S) (string, int64, int64)
 	return nil
 }
 
-func isRequiredSection(name string) bool {
-	for _, s := range RequiredSections {
-		if s == name {
-			return true
-		}
-	}
-	return false
-}
-
 func isObject(raw json.RawMessage) bool {
 	var m map[string]json.RawMessage
 	return json.Unmarshal(raw, &m) == nil && m != nil
@@ -281,17 +321,14 @@ func validCheckpointID(id string) bool {
 	return ok && len(org) > 0 && len(name) > 0 && !bytes.Contains(name, []byte("/"))
 }
 
+// checkPrecisionBackend accepts fp32, bf16 and fp16 on either backend: a bundle stores its
+// tensors at that precision; the CPU runtime computes in fp32 from them (converting bf16 and fp16
+// at load), the CUDA backend computes in the bundle's precision.
 func checkPrecisionBackend(precision, backend string) error {
-	switch backend {
-	case "cpu":
-		if precision != "fp32" {
-			return fmt.Errorf("precision %q is not supported by backend cpu (the CPU runtime is fp32); use --precision fp32 or --backend cuda", precision)
-		}
-	case "cuda":
-		if precision != "fp32" && precision != "bf16" && precision != "fp16" {
-			return fmt.Errorf("precision %q is not one of fp32, bf16, fp16", precision)
-		}
-	default:
+	if _, ok := storageDType[precision]; !ok {
+		return fmt.Errorf("precision %q is not one of fp32, bf16, fp16", precision)
+	}
+	if backend != "cpu" && backend != "cuda" {
 		return fmt.Errorf("backend %q is not one of cpu, cuda", backend)
 	}
 	return nil

@@ -3,6 +3,7 @@ package bundle
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -65,19 +66,43 @@ func writeST(t testing.TB, path string, entries []stEntry) {
 	}
 }
 
-// gpt2Entries lists the tensors of a GPT-2 config with deterministic values.
-func gpt2Entries(t testing.TB, config map[string]any) []stEntry {
+// gpt2Entries lists the tensors of tinyGPT2Config's GPT-2 (n_embd 4, 1 layer, vocab 6, 8
+// positions) with deterministic values: tensor i holds i + j/100.
+func gpt2Entries(t testing.TB, _ map[string]any) []stEntry {
 	t.Helper()
-	cb, _ := json.Marshal(config)
-	req, err := RequiredTensors("gpt2", cb)
-	if err != nil {
-		t.Fatal(err)
+	shapes := []struct {
+		name  string
+		shape []int64
+	}{
+		{"wte.weight", []int64{6, 4}}, {"wpe.weight", []int64{8, 4}},
+		{"h.0.ln_1.weight", []int64{4}}, {"h.0.ln_1.bias", []int64{4}},
+		{"h.0.attn.c_attn.weight", []int64{4, 12}}, {"h.0.attn.c_attn.bias", []int64{12}},
+		{"h.0.attn.c_proj.weight", []int64{4, 4}}, {"h.0.attn.c_proj.bias", []int64{4}},
+		{"h.0.ln_2.weight", []int64{4}}, {"h.0.ln_2.bias", []int64{4}},
+		{"h.0.mlp.c_fc.weight", []int64{4, 16}}, {"h.0.mlp.c_fc.bias", []int64{16}},
+		{"h.0.mlp.c_proj.weight", []int64{16, 4}}, {"h.0.mlp.c_proj.bias", []int64{4}},
+		{"ln_f.weight", []int64{4}}, {"ln_f.bias", []int64{4}},
 	}
 	var out []stEntry
-	for i, r := range req {
-		out = append(out, f32Tensor(r.Name, float32(i), r.Shape...))
+	for i, r := range shapes {
+		out = append(out, f32Tensor(r.name, float32(i), r.shape...))
 	}
 	return out
+}
+
+// testResolve stands in for the runtime's registry (package bundle knows no family): GPT-2
+// checkpoints are served by "gpt2", whose position limit is n_positions.
+func testResolve(arch string, config json.RawMessage) (Family, error) {
+	if arch != "GPT2LMHeadModel" {
+		return Family{}, fmt.Errorf("architecture %q has no native family (test resolver knows GPT2LMHeadModel)", arch)
+	}
+	var c struct {
+		N int `json:"n_positions"`
+	}
+	if err := json.Unmarshal(config, &c); err != nil {
+		return Family{}, err
+	}
+	return Family{Name: "gpt2", Task: "text", MaxPositions: c.N}, nil
 }
 
 // writeCheckpoint writes a checkpoint directory: config, generation config, a two-file
@@ -114,7 +139,7 @@ func buildTiny(t testing.TB) (string, []byte) {
 	SourceRevision = strings.Repeat("r", 400)
 	defer func() { SourceRevision = old }()
 	out := filepath.Join(dir, "tiny.mqb")
-	if _, err := Build(context.Background(), BuildOptions{CheckpointDir: filepath.Join(dir, "ckpt"), Model: "test/tiny", Revision: testRev, Out: out}); err != nil {
+	if _, err := Build(context.Background(), BuildOptions{CheckpointDir: filepath.Join(dir, "ckpt"), Model: "test/tiny", Revision: testRev, Out: out, Resolve: testResolve}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(out)
@@ -129,16 +154,29 @@ func parseFile(t testing.TB, b []byte) (*Header, int) {
 	t.Helper()
 	hlen := int(binary.LittleEndian.Uint64(b[16:24]))
 	var h Header
-	if err := json.Unmarshal(b[24:24+hlen], &h); err != nil {
+	if err := json.Unmarshal(b[prefixSize:prefixSize+hlen], &h); err != nil {
 		t.Fatal(err)
 	}
 	return &h, hlen
 }
 
-// rewriteHeader applies mutate to the header and writes it back without moving any data:
-// the builder revision (400 bytes of padding from buildTiny) is shortened to keep the JSON
-// length, so every absolute offset in the file still points where it did.
+// rewriteHeader applies mutate to the header and writes it back, with its checksum in the
+// prefix updated, without moving any data (see editHeader): what a careful editor would do,
+// so the structural checks behind the checksum are what catches the edit.
 func rewriteHeader(t testing.TB, b []byte, mutate func(h *Header)) []byte {
+	t.Helper()
+	out := editHeader(t, b, mutate)
+	hlen := int(binary.LittleEndian.Uint64(out[16:24]))
+	sum := sha256.Sum256(out[prefixSize : prefixSize+hlen])
+	copy(out[24:56], sum[:])
+	return out
+}
+
+// editHeader applies mutate to the header and writes it back without moving any data and
+// without updating the header's checksum: the builder revision (400 bytes of padding from
+// buildTiny) is shortened to keep the JSON length, so every absolute offset in the file still
+// points where it did.
+func editHeader(t testing.TB, b []byte, mutate func(h *Header)) []byte {
 	t.Helper()
 	h, hlen := parseFile(t, b)
 	mutate(h)
@@ -154,7 +192,7 @@ func rewriteHeader(t testing.TB, b []byte, mutate func(h *Header)) []byte {
 		t.Fatalf("header length %d, want %d", len(nb), hlen)
 	}
 	out := bytes.Clone(b)
-	copy(out[24:], nb)
+	copy(out[prefixSize:], nb)
 	return out
 }
 

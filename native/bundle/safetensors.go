@@ -95,31 +95,44 @@ func (t stTensor) elements() (int64, error) {
 	return n, nil
 }
 
-// copyAsF32 streams a tensor from its file to w, converting F16/BF16 to little-endian F32.
-func copyAsF32(w io.Writer, r io.ReaderAt, t stTensor) error {
+// copyAs streams a tensor from its file to w in dtype (F32, BF16 or F16), converting as torch's
+// Tensor.to does: widening exactly, narrowing with round-to-nearest-even.
+func copyAs(w io.Writer, r io.ReaderAt, t stTensor, dtype string) error {
 	es := stDTypeSize[t.DType]
+	os := dtypeSize[dtype]
 	const chunkElems = 1 << 20
 	in := make([]byte, chunkElems*es)
-	out := make([]byte, chunkElems*4)
+	out := make([]byte, chunkElems*os)
 	for off := int64(0); off < t.Size; {
 		n := min(int64(len(in)), t.Size-off)
 		if _, err := r.ReadAt(in[:n], t.Offset+off); err != nil {
 			return fmt.Errorf("bundle: read tensor %q from %s: %w", t.Name, t.File, err)
 		}
+		elems := n / es
 		var o []byte
-		switch t.DType {
-		case "F32":
+		if t.DType == dtype {
 			o = in[:n]
-		case "BF16":
-			for i := int64(0); i < n/2; i++ {
-				binary.LittleEndian.PutUint32(out[4*i:], uint32(binary.LittleEndian.Uint16(in[2*i:]))<<16)
+		} else {
+			for i := int64(0); i < elems; i++ {
+				var f float32
+				switch t.DType {
+				case "F32":
+					f = math.Float32frombits(binary.LittleEndian.Uint32(in[4*i:]))
+				case "BF16":
+					f = math.Float32frombits(uint32(binary.LittleEndian.Uint16(in[2*i:])) << 16)
+				case "F16":
+					f = f16ToF32(binary.LittleEndian.Uint16(in[2*i:]))
+				}
+				switch dtype {
+				case "F32":
+					binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(f))
+				case "BF16":
+					binary.LittleEndian.PutUint16(out[2*i:], f32ToBF16(f))
+				case "F16":
+					binary.LittleEndian.PutUint16(out[2*i:], f32ToF16(f))
+				}
 			}
-			o = out[:n*2]
-		case "F16":
-			for i := int64(0); i < n/2; i++ {
-				binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(f16ToF32(binary.LittleEndian.Uint16(in[2*i:]))))
-			}
-			o = out[:n*2]
+			o = out[:elems*os]
 		}
 		if _, err := w.Write(o); err != nil {
 			return err
@@ -127,6 +140,54 @@ func copyAsF32(w io.Writer, r io.ReaderAt, t stTensor) error {
 		off += n
 	}
 	return nil
+}
+
+// f32ToBF16 rounds to the nearest bfloat16, ties to even; NaN stays a (quiet) NaN.
+func f32ToBF16(f float32) uint16 {
+	u := math.Float32bits(f)
+	if u&0x7fffffff > 0x7f800000 {
+		return uint16(u>>16) | 0x40
+	}
+	return uint16((u + 0x7fff + (u>>16)&1) >> 16)
+}
+
+// f32ToF16 rounds to the nearest IEEE binary16, ties to even, with overflow to infinity and
+// gradual underflow to subnormals and zero; NaN stays a (quiet) NaN.
+func f32ToF16(f float32) uint16 {
+	u := math.Float32bits(f)
+	sign := uint16(u>>16) & 0x8000
+	exp := int32(u>>23) & 0xff
+	mant := u & 0x7fffff
+	switch {
+	case exp == 0xff:
+		if mant != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	case exp-127+15 >= 0x1f:
+		return sign | 0x7c00
+	case exp-127+15 <= 0:
+		// Subnormal or zero: shift the full significand (with its hidden bit) into place.
+		if exp-127+15 < -10 {
+			return sign
+		}
+		m := mant | 0x800000
+		shift := uint32(14 - (exp - 127 + 15))
+		half := m >> shift
+		rem := m & (1<<shift - 1)
+		mid := uint32(1) << (shift - 1)
+		if rem > mid || (rem == mid && half&1 == 1) {
+			half++
+		}
+		return sign | uint16(half)
+	}
+	e := uint32(exp-127+15) << 10
+	half := e | mant>>13
+	rem := mant & 0x1fff
+	if rem > 0x1000 || (rem == 0x1000 && half&1 == 1) {
+		half++ // may carry into the exponent, up to infinity: still correct
+	}
+	return sign | uint16(half)
 }
 
 // f16ToF32 converts IEEE 754 binary16 to float32 exactly (subnormals, inf and NaN included).

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"hash"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,58 +13,29 @@ import (
 	"time"
 )
 
-// countingHash counts the bytes written into a sha256.
-type countingHash struct {
-	hash.Hash
-	n atomic.Int64
-}
-
-func (c *countingHash) Write(p []byte) (int, error) {
-	c.n.Add(int64(len(p)))
-	return c.Hash.Write(p)
-}
-
-// countHashes makes every hash of the package a countingHash until the test ends, and returns
-// the hashes made so far.
-func countHashes(t *testing.T) func() []*countingHash {
-	var made []*countingHash
-	old := newSHA256
-	newSHA256 = func() hash.Hash {
-		h := &countingHash{Hash: sha256.New()}
-		made = append(made, h)
-		return h
-	}
-	t.Cleanup(func() { newSHA256 = old })
-	return func() []*countingHash { r := made; made = nil; return r }
-}
-
-// TestOpenHashesOnceOpenVerifiedNever: Open reads the file through sha256 once (one hash fed
-// the whole file, one per section and the tensor data fed just their bytes), and OpenVerified
-// of what it returned hashes nothing yet serves the same digest.
+// TestOpenHashesOnceOpenVerifiedNever: Open hashes every data byte once (in chunks) and the
+// sections once more, and OpenVerified of what it returned hashes nothing yet serves the same
+// digest.
 func TestOpenHashesOnceOpenVerifiedNever(t *testing.T) {
 	path, good := buildTiny(t)
-	made := countHashes(t)
+	var hashed atomic.Int64
+	old := sumBytes
+	sumBytes = func(p []byte) string { hashed.Add(int64(len(p))); return old(p) }
+	t.Cleanup(func() { sumBytes = old })
 	b, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := b.Header()
-	want := []int64{int64(len(good))} // the whole file, then each span in digest's order
+	want := h.Data.Size
 	for _, s := range h.Sections {
-		want = append(want, s.Size)
+		want += s.Size
 	}
-	want = append(want, h.TensorData.Size)
-	hs := made()
-	if len(hs) != len(want) {
-		t.Fatalf("Open made %d hashes, want %d (the file, %d sections, the tensor data)", len(hs), len(want), len(h.Sections))
+	if got := hashed.Swap(0); got != want {
+		t.Errorf("Open hashed %d bytes, want %d (the data once, the sections once more)", got, want)
 	}
-	for i, c := range hs {
-		if c.n.Load() != want[i] {
-			t.Errorf("hash %d of Open was fed %d bytes, want %d (one pass)", i, c.n.Load(), want[i])
-		}
-	}
-	if s := sha256.Sum256(good); b.FileSHA256() != hex.EncodeToString(s[:]) {
-		t.Errorf("FileSHA256 = %s, the file hashes to %x", b.FileSHA256(), s)
+	if want := sha256.Sum256(good[:prefixSize]); b.Digest() != hex.EncodeToString(want[:]) {
+		t.Errorf("Digest = %s, the prefix hashes to %x", b.Digest(), want)
 	}
 	v := b.Verified()
 	b.Close()
@@ -75,11 +45,11 @@ func TestOpenHashesOnceOpenVerifiedNever(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b2.Close()
-	if n := len(made()); n != 0 {
-		t.Errorf("OpenVerified made %d hashes, want none", n)
+	if n := hashed.Load(); n != 0 {
+		t.Errorf("OpenVerified hashed %d bytes, want none", n)
 	}
-	if b2.FileSHA256() != v.SHA256 || b2.Verified() != v {
-		t.Errorf("OpenVerified serves %s, Open verified %s", b2.FileSHA256(), v.SHA256)
+	if b2.Digest() != v.SHA256 || b2.Verified() != v {
+		t.Errorf("OpenVerified serves %s, Open verified %s", b2.Digest(), v.SHA256)
 	}
 	if sec, err := b2.Section(SectionConfig); err != nil || !bytes.Contains(sec, []byte(`"n_embd"`)) {
 		t.Errorf("OpenVerified's config section = %q, %v", sec, err)
@@ -151,8 +121,8 @@ func TestOpenVerifiedRefusesAChangedFile(t *testing.T) {
 			if c.name == "touched" {
 				return // same content: a new Open succeeds
 			}
-			if _, err := Open(path); err == nil || !strings.Contains(err.Error(), "header.tensor_data.sha256") {
-				t.Errorf("Open of the corrupted rewrite = %v, want a tensor_data.sha256 mismatch", err)
+			if _, err := Open(path); err == nil || !strings.Contains(err.Error(), "header.data.chunk_sha256") {
+				t.Errorf("Open of the corrupted rewrite = %v, want a chunk_sha256 mismatch", err)
 			}
 		})
 	}
@@ -203,22 +173,21 @@ func TestVerifiedText(t *testing.T) {
 	}
 }
 
-// TestDigestAcrossChunks: spans that start, end or lie inside chunks, cross chunk boundaries,
-// overlap or are empty hash as sha256 of their bytes, and the file as sha256 of all of it.
-func TestDigestAcrossChunks(t *testing.T) {
-	data := make([]byte, 3*hashChunk+hashChunk/2)
+// TestHashChunks: every chunk, the last short one included, hashes as sha256 of its bytes,
+// whatever the number of workers.
+func TestHashChunks(t *testing.T) {
+	data := make([]byte, 3*4096+100)
 	for i := range data {
 		data[i] = byte(i*7 + i>>11)
 	}
-	n := int64(len(data))
-	spans := [][2]int64{{0, n}, {64, hashChunk}, {hashChunk - 64, 2*hashChunk + 64}, {hashChunk, hashChunk}, {2*hashChunk + 1, n}, {100, 200}}
-	file, sums := digest(data, spans)
-	if want := sha256.Sum256(data); file != hex.EncodeToString(want[:]) {
-		t.Errorf("file sum %s, want %x", file, want)
+	got := hashChunks(data, 4096)
+	if len(got) != 4 {
+		t.Fatalf("%d chunks, want 4", len(got))
 	}
-	for i, s := range spans {
-		if want := sha256.Sum256(data[s[0]:s[1]]); sums[i] != hex.EncodeToString(want[:]) {
-			t.Errorf("span %v: sum %s, want %x", s, sums[i], want)
+	for i := range got {
+		want := sha256.Sum256(data[i*4096 : min((i+1)*4096, len(data))])
+		if got[i] != hex.EncodeToString(want[:]) {
+			t.Errorf("chunk %d: %s, want %x", i, got[i], want)
 		}
 	}
 }

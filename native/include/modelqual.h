@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define MQ_ABI_VERSION 1
+#define MQ_ABI_VERSION 2
 
 typedef struct mq_engine mq_engine; /* opaque */
 
@@ -48,33 +48,42 @@ typedef enum {
   MQ_FINISH_ERROR = 4      /* the forward pass failed */
 } mq_finish_reason;
 
-/* A host tensor (fp32, row-major, Hugging Face name and layout). The data must stay valid
- * until mq_engine_close: the runtime reads weights in place (zero copy from the bundle mmap). */
+/* Element types of stored tensors: a bundle stores tensors at its build precision. */
+typedef enum { MQ_DTYPE_F32 = 0, MQ_DTYPE_BF16 = 1, MQ_DTYPE_F16 = 2 } mq_dtype;
+
+/* A host tensor (row-major, its checkpoint's name and layout). The data must stay valid until
+ * mq_engine_close: the runtime reads tensors in place (zero copy from the bundle mmap) and
+ * converts only what its compute precision needs. */
 typedef struct {
   const char *name;
-  const float *data;
+  const void *data;
+  int32_t dtype; /* mq_dtype */
   int64_t shape[4];
   int32_t ndim;
 } mq_tensor;
 
-/* Model hyperparameters, resolved by the caller from config.json (names differ per family;
- * fields a family does not use are 0). */
+/* One value of config.json, flattened by the caller: nested objects become dotted keys
+ * ("vision_config.depth", "rope_parameters.rope_theta"; a pipeline's components are the first
+ * part: "transformer.dim"). Lists of numbers or of strings keep their elements. The family's
+ * resolve step reads these; nothing in the runtime parses JSON. */
+typedef enum {
+  MQ_KV_NULL = 0,
+  MQ_KV_NUMBER = 1,
+  MQ_KV_BOOL = 2,   /* number is 0 or 1 */
+  MQ_KV_STRING = 3,
+  MQ_KV_NUMBERS = 4, /* numbers[0..n) */
+  MQ_KV_STRINGS = 5  /* strings[0..n) */
+} mq_kv_type;
+
 typedef struct {
-  int32_t vocab_size;
-  int32_t hidden_size;
-  int32_t num_layers;
-  int32_t num_heads;
-  int32_t num_kv_heads;
-  int32_t head_dim;
-  int32_t intermediate_size;
-  int32_t max_positions; /* learned/rope position limit of the checkpoint */
-  float norm_eps;        /* layer_norm_epsilon (gpt2) or rms_norm_eps (qwen3) */
-  double rope_theta;     /* qwen3 */
-  int32_t tie_word_embeddings;
-  int32_t attention_bias; /* qwen3: q/k/v/o projections carry biases */
-  int32_t scale_attn_by_inverse_layer_idx; /* gpt2 */
-  int64_t step_delay_ns;  /* mock: sleep per engine step */
-} mq_hparams;
+  const char *key;
+  int32_t type; /* mq_kv_type */
+  double number;
+  const char *string;
+  const double *numbers;
+  const char *const *strings;
+  int32_t n;
+} mq_kv;
 
 typedef struct {
   int32_t n_threads;   /* 0 = all online cores */
@@ -82,10 +91,10 @@ typedef struct {
   int32_t max_context; /* prompt + generated tokens per sequence */
   const char *device;  /* "cpu" (default) | "cuda" */
   int32_t device_index;
-  const char *family;      /* "gpt2" | "qwen3" | "mock" */
-  const char *config_json; /* config.json verbatim (handed to the cuda backend) */
-  const char *precision;   /* "fp32" (cpu); cuda may take "bf16" | "fp16" */
-  mq_hparams hparams;
+  const char *family;    /* a registered family (mq_family_info) */
+  const char *precision; /* compute precision: "fp32" (cpu); cuda may take "bf16" | "fp16" */
+  const mq_kv *config;   /* config.json, flattened (copied at open) */
+  int32_t n_config;
   const mq_tensor *tensors; /* copied by name at open; data pointers are kept */
   int32_t n_tensors;
   const int32_t *eos_ids; /* copied at open */
@@ -121,8 +130,8 @@ typedef struct {
   int32_t max_context;
   int32_t max_batch;
   int32_t n_threads;
-  int64_t step_delay_ns;
   const char *device; /* valid until close */
+  const char *task;   /* the family's task: "text" | "image" | "vision"; valid until close */
 } mq_engine_info;
 
 MQ_API int32_t mq_abi_version(void);
@@ -133,7 +142,22 @@ MQ_API const char *mq_last_error(void);
 MQ_API mq_engine_params mq_engine_default_params(void);
 MQ_API mq_sampling mq_sampling_default(void);
 
-/* Opens an engine. Reads MODELQUAL_FAULTS once (see engine.cc for the faults it owns). */
+/* The family registry. Every native/models/<family>.cc registers itself at start-up
+ * (MQ_REGISTER_FAMILY in runtime.h); nothing else lists families. mq_family_info(i) for
+ * 0 <= i < mq_family_count() is a JSON object {"name", "task", "architectures": [...]}, valid
+ * for the life of the process. */
+MQ_API int32_t mq_family_count(void);
+MQ_API const char *mq_family_info(int32_t i);
+
+/* Resolves a family's hyper-parameters from its flattened config.json: defaults filled in,
+ * derived values computed, unsupported settings refused (the error names the config key). On
+ * success *json_out is a JSON object of the canonical hyper-parameters (every text family has
+ * "vocab_size" and "max_positions"); free it with mq_free. */
+MQ_API mq_status mq_family_resolve(const char *family, const mq_kv *config, int32_t n_config, char **json_out);
+MQ_API void mq_free(void *p);
+
+/* Opens an engine. The family's faults (MODELQUAL_FAULTS, comma-separated) are read once here,
+ * by the family's own code. */
 MQ_API mq_status mq_engine_open(const mq_engine_params *p, mq_engine **out);
 MQ_API void mq_engine_close(mq_engine *e);
 

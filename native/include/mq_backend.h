@@ -17,29 +17,51 @@
 extern "C" {
 #endif
 
-#define MQB_ABI_VERSION 3
+#define MQB_ABI_VERSION 4
 
 typedef struct mqb_model mqb_model; /* opaque */
 
-/* A host tensor as stored in the bundle (fp32, row-major, Hugging Face names and layouts). */
+/* Element types of stored tensors (the bundle stores tensors at the build precision). */
+typedef enum { MQB_DTYPE_F32 = 0, MQB_DTYPE_BF16 = 1, MQB_DTYPE_F16 = 2 } mqb_dtype;
+
+/* A host tensor as stored in the bundle (row-major, Hugging Face names and layouts), read in
+ * place from the bundle's mapping. */
 typedef struct {
   const char *name;
-  const float *data;
+  const void *data;
+  int32_t dtype; /* mqb_dtype */
   int64_t shape[4];
   int32_t ndim;
 } mqb_tensor;
 
+/* One resolved hyper-parameter, by its canonical name (e.g. "hidden_size", "num_kv_heads",
+ * "rope_theta", "tie_word_embeddings"). The runtime parses config.json once (in Go) and the
+ * family's resolve step fills in defaults and derived values, so a backend reads numbers and
+ * never parses JSON. Integers and booleans are exact in value; str is non-NULL only for string
+ * values. */
 typedef struct {
-  int32_t abi_version;     /* MQB_ABI_VERSION */
-  const char *family;      /* "gpt2" | "qwen3" */
-  const char *config_json; /* the checkpoint's config.json, verbatim */
-  const char *precision;   /* "bf16" | "fp16" | "fp32" */
-  int32_t max_batch;       /* number of KV-cache slots */
-  int32_t max_context;     /* tokens per slot */
-  int32_t device_index;    /* CUDA device ordinal */
+  const char *key;
+  double value;
+  const char *str;
+} mqb_hparam;
+
+typedef struct {
+  int32_t abi_version;       /* MQB_ABI_VERSION */
+  const char *family;        /* the runtime family, e.g. "gpt2", "qwen3" */
+  const mqb_hparam *hparams; /* resolved hyper-parameters of the family */
+  int32_t n_hparams;
+  const char *precision;     /* "bf16" | "fp16" | "fp32": the precision to compute in */
+  int32_t max_batch;         /* number of KV-cache slots */
+  int32_t max_context;       /* tokens per slot */
+  int32_t device_index;      /* CUDA device ordinal */
   const mqb_tensor *tensors;
   int32_t n_tensors;
 } mqb_model_params;
+
+/* Families this library implements, as a NULL-terminated list (each .cu family file registers
+ * itself); the runtime asks before opening so an unsupported family fails with a clear message.
+ * Added in ABI version 4. */
+const char *const *mqb_families(void);
 
 /* Error convention: functions return 0 on success, non-zero on failure and then write a
  * NUL-terminated message of at most errlen bytes into err. */

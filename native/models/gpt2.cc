@@ -8,19 +8,25 @@
 #include <cmath>
 #include <cstring>
 
-#include "../runtime.h"
+#include "runtime.h"
 
 namespace mq {
 namespace {
 
 class Gpt2 : public CausalLM {
  public:
-  explicit Gpt2(const ModelArgs &a)
-      : CausalLM(a.pool, a.hp.hidden_size, a.hp.vocab_size), hp_(a.hp), H_(a.hp.num_heads), hd_(E_ / H_),
-        I_(a.hp.intermediate_size), ctx_(a.max_context), kv_(a.hp.num_layers, a.n_slots, a.max_context, a.hp.hidden_size) {
+  explicit Gpt2(const ModelArgs &a) : Gpt2(a, DecoderDims(*a.hp)) {}
+  Gpt2(const ModelArgs &a, const DecoderDims &d)
+      : CausalLM(a.pool, d.hidden_size, d.vocab_size), hp_(d), H_(d.num_heads), hd_(E_ / H_), I_(d.intermediate_size),
+        ctx_(a.max_context), kv_(d.num_layers, a.n_slots, a.max_context, d.hidden_size) {
     const Weights &w = *a.w;
+    // Older conversions carry the causal-mask buffers as tensors; they are not weights.
+    w.ignore_suffix(".attn.bias");
+    w.ignore_suffix(".attn.masked_bias");
+    // Checkpoints name the tensors with or without the "transformer." prefix (hub gpt2 vs
+    // save_pretrained); a tensor in neither form is reported by its plain name.
     auto name = [&](const std::string &n) {
-      return w.has(n) ? n : "transformer." + n;
+      return w.has(n) || !w.has("transformer." + n) ? n : "transformer." + n;
     };
     wte_ = w.get(name("wte.weight"), {V_, E_});
     wpe_ = w.get(name("wpe.weight"), {hp_.max_positions, E_});
@@ -46,7 +52,7 @@ class Gpt2 : public CausalLM {
     // GPT-2's LM head is always the token embedding (tie_word_embeddings); a separate
     // lm_head.weight, when a checkpoint carries one, is the same matrix.
     lm_ = w.has("lm_head.weight") ? w.get("lm_head.weight", {V_, E_}) : wte_;
-    head_.reset(new LMHead(lm_, V_, E_));
+    head_.reset(new LMHead(lm_, V_, E_, w.file_backed(lm_)));
   }
 
  private:
@@ -109,7 +115,7 @@ class Gpt2 : public CausalLM {
     return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
   }
 
-  mq_hparams hp_;
+  DecoderDims hp_;
   int H_, hd_, I_, ctx_;
   KVCache kv_;
   const float *wte_, *wpe_, *lnfg_, *lnfb_, *lm_;
@@ -119,6 +125,33 @@ class Gpt2 : public CausalLM {
 
 }  // namespace
 
+// resolve_gpt2 reads GPT2Config's fields with transformers' defaults and refuses what this
+// runtime does not implement.
+void resolve_gpt2(const Config &c, HParams &hp) {
+  const int64_t hidden = c.positive("n_embd"), heads = c.positive("n_head");
+  if (hidden % heads != 0)
+    throw Error(MQ_ERR_LOAD, "config.json: n_embd " + std::to_string(hidden) + " is not a multiple of n_head " + std::to_string(heads));
+  if (c.string("activation_function", "gelu_new") != "gelu_new")
+    throw Error(MQ_ERR_LOAD, "config.json: activation_function \"" + c.string("activation_function") +
+                                 "\" is not supported; the gpt2 runtime implements gelu_new");
+  if (!c.boolean("scale_attn_weights", true)) throw Error(MQ_ERR_LOAD, "config.json: scale_attn_weights false is not supported");
+  hp.set("vocab_size", (double)c.positive("vocab_size"));
+  hp.set("hidden_size", (double)hidden);
+  hp.set("num_layers", (double)c.positive("n_layer"));
+  hp.set("num_heads", (double)heads);
+  hp.set("num_kv_heads", (double)heads);
+  hp.set("head_dim", (double)(hidden / heads));
+  hp.set("intermediate_size", (double)(c.has("n_inner") ? c.positive("n_inner") : 4 * hidden));
+  hp.set("max_positions", (double)c.positive("n_positions"));
+  hp.set("norm_eps", c.number("layer_norm_epsilon", 1e-5));
+  hp.set("rope_theta", 0);
+  hp.set("tie_word_embeddings", 1);  // GPT-2's head is always wte
+  hp.set("attention_bias", 1);
+  hp.set("scale_attn_by_inverse_layer_idx", c.boolean("scale_attn_by_inverse_layer_idx", false));
+}
+
 std::unique_ptr<Backend> make_gpt2(const ModelArgs &a) { return std::unique_ptr<Backend>(new Gpt2(a)); }
+
+MQ_REGISTER_FAMILY(Family{"gpt2", "text", {"GPT2LMHeadModel"}, resolve_gpt2, make_gpt2});
 
 }  // namespace mq

@@ -7,14 +7,14 @@
 // vocabulary too small to hold them.
 #include <time.h>
 
-#include "../runtime.h"
+#include "runtime.h"
 
 namespace mq {
 namespace {
 
 class Mock : public Backend {
  public:
-  explicit Mock(const ModelArgs &a) : V_(a.hp.vocab_size), delay_ns_(a.hp.step_delay_ns) {}
+  explicit Mock(const ModelArgs &a) : V_(a.hp->i("vocab_size")), delay_ns_(a.hp->i64("step_delay_ns")) {}
   int vocab() const override { return V_; }
   bool deterministic() const override { return true; }
 
@@ -48,6 +48,17 @@ class Mock : public Backend {
 
 }  // namespace
 
+void resolve_mock(const Config &c, HParams &hp) {
+  hp.set("vocab_size", (double)c.positive("vocab_size"));
+  hp.set("max_positions", (double)(c.has("max_position_embeddings") ? c.positive("max_position_embeddings") : 1 << 20));
+  const int64_t delay = c.integer("step_delay_ns", 0);
+  if (delay < 0) throw Error(MQ_ERR_LOAD, "config.json: step_delay_ns " + std::to_string(delay) + " is negative");
+  hp.set("step_delay_ns", (double)delay);
+}
+
 std::unique_ptr<Backend> make_mock(const ModelArgs &a) { return std::unique_ptr<Backend>(new Mock(a)); }
+
+// One thread: the mock does no arithmetic worth spreading.
+MQ_REGISTER_FAMILY(Family{"mock", "text", {"MockForCausalLM"}, resolve_mock, make_mock, 1});
 
 }  // namespace mq

@@ -8,22 +8,23 @@
 // SwiGLU MLP down(silu(gate(x)) * up(x)), residual; final norm; lm_head, or embed_tokens when
 // tie_word_embeddings.
 //
-// Faults (MODELQUAL_FAULTS, read at engine open; see engine.cc): qwen3.rope_theta_x10 multiplies
-// rope_theta by 10, qwen3.drop_q_norm skips q_norm. They exist to prove parity gates bite.
+// Faults (MODELQUAL_FAULTS, read at engine open): qwen3.rope_theta_x10 multiplies rope_theta by
+// 10, qwen3.drop_q_norm skips q_norm. They exist to prove parity gates bite.
 #include <cmath>
 #include <cstring>
 
-#include "../runtime.h"
+#include "runtime.h"
 
 namespace mq {
 namespace {
 
 class Qwen3 : public CausalLM {
  public:
-  explicit Qwen3(const ModelArgs &a)
-      : CausalLM(a.pool, a.hp.hidden_size, a.hp.vocab_size), hp_(a.hp), H_(a.hp.num_heads), Hkv_(a.hp.num_kv_heads),
-        hd_(a.hp.head_dim), I_(a.hp.intermediate_size), ctx_(a.max_context),
-        drop_q_norm_(a.fault_drop_q_norm), kv_(a.hp.num_layers, a.n_slots, a.max_context, a.hp.num_kv_heads * a.hp.head_dim) {
+  explicit Qwen3(const ModelArgs &a) : Qwen3(a, DecoderDims(*a.hp)) {}
+  Qwen3(const ModelArgs &a, const DecoderDims &d)
+      : CausalLM(a.pool, d.hidden_size, d.vocab_size), hp_(d), H_(d.num_heads), Hkv_(d.num_kv_heads),
+        hd_(d.head_dim), I_(d.intermediate_size), ctx_(a.max_context),
+        drop_q_norm_(fault("qwen3.drop_q_norm")), kv_(d.num_layers, a.n_slots, a.max_context, d.num_kv_heads * d.head_dim) {
     const Weights &w = *a.w;
     const int qd = H_ * hd_, kvd = Hkv_ * hd_;
     embed_ = w.get("model.embed_tokens.weight", {V_, E_});
@@ -56,11 +57,11 @@ class Qwen3 : public CausalLM {
       lm_ = embed_;
     else
       throw Error(MQ_ERR_LOAD, "tensor lm_head.weight is missing and config.json tie_word_embeddings is false");
-    head_.reset(new LMHead(lm_, V_, E_));
+    head_.reset(new LMHead(lm_, V_, E_, w.file_backed(lm_)));
 
     // RoPE tables computed as transformers does in float32: inv_freq = 1/theta^(2i/d),
     // angle = float(pos) * inv_freq, then cos/sin of that float angle.
-    double theta = hp_.rope_theta * (a.fault_rope_theta_x10 ? 10.0 : 1.0);
+    double theta = hp_.rope_theta * (fault("qwen3.rope_theta_x10") ? 10.0 : 1.0);
     const int half = hd_ / 2;
     cos_.resize((size_t)ctx_ * half);
     sin_.resize((size_t)ctx_ * half);
@@ -146,7 +147,7 @@ class Qwen3 : public CausalLM {
     rms_norm(h_.data(), R, E_, norm_, hp_.norm_eps, hn_.data());
   }
 
-  mq_hparams hp_;
+  DecoderDims hp_;
   int H_, Hkv_, hd_, I_, ctx_;
   bool drop_q_norm_;
   KVCache kv_;
@@ -158,6 +159,45 @@ class Qwen3 : public CausalLM {
 
 }  // namespace
 
+// resolve_qwen3 reads Qwen3Config's fields with transformers' defaults and refuses what this
+// runtime does not implement (other RoPE types, sliding windows, other activations) rather than
+// computing something else.
+void resolve_qwen3(const Config &c, HParams &hp) {
+  const int64_t heads = c.positive("num_attention_heads"), hidden = c.positive("hidden_size");
+  const int64_t kv = c.has("num_key_value_heads") ? c.positive("num_key_value_heads") : heads;
+  const int64_t head_dim = c.has("head_dim") ? c.positive("head_dim") : hidden / heads;
+  if (heads % kv != 0)
+    throw Error(MQ_ERR_LOAD, "config.json: num_attention_heads " + std::to_string(heads) +
+                                 " is not a multiple of num_key_value_heads " + std::to_string(kv));
+  if (head_dim % 2 != 0)
+    throw Error(MQ_ERR_LOAD, "config.json: head_dim " + std::to_string(head_dim) + " must be even (RoPE rotates halves)");
+  const std::string rope_type = c.string(
+      "rope_parameters.rope_type", c.string("rope_scaling.rope_type", c.string("rope_scaling.type", "default")));
+  if (rope_type != "default")
+    throw Error(MQ_ERR_LOAD, "config.json: rope type \"" + rope_type + "\" is not supported; only default RoPE");
+  if (c.has("rope_scaling.factor"))
+    throw Error(MQ_ERR_LOAD, "config.json: rope_scaling is not supported; only default RoPE");
+  if (c.string("hidden_act", "silu") != "silu")
+    throw Error(MQ_ERR_LOAD, "config.json: hidden_act \"" + c.string("hidden_act") + "\" is not supported; the qwen3 runtime implements silu");
+  if (c.boolean("use_sliding_window", false))
+    throw Error(MQ_ERR_LOAD, "config.json: use_sliding_window true is not supported");
+  hp.set("vocab_size", (double)c.positive("vocab_size"));
+  hp.set("hidden_size", (double)hidden);
+  hp.set("num_layers", (double)c.positive("num_hidden_layers"));
+  hp.set("num_heads", (double)heads);
+  hp.set("num_kv_heads", (double)kv);
+  hp.set("head_dim", (double)head_dim);
+  hp.set("intermediate_size", (double)c.positive("intermediate_size"));
+  hp.set("max_positions", (double)c.positive("max_position_embeddings"));
+  hp.set("norm_eps", c.number("rms_norm_eps", 1e-6));
+  hp.set("rope_theta", c.first_number({"rope_theta", "rope_parameters.rope_theta"}, 10000));
+  hp.set("tie_word_embeddings", c.boolean("tie_word_embeddings", false));  // Qwen3Config's default
+  hp.set("attention_bias", c.boolean("attention_bias", false));
+  hp.set("scale_attn_by_inverse_layer_idx", 0);
+}
+
 std::unique_ptr<Backend> make_qwen3(const ModelArgs &a) { return std::unique_ptr<Backend>(new Qwen3(a)); }
+
+MQ_REGISTER_FAMILY(Family{"qwen3", "text", {"Qwen3ForCausalLM"}, resolve_qwen3, make_qwen3});
 
 }  // namespace mq

@@ -88,7 +88,7 @@ type Profile struct {
 // Manifest is a family's manifest.yaml.
 type Manifest struct {
 	Family       string     `json:"family"`        // label name: gpt2, qwen
-	NativeFamily string     `json:"native_family"` // bundle family: gpt2, qwen3
+	NativeFamily string     `json:"native_family"` // runtime family (native/models/<family>.cc), e.g. qwen3
 	Owner        string     `json:"owner"`
 	Tasks        []string   `json:"tasks"` // text, chat
 	Checkpoint   Checkpoint `json:"checkpoint"`
@@ -121,8 +121,10 @@ func (m *Manifest) Path() string { return m.path }
 
 var (
 	familyName = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
-	hex40      = regexp.MustCompile(`^[0-9a-f]{40}$`)
-	checkpoint = regexp.MustCompile(`^[^/\s]+/[^/\s]+$`)
+	// nativeFamilyName is a runtime family name (a bundle header's family).
+	nativeFamilyName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+	hex40            = regexp.MustCompile(`^[0-9a-f]{40}$`)
+	checkpoint       = regexp.MustCompile(`^[^/\s]+/[^/\s]+$`)
 )
 
 // Tasks a manifest may declare (a subset of qual/spec's task labels).
@@ -141,8 +143,10 @@ func (m *Manifest) Validate() error {
 	if !familyName.MatchString(m.Family) {
 		return m.errf("family", "%q must be a lowercase name like \"qwen\"", m.Family)
 	}
-	if !slices.Contains(bundle.Families(), m.NativeFamily) {
-		return m.errf("native_family", "%q is not a bundle family (known: %s)", m.NativeFamily, strings.Join(bundle.Families(), ", "))
+	// Whether the runtime has this family is the bundle's and the runtime's check (qual
+	// bundle build, the server's start); here only its form.
+	if !nativeFamilyName.MatchString(m.NativeFamily) {
+		return m.errf("native_family", "%q must name a runtime family (native/models/<family>.cc), e.g. \"qwen3\"", m.NativeFamily)
 	}
 	if strings.TrimSpace(m.Owner) == "" {
 		return m.errf("owner", "is empty; name the family's owner")

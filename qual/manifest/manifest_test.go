@@ -46,7 +46,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		mut   func(m *Manifest)
 	}{
 		{"family", func(m *Manifest) { m.Family = "Qwen!" }},
-		{"native_family", func(m *Manifest) { m.NativeFamily = "llama" }},
+		{"native_family", func(m *Manifest) { m.NativeFamily = "Llama 3" }},
 		{"owner", func(m *Manifest) { m.Owner = " " }},
 		{"tasks", func(m *Manifest) { m.Tasks = nil }},
 		{"tasks[1]", func(m *Manifest) { m.Tasks[1] = "audio" }},

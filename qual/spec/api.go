@@ -126,7 +126,7 @@ func (a *API) getJSON(ctx context.Context, method, route string, body, out any) 
 // BundleInfo is GET /mq/v1/bundle: the served bundle's header (with provenance) and hash.
 type BundleInfo struct {
 	Header       bundle.Header `json:"header"`
-	BundleSHA256 string        `json:"bundle_sha256"`
+	BundleDigest string        `json:"bundle_digest"`
 	BundlePath   string        `json:"bundle_path"`
 }
 

@@ -156,7 +156,7 @@ func parityTable(r *ParityResult) string {
 
 // ProvenanceInput is the provenance gate's input for this suite.
 func (s *Suite) ProvenanceInput() ProvenanceInput {
-	return ProvenanceInput{API: s.API, Manifest: s.Manifest, BundleSHA256: s.State.BundleSHA256, CheckpointDir: s.State.Checkpoint}
+	return ProvenanceInput{API: s.API, Manifest: s.Manifest, BundleDigest: s.State.BundleDigest, CheckpointDir: s.State.Checkpoint}
 }
 
 // ParityInput is the parity gate's input for this suite: the whole corpus, the family

@@ -21,9 +21,9 @@ type ProvenanceInput struct {
 	API *API
 	// Manifest names the checkpoint, revision and build settings the served bundle must have.
 	Manifest *manifest.Manifest
-	// BundleSHA256, when set, is the sha256 of the bundle the harness built and launched; the
+	// BundleDigest, when set, is the digest of the bundle the harness built and launched; the
 	// served bundle must be byte-identical.
-	BundleSHA256 string
+	BundleDigest string
 	// CheckpointDir, when set, is the local checkpoint snapshot; the sha256 of every
 	// checkpoint file the bundle's provenance lists must match it.
 	CheckpointDir string
@@ -50,9 +50,9 @@ func CheckProvenance(ctx context.Context, in ProvenanceInput) error {
 	if err := CheckHeader(&info.Header, in.Manifest); err != nil {
 		return fmt.Errorf("provenance gate: served bundle %s: %w", info.BundlePath, err)
 	}
-	if in.BundleSHA256 != "" && info.BundleSHA256 != in.BundleSHA256 {
+	if in.BundleDigest != "" && info.BundleDigest != in.BundleDigest {
 		return fmt.Errorf("provenance gate: the server serves bundle sha256 %s (%s), the harness built and launched %s; another bundle is being served",
-			info.BundleSHA256, info.BundlePath, in.BundleSHA256)
+			info.BundleDigest, info.BundlePath, in.BundleDigest)
 	}
 	if in.CheckpointDir != "" {
 		names := make([]string, 0, len(info.Header.Provenance.Files))

@@ -82,7 +82,7 @@ type State struct {
 	Checkpoint   string   `json:"checkpoint"`
 	Revision     string   `json:"revision"`
 	Bundle       string   `json:"bundle,omitempty"`
-	BundleSHA256 string   `json:"bundle_sha256,omitempty"`
+	BundleDigest string   `json:"bundle_digest,omitempty"`
 	Artifacts    string   `json:"artifacts"`
 	RepoRoot     string   `json:"repo_root"`
 	// Device is "cuda" for a GPU run (see gpu.go), where each process starts its own server
@@ -284,7 +284,7 @@ func (s *Suite) prepare(ctx context.Context) (State, error) {
 		if err := BuildBinaries(ctx, root, binDir(root)); err != nil {
 			return st, err
 		}
-		if st.Bundle, st.BundleSHA256, err = s.bundle(ctx, cache, st); err != nil {
+		if st.Bundle, st.BundleDigest, err = s.bundle(ctx, cache, st); err != nil {
 			return st, err
 		}
 		opts = append(opts, launch.WithBundle(st.Bundle), launch.WithServerBin(filepath.Join(binDir(root), "qual-server")))
@@ -465,8 +465,9 @@ func (s *Suite) bundle(ctx context.Context, cache string, st State) (path, sum s
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return "", "", fmt.Errorf("spec: bundle cache: %w", err)
 		}
-		if _, err := bundle.Build(ctx, bundle.BuildOptions{CheckpointDir: checkpointDir, Model: m.Checkpoint.ID, Revision: revision, Out: path,
-			Precision: m.Build.Precision, MaxContext: m.Build.MaxContext, MaxBatch: m.Build.MaxBatch, Backend: m.Build.Backend}); err != nil {
+		o := bundle.BuildOptions{CheckpointDir: checkpointDir, Model: m.Checkpoint.ID, Revision: revision, Out: path,
+			Precision: m.Build.Precision, MaxContext: m.Build.MaxContext, MaxBatch: m.Build.MaxBatch, Backend: m.Build.Backend}
+		if err := s.buildBundle(ctx, st, o); err != nil {
 			return "", "", fmt.Errorf("spec: build the %s bundle: %w", s.Family, err)
 		}
 		// Superseded bundles of this checkpoint (another builder source or build settings)
@@ -487,7 +488,35 @@ func (s *Suite) bundle(ctx context.Context, cache string, st State) (path, sum s
 	if err := CheckHeader(b.Header(), m); err != nil {
 		return "", "", fmt.Errorf("spec: refusing to serve bundle %s: %w", path, err)
 	}
-	return path, b.FileSHA256(), nil
+	return path, b.Digest(), nil
+}
+
+// buildBundle builds o. A generated fixture knows its own family, so its bundle is built here;
+// a real checkpoint's family comes from the runtime's registry, which only the qual binary
+// links, so `qual bundle build` builds it.
+func (s *Suite) buildBundle(ctx context.Context, st State, o bundle.BuildOptions) error {
+	if fx := s.Manifest.Checkpoint.Fixture; fx != "" {
+		r, err := fixtures.Resolver(fx)
+		if err != nil {
+			return err
+		}
+		o.Resolve = r
+		_, err = bundle.Build(ctx, o)
+		return err
+	}
+	args := []string{"bundle", "build", "--checkpoint", o.CheckpointDir, "--model", o.Model, "--revision", o.Revision, "--out", o.Out,
+		"--precision", o.Precision, "--max-context", strconv.Itoa(o.MaxContext), "--max-batch", strconv.Itoa(o.MaxBatch), "--backend", o.Backend}
+	if o.Precision == "" {
+		args[12] = "fp32"
+	}
+	if o.Backend == "" {
+		args[len(args)-1] = "cpu"
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir(st.RepoRoot), "qual"), args...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("qual %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
 }
 
 // bundleKey is the content key of a bundle: the checkpoint identity and revision, the build

@@ -88,9 +88,9 @@ type Info struct {
 	Device      string  `json:"device"`
 	StepDelayNs int64   `json:"step_delay_ns"`
 	LoadNs      int64   `json:"load_ns"` // time the worker spent opening bundle and engine
-	// BundleSHA256 is the sha256 of the bundle file the worker serves, so the frontend can
+	// BundleDigest is the digest of the bundle file the worker serves, so the frontend can
 	// refuse a worker that found the file changed and hashed something else.
-	BundleSHA256 string `json:"bundle_sha256"`
+	BundleDigest string `json:"bundle_digest"`
 }
 
 // Hello is the worker's first frame.

@@ -172,7 +172,7 @@ func open(path string, v bundle.Verified, p native.Params) (Engine, wire.Info, e
 	info := wire.Info{
 		PID: os.Getpid(), Family: ni.Family, VocabSize: ni.VocabSize, MaxContext: ni.MaxContext,
 		MaxBatch: ni.MaxBatch, EOSIDs: ni.EOSIDs, Device: ni.Device, StepDelayNs: int64(ni.StepDelay),
-		BundleSHA256: b.FileSHA256(),
+		BundleDigest: b.Digest(),
 	}
 	return &closingEngine{nativeEngine: newNativeEngine(e), b: b}, info, nil
 }
@@ -191,7 +191,7 @@ func openBundle(path string, v bundle.Verified) (*bundle.Bundle, error) {
 		return bundle.Open(path)
 	}
 	if err == nil {
-		log.Printf("mapped bundle %s without hashing it: the frontend verified it (sha256 %s)", path, v.SHA256)
+		log.Printf("mapped bundle %s without hashing it: the frontend verified it (digest %s)", path, v.SHA256)
 	}
 	return b, err
 }

@@ -12,8 +12,10 @@ import (
 	"strings"
 
 	"github.com/modelqual/modelqual/fixtures"
+	"github.com/modelqual/modelqual/native"
 	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/qual/manifest"
+	"github.com/modelqual/modelqual/server/tokenizer"
 )
 
 func init() {
@@ -29,11 +31,15 @@ const bundleUsage = `Usage:
   qual bundle inspect FILE
   qual bundle validate FILE --manifest MANIFEST
 
-build converts a Hugging Face checkpoint into one bundle file (header, provenance, tokenizer
-and config sections, 64-byte aligned fp32 tensors). REV must be a 40-hex commit; with
---hub-cache it defaults to what refs/main names. inspect prints the header and provenance as
-JSON after verifying every checksum. validate exits 1 naming the first field where the bundle
-differs from the manifest (family, checkpoint, revision, precision, backend, max context).
+build converts a Hugging Face checkpoint (config.json + *.safetensors, or a diffusers pipeline
+folder with model_index.json) into one bundle file: header, provenance, tokenizer and config
+sections, 64-byte aligned tensors stored at --precision. The runtime family that serves the
+checkpoint's architecture is taken from this binary's registry (qual families lists it), and
+the written bundle's tokenizer and chat template are loaded before it is kept. REV must be a
+40-hex commit; with --hub-cache it defaults to what refs/main names. inspect prints the header
+and provenance as JSON after verifying every checksum. validate exits 1 naming the first field
+where the bundle differs from the manifest (family, checkpoint, revision, precision, backend,
+max context).
 Run 'qual bundle build --help' for build options.
 `
 
@@ -92,8 +98,8 @@ func bundleBuild(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.Model, "model", "", "checkpoint id `ORG/NAME` recorded in provenance (inferred from a hub snapshot path)")
 	fs.StringVar(&o.Revision, "revision", "", "immutable 40-hex commit of the checkpoint (branch names are refused)")
 	fs.StringVar(&o.Out, "out", "", "bundle `FILE` to write")
-	fs.StringVar(&o.Precision, "precision", "fp32", "fp32 (cpu), or bf16/fp16 with --backend cuda (tensors are still stored fp32)")
-	fs.IntVar(&o.MaxContext, "max-context", 0, fmt.Sprintf("max tokens per sequence (default: config max_position_embeddings capped at %d)", bundle.MaxDefaultContext))
+	fs.StringVar(&o.Precision, "precision", "fp32", "fp32, bf16 or fp16: the stored precision (the CPU engine computes in fp32 from it, the CUDA backend in it)")
+	fs.IntVar(&o.MaxContext, "max-context", 0, fmt.Sprintf("max tokens per sequence (default: the model's position limit capped at %d)", bundle.MaxDefaultContext))
 	fs.IntVar(&o.MaxBatch, "max-batch", bundle.DefaultMaxBatch, "max sequences decoded together")
 	fs.StringVar(&o.Backend, "backend", "cpu", "cpu or cuda")
 	fs.BoolVar(&o.Mock, "mock", false, "build a mock-family bundle (no weights; one deterministic token per step)")
@@ -119,6 +125,7 @@ func bundleBuild(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
+	o.Resolve = native.BundleFamily
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	h, err := bundle.Build(ctx, o)
@@ -126,17 +133,26 @@ func bundleBuild(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "qual bundle build: %v\n", err)
 		return 1
 	}
-	// Reopen: what was written must pass the same validation every consumer applies.
+	// Reopen: what was written must pass the same validation every consumer applies, and its
+	// tokenizer and chat template must load as the server will load them, or it is not kept.
 	b, err := bundle.Open(o.Out)
+	if err == nil {
+		if _, terr := tokenizer.FromBundle(b); terr != nil {
+			b.Close()
+			err = fmt.Errorf("its tokenizer does not load: %w", terr)
+		}
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "qual bundle build: the written bundle does not validate: %v\n", err)
+		os.Remove(o.Out)
+		fmt.Fprintf(stderr, "qual bundle build: the written bundle does not validate, removed %s: %v\n", o.Out, err)
 		return 1
 	}
 	defer b.Close()
 	return bundlePrintJSON(stdout, stderr, map[string]any{
 		"bundle_path":   o.Out,
-		"bundle_sha256": b.FileSHA256(),
+		"bundle_digest": b.Digest(),
 		"family":        h.Family,
+		"task":          h.Task,
 		"checkpoint_id": h.Provenance.CheckpointID,
 		"revision":      h.Provenance.Revision,
 		"tensors":       len(h.Tensors),
@@ -148,7 +164,7 @@ func bundleInspect(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("qual bundle inspect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: qual bundle inspect FILE\n\nVerifies the bundle (structure and every sha256) and prints {\"bundle_path\", \"bundle_sha256\", \"header\"} as JSON; the header holds the provenance.\n")
+		fmt.Fprint(stderr, "Usage: qual bundle inspect FILE\n\nVerifies the bundle (structure and every sha256) and prints {\"bundle_path\", \"bundle_digest\", \"header\"} as JSON; the header holds the provenance.\n")
 	}
 	pos, err := bundleParseArgs(fs, args)
 	if err != nil {
@@ -164,7 +180,7 @@ func bundleInspect(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer b.Close()
-	return bundlePrintJSON(stdout, stderr, map[string]any{"bundle_path": b.Path(), "bundle_sha256": b.FileSHA256(), "header": b.Header()})
+	return bundlePrintJSON(stdout, stderr, map[string]any{"bundle_path": b.Path(), "bundle_digest": b.Digest(), "header": b.Header()})
 }
 
 func bundleValidate(args []string, stdout, stderr io.Writer) int {
@@ -198,7 +214,7 @@ func bundleValidate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "qual bundle validate: %v\n", err)
 		return 1
 	}
-	return bundlePrintJSON(stdout, stderr, map[string]any{"bundle_path": b.Path(), "bundle_sha256": b.FileSHA256(), "manifest": *mpath, "ok": true})
+	return bundlePrintJSON(stdout, stderr, map[string]any{"bundle_path": b.Path(), "bundle_digest": b.Digest(), "manifest": *mpath, "ok": true})
 }
 
 func bundlePrintJSON(stdout, stderr io.Writer, v any) int {

@@ -39,7 +39,7 @@ func TestBundleBuildInspectValidate(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bundle build: %d %s", code, errs)
 	}
-	if !strings.Contains(out, `"revision": "`+rev+`"`) || !strings.Contains(out, `"bundle_sha256"`) {
+	if !strings.Contains(out, `"revision": "`+rev+`"`) || !strings.Contains(out, `"bundle_digest"`) {
 		t.Fatalf("bundle build output: %s", out)
 	}
 

@@ -15,10 +15,14 @@ func init() {
 	register("new-family", "scaffold a family folder (suite, pending gate specs, reference stub, manifest template)", runNewFamily)
 }
 
-const newFamilyUsage = `Usage: qual new-family NAME [--owner OWNER] [--native-family F] [--checkpoint ORG/NAME]
+const newFamilyUsage = `Usage: qual new-family NAME [--owner OWNER] [--native-family F] [--architecture A] [--task T] [--checkpoint ORG/NAME]
 
-Creates families/NAME with everything a family needs, in a state that compiles and whose
-specs are pending until the owner finishes it:
+Creates families/NAME with everything a family needs and, unless it exists, the native model
+file native/models/F.cc that registers family F for architecture A, in a state that compiles
+and whose specs are pending until the owner finishes it:
+
+  native/models/F.cc           the runtime family: resolve (config.json -> hyper-parameters) and
+                               the CPU model, registered with MQ_REGISTER_FAMILY
 
   doc.go                       the package doc
   suite_test.go                the Ginkgo suite (RunSpecs) and, commented out, the spec.NewSuite call
@@ -30,8 +34,9 @@ specs are pending until the owner finishes it:
 
 Then: write reference/reference.go from the architecture's definition (see
 families/qwen/reference), generate goldens, fill in the manifest and thresholds, replace the
-pending specs with the qual/spec gates (see families/qwen/*_test.go), and add the native model
-file in native/models/. Nothing in qual/ changes. NAME must be a lowercase Go identifier.
+pending specs with the qual/spec gates (see families/qwen/*_test.go), and write the forward
+pass in native/models/F.cc (see native/models/qwen3.cc). Nothing else changes: no list, no
+dispatch table. NAME must be a lowercase Go identifier.
 
 Flags:
 `
@@ -47,6 +52,8 @@ func runNewFamily(args []string) int {
 	owner := fs.String("owner", "", "owner label value (owner:OWNER); default NAME-owners")
 	native := fs.String("native-family", "", "bundle family of the native model code (default NAME)")
 	checkpoint := fs.String("checkpoint", "", "hub checkpoint id ORG/NAME for the manifest template (default ORG/NAME)")
+	arch := fs.String("architecture", "", "config.json architecture the native family serves (default: NAME capitalised + ForCausalLM)")
+	task := fs.String("task", "text", "the family's task: text, image or vision")
 	dir := fs.String("dir", "", "folder to create (default <repo>/families/NAME); for tests")
 	// Flags may follow the name: qual new-family mistral --owner alice.
 	var name string
@@ -78,6 +85,17 @@ func runNewFamily(args []string) int {
 	if *checkpoint == "" {
 		*checkpoint = "ORG/NAME"
 	}
+	if *arch == "" {
+		*arch = strings.ToUpper(name[:1]) + name[1:] + "ForCausalLM"
+	}
+	if *task != "text" && *task != "image" && *task != "vision" {
+		fmt.Fprintf(os.Stderr, "qual new-family: --task %q: want text, image or vision\n", *task)
+		return 2
+	}
+	if !familyIdent.MatchString(*native) {
+		fmt.Fprintf(os.Stderr, "qual new-family: --native-family %q must be a lowercase identifier such as \"mistral\"\n", *native)
+		return 2
+	}
 	root, err := moduleRoot()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "qual new-family: %v\n", err)
@@ -97,19 +115,28 @@ func runNewFamily(args []string) int {
 		fmt.Fprintf(os.Stderr, "qual new-family: %s already exists; pick another name or remove it\n", target)
 		return 1
 	}
-	data := scaffoldData{Name: name, Owner: *owner, Native: *native, Checkpoint: *checkpoint,
+	data := scaffoldData{Name: name, Owner: *owner, Native: *native, Checkpoint: *checkpoint, Arch: *arch, Task: *task,
 		Import: "github.com/modelqual/modelqual/" + filepath.ToSlash(rel)}
 	if err := writeScaffold(target, data); err != nil {
 		_ = os.RemoveAll(target)
 		fmt.Fprintf(os.Stderr, "qual new-family: %v\n", err)
 		return 1
 	}
+	nativeFile := filepath.Join(root, "native", "models", *native+".cc")
+	if _, err := os.Stat(nativeFile); err == nil {
+		fmt.Printf("native/models/%s.cc exists: the family reuses it\n", *native)
+	} else if err := writeTemplate(nativeFile, "native", scaffoldNative, data); err != nil {
+		fmt.Fprintf(os.Stderr, "qual new-family: %v\n", err)
+		return 1
+	} else {
+		fmt.Printf("created %s (registers family %s for %s; write its forward pass)\n", nativeFile, *native, *arch)
+	}
 	fmt.Printf("created %s\nnext: go vet ./%s/... && go run github.com/onsi/ginkgo/v2/ginkgo --label-filter=%s ./%s (its specs are pending)\n",
 		target, filepath.ToSlash(rel), name, filepath.ToSlash(rel))
 	return 0
 }
 
-type scaffoldData struct{ Name, Owner, Native, Checkpoint, Import string }
+type scaffoldData struct{ Name, Owner, Native, Checkpoint, Arch, Task, Import string }
 
 func writeScaffold(dir string, d scaffoldData) error {
 	files := map[string]string{
@@ -122,28 +149,61 @@ func writeScaffold(dir string, d scaffoldData) error {
 		"corpus.jsonl":            scaffoldCorpus,
 	}
 	for name, text := range files {
-		t, err := template.New(name).Delims("<<", ">>").Parse(text)
-		if err != nil {
-			return fmt.Errorf("template %s: %w", name, err)
-		}
-		path := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		if err := writeTemplate(filepath.Join(dir, name), name, text, d); err != nil {
 			return err
-		}
-		f, err := os.Create(path)
-		if err != nil {
-			return err
-		}
-		err = t.Execute(f, d)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("write %s: %w", path, err)
 		}
 	}
 	return nil
 }
+
+// writeTemplate executes text (delimiters << >>) with d into path, creating its folder.
+func writeTemplate(path, name, text string, d scaffoldData) error {
+	t, err := template.New(name).Delims("<<", ">>").Parse(text)
+	if err != nil {
+		return fmt.Errorf("template %s: %w", name, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	err = t.Execute(f, d)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+const scaffoldNative = `// models/<<.Native>>.cc: the <<.Native>> family's native model (owner: <<.Owner>>), scaffolded by
+// qual new-family. It registers itself below; nothing else in the runtime names it. Write
+// resolve (config.json -> the hyper-parameters the model and any device backend read, with
+// transformers' defaults, refusing what the model does not implement) and the CPU forward pass
+// (a CausalLM's run(): see qwen3.cc for a decoder, which shares the kernels of runtime.h).
+#include "runtime.h"
+
+namespace mq {
+namespace {
+
+void resolve_<<.Native>>(const Config &c, HParams &hp) {
+  hp.set("vocab_size", (double)c.positive("vocab_size"));
+  hp.set("max_positions", (double)c.positive("max_position_embeddings"));
+}
+
+std::unique_ptr<Backend> make_<<.Native>>(const ModelArgs &) {
+  throw Error(MQ_ERR_LOAD, "family <<.Native>>: the forward pass is not written yet (native/models/<<.Native>>.cc)");
+}
+
+}  // namespace
+
+MQ_REGISTER_FAMILY(Family{"<<.Native>>", "<<.Task>>", {"<<.Arch>>"}, resolve_<<.Native>>, make_<<.Native>>});
+
+}  // namespace mq
+`
 
 const scaffoldDoc = `// Package <<.Name>> is the <<.Name>> family's qualification suite (scaffolded by qual
 // new-family): spec files calling qual/spec, manifest.yaml, thresholds.yaml, corpus.jsonl and
@@ -228,9 +288,9 @@ func (m *Model) EachLogits(ids []int32, fn func(pos int, row []float64) error) e
 const scaffoldManifest = `# <<.Name>> family manifest (fill in, then rename to manifest.yaml). Owner: <<.Owner>>.
 # Schema: qual/manifest. Every field is checked; unknown fields are errors.
 family: <<.Name>>
-native_family: <<.Native>>          # the bundle family of native/models/<<.Native>>.cc
+native_family: <<.Native>>          # the runtime family of native/models/<<.Native>>.cc
 owner: <<.Owner>>
-tasks: [text]
+tasks: [<<.Task>>]
 checkpoint:
   id: <<.Checkpoint>>
   revision: 0000000000000000000000000000000000000000   # the 40-hex hub commit; a branch name is refused

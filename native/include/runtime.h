@@ -1,5 +1,13 @@
-// runtime.h: internals shared by the engine (engine.cc), the math kernels (kernels.cc) and the
-// family model code (models/*.cc). Not part of the C ABI.
+// runtime.h: internals shared by the engine (engine.cc), the math kernels (kernels.cc), the family
+// registry (registry.cc) and the family model code (native/models/*.cc). Not part of the C ABI.
+//
+// A family is one file, native/models/<family>.cc, that registers itself:
+//
+//   MQ_REGISTER_FAMILY(Family{"qwen3", "text", {"Qwen3ForCausalLM"}, resolve_qwen3, make_qwen3});
+//
+// resolve turns the checkpoint's config.json (as typed key/values: Config) into the canonical
+// hyper-parameters (HParams) the CPU model and any device backend read; make builds the CPU
+// model. Nothing else in the runtime names a family.
 #ifndef MODELQUAL_RUNTIME_H
 #define MODELQUAL_RUNTIME_H
 
@@ -49,7 +57,11 @@ class ThreadPool {
   std::condition_variable cv_;
 };
 
-// Weights looks tensors up by Hugging Face name and checks their shapes.
+// Weights looks tensors up by checkpoint name and checks their shapes. Tensors stored at another
+// precision (a bf16 or fp16 bundle) are converted to fp32 once, at open, because the CPU runtime
+// computes in fp32; fp32 tensors are read in place from the bundle's mapping. Every get marks its
+// tensor used, so the engine can refuse a bundle carrying tensors its family never reads (a
+// misnamed or foreign tensor would otherwise go unnoticed).
 class Weights {
  public:
   Weights(const mq_tensor *t, int n);
@@ -58,9 +70,82 @@ class Weights {
   const float *get(const std::string &name, std::vector<int64_t> shape) const;
   // get_any accepts the first name present among the candidates.
   const float *get_any(const std::vector<std::string> &names, std::vector<int64_t> shape) const;
+  // ignore marks every tensor whose name ends with suffix as read (buffers a checkpoint may
+  // carry that are not weights, such as GPT-2's causal-mask attn.bias).
+  void ignore_suffix(const std::string &suffix) const;
+  // file_backed says p is read in place from the bundle's read-only file mapping (not a
+  // converted copy), so its pages may be released and faulted back (LMHead).
+  bool file_backed(const float *p) const;
+  // unused lists the tensors no get or ignore_suffix touched.
+  std::vector<std::string> unused() const;
 
  private:
-  std::map<std::string, mq_tensor> map_;
+  struct Entry {
+    mq_tensor t;
+    const float *f32 = nullptr;  // t.data when F32, else converted_.back()
+    bool converted = false;
+  };
+  std::map<std::string, Entry> map_;
+  std::vector<std::unique_ptr<float[]>> converted_;
+  mutable std::map<std::string, bool> used_;
+};
+
+// Config is config.json as the caller flattened it (mq_kv): typed reads by dotted key, each
+// error naming the key and saying what was wanted. A pipeline's config holds one object per
+// component, read through sub("transformer").
+class Config {
+ public:
+  Config(const mq_kv *kv, int n);
+  // sub views the keys under prefix + "." (errors still name the full key).
+  Config sub(const std::string &prefix) const;
+  bool has(const std::string &key) const;  // present and not null
+  double number(const std::string &key) const;
+  double number(const std::string &key, double dflt) const;
+  int64_t integer(const std::string &key) const;  // required, integral
+  int64_t integer(const std::string &key, int64_t dflt) const;
+  int64_t positive(const std::string &key) const;  // required, integral, > 0
+  bool boolean(const std::string &key, bool dflt) const;
+  std::string string(const std::string &key) const;
+  std::string string(const std::string &key, const std::string &dflt) const;
+  std::vector<double> numbers(const std::string &key) const;  // required list of numbers
+  std::vector<std::string> strings(const std::string &key) const;  // required list of strings
+  // first returns the first present key's number (e.g. rope_theta or rope_parameters.rope_theta).
+  double first_number(const std::vector<std::string> &keys, double dflt) const;
+
+ private:
+  struct Value {
+    int type = MQ_KV_NULL;
+    double number = 0;
+    std::string str;
+    std::vector<double> numbers;
+    std::vector<std::string> strings;
+  };
+  const Value *find(const std::string &key) const;
+  [[noreturn]] void fail(const std::string &key, const std::string &want) const;
+  std::shared_ptr<const std::map<std::string, Value>> kv_;
+  std::string prefix_;
+};
+
+// HParams are a family's resolved hyper-parameters by canonical name (numbers and strings).
+// The CPU model reads them, and so does a device backend (handed over as mqb_hparam), so the
+// config is interpreted once, by the family's resolve.
+class HParams {
+ public:
+  void set(const std::string &key, double v) { num_[key] = v; }
+  void set_string(const std::string &key, const std::string &v) { str_[key] = v; }
+  bool has(const std::string &key) const { return num_.count(key) || str_.count(key); }
+  double f(const std::string &key) const;
+  int i(const std::string &key) const;
+  int64_t i64(const std::string &key) const;
+  bool b(const std::string &key) const { return f(key) != 0; }
+  std::string s(const std::string &key) const;
+  const std::map<std::string, double> &numbers() const { return num_; }
+  const std::map<std::string, std::string> &strings() const { return str_; }
+  std::string json() const;  // {"key": value, ...}
+
+ private:
+  std::map<std::string, double> num_;
+  std::map<std::string, std::string> str_;
 };
 
 // Batch is one forward pass: n entries, entry i appends ntok[i] tokens (tokens[off[i]..]) to KV
@@ -123,21 +208,48 @@ class KVCache {
 };
 
 struct ModelArgs {
-  mq_hparams hp;
-  int max_batch;     // live sequence slots
-  int n_slots;       // max_batch + 1 scratch slot for logits_all
+  const HParams *hp;  // resolved by the family's resolve
+  int max_batch;      // live sequence slots
+  int n_slots;        // max_batch + 1 scratch slot for logits_all
   int max_context;
   ThreadPool *pool;
   const Weights *w;
-  bool fault_rope_theta_x10 = false;
-  bool fault_drop_q_norm = false;
 };
 
-std::unique_ptr<Backend> make_gpt2(const ModelArgs &a);
-std::unique_ptr<Backend> make_qwen3(const ModelArgs &a);
-std::unique_ptr<Backend> make_mock(const ModelArgs &a);
-std::unique_ptr<Backend> make_cuda(const mq_engine_params &p, const std::string &family, int n_slots,
-                                   int max_context);
+// Family is one registered model family (see the top of this file).
+struct Family {
+  std::string name;                        // the runtime family, e.g. "qwen3"
+  std::string task;                        // "text" | "image" | "vision"
+  std::vector<std::string> architectures;  // config.json architectures / model_index _class_name
+  std::function<void(const Config &, HParams &)> resolve;
+  std::function<std::unique_ptr<Backend>(const ModelArgs &)> make;  // the CPU model
+  // threads: how many CPU threads the model's forward pass uses (0: the engine's n_threads).
+  int threads = 0;
+};
+
+// register_family adds f to the registry (at static initialisation, through
+// MQ_REGISTER_FAMILY); a second family of the same name or architecture is a programming error
+// reported when the registry is first read.
+bool register_family(Family f);
+// find_family returns the family named name, or throws Error naming the known families.
+const Family &find_family(const std::string &name);
+const std::vector<Family> &families();
+
+#define MQ_CONCAT_(a, b) a##b
+#define MQ_CONCAT(a, b) MQ_CONCAT_(a, b)
+#define MQ_REGISTER_FAMILY(...) \
+  static const bool MQ_CONCAT(mq_registered_, __LINE__) = ::mq::register_family(__VA_ARGS__)
+
+// resolve_family_json resolves family's hyper-parameters from config as a JSON object
+// (mq_family_resolve without the last-error slot).
+mq_status resolve_family_json(const char *family, const mq_kv *config, int32_t n, char **json_out, std::string *err);
+
+// fault reports whether MODELQUAL_FAULTS (comma-separated) names name: a family plants its own
+// defects ("qwen3.drop_q_norm") so the parity gates can be shown to fail.
+bool fault(const std::string &name);
+
+std::unique_ptr<Backend> make_cuda(const mq_engine_params &p, const Family &family, const HParams &hp,
+                                   int n_slots, int max_context);
 
 // ---- kernels (kernels.cc) -------------------------------------------------------------------
 
@@ -162,7 +274,9 @@ void lm_head(ThreadPool *pool, const float *x, int T, int K, const float *W, int
 // folios around them), and sampling faults all of W back once.
 class LMHead {
  public:
-  LMHead(const float *W, int N, int K);
+  // release_pages: W is a read-only file mapping (Weights::file_backed) whose pages may be
+  // released after the screen is built.
+  LMHead(const float *W, int N, int K, bool release_pages);
   ~LMHead();
   LMHead(const LMHead &) = delete;
   LMHead &operator=(const LMHead &) = delete;
@@ -197,6 +311,19 @@ void axpy(float a, const float *x, float *y, int n);  // y += a*x
 void attention(const float *q, int ntok, int pos, int H, int Hkv, int hd, const float *K, const float *V,
                float scale, float *out, float *scratch);
 int64_t now_ns();
+
+// DecoderDims are the canonical hyper-parameters a decoder-only family resolves (and the CUDA
+// decoder reads by the same names): vocab_size, hidden_size, num_layers, num_heads,
+// num_kv_heads, head_dim, intermediate_size, max_positions, norm_eps, rope_theta,
+// tie_word_embeddings, attention_bias, scale_attn_by_inverse_layer_idx (0 where a family has
+// no such setting).
+struct DecoderDims {
+  int vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim, intermediate_size, max_positions;
+  float norm_eps;
+  double rope_theta;
+  bool tie_word_embeddings, attention_bias, scale_attn_by_inverse_layer_idx;
+  explicit DecoderDims(const HParams &hp);
+};
 
 // CausalLM is what every decoder-only family shares around its layers: it picks each entry's
 // last row for the LM head and implements logits_all; a family implements run().

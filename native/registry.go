@@ -1,0 +1,159 @@
+package native
+
+/*
+#include <stdlib.h>
+#include "modelqual.h"
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"unsafe"
+
+	"github.com/modelqual/modelqual/native/bundle"
+)
+
+// FamilyInfo describes one registered native family: its name, its task and the
+// architectures (config.json's architectures, or a diffusers pipeline's _class_name) it serves.
+type FamilyInfo struct {
+	Name          string   `json:"name"`
+	Task          string   `json:"task"` // text | image | vision
+	Architectures []string `json:"architectures"`
+}
+
+// Families lists the families compiled into this binary (each native/models/<family>.cc
+// registers itself), sorted by name.
+func Families() []FamilyInfo {
+	n := int(C.mq_family_count())
+	out := make([]FamilyInfo, 0, n)
+	for i := 0; i < n; i++ {
+		p := C.mq_family_info(C.int32_t(i))
+		if p == nil {
+			continue
+		}
+		var f FamilyInfo
+		if err := json.Unmarshal([]byte(C.GoString(p)), &f); err == nil {
+			out = append(out, f)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// FamilyFor returns the family serving architecture arch, or an error naming the known ones.
+func FamilyFor(arch string) (FamilyInfo, error) {
+	var known []string
+	for _, f := range Families() {
+		for _, a := range f.Architectures {
+			if a == arch {
+				return f, nil
+			}
+			known = append(known, a)
+		}
+	}
+	sort.Strings(known)
+	return FamilyInfo{}, fmt.Errorf("architecture %q has no native family; known: %v (a family registers itself in native/models/<family>.cc)", arch, known)
+}
+
+// Resolve runs family's resolve step on config (config.json, or a pipeline's merged config):
+// its canonical hyper-parameters with defaults filled in, or the family's refusal naming the
+// config key. Every text family resolves "vocab_size" and "max_positions".
+func Resolve(family string, config json.RawMessage) (map[string]any, error) {
+	kvs, err := flattenConfig(config)
+	if err != nil {
+		return nil, err
+	}
+	ck, free := cKV(kvs)
+	defer free()
+	cf := C.CString(family)
+	defer C.free(unsafe.Pointer(cf))
+	var out *C.char
+	st, msg := call(func() C.mq_status {
+		return C.mq_family_resolve(cf, ck.ptr, C.int32_t(ck.n), &out)
+	})
+	if st != C.MQ_OK {
+		return nil, fmt.Errorf("family %s: %s", family, msg)
+	}
+	defer C.mq_free(unsafe.Pointer(out))
+	var hp map[string]any
+	if err := json.Unmarshal([]byte(C.GoString(out)), &hp); err != nil {
+		return nil, fmt.Errorf("family %s: resolved hyper-parameters are not JSON: %v", family, err)
+	}
+	return hp, nil
+}
+
+// cKVs is a C array of mq_kv and the C memory behind it.
+type cKVs struct {
+	ptr *C.mq_kv
+	n   int
+}
+
+// cKV copies kvs into C memory (keys, strings, lists); free releases all of it. No Go pointer
+// is kept by C.
+func cKV(kvs []kv) (cKVs, func()) {
+	var allocs []unsafe.Pointer
+	alloc := func(n int) unsafe.Pointer {
+		p := C.calloc(C.size_t(max(n, 1)), 1)
+		allocs = append(allocs, p)
+		return p
+	}
+	cstr := func(s string) *C.char {
+		p := C.CString(s)
+		allocs = append(allocs, unsafe.Pointer(p))
+		return p
+	}
+	free := func() {
+		for _, p := range allocs {
+			C.free(p)
+		}
+	}
+	if len(kvs) == 0 {
+		return cKVs{}, free
+	}
+	arr := unsafe.Slice((*C.mq_kv)(alloc(len(kvs)*int(unsafe.Sizeof(C.mq_kv{})))), len(kvs))
+	for i, v := range kvs {
+		arr[i].key = cstr(v.key)
+		arr[i]._type = C.int32_t(v.kind)
+		arr[i].number = C.double(v.number)
+		switch v.kind {
+		case kvString:
+			arr[i].string = cstr(v.str)
+		case kvNumbers:
+			nums := unsafe.Slice((*C.double)(alloc(8*len(v.numbers))), len(v.numbers))
+			for j, x := range v.numbers {
+				nums[j] = C.double(x)
+			}
+			if len(nums) > 0 {
+				arr[i].numbers = &nums[0]
+			}
+			arr[i].n = C.int32_t(len(v.numbers))
+		case kvStrings:
+			ps := unsafe.Slice((**C.char)(alloc(int(unsafe.Sizeof((*C.char)(nil)))*len(v.strs))), len(v.strs))
+			for j, x := range v.strs {
+				ps[j] = cstr(x)
+			}
+			if len(ps) > 0 {
+				arr[i].strings = &ps[0]
+			}
+			arr[i].n = C.int32_t(len(v.strs))
+		}
+	}
+	return cKVs{ptr: &arr[0], n: len(kvs)}, free
+}
+
+// BundleFamily is the runtime's bundle.Resolver: the registered family that serves arch, its
+// task, and its position limit as the family's resolve step reads it from config (so a config
+// the family refuses is refused when the bundle is built, naming the key).
+func BundleFamily(arch string, config json.RawMessage) (bundle.Family, error) {
+	f, err := FamilyFor(arch)
+	if err != nil {
+		return bundle.Family{}, err
+	}
+	hp, err := Resolve(f.Name, config)
+	if err != nil {
+		return bundle.Family{}, err
+	}
+	return bundle.Family{Name: f.Name, Task: f.Task, MaxPositions: intParam(hp, "max_positions")}, nil
+}
