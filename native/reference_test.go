@@ -25,7 +25,7 @@ type refModel struct {
 // here on its own (not through the runtime's resolve step, which is under test).
 type refConfig struct {
 	HiddenSize, NumHeads, NumKVHeads, HeadDim, IntermediateSize, VocabSize, NumLayers int
-	NormEps, RopeTheta                                                                 float64
+	NormEps, RopeTheta                                                                float64
 }
 
 func readRefConfig(t testing.TB, h *bundle.Header) refConfig {

@@ -651,7 +651,7 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 		GenerationConfig: compactJSON(s.genCfg),
 		Tensors:          make([]TensorInfo, len(s.tensors)),
 		Provenance: Provenance{
-			CheckpointID: s.id,
+			CheckpointID:   s.id,
 			Revision:       s.revision,
 			Files:          s.files,
 			SkippedTensors: s.skipped,

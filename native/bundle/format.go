@@ -138,10 +138,10 @@ type Provenance struct {
 	Files        map[string]string `json:"files"`         // checkpoint file path -> sha256
 	// SkippedTensors are the checkpoint's non-float tensors (integer or boolean buffers such as
 	// causal masks and position ids), left out as "name (DTYPE)": they are not weights.
-	SkippedTensors []string `json:"skipped_tensors,omitempty"`
-	Build        BuildSettings     `json:"build"`
-	Builder      Builder           `json:"builder"`
-	BuiltAt      string            `json:"built_at"` // RFC3339
+	SkippedTensors []string      `json:"skipped_tensors,omitempty"`
+	Build          BuildSettings `json:"build"`
+	Builder        Builder       `json:"builder"`
+	BuiltAt        string        `json:"built_at"` // RFC3339
 }
 
 // BuildSettings are the resolved build options.
