@@ -2,6 +2,7 @@ package launch_test
 
 import (
 	"context"
+	"github.com/modelqual/modelqual/fixtures"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,7 +73,7 @@ func ensureImage(t *testing.T) {
 	if _, err := cli.ImageInspect(context.Background(), launch.DefaultImage); err == nil {
 		return
 	}
-	root, err := launch.RepoRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/modelqual/modelqual/fixtures"
 	"io"
 	"net"
 	"net/http"
@@ -33,28 +34,10 @@ func ServerBin() string {
 	if d := os.Getenv("MODELQUAL_BIN"); d != "" {
 		return filepath.Join(d, "qual-server")
 	}
-	if root, err := RepoRoot(); err == nil {
+	if root, err := fixtures.RepoRoot(); err == nil {
 		return filepath.Join(root, "bin", "qual-server")
 	}
 	return filepath.Join("bin", "qual-server")
-}
-
-// RepoRoot finds the module root (the directory holding go.mod) above the working directory.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // freePort asks the kernel for an unused loopback port. Another process could take it

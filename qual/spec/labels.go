@@ -9,14 +9,15 @@ package spec
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
+	"github.com/modelqual/modelqual/fixtures"
 	"regexp"
 	"sort"
 	"strings"
 	"sync"
 
 	"github.com/onsi/ginkgo/v2"
+
+	"github.com/modelqual/modelqual/qual/manifest"
 )
 
 // The label vocabulary of DESIGN.md. Each label has one meaning; a spec that carries a label
@@ -148,17 +149,10 @@ func KnownFamilies() []string {
 		set[n] = true
 	}
 	registeredMu.Unlock()
-	if root, err := RepoRoot(); err == nil {
-		entries, _ := os.ReadDir(filepath.Join(root, "families"))
-		for _, e := range entries {
-			if !e.IsDir() || e.Name() == "internal" || !labelName.MatchString(e.Name()) {
-				continue
-			}
-			dir := filepath.Join(root, "families", e.Name())
-			specs, _ := filepath.Glob(filepath.Join(dir, "*_test.go"))
-			if _, err := os.Stat(filepath.Join(dir, "manifest.yaml")); err == nil || len(specs) > 0 {
-				set[e.Name()] = true
-			}
+	if root, err := fixtures.RepoRoot(); err == nil {
+		folders, _ := manifest.Discover(root)
+		for _, f := range folders {
+			set[f.Name] = true
 		}
 	}
 	out := make([]string, 0, len(set))
@@ -167,22 +161,4 @@ func KnownFamilies() []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// RepoRoot finds the modelqual repository root: the nearest directory at or above the
-// working directory whose go.mod declares the modelqual module.
-func RepoRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("spec: working directory: %w", err)
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && strings.Contains(string(b), "module github.com/modelqual/modelqual\n") {
-			return dir, nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("spec: no modelqual go.mod at or above %s; run from inside the repository", wd)
-		}
-	}
 }

@@ -234,7 +234,7 @@ func (s *Suite) setupOnce(ctx ginkgo.SpecContext) []byte {
 
 func (s *Suite) prepare(ctx context.Context) (State, error) {
 	st := State{Model: s.Family}
-	root, err := RepoRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		return st, err
 	}
@@ -526,7 +526,7 @@ func bundleKey(m *manifest.Manifest, revision string) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "format=%d\nid=%s\nrev=%s\nprecision=%s\nctx=%d\nbatch=%d\nbackend=%s\n", bundle.FormatVersion,
 		m.Checkpoint.ID, revision, m.Build.Precision, m.Build.MaxContext, m.Build.MaxBatch, m.Build.Backend)
-	root, err := RepoRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		return "", err
 	}

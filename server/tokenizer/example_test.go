@@ -2,7 +2,7 @@ package tokenizer_test
 
 import (
 	"fmt"
-	"os"
+	"github.com/modelqual/modelqual/fixtures"
 	"path/filepath"
 
 	"github.com/modelqual/modelqual/server/tokenizer"
@@ -10,13 +10,8 @@ import (
 
 // fixtureDir finds fixtures/tokenizers/<name> from the package directory.
 func fixtureDir(name string) string {
-	dir, _ := os.Getwd()
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "fixtures", "tokenizers", name)
-		}
-		dir = filepath.Dir(dir)
-	}
+	root, _ := fixtures.RepoRoot()
+	return filepath.Join(root, "fixtures", "tokenizers", name)
 }
 
 func Example() {

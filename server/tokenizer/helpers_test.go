@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"github.com/modelqual/modelqual/fixtures"
 	"os"
 	"path/filepath"
 	"sync"
@@ -12,20 +13,11 @@ import (
 // tests find fixtures/ wherever `go test` runs them.
 func repoRoot(tb testing.TB) string {
 	tb.Helper()
-	dir, err := os.Getwd()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			tb.Fatal("no go.mod above the test directory; run the tests inside the modelqual repository")
-		}
-		dir = parent
-	}
+	return root
 }
 
 var (

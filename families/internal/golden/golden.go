@@ -6,6 +6,7 @@ package golden
 
 import (
 	"fmt"
+	"github.com/modelqual/modelqual/fixtures"
 	"math"
 	"strings"
 
@@ -53,7 +54,7 @@ func Compare(ref Greedy, g *spec.Golden, tol float64) ([]string, error) {
 // loaded, and compares. The tolerance 1e-3 absorbs float32 (transformers) against float64
 // (reference) rounding over a two-layer model while still catching any wrong formula.
 func CheckFixture(ref Greedy, fixture, revision string) error {
-	root, err := spec.RepoRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/modelqual/modelqual/fixtures"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -96,7 +97,7 @@ func runNewFamily(args []string) int {
 		fmt.Fprintf(os.Stderr, "qual new-family: --native-family %q must be a lowercase identifier such as \"mistral\"\n", *native)
 		return 2
 	}
-	root, err := moduleRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "qual new-family: %v\n", err)
 		return 1

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/modelqual/modelqual/fixtures"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +16,7 @@ import (
 // compiles and vets clean, that its reference stub says what to do, and that a second
 // scaffold of the same name is refused.
 func TestNewFamilyCompiles(t *testing.T) {
-	root, err := moduleRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestNewFamilyInScratchCopy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: builds a scratch copy of the repository")
 	}
-	root, err := moduleRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

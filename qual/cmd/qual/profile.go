@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/modelqual/modelqual/fixtures"
 	"io"
 	"os"
 	"os/signal"
@@ -221,7 +222,7 @@ func runProfile(args []string) int {
 	case "none":
 		src = ""
 	case "":
-		if root, err := launch.RepoRoot(); err == nil {
+		if root, err := fixtures.RepoRoot(); err == nil {
 			src = root
 		}
 	}

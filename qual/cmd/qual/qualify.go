@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/modelqual/modelqual/fixtures"
 	"io"
 	"os"
 	"os/exec"
@@ -131,7 +132,7 @@ func runQualify(args []string) int {
 			*filter = "container"
 		}
 	}
-	root, err := moduleRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "qual qualify: %v\n", err)
 		return 1
@@ -423,37 +424,18 @@ func firstLine(s string) string {
 	return s
 }
 
-// moduleRoot is the modelqual repository root above the working directory.
-func moduleRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/modelqual/modelqual\n") {
-			return dir, nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("no modelqual go.mod at or above %s; run qual qualify inside the repository", wd)
-		}
-	}
-}
-
-// discoverFamilies lists families/<f> folders that hold a manifest.yaml.
+// discoverFamilies lists the families/<f> folders that hold a manifest.yaml.
 func discoverFamilies(root string) ([]string, error) {
-	entries, err := os.ReadDir(filepath.Join(root, "families"))
+	folders, err := manifest.Discover(root)
 	if err != nil {
 		return nil, fmt.Errorf("list families: %w", err)
 	}
 	var out []string
-	for _, e := range entries {
-		if e.IsDir() {
-			if _, err := os.Stat(filepath.Join(root, "families", e.Name(), "manifest.yaml")); err == nil {
-				out = append(out, e.Name())
-			}
+	for _, f := range folders {
+		if f.HasManifest {
+			out = append(out, f.Name)
 		}
 	}
-	sort.Strings(out)
 	if len(out) == 0 {
 		return nil, fmt.Errorf("no family folders with a manifest.yaml under %s", filepath.Join(root, "families"))
 	}

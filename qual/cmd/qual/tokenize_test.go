@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/modelqual/modelqual/fixtures"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,19 +16,11 @@ import (
 
 func tokenizeFixtureDir(t *testing.T, name string) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "fixtures", "tokenizers", name)
-		}
-		if filepath.Dir(dir) == dir {
-			t.Fatal("no go.mod above the test directory")
-		}
-		dir = filepath.Dir(dir)
-	}
+	return filepath.Join(root, "fixtures", "tokenizers", name)
 }
 
 func runTokenize(t *testing.T, stdin string, args ...string) (int, string, string) {

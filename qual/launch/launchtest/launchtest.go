@@ -41,7 +41,7 @@ func ServerBin(t testing.TB) string {
 			}
 			return
 		}
-		root, err := launch.RepoRoot()
+		root, err := fixtures.RepoRoot()
 		if err != nil {
 			binErr = err
 			return
@@ -126,7 +126,7 @@ func Bundle(t testing.TB, name string) string {
 // TokenizerDir is the fixture tokenizer folder of a family ("gpt2", "qwen3").
 func TokenizerDir(t testing.TB, family string) string {
 	t.Helper()
-	root, err := launch.RepoRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
