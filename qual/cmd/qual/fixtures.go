@@ -26,7 +26,7 @@ func fixturesMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("qual fixtures", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cache := fs.String("cache", "", "modelqual cache `DIR` (default $MODELQUAL_CACHE, else <repo>/.cache/modelqual); snapshots go to DIR/hub")
-	withBundle := fs.Bool("bundle", false, "also build (or reuse) a default fp32 cpu bundle of each fixture")
+	withBundle := fs.Bool("bundle", false, "also build (or reuse) a bundle of each fixture at its precision (cpu backend)")
 	var names fixtureNames
 	fs.Var(&names, "name", fmt.Sprintf("fixture to generate (repeatable; default %s and %s; known: %s)",
 		fixtures.GPT2Tiny, fixtures.Qwen3Tiny, strings.Join(fixtures.Names(), ", ")))
