@@ -40,7 +40,7 @@ func BundleProvenance(ctx context.Context, input func() ProvenanceInput) {
 // ParityGate asserts that served greedy tokens and logits equal the family reference on the
 // corpus (CheckParity), and attaches the per-prompt outcome to the report.
 func ParityGate(ctx context.Context, input func() ParityInput) {
-	ginkgo.It("matches the family reference on the corpus (greedy tokens exact, logits within thresholds)", Gate(GateParity), func(sctx ginkgo.SpecContext) {
+	ginkgo.It("matches the family reference on the corpus (greedy tokens exact, logits within thresholds)", Gate(GateParity), Task(TaskText), func(sctx ginkgo.SpecContext) {
 		c, cancel := specContext(ctx, sctx)
 		defer cancel()
 		res, err := CheckParity(c, input())
@@ -55,7 +55,7 @@ func ParityGate(ctx context.Context, input func() ParityInput) {
 // GoldenParity asserts that the served model matches the upstream implementation's golden
 // outputs (CheckGolden).
 func GoldenParity(ctx context.Context, input func() GoldenInput) {
-	ginkgo.It("matches the transformers golden (greedy tokens exact, top-5 logits within thresholds)", Gate(GateParity), func(sctx ginkgo.SpecContext) {
+	ginkgo.It("matches the transformers golden (greedy tokens exact, top-5 logits within thresholds)", Gate(GateParity), Task(TaskText), func(sctx ginkgo.SpecContext) {
 		c, cancel := specContext(ctx, sctx)
 		defer cancel()
 		gomega.Expect(CheckGolden(c, input())).To(gomega.Succeed())
@@ -83,7 +83,7 @@ func ChatTemplateParity(ctx context.Context, input func() ChatTemplateInput) {
 
 // ContextContract asserts the capacity contract and that unsupported controls are refused.
 func ContextContract(ctx context.Context, input func() ContextInput) {
-	ginkgo.It("refuses over-context requests with 400, then serves the next one; refuses unsupported controls by name", Gate(GateContract), func(sctx ginkgo.SpecContext) {
+	ginkgo.It("refuses over-context requests with 400, then serves the next one; refuses unsupported controls by name", Gate(GateContract), Task(TaskText), func(sctx ginkgo.SpecContext) {
 		c, cancel := specContext(ctx, sctx)
 		defer cancel()
 		gomega.Expect(CheckContext(c, input())).To(gomega.Succeed())
@@ -156,7 +156,8 @@ func parityTable(r *ParityResult) string {
 
 // ProvenanceInput is the provenance gate's input for this suite.
 func (s *Suite) ProvenanceInput() ProvenanceInput {
-	return ProvenanceInput{API: s.API, Manifest: s.Manifest, BundleDigest: s.State.BundleDigest, CheckpointDir: s.State.Checkpoint}
+	// The manifest the bundle was built from: a GPU run's asks for the cuda backend.
+	return ProvenanceInput{API: s.API, Manifest: s.buildManifest(s.State), BundleDigest: s.State.BundleDigest, CheckpointDir: s.State.Checkpoint}
 }
 
 // ParityInput is the parity gate's input for this suite: the whole corpus, the family

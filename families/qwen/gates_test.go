@@ -3,19 +3,17 @@ package qwen_test
 import (
 	"context"
 
-	. "github.com/onsi/ginkgo/v2"
-
 	"github.com/modelqual/modelqual/qual/spec"
 )
 
-// The same gates against the server image on the Docker engine: selected by
-// --label-filter=container, which also makes the suite start its server with the container
-// launcher (make image builds the image).
-var _ = Describe("qwen in a container", suite.Labels(), spec.Container(), func() {
-	ctx := context.Background()
-	BeforeEach(func() { suite.RequireLauncher("container") })
+// The qwen family's gates, declared once: the premerge gate runs them on the CPU server, the
+// container run against the server image, the GPU run on a cuda bundle (spec.Suite.Qualify).
+// Chat covers Qwen3's template with enable_thinking false and true: the transformers renderings
+// (tokenizer_golden.json's qwen3_chat holds both) and the corpus conversations, streamed.
+var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.BundleProvenance(ctx, suite.ProvenanceInput)
 	spec.ParityGate(ctx, suite.ParityInput)
+	spec.GoldenParity(ctx, suite.GoldenInput)
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(false) })
 	spec.ContextContract(ctx, suite.ContextInput)
 	spec.ChatTemplateParity(ctx, func() spec.ChatTemplateInput { return suite.ChatTemplateInput("qwen3_chat") })

@@ -1,0 +1,17 @@
+package gpt2_test
+
+import (
+	"context"
+
+	"github.com/modelqual/modelqual/qual/spec"
+)
+
+// The gpt2 family's gates, declared once: the premerge gate runs them on the CPU server, the
+// container run against the server image, the GPU run on a cuda bundle (spec.Suite.Qualify).
+var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
+	spec.BundleProvenance(ctx, suite.ProvenanceInput)
+	spec.ParityGate(ctx, suite.ParityInput)
+	spec.GoldenParity(ctx, suite.GoldenInput)
+	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(false) })
+	spec.ContextContract(ctx, suite.ContextInput)
+})
