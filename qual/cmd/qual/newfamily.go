@@ -243,11 +243,14 @@ import (
 	"github.com/modelqual/modelqual/qual/spec"
 )
 
-// Pending until the family is complete. Replace each with its qual/spec gate, one file per
-// gate, as families/qwen does, e.g.
+// Pending until the family is complete. Then replace them with the family's gates, declared
+// once and run on CPU (premerge), in a container and on a GPU, as families/qwen/gates_test.go
+// does:
 //
-//	var _ = Describe("<<.Name>> parity", suite.Labels(), spec.Task(spec.TaskText), spec.Premerge(), func() {
-//		spec.ParityGate(context.Background(), suite.ParityInput)
+//	var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
+//		spec.BundleProvenance(ctx, suite.ProvenanceInput)
+//		spec.ParityGate(ctx, suite.ParityInput)
+//		...
 //	})
 var _ = Describe("<<.Name>> qualification", spec.Family("<<.Name>>"), spec.Owner("<<.Owner>>"), spec.Premerge(), func() {
 	PIt("serves the bundle the manifest names (spec.BundleProvenance)", spec.Gate(spec.GateProvenance))
