@@ -574,7 +574,9 @@ func (g *gen) send() bool {
 		g.firstSent = true
 		g.q.ttft = time.Since(g.q.start)
 	}
-	return err == nil && g.ctx.Err() == nil
+	// Only the client's own context says it left; the --request-timeout deadline on g.ctx
+	// is answered by the caller with an error event, which needs a writable stream.
+	return err == nil && g.q.r.Context().Err() == nil
 }
 
 // streamError ends a stream that already answered 200 with an OpenAI error event (what
