@@ -379,3 +379,29 @@ func (c choice) content() string {
 	}
 	return s
 }
+
+// HasRoute reports whether the server serves route: false when it answers 404 (or 405, a
+// route it knows for another method only) to a minimal request, true for any other answer.
+// Gates that need qual-server's own routes ask first, so another OpenAI-compatible server
+// gets "not applicable" instead of a failure.
+func (a *API) HasRoute(ctx context.Context, method, route string) (bool, error) {
+	var body any
+	if method == http.MethodPost {
+		body = map[string]any{"model": a.Model, "prompt_token_ids": []int32{1}, "prompt": "a"}
+	}
+	resp, err := a.do(ctx, method, route, body)
+	switch {
+	case err == nil:
+		resp.Body.Close()
+		return true, nil
+	case StatusOf(err) == http.StatusNotFound || StatusOf(err) == http.StatusMethodNotAllowed:
+		var ae *APIError
+		if errors.As(err, &ae) && (ae.Param == "model" || ae.Code == "model_not_found") {
+			return true, nil // the route exists; it does not know the model
+		}
+		return false, nil
+	case StatusOf(err) != 0:
+		return true, nil // the route exists and refused this probe
+	}
+	return false, err
+}

@@ -34,6 +34,11 @@ type ContextInput struct {
 	MaxContext int
 	// Refused lists controls that must be refused by name; nil means none are checked.
 	Refused []RefusedControl
+	// OpenAIOnly holds the server to OpenAI's contract alone (an over-context request gets a
+	// 4xx, the next valid request is served), not to qual-server's own policies (exactly 400
+	// with a message; Refused controls refused by name): for a server the harness did not
+	// build (the external launcher), where refusing `n` is a choice, not a contract.
+	OpenAIOnly bool
 }
 
 // CheckContext is ContextContract's core, the capacity contract: a prompt that fills the
@@ -73,6 +78,9 @@ func CheckContext(ctx context.Context, in ContextInput) error {
 		switch {
 		case !errors.As(err, &ae):
 			problems = append(problems, fmt.Sprintf("%s beyond the served context %d was accepted (err %v); want HTTP 400", c.what, in.MaxContext, err))
+		case in.OpenAIOnly && ae.Status/100 != 4:
+			problems = append(problems, fmt.Sprintf("%s beyond the served context %d got HTTP %d; OpenAI's contract is a 4xx", c.what, in.MaxContext, ae.Status))
+		case in.OpenAIOnly:
 		case ae.Status != 400:
 			problems = append(problems, fmt.Sprintf("%s beyond the served context %d got HTTP %d; want 400", c.what, in.MaxContext, ae.Status))
 		case ae.Message == "":
@@ -80,7 +88,11 @@ func CheckContext(ctx context.Context, in ContextInput) error {
 		}
 		valid(c.what)
 	}
-	for _, rc := range in.Refused {
+	refused := in.Refused
+	if in.OpenAIOnly {
+		refused = nil
+	}
+	for _, rc := range refused {
 		route, body := rc.Route, map[string]any{rc.Field: rc.Value, "max_tokens": 2}
 		if route == "/v1/chat/completions" {
 			body["messages"] = []map[string]any{{"role": "user", "content": "hi"}}
