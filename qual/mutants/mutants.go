@@ -128,6 +128,8 @@ type Options struct {
 	Work string
 	// Match selects mutants by name (a regular expression; empty: all).
 	Match string
+	// Family selects the mutants of one family (empty: all).
+	Family string
 	// LabelFilter is the gate run on each copy (default "premerge && !container").
 	LabelFilter string
 	// Timeout bounds one mutant's gate run (default 20 minutes).
@@ -181,7 +183,7 @@ func Run(ctx context.Context, catalog []Mutant, opt Options) ([]Result, error) {
 	}
 	var out []Result
 	for i, m := range catalog {
-		if match != nil && !match.MatchString(m.Name) {
+		if match != nil && !match.MatchString(m.Name) || opt.Family != "" && m.Family != opt.Family {
 			continue
 		}
 		if ctx.Err() != nil {

@@ -18,7 +18,7 @@ func init() {
 	register("mutants", "plant each catalogued defect in a scratch copy and run the premerge gate there (caught or missed, by which spec)", runMutants)
 }
 
-const mutantsUsage = `Usage: qual mutants [--match REGEXP] [--full] [--work DIR] [--keep] [--list] [--out FILE]
+const mutantsUsage = `Usage: qual mutants [--match REGEXP] [--family F] [--full] [--work DIR] [--keep] [--list] [--out FILE]
 
 The planted-defect campaign (qual/mutants/catalog.go). For each defect: copy the files git
 tracks (with their working-tree content) to a scratch folder, plant the defect there as a
@@ -39,6 +39,7 @@ func runMutants(args []string) int {
 	fs := flag.NewFlagSet("mutants", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(os.Stderr, mutantsUsage); fs.PrintDefaults() }
 	match := fs.String("match", "", "run only the defects whose name matches this regular expression")
+	family := fs.String("family", "", "run only the defects of this family")
 	work := fs.String("work", "", "folder for the scratch copies and the campaign's cache (default: a new temporary folder)")
 	keep := fs.Bool("keep", false, "keep the scratch copies (to rerun a gate by hand)")
 	full := fs.Bool("full", false, "run the whole premerge gate for every defect, not only the gates its catalog entry names")
@@ -75,7 +76,7 @@ func runMutants(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rs, err := mutants.Run(ctx, mutants.Catalog, mutants.Options{Root: root, Work: dir, Match: *match, Keep: *keep, Full: *full, Timeout: *timeout, Log: os.Stderr})
+	rs, err := mutants.Run(ctx, mutants.Catalog, mutants.Options{Root: root, Work: dir, Match: *match, Family: *family, Keep: *keep, Full: *full, Timeout: *timeout, Log: os.Stderr})
 	table := mutants.Table(rs)
 	fmt.Print(table)
 	if *out != "" {
