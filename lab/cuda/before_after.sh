@@ -3,7 +3,7 @@
 # tree given as $BEFORE (native/cuda and native/include of an older commit, e.g.
 #   git archive ce751ec native/cuda native/include | tar -x -C .before   # then carry .before)
 # and AFTER from this checkout -- then runs before_after.py (alternating rounds, medians, ratio)
-# and mqb_bench.py parity on AFTER. Results in $OUT: ab.json, ab.log, parity.json, parity.log.
+# and mqb_bench.py parity on both. Results in $OUT: ab.json, ab.log, parity_{after,before}.{json,log}.
 set -o pipefail
 OUT=${OUT:-/tmp/mq_ab}
 BEFORE=${BEFORE:-.before}
@@ -25,7 +25,9 @@ export PYTHONUNBUFFERED=1
 cd lab/cuda
 timeout ${AB_TIMEOUT:-240} python3 before_after.py --before /tmp/before.so --after /tmp/after.so \
   --rounds ${AB_ROUNDS:-5} --out "$OUT/ab.json" 2>&1 | grep -v warn | tee "$OUT/ab.log" | grep -E "^\||rror"
-timeout ${PARITY_TIMEOUT:-200} python3 mqb_bench.py parity --lib /tmp/after.so --out "$OUT/parity.json" 2>&1 \
-  | grep -v warn > "$OUT/parity.log"
-grep -E "PARITY|SUMMARY|FAIL|rror" "$OUT/parity.log" | head -40
+for which in after before; do  # parity against transformers, after first (the one that matters)
+  timeout ${PARITY_TIMEOUT:-150} python3 mqb_bench.py parity --lib /tmp/$which.so --out "$OUT/parity_$which.json" 2>&1 \
+    | grep -v warn > "$OUT/parity_$which.log"
+  echo "== parity $which"; grep -E "PARITY|SUMMARY|FAIL|rror" "$OUT/parity_$which.log" | head -30
+done
 echo "total $(( $(date +%s) - t0 )) s"
