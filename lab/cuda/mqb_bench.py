@@ -104,8 +104,10 @@ def hparams_of(family, d):
 def load_lib(path):
     lib = ctypes.CDLL(os.path.abspath(path))
     lib.mqb_abi_version.restype = ctypes.c_int32
-    lib.mqb_model_open.argtypes = [ctypes.POINTER(MqbParams), ctypes.POINTER(ctypes.c_void_p),
-                                   C_CHARP, ctypes.c_size_t]
+    lib.abi = lib.mqb_abi_version()
+    assert lib.abi in ABIS, "ABI version %d; this driver speaks %s" % (lib.abi, ABIS)
+    lib.mqb_model_open.argtypes = [ctypes.POINTER(MqbParams4 if lib.abi >= 4 else MqbParams),
+                                   ctypes.POINTER(ctypes.c_void_p), C_CHARP, ctypes.c_size_t]
     lib.mqb_model_open.restype = ctypes.c_int
     lib.mqb_model_close.argtypes = [ctypes.c_void_p]
     lib.mqb_vocab_size.argtypes = [ctypes.c_void_p]
@@ -129,8 +131,6 @@ def load_lib(path):
     lib.mqb_debug_chain.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, C_I32P, C_I32P, C_CHARP,
                                     ctypes.c_size_t]
     lib.mqb_debug_chain.restype = ctypes.c_int
-    lib.abi = lib.mqb_abi_version()
-    assert lib.abi in ABIS, "ABI version %d; this driver speaks %s" % (lib.abi, ABIS)
     return lib
 
 
