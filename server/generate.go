@@ -8,6 +8,7 @@ import (
 	"github.com/modelqual/modelqual/server/record"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -216,10 +217,11 @@ type gen struct {
 	ntok    int    // engine tokens consumed
 	stopped bool   // a stop string matched
 	gone    bool   // the client disconnected or the request timed out
+	slow    bool   // a write to the client did not complete within --write-timeout
+	armed   time.Time
 
 	// streaming
 	w                      http.ResponseWriter
-	flusher                http.Flusher
 	buf                    []byte
 	prefix, suffix, header []byte
 	held                   []byte // fault server.swallow_final_delta: the last chunk, held back
@@ -420,8 +422,11 @@ func (g *gen) collect() {
 	h := g.q.w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
+	g.q.armWrite()
 	g.q.w.WriteHeader(http.StatusOK)
-	_, _ = g.q.w.Write(b)
+	if _, err := g.q.w.Write(b); errors.Is(err, os.ErrDeadlineExceeded) {
+		g.q.rec.ErrorType = "write_timeout"
+	}
 	g.q.ttft = time.Since(g.q.start)
 	_ = s
 }
@@ -469,7 +474,6 @@ func (g *gen) appendUsage(b []byte) []byte {
 func (g *gen) stream() {
 	w := g.q.w
 	g.w = w
-	g.flusher, _ = w.(http.Flusher)
 	g.header = g.appendHead(make([]byte, 0, 160), true)
 	g.prefix = append(append([]byte("data: "), g.header...), `,"choices":[{"index":0,`...)
 	if g.req.Chat {
@@ -500,7 +504,7 @@ func (g *gen) stream() {
 			g.abandon()
 			g.consume(g.takeAll())
 			g.q.rec.FinishReason = "cancelled"
-			g.q.rec.ErrorType = "client_disconnected"
+			g.q.rec.ErrorType = g.goneType()
 			g.fillRecord()
 			return
 		}
@@ -513,7 +517,7 @@ func (g *gen) stream() {
 				g.streamError(e)
 			} else {
 				g.q.rec.FinishReason = "cancelled"
-				g.q.rec.ErrorType = "client_disconnected"
+				g.q.rec.ErrorType = g.goneType()
 			}
 			return
 		}
@@ -546,6 +550,14 @@ func (g *gen) stream() {
 	g.send()
 }
 
+// goneType names why a stream lost its client, for the record.
+func (g *gen) goneType() string {
+	if g.slow {
+		return "write_timeout"
+	}
+	return "client_disconnected"
+}
+
 // appendChunk adds one content delta event to the write buffer.
 func (g *gen) appendChunk(text []byte) {
 	if g.s.faults.swallowFinalDelta {
@@ -560,15 +572,27 @@ func (g *gen) appendChunk(text []byte) {
 	g.buf = append(g.buf, g.suffix...)
 }
 
-// send writes and flushes the buffer; false when the client is gone.
+// send writes and flushes the buffer; false when the client is gone (or too slow: a write
+// did not complete within --write-timeout, re-armed here before each write so that a stream
+// the client keeps reading may run as long as it generates).
 func (g *gen) send() bool {
 	if len(g.buf) == 0 {
 		return true
 	}
+	if wt := g.s.cfg.WriteTimeout; wt > 0 {
+		// Re-arming costs a timer update; once a second is enough for a deadline of seconds.
+		if now := time.Now(); now.Sub(g.armed) > time.Second {
+			g.armed = now
+			_ = g.q.rc.SetWriteDeadline(now.Add(wt))
+		}
+	}
 	_, err := g.w.Write(g.buf)
 	g.buf = g.buf[:0]
-	if err == nil && g.flusher != nil {
-		g.flusher.Flush()
+	if err == nil {
+		err = g.q.rc.Flush()
+	}
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		g.slow = true
 	}
 	if !g.firstSent && len(g.out) > 0 {
 		g.firstSent = true

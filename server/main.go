@@ -50,6 +50,10 @@ Flags:
 	fs.StringVar(&c.Device, "device", "cpu", "engine device: cpu or cuda")
 	fs.IntVar(&c.Threads, "threads", 0, "engine threads per worker (0: all cores)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body", 8<<20, "largest accepted request body in bytes (413 beyond)")
+	fs.DurationVar(&c.BodyTimeout, "body-timeout", 30*time.Second, "a request body must arrive within this (408 and the connection closed beyond; 0: no limit)")
+	fs.DurationVar(&c.WriteTimeout, "write-timeout", 30*time.Second, "each write to a client must complete within this, so a client that stops reading is cut; a stream the client reads may run as long as it generates (0: no limit)")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 60*time.Second, "close a keep-alive connection idle this long (0: never)")
+	fs.IntVar(&c.MaxConns, "max-conns", DefaultMaxConns, "most client connections open at once; a connection beyond gets 503 and is closed")
 	cpus := func(flag string, dst *cpuset.Set) func(string) error {
 		return func(v string) error {
 			s, err := cpuset.Parse(v)

@@ -61,6 +61,13 @@ type Config struct {
 	Device         string
 	Threads        int
 	MaxBodyBytes   int64
+	// Slow and idle clients (conns.go): the body must arrive within BodyTimeout, each write
+	// must complete within WriteTimeout, a keep-alive connection may idle IdleTimeout, and at
+	// most MaxConns connections are open. 0 turns a timeout off.
+	BodyTimeout  time.Duration
+	WriteTimeout time.Duration
+	IdleTimeout  time.Duration
+	MaxConns     int
 	// FrontendCPUs and WorkerCPUs place the HTTP frontend and the worker processes on CPUs of
 	// their own (--frontend-cpus, --worker-cpus; empty: wherever the kernel puts them). A
 	// worker whose set is empty while the frontend's is not runs on the CPUs the server was
@@ -142,6 +149,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 8 << 20
 	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.BodyTimeout < 0 || cfg.WriteTimeout < 0 || cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("qual-server: --body-timeout, --write-timeout and --idle-timeout must not be negative (0 turns one off)")
+	}
 	if cfg.Exe == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -208,12 +221,14 @@ func (s *Server) Start() error {
 	s.baseCancel = cancel
 	s.httpSrv = &http.Server{
 		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: headerTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		ConnState:         connState,
 		BaseContext:       func(net.Listener) context.Context { return base },
 		ErrorLog:          log.New(os.Stderr, "qual-server http: ", 0),
 	}
 	go func() {
-		if err := s.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.httpSrv.Serve(newConnListener(ln, s)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Printf("serve: %v", err)
 		}
 	}()
@@ -388,6 +403,14 @@ func (s *Server) Shutdown(deadline time.Duration) error {
 // OpenAI error bodies and so the records know the route.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
+	rc := http.NewResponseController(w)
+	if s.cfg.WriteTimeout > 0 {
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	}
+	if s.cfg.BodyTimeout > 0 && r.Body != http.NoBody {
+		// Also bounds the discard of a body the handler did not read.
+		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	}
 	var route string
 	var method string
 	var h func(*reqState)
@@ -423,11 +446,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		recorded := strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/mq/")
 		q := s.begin(w, r, path, recorded)
+		q.rc = rc
 		q.fail(&APIError{Status: http.StatusNotFound, Type: "not_found_error", Message: fmt.Sprintf("no route %s %s; see /v1/models, /v1/completions, /v1/chat/completions", r.Method, path)})
 		s.end(q)
 		return
 	}
 	q := s.begin(w, r, route, true)
+	q.rc = rc
 	defer s.end(q)
 	if r.Method != method {
 		w.Header().Set("Allow", method)
@@ -523,6 +548,7 @@ func (s *Server) unknownModel(name string) *APIError {
 type reqState struct {
 	s        *Server
 	w        http.ResponseWriter
+	rc       *http.ResponseController
 	r        *http.Request
 	rec      Record
 	start    time.Time
@@ -596,6 +622,7 @@ func (q *reqState) fail(e *APIError) {
 		q.rec.FinishReason = "error"
 	}
 	q.status = e.Status
+	q.armWrite()
 	h := q.w.Header()
 	h.Set("Content-Type", "application/json")
 	q.w.WriteHeader(e.Status)
@@ -609,17 +636,28 @@ func (q *reqState) writeJSON(status int, v any) {
 		return
 	}
 	q.status = status
+	q.armWrite()
 	q.w.Header().Set("Content-Type", "application/json")
 	q.w.WriteHeader(status)
 	_, _ = q.w.Write(b)
 }
 
-// readBody reads the request body within --max-body, answering 413 past it.
+// readBody reads the request body within --max-body (413 past it) and --body-timeout (408
+// past it; ServeHTTP set the deadline).
 func (q *reqState) readBody() ([]byte, bool) {
 	body, err := readAllLimited(q.w, q.r, q.s.cfg.MaxBodyBytes)
+	if err == nil && q.s.cfg.BodyTimeout > 0 {
+		// The body is in: no deadline on the read net/http keeps open to notice a client
+		// that leaves, or it would cancel a long generation.
+		_ = q.rc.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			q.w.Header().Set("Connection", "close")
+			q.fail(&APIError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "body_timeout",
+				Message: fmt.Sprintf("the request body did not arrive within --body-timeout %v; send the whole body at once", q.s.cfg.BodyTimeout)})
+		} else if errors.As(err, &mbe) {
 			q.fail(&APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 				Message: fmt.Sprintf("request body is larger than the %d-byte limit", mbe.Limit)})
 		} else {

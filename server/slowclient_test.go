@@ -1,0 +1,199 @@
+package server_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// rawConn dials the server; rcvbuf > 0 shrinks the socket's receive buffer before connecting,
+// so a client that stops reading fills the server's send path quickly.
+func (s *testServer) rawConn(t *testing.T, rcvbuf int) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		if rcvbuf <= 0 {
+			return nil
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, rcvbuf)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	c, err := d.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// closedBy waits (up to limit, far above the server's timeouts) for the server to close c,
+// returning what it sent before closing.
+func closedBy(t *testing.T, c net.Conn, limit time.Duration) string {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(limit))
+	b, err := io.ReadAll(c)
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) { // a reset: closed with our bytes unread
+		t.Fatalf("the server did not close the connection within %v: %v (got %q)", limit, err, b)
+	}
+	return string(b)
+}
+
+// TestSlowAndIdleClients: a client that trickles its body, stalls mid-body, idles on a
+// keep-alive connection or stops reading a stream is closed, and counted; a connection past
+// --max-conns gets a 503; a stream the client reads outlives --write-timeout many times over.
+func TestSlowAndIdleClients(t *testing.T) {
+	const maxConns = 6
+	s := startServer(t, mockBundle(t, 20*time.Millisecond), "--body-timeout", "1s", "--write-timeout", "1s",
+		"--idle-timeout", "1s", "--max-conns", fmt.Sprint(maxConns))
+	const body = `{"prompt":"Hello","max_tokens":2}`
+	head := fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+
+	t.Run("long stream read by its client", func(t *testing.T) {
+		// 150 tokens at 20 ms a step: about 3 s of streaming under a 1 s write timeout.
+		resp := s.openStream(context.Background(), "/v1/completions", `{"prompt":"Hello","max_tokens":150,"stream":true}`)
+		events := sseEvents(t, resp.Body)
+		resp.Body.Close()
+		if n := len(events); n < 2 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], `"finish_reason":"length"`) {
+			t.Fatalf("stream cut: ends with %q", events[max(0, len(events)-2):])
+		}
+	})
+
+	t.Run("body stalled mid-way", func(t *testing.T) {
+		c := s.rawConn(t, 0)
+		if _, err := io.WriteString(c, head+body[:5]); err != nil {
+			t.Fatal(err)
+		}
+		got := closedBy(t, c, 20*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 408") || !strings.Contains(got, "body_timeout") {
+			t.Fatalf("stalled body answered %q, want 408 body_timeout", got)
+		}
+	})
+
+	t.Run("body trickled a byte at a time", func(t *testing.T) {
+		c := s.rawConn(t, 0)
+		if _, err := io.WriteString(c, head); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for i := 0; i < len(body)-1; i++ { // never the last byte
+				if _, err := io.WriteString(c, body[i:i+1]); err != nil {
+					return
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}()
+		got := closedBy(t, c, 20*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 408") {
+			t.Fatalf("trickled body answered %q, want 408", got)
+		}
+	})
+
+	t.Run("idle keep-alive connection", func(t *testing.T) {
+		c := s.rawConn(t, 0)
+		if _, err := io.WriteString(c, head+body); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("keep-alive request: %d", resp.StatusCode)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if n, err := br.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("idle keep-alive connection: read %d bytes, %v; want the server to close it", n, err)
+		}
+	})
+
+	t.Run("streams whose client stops reading", func(t *testing.T) {
+		// Socket buffers on loopback absorb megabytes, more than one stream of this context
+		// holds; so the client pipelines many long streams on one connection (served in
+		// turn) and reads none of them, on a server without step delay.
+		fast := startServer(t, mockBundle(t, 0), "--write-timeout", "1s")
+		c := fast.rawConn(t, 4096)
+		sb := `{"prompt":"Hello","max_tokens":4000,"stream":true,"ignore_eos":true}`
+		var reqs strings.Builder
+		for i := 0; i < 40; i++ {
+			fmt.Fprintf(&reqs, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: stops-reading-%d\r\nContent-Length: %d\r\n\r\n%s", i, len(sb), sb)
+		}
+		go func() { _, _ = io.WriteString(c, reqs.String()) }()
+		eventually(t, "the server to cut the client that stopped reading", 120*time.Second, func() bool {
+			return fast.metric("qual_server_connections_closed_total", `{reason="write_timeout"}`) >= 1
+		})
+		eventually(t, "the cut stream to free its slot", 10*time.Second, func() bool {
+			return fast.metric("qual_server_engine_slots_in_use", "") == 0
+		})
+		fast.stop()
+		cut := 0
+		for _, r := range fast.readRecords() {
+			if strings.HasPrefix(r.RequestID, "stops-reading-") && r.ErrorType == "write_timeout" {
+				cut++
+				if r.FinishReason != "cancelled" || r.Status != 200 {
+					t.Errorf("record of the cut stream: %+v", r)
+				}
+			}
+		}
+		if cut != 1 {
+			t.Errorf("%d records of streams cut for write_timeout, want 1", cut)
+		}
+	})
+
+	t.Run("connection cap", func(t *testing.T) {
+		// Silent new connections hold their slots for the 10 s header timeout; keep opening
+		// them until one is refused. Idle keep-alive connections of earlier requests may
+		// still hold a slot or two, so the refusal comes at most maxConns connections in.
+		var refused string
+		opened := 0
+		var conns []net.Conn
+		for i := 0; i <= maxConns && refused == ""; i++ {
+			c := s.rawConn(t, 0)
+			conns = append(conns, c)
+			_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			b, _ := io.ReadAll(c)
+			if len(b) > 0 {
+				refused = string(b)
+			} else {
+				opened++
+			}
+		}
+		if !strings.HasPrefix(refused, "HTTP/1.1 503") || !strings.Contains(refused, "too_many_connections") {
+			t.Fatalf("after %d silent connections the next got %q, want 503 too_many_connections", opened, refused)
+		}
+		if opened > maxConns {
+			t.Fatalf("%d connections were open before one was refused; --max-conns is %d", opened, maxConns)
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+		// Slots come back as the server notices the closes; a request refused meanwhile
+		// reads as 0 here, never as 1 (the request answering counts itself).
+		eventually(t, "the closed connections' slots to come back", 10*time.Second, func() bool {
+			return s.metric("qual_server_open_connections", "") == 1
+		})
+		if st, _, b := s.post("/v1/completions", body); st != 200 {
+			t.Fatalf("request after the cap was lifted: %d %s", st, b)
+		}
+	})
+
+	for _, reason := range []string{"read_timeout", "idle_timeout", "conn_limit"} {
+		if v := s.metric("qual_server_connections_closed_total", `{reason="`+reason+`"}`); v < 1 {
+			t.Errorf("qual_server_connections_closed_total{reason=%q} = %v, want >= 1", reason, v)
+		}
+	}
+}
