@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -45,8 +46,9 @@ Flags:
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", 0, "cancel a request that runs longer (0: no limit); streaming clients get an error event, others 504")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may run before they are cancelled")
 	fs.StringVar(&c.Records, "records", "", "append one JSONL record per request to this file (no prompt or output text)")
-	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer KEY on API routes (not /health, /metrics)")
-	fs.BoolVar(&c.Pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/")
+	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer KEY on API routes and /debug/pprof (not /health, /metrics); visible in ps: prefer --api-key-file or env "+APIKeyEnv)
+	apiKeyFile := fs.String("api-key-file", "", "read the API key from this file (one line; like --api-key)")
+	fs.BoolVar(&c.Pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ (behind the API key when one is set)")
 	fs.StringVar(&c.Device, "device", "cpu", "engine device: cpu or cuda")
 	fs.IntVar(&c.Threads, "threads", 0, "engine threads per worker (0: all cores)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body", 8<<20, "largest accepted request body in bytes (413 beyond)")
@@ -72,7 +74,51 @@ Flags:
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("qual-server: unexpected arguments %q; every setting is a flag (see --help)", fs.Args())
 	}
+	key, err := resolveAPIKey(c.APIKey, *apiKeyFile)
+	if err != nil {
+		return c, err
+	}
+	c.APIKey = key
 	return c, nil
+}
+
+// APIKeyEnv is the environment variable qual-server reads its API key from when neither
+// --api-key nor --api-key-file is given. It is removed from the environment once read, so
+// worker processes never carry it.
+const APIKeyEnv = "QUAL_SERVER_API_KEY"
+
+// resolveAPIKey picks the API key from the flag, the file or the environment; giving more
+// than one is an error rather than a silent precedence.
+func resolveAPIKey(flagKey, file string) (string, error) {
+	envKey, envSet := os.LookupEnv(APIKeyEnv)
+	os.Unsetenv(APIKeyEnv)
+	n := 0
+	for _, set := range []bool{flagKey != "", file != "", envSet} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		return "", fmt.Errorf("qual-server: the API key is given more than once (--api-key, --api-key-file, %s); give it one way", APIKeyEnv)
+	}
+	key := flagKey
+	switch {
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("qual-server: --api-key-file: %w", err)
+		}
+		key = strings.TrimRight(string(b), "\r\n")
+		if key == "" || strings.ContainsAny(key, "\r\n") {
+			return "", fmt.Errorf("qual-server: --api-key-file %s must hold the key on one non-empty line", file)
+		}
+	case envSet:
+		if envKey == "" {
+			return "", fmt.Errorf("qual-server: %s is set but empty; unset it or give a key", APIKeyEnv)
+		}
+		key = envKey
+	}
+	return key, nil
 }
 
 // Main runs qual-server until SIGTERM or SIGINT and returns the exit code.

@@ -437,6 +437,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		route, method, h = path, http.MethodGet, s.handleBundle
 	default:
 		if s.cfg.Pprof && strings.HasPrefix(path, "/debug/pprof/") {
+			// Profiles, goroutine stacks and the command line are as sensitive as the API.
+			if s.cfg.APIKey != "" && !s.authorized(r) {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusUnauthorized)
+				_, _ = w.Write(errUnauthorized.body())
+				return
+			}
 			servePprof(w, r)
 			return
 		}
@@ -460,7 +467,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.cfg.APIKey != "" && !s.authorized(r) {
-		q.fail(&APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key", Message: "missing or wrong API key; send Authorization: Bearer <key> as given to --api-key"})
+		q.fail(errUnauthorized)
 		return
 	}
 	switch s.state.Load() {
@@ -474,10 +481,33 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h(q)
 }
 
+var errUnauthorized = &APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key",
+	Message: "missing or wrong API key; send Authorization: Bearer <key> with the key given to --api-key, --api-key-file or " + APIKeyEnv}
+
+// redactedArgs is the command line with --api-key's value replaced, for /debug/pprof/cmdline.
+func redactedArgs(args []string) []string {
+	out := append([]string(nil), args...)
+	for i := 0; i < len(out); i++ {
+		a := out[i]
+		for _, p := range []string{"-api-key", "--api-key"} {
+			if a == p && i+1 < len(out) {
+				out[i+1] = "REDACTED"
+				i++
+			} else if strings.HasPrefix(a, p+"=") {
+				out[i] = p + "=REDACTED"
+			}
+		}
+	}
+	return out
+}
+
 func servePprof(w http.ResponseWriter, r *http.Request) {
 	switch strings.TrimPrefix(r.URL.Path, "/debug/pprof/") {
 	case "cmdline":
-		pprof.Cmdline(w, r)
+		// pprof.Cmdline would serve --api-key's value.
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte(strings.Join(redactedArgs(os.Args), "\x00")))
 	case "profile":
 		pprof.Profile(w, r)
 	case "symbol":

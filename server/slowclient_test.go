@@ -8,6 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -195,5 +198,88 @@ func TestSlowAndIdleClients(t *testing.T) {
 		if v := s.metric("qual_server_connections_closed_total", `{reason="`+reason+`"}`); v < 1 {
 			t.Errorf("qual_server_connections_closed_total{reason=%q} = %v, want >= 1", reason, v)
 		}
+	}
+}
+
+// get sends a GET with optional headers and returns status and body.
+func (s *testServer) get(path string, hdr ...string) (int, string) {
+	s.t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.url+path, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestAPIKeySources: pprof answers only with the key; the key can come from a file or the
+// environment instead of the command line, and no served page shows it.
+func TestAPIKeySources(t *testing.T) {
+	const key = "k3y-from-file-0123456789"
+	file := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(file, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, mockBundle(t, 0), "--pprof", "--api-key-file", file)
+	auth := []string{"Authorization", "Bearer " + key}
+	for _, p := range []string{"/debug/pprof/cmdline", "/debug/pprof/", "/debug/pprof/goroutine?debug=1"} {
+		if st, b := s.get(p); st != 401 || !strings.Contains(b, "invalid_api_key") {
+			t.Errorf("GET %s without the key: %d %q, want 401", p, st, b)
+		}
+		st, b := s.get(p, auth...)
+		if st != 200 || strings.Contains(b, key) {
+			t.Errorf("GET %s with the key: %d, key shown: %v", p, st, strings.Contains(b, key))
+		}
+	}
+	if st, b := s.get("/debug/pprof/cmdline", auth...); !strings.Contains(b, "--api-key-file") {
+		t.Errorf("cmdline %d %q does not look like qual-server's command line", st, b)
+	}
+	if st, _, b := s.post("/v1/completions", `{"prompt":"Hi","max_tokens":2}`, auth...); st != 200 {
+		t.Fatalf("completion with the key from the file: %d %s", st, b)
+	}
+	if strings.Contains(s.log.String(), key) {
+		t.Error("the API key appears in qual-server's log")
+	}
+	if cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", s.cmd.Process.Pid)); err != nil || strings.Contains(string(cl), key) {
+		t.Errorf("qual-server's /proc cmdline (what ps shows) holds the key (%v)", err)
+	}
+
+	// On the command line, the key is redacted from the served command line.
+	s2 := startServer(t, mockBundle(t, 0), "--pprof", "--api-key", key)
+	if st, b := s2.get("/debug/pprof/cmdline", auth...); st != 200 || strings.Contains(b, key) || !strings.Contains(b, "REDACTED") {
+		t.Errorf("cmdline with --api-key: %d %q, want the key redacted", st, b)
+	}
+
+	// From the environment: required, and not inherited by the workers.
+	t.Setenv("QUAL_SERVER_API_KEY", key)
+	s3 := startServer(t, mockBundle(t, 0))
+	if st, _, _ := s3.post("/v1/completions", `{"prompt":"Hi","max_tokens":2}`); st != 401 {
+		t.Errorf("without the key from %s: %d, want 401", "QUAL_SERVER_API_KEY", st)
+	}
+	if st, _, b := s3.post("/v1/completions", `{"prompt":"Hi","max_tokens":2}`, auth...); st != 200 {
+		t.Errorf("with the key from the environment: %d %s", st, b)
+	}
+	for _, pid := range s3.workerPIDs(t) {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(env), key) {
+			t.Errorf("worker %d inherited the API key in its environment", pid)
+		}
+	}
+
+	// Two sources at once are refused rather than one silently winning.
+	out, err := exec.Command(serverBin, "--bundle", mockBundle(t, 0), "--model-name", "m", "--api-key-file", file).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "more than once") {
+		t.Errorf("key in the environment and in --api-key-file: %v %s, want a refusal", err, out)
 	}
 }
