@@ -183,6 +183,9 @@ func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
 	case errors.Is(err, errQueueFull):
 		q.fail(&APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full",
 			Message: fmt.Sprintf("every batch slot is busy and the queue is full (--queue-depth %d); retry later", s.cfg.QueueDepth)})
+	case errors.As(err, new(*NoWorkerError)):
+		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_worker",
+			Message: err.Error() + "; qual-server keeps trying to start one (see /health)"})
 	case errors.Is(err, errClosing):
 		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server is shutting down"})
 	default:

@@ -538,8 +538,13 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	}
 	n := s.pool.readyWorkers()
 	if n == 0 {
+		reason := "every worker exited; replacements are starting"
+		if err := s.pool.unavailable(); err != nil {
+			reason = err.Error()
+		}
+		b, _ := json.Marshal(map[string]any{"status": "unavailable", "reason": reason})
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`{"status":"unavailable"}`))
+		_, _ = w.Write(b)
 		return
 	}
 	b, _ := json.Marshal(map[string]any{"status": "ready", "workers": n, "model": s.cfg.ModelName,

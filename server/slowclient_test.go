@@ -283,3 +283,54 @@ func TestAPIKeySources(t *testing.T) {
 		t.Errorf("key in the environment and in --api-key-file: %v %s, want a refusal", err, out)
 	}
 }
+
+// TestNoWorkerFailsFast: when no worker can start (the bundle was replaced under the server),
+// requests get 503 naming the reason at once rather than waiting, /health says why, and
+// service resumes once a worker starts again.
+func TestNoWorkerFailsFast(t *testing.T) {
+	orig := mockBundle(t, 0)
+	path := copyBundle(t, orig)
+	s := startServer(t, path)
+	other, err := os.ReadFile(mockBundle(t, time.Millisecond)) // valid, another digest
+	if err != nil {
+		t.Fatal(err)
+	}
+	replace := func(b []byte) {
+		if err := os.WriteFile(path+".new", b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".new", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replace(other)
+	s.killWorker(t, 1)
+	const why = "the file was replaced"
+	eventually(t, "a failed replacement", 30*time.Second, func() bool { return strings.Contains(s.log.String(), why) })
+
+	client := &http.Client{Timeout: 20 * time.Second} // far beyond "at once"; a hang fails here
+	resp, err := client.Post(s.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"Hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatalf("request with no worker: %v (want a 503 at once)", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(b), "no_worker") || !strings.Contains(string(b), why) {
+		t.Fatalf("request with no worker: %d %s, want 503 no_worker naming the reason", resp.StatusCode, b)
+	}
+	if st, body := s.get("/health"); st != 503 || !strings.Contains(body, why) {
+		t.Fatalf("/health with no worker: %d %s, want 503 with the reason", st, body)
+	}
+
+	good, err := os.ReadFile(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replace(good)
+	eventually(t, "a worker to start on the restored bundle", 60*time.Second, func() bool {
+		return s.metric("qual_server_workers_ready", "") == 1
+	})
+	if st, _, body := s.post("/v1/completions", `{"prompt":"Hi","max_tokens":2}`); st != 200 {
+		t.Fatalf("after a worker started again: %d %s", st, body)
+	}
+}
