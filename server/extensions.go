@@ -187,7 +187,8 @@ func (s *Server) handleLogits(q *reqState) {
 	q.rec.PromptSHA256, q.rec.PromptBytes = sha256Hex(idsBytes(ids)), int64(4*len(ids))
 	t := s.pool.newTask()
 	t.prompt, t.logits = ids, true
-	ctx := q.r.Context()
+	ctx, stopDrain := s.drainContext(q.r.Context())
+	defer stopDrain()
 	if !s.schedule(q, t, ctx) {
 		return
 	}

@@ -153,7 +153,8 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 	if !req.HasSeed {
 		t.samp.Seed = t.id*0x9e3779b97f4a7c15 ^ uint64(time.Now().UnixNano())
 	}
-	ctx := q.r.Context()
+	ctx, stopDrain := s.drainContext(q.r.Context())
+	defer stopDrain()
 	if s.cfg.RequestTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)
@@ -196,6 +197,12 @@ func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
 
 // failContext answers a request whose context ended before it could be answered.
 func (q *reqState) failContext(ctx context.Context) {
+	if errors.Is(context.Cause(ctx), errDrained) {
+		q.rec.FinishReason = "drain"
+		q.fail(q.s.drainError())
+		q.rec.ErrorType = "drain_timeout"
+		return
+	}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		q.fail(&APIError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "request_timeout",
 			Message: fmt.Sprintf("the request did not finish within --request-timeout %v", q.s.cfg.RequestTimeout)})
@@ -515,7 +522,10 @@ func (g *gen) stream() {
 		if g.gone {
 			g.consume(g.takeAll())
 			g.fillRecord()
-			if errors.Is(g.ctx.Err(), context.DeadlineExceeded) {
+			if errors.Is(context.Cause(g.ctx), errDrained) {
+				g.streamError(g.s.drainError())
+				g.q.rec.FinishReason, g.q.rec.ErrorType = "drain", "drain_timeout"
+			} else if errors.Is(g.ctx.Err(), context.DeadlineExceeded) {
 				e := &APIError{Type: "timeout_error", Code: "request_timeout", Message: fmt.Sprintf("the request did not finish within --request-timeout %v", g.s.cfg.RequestTimeout)}
 				g.streamError(e)
 			} else {

@@ -28,8 +28,10 @@ Usage: qual-server --bundle FILE.mqb --model-name NAME [flags]
 
 Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
 POST /tokenize, POST /detokenize, POST /mq/v1/logits, GET /mq/v1/bundle, GET /metrics.
-SIGTERM drains: new requests get 503, in-flight ones finish (up to --drain-timeout), records
-are flushed, exit 0. Env MODELQUAL_FAULTS injects the faults documented in package server.
+SIGTERM drains: the port stays open and new requests (new connections too) get 503
+shutting_down; in-flight ones may finish until --drain-timeout, then are ended by the server
+(streams with an error event, code drain_timeout; others 503) and recorded with finish_reason
+"drain"; records are flushed; exit 0 (1 if a record could not be written). Env MODELQUAL_FAULTS injects the faults documented in package server.
 
 Flags:
 `)

@@ -124,6 +124,10 @@ type Server struct {
 	httpSrv    *http.Server
 	ln         net.Listener
 	baseCancel context.CancelFunc
+	// drainCtx ends at the drain deadline; admitted counts requests past the state check.
+	drainCtx    context.Context
+	drainCancel context.CancelFunc
+	admitted    atomic.Int64
 	handlers   sync.WaitGroup
 	startedAt  time.Time
 	readyAt    time.Time
@@ -183,6 +187,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.WorkerCPUs = all // workers inherit the frontend's mask otherwise
 	}
 	s := &Server{cfg: cfg, faults: parseFaults(os.Getenv("MODELQUAL_FAULTS")), m: newMetrics(), created: time.Now().Unix()}
+	s.drainCtx, s.drainCancel = context.WithCancel(context.Background())
 	if cfg.Records != "" {
 		rw, err := openRecords(cfg.Records, s.faults.dropRecord)
 		if err != nil {
@@ -370,19 +375,29 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // WorkerPIDs lists the live worker processes.
 func (s *Server) WorkerPIDs() []int { return s.pool.workerPIDs() }
 
-// Shutdown drains: new requests get 503, in-flight requests may finish until the drain
-// deadline (then they are cancelled), workers are stopped, and the records file is flushed and
-// closed. Its error is the records file's, so exit status says whether every record landed.
+// Shutdown drains. The listener stays open: new requests (on new connections too) get 503
+// shutting_down and keep-alive ends, while admitted requests may finish until the drain
+// deadline. Past it they are ended by the server, not blamed on the client: streams with an
+// error event (code drain_timeout), others with 503, and their records say finish_reason
+// "drain". Then workers are stopped and the records file is flushed and closed. Its error is
+// the records file's, so exit status says whether every record landed.
 func (s *Server) Shutdown(deadline time.Duration) error {
 	s.state.Store(stateDraining)
-	ctx, cancel := context.WithTimeout(context.Background(), deadline)
-	defer cancel()
 	if s.httpSrv != nil {
+		s.httpSrv.SetKeepAlivesEnabled(false) // also closes idle connections
+		if !s.waitAdmitted(deadline) {
+			log.Printf("drain deadline %v passed with %d requests unfinished; ending them", deadline, s.admitted.Load())
+			s.drainCancel()
+			if !s.waitAdmitted(cancelWait + time.Second) {
+				log.Printf("%d requests still unfinished after the drain; closing their connections", s.admitted.Load())
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if err := s.httpSrv.Shutdown(ctx); err != nil {
-			log.Printf("drain deadline %v passed; cancelling in-flight requests", deadline)
 			s.baseCancel()
 			_ = s.httpSrv.Close()
 		}
+		cancel()
 	}
 	// Handlers write their records before returning; wait for the last ones.
 	done := make(chan struct{})
@@ -396,7 +411,37 @@ func (s *Server) Shutdown(deadline time.Duration) error {
 	if s.baseCancel != nil {
 		s.baseCancel()
 	}
+	s.drainCancel()
 	return s.records.close()
+}
+
+// waitAdmitted waits up to d for the admitted requests to finish.
+func (s *Server) waitAdmitted(d time.Duration) bool {
+	end := time.Now().Add(d)
+	for s.admitted.Load() > 0 {
+		if time.Now().After(end) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// errDrained is the cause of a request context ended by the drain deadline.
+var errDrained = errors.New("the server is shutting down and --drain-timeout passed before this request finished")
+
+// drainContext is the request's context, also ended (with cause errDrained) at the drain
+// deadline.
+func (s *Server) drainContext(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.drainCtx, func() { cancel(errDrained) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
+// drainError answers a request ended by the drain deadline.
+func (s *Server) drainError() *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "drain_timeout",
+		Message: fmt.Sprintf("the server is shutting down and --drain-timeout %v passed before this request finished; retry on another server", s.cfg.DrainTimeout)}
 }
 
 // ServeHTTP routes requests. Hand-written rather than http.ServeMux so 404 and 405 carry
@@ -470,6 +515,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		q.fail(errUnauthorized)
 		return
 	}
+	// Counted before the state is read, so a drain that sees none admitted has none coming.
+	s.admitted.Add(1)
+	defer s.admitted.Add(-1)
 	switch s.state.Load() {
 	case stateLoading:
 		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "loading", Message: "the model is still loading; poll /health until it answers ready"})

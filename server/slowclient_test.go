@@ -334,3 +334,83 @@ func TestNoWorkerFailsFast(t *testing.T) {
 		t.Fatalf("after a worker started again: %d %s", st, body)
 	}
 }
+
+// TestDrainDeadline: during a drain new connections get 503 shutting_down; at the drain
+// deadline a stream ends with a drain_timeout error event and a non-streaming request with
+// 503, and both records say "drain" rather than blaming the client.
+func TestDrainDeadline(t *testing.T) {
+	s := startServer(t, mockBundle(t, 20*time.Millisecond), "--drain-timeout", "2s")
+	resp := s.openStream(context.Background(), "/v1/completions", `{"prompt":"Hello","max_tokens":2000,"stream":true}`, "X-Request-Id", "drain-stream")
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	if _, err := readEvent(r); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		status int
+		body   string
+	}
+	plain := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/completions", strings.NewReader(`{"prompt":"Hello","max_tokens":2000}`))
+		req.Header.Set("X-Request-Id", "drain-plain")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			plain <- answer{0, err.Error()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		plain <- answer{resp.StatusCode, string(b)}
+	}()
+	eventually(t, "the non-streaming request to be admitted", 10*time.Second, func() bool {
+		return s.metric("qual_server_engine_slots_in_use", "") == 2
+	})
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// A new connection during the drain is answered, not refused.
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	var st int
+	var b []byte
+	eventually(t, "the drain to begin", 5*time.Second, func() bool {
+		resp, err := fresh.Post(s.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"Hi","max_tokens":2}`))
+		if err != nil {
+			t.Fatalf("new connection during the drain: %v; want 503", err)
+		}
+		b, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		st = resp.StatusCode
+		return st != 200
+	})
+	if st != 503 || !strings.Contains(string(b), "shutting_down") {
+		t.Fatalf("new request during the drain: %d %s, want 503 shutting_down", st, b)
+	}
+	rest, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatalf("stream at the drain deadline: %v (want it ended by an error event, not cut)", err)
+	}
+	events := parseSSE(t, string(rest))
+	if n := len(events); n < 2 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], "drain_timeout") {
+		t.Fatalf("stream at the drain deadline ended with %q", events[max(0, len(events)-2):])
+	}
+	if a := <-plain; a.status != 503 || !strings.Contains(a.body, "drain_timeout") {
+		t.Fatalf("non-streaming request at the drain deadline: %d %s, want 503 drain_timeout", a.status, a.body)
+	}
+	<-s.exited
+	if s.exitErr != nil {
+		t.Fatalf("exit after drain: %v, want status 0", s.exitErr)
+	}
+	seen := 0
+	for _, rec := range s.readRecords() {
+		if rec.RequestID == "drain-stream" || rec.RequestID == "drain-plain" {
+			seen++
+			if rec.FinishReason != "drain" || rec.ErrorType != "drain_timeout" {
+				t.Errorf("record %s: finish_reason %q error_type %q, want drain / drain_timeout", rec.RequestID, rec.FinishReason, rec.ErrorType)
+			}
+		}
+	}
+	if seen != 2 {
+		t.Errorf("%d records of the two drained requests", seen)
+	}
+}
