@@ -128,9 +128,9 @@ type Server struct {
 	drainCtx    context.Context
 	drainCancel context.CancelFunc
 	admitted    atomic.Int64
-	handlers   sync.WaitGroup
-	startedAt  time.Time
-	readyAt    time.Time
+	handlers    sync.WaitGroup
+	startedAt   time.Time
+	readyAt     time.Time
 }
 
 // New checks cfg and opens the records file; Start does the rest.
