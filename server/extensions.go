@@ -85,7 +85,7 @@ func (s *Server) handleTokenize(q *reqState) {
 		text, aerr = str(m["prompt"], "prompt")
 	case m["messages"] != nil:
 		var msgs []Message
-		if msgs, aerr = decodeMessages(m["messages"]); aerr != nil {
+		if msgs, aerr = decodeMessages(m["messages"], ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes}); aerr != nil {
 			break
 		}
 		addGen := true

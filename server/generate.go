@@ -69,6 +69,9 @@ func (s *Server) promptIDs(q *reqState, req *GenRequest) ([]int32, *APIError) {
 	switch {
 	case req.Chat:
 		param = "messages"
+		if aerr := s.precountChat(req.Messages); aerr != nil {
+			return nil, aerr
+		}
 		text, aerr := s.render(req.Messages, req.AddGenerationPrompt, req.ChatTemplateKwargs)
 		if aerr != nil {
 			return nil, aerr
@@ -87,6 +90,39 @@ func (s *Server) promptIDs(q *reqState, req *GenRequest) ([]int32, *APIError) {
 		return nil, badRequest(param, "`%s` is empty after tokenization; send at least one token", param)
 	}
 	return ids, nil
+}
+
+// precountChat refuses messages too long for the context before the chat template renders
+// them, counting tokens message by message and stopping as soon as the count is over: a huge
+// conversation costs no more than the context's worth of tokenization. A token covers at
+// least one byte, so contents of fewer bytes than the context cannot fill it and are not
+// counted here (the exact check follows the rendering). Each message's count is lowered by
+// two, the most a merge across the text the template puts on either side of it could save,
+// so this refuses nothing the exact check would accept.
+func (s *Server) precountChat(msgs []Message) *APIError {
+	ctx := s.info.MaxContext
+	total := 0
+	for _, m := range msgs {
+		c, _ := m["content"].(string)
+		total += len(c)
+	}
+	if total < ctx {
+		return nil
+	}
+	n := 0
+	for i, m := range msgs {
+		c, _ := m["content"].(string)
+		if len(c) == 0 {
+			continue
+		}
+		n += max(len(s.tok.Encode(c))-2, 0)
+		if n >= ctx {
+			e := badRequest("messages", "the messages' content has at least %d tokens by messages[%d], before the chat template adds its own; this model's context is %d tokens (prompt + max_tokens); shorten the conversation", n, i, ctx)
+			e.Code = "context_length_exceeded"
+			return e
+		}
+	}
+	return nil
 }
 
 // capacity applies the context contract: prompt + max_tokens must fit the bundle's context.
@@ -126,7 +162,7 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 	if !ok {
 		return
 	}
-	req, aerr := DecodeRequest(body, chat)
+	req, aerr := DecodeRequestLimited(body, chat, ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes})
 	if aerr != nil {
 		q.fail(aerr)
 		return

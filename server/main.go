@@ -57,6 +57,8 @@ Flags:
 	fs.DurationVar(&c.BodyTimeout, "body-timeout", 30*time.Second, "a request body must arrive within this (408 and the connection closed beyond; 0: no limit)")
 	fs.DurationVar(&c.WriteTimeout, "write-timeout", 30*time.Second, "each write to a client must complete within this, so a client that stops reading is cut; a stream the client reads may run as long as it generates (0: no limit)")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 60*time.Second, "close a keep-alive connection idle this long (0: never)")
+	fs.IntVar(&c.MaxMessages, "max-messages", 1024, "most messages in a chat request (400 beyond; 0: no limit)")
+	fs.IntVar(&c.MaxChatBytes, "max-chat-bytes", 1<<20, "most bytes of message content in a chat request, all messages together (400 beyond; 0: no limit)")
 	fs.IntVar(&c.MaxConns, "max-conns", DefaultMaxConns, "most client connections open at once; a connection beyond gets 503 and is closed")
 	cpus := func(flag string, dst *cpuset.Set) func(string) error {
 		return func(v string) error {

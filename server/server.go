@@ -68,6 +68,10 @@ type Config struct {
 	WriteTimeout time.Duration
 	IdleTimeout  time.Duration
 	MaxConns     int
+	// MaxMessages and MaxChatBytes bound a chat request's messages (count, and content bytes
+	// in all); 0: no limit.
+	MaxMessages  int
+	MaxChatBytes int
 	// FrontendCPUs and WorkerCPUs place the HTTP frontend and the worker processes on CPUs of
 	// their own (--frontend-cpus, --worker-cpus; empty: wherever the kernel puts them). A
 	// worker whose set is empty while the frontend's is not runs on the CPUs the server was

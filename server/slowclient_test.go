@@ -3,6 +3,7 @@ package server_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -413,4 +414,67 @@ func TestDrainDeadline(t *testing.T) {
 	if seen != 2 {
 		t.Errorf("%d records of the two drained requests", seen)
 	}
+}
+
+// chatBody builds a chat request of n messages (user and assistant in turn) with the given
+// content each, and extra top-level JSON fields.
+func chatBody(n int, content, extra string) string {
+	var b strings.Builder
+	b.WriteString(`{"messages":[`)
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		fmt.Fprintf(&b, `{"role":%q,"content":%q}`, role, content)
+	}
+	b.WriteString(`],"max_tokens":1` + extra + `}`)
+	return b.String()
+}
+
+// TestChatLimits: caps on messages and content bytes, a context check before the template
+// renders, and chat_template_kwargs cannot replace the messages.
+func TestChatLimits(t *testing.T) {
+	s := startServer(t, qwenBundle(t), "--max-chat-bytes", "200000")
+	_, body := s.get("/v1/models")
+	var models struct {
+		Data []struct {
+			MaxModelLen int `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal([]byte(body), &models); err != nil || len(models.Data) != 1 || models.Data[0].MaxModelLen < 64 {
+		t.Fatalf("/v1/models: %s (%v)", body, err)
+	}
+	ctxLen := models.Data[0].MaxModelLen
+	check := func(what, body string, status int, wants ...string) {
+		t.Helper()
+		st, _, b := s.post("/v1/chat/completions", body)
+		if st != status {
+			t.Errorf("%s: %d %s, want %d", what, st, b, status)
+			return
+		}
+		for _, w := range wants {
+			if !strings.Contains(string(b), w) {
+				t.Errorf("%s: %s lacks %q", what, b, w)
+			}
+		}
+	}
+	// 100,000 messages (what took 1.8 GB of memory in four requests before the cap).
+	check("100000 messages", chatBody(100000, "hi", ""), 400, `"param":"messages"`, "--max-messages")
+	check("too many content bytes", chatBody(3, strings.Repeat("x", 100000), ""), 400, `"param":"messages[2].content"`, "--max-chat-bytes")
+	check("kwargs replacing messages", chatBody(1, "hi", `,"chat_template_kwargs":{"messages":[{"role":"user","content":"other"}]}`), 400,
+		`"param":"chat_template_kwargs.messages"`)
+	check("kwargs replacing add_generation_prompt", chatBody(1, "hi", `,"chat_template_kwargs":{"add_generation_prompt":false}`), 400,
+		`"param":"chat_template_kwargs.add_generation_prompt"`)
+	// Far over the context: refused by the count before rendering.
+	word := strings.Repeat(" hello", ctxLen/8)
+	check("conversation over the context", chatBody(40, word, ""), 400, "context_length_exceeded", "before the chat template")
+	// More content bytes than the context has tokens, but fewer tokens: counted, not refused.
+	check("long but fitting conversation", chatBody(2, strings.Repeat(" the", ctxLen/8), `,"chat_template_kwargs":{"enable_thinking":false}`), 200)
+	// Just over after rendering: the exact check after the template still refuses it.
+	check("over only with the template", chatBody(1, strings.Repeat(" the", ctxLen-3), ""), 400, "context_length_exceeded")
+	check("next valid request", chatBody(1, "hi", `,"chat_template_kwargs":{"enable_thinking":false}`), 200)
 }
