@@ -25,6 +25,8 @@ type metrics struct {
 	// conn_limit).
 	openConns   prometheus.Gauge
 	connsClosed *prometheus.CounterVec
+	// recordErrors counts records that could not be written to --records.
+	recordErrors prometheus.Counter
 	// stepDuration and stepTokens describe the engines' steps (vLLM's iteration histograms):
 	// kind "decode" for steps that only decoded, "prefill" for steps that prefilled a prompt
 	// (beside any decodes), whose length is what a burst of requests waits for.
@@ -77,6 +79,9 @@ func newMetrics() *metrics {
 		connsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "qual_server_connections_closed_total", Help: "Client connections the server closed because of the client: idle_timeout (--idle-timeout), read_timeout (headers or body too slow, --body-timeout), write_timeout (stopped reading, --write-timeout), conn_limit (refused past --max-conns).",
 		}, []string{"reason"}),
+		recordErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "qual_server_record_write_errors_total", Help: "Request records that could not be written to --records (each is a lost record; the server then refuses requests with 500).",
+		}),
 		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "qual_server_engine_step_duration_seconds", Help: "Wall time of an engine step, by kind: decode (only decodes) or prefill (prefilled at least one prompt).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16), // 0.1 ms .. ~3.3 s
@@ -87,7 +92,7 @@ func newMetrics() *metrics {
 		}, []string{"kind"}),
 	}
 	m.reg.MustRegister(m.requests, m.latency, m.ttft, m.inputTokens, m.outputTokens, m.queueDepth,
-		m.inflight, m.slotsInUse, m.workersReady, m.workerRestarts, m.openConns, m.connsClosed, m.stepDuration, m.stepTokens,
+		m.inflight, m.slotsInUse, m.workersReady, m.workerRestarts, m.openConns, m.connsClosed, m.recordErrors, m.stepDuration, m.stepTokens,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, reason := range []string{closedIdle, closedSlowRead, closedSlowWrite, closedConnLimit} {
 		m.connsClosed.WithLabelValues(reason) // present at 0, so a rate() sees the first one

@@ -193,7 +193,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, faults: parseFaults(os.Getenv("MODELQUAL_FAULTS")), m: newMetrics(), created: time.Now().Unix()}
 	s.drainCtx, s.drainCancel = context.WithCancel(context.Background())
 	if cfg.Records != "" {
-		rw, err := openRecords(cfg.Records, s.faults.dropRecord)
+		rw, err := openRecords(cfg.Records, s.faults.dropRecord, s.m.recordErrors)
 		if err != nil {
 			return nil, err
 		}
@@ -530,6 +530,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server is shutting down"})
 		return
 	}
+	if err := s.records.failure(); err != nil {
+		q.fail(&APIError{Status: http.StatusInternalServerError, Type: "server_error", Code: "records_write_failed",
+			Message: fmt.Sprintf("qual-server cannot write its request records (--records %s: %v); fix the file or its disk and restart", s.cfg.Records, err)})
+		return
+	}
 	h(q)
 }
 
@@ -586,6 +591,12 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	case stateDraining:
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.Write([]byte(`{"status":"draining"}`))
+		return
+	}
+	if err := s.records.failure(); err != nil {
+		b, _ := json.Marshal(map[string]any{"status": "records_failing", "reason": fmt.Sprintf("--records %s: %v", s.cfg.Records, err)})
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write(b)
 		return
 	}
 	n := s.pool.readyWorkers()

@@ -478,3 +478,57 @@ func TestChatLimits(t *testing.T) {
 	check("over only with the template", chatBody(1, strings.Repeat(" the", ctxLen-3), ""), 400, "context_length_exceeded")
 	check("next valid request", chatBody(1, "hi", `,"chat_template_kwargs":{"enable_thinking":false}`), 200)
 }
+
+// TestRecordsFailLoudly: --records must be a regular file (or a new path) on a real
+// filesystem, and a record that cannot be written is counted, turns /health and every later
+// request into errors, and makes the exit status 1.
+func TestRecordsFailLoudly(t *testing.T) {
+	dir := t.TempDir()
+	for path, want := range map[string]string{
+		"/dev/full":     "not a regular file",
+		"/proc/version": "",
+		dir:             "not a regular file",
+	} {
+		out, err := exec.Command(serverBin, "--bundle", mockBundle(t, 0), "--model-name", "m", "--records", path).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "--records") || !strings.Contains(string(out), want) {
+			t.Errorf("--records %s: %v %s, want a refusal naming --records", path, err, out)
+		}
+	}
+
+	prlimit, err := exec.LookPath("prlimit")
+	if err != nil {
+		t.Skip("prlimit (util-linux) is needed to make the records file unwritable mid-run")
+	}
+	s := startServer(t, mockBundle(t, 0))
+	if st, _, b := s.post("/v1/completions", `{"prompt":"Hi","max_tokens":2}`); st != 200 {
+		t.Fatalf("first request: %d %s", st, b)
+	}
+	fi, err := os.Stat(s.records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The file may grow by about two records more, then writes fail with EFBIG.
+	if out, err := exec.Command(prlimit, "--pid", fmt.Sprint(s.cmd.Process.Pid), fmt.Sprintf("--fsize=%d", fi.Size()+1500)).CombinedOutput(); err != nil {
+		t.Fatalf("prlimit: %v %s", err, out)
+	}
+	var st int
+	var b []byte
+	for i := 0; i < 20; i++ {
+		if st, _, b = s.post("/v1/completions", `{"prompt":"Hi","max_tokens":2}`); st != 200 {
+			break
+		}
+	}
+	if st != 500 || !strings.Contains(string(b), "records_write_failed") {
+		t.Fatalf("requests after the records file stopped growing: last %d %s, want 500 records_write_failed", st, b)
+	}
+	if v := s.metric("qual_server_record_write_errors_total", ""); v < 1 {
+		t.Errorf("qual_server_record_write_errors_total = %v, want >= 1", v)
+	}
+	if hst, hb := s.get("/health"); hst != 503 || !strings.Contains(hb, "records_failing") {
+		t.Errorf("/health with failing records: %d %s", hst, hb)
+	}
+	s.stop()
+	if s.exitErr == nil {
+		t.Error("qual-server exited 0 though records were lost")
+	}
+}
