@@ -125,6 +125,17 @@ var (
 		"min_tokens":         neutralValues("0"),
 		"user":               func(json.RawMessage) bool { return true }, // metadata only
 	}
+	// Vendor fields that clients of llama.cpp, vLLM and OpenAI send by habit and that change
+	// nothing qual-server answers or measures: accepted with any value and ignored (README
+	// "Vendor fields"). A field that would change the output is not on this list.
+	ignoredVendor = map[string]string{
+		"cache_prompt":      "llama.cpp: reuse the KV cache of a previous prompt (a cache policy; same tokens out)",
+		"id_slot":           "llama.cpp: which server slot runs the request (placement only)",
+		"cache_salt":        "vLLM: isolates prefix-cache entries between tenants (a cache policy)",
+		"priority":          "vLLM: scheduling order under the priority policy (when, not what)",
+		"prompt_cache_key":  "OpenAI: routing hint for prompt caching",
+		"safety_identifier": "OpenAI: an end-user id for abuse monitoring (metadata, like user)",
+	}
 	unsupportedCompletion = map[string]neutralFunc{
 		"best_of": neutralValues("1"),
 		"echo":    neutralValues("false"),
@@ -285,6 +296,12 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 				r.AddGenerationPrompt, err = boolean(raw, k)
 			}
 		default:
+			if _, ok := ignoredVendor[k]; ok {
+				if !json.Valid(raw) {
+					err = badRequest(k, "`%s` is not valid JSON", k)
+				}
+				break
+			}
 			neutral, known := unsupportedCommon[k]
 			if !known {
 				if chat {
