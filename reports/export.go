@@ -7,8 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -69,7 +72,7 @@ func AIPerfJSON(s *Summary) ([]byte, error) {
 		return nil, fmt.Errorf("input_config is not valid JSON: %w", err)
 	}
 	fmt.Fprintf(&b, "  \"input_config\": %s,\n", compact.Bytes())
-	b.WriteString("  \"was_cancelled\": false,\n")
+	fmt.Fprintf(&b, "  \"was_cancelled\": %t,\n", s.WasCancelled)
 	errs := s.Profiling.Errors
 	if errs == nil {
 		errs = []ErrorGroup{}
@@ -87,14 +90,15 @@ func AIPerfJSON(s *Summary) ([]byte, error) {
 // CSVHeader is the header row of the statistics section of profile_export_aiperf.csv.
 var CSVHeader = []string{"Metric", "avg", "min", "max", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "std"}
 
-// MetricLabel is a metric's display name with unit, AIPerf's "<Header> (<unit>)"; unknown
-// tags use the tag itself as header.
+// MetricLabel is a metric's display name with unit, AIPerf's "<Header> (<unit>)" (AIPerf
+// leaves the unit out when it is "requests" or "count": "Request Count"); unknown tags use
+// the tag itself as header.
 func MetricLabel(tag, unit string) string {
 	h := tag
 	if m, ok := LookupMetric(tag); ok {
 		h = m.Header
 	}
-	if unit == "" {
+	if unit == "" || strings.EqualFold(unit, "requests") || strings.EqualFold(unit, "count") {
 		return h
 	}
 	return h + " (" + unit + ")"
@@ -102,20 +106,34 @@ func MetricLabel(tag, unit string) string {
 
 func two(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
 
-// WriteAIPerfCSV writes profile_export_aiperf.csv: the distributions of per-request metrics
-// with two decimals, a blank line, then Metric,Value rows for run-level values.
+// whole writes v as AIPerf writes an integer (no decimals) when integer is set.
+func whole(v float64, integer bool) string {
+	if integer {
+		return strconv.FormatFloat(math.Round(v), 'f', 0, 64)
+	}
+	return two(v)
+}
+
+// WriteAIPerfCSV writes profile_export_aiperf.csv as AIPerf's CSV exporter does: the
+// distributions of per-request metrics, a blank line, then Metric,Value rows for run-level
+// values; each section sorted by metric tag; numbers with two decimals except whole-number
+// values (counts, token sums, timestamps, and the min and max of token lengths), which are
+// written as integers.
 func WriteAIPerfCSV(w io.Writer, ps *PhaseStats) error {
 	cw := csv.NewWriter(w)
 	cw.Write(CSVHeader)
 	var scalars []string
-	for _, tag := range ps.Tags() {
+	tags := ps.Tags()
+	sort.Strings(tags)
+	for _, tag := range tags {
 		m := ps.Metrics[tag]
 		if m.Dist == nil {
 			scalars = append(scalars, tag)
 			continue
 		}
 		d := m.Dist
-		cw.Write([]string{MetricLabel(tag, m.Unit), two(d.Avg), two(d.Min), two(d.Max),
+		in := IntegerMetric(tag)
+		cw.Write([]string{MetricLabel(tag, m.Unit), two(d.Avg), whole(d.Min, in), whole(d.Max, in),
 			two(d.P1), two(d.P5), two(d.P10), two(d.P25), two(d.P50), two(d.P75), two(d.P90), two(d.P95), two(d.P99), two(d.Std)})
 	}
 	cw.Flush()
@@ -129,7 +147,7 @@ func WriteAIPerfCSV(w io.Writer, ps *PhaseStats) error {
 	cw.Write([]string{"Metric", "Value"})
 	for _, tag := range scalars {
 		m := ps.Metrics[tag]
-		cw.Write([]string{MetricLabel(tag, m.Unit), two(m.Avg)})
+		cw.Write([]string{MetricLabel(tag, m.Unit), whole(m.Avg, IntegerMetric(tag))})
 	}
 	cw.Flush()
 	return cw.Error()

@@ -288,7 +288,8 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 		StartTime: time.Unix(0, lr.StartUnixNs),
 		EndTime:   time.Unix(0, lr.StartUnixNs+lr.ProfilingEndNs),
 	}
-	run.InputConfig = mustJSON(map[string]any{"config": inputCfg, "seed": lr.Seed, "point": sweep})
+	run.InputConfig = mustJSON(aiperfInputConfig(cfg, lr, sweep, inputCfg))
+	run.WasCancelled = ctx.Err() != nil
 	run.Environment = mustJSON(struct {
 		provenance.Environment
 		GPU gpu.Inventory `json:"gpu"`
@@ -303,6 +304,46 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	fail(err)
 	pr.Summary = sum
 	return pr
+}
+
+// aiperfInputConfig is the exports' input_config in AIPerf's UserConfig layout (endpoint,
+// loadgen, input sections with AIPerf's field names), so scripts reading AIPerf's
+// input_config.endpoint.model_names or input_config.loadgen.concurrency read ours; the full
+// settings this run was made with follow under mq_config, the sweep point under mq_point.
+func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full any) map[string]any {
+	endpointType := cfg.Endpoint
+	loadgen := map[string]any{
+		"request_count":        cfg.Requests,
+		"warmup_request_count": cfg.Warmup,
+	}
+	if cfg.Duration > 0 {
+		loadgen["benchmark_duration"] = cfg.Duration.Seconds()
+	}
+	if cfg.RequestRate > 0 {
+		loadgen["request_rate"] = cfg.RequestRate
+		loadgen["request_rate_mode"] = cfg.Arrival
+		if cfg.MaxConcurrency > 0 {
+			loadgen["concurrency"] = cfg.MaxConcurrency
+		}
+	} else {
+		loadgen["concurrency"] = cfg.Concurrency
+	}
+	if cfg.CancelRate > 0 {
+		loadgen["request_cancellation_rate"] = cfg.CancelRate * 100 // AIPerf: percent
+		loadgen["request_cancellation_delay"] = cfg.CancelDelay.Seconds()
+	}
+	return map[string]any{
+		"endpoint": map[string]any{
+			"model_names": []string{cfg.Model},
+			"type":        endpointType,
+			"streaming":   cfg.Stream,
+			"url":         cfg.BaseURL,
+		},
+		"loadgen":   loadgen,
+		"input":     map[string]any{"random_seed": lr.Seed},
+		"mq_config": full,
+		"mq_point":  sweep,
+	}
 }
 
 // describeConfig is the input_config recorded when the caller gave none. Prompts with output
