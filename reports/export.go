@@ -28,7 +28,9 @@ func WriteExportJSONL(w io.Writer, recs []ExportRecord) error {
 }
 
 // ReadExportJSONL reads profile_export.jsonl (ours or AIPerf's). A malformed line fails with
-// its line number.
+// its line number, and so does a line in another layout (an older AIPerf's, GenAI-Perf's):
+// read as ours it would give a run without any metric, which compare and merge would then
+// report as if it were one.
 func ReadExportJSONL(r io.Reader) ([]ExportRecord, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<16), 64<<20)
@@ -38,6 +40,9 @@ func ReadExportJSONL(r io.Reader) ([]ExportRecord, error) {
 		if len(b) == 0 {
 			continue
 		}
+		if err := checkRecordLayout(b); err != nil {
+			return out, fmt.Errorf("profile_export.jsonl line %d: %w", line, err)
+		}
 		var rec ExportRecord
 		if err := json.Unmarshal(b, &rec); err != nil {
 			return out, fmt.Errorf("profile_export.jsonl line %d: %w", line, err)
@@ -45,6 +50,39 @@ func ReadExportJSONL(r io.Reader) ([]ExportRecord, error) {
 		out = append(out, rec)
 	}
 	return out, sc.Err()
+}
+
+// checkRecordLayout refuses a line that is not AIPerf's per-request record (0.2 and later,
+// MetricRecordInfo: metadata with benchmark_phase and request_start_ns, metrics, error),
+// naming the layout it looks like.
+func checkRecordLayout(b []byte) error {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(b, &top); err != nil {
+		return err
+	}
+	var md map[string]json.RawMessage
+	_ = json.Unmarshal(top["metadata"], &md)
+	_, hasMetrics := top["metrics"]
+	_, hasPhase := md["benchmark_phase"]
+	_, hasStart := md["request_start_ns"]
+	if hasMetrics && hasPhase && hasStart {
+		return nil
+	}
+	keys := make([]string, 0, len(top))
+	for k := range top {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	guess := "an unknown layout"
+	switch {
+	case top["experiments"] != nil || top["requests"] != nil:
+		guess = "GenAI-Perf's profile export"
+	case top["metadata"] != nil && !hasPhase:
+		guess = "an older AIPerf per-request layout (metadata without benchmark_phase)"
+	case top["start_perf_ns"] != nil || top["request"] != nil || top["responses"] != nil:
+		guess = "AIPerf's raw records (profile_export_raw.jsonl), not its per-request metrics"
+	}
+	return fmt.Errorf("not AIPerf's per-request record layout (want metadata.benchmark_phase, metadata.request_start_ns and metrics; found keys %v): this looks like %s; re-export it with qual profile or AIPerf 0.2 or later", keys, guess)
 }
 
 // timeLayout is how start_time and end_time are written (UTC, RFC 3339 with nanoseconds).
