@@ -195,8 +195,8 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 		vStart, vEnd           int64 = math.MaxInt64, math.MinInt64 // valid requests
 		errs                         = map[[2]string]*ErrorGroup{}
 		errOrder               []*ErrorGroup
-		shards                       = map[string]*ShardWindow{}
-		shardTokens                  = map[string]float64{}
+		shards                 = map[string]*ShardWindow{}
+		shardTokens            = map[string]float64{}
 	)
 	for i := range recs {
 		r := &recs[i]
