@@ -14,6 +14,7 @@
 //	server.swallow_final_delta          drop the last content delta of every stream
 //	server.template_no_generation_prompt render chat without the generation prompt
 //	server.drop_record                  skip writing every 5th request record
+//	server.grpc_cumulative_deltas       gRPC TokenOutput text repeats the whole output (grpc.go)
 package server
 
 import (
@@ -49,6 +50,7 @@ type Config struct {
 	ModelName      string
 	Host           string
 	Port           int
+	GRPCPort       int // --grpc-port, OpenEngine v1 gRPC: -1 off (the flag's default), 0 any free port
 	Workers        int
 	MaxBatch       int // per worker; 0: the bundle's build setting
 	QueueDepth     int
@@ -115,6 +117,7 @@ type Server struct {
 	created int64
 
 	httpSrv    *http.Server
+	grpc       *grpcFrontend // nil without --grpc-port
 	ln         net.Listener
 	baseCancel context.CancelFunc
 	handlers   sync.WaitGroup
@@ -218,6 +221,9 @@ func (s *Server) Start() error {
 		}
 	}()
 	log.Printf("listening on %s (loading %s)", ln.Addr(), s.cfg.Bundle)
+	if err := s.startGRPC(); err != nil {
+		return err
+	}
 
 	// The tokenizer is parsed while the bundle is hashed, and the workers start once it is
 	// verified, so start-to-ready is the slower of the tokenizer parse and verification plus
@@ -254,6 +260,7 @@ func (s *Server) Start() error {
 	}
 	s.readyAt = time.Now()
 	s.state.Store(stateReady)
+	s.grpcReady()
 	log.Printf("ready in %v: model %q, %d workers, batch %d each, context %d, queue %d",
 		s.readyAt.Sub(s.startedAt).Round(time.Millisecond), s.cfg.ModelName, s.cfg.Workers, info.MaxBatch, info.MaxContext, s.cfg.QueueDepth)
 	return nil
@@ -362,6 +369,7 @@ func (s *Server) Shutdown(deadline time.Duration) error {
 	s.state.Store(stateDraining)
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
+	grpcDone := s.drainGRPC(ctx)
 	if s.httpSrv != nil {
 		if err := s.httpSrv.Shutdown(ctx); err != nil {
 			log.Printf("drain deadline %v passed; cancelling in-flight requests", deadline)
@@ -369,6 +377,7 @@ func (s *Server) Shutdown(deadline time.Duration) error {
 			_ = s.httpSrv.Close()
 		}
 	}
+	<-grpcDone
 	// Handlers write their records before returning; wait for the last ones.
 	done := make(chan struct{})
 	go func() { s.handlers.Wait(); close(done) }()
