@@ -182,6 +182,11 @@ MQ_API int32_t mq_engine_active(const mq_engine *e);
  * scratch KV slot, so it never disturbs live sequences. */
 MQ_API mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *out);
 
+/* Fills out[0..n) with what torch.randn(n, generator=torch.Generator("cpu").manual_seed(seed))
+ * draws in float32 (MT19937 and torch's CPU normal sampling): a diffusion pipeline's initial
+ * latents for seed, as diffusers' randn_tensor makes them. */
+MQ_API mq_status mq_torch_randn(uint64_t seed, float *out, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif
