@@ -73,6 +73,12 @@ class Weights {
   // ignore marks every tensor whose name ends with suffix as read (buffers a checkpoint may
   // carry that are not weights, such as GPT-2's causal-mask attn.bias).
   void ignore_suffix(const std::string &suffix) const;
+  // ignore_prefix marks every tensor whose name starts with prefix as read (a pipeline
+  // component part the family never runs, such as the VAE encoder of a text-to-image family).
+  void ignore_prefix(const std::string &prefix) const {
+    for (const auto &kv : map_)
+      if (kv.first.compare(0, prefix.size(), prefix) == 0) used_[kv.first] = true;
+  }
   // file_backed says p is read in place from the bundle's read-only file mapping (not a
   // converted copy), so its pages may be released and faulted back (LMHead).
   bool file_backed(const float *p) const;
@@ -225,6 +231,22 @@ struct Family {
   std::function<std::unique_ptr<Backend>(const ModelArgs &)> make;  // the CPU model
   // threads: how many CPU threads the model's forward pass uses (0: the engine's n_threads).
   int threads = 0;
+};
+
+// ImageBackend is a text-to-image model (task "image"): one call turns prompt token ids and the
+// request's controls into an RGB image. It is a Backend so the engine owns it as any model; the
+// token-generation entry points are not its business and refuse.
+class ImageBackend : public Backend {
+ public:
+  virtual mq_image_spec image_spec() const = 0;
+  // generate validates r against image_spec (errors name the field) and fills out.
+  virtual void generate(const mq_image_request &r, mq_image_output *out) = 0;
+  void forward(const Batch &, float *, int32_t *) override {
+    throw Error(MQ_ERR_INVALID_ARGUMENT, "this is a text-to-image model: it generates images, not tokens");
+  }
+  void logits_all(const int32_t *, int, int, float *) override {
+    throw Error(MQ_ERR_INVALID_ARGUMENT, "this is a text-to-image model: it has no logits");
+  }
 };
 
 // register_family adds f to the registry (at static initialisation, through
