@@ -149,3 +149,21 @@ func EncodePNG(rgb []byte, width, height int) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
+
+// PromptTokenizer is what ImagePromptIDs needs of a tokenizer (server/tokenizer.Tokenizer).
+type PromptTokenizer interface {
+	ApplyChatTemplate(msgs []map[string]any, addGenerationPrompt bool, kwargs map[string]any) (string, error)
+	Encode(text string) []int32
+}
+
+// ImagePromptIDs formats a prompt as ZImagePipeline's _encode_prompt does before its text
+// encoder: one user turn through the checkpoint's chat template with the generation prompt and
+// enable_thinking=True, then tokenized. The CLI and the server both call it, so the same prompt
+// gives the same ids (and image) on both paths.
+func ImagePromptIDs(tok PromptTokenizer, prompt string) ([]int32, error) {
+	text, err := tok.ApplyChatTemplate([]map[string]any{{"role": "user", "content": prompt}}, true, map[string]any{"enable_thinking": true})
+	if err != nil {
+		return nil, fmt.Errorf("prompt: %w", err)
+	}
+	return tok.Encode(text), nil
+}
