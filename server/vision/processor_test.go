@@ -36,6 +36,12 @@ type golden struct {
 		PixelValuesShape  []int     `json:"pixel_values_shape"`
 		FirstTop20IDs     []int32   `json:"first_top20_ids"`
 		FirstTop20Logits  []float64 `json:"first_top20_logits"`
+		PromptIDs         []int32   `json:"prompt_ids"`
+		GreedyIDs         []int32   `json:"greedy_ids"`
+		Steps             []struct {
+			Top5IDs    []int32   `json:"top5_ids"`
+			Top5Logits []float64 `json:"top5_logits"`
+		} `json:"steps"`
 	}
 }
 
