@@ -190,7 +190,7 @@ func Run(ctx context.Context, catalog []Mutant, opt Options) ([]Result, error) {
 			return out, ctx.Err()
 		}
 		start := time.Now()
-		r := runOne(ctx, i, m, opt)
+		r := runOne(ctx, m, opt)
 		r.Duration = time.Since(start)
 		status := "MISSED"
 		switch {
@@ -205,9 +205,12 @@ func Run(ctx context.Context, catalog []Mutant, opt Options) ([]Result, error) {
 	return out, nil
 }
 
-func runOne(ctx context.Context, i int, m Mutant, opt Options) Result {
+func runOne(ctx context.Context, m Mutant, opt Options) Result {
 	r := Result{Mutant: m}
-	dir := filepath.Join(opt.Work, fmt.Sprintf("m%02d", i+1))
+	// Every mutant is tried in the same folder: cgo bakes the package folder into its
+	// compile flags, so a copy at a new path would rebuild the C++ runtime even when the
+	// defect is elsewhere.
+	dir := filepath.Join(opt.Work, "copy")
 	_ = os.RemoveAll(dir)
 	if !opt.Keep {
 		defer os.RemoveAll(dir)
