@@ -15,6 +15,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(false) })
 	spec.ContextContract(ctx, suite.ContextInput)
 	spec.StopStrings(ctx, suite.StopInput)
+	spec.TokenizerParity(ctx, func() spec.TokenizerInput { return suite.TokenizerInput("gpt2") })
 	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)
 })

@@ -20,6 +20,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(true) })
 	spec.NaturalEOS(ctx, suite.EOSInput)
 	spec.StopStrings(ctx, suite.StopInput)
+	spec.TokenizerParity(ctx, func() spec.TokenizerInput { return suite.TokenizerInput("qwen3") })
 	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)
 	spec.ChatPromptTokens(ctx, func() spec.ChatUsageInput { return suite.ChatUsageInput("qwen3-chat-usage.json", "qwen3_chat") })

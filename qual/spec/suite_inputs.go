@@ -54,3 +54,9 @@ func (s *Suite) FailureRecordsInput() FailureRecordsInput {
 	api, ep := s.StartServerArgs(context.Background(), []string{"--request-timeout", timeout.String(), "--max-batch", "1", "--queue-depth", strconv.Itoa(1)})
 	return FailureRecordsInput{API: api, RecordsPath: ep.RecordsPath, MaxContext: s.Manifest.Build.MaxContext, RequestTimeout: timeout}
 }
+
+// TokenizerInput is the tokenizer gate's input: the texts under key of
+// fixtures/golden/tokenizer_golden.json.
+func (s *Suite) TokenizerInput(key string) TokenizerInput {
+	return TokenizerInput{API: s.API, Path: filepath.Join(s.State.RepoRoot, "fixtures", "golden", "tokenizer_golden.json"), Key: key}
+}
