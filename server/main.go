@@ -26,7 +26,8 @@ func ParseFlags(args []string, errOut io.Writer) (Config, error) {
 Usage: qual-server --bundle FILE.mqb --model-name NAME [flags]
 
 Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-POST /tokenize, POST /detokenize, POST /mq/v1/logits, GET /mq/v1/bundle, GET /metrics.
+POST /v1/images/generations (text-to-image bundles), POST /tokenize, POST /detokenize,
+POST /mq/v1/logits, GET /mq/v1/bundle, GET /metrics.
 SIGTERM drains: new requests get 503, in-flight ones finish (up to --drain-timeout), records
 are flushed, exit 0. Env MODELQUAL_FAULTS injects the faults documented in package server.
 
