@@ -172,6 +172,10 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 		q.fail(s.unknownModel(req.Model))
 		return
 	}
+	if s.task == "image" {
+		q.fail(badRequest("model", "model %q is a text-to-image model; send POST /v1/images/generations", s.cfg.ModelName))
+		return
+	}
 	ids, aerr := s.promptIDs(q, req)
 	if aerr != nil {
 		q.fail(aerr)

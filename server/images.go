@@ -47,7 +47,8 @@ type imageGeometry struct {
 	negativePrompt bool
 }
 
-func (s *Server) imageGeometry() imageGeometry {
+// imageGeometryOf reads it from the bundle header once, when the bundle is verified.
+func imageGeometryOf(header []byte) imageGeometry {
 	var h struct {
 		Task   string `json:"task"`
 		Config struct {
@@ -59,7 +60,7 @@ func (s *Server) imageGeometry() imageGeometry {
 			} `json:"transformer"`
 		} `json:"config"`
 	}
-	_ = json.Unmarshal(s.header, &h)
+	_ = json.Unmarshal(header, &h)
 	g := imageGeometry{task: h.Task, negativePrompt: true}
 	if n := len(h.Config.VAE.BlockOut); n > 0 {
 		g.multiple = (1 << (n - 1)) * 2
@@ -87,7 +88,7 @@ func (s *Server) handleImages(q *reqState) {
 	if v := q.r.Header.Get("X-Warmup"); v == "1" || v == "true" {
 		q.rec.Warmup = true
 	}
-	g := s.imageGeometry()
+	g := s.image
 	if g.task != "image" {
 		q.fail(badRequest("model", "model %q serves task %q; /v1/images/generations needs a text-to-image model", s.cfg.ModelName, g.task))
 		return

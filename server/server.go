@@ -122,6 +122,8 @@ type Server struct {
 	state   atomic.Int32
 	tok     *tokenizer.Tokenizer
 	header  json.RawMessage // the bundle header as served by /mq/v1/bundle
+	task    string          // the bundle's task: "text", "image" or "vision"
+	image   imageGeometry   // what the images route checks sizes against (task "image")
 	fileSum string          // the bundle's digest, from the start's one verification
 	info    wire.Info
 	eos     map[int32]bool
@@ -307,6 +309,7 @@ func (s *Server) verifyBundle() (bundle.Verified, error) {
 		return bundle.Verified{}, fmt.Errorf("qual-server: encode bundle header: %w", err)
 	}
 	s.header, s.fileSum = hdr, b.Digest()
+	s.task, s.image = b.Header().Task, imageGeometryOf(hdr)
 	el := time.Since(t0)
 	log.Printf("verified bundle %s (%d MB, digest %s) in %v (%.1f GB/s)", s.cfg.Bundle, len(b.Data())>>20, s.fileSum, el.Round(time.Millisecond),
 		float64(len(b.Data()))/el.Seconds()/1e9)

@@ -315,6 +315,15 @@ func CheckImageContract(ctx context.Context, in ImageInput) error {
 			problems = append(problems, fmt.Sprintf("the valid request after the %s refusal failed: %v", r.field, err))
 		}
 	}
+	// A text route on a text-to-image model is a client error naming the model, not a 5xx.
+	_, err := in.API.Complete(ctx, "/v1/completions", map[string]any{"model": in.API.Model, "prompt": "a fox", "max_tokens": 4})
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Status != 400 || ae.Param != "model" {
+		problems = append(problems, fmt.Sprintf("/v1/completions on an image model: %v, want 400 naming model", err))
+	}
+	if _, err := in.API.GenerateImage(ctx, base); err != nil {
+		problems = append(problems, fmt.Sprintf("the valid request after the text-route refusal failed: %v", err))
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("image contract: %s", strings.Join(problems, "; "))
 	}
