@@ -28,10 +28,12 @@ Usage: qual-server --bundle FILE.mqb --model-name NAME [flags]
 
 Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
 POST /tokenize, POST /detokenize, POST /mq/v1/logits, GET /mq/v1/bundle, GET /metrics.
+With --grpc-port: the OpenEngine API v1 (gRPC) over the same engines, records and metrics.
 SIGTERM drains: the port stays open and new requests (new connections too) get 503
-shutting_down; in-flight ones may finish until --drain-timeout, then are ended by the server
-(streams with an error event, code drain_timeout; others 503) and recorded with finish_reason
-"drain"; records are flushed; exit 0 (1 if a record could not be written). Env MODELQUAL_FAULTS injects the faults documented in package server.
+shutting_down (gRPC: UNAVAILABLE); in-flight ones may finish until --drain-timeout, then are
+ended by the server (streams with an error event, code drain_timeout; others 503) and recorded
+with finish_reason "drain"; records are flushed; exit 0 (1 if a record could not be written).
+Env MODELQUAL_FAULTS injects the faults documented in package server.
 
 Flags:
 `)
@@ -41,6 +43,7 @@ Flags:
 	fs.StringVar(&c.ModelName, "model-name", "", "model name clients send as \"model\" and /v1/models lists (required)")
 	fs.StringVar(&c.Host, "host", "127.0.0.1", "address to listen on; 0.0.0.0 to accept remote clients (containers)")
 	fs.IntVar(&c.Port, "port", 8000, "TCP port (0: any free port, printed in the log)")
+	fs.IntVar(&c.GRPCPort, "grpc-port", -1, "also serve the OpenEngine API v1 over gRPC (openengine.v1 Inference and Control, grpc.health.v1, reflection) on this TCP port of --host (-1: off; 0: any free port)")
 	fs.IntVar(&c.Workers, "workers", 1, "worker processes, one engine each")
 	fs.IntVar(&c.MaxBatch, "max-batch", 0, "batch slots per engine (0: the bundle's build max_batch)")
 	fs.IntVar(&c.QueueDepth, "queue-depth", 256, "requests that may wait for a batch slot; beyond it requests get 429")

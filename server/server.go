@@ -14,6 +14,7 @@
 //	server.swallow_final_delta          drop the last content delta of every stream
 //	server.template_no_generation_prompt render chat without the generation prompt
 //	server.drop_record                  skip writing every 5th request record
+//	server.grpc_cumulative_deltas       gRPC TokenOutput text repeats the whole output (grpc.go)
 package server
 
 import (
@@ -49,6 +50,7 @@ type Config struct {
 	ModelName      string
 	Host           string
 	Port           int
+	GRPCPort       int // --grpc-port, OpenEngine v1 gRPC: -1 off (the flag's default), 0 any free port
 	Workers        int
 	MaxBatch       int // per worker; 0: the bundle's build setting
 	QueueDepth     int
@@ -126,6 +128,7 @@ type Server struct {
 	created int64
 
 	httpSrv    *http.Server
+	grpc       *grpcFrontend // nil without --grpc-port
 	ln         net.Listener
 	baseCancel context.CancelFunc
 	// drainCtx ends at the drain deadline; admitted counts requests past the state check.
@@ -242,6 +245,9 @@ func (s *Server) Start() error {
 		}
 	}()
 	log.Printf("listening on %s (loading %s)", ln.Addr(), s.cfg.Bundle)
+	if err := s.startGRPC(); err != nil {
+		return err
+	}
 
 	// The tokenizer is parsed while the bundle is hashed, and the workers start once it is
 	// verified, so start-to-ready is the slower of the tokenizer parse and verification plus
@@ -278,6 +284,7 @@ func (s *Server) Start() error {
 	}
 	s.readyAt = time.Now()
 	s.state.Store(stateReady)
+	s.grpcReady()
 	log.Printf("ready in %v: model %q, %d workers, batch %d each, context %d, queue %d",
 		s.readyAt.Sub(s.startedAt).Round(time.Millisecond), s.cfg.ModelName, s.cfg.Workers, info.MaxBatch, info.MaxContext, s.cfg.QueueDepth)
 	return nil
@@ -387,6 +394,9 @@ func (s *Server) WorkerPIDs() []int { return s.pool.workerPIDs() }
 // the records file's, so exit status says whether every record landed.
 func (s *Server) Shutdown(deadline time.Duration) error {
 	s.state.Store(stateDraining)
+	gctx, gcancel := context.WithTimeout(context.Background(), deadline)
+	defer gcancel()
+	grpcDone := s.drainGRPC(gctx)
 	if s.httpSrv != nil {
 		s.httpSrv.SetKeepAlivesEnabled(false) // also closes idle connections
 		if !s.waitAdmitted(deadline) {
@@ -403,6 +413,7 @@ func (s *Server) Shutdown(deadline time.Duration) error {
 		}
 		cancel()
 	}
+	<-grpcDone
 	// Handlers write their records before returning; wait for the last ones.
 	done := make(chan struct{})
 	go func() { s.handlers.Wait(); close(done) }()
