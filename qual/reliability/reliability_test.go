@@ -293,9 +293,8 @@ var _ = Describe("qual-server reliability", Label("reliability"), Ordered, Conti
 		}, res)
 		Expect(metric(ep.BaseURL, "qual_server_record_write_errors_total")).To(BeNumerically(">=", 1))
 		Expect(stopNow(ep)).NotTo(Succeed(), "exit status 0 though records were lost")
-		// Requests answered 500 (records_write_failed) got an error and owe no record: the
-		// server wrote what it could not to the failing file either way. Losses are answers
-		// that succeeded without a record.
+		// A request answered with an error (500 records_write_failed, or a stream's error
+		// event when its own record failed) was told; a lost record is a success without one.
 		counts, err := readRecords(ep.RecordsPath)
 		Expect(err).NotTo(HaveOccurred())
 		lost, recLost, refused := 0, 0, 0
@@ -312,6 +311,7 @@ var _ = Describe("qual-server reliability", Label("reliability"), Ordered, Conti
 		}
 		addRow(row{"unwritable records", "80 streams", fmt.Sprintf("--records /dev/full refused at start; file size capped mid-run (%d later requests refused with 500)", refused), lost, recLost})
 		Expect(lost).To(BeZero())
+		Expect(recLost).To(BeZero(), "requests answered with success but without a record")
 		Expect(refused).To(BeNumerically(">", 0))
 	})
 })
