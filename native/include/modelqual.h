@@ -167,6 +167,25 @@ MQ_API mq_status mq_engine_info_get(const mq_engine *e, mq_engine_info *out);
 MQ_API mq_status mq_engine_add(mq_engine *e, const int32_t *prompt, int32_t n_prompt,
                                const mq_sampling *s, uint64_t *seq_out);
 
+/* One image of a vision-language prompt (a family of task "vision"): pixel_values as the
+ * family's image processor lays them out (n_pixels floats) and the image's grid in patches
+ * (temporal, height, width). The prompt carries the image's placeholder tokens, one per image
+ * token; the family checks the counts agree and puts the image's embeddings in their place.
+ * The runtime copies the pixels; the caller's buffer may be freed when the call returns. */
+typedef struct {
+  const float *pixels;
+  int64_t n_pixels;
+  int32_t grid_t, grid_h, grid_w;
+} mq_image;
+
+/* mq_engine_add with one image (see mq_image). A family without images refuses it. */
+MQ_API mq_status mq_engine_add_image(mq_engine *e, const int32_t *prompt, int32_t n_prompt, const mq_image *image,
+                                     const mq_sampling *s, uint64_t *seq_out);
+
+/* mq_engine_logits with one image. */
+MQ_API mq_status mq_engine_logits_image(mq_engine *e, const int32_t *ids, int32_t n, const mq_image *image,
+                                        float *out);
+
 /* Thread-safe. Ends the sequence at the next step (reason CANCELLED); unknown ids are ignored. */
 MQ_API void mq_engine_cancel(mq_engine *e, uint64_t seq);
 

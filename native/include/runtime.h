@@ -163,6 +163,12 @@ struct Batch {
   int rows() const { return (int)tokens.size(); }
 };
 
+// ImageInput is one image of a vision-language prompt (mq_image, copied).
+struct ImageInput {
+  std::vector<float> pixels;
+  int grid_t = 0, grid_h = 0, grid_w = 0;
+};
+
 // Backend is one model on one device. The engine owns scheduling, sampling and stop rules.
 class Backend {
  public:
@@ -175,6 +181,13 @@ class Backend {
   // logits_all writes full logits for every position of ids, using KV slot scratch_slot.
   virtual void logits_all(const int32_t *ids, int n, int scratch_slot, float *out) = 0;
   virtual void reset_slot(int slot) { (void)slot; }
+  // set_image attaches an image to the sequence about to be prefilled in slot with prompt
+  // (checked against it here, so a bad request fails alone); reset_slot drops it. Families
+  // without images refuse.
+  virtual void set_image(int slot, std::shared_ptr<const ImageInput> img, const int32_t *prompt, int n) {
+    (void)slot, (void)img, (void)prompt, (void)n;
+    throw Error(MQ_ERR_INVALID_ARGUMENT, "this model does not take images");
+  }
   // deterministic backends (mock) choose tokens themselves: the engine uses argmax as-is and
   // skips sampling; logits may then be left unwritten by forward.
   virtual bool deterministic() const { return false; }
