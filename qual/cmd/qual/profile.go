@@ -67,6 +67,8 @@ func runProfile(args []string) int {
 		launcher       = fs.String("launcher", "process", "how to start the server for --bundle: process or container")
 		gpus           = fs.String("gpus", "", "serve on these GPUs: all or device IDs (0,1); a machine or Docker engine without NVIDIA support is an error, never a CPU run")
 		image          = fs.String("image", launch.DefaultImage, "container launcher: the locally built image (make image)")
+		ctrMemory      = fs.Int64("container-memory", 0, "container launcher: memory cap in bytes (0: none)")
+		ctrPids        = fs.Int64("container-pids", launch.DefaultPidsLimit, "container launcher: process-and-thread cap (-1: none)")
 		model          = fs.String("model", "", "model name sent in requests (and served, with --bundle)")
 		tokDir         = fs.String("tokenizer", "", "tokenizer folder (tokenizer.json, tokenizer_config.json) for client token counts and synthetic prompts; default: the bundle's own")
 		endpoint       = fs.String("endpoint", "completions", "completions, chat, or images (/v1/images/generations; --input-file lines carry prompt, size, num_inference_steps, guidance_scale, seed)")
@@ -213,7 +215,7 @@ func runProfile(args []string) int {
 	}
 	opts := []launch.Option{launch.WithModel(*model), launch.WithRunDir(filepath.Join(runDir, "server")),
 		launch.WithStartupTimeout(*startupTimeout), launch.WithArgs(serverArgs...), launch.WithFaults(*faults),
-		launch.WithAPIKey(*apiKey), launch.WithImage(*image)}
+		launch.WithAPIKey(*apiKey), launch.WithImage(*image), launch.WithMemoryLimit(*ctrMemory), launch.WithPidsLimit(*ctrPids)}
 	var l launch.Launcher
 	if *url != "" {
 		l = launch.External(append(opts, launch.WithURL(*url))...)
