@@ -57,6 +57,10 @@ type ProfileInput struct {
 	// fraction (0..1; cancellations the run asked for do not count). A point where no
 	// measured request succeeded fails whatever it says.
 	MaxErrorRate *float64
+	// Repeat runs every sweep point this many times (default 1), each into its own run
+	// directory with the suffix -rep<k> and its own seed, so that `qual report compare` can
+	// tell a change from run-to-run variance.
+	Repeat int
 	// Overwrite lets a point replace a run directory that already holds a run; without it
 	// Profile refuses before sending anything.
 	Overwrite bool
@@ -158,6 +162,18 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	}
 	for _, r := range in.RequestRates {
 		points = append(points, point{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
+	}
+	if in.Repeat < 0 {
+		return res, fmt.Errorf("load.Profile: ProfileInput.Repeat %d must not be negative", in.Repeat)
+	}
+	if in.Repeat > 1 {
+		var reps []point
+		for _, p := range points {
+			for k := 1; k <= in.Repeat; k++ {
+				reps = append(reps, point{p.sweep, fmt.Sprintf("%s-rep%d", p.dir, k)})
+			}
+		}
+		points = reps
 	}
 	if !in.Overwrite {
 		for _, p := range points {

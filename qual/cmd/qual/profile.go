@@ -98,6 +98,7 @@ func runProfile(args []string) int {
 		noProgress     = fs.Bool("no-progress", false, "do not print progress")
 		maxErrorRate   = fs.Float64("max-error-rate", -1, "fail a point whose measured requests failed in a larger fraction (0..1; default: fail only when none succeeded)")
 		overwrite      = fs.Bool("overwrite", false, "replace the runs already in --out")
+		repeat         = fs.Int("repeat", 1, "run every sweep point N times (run directories ...-rep1..N) so qual report compare can separate a change from run-to-run variance")
 	)
 	var serverArgs profileMultiFlag
 	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
@@ -149,6 +150,9 @@ func runProfile(args []string) int {
 	gpuIndices, err := profileGPUIndices(*gpus)
 	if err != nil {
 		return bad("--gpus: %v", err)
+	}
+	if *repeat < 1 {
+		return bad("--repeat %d must be at least 1", *repeat)
 	}
 	if *maxErrorRate > 1 {
 		return bad("--max-error-rate %v must be within [0, 1]", *maxErrorRate)
@@ -272,6 +276,7 @@ func runProfile(args []string) int {
 		GPUIndices:    gpuIndices,
 		RequireGPU:    *gpus != "",
 		Overwrite:     *overwrite,
+		Repeat:        *repeat,
 	}
 	if *maxErrorRate >= 0 {
 		in.MaxErrorRate = maxErrorRate
