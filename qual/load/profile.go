@@ -119,7 +119,11 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	if in.OutDir == "" {
 		return nil, errors.New("load.Profile: ProfileInput.OutDir is empty")
 	}
-	if (len(in.Concurrencies) == 0) == (len(in.RequestRates) == 0) {
+	if in.Load.FixedSchedule {
+		if len(in.Concurrencies) > 0 || len(in.RequestRates) > 0 {
+			return nil, errors.New("load.Profile: a fixed schedule (Load.FixedSchedule) sends at the trace's timestamps; leave ProfileInput.Concurrencies and RequestRates empty")
+		}
+	} else if (len(in.Concurrencies) == 0) == (len(in.RequestRates) == 0) {
 		return nil, errors.New("load.Profile: set exactly one of ProfileInput.Concurrencies and ProfileInput.RequestRates")
 	}
 	slos, err := metrics.ParseSLOs(in.SLOs)
@@ -163,6 +167,9 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	for _, r := range in.RequestRates {
 		points = append(points, point{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
 	}
+	if in.Load.FixedSchedule {
+		points = append(points, point{reports.SweepPoint{Parameter: "fixed_schedule", Value: 1}, in.Name + "-trace"})
+	}
 	if in.Repeat < 0 {
 		return res, fmt.Errorf("load.Profile: ProfileInput.Repeat %d must not be negative", in.Repeat)
 	}
@@ -187,9 +194,10 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	}
 	for i, p := range points {
 		cfg := in.Load
-		if p.sweep.Parameter == "concurrency" {
+		switch p.sweep.Parameter {
+		case "concurrency":
 			cfg.Concurrency, cfg.RequestRate = int(p.sweep.Value), 0
-		} else {
+		case "request_rate":
 			cfg.RequestRate = p.sweep.Value
 		}
 		if cfg.Seed != 0 {
@@ -294,7 +302,7 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	copyLogs(in.Endpoint.LogPaths, dir)
 
 	// Exports through package reports.
-	open := cfg.RequestRate > 0
+	open := cfg.RequestRate > 0 || cfg.FixedSchedule || metrics.HasSchedule(lr.Records)
 	exp := metrics.Export(lr.Records, joined, metrics.Options{ScheduleLateness: open})
 	outTok := 0
 	for i := range lr.Records {
@@ -422,6 +430,10 @@ func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full an
 		loadgen["request_cancellation_rate"] = cfg.CancelRate * 100 // AIPerf: percent
 		loadgen["request_cancellation_delay"] = cfg.CancelDelay.Seconds()
 	}
+	input := map[string]any{"random_seed": lr.Seed, "fixed_schedule": cfg.FixedSchedule}
+	if len(cfg.Sessions) > 0 {
+		input["conversation_num"] = len(cfg.Sessions)
+	}
 	return map[string]any{
 		"endpoint": map[string]any{
 			"model_names": []string{cfg.Model},
@@ -430,7 +442,7 @@ func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full an
 			"url":         cfg.BaseURL,
 		},
 		"loadgen":   loadgen,
-		"input":     map[string]any{"random_seed": lr.Seed},
+		"input":     input,
 		"mq_config": full,
 		"mq_point":  sweep,
 	}

@@ -81,7 +81,9 @@ func runProfile(args []string) int {
 		inMean         = fs.Int("input-tokens-mean", 128, "synthetic prompts: mean input length in tokens")
 		inStd          = fs.Int("input-tokens-stddev", 0, "synthetic prompts: input length standard deviation")
 		numPrompts     = fs.Int("num-prompts", 100, "synthetic prompts: how many distinct prompts to cycle through")
-		inputFile      = fs.String("input-file", "", "JSONL prompts: families' corpus format or {\"text\": ...} lines")
+		inputFile      = fs.String("input-file", "", "JSONL prompts: families' corpus format or {\"text\": ...} lines; with --custom-dataset-type, an AIPerf dataset file")
+		datasetType    = fs.String("custom-dataset-type", "", "read --input-file as AIPerf's single_turn, multi_turn (sessions whose history grows turn by turn, with per-turn delays), random_pool (sampled with replacement) or mooncake_trace (timestamp, input_length, output_length, hash_ids)")
+		fixedSchedule  = fs.Bool("fixed-schedule", false, "send each request at its --input-file timestamp (ms from the first), as AIPerf's --fixed-schedule; lateness against the trace is reported")
 		outTokens      = fs.Int("output-tokens", 0, "output length: max_tokens with ignore_eos (0: server default); the mean with --output-tokens-stddev; an input file's per-line output_length takes precedence")
 		outStd         = fs.Int("output-tokens-stddev", 0, "output length standard deviation: each prompt gets its own length, drawn from a normal distribution around --output-tokens (so requests do not all finish together)")
 		slo            = fs.String("slo", "", "goodput SLOs, e.g. ttft:200ms,itl:20ms,request_latency:1s")
@@ -127,10 +129,20 @@ func runProfile(args []string) int {
 	if *endpoint != client.Completions && *endpoint != client.Chat {
 		return bad("--endpoint %q must be completions or chat", *endpoint)
 	}
-	if (*concurrency == "") == (*rate == "") {
+	if *fixedSchedule {
+		if *datasetType == "" || *inputFile == "" {
+			return bad("--fixed-schedule needs --input-file F --custom-dataset-type single_turn|multi_turn|mooncake_trace with timestamps")
+		}
+		if *concurrency != "" || *rate != "" {
+			return bad("--fixed-schedule sends at the trace's timestamps; leave out --concurrency and --request-rate")
+		}
+	} else if (*concurrency == "") == (*rate == "") {
 		return bad("pass exactly one of --concurrency and --request-rate")
 	}
-	if *requests <= 0 && *duration <= 0 {
+	if *datasetType != "" && *inputFile == "" {
+		return bad("--custom-dataset-type %s needs --input-file F", *datasetType)
+	}
+	if *requests <= 0 && *duration <= 0 && *datasetType == "" {
 		return bad("pass --requests N or --duration D to say when each point stops")
 	}
 	concs, err := profileParseInts(*concurrency)
@@ -194,7 +206,17 @@ func runProfile(args []string) int {
 	if promptSeed == 0 {
 		promptSeed = uint64(time.Now().UnixNano())
 	}
-	if *inputFile != "" {
+	var sessions []load.Session
+	if *datasetType != "" {
+		var ds *load.Dataset
+		ds, err = load.ReadDataset(*inputFile, *datasetType, ltok)
+		if err == nil {
+			if *fixedSchedule && !ds.Timed {
+				return bad("--fixed-schedule: %s has turns without a \"timestamp\"; give every line one, or drop --fixed-schedule", *inputFile)
+			}
+			sessions = ds.SampleSessions(*requests, promptSeed)
+		}
+	} else if *inputFile != "" {
 		prompts, err = load.ReadCorpus(*inputFile, ltok)
 	} else {
 		if tok == nil {
@@ -263,6 +285,7 @@ func runProfile(args []string) int {
 		Load: load.Config{
 			APIKey: *apiKey, Endpoint: *endpoint, Stream: *stream, MaxConcurrency: *maxConc, Arrival: *arrival,
 			Requests: *requests, Duration: *duration, Warmup: *warmup, Prompts: prompts, OutputTokens: *outTokens,
+			Sessions: sessions, FixedSchedule: *fixedSchedule,
 			CancelRate: *cancelRate, CancelDelay: *cancelDelay, Seed: *seed, Tokenizer: ltok,
 			RequestTimeout: *requestTimeout, Progress: progress,
 		},
