@@ -330,6 +330,7 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 		EndTime:   time.Unix(0, lr.StartUnixNs+lr.ProfilingEndNs),
 	}
 	run.InputConfig = mustJSON(aiperfInputConfig(cfg, lr, sweep, inputCfg))
+	run.Target = target(in, pres.Environment, before)
 	run.WasCancelled = ctx.Err() != nil
 	run.Environment = mustJSON(struct {
 		provenance.Environment
@@ -402,6 +403,31 @@ func RefuseExistingRun(dir string) error {
 		return nil
 	}
 	return fmt.Errorf("%s already holds a run (%s, ...); pass a new --out or --name, or --overwrite to replace it", dir, ents[0].Name())
+}
+
+// target names the server, URL, model, bundle (with its sha256 from the fingerprints taken
+// before the point) and source commit for summary.md.
+func target(in ProfileInput, env provenance.Environment, fp *provenance.Fingerprints) *reports.Target {
+	t := &reports.Target{URL: in.Endpoint.BaseURL, Model: in.Load.Model, Bundle: in.Fingerprint.Bundle,
+		Commit: env.SourceRevision, Dirty: env.Dirty}
+	switch in.Endpoint.Kind {
+	case "external":
+		t.Server = "external"
+	case "":
+		t.Server = "unknown"
+	default:
+		t.Server = "qual-server (" + in.Endpoint.Kind + ")"
+	}
+	if t.Bundle != "" && fp != nil {
+		abs, _ := filepath.Abs(t.Bundle)
+		for _, f := range fp.Files {
+			if f.Path == t.Bundle || f.Path == abs || f.Role == "bundle" {
+				t.BundleSHA256 = f.SHA256
+				break
+			}
+		}
+	}
+	return t
 }
 
 // aiperfInputConfig is the exports' input_config in AIPerf's UserConfig layout (endpoint,
