@@ -480,6 +480,7 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 	if err != nil {
 		clock = nil
 	} else {
+		clock.setSpin(time.Duration(mean))
 		defer clock.close()
 	}
 	// Requests are handed to idle worker goroutines waiting on an unbuffered channel, so a
@@ -552,8 +553,12 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 			go worker(j)
 		}
 		// Let the worker run now, up to its request's start, instead of after this loop has
-		// armed the timer for the next request and parked.
-		runtimeGosched()
+		// armed the timer for the next request and parked; but not when the schedule is
+		// already behind: a yield then hands the processor to every runnable request
+		// goroutine before the next dispatch, and the lag grows with the in-flight count.
+		if time.Since(r.epoch) < sched+time.Millisecond {
+			runtimeGosched()
+		}
 	}
 	close(jobs)
 	wg.Wait()
