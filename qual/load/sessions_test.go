@@ -13,7 +13,7 @@ import (
 	"github.com/modelqual/modelqual/server/tokenizer"
 )
 
-func gpt2Tok(t *testing.T) *tokenizer.Tokenizer {
+func gpt2Tok(t testing.TB) *tokenizer.Tokenizer {
 	t.Helper()
 	root, err := filepath.Abs("../../fixtures")
 	if err != nil {
