@@ -171,3 +171,22 @@ func TestProfileReplaysMooncakeAndMultiTurn(t *testing.T) {
 		t.Errorf("records %d, turns %v; want sessions a (2 turns) and b (3 turns)", len(run.Records), turns)
 	}
 }
+
+// TestProfileRepeatFeedsCompare: --repeat 2 writes two run directories per point, and two such
+// profiles compare over runs, each column naming its two runs.
+func TestProfileRepeatFeedsCompare(t *testing.T) {
+	base, _ := profileMock(t, "--concurrency", "2", "--requests", "8", "--output-tokens", "3", "--repeat", "2")
+	cand, _ := profileMock(t, "--concurrency", "2", "--requests", "8", "--output-tokens", "3", "--repeat", "2")
+	for _, d := range []string{"profile-c2-rep1", "profile-c2-rep2"} {
+		if _, err := os.Stat(filepath.Join(base, d, reports.ProfileExportJSONL)); err != nil {
+			t.Fatalf("--repeat 2: %v", err)
+		}
+	}
+	var out, errb strings.Builder
+	if code := reportMain([]string{"compare", base, cand}, &out, &errb); code != 0 {
+		t.Fatalf("compare exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "base: 2 runs") || !strings.Contains(out.String(), "candidate: 2 runs") || !strings.Contains(out.String(), "over runs") {
+		t.Errorf("compare of repeats:\n%s", out.String())
+	}
+}
