@@ -32,7 +32,7 @@ func init() {
 }
 
 const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher process|container] [--gpus all|0,1])
-         --model NAME [--tokenizer DIR] --endpoint completions|chat [--stream]
+         --model NAME [--tokenizer DIR] --endpoint completions|chat|images [--stream]
          (--concurrency 1,8,32 | --request-rate R[,R...] [--max-concurrency C] [--arrival constant|poisson])
          (--requests N | --duration D) [--warmup N]
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
@@ -69,7 +69,7 @@ func runProfile(args []string) int {
 		image          = fs.String("image", launch.DefaultImage, "container launcher: the locally built image (make image)")
 		model          = fs.String("model", "", "model name sent in requests (and served, with --bundle)")
 		tokDir         = fs.String("tokenizer", "", "tokenizer folder (tokenizer.json, tokenizer_config.json) for client token counts and synthetic prompts; default: the bundle's own")
-		endpoint       = fs.String("endpoint", "completions", "completions or chat")
+		endpoint       = fs.String("endpoint", "completions", "completions, chat, or images (/v1/images/generations; --input-file lines carry prompt, size, num_inference_steps, guidance_scale, seed)")
 		stream         = fs.Bool("stream", false, "stream responses (SSE)")
 		concurrency    = fs.String("concurrency", "", "closed loop: comma-separated concurrencies to sweep, e.g. 1,8,32")
 		rate           = fs.String("request-rate", "", "open loop: comma-separated request rates (req/s) to sweep")
@@ -126,8 +126,8 @@ func runProfile(args []string) int {
 	if *out == "" {
 		return bad("--out is required (where run directories go)")
 	}
-	if *endpoint != client.Completions && *endpoint != client.Chat {
-		return bad("--endpoint %q must be completions or chat", *endpoint)
+	if *endpoint != client.Completions && *endpoint != client.Chat && *endpoint != load.EndpointImages {
+		return bad("--endpoint %q must be completions, chat or images", *endpoint)
 	}
 	if *fixedSchedule {
 		if *datasetType == "" || *inputFile == "" {
@@ -207,7 +207,9 @@ func runProfile(args []string) int {
 		promptSeed = uint64(time.Now().UnixNano())
 	}
 	var sessions []load.Session
-	if *datasetType != "" {
+	if *endpoint == load.EndpointImages {
+		// Requests and their controls come from --input-file (load.ProfileImages).
+	} else if *datasetType != "" {
 		var ds *load.Dataset
 		ds, err = load.ReadDataset(*inputFile, *datasetType, ltok)
 		if err == nil {
@@ -303,6 +305,12 @@ func runProfile(args []string) int {
 	}
 	if *maxErrorRate >= 0 {
 		in.MaxErrorRate = maxErrorRate
+	}
+	if *endpoint == load.EndpointImages {
+		if _, err := load.ProfileImages(ctx, in, os.Stdout); err != nil {
+			return profileFail("%v", err)
+		}
+		return 0
 	}
 	res, perr := load.Profile(ctx, in)
 	if res != nil {
