@@ -83,7 +83,9 @@ func runProfile(args []string) int {
 		inMean         = fs.Int("input-tokens-mean", 128, "synthetic prompts: mean input length in tokens")
 		inStd          = fs.Int("input-tokens-stddev", 0, "synthetic prompts: input length standard deviation")
 		numPrompts     = fs.Int("num-prompts", 100, "synthetic prompts: how many distinct prompts to cycle through")
-		inputFile      = fs.String("input-file", "", "JSONL prompts: families' corpus format or {\"text\": ...} lines")
+		inputFile      = fs.String("input-file", "", "JSONL prompts: families' corpus format or {\"text\": ...} lines; with --custom-dataset-type, an AIPerf dataset file")
+		datasetType    = fs.String("custom-dataset-type", "", "read --input-file as AIPerf's single_turn, multi_turn (sessions whose history grows turn by turn, with per-turn delays), random_pool (sampled with replacement) or mooncake_trace (timestamp, input_length, output_length, hash_ids)")
+		fixedSchedule  = fs.Bool("fixed-schedule", false, "send each request at its --input-file timestamp (ms from the first), as AIPerf's --fixed-schedule; lateness against the trace is reported")
 		outTokens      = fs.Int("output-tokens", 0, "output length: max_tokens with ignore_eos (0: server default); the mean with --output-tokens-stddev; an input file's per-line output_length takes precedence")
 		outStd         = fs.Int("output-tokens-stddev", 0, "output length standard deviation: each prompt gets its own length, drawn from a normal distribution around --output-tokens (so requests do not all finish together)")
 		slo            = fs.String("slo", "", "goodput SLOs, e.g. ttft:200ms,itl:20ms,request_latency:1s")
@@ -100,6 +102,7 @@ func runProfile(args []string) int {
 		noProgress     = fs.Bool("no-progress", false, "do not print progress")
 		maxErrorRate   = fs.Float64("max-error-rate", -1, "fail a point whose measured requests failed in a larger fraction (0..1; default: fail only when none succeeded)")
 		overwrite      = fs.Bool("overwrite", false, "replace the runs already in --out")
+		repeat         = fs.Int("repeat", 1, "run every sweep point N times (run directories ...-rep1..N) so qual report compare can separate a change from run-to-run variance")
 	)
 	var serverArgs profileMultiFlag
 	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
@@ -128,10 +131,20 @@ func runProfile(args []string) int {
 	if *endpoint != client.Completions && *endpoint != client.Chat && *endpoint != load.EndpointImages {
 		return bad("--endpoint %q must be completions, chat or images", *endpoint)
 	}
-	if (*concurrency == "") == (*rate == "") {
+	if *fixedSchedule {
+		if *datasetType == "" || *inputFile == "" {
+			return bad("--fixed-schedule needs --input-file F --custom-dataset-type single_turn|multi_turn|mooncake_trace with timestamps")
+		}
+		if *concurrency != "" || *rate != "" {
+			return bad("--fixed-schedule sends at the trace's timestamps; leave out --concurrency and --request-rate")
+		}
+	} else if (*concurrency == "") == (*rate == "") {
 		return bad("pass exactly one of --concurrency and --request-rate")
 	}
-	if *requests <= 0 && *duration <= 0 {
+	if *datasetType != "" && *inputFile == "" {
+		return bad("--custom-dataset-type %s needs --input-file F", *datasetType)
+	}
+	if *requests <= 0 && *duration <= 0 && *datasetType == "" {
 		return bad("pass --requests N or --duration D to say when each point stops")
 	}
 	concs, err := profileParseInts(*concurrency)
@@ -151,6 +164,9 @@ func runProfile(args []string) int {
 	gpuIndices, err := profileGPUIndices(*gpus)
 	if err != nil {
 		return bad("--gpus: %v", err)
+	}
+	if *repeat < 1 {
+		return bad("--repeat %d must be at least 1", *repeat)
 	}
 	if *maxErrorRate > 1 {
 		return bad("--max-error-rate %v must be within [0, 1]", *maxErrorRate)
@@ -192,8 +208,18 @@ func runProfile(args []string) int {
 	if promptSeed == 0 {
 		promptSeed = uint64(time.Now().UnixNano())
 	}
+	var sessions []load.Session
 	if *endpoint == load.EndpointImages {
 		// Requests and their controls come from --input-file (load.ProfileImages).
+	} else if *datasetType != "" {
+		var ds *load.Dataset
+		ds, err = load.ReadDataset(*inputFile, *datasetType, ltok)
+		if err == nil {
+			if *fixedSchedule && !ds.Timed {
+				return bad("--fixed-schedule: %s has turns without a \"timestamp\"; give every line one, or drop --fixed-schedule", *inputFile)
+			}
+			sessions = ds.SampleSessions(*requests, promptSeed)
+		}
 	} else if *inputFile != "" {
 		prompts, err = load.ReadCorpus(*inputFile, ltok)
 	} else {
@@ -263,6 +289,7 @@ func runProfile(args []string) int {
 		Load: load.Config{
 			APIKey: *apiKey, Endpoint: *endpoint, Stream: *stream, MaxConcurrency: *maxConc, Arrival: *arrival,
 			Requests: *requests, Duration: *duration, Warmup: *warmup, Prompts: prompts, OutputTokens: *outTokens,
+			Sessions: sessions, FixedSchedule: *fixedSchedule,
 			CancelRate: *cancelRate, CancelDelay: *cancelDelay, Seed: *seed, Tokenizer: ltok,
 			RequestTimeout: *requestTimeout, Progress: progress,
 		},
@@ -276,6 +303,7 @@ func runProfile(args []string) int {
 		GPUIndices:    gpuIndices,
 		RequireGPU:    *gpus != "",
 		Overwrite:     *overwrite,
+		Repeat:        *repeat,
 	}
 	if *maxErrorRate >= 0 {
 		in.MaxErrorRate = maxErrorRate
