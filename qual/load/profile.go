@@ -229,6 +229,15 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 		return pr
 	}
 	fail(writeJSON(filepath.Join(dir, FingerprintsBeforeFile), before))
+	// The watcher re-stats the fingerprinted files every second while the point runs, so a file
+	// changed and changed back (A to B to A) is caught, which before/after alone cannot see.
+	watch := provenance.Watch(before, time.Second)
+	watching := true
+	defer func() {
+		if watching {
+			_ = watch.Stop()
+		}
+	}()
 	fail(writeJSON(filepath.Join(dir, EnvironmentFile), struct {
 		provenance.Environment
 		GPU gpu.Inventory `json:"gpu"`
@@ -292,6 +301,8 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	}
 	pr.Joined = joined
 
+	watching = false
+	fail(watch.Stop())
 	after, err := provenance.Take(ctx, in.Fingerprint)
 	if err != nil {
 		fail(err)
