@@ -14,4 +14,5 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.GoldenParity(ctx, suite.GoldenInput)
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(false) })
 	spec.ContextContract(ctx, suite.ContextInput)
+	spec.GRPCParity(ctx, suite.GRPCParityInput)
 })

@@ -18,4 +18,5 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.ContextContract(ctx, suite.ContextInput)
 	spec.ChatTemplateParity(ctx, func() spec.ChatTemplateInput { return suite.ChatTemplateInput("qwen3_chat") })
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(true) })
+	spec.GRPCParity(ctx, suite.GRPCParityInput)
 })
