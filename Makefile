@@ -87,4 +87,4 @@ proto:
 # per streamed token, mock engine, concurrency 32, 256 tokens per stream.
 .PHONY: bench-grpc
 bench-grpc: build
-	$(GO) test -run '^$$' -bench 'BenchmarkStreamCostC32' -benchtime 256x -count 1 ./server/
+	$(GO) test -run '^$$' -bench 'BenchmarkStreamCostC32' -benchtime 1024x -count 1 ./server/
