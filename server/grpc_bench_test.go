@@ -130,10 +130,20 @@ func fanOut(conc, total int, one func() int) int {
 // the 32 streams multiplexed on it, as gRPC clients are written. Metrics: CPU per streamed
 // token of the frontend, the worker and this process (the load generator), bytes read off
 // the wire per token, tokens/s. `make bench-grpc` runs it.
+//
+// step=0 runs the engine as fast as it goes, so a frontend wake-up finds several steps' tokens
+// (SSE writes one event per token, gRPC one TokenOutput per wake-up holding them all); step=1ms
+// paces the engine so that every delta of both carries one token, the seed's shape.
 func BenchmarkStreamCostC32(b *testing.B) {
+	for _, step := range []time.Duration{0, time.Millisecond} {
+		b.Run("step="+step.String(), func(b *testing.B) { streamCost(b, step) })
+	}
+}
+
+func streamCost(b *testing.B, step time.Duration) {
 	const conc, maxTok = 32, 256
 	gp := freePort(b)
-	s := sharedServer(b, mockBundle(b, 0), "--max-batch", "32", "--queue-depth", "64", "--grpc-port", fmt.Sprint(gp))
+	s := sharedServer(b, mockBundle(b, step), "--max-batch", "32", "--queue-depth", "64", "--grpc-port", fmt.Sprint(gp))
 	b.Run("sse", func(b *testing.B) {
 		var wire atomic.Int64
 		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc * 2, DisableCompression: true, DialContext: countingDialer(&wire)}}
