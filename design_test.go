@@ -12,6 +12,7 @@ package modelqual_test
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -144,4 +145,42 @@ func TestImportDirectionRules(t *testing.T) {
 			t.Errorf("rule table forbids %s → %s, which DESIGN.md allows", g[0], g[1])
 		}
 	}
+}
+
+// TestLabStaysOutOfTheProduct: lab/ holds experiments and their journal; no product source, build
+// file or CI script may build, include or run anything from it (DESIGN.md's layout), so a
+// product build never depends on an experiment.
+func TestLabStaysOutOfTheProduct(t *testing.T) {
+	out, err := exec.Command("git", "ls-files").Output()
+	if err != nil {
+		t.Skipf("git ls-files: %v (not a git checkout)", err)
+	}
+	for _, f := range strings.Fields(string(out)) {
+		if strings.HasPrefix(f, "lab/") || strings.HasSuffix(f, ".md") || f == "design_test.go" {
+			continue
+		}
+		if !(strings.HasSuffix(f, ".go") || strings.HasSuffix(f, ".cc") || strings.HasSuffix(f, ".h") ||
+			strings.HasSuffix(f, ".cu") || strings.HasSuffix(f, ".cuh") || strings.HasSuffix(f, ".sh") ||
+			strings.HasSuffix(f, ".txt") || f == "Makefile" || strings.HasPrefix(f, ".ci/")) {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if code := strings.TrimSpace(line); strings.Contains(code, "lab/") && !isComment(code) {
+				t.Errorf("%s:%d uses lab/ (%q): the product must not build or run experiments; move what it needs out of lab/", f, i+1, code)
+			}
+		}
+	}
+}
+
+func isComment(line string) bool {
+	for _, p := range []string{"//", "#", "/*", "*"} {
+		if strings.HasPrefix(line, p) {
+			return true
+		}
+	}
+	return false
 }

@@ -119,6 +119,7 @@ struct mq_engine {
   std::vector<int32_t> eos;
   std::vector<std::unique_ptr<Seq>> slots;
   int live = 0;
+  int last_added_slot = -1;  // the slot mq_engine_add just filled (mq_engine_add_image)
   uint64_t next_id = 1;
   std::mutex cancel_mu;
   std::vector<uint64_t> cancels;
@@ -354,6 +355,36 @@ mq_status mq_engine_info_get(const mq_engine *e, mq_engine_info *out) {
   return MQ_OK;
 }
 
+static void release(mq_engine *e, int slot);
+
+// image_input copies and checks an mq_image.
+static std::shared_ptr<const ImageInput> image_input(const mq_image *im) {
+  if (!im->pixels || im->n_pixels <= 0 || im->grid_t <= 0 || im->grid_h <= 0 || im->grid_w <= 0)
+    throw Error(MQ_ERR_INVALID_ARGUMENT, "image: pixels and a positive grid are required");
+  auto in = std::make_shared<ImageInput>();
+  in->pixels.assign(im->pixels, im->pixels + im->n_pixels);
+  in->grid_t = im->grid_t, in->grid_h = im->grid_h, in->grid_w = im->grid_w;
+  return in;
+}
+
+mq_status mq_engine_add_image(mq_engine *e, const int32_t *prompt, int32_t n, const mq_image *image,
+                              const mq_sampling *s, uint64_t *seq_out) {
+  if (!e || !image) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_add_image: NULL argument");
+  mq_status st = mq_engine_add(e, prompt, n, s, seq_out);
+  if (st != MQ_OK) return st;
+  const int slot = e->last_added_slot;
+  try {
+    e->be->set_image(slot, image_input(image), prompt, n);
+  } catch (const Error &x) {
+    release(e, slot);
+    return fail(x.status, x.what());
+  } catch (const std::exception &x) {
+    release(e, slot);
+    return fail(MQ_ERR_INTERNAL, x.what());
+  }
+  return MQ_OK;
+}
+
 mq_status mq_engine_add(mq_engine *e, const int32_t *prompt, int32_t n, const mq_sampling *s, uint64_t *seq_out) {
   if (!e || !s || !seq_out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_add: NULL argument");
   if (n <= 0 || !prompt) return fail(MQ_ERR_INVALID_ARGUMENT, "prompt is empty; pass at least one token id");
@@ -386,6 +417,7 @@ mq_status mq_engine_add(mq_engine *e, const int32_t *prompt, int32_t n, const mq
   q->added_ns = now_ns();
   *seq_out = q->id;
   e->slots[slot] = std::move(q);
+  e->last_added_slot = slot;
   e->live++;
   return MQ_OK;
 }
@@ -570,6 +602,18 @@ mq_status mq_family_resolve(const char *family, const mq_kv *config, int32_t n_c
   return st == MQ_OK ? MQ_OK : fail(st, err);
 }
 
+mq_status mq_engine_logits_image(mq_engine *e, const int32_t *ids, int32_t n, const mq_image *image, float *out) {
+  if (!e || !ids || !out || !image) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_logits_image: NULL argument");
+  if (n <= 0 || n > e->max_context) return fail(MQ_ERR_INVALID_ARGUMENT, "ids must hold 1 to max_context tokens");
+  try {
+    e->be->set_image(e->max_batch, image_input(image), ids, n);
+  } catch (const Error &x) {
+    e->be->reset_slot(e->max_batch);
+    return fail(x.status, x.what());
+  }
+  return mq_engine_logits(e, ids, n, out);  // resets the scratch slot, image included
+}
+
 mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *out) {
   if (!e || !ids || !out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_logits: NULL argument");
   if (n <= 0) return fail(MQ_ERR_INVALID_ARGUMENT, "ids is empty; pass at least one token id");
@@ -585,6 +629,28 @@ mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *o
     e->be->reset_slot(e->max_batch);
   } catch (const std::exception &x) {
     return fail(MQ_ERR_BACKEND, std::string("logits: ") + x.what());
+  }
+  return MQ_OK;
+}
+
+mq_status mq_engine_image_spec(const mq_engine *e, mq_image_spec *out) {
+  if (!e || !out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_image_spec: NULL argument");
+  const ImageBackend *ib = dynamic_cast<const ImageBackend *>(e->be.get());
+  if (!ib) return fail(MQ_ERR_INVALID_ARGUMENT, "family " + e->family + " serves task " + e->task + ", not image");
+  *out = ib->image_spec();
+  return MQ_OK;
+}
+
+mq_status mq_engine_generate_image(mq_engine *e, const mq_image_request *r, mq_image_output *out) {
+  if (!e || !r || !out || !out->rgb) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_generate_image: NULL argument");
+  ImageBackend *ib = dynamic_cast<ImageBackend *>(e->be.get());
+  if (!ib) return fail(MQ_ERR_INVALID_ARGUMENT, "family " + e->family + " serves task " + e->task + ", not image");
+  try {
+    ib->generate(*r, out);
+  } catch (const Error &err) {
+    return fail(err.status, err.what());
+  } catch (const std::exception &x) {
+    return fail(MQ_ERR_BACKEND, std::string("generate image: ") + x.what());
   }
   return MQ_OK;
 }

@@ -640,6 +640,22 @@ var zeros = make([]byte, 64<<10)
 
 const zeroSum = "0000000000000000000000000000000000000000000000000000000000000000"
 
+// storedShape folds the trailing dimensions of a tensor with more than four (a Conv3d kernel
+// [out, in, kt, kh, kw], as Qwen3-VL's patch embedding) into the fourth, [out, in, kt, kh*kw]:
+// the row-major bytes are the same, and the runtime's tensor table holds at most four
+// dimensions. The model code asks for the folded shape.
+func storedShape(shape []int64) []int64 {
+	if len(shape) <= 4 {
+		return shape
+	}
+	out := append([]int64{}, shape[:3]...)
+	last := int64(1)
+	for _, d := range shape[3:] {
+		last *= d
+	}
+	return append(out, last)
+}
+
 func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 	dtype := storageDType[o.Precision]
 	h := &Header{
@@ -679,7 +695,7 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 	for i := range s.tensors {
 		t := s.tensors[i]
 		n, _ := t.elements()
-		h.Tensors[i] = TensorInfo{Name: t.Name, DType: dtype, Shape: t.Shape, Size: n * dtypeSize[dtype]}
+		h.Tensors[i] = TensorInfo{Name: t.Name, DType: dtype, Shape: storedShape(t.Shape), Size: n * dtypeSize[dtype]}
 	}
 	// The header holds the offsets, the offsets depend on the header's length: iterate to a
 	// fixed point (sha256 placeholders have their final length, so filling them in later

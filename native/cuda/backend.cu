@@ -2,14 +2,12 @@
 //
 // Why this shape: the CPU runtime dlopen()s this library only when an engine is opened with device
 // "cuda", so the CPU build never needs CUDA. The runtime keeps scheduling, top-k/top-p sampling and
-// stop rules; this file owns the weights (converted from the bundle's fp32 to bf16/fp16/fp32 at
-// load), the KV cache of every slot, the forward pass and the token choice of greedy and plain
+// stop rules; this file owns the weights (converted from the bundle's stored precision to the compute
+// precision at load), the KV cache of every slot, the forward pass and the token choice of greedy and plain
 // temperature requests (argmax, or Gumbel-max sampling fused into the same reduction:
-// mqb_forward_sampled). megakernel.cuh holds two opt-in decode paths, tensor-core products as
-// standalone kernels (built with -DMQB_TC_PRODUCTS=ON, used with MQB_TC_MIN_B) and a persistent
-// decode kernel (built with -DMQB_MEGAKERNEL=ON, used with MQB_MEGAKERNEL=1); neither is faster
-// than the default on the H200 yet (NOTES.md), so neither is in the default build: the
-// megakernel's eight instantiations were 60 of the 75 s of ptxas in a `make cuda`.
+// mqb_forward_sampled). It keeps one path per step shape, the fastest measured on the H200; the
+// experiments that chose it (a persistent megakernel, tensor-core products, other attention
+// schemes) and their journal live in lab/cuda.
 //
 // Numerics: weights and GEMM inputs in the chosen precision T, every product accumulated in fp32
 // (cuBLAS CUBLAS_COMPUTE_32F, and fmaf in our kernels); the residual stream, norms, RoPE, softmax
@@ -32,39 +30,25 @@
 //                    (off by default: sk_max_b 0; prep_kernel makes their input rows)
 //   qkv_post         per-head q_norm/k_norm, RoPE (rotate_half), q scaling, K/V append to the cache
 //   attention        causal attention of each token over its slot's cache (prefill and mixed steps,
-//                    in chunks of at most Tcap tokens: MQB_TCAP, default 2048; fp32 models and
+//                    in chunks of at most Tcap tokens (Knobs); fp32 models and
 //                    head_dims prefill_attn does not take)
 //   pa::prefill_attn bf16/fp16 prefill and mixed steps' attention on the tensor cores
 //                    (prefill_attn.cuh: FlashAttention-2's scheme, tiles of 64 tokens)
 //   decode_attn      decode steps whose (token, KV head) grid cannot fill the GPU: qkv_post and
 //                    attention in one kernel, positions split over blocks; the last split merges
 //                    (attn_item). Larger decode steps run qkv_post + attention.
-//   mk::linear       opt-in (MQB_TC_PRODUCTS build, MQB_TC_MIN_B), decode batches of 1..32, qwen3:
-//                    tensor-core products, RMSNorm staged in front, SwiGLU / residual / argmax behind
 //   argmax           packed (value, -index) atomicMax; ties go to the lowest index like torch.argmax;
 //                    with a temperature the value is logit/T + Gumbel noise (gumbel_score)
 // A decode step (every entry appends one token) runs as a CUDA graph captured per batch bucket
 // (1, 2, 4, 8, ...); the kernels use programmatic dependent launch on Hopper so a kernel's start
 // overlaps the previous kernel's tail.
 //
-// Debug/benchmark switches (environment, read at open; also mqb_debug_set below, not part of the
-// ABI): MQB_GRAPHS=0 disables CUDA graphs, MQB_PDL=0 disables programmatic dependent launch,
-// MQB_GEMV_MAX_B=n caps the batch that uses the fused GEMV path (0 = cuBLAS always), MQB_ATTN_SPLIT=s
-// fixes decode attention's position splits per (token, KV head) (default 0: enough to fill the
-// SMs with splits of at least ATT_SPLIT_MIN_POS positions, more for a few sequences: attn_splits),
-// MQB_FUSED_ATTN=0|1|2 runs decode attention fused (decode_attn) never, where tokens x KV heads <
-// SMs (default), always; MQB_TC_MIN_B=n > 0 runs decode batches of n..32 with the tensor-core
-// products in a build with them (default 0: off),
-// MQB_SKINNY=0 sends the products skinny.cuh would run to cuBLAS (and the GEMV), MQB_SK_MAX_B=n
-// (default 0) and MQB_TILE_MAX_B=n (default 16) set the batches of its skinny and tile kernels,
-// MQB_FUSE_MAX_B=n (default 16; 0 off) the batches whose RMSNorm / SwiGLU the tile kernel makes,
-// MQB_MEGAKERNEL=1 runs decode steps of up to 32 qwen3 bf16/fp16 sequences as the persistent
-// kernel of megakernel.cuh in a build with it (default off: not yet faster, see NOTES.md),
-// MQB_TCAP=n (default 2048) caps the tokens of a prefill or mixed step's chunk, MQB_WARMUP=0
-// leaves the prefill warm-up and the graph captures of warm_up to the first requests.
-// Debug keys only: "attn_flash" 0 runs decode attention through attend (block-wide phases, as
-// before run 30) instead of attend_flash, "attn_lanes" 0 has attend score one thread per
-// position (as before run 26), "prefill_tc" 0 sends bf16/fp16 prefill attention back to
+// Settings: the few environment knobs are read in one place (Knobs, below). mqb_debug_set (not
+// part of the ABI; the lab's benchmark uses it) varies the kernel choices at run time:
+// "graphs", "mixed_graphs", "pdl", "blas_tune", "gemv_max_b", "sk_max_b", "tile_max_b",
+// "fuse_max_b", "attn_split", "fused_attn", "skinny" and the keys below.
+// "attn_flash" 0 runs decode attention through attend (block-wide phases) instead of
+// attend_flash, "attn_lanes" 0 has attend score one thread per position, "prefill_tc" 0 sends bf16/fp16 prefill attention back to
 // attention_kernel ("prefill_flash" 0: through attend there), "prefill_one" n sends the one-token
 // tiles of a chunk of at least n rows to attention_kernel (default 17; 0 never:
 // mqb_model::prefill_one), "prep_vec" 0 has the element-wise preps load one value at a time
@@ -158,179 +142,6 @@ void set_err(char *err, size_t errlen, const std::string &m) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Minimal JSON reader for config.json (objects, arrays, strings, numbers, true/false/null).
-
-struct JVal {
-  enum Kind { NUL, BOOL, NUM, STR, ARR, OBJ } kind = NUL;
-  bool b = false;
-  double num = 0;
-  std::string str;
-  std::vector<JVal> arr;
-  std::vector<std::pair<std::string, JVal>> obj;
-  const JVal *get(const std::string &k) const {
-    if (kind != OBJ) return nullptr;
-    for (const auto &kv : obj)
-      if (kv.first == k) return &kv.second;
-    return nullptr;
-  }
-};
-
-class JParser {
- public:
-  explicit JParser(const char *s) : p_(s) {}
-  JVal parse() {
-    JVal v = value();
-    ws();
-    if (*p_) fail("trailing characters");
-    return v;
-  }
-
- private:
-  const char *p_;
-  [[noreturn]] void fail(const char *why) {
-    throw Fail(fmt("cuda backend: config_json: %s near '%.20s'", why, p_));
-  }
-  void ws() {
-    while (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t') ++p_;
-  }
-  bool lit(const char *w) {
-    size_t n = strlen(w);
-    if (strncmp(p_, w, n) == 0) {
-      p_ += n;
-      return true;
-    }
-    return false;
-  }
-  std::string string() {
-    if (*p_ != '"') fail("expected string");
-    ++p_;
-    std::string out;
-    while (*p_ && *p_ != '"') {
-      char c = *p_++;
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
-      }
-      char e = *p_++;
-      switch (e) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': {
-          unsigned cp = 0;
-          for (int i = 0; i < 4; ++i) {
-            char h = *p_++;
-            cp <<= 4;
-            if (h >= '0' && h <= '9') cp |= h - '0';
-            else if (h >= 'a' && h <= 'f') cp |= h - 'a' + 10;
-            else if (h >= 'A' && h <= 'F') cp |= h - 'A' + 10;
-            else fail("bad \\u escape");
-          }
-          // Names we read are ASCII; other code points are kept approximately (BMP only).
-          if (cp < 0x80) out.push_back((char)cp);
-          else if (cp < 0x800) {
-            out.push_back((char)(0xC0 | (cp >> 6)));
-            out.push_back((char)(0x80 | (cp & 0x3F)));
-          } else {
-            out.push_back((char)(0xE0 | (cp >> 12)));
-            out.push_back((char)(0x80 | ((cp >> 6) & 0x3F)));
-            out.push_back((char)(0x80 | (cp & 0x3F)));
-          }
-          break;
-        }
-        default: fail("bad escape");
-      }
-    }
-    if (*p_ != '"') fail("unterminated string");
-    ++p_;
-    return out;
-  }
-  JVal value() {
-    ws();
-    JVal v;
-    if (*p_ == '{') {
-      ++p_;
-      v.kind = JVal::OBJ;
-      ws();
-      if (*p_ == '}') {
-        ++p_;
-        return v;
-      }
-      for (;;) {
-        ws();
-        std::string k = string();
-        ws();
-        if (*p_ != ':') fail("expected ':'");
-        ++p_;
-        JVal item = value();
-        v.obj.emplace_back(std::move(k), std::move(item));
-        ws();
-        if (*p_ == ',') {
-          ++p_;
-          continue;
-        }
-        if (*p_ == '}') {
-          ++p_;
-          return v;
-        }
-        fail("expected ',' or '}'");
-      }
-    }
-    if (*p_ == '[') {
-      ++p_;
-      v.kind = JVal::ARR;
-      ws();
-      if (*p_ == ']') {
-        ++p_;
-        return v;
-      }
-      for (;;) {
-        v.arr.push_back(value());
-        ws();
-        if (*p_ == ',') {
-          ++p_;
-          continue;
-        }
-        if (*p_ == ']') {
-          ++p_;
-          return v;
-        }
-        fail("expected ',' or ']'");
-      }
-    }
-    if (*p_ == '"') {
-      v.kind = JVal::STR;
-      v.str = string();
-      return v;
-    }
-    if (lit("true")) {
-      v.kind = JVal::BOOL;
-      v.b = true;
-      return v;
-    }
-    if (lit("false")) {
-      v.kind = JVal::BOOL;
-      return v;
-    }
-    if (lit("null")) return v;
-    if (*p_ == '-' || (*p_ >= '0' && *p_ <= '9')) {
-      char *end = nullptr;
-      v.kind = JVal::NUM;
-      v.num = strtod(p_, &end);
-      if (end == p_) fail("bad number");
-      p_ = end;
-      return v;
-    }
-    fail("unexpected character");
-  }
-};
-
-// ---------------------------------------------------------------------------------------------
 // Hyperparameters
 
 enum Family { GPT2, QWEN3 };
@@ -341,38 +152,6 @@ struct Cfg {
   double eps = 1e-6, theta = 10000;
   bool tied = false, attn_bias = false, inv_layer_scale = false;
 };
-
-int cfg_int(const JVal &c, const char *k, int dflt, bool required) {
-  const JVal *v = c.get(k);
-  if (!v || v->kind == JVal::NUL) {
-    if (required) throw Fail(fmt("cuda backend: config.json: %s is missing", k));
-    return dflt;
-  }
-  if (v->kind != JVal::NUM || v->num <= 0 || v->num != std::floor(v->num))
-    throw Fail(fmt("cuda backend: config.json: %s must be a positive integer", k));
-  return (int)v->num;
-}
-
-double cfg_num(const JVal &c, const char *k, double dflt) {
-  const JVal *v = c.get(k);
-  if (!v || v->kind == JVal::NUL) return dflt;
-  if (v->kind != JVal::NUM) throw Fail(fmt("cuda backend: config.json: %s must be a number", k));
-  return v->num;
-}
-
-bool cfg_bool(const JVal &c, const char *k, bool dflt) {
-  const JVal *v = c.get(k);
-  if (!v || v->kind == JVal::NUL) return dflt;
-  if (v->kind != JVal::BOOL) throw Fail(fmt("cuda backend: config.json: %s must be a boolean", k));
-  return v->b;
-}
-
-std::string cfg_str(const JVal &c, const char *k, const std::string &dflt) {
-  const JVal *v = c.get(k);
-  if (!v || v->kind == JVal::NUL) return dflt;
-  if (v->kind != JVal::STR) throw Fail(fmt("cuda backend: config.json: %s must be a string", k));
-  return v->str;
-}
 
 bool fault(const char *name) {
   const char *f = getenv("MODELQUAL_FAULTS");
@@ -391,73 +170,45 @@ bool fault(const char *name) {
   return false;
 }
 
-Cfg parse_cfg(const std::string &family, const char *json) {
-  if (!json) throw Fail("cuda backend: config_json is NULL");
-  JVal c = JParser(json).parse();
-  if (c.kind != JVal::OBJ) throw Fail("cuda backend: config.json is not a JSON object");
+// cfg_from_hparams reads the hyper-parameters the runtime's family resolve step produced (Go
+// parses config.json once; the family file applies transformers' defaults and refuses what it
+// does not implement), so this backend never parses JSON.
+Cfg cfg_from_hparams(const std::string &family, const mqb_hparam *hp, int n) {
+  auto get = [&](const char *k) -> const mqb_hparam * {
+    for (int i = 0; i < n; ++i)
+      if (hp[i].key && strcmp(hp[i].key, k) == 0) return &hp[i];
+    return nullptr;
+  };
+  auto num = [&](const char *k) -> double {
+    const mqb_hparam *h = get(k);
+    if (!h || h->str) throw Fail(fmt("cuda backend: hyper-parameter %s is missing; the runtime's %s resolve step must set it", k, family.c_str()));
+    return h->value;
+  };
+  auto pos = [&](const char *k) -> int {
+    double v = num(k);
+    if (v <= 0 || v != std::floor(v) || v > 1e9) throw Fail(fmt("cuda backend: hyper-parameter %s = %g must be a positive integer", k, v));
+    return (int)v;
+  };
   Cfg g;
-  if (family == "gpt2") {
-    g.fam = GPT2;
-    g.V = cfg_int(c, "vocab_size", 0, true);
-    g.H = cfg_int(c, "n_embd", 0, true);
-    g.L = cfg_int(c, "n_layer", 0, true);
-    g.nh = cfg_int(c, "n_head", 0, true);
-    g.maxpos = cfg_int(c, "n_positions", 0, true);
-    if (g.H % g.nh != 0)
-      throw Fail(fmt("cuda backend: config.json: n_embd %d is not a multiple of n_head %d", g.H, g.nh));
-    g.nkv = g.nh;
-    g.D = g.H / g.nh;
-    g.I = cfg_int(c, "n_inner", 4 * g.H, false);
-    g.eps = cfg_num(c, "layer_norm_epsilon", 1e-5);
-    g.tied = true;
-    std::string act = cfg_str(c, "activation_function", "gelu_new");
-    if (act != "gelu_new")
-      throw Fail(fmt("cuda backend: config.json: activation_function %s is not supported; gelu_new is", act.c_str()));
-    if (!cfg_bool(c, "scale_attn_weights", true))
-      throw Fail("cuda backend: config.json: scale_attn_weights false is not supported");
-    g.inv_layer_scale = cfg_bool(c, "scale_attn_by_inverse_layer_idx", false);
-  } else if (family == "qwen3") {
-    g.fam = QWEN3;
-    g.V = cfg_int(c, "vocab_size", 0, true);
-    g.H = cfg_int(c, "hidden_size", 0, true);
-    g.L = cfg_int(c, "num_hidden_layers", 0, true);
-    g.nh = cfg_int(c, "num_attention_heads", 0, true);
-    g.I = cfg_int(c, "intermediate_size", 0, true);
-    g.maxpos = cfg_int(c, "max_position_embeddings", 0, true);
-    g.nkv = cfg_int(c, "num_key_value_heads", g.nh, false);
-    g.D = cfg_int(c, "head_dim", g.H / g.nh, false);
-    if (g.nh % g.nkv != 0)
-      throw Fail(fmt("cuda backend: config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d", g.nh, g.nkv));
-    if (g.D % 2 != 0) throw Fail(fmt("cuda backend: config.json: head_dim %d must be even", g.D));
-    g.eps = cfg_num(c, "rms_norm_eps", 1e-6);
-    g.theta = 10000;
-    const JVal *rp = c.get("rope_parameters");
-    if (c.get("rope_theta") && c.get("rope_theta")->kind == JVal::NUM) {
-      g.theta = c.get("rope_theta")->num;
-    } else if (rp && rp->kind == JVal::OBJ && rp->get("rope_theta") && rp->get("rope_theta")->kind == JVal::NUM) {
-      g.theta = rp->get("rope_theta")->num;
-    }
-    if (rp && rp->kind == JVal::OBJ) {
-      std::string rt = cfg_str(*rp, "rope_type", "default");
-      if (rt != "default")
-        throw Fail(fmt("cuda backend: config.json: rope_parameters.rope_type %s is not supported; only default RoPE", rt.c_str()));
-    }
-    const JVal *rs = c.get("rope_scaling");
-    if (rs && rs->kind != JVal::NUL) {
-      bool plain = rs->kind == JVal::OBJ && (!rs->get("rope_type") || (rs->get("rope_type")->kind == JVal::STR && rs->get("rope_type")->str == "default"));
-      if (!plain) throw Fail("cuda backend: config.json: rope_scaling is not supported; only default RoPE");
-    }
-    std::string act = cfg_str(c, "hidden_act", "silu");
-    if (act != "silu")
-      throw Fail(fmt("cuda backend: config.json: hidden_act %s is not supported; silu is", act.c_str()));
-    if (cfg_bool(c, "use_sliding_window", false))
-      throw Fail("cuda backend: config.json: use_sliding_window true is not supported");
-    g.tied = cfg_bool(c, "tie_word_embeddings", false);
-    g.attn_bias = cfg_bool(c, "attention_bias", false);
-    if (fault("qwen3.rope_theta_x10")) g.theta *= 10;
-  } else {
-    throw Fail(fmt("cuda backend: family %s is not supported; known: gpt2, qwen3", family.c_str()));
-  }
+  if (family == "gpt2") g.fam = GPT2;
+  else if (family == "qwen3") g.fam = QWEN3;
+  else throw Fail(fmt("cuda backend: family %s is not supported; known: gpt2, qwen3", family.c_str()));
+  g.V = pos("vocab_size");
+  g.H = pos("hidden_size");
+  g.L = pos("num_layers");
+  g.nh = pos("num_heads");
+  g.nkv = pos("num_kv_heads");
+  g.D = pos("head_dim");
+  g.I = pos("intermediate_size");
+  g.maxpos = pos("max_positions");
+  g.eps = num("norm_eps");
+  g.theta = num("rope_theta");
+  g.tied = num("tie_word_embeddings") != 0;
+  g.attn_bias = num("attention_bias") != 0;
+  g.inv_layer_scale = num("scale_attn_by_inverse_layer_idx") != 0;
+  if (g.nh % g.nkv != 0)
+    throw Fail(fmt("cuda backend: num_heads %d is not a multiple of num_kv_heads %d", g.nh, g.nkv));
+  if (g.fam == QWEN3 && fault("qwen3.rope_theta_x10")) g.theta *= 10;
   return g;
 }
 
@@ -497,6 +248,35 @@ uint16_t f2h(float f) {
   uint32_t r = sign | ((uint32_t)e << 10) | hm;
   if (rem > 0x1000u || (rem == 0x1000u && (hm & 1u))) r++;
   return (uint16_t)r;
+}
+
+// elem reads element i of a stored tensor (the bundle keeps tensors at their build precision).
+inline float elem(const void *data, int32_t dtype, int64_t i) {
+  uint32_t u;
+  switch (dtype) {
+    case MQB_DTYPE_BF16: {
+      u = (uint32_t)static_cast<const uint16_t *>(data)[i] << 16;
+      float f;
+      memcpy(&f, &u, 4);
+      return f;
+    }
+    case MQB_DTYPE_F16: {
+      const uint16_t h = static_cast<const uint16_t *>(data)[i];
+      const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, man = h & 0x3ff;
+      float v = e == 0 ? std::ldexp((float)man, -24) : e == 31 ? (man ? NAN : INFINITY) : std::ldexp((float)(man | 0x400), (int)e - 25);
+      memcpy(&u, &v, 4);
+      u |= sign;
+      memcpy(&v, &u, 4);
+      return v;
+    }
+    default:
+      return static_cast<const float *>(data)[i];
+  }
+}
+
+inline bool same_dtype(int32_t stored, DType compute) {
+  return (stored == MQB_DTYPE_F32 && compute == DT_F32) || (stored == MQB_DTYPE_BF16 && compute == DT_BF16) ||
+         (stored == MQB_DTYPE_F16 && compute == DT_F16);
 }
 
 size_t dt_size(DType d) { return d == DT_F32 ? 4 : 2; }
@@ -703,7 +483,7 @@ __device__ __forceinline__ void tl_mark(unsigned long long *b, int s, int what) 
   }
 }
 
-// swiglu: silu(g) * u, qwen3's MLP activation (prep, the tile kernel's epilogue, the megakernel).
+// swiglu: silu(g) * u, qwen3's MLP activation (prep, the tile kernel's epilogue).
 __device__ __forceinline__ float swiglu(float g, float u) { return g / (1.f + expf(-g)) * u; }
 
 __device__ __forceinline__ float gelu_new(float x) {
@@ -734,7 +514,7 @@ constexpr int PREP_REGS = 12;
 // gpt2 only, and a third register array would spill): a loop that loads, converts and stores one
 // value at a time waits a full memory round trip per iteration (the store to dst may alias the
 // next load, so the compiler keeps them in order), which Nsight Compute showed as 17 us for the
-// 3,072-wide SwiGLU row of a batch-1 down projection (run 19). The arithmetic and the order of
+// 3,072-wide SwiGLU row of a batch-1 down projection. The arithmetic and the order of
 // every sum are those of the one-at-a-time loop (prep_row_long), so the results are the same bits.
 template <typename T, int M = -1>
 __device__ void prep_row_long(const PrepArgs<T> &a, int b, int K, T *dst, float *red);
@@ -867,7 +647,7 @@ __global__ void __launch_bounds__(256) embed_kernel(const int *__restrict__ tok,
 // single values waits a round trip per value (the stores may alias the next loads, as in
 // prep_row), far from the copy rate on a 2,048-token chunk's SwiGLU (50 MB read): on the H200
 // 32 prompts of 128 tokens spent 2.04 ms in the preps instead of 2.82, the call 14.4 instead of
-// 15.1 (NOTES.md runs 139-140). The same arithmetic per value as prep_elem, so the same bits.
+// 15.1 (lab/cuda/NOTES.md). The same arithmetic per value as prep_elem, so the same bits.
 template <typename T, int M>
 __device__ void prep_vec4(const PrepArgs<T> &a, int B, int K, T *out) {
   struct __align__(8) T4 {
@@ -906,7 +686,7 @@ __device__ void prep_vec4(const PrepArgs<T> &a, int B, int K, T *out) {
 // prefill). Norms: a block per row (prep_row); element-wise modes: the grid strides over all B*K
 // values, so a few rows of the 3072-wide SwiGLU still spread over many SMs.
 // One instance per mode M (the launch's a.mode): one instance with every mode's code was 47 KB of
-// instructions, fetched cold at each of a batch-32 layer's three preps (NOTES.md, runs 82-86).
+// instructions, fetched cold at each of a batch-32 layer's three preps (lab/cuda/NOTES.md).
 // PRE (pre_params): a norm's weights are loaded before the wait (they do not depend on the
 // previous kernel), for rows that fit prep_row's registers. V4 (prep_vec): the element-wise
 // modes through prep_vec4.
@@ -1040,11 +820,11 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
 // before griddepcontrol.wait (mqb_model::pre_params), and after the wait head_vec only loads the
 // head, normalises and rotates. Without the table (pre_params 0) the weights and RoPE's
 // frequencies are loaded with the head after the wait and cos/sin made there by sincosf, whose
-// code (the Payne-Hanek path, per value) is most of head_vec's (NOTES.md, run 87).
+// code (the Payne-Hanek path, per value) is most of head_vec's (lab/cuda/NOTES.md).
 // N (HeadPreN, head_pre, head_vec) is how many of those values a lane holds at most: HV covers
 // every head_dim up to 256; qkv_post_kernel and decode_attn_kernel take D / 32 rounded up to a
-// power of two (head_n), as a lane issues every unrolled step, guarded off or not (NOTES.md
-// runs 141-142).
+// power of two (head_n), as a lane issues every unrolled step, guarded off or not
+// (lab/cuda/NOTES.md).
 constexpr int HV = 8;  // head_vec's values per lane: D <= 256
 template <int N = HV>
 struct HeadPreN {
@@ -1148,7 +928,7 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
 // PRE (pre_params): each warp's first head's HeadPre is loaded before the wait, from rope_tab.
 // N: values per lane, head_n(D) (the kernel's instructions are most of its time: a 2,048-token
 // prefill chunk's 65,536 heads took 55 us a layer with HV, with pdl off too, and as long with
-// every load in flight at once; NOTES.md runs 139-141).
+// every load in flight at once; lab/cuda/NOTES.md).
 template <typename T, bool PRE = false, int N = HV>
 __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__ qkv, const int *__restrict__ tpos,
                                                        const int *__restrict__ tslot, int nh, int nkv, int D,
@@ -1197,7 +977,6 @@ constexpr int ATT_GRP = 16;          // V-accumulating thread groups of attend
 constexpr int MAXG = 8;
 constexpr int ATT_SPLIT_MAX = 16;    // most position splits of one (token, KV head) in a decode step
 constexpr int ATT_SPLIT_MAX_T = 64;  // split only decode steps of at most this many tokens
-constexpr int TC_MAX_B = 32;         // the tensor-core products' largest batch (mk::MAXB)
 constexpr int ATT_SPLIT_MIN_POS = 256;  // shortest position range worth a split of its own
 constexpr int ATT_FEW_SPLITS = 4;   // a decode step of few (token, KV head) items: this many splits,
 constexpr int ATT_FEW_BLOCKS = 64;  // ... up to this many blocks in all,
@@ -1206,8 +985,8 @@ constexpr int ATT_FEW_POS = 16;     // ... of at least this many positions each
 // blocks per SM (at most 128 registers a thread; no spills with nvcc 13.0): a decode step of 32
 // sequences of the Qwen3-0.6B shape is 256 blocks, two waves at one block per SM (164
 // registers). GM 4 and 8 keep one block (not measured with two). decode_attn_kernel stays at
-// one: at 17-32 sequences it lost to qkv_post + attention with two blocks per SM too (NOTES.md
-// run 73), and below that its grid is smaller than the GPU.
+// one: at 17-32 sequences it lost to qkv_post + attention with two blocks per SM too (measured on
+// the H200, lab/cuda/NOTES.md), and below that its grid is smaller than the GPU.
 constexpr int ATT_2BLK_GM = 2;
 constexpr int ATT_CLUSTER_MAX = 8;  // the most blocks of one cluster (cluster_of): portable
 // cluster_of: how many blocks of n splits (decode attention's positions, a product's K) form one
@@ -1290,9 +1069,9 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
     if (lanes) {
       // nch lanes score one position (one 16-byte chunk of its K row each, then a shuffle sum),
       // SU positions per lane group with their loads in flight together: a few positions no
-      // longer wait on one thread's serial 128-wide dot product (run 25's timeline: scores 4.5
-      // us of a 12.6 us attention at batch 1; runs 27 and 29: attention 10.8 us instead of
-      // 12.5-13.7 at positions 32-48, tokens/s at 48-348 within 1 %; SU = 8 no better, run 28).
+      // longer wait on one thread's serial 128-wide dot product (a timeline: scores 4.5
+      // us of a 12.6 us attention at batch 1: attention 10.8 us instead of
+      // 12.5-13.7 at positions 32-48, tokens/s at 48-348 within 1 %; SU = 8 no better).
       constexpr int SU = 4;
       const int ppw = 32 / nch, sub = lane / nch, sl = lane - sub * nch;
       const int stride = (ATT_THREADS / 32) * ppw;
@@ -1447,8 +1226,8 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
 // prefetch_kv_rows asks L2 for the cached K and V rows [lo, hi) of KV head kh of cache slot sl.
 // decode_attn_kernel calls it before it waits for the previous kernel (programmatic dependent
 // launch): rows of earlier steps do not depend on that kernel. Only there: the fused kernel runs
-// where few sequences decode, whose rows fit in L2 (batch 1: 852 against 827 tok/s, run 21).
-// attention_kernel did the same in run 21 and lost 12 % at batch 32 with 2,048 positions (268 MB
+// where few sequences decode, whose rows fit in L2 (batch 1: 852 against 827 tok/s).
+// attention_kernel did the same and lost 12 % at batch 32 with 2,048 positions (268 MB
 // of rows per layer asked of a 50 MB L2), so it does not prefetch.
 template <typename T>
 __device__ void prefetch_kv_rows(const T *kc, const T *vc, int sl, int kh, int lo, int hi, int nkv, int D, int maxctx) {
@@ -1468,7 +1247,7 @@ __device__ void prefetch_kv_rows(const T *kc, const T *vc, int sl, int kh, int l
 // run their own online softmax over every 16th position, with its K and V chunks loaded
 // together, SU positions in flight; the groups of a warp merge by shuffles and the 8 warps
 // through shared memory (red: 8 GM D floats, sc: 16 GM). attend's scores, softmax and V
-// phases were each a round trip to L2 and a barrier (NOTES.md, runs 25-29: 2.7 + 1.1 + 2.1 us
+// phases were each a round trip to L2 and a barrier (lab/cuda/NOTES.md: 2.7 + 1.1 + 2.1 us
 // of attention's 10.8 at batch 1). Needs lanes_fit(nch).
 template <typename T, int GM>
 __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh, int D,
@@ -1593,7 +1372,7 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
 // attend_either runs attend_flash or attend by flash_fits. tlb, tls and score_lanes are attend's
 // timeline slot and lane scoring; attend_flash's single pass marks phase 6. FLASH_ONLY (the launch
 // checked the rule: flash_only) compiles attend_flash alone, so that the kernel carries no attend:
-// dead code too costs a launch (NOTES.md, run 84: batch 1 +4 %).
+// dead code too costs a launch (lab/cuda/NOTES.md: batch 1 +4 %).
 template <typename T, int GM, bool FLASH_ONLY = false>
 __device__ void attend_either(bool flash, const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi,
                               int fresh, int D, int G, float *sc, float *red, float *s_m, float *s_l, float *s_c,
@@ -1611,7 +1390,7 @@ __device__ void attend_either(bool flash, const float *qs, const T *kb, const T 
 // qkv_post) over positions 0..pos[t] of the token's slot: causal for a prompt, the whole cache
 // for a continuing sequence. flash (decode steps, and prefill with debug prefill_flash, the
 // default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Two blocks
-// per SM for up to ATT_2BLK_GM query heads per KV head (see there; H200, NOTES.md runs 71-72: 8.1
+// per SM for up to ATT_2BLK_GM query heads per KV head (see there; H200, lab/cuda/NOTES.md: 8.1
 // us alone instead of 11.7, 7.5 us per layer of a batch-32 step instead of 11.3). FLASH_ONLY:
 // the instance for steps that attend_flash takes (flash_only), without attend's code. toks
 // (NULL: block x is token x) lists the tokens to take, -1 for none (a graphed chunk's fixed grid):
@@ -1743,7 +1522,7 @@ __device__ __forceinline__ void merge_splits(int S, int G, int D, T *out, const 
 // partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
 // order: the same inputs give the same bits) and resets the counter; with a.cluster the S splits
 // are one cluster and split 0 merges them through distributed shared memory. Used by
-// decode_attn_kernel (one item per block) and the megakernel (items strided over the grid).
+// decode_attn_kernel (one item per block).
 // PRE: hp holds the HeadPre of the warp's first head (dec_head_pre), the rest load their own.
 // N: head_vec's values per lane (head_n).
 template <typename T, int GM, bool FLASH_ONLY = false, bool PRE = false, int N = HV>
@@ -1761,8 +1540,8 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   const float *row = a.qkv + (size_t)t * (a.nh + 2 * nkv) * D;
   const bool rope = a.inv_freq != nullptr;
   // The G query heads, then k, then v, through one call site: each inlined copy of head_vec is
-  // code that the warps running it fetch cold after the previous kernel (NOTES.md, run 83: cold
-  // code costs 0.1-0.3 us per KB on the critical path; run 84: one copy instead of three, +1-4 %).
+  // code that the warps running it fetch cold after the previous kernel (lab/cuda/NOTES.md: cold
+  // code costs 0.1-0.3 us per KB on the critical path: one copy instead of three, +1-4 %).
   for (int h = warp; h < G + 2; h += nwarp) {
     if (h >= G && !mine) continue;
     const bool q = h < G, k = h == G;
@@ -1776,7 +1555,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   const size_t base = ((size_t)sl * a.maxctx * nkv + kh) * D, rs = (size_t)nkv * D;
   if (mine) {
     // The new k and v rows, CH elements (16 bytes) per thread: one short loop, where one value
-    // per thread unrolled into 5 KB of stores (run 87's SASS).
+    // per thread unrolled into 5 KB of stores (seen in the SASS).
     constexpr int CH = TT<T>::CH;
     const size_t at = base + (size_t)p * rs;
 #pragma unroll 1
@@ -1910,10 +1689,6 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ l
 
 #include "skinny.cuh"
 #include "prefill_attn.cuh"
-#ifndef MQB_HOST_TEST
-#include "megakernel.cuh"
-static_assert(mk::MAXB == TC_MAX_B, "TC_MAX_B must equal the megakernel's batch bound");
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // Model
@@ -1947,7 +1722,7 @@ struct mqb_model {
   bool attn_flash = true;  // decode attention through attend_flash (debug "attn_flash")
   // Prefill attention through attend_flash too (debug "prefill_flash"; with attn_flash), where
   // the tensor cores do not take it (prefill_tc): prompts of 128 tokens prefill in 13-19 % less
-  // time than through attend (run 62: batch 1 2.47 against 2.85 ms, 32 45.4 against 55.9).
+  // time than through attend (batch 1 2.47 against 2.85 ms, 32 45.4 against 55.9).
   bool prefill_flash = true;
   // Prefill and mixed steps' attention of bf16/fp16 models on the tensor cores
   // (prefill_attn.cuh) where head_dim allows (debug "prefill_tc"; 0: attention_kernel): 32
@@ -1959,8 +1734,8 @@ struct mqb_model {
   // decode step's tokens do, and only the longer tiles through prefill_attn_kernel (debug
   // "prefill_one"; 0: every tile there). In prefill_attn_kernel a one-token tile is a block of
   // four warps with one row, walking the context 64 positions at a time: 26 of them beside a
-  // 128-token prompt took 0.77-0.85 ms of the step's 2.2 summed kernel ms (run 134). A second
-  // launch costs its own latency, so few tiles stay there (run 137, ms a step of one prompt of
+  // 128-token prompt took 0.77-0.85 ms of the step's 2.2 summed kernel ms. A second
+  // launch costs its own latency, so few tiles stay there (ms a step of one prompt of
   // 128 and N decodes, routed / not: N 3 2.07-2.22 / 1.99-2.00, 7 2.06-2.24 / 1.99, 14 2.14-2.27 /
   // 2.08-2.21, 26 2.20-2.34 / 2.38). Rows, not tiles, decide, so a graph's bucket fixes the choice.
   int prefill_one = 17;
@@ -1993,15 +1768,11 @@ struct mqb_model {
   // cos / sin by sincosf there.
   bool pre_params = true;
   float2 *rope_tab = nullptr;
-  // Tensor-core products (megakernel.cuh's linear_kernel) for decode steps of tc_min_b..mk::MAXB
-  // entries (MQB_TC_MIN_B), where tc_ok (qwen3, bf16/fp16, shapes that fit its tiles).
-  bool tc_ok = false;
-  int tc_min_b = 0;  // 0: off (on the H200 slower than cuBLAS + prep at batch 32, NOTES.md run 5)
   // Skinny tensor-core products (skinny.cuh) for bf16/fp16 products of gemv_max_b+1..sk_max_b
-  // rows with N <= sk_max_n (the layers', not the LM head's); sk_on (unless MQB_SKINNY=0 / debug
+  // rows with N <= sk_max_n (the layers', not the LM head's); sk_on (unless debug
   // "skinny" 0, cuBLAS then) also governs the tile kernel. sk_max_b is 0: the skinny kernel
-  // beat cuBLAS at batch 8 (+8 %, NOTES.md runs 39-45) but the tile kernel with the RMSNorm and
-  // SwiGLU fused beats it at 5-8 rows by 17 % (run 58); debug "sk_max_b" (up to 32) brings it
+  // beat cuBLAS at batch 8 (+8 %, lab/cuda/NOTES.md) but the tile kernel with the RMSNorm and
+  // SwiGLU fused beats it at 5-8 rows by 17 %; debug "sk_max_b" (up to 32) brings it
   // back, and sk_kw / sk_ks force a slice width / slices per block (0 = chosen by skinny_cfg).
   bool sk_on = false;
   int sk_max_b = 0, sk_max_n = 0, sk_kw = 0, sk_ks = 0;
@@ -2009,48 +1780,48 @@ struct mqb_model {
   // copy engine through a shared-memory pipeline) when sk_on: above gemv_max_b always, at 1..
   // gemv_max_b rows where the GEMV would have had nothing to fuse (linear). tile_max_b is 16: on
   // the H200 batch 16 decodes 7.8 % faster through it than through cuBLAS, batch 32 13 % slower
-  // (NOTES.md, runs 46-52). Debug "tile_max_b" (up to 32) / MQB_TILE_MAX_B set the range, tile_rt / tile_z force
+  // (lab/cuda/NOTES.md). Debug "tile_max_b" (up to 32) sets the range, tile_rt / tile_z force
   // row tiles per block / K splits (0 = chosen by tile_cfg).
   int tile_max_b = 16, tile_rt = 0, tile_z = 0;
   // Weight chunks each tile-kernel block asks for before griddepcontrol.wait (debug "tile_pre",
-  // 1..sk::TSTAGES): 3. All four buffers' worth made batches 1-16 1-2 % slower (run 61).
+  // 1..sk::TSTAGES): 3. All four buffers' worth made batches 1-16 1-2 % slower.
   int tile_pre = sk::TSTAGES - 1;
   // Kernels compiled per mode, so that a launch fetches no other mode's instructions (debug
   // "slim", a bitmask, default 3): bit 0 the attention kernels without attend where attend_flash
   // takes the step, bit 1 prep_kernel per PrepMode. A kernel's code is fetched cold at each
   // launch of a layer's chain: on the H200 bit 0 made batch 1 4-5 % faster, bit 1 batch 32 0.6 %
-  // (NOTES.md, runs 82-86; the tile kernel per TileFuse mode was tried there and lost).
+  // (lab/cuda/NOTES.md; the tile kernel per TileFuse mode was tried there and lost).
   int slim = 3;
   // A fused decode step's position splits (2-8 of them) merge through distributed shared memory,
   // the splits of an item one thread-block cluster (debug "attn_cluster"; 0: partials through L2,
   // a counter and the last split's merge). On the H200 batch 1's attention took 228 us a step
-  // instead of 268, batches 2 and 4 decoded 3.5-3.8 % faster, 8 and 16 as before (NOTES.md, runs 89-92).
+  // instead of 268, batches 2 and 4 decoded 3.5-3.8 % faster, 8 and 16 as before (lab/cuda/NOTES.md).
   bool attn_cluster = true;
   // With attn_cluster: the splits z > 0 push their partials into split 0's shared memory (its
   // park, where that fits: attn_park_fits) before one cluster barrier, instead of split 0
-  // reading them between two (debug "attn_push" 0). On the H200 (NOTES.md run 117) the merge
+  // reading them between two (debug "attn_push" 0). On the H200 (lab/cuda/NOTES.md) the merge
   // took 1.21 us a layer at batch 1 instead of 2.02; batches 1-4 decoded 1.2-1.3 % faster, 8 the same.
   bool attn_push = true, attn_park_fits = false;
   // The tile kernel's K splits (2-8 of them) add their partials through distributed shared
   // memory, a row block's splits one cluster (sk::split_total's park; debug "tile_cluster"; 0:
   // through the workspace, a counter and the last split's sum). On the H200 batch 1 decoded 7.3 %
-  // faster (o_proj 106 us a step instead of 164), batch 2 4.2 %, 4-16 1.6-2.1 % (NOTES.md, runs 90-92).
+  // faster (o_proj 106 us a step instead of 164), batch 2 4.2 %, 4-16 1.6-2.1 % (lab/cuda/NOTES.md).
   bool tile_cluster = true;
   // The tile kernel's RMSNorm staging in its compact form (sk::TileFuse::compact) up to
   // rms_compact_b rows: on the H200 batch 1 decoded 2.7-2.8 % faster (the staging 1.3 us a layer
-  // instead of 2.0), batch 2 1.3 %, 4 as fast, 8 and 16 6-10 % slower (NOTES.md runs 123-124;
+  // instead of 2.0), batch 2 1.3 %, 4 as fast, 8 and 16 6-10 % slower (lab/cuda/NOTES.md;
   // debug "rms_compact_b", 0: the other form at every batch).
   int rms_compact_b = 2;
   // With tile_cluster: the splits z > 0 push their partials into split 0's shared memory (a park
   // past its input, where that fits: tile_launch) before one cluster barrier, instead of split 0
   // reading them between two (debug "tile_push" 0). On the H200 batches 1-16 decoded 0.7-2.3 %
-  // faster (NOTES.md run 119: o_proj's split sum 1.22 us a layer at batch 1 instead of 1.52).
+  // faster (lab/cuda/NOTES.md: o_proj's split sum 1.22 us a layer at batch 1 instead of 1.52).
   bool tile_push = true;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
   // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b
   // is 16: on the H200 batches 12 and 16 decode 6-7 % faster so; at 24 and 32 the tile kernel,
-  // fused, is 8 % slower than cuBLAS with the prep kernels (NOTES.md, runs 53-56). Debug
-  // "fuse_max_b" / MQB_FUSE_MAX_B (0: off, prep kernels and the unfused products).
+  // fused, is 8 % slower than cuBLAS with the prep kernels (lab/cuda/NOTES.md). Debug
+  // "fuse_max_b" (0: off, prep kernels and the unfused products).
   int fuse_max_b = 16;
 #ifndef MQB_HOST_TEST
   // The copy engine's descriptions of the weight matrices the tile kernel has read, by (W, N, K,
@@ -2064,7 +1835,7 @@ struct mqb_model {
   float *part_acc = nullptr, *part_ml = nullptr;
   unsigned int *att_cnt = nullptr;  // [ATT_SPLIT_MAX_T * nkv] attention splits done, zero between steps
   bool use_graphs = true, use_pdl = true;
-  bool mixed_graphs = true;  // prefill and mixed chunks as graphs too (run_chunk; MQB_MIXED_GRAPHS)
+  bool mixed_graphs = true;  // prefill and mixed chunks as graphs too (run_chunk; off with MQB_GRAPHS=0)
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   void *blas_ws = nullptr;
@@ -2097,15 +1868,6 @@ struct mqb_model {
   // Sampling on the device (mqb_forward_sampled): per logits row 1/T (0 = greedy) and a key.
   float *samp_temp = nullptr, *samp_temp_h = nullptr;
   unsigned long long *samp_key = nullptr, *samp_key_h = nullptr;
-  // Decode megakernel (megakernel.cuh): usable for this model and device, launch shape, the
-  // per-layer pointer table on the device, the grid barrier and the SwiGLU activation buffer.
-  bool use_mk = false;
-  bool mk_built = false;  // the megakernel is in this build and set up for this model
-  int mk_grid = 0;
-  size_t mk_smem = 0;
-  void *mk_layers = nullptr, *act = nullptr;
-  unsigned int *mk_bar = nullptr;
-  int mk_dbg = 0;  // mqb_debug_set "mk_skip": phases the megakernel skips (timing breakdown only)
   int *meta_h = nullptr;    // pinned host mirror
   unsigned long long *keys_h = nullptr;
   std::map<int, GraphEntry> graphs;
@@ -2487,7 +2249,7 @@ std::vector<const void *> layer_weights(const mqb_model &m, const void *W) {
 // the algorithm blas_pick chose for it (mqb_model::blas_tune), any other with cublasGemmEx's
 // default. cuBLAS launches its kernels itself, so in a captured graph the edge into one is plain,
 // not programmatic like the edges into ours, and it must stay so: cuBLAS's kernels do not wait for
-// the kernel before them (NOTES.md run 144 made those edges programmatic: batch 32 decoded 9 %
+// the kernel before them (lab/cuda/NOTES.md made those edges programmatic: batch 32 decoded 9 %
 // faster and parity failed, max|d| 1.05, graph != eager).
 template <typename T>
 void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int K, int N, float *out, bool acc) {
@@ -2522,7 +2284,7 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
   const bool plain = a.mode == PREP_PLAIN && !a.rows && a.ld == K;  // the input rows as they are
   // The GEMV takes small batches where it fuses something (the input's prep, a bias, the argmax);
   // a layer's product with none of them goes to the tile kernel, which beats it at 1-4 rows on the
-  // H200 (batch 1 937 against 895 tok/s, 4 3,804 against 1,836: NOTES.md run 58).
+  // H200 (batch 1 937 against 895 tok/s, 4 3,804 against 1,836: lab/cuda/NOTES.md).
   if (B <= m.gemv_max_b && !(plain && !bias && !keys && tile_shape(m, B, N, K).Z)) {
     m.label = r + ":gemv";
     a.tlb = m.tl_buf;
@@ -2586,249 +2348,6 @@ PrepArgs<T> prep(int mode, const float *src, const T *srcT, int ld, const int *r
 
 int env_int(const char *k, int dflt);
 
-#ifndef MQB_HOST_TEST
-// mk_launch runs one decode step of b entries (meta already uploaded) as the megakernel.
-template <typename T>
-void mk_launch_t(mqb_model &m, int b, bool want_logits) {
-#ifndef MQB_MEGAKERNEL
-  (void)m, (void)b, (void)want_logits;
-  throw Fail("the decode megakernel is not in this build (cmake -DMQB_MEGAKERNEL=ON)");
-#else
-  const Cfg &c = m.c;
-  mk::Args a;
-  a.L = c.L;
-  a.H = c.H;
-  a.nh = c.nh;
-  a.nkv = c.nkv;
-  a.D = c.D;
-  a.I = c.I;
-  a.V = c.V;
-  a.maxctx = m.max_ctx;
-  a.B = b;
-  a.eps = (float)c.eps;
-  a.tok = m.d_tok();
-  a.pos = m.d_pos();
-  a.slot = m.d_slot();
-  a.emb = m.emb;
-  a.lm = m.lm;
-  a.normf = m.normf_w;
-  a.inv_freq = m.inv_freq;
-  a.layers = static_cast<const mk::LayerW *>(m.mk_layers);
-  a.res = m.res;
-  a.qkv = m.qkv;
-  a.attn = m.attn;
-  a.act = m.act;
-  a.logits = want_logits ? m.logits : nullptr;  // 4*V bytes per entry of traffic otherwise
-  a.keys = m.keys;
-  a.inv_temp = m.samp_temp;
-  a.rkey = m.samp_key;
-  a.bar = m.mk_bar;
-  a.part_acc = m.part_acc;
-  a.part_ml = m.part_ml;
-  a.att_cnt = m.att_cnt;
-  a.dbg = m.mk_dbg;
-  ck(cudaMemsetAsync(m.mk_bar, 0, sizeof(unsigned int), m.stream), "grid barrier reset");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(m.mk_grid);
-  cfg.blockDim = dim3(mk::THREADS);
-  cfg.dynamicSmemBytes = m.mk_smem;
-  cfg.stream = m.stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaError_t e;
-  switch ((b + 7) / 8) {
-    case 1: e = cudaLaunchKernelEx(&cfg, mk::decode_kernel<T, 1>, a); break;
-    case 2: e = cudaLaunchKernelEx(&cfg, mk::decode_kernel<T, 2>, a); break;
-    case 3: e = cudaLaunchKernelEx(&cfg, mk::decode_kernel<T, 3>, a); break;
-    default: e = cudaLaunchKernelEx(&cfg, mk::decode_kernel<T, 4>, a); break;
-  }
-  ck(e, "decode megakernel launch");
-  mark(m, "megakernel");
-#endif
-}
-
-template <typename K>
-void smem_attr(K *k, size_t smem) {
-  ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "cudaFuncSetAttribute");
-}
-
-// The tensor-core products are built only with MQB_TC_PRODUCTS (CMake -DMQB_TC_PRODUCTS=ON):
-// slower than the default path on the H200 (NOTES.md, run 5) and twice the build time.
-#ifdef MQB_TC_PRODUCTS
-template <typename T, int MODE>
-void lin_attrs(size_t smem) {
-  smem_attr(mk::linear_kernel<T, 1, MODE>, smem);
-  smem_attr(mk::linear_kernel<T, 2, MODE>, smem);
-  smem_attr(mk::linear_kernel<T, 3, MODE>, smem);
-  smem_attr(mk::linear_kernel<T, 4, MODE>, smem);
-}
-
-template <typename T>
-void tc_attrs(size_t smem) {
-  lin_attrs<T, mk::LIN_QKV>(smem);
-  lin_attrs<T, mk::LIN_O>(smem);
-  lin_attrs<T, mk::LIN_UP>(smem);
-  lin_attrs<T, mk::LIN_DOWN>(smem);
-  lin_attrs<T, mk::LIN_HEAD>(smem);
-}
-
-// tc_launch runs one of the tensor-core products (mk::linear_kernel) over a.B <= mk::MAXB rows.
-template <typename T, int MODE>
-void tc_launch(mqb_model &m, const char *label, const mk::LinArgs &a) {
-  const dim3 g(m.mk_grid), b(mk::THREADS);
-  m.label = std::string(label) + ":tc";
-  switch ((a.B + 7) / 8) {
-    case 1: launch(m, mk::linear_kernel<T, 1, MODE>, g, b, m.mk_smem, a); break;
-    case 2: launch(m, mk::linear_kernel<T, 2, MODE>, g, b, m.mk_smem, a); break;
-    case 3: launch(m, mk::linear_kernel<T, 3, MODE>, g, b, m.mk_smem, a); break;
-    default: launch(m, mk::linear_kernel<T, 4, MODE>, g, b, m.mk_smem, a); break;
-  }
-}
-
-// tc_layer runs layer l of a decode step of B entries with the tensor-core products: qkv, the
-// fused decode attention (attn, given), o, gate/up with SwiGLU, down.
-template <typename T, typename Attn>
-void tc_layer(mqb_model &m, int l, int B, const Attn &attn) {
-  const Cfg &c = m.c;
-  const Layer &ly = m.layers[l];
-  const int QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
-  mk::LinArgs a = {};
-  a.B = B;
-  a.eps = (float)c.eps;
-  a.W = ly.w_qkv, a.N = QKV, a.K = c.H, a.src = m.res, a.nw = ly.ln1_w, a.out = m.qkv;
-  tc_launch<T, mk::LIN_QKV>(m, "qkv", a);
-  attn();
-  a.W = ly.w_o, a.N = c.H, a.K = AO, a.x = m.attn, a.out = m.res;
-  tc_launch<T, mk::LIN_O>(m, "o_proj", a);
-  a.W = ly.w_up, a.N = c.I, a.K = c.H, a.src = m.res, a.nw = ly.ln2_w, a.act = m.act;
-  tc_launch<T, mk::LIN_UP>(m, "up", a);
-  a.W = ly.w_down, a.N = c.H, a.K = c.I, a.x = m.act, a.out = m.res;
-  tc_launch<T, mk::LIN_DOWN>(m, "down", a);
-}
-
-// tc_head runs the LM head of a decode step (rows 0..B-1) with the argmax / Gumbel-max keys.
-template <typename T>
-void tc_head(mqb_model &m, int B) {
-  mk::LinArgs a = {};
-  a.B = B;
-  a.eps = (float)m.c.eps;
-  a.W = m.lm, a.N = m.c.V, a.K = m.c.H, a.src = m.res, a.nw = m.normf_w;
-  a.logits = m.logits, a.keys = m.keys, a.inv_temp = m.samp_temp, a.rkey = m.samp_key;
-  tc_launch<T, mk::LIN_HEAD>(m, "lm_head", a);
-}
-
-#else
-template <typename T>
-void tc_attrs(size_t) {}
-#endif
-
-template <typename T>
-void mk_attrs(size_t smem) {
-#ifdef MQB_MEGAKERNEL
-  smem_attr(mk::decode_kernel<T, 1>, smem);
-  smem_attr(mk::decode_kernel<T, 2>, smem);
-  smem_attr(mk::decode_kernel<T, 3>, smem);
-  smem_attr(mk::decode_kernel<T, 4>, smem);
-#endif
-  tc_attrs<T>(smem);
-}
-
-template <typename T>
-int mk_occupancy(size_t smem) {
-  int n = 0;
-#ifdef MQB_MEGAKERNEL
-  ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mk::decode_kernel<T, 4>, mk::THREADS, smem), "mk occupancy");
-#elif defined(MQB_TC_PRODUCTS)  // the tensor-core products only: they share the launch shape
-  ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mk::linear_kernel<T, 4, mk::LIN_UP>, mk::THREADS, smem),
-     "mk occupancy");
-#else
-  (void)smem;
-#endif
-  return n;
-}
-
-// mk_setup prepares the megakernel for decode steps of at most mk::MAXB entries where it applies:
-// qwen3 with bf16/fp16 weights, shapes the tiles divide, a device with cooperative launch and
-// room for one block per SM. It is built only with -DMQB_MEGAKERNEL=ON (the tensor-core
-// products, -DMQB_TC_PRODUCTS=ON, share its setup) and runs only with MQB_MEGAKERNEL=1 (or
-// mqb_debug_set "megakernel"): on the H200 it is not yet faster than the per-kernel path
-// (NOTES.md, runs 2-4 and 15-17).
-void mk_setup(mqb_model &m) {
-#if !defined(MQB_MEGAKERNEL) && !defined(MQB_TC_PRODUCTS)
-  if (env_int("MQB_MEGAKERNEL", 0) != 0)
-    fprintf(stderr, "cuda backend: MQB_MEGAKERNEL ignored: the decode megakernel is not in this build (cmake "
-                    "-DMQB_MEGAKERNEL=ON); decode runs kernel by kernel\n");
-  (void)m;
-#else
-  const Cfg &c = m.c;
-  const int G = c.nh / c.nkv, QKV = (c.nh + 2 * c.nkv) * c.D, AO = c.nh * c.D;
-  std::string why;
-  const bool want = env_int("MQB_MEGAKERNEL", 0) != 0;
-  if (c.fam != QWEN3) why = "family is not qwen3";
-  else if (m.dt == DT_F32) why = "precision fp32";
-  else if (c.attn_bias) why = "attention biases";
-  else if (c.H % 32 || AO % 32 || c.I % 32 || QKV % 16 || c.V % 16 || c.D % 8 || c.D > 256 ||
-           (G != 1 && G != 2 && G != 4 && G != 8))
-    why = fmt("shapes (hidden %d, heads*dim %d, intermediate %d, vocab %d, head_dim %d) do not fit its tiles", c.H,
-              AO, c.I, c.V, c.D);
-  int coop = 0, optin = 0;
-  if (why.empty()) {
-    ck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, m.dev), "cudaDeviceGetAttribute");
-    ck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, m.dev), "cudaDeviceGetAttribute");
-    m.mk_smem = mk::smem_bytes(4, c.H, G, c.D);
-    if (!coop) why = "the device has no cooperative launch";
-    else if ((int)m.mk_smem > optin)
-      why = fmt("needs %zu bytes of shared memory per block, the device has %d", m.mk_smem, optin);
-  }
-  if (why.empty()) {
-    int occ = 0;
-    if (m.dt == DT_BF16) {
-      mk_attrs<__nv_bfloat16>(m.mk_smem);
-      occ = mk_occupancy<__nv_bfloat16>(m.mk_smem);
-    } else {
-      mk_attrs<__half>(m.mk_smem);
-      occ = mk_occupancy<__half>(m.mk_smem);
-    }
-    if (occ < 1) why = "no block fits on an SM";
-  }
-  if (!why.empty()) {
-    if (want) fprintf(stderr, "cuda backend: decode megakernel off (%s); decode runs kernel by kernel\n", why.c_str());
-    return;
-  }
-  std::vector<mk::LayerW> lw(c.L);
-  for (int l = 0; l < c.L; ++l) {
-    const Layer &ly = m.layers[l];
-    lw[l] = mk::LayerW{ly.w_qkv, ly.w_o, ly.w_up, ly.w_down, ly.ln1_w, ly.ln2_w, ly.qn, ly.kn, ly.kc, ly.vc, ly.qscale};
-  }
-  m.mk_layers = m.dmalloc(sizeof(mk::LayerW) * lw.size());
-  ck(cudaMemcpy(m.mk_layers, lw.data(), sizeof(mk::LayerW) * lw.size(), cudaMemcpyHostToDevice), "mk layers upload");
-  m.mk_bar = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int)));
-  m.act = m.dmalloc(dt_size(m.dt) * (size_t)mk::MAXB * c.I);
-  m.mk_grid = m.sms;
-#ifdef MQB_MEGAKERNEL
-  m.mk_built = true;
-  m.use_mk = want;  // prepared either way, so mqb_debug_set("megakernel", 1) can compare
-#else
-  if (want) fprintf(stderr, "cuda backend: MQB_MEGAKERNEL ignored: not in this build (cmake -DMQB_MEGAKERNEL=ON)\n");
-#endif
-#ifdef MQB_TC_PRODUCTS
-  m.tc_ok = true;  // the per-kernel path's tensor-core products share the launch shape
-#endif
-#endif  // MQB_MEGAKERNEL || MQB_TC_PRODUCTS
-}
-#endif
-
-#if defined(MQB_HOST_TEST) || !defined(MQB_TC_PRODUCTS)
-// Builds without the tensor-core products (tc_ok stays false): these are never called.
-template <typename T, typename Attn>
-void tc_layer(mqb_model &, int, int, const Attn &) { throw Fail("tensor-core products need nvcc"); }
-template <typename T>
-void tc_head(mqb_model &, int) { throw Fail("tensor-core products need nvcc"); }
-#endif
-
 // gm_for: the attention kernels' compile-time bound on query heads per KV head (1, 2, 4 or 8).
 int gm_for(int G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8; }
 
@@ -2852,12 +2371,12 @@ bool flash_only(const mqb_model &m, int D) {
 }
 
 // attn_splits: how many position splits decode_attn_kernel uses for a decode step of Tn tokens
-// whose longest context is nmax positions: MQB_ATTN_SPLIT / "attn_split" when set, else the more
+// whose longest context is nmax positions: "attn_split" when set, else the more
 // of two rules, in (token, KV head, split) blocks that fit the SMs:
-//  - long contexts: splits of at least ATT_SPLIT_MIN_POS positions (NOTES.md run 5: 16 splits of
+//  - long contexts: splits of at least ATT_SPLIT_MIN_POS positions (lab/cuda/NOTES.md: 16 splits of
 //    ~20 positions at batch 1 cost more in partials and the merge than they save);
 //  - few items (a batch of 1-4 sequences): ATT_FEW_SPLITS, up to ATT_FEW_BLOCKS blocks in all,
-//    of at least ATT_FEW_POS positions each. On the H200 (runs 60-62, positions 32-332) 4 splits
+//    of at least ATT_FEW_POS positions each. On the H200 (positions 32-332) 4 splits
 //    made batch 1 5-6 % and batch 2 3 % faster (8 splits at batch 1 as 4; splits growing with
 //    the positions, one per 64, 2 % slower than 4), while batch 8 lost 16 % with 4 and 1-2 % with 2.
 int attn_splits(const mqb_model &m, int Tn, int nmax) {
@@ -2933,7 +2452,7 @@ void prefill_attention(mqb_model &m, const Layer &ly, int ntiles) {
 // the R rows listed in rows[] into m.logits, and (want_keys) their argmax keys into m.keys.
 // decode says every token is the next one of a different sequence (rows = tokens): attention
 // may then run fused with the q/k/v post-processing (decode_attn_kernel, by the fused_attn rule
-// below), and batches of tc_min_b..TC_MAX_B use the tensor-core products where tc_ok.
+// below).
 template <typename T>
 void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const TileGrid *tiles) {
   const Cfg &c = m.c;
@@ -2942,9 +2461,8 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
   const bool q3 = c.fam == QWEN3;
   // Fused decode attention where the (token, KV head) grid cannot fill the GPU, so position
   // splits can (fused_attn 1); always with 2. At batch 32 it measured slower than qkv_post +
-  // attention on the H200 (NOTES.md run 5).
+  // attention on the H200 (lab/cuda/NOTES.md).
   const bool fused = decode && (m.fused_attn == 2 || (m.fused_attn == 1 && Tn * c.nkv < m.sms));
-  const bool tc = decode && m.tc_ok && m.tc_min_b > 0 && Tn >= m.tc_min_b && Tn <= TC_MAX_B;
   const int gm = gm_for(c.nh / c.nkv);
   const size_t asmem = attn_smem(gm, c.D);
   const int S = fused ? m.step_splits : 1;
@@ -3010,12 +2528,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
                tc_prefill ? reinterpret_cast<const int *>(m.ptile + grid.multi) : (const int *)nullptr);
       });
     };
-    if constexpr (!std::is_same<T, float>::value) {  // tensor-core products: bf16/fp16 only
-      if (tc) {
-        tc_layer<T>(m, l, Tn, attention);
-        continue;
-      }
-    }
     linear<T>(m, "qkv", prep<T>(q3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps), Tn, H,
               ly.w_qkv, QKV, ly.b_qkv, m.qkv, false, nullptr);
     attention();
@@ -3033,12 +2545,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
                     : prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr,
                               nullptr, eps);
     linear<T>(m, "down", down_in, Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
-  }
-  if constexpr (!std::is_same<T, float>::value) {
-    if (tc) {
-      tc_head<T>(m, Tn);
-      return;
-    }
   }
   linear<T>(m, "lm_head",
             prep<T>(c.fam == QWEN3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, (const int *)m.d_rows(), m.normf_w,
@@ -3073,30 +2579,9 @@ void set_samp(mqb_model &m, int r, int e, const float *temp, const uint64_t *rke
   m.samp_key_h[r] = rkey && e >= 0 ? (unsigned long long)rkey[e] : 0ull;
 }
 
-// mk_applies says whether a decode step of b entries runs as the megakernel (off by default;
-// the profile always goes kernel by kernel).
-bool mk_applies(const mqb_model &m, int b) {
-#ifndef MQB_HOST_TEST
-  return m.use_mk && !m.prof && b <= mk::MAXB;
-#else
-  (void)m, (void)b;
-  return false;
-#endif
-}
-
-// step_dispatch runs the decode step of b entries whose meta is uploaded: the megakernel when it
-// applies, else kernel by kernel.
-void step_dispatch(mqb_model &m, int b, bool want_logits) {
-#ifndef MQB_HOST_TEST
-  if (mk_applies(m, b)) {
-    if (m.dt == DT_BF16) mk_launch_t<__nv_bfloat16>(m, b, want_logits);
-    else mk_launch_t<__half>(m, b, want_logits);
-    return;
-  }
-#endif
-  (void)want_logits;  // the kernel-by-kernel path always writes the logits buffer
-  run_dispatch(m, b, b, true, true);
-}
+// step_dispatch runs the decode step of b entries whose meta is uploaded, kernel by kernel (the
+// kernel-by-kernel path always writes the logits buffer).
+void step_dispatch(mqb_model &m, int b, bool) { run_dispatch(m, b, b, true, true); }
 
 // advance_kernel feeds a decode step's argmax back as the next step's tokens on the device and
 // moves each real entry one position on (mqb_debug_chain).
@@ -3150,7 +2635,7 @@ struct TensorMap {
 // Part is a block of output rows of a fused weight: rows [0, n) of src, which is [n, K] (an
 // nn.Linear weight) or, when transposed, [K, n] (a GPT-2 Conv1D weight).
 struct Part {
-  const float *src;
+  const mqb_tensor *src;
   int64_t n;
   bool transposed;
 };
@@ -3164,10 +2649,17 @@ void *upload_matrix(mqb_model &m, const std::vector<Part> &parts, int64_t K) {
   for (const auto &p : parts) {
     unsigned char *dst = host.data() + (size_t)r0 * K * es;
     const DType dt = m.dt;
-    parallel_for(p.n, [&, dst, dt](int64_t a, int64_t b) {
+    const int32_t sdt = p.src->dtype;
+    const void *src = p.src->data;
+    if (!p.transposed && same_dtype(sdt, dt)) {  // stored at the compute precision: copy rows
+      memcpy(dst, src, (size_t)p.n * K * es);
+      r0 += p.n;
+      continue;
+    }
+    parallel_for(p.n, [&, dst, dt, sdt, src](int64_t a, int64_t b) {
       for (int64_t r = a; r < b; ++r) {
         for (int64_t k = 0; k < K; ++k) {
-          const float v = p.transposed ? p.src[k * p.n + r] : p.src[r * K + k];
+          const float v = elem(src, sdt, p.transposed ? k * p.n + r : r * K + k);
           const size_t idx = (size_t)r * K + k;
           if (dt == DT_F32) memcpy(dst + idx * 4, &v, 4);
           else {
@@ -3189,7 +2681,7 @@ float *upload_f32(mqb_model &m, const std::vector<const mqb_tensor *> &parts) {
   for (auto *t : parts) {
     int64_t n = 1;
     for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
-    host.insert(host.end(), t->data, t->data + n);
+    for (int64_t i = 0; i < n; ++i) host.push_back(elem(t->data, t->dtype, i));
   }
   float *d = static_cast<float *>(m.dmalloc(host.size() * sizeof(float)));
   ck(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "upload");
@@ -3202,13 +2694,39 @@ int env_int(const char *k, int dflt) {
   return atoi(v);
 }
 
+// Knobs: the backend's only environment settings, read once per model open. Everything else is
+// the one measured-fastest path (lab/cuda/NOTES.md has how each default was chosen; the lab's
+// benchmark varies kernels through mqb_debug_set, never through the environment).
+//   MQB_GRAPHS=0      run decode and prefill steps eagerly instead of as captured CUDA graphs
+//                     (debugging a kernel with compute-sanitizer, say); default 1
+//   MQB_WARMUP=0      leave the prefill warm-up and graph captures to the first requests (faster
+//                     open, slower first requests); default 1 (0 in the CPU emulation)
+//   MQB_TCAP=n        most tokens in one prefill or mixed chunk; default 2048 (8 or 32 prompts of
+//                     128 tokens prefill 7-10 % faster than in chunks of 512; 4,096 measured the same)
+//   MQB_BLAS_TUNE=0   use cuBLAS's default algorithm instead of timing candidates once per shape
+//   MQB_BLAS_LOG=1    print the algorithm blas_pick chose for each shape
+struct Knobs {
+  bool graphs, warmup, blas_tune, blas_log;
+  int tcap;
+};
+
+Knobs knobs() {
+#ifdef MQB_HOST_TEST
+  const int warm_default = 0;  // an emulated launch takes about half a second
+#else
+  const int warm_default = 1;
+#endif
+  return Knobs{env_int("MQB_GRAPHS", 1) != 0, env_int("MQB_WARMUP", warm_default) != 0,
+               env_int("MQB_BLAS_TUNE", 1) != 0, env_int("MQB_BLAS_LOG", 0) != 0, env_int("MQB_TCAP", 2048)};
+}
+
 void load(mqb_model &m, const mqb_model_params *p) {
   const Cfg &c = m.c;
   TensorMap tm(p->tensors, p->n_tensors);
   const int64_t H = c.H, D = c.D, I = c.I, V = c.V, nh = c.nh, nkv = c.nkv;
   if (c.fam == GPT2) {
     const mqb_tensor *wte = tm.need("wte.weight", {V, H});
-    m.emb = upload_matrix(m, {{wte->data, V, false}}, H);
+    m.emb = upload_matrix(m, {{wte, V, false}}, H);
     m.lm = m.emb;
     m.wpe = upload_f32(m, {tm.need("wpe.weight", {(int64_t)c.maxpos, H})});
     m.normf_w = upload_f32(m, {tm.need("ln_f.weight", {H})});
@@ -3220,26 +2738,26 @@ void load(mqb_model &m, const mqb_model_params *p) {
       ly.ln1_b = upload_f32(m, {tm.need(pre + "ln_1.bias", {H})});
       ly.ln2_w = upload_f32(m, {tm.need(pre + "ln_2.weight", {H})});
       ly.ln2_b = upload_f32(m, {tm.need(pre + "ln_2.bias", {H})});
-      ly.w_qkv = upload_matrix(m, {{tm.need(pre + "attn.c_attn.weight", {H, 3 * H})->data, 3 * H, true}}, H);
+      ly.w_qkv = upload_matrix(m, {{tm.need(pre + "attn.c_attn.weight", {H, 3 * H}), 3 * H, true}}, H);
       ly.b_qkv = upload_f32(m, {tm.need(pre + "attn.c_attn.bias", {3 * H})});
-      ly.w_o = upload_matrix(m, {{tm.need(pre + "attn.c_proj.weight", {H, H})->data, H, true}}, H);
+      ly.w_o = upload_matrix(m, {{tm.need(pre + "attn.c_proj.weight", {H, H}), H, true}}, H);
       ly.b_o = upload_f32(m, {tm.need(pre + "attn.c_proj.bias", {H})});
-      ly.w_up = upload_matrix(m, {{tm.need(pre + "mlp.c_fc.weight", {H, I})->data, I, true}}, H);
+      ly.w_up = upload_matrix(m, {{tm.need(pre + "mlp.c_fc.weight", {H, I}), I, true}}, H);
       ly.b_up = upload_f32(m, {tm.need(pre + "mlp.c_fc.bias", {I})});
-      ly.w_down = upload_matrix(m, {{tm.need(pre + "mlp.c_proj.weight", {I, H})->data, H, true}}, I);
+      ly.w_down = upload_matrix(m, {{tm.need(pre + "mlp.c_proj.weight", {I, H}), H, true}}, I);
       ly.b_down = upload_f32(m, {tm.need(pre + "mlp.c_proj.bias", {H})});
       ly.qscale = 1.f / sqrtf((float)D);
       if (c.inv_layer_scale) ly.qscale /= (float)(l + 1);
     }
   } else {
     const mqb_tensor *et = tm.need("embed_tokens.weight", {V, H});
-    m.emb = upload_matrix(m, {{et->data, V, false}}, H);
+    m.emb = upload_matrix(m, {{et, V, false}}, H);
     const mqb_tensor *lmh = tm.find("lm_head.weight");
     if (c.tied || !lmh) {
       if (!c.tied && !lmh) throw Fail("cuda backend: tensor lm_head.weight is missing and tie_word_embeddings is false");
       m.lm = m.emb;
     } else {
-      m.lm = upload_matrix(m, {{tm.need("lm_head.weight", {V, H})->data, V, false}}, H);
+      m.lm = upload_matrix(m, {{tm.need("lm_head.weight", {V, H}), V, false}}, H);
     }
     m.normf_w = upload_f32(m, {tm.need("norm.weight", {H})});
     const bool drop_qn = fault("qwen3.drop_q_norm");
@@ -3251,8 +2769,8 @@ void load(mqb_model &m, const mqb_model_params *p) {
       const mqb_tensor *q = tm.need(pre + "self_attn.q_proj.weight", {nh * D, H});
       const mqb_tensor *k = tm.need(pre + "self_attn.k_proj.weight", {nkv * D, H});
       const mqb_tensor *v = tm.need(pre + "self_attn.v_proj.weight", {nkv * D, H});
-      ly.w_qkv = upload_matrix(m, {{q->data, nh * D, false}, {k->data, nkv * D, false}, {v->data, nkv * D, false}}, H);
-      ly.w_o = upload_matrix(m, {{tm.need(pre + "self_attn.o_proj.weight", {H, nh * D})->data, H, false}}, nh * D);
+      ly.w_qkv = upload_matrix(m, {{q, nh * D, false}, {k, nkv * D, false}, {v, nkv * D, false}}, H);
+      ly.w_o = upload_matrix(m, {{tm.need(pre + "self_attn.o_proj.weight", {H, nh * D}), H, false}}, nh * D);
       if (c.attn_bias) {
         ly.b_qkv = upload_f32(m, {tm.need(pre + "self_attn.q_proj.bias", {nh * D}),
                                   tm.need(pre + "self_attn.k_proj.bias", {nkv * D}),
@@ -3263,8 +2781,8 @@ void load(mqb_model &m, const mqb_model_params *p) {
       ly.kn = upload_f32(m, {tm.need(pre + "self_attn.k_norm.weight", {D})});
       const mqb_tensor *gt = tm.need(pre + "mlp.gate_proj.weight", {I, H});
       const mqb_tensor *ut = tm.need(pre + "mlp.up_proj.weight", {I, H});
-      ly.w_up = upload_matrix(m, {{gt->data, I, false}, {ut->data, I, false}}, H);
-      ly.w_down = upload_matrix(m, {{tm.need(pre + "mlp.down_proj.weight", {H, I})->data, H, false}}, I);
+      ly.w_up = upload_matrix(m, {{gt, I, false}, {ut, I, false}}, H);
+      ly.w_down = upload_matrix(m, {{tm.need(pre + "mlp.down_proj.weight", {H, I}), H, false}}, I);
       ly.qscale = 1.f / sqrtf((float)D);
     }
     std::vector<float> inv(D / 2);
@@ -3300,7 +2818,7 @@ void set_kernel_attrs(int gm, size_t att_bytes) {
   });
 }
 
-// skinny_setup turns the skinny products on for a bf16/fp16 model (unless MQB_SKINNY=0): the
+// skinny_setup turns the skinny products on for a bf16/fp16 model (unless debug "skinny" 0): the
 // workspace holds the partials of the finest K split any launch shape of the layers' products
 // can have (debug sk_kw / sk_ks included), and the kernels may use the shared memory of the
 // widest K range.
@@ -3333,16 +2851,12 @@ void skinny_setup(mqb_model &m) {
                                 (int)tsmem),
            "cudaFuncSetAttribute(tile)");
       });
-    m.sk_on = env_int("MQB_SKINNY", 1) != 0;
-    // MQB_SK_MAX_B / MQB_TILE_MAX_B move the ranges (parity runs send batch 6 to the tile kernel so).
-    m.sk_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_SK_MAX_B", m.sk_max_b)));
-    m.tile_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_TILE_MAX_B", m.tile_max_b)));
-    m.fuse_max_b = std::max(0, std::min(sk::MAXB, env_int("MQB_FUSE_MAX_B", m.fuse_max_b)));
+    m.sk_on = true;
   }
 }
 
 // CHUNK_GRAPH_MAX is the largest prefill or mixed chunk that runs as a graph (run_chunk). On the
-// H200 (NOTES.md run 133) a graph saved 0.35-0.45 ms of launches a chunk: 21 % of a 128-token
+// H200 (lab/cuda/NOTES.md) a graph saved 0.35-0.45 ms of launches a chunk: 21 % of a 128-token
 // prompt's 2.1 ms, 12 % of a prompt beside 26 decodes, 4-8 % of 1,024-4,096 prompt tokens; where
 // padding to a coarse bucket added a third to the tokens it lost 5 %.
 constexpr int CHUNK_GRAPH_MAX = 512;
@@ -3358,7 +2872,7 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
                const std::vector<int> &row_entry);
 
 // warm_up runs, while the model loads, what a server's first requests would otherwise pay for.
-// On a freshly opened Qwen3-0.6B-shaped model (H200, run 126, mqb_bench.py coldstart) the first
+// On a freshly opened Qwen3-0.6B-shaped model (H200, mqb_bench.py coldstart) the first
 // 128-token prompt took 16.5 ms against 2.3 warm, the first call of 31 prompts beside a decode
 // 33.0 against 15.0 (the kernels' modules loaded and cuBLAS's heuristics asked at first use),
 // and the first decode step of 32 sequences 4.5 against 1.4 (its graph captured): a served burst
@@ -3369,8 +2883,7 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
 // - every graph bucket's decode step, eagerly (blas_pick tunes its cuBLAS products) and again
 //   to capture its graph, once for each number of attention splits the bucket can take over
 //   max_context (attn_splits: up to 16 at one sequence), so no graph is captured mid-request
-//   (steps that hand out logits share these graphs, see graph_key; with the opt-in megakernel
-//   theirs are still made at first use);
+//   (steps that hand out logits share these graphs, see graph_key);
 // - with mixed_graphs, every graphed prefill or mixed chunk bucket (run_chunk: up to
 //   CHUNK_GRAPH_MAX tokens, a power of two of rows up to max_batch), eagerly and captured.
 // With warm 0 only the eager decode steps run, and only with blas_tune (the CPU emulation's
@@ -3442,7 +2955,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
     throw Fail(fmt("cuda backend: ABI version %d requested, this library implements %d; rebuild with make cuda",
                    p->abi_version, MQB_ABI_VERSION));
   const std::string family = p->family ? p->family : "";
-  m.c = parse_cfg(family, p->config_json);
+  m.c = cfg_from_hparams(family, p->hparams, p->n_hparams);
   const std::string prec = p->precision ? p->precision : "bf16";
   if (prec == "bf16") m.dt = DT_BF16;
   else if (prec == "fp16") m.dt = DT_F16;
@@ -3472,19 +2985,19 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.slots = m.max_batch + 1;  // the last one is the scratch slot (logits_all, graph padding)
   m.scratch = m.max_batch;
   // Prefill and mixed steps run in chunks of at most Tcap tokens (MQB_TCAP, default 2048): 8 or
-  // 32 prompts of 128 tokens prefill in 7-10 % less time than in chunks of 512 (run 62), whose
+  // 32 prompts of 128 tokens prefill in 7-10 % less time than in chunks of 512, whose
   // every chunk reads all the weights again; 4,096 measured the same as 2,048.
-  m.Tcap = std::max(m.max_batch, std::max(64, env_int("MQB_TCAP", 2048)));
+  const Knobs kn = knobs();
+  m.Tcap = std::max(m.max_batch, std::max(64, kn.tcap));
   m.Rcap = std::max(64, m.max_batch);
-  m.use_graphs = env_int("MQB_GRAPHS", 1) != 0;
-  m.mixed_graphs = env_int("MQB_MIXED_GRAPHS", 1) != 0;
-  m.use_pdl = env_int("MQB_PDL", 1) != 0 && major >= 9;
-  m.attn_split = std::max(0, std::min(ATT_SPLIT_MAX, env_int("MQB_ATTN_SPLIT", 0)));
-  m.fused_attn = std::max(0, std::min(2, env_int("MQB_FUSED_ATTN", 1)));
-  m.tc_min_b = env_int("MQB_TC_MIN_B", 0);
+  m.use_graphs = kn.graphs;
+  m.mixed_graphs = kn.graphs;
+  m.use_pdl = major >= 9;
+  m.attn_split = 0;
+  m.fused_attn = 1;
   const size_t es = dt_size(m.dt);
   const int Kmax = std::max(std::max(c.H, c.I), c.nh * c.D);
-  int gb = std::min(4, env_int("MQB_GEMV_MAX_B", 4));
+  int gb = 4;
   while (gb > 0 && (size_t)gb * Kmax * es > 48 * 1024) --gb;
   m.gemv_max_b = std::max(0, gb);
 
@@ -3495,13 +3008,9 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.blas_ws = m.dmalloc(ws);
   ckb(cublasSetWorkspace(m.blas, m.blas_ws, ws), "cublasSetWorkspace");
   ckb(cublasSetMathMode(m.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-  m.blas_tune = env_int("MQB_BLAS_TUNE", 1) != 0;
-#ifdef MQB_HOST_TEST
-  m.warm = env_int("MQB_WARMUP", 0) != 0;
-#else
-  m.warm = env_int("MQB_WARMUP", 1) != 0;
-#endif
-  m.blas_log = env_int("MQB_BLAS_LOG", 0) != 0;
+  m.blas_tune = kn.blas_tune;
+  m.warm = kn.warmup;
+  m.blas_log = kn.blas_log;
   m.picker.reset(new blaspick::Picker(m.blas, m.stream, m.blas_ws, ws));
 
   m.layers.resize(c.L);
@@ -3555,17 +3064,6 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
     case DT_F16: set_kernel_attrs<__half>(gm, ab); skinny_setup<__half>(m); break;
     default: set_kernel_attrs<float>(gm, ab); break;
   }
-#ifndef MQB_HOST_TEST
-  mk_setup(m);
-#endif
-  if (m.tc_min_b > 0 && !m.tc_ok)
-    fprintf(stderr, "cuda backend: MQB_TC_MIN_B ignored: tensor-core products %s\n",
-#ifdef MQB_TC_PRODUCTS
-            "do not apply to this model (qwen3 bf16/fp16 with tile-sized shapes only)"
-#else
-            "are not in this build (cmake -DMQB_TC_PRODUCTS=ON)"
-#endif
-    );
   ck(cudaDeviceSynchronize(), "load");
   warm_up(m);
 }
@@ -3577,7 +3075,7 @@ int chunk_graph_key(const mqb_model &m, int Tg, int Rg, bool keys) {
 }
 
 // run_chunk: uploads the meta already in meta_h, runs, and copies back keys/logits of R rows.
-// With graphs and mixed_graphs (MQB_MIXED_GRAPHS, default 1) a chunk of up to CHUNK_GRAPH_MAX
+// With graphs and mixed_graphs (on unless MQB_GRAPHS=0) a chunk of up to CHUNK_GRAPH_MAX
 // tokens runs as the graph of its bucket (chunk_bucket tokens, a power of two of rows): a served
 // point's prefill and mixed steps (prompts beside running decodes) otherwise launch their ~300
 // kernels one by one. warm_up captures every bucket's graph at load. The padding
@@ -3634,11 +3132,10 @@ int bucket_for(const mqb_model &m, int n) {
 }
 
 // graph_key names a decode step's graph in mqb_model::graphs: a graph bakes in the batch bucket,
-// the attention splits and whether the logits are written. Only the megakernel leaves them
-// unwritten when nobody reads them; kernel by kernel a step that hands out logits (a top-k or
-// top-p request's, sampled on the host) is the same graph as a greedy one, and shares it, so
-// such a request neither waits for a capture nor adds a graph (decode_step).
-int graph_key(int b, int splits, bool logits) { return (b * (ATT_SPLIT_MAX + 1) + splits) * 2 + (logits ? 1 : 0); }
+// and the attention splits. A step that hands out logits (a top-k or top-p request's, sampled on
+// the host) is the same graph as a greedy one, and shares it, so such a request neither waits
+// for a capture nor adds a graph (decode_step).
+int graph_key(int b, int splits) { return b * (ATT_SPLIT_MAX + 1) + splits; }
 
 // run_graphed runs body (a step's launches on m.stream) through the graph in *ge: eagerly until
 // the caller has marked it warmed (after the first run: modules load, cuBLAS asks its
@@ -3707,7 +3204,7 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
   }
   upload_meta(m);
   if (m.tl_buf) ck(cudaMemsetAsync(m.tl_buf, 0, sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS, m.stream), "timeline reset");
-  GraphEntry *ge = graphs ? &m.graphs[graph_key(b, m.step_splits, logits_out != nullptr && mk_applies(m, b))] : nullptr;
+  GraphEntry *ge = graphs ? &m.graphs[graph_key(b, m.step_splits)] : nullptr;
   run_graphed(m, ge, [&] { step_dispatch(m, b, logits_out != nullptr); });
   ck(cudaMemcpyAsync(m.keys_h, m.keys, sizeof(unsigned long long) * n, cudaMemcpyDeviceToHost, m.stream),
      "argmax download");
@@ -3823,6 +3320,11 @@ extern "C" {
 
 int32_t mqb_abi_version(void) { return MQB_ABI_VERSION; }
 
+const char *const *mqb_families(void) {
+  static const char *const families[] = {"gpt2", "qwen3", nullptr};
+  return families;
+}
+
 int mqb_model_open(const mqb_model_params *p, mqb_model **out, char *err, size_t errlen) {
   if (!out) {
     set_err(err, errlen, "cuda backend: out is NULL");
@@ -3921,14 +3423,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "mixed_graphs") m->mixed_graphs = value != 0;
   else if (k == "pdl") m->use_pdl = value != 0;
   else if (k == "blas_tune") m->blas_tune = value != 0;  // the shapes tuned so far keep their plans
-#ifndef MQB_HOST_TEST
-  else if (k == "mk_skip") m->mk_dbg = value;
-  else if (k == "megakernel") {
-    if (value == 0) m->use_mk = false;
-    else if (m->mk_built) m->use_mk = true;  // built (MQB_MEGAKERNEL) and applicable to this model
-    else return 1;
-  }
-#endif
   else if (k == "skinny") {
     if (value && !m->sk_ws) return 1;  // fp32 weights: cuBLAS only
     m->sk_on = value != 0;
@@ -3961,10 +3455,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
     if (value && !m->tl_mem)
       m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));
     m->tl_buf = value ? m->tl_mem : nullptr;
-  }
-  else if (k == "tc_min_b") {
-    if (value > 0 && !m->tc_ok) return 1;  // not built (MQB_TC_PRODUCTS) or not applicable to this model
-    m->tc_min_b = value;
   }
   else if (k == "profile") {
     m->prof = value != 0;
@@ -4029,14 +3519,14 @@ int mqb_debug_chain(mqb_model *m, int32_t n, int32_t steps, const int32_t *start
   }
   try {
     ck(cudaSetDevice(m->dev), "cudaSetDevice");
-    if (!m->use_graphs || m->prof || m->use_mk)
-      throw std::runtime_error("mqb_debug_chain needs graphs, no profile and no megakernel");
+    if (!m->use_graphs || m->prof)
+      throw std::runtime_error("mqb_debug_chain needs graphs and no profile");
     const int b = std::max(n, bucket_for(*m, n));
     for (int s = 0; s < steps; ++s) {
       int nmax = 1;
       for (int i = 0; i < n; ++i) nmax = std::max(nmax, start_pos[i] + s + 2);
       m->step_splits = attn_splits(*m, b, nmax);
-      auto it = m->graphs.find(graph_key(b, m->step_splits, false));
+      auto it = m->graphs.find(graph_key(b, m->step_splits));
       if (it == m->graphs.end() || !it->second.exec)
         throw std::runtime_error(
             fmt("no captured graph for batch %d with %d splits; run decode steps first", b, m->step_splits));

@@ -4,10 +4,10 @@
 // Why: cublasGemmEx's default picks a kernel from cuBLAS's heuristic, which for the skinny
 // products of a batch-32 decode step (32 rows against 1-150k output columns) leaves the H200's
 // bandwidth mostly unused: in a graph-replayed trace the o projection (4 MB of weights) took 6 us
-// a layer and down 5.4 us plus a split-K reduce kernel (NOTES.md run 69), against 1-1.5 us of
+// a layer and down 5.4 us plus a split-K reduce kernel (lab/cuda/NOTES.md), against 1-1.5 us of
 // weight bytes at the copy bandwidth. Timing the heuristic's candidates and their split-K
 // variants is what TensorRT's tactic selection and PyTorch's TunableOp do for the same reason.
-// What it bought on the H200 (NOTES.md runs 77-81): 0-12 % a product, 2-4 % a batch-32 step,
+// What it bought on the H200 (lab/cuda/NOTES.md): 0-12 % a product, 2-4 % a batch-32 step,
 // 4-7 % served at concurrency 32; a product's cost in a graph is mostly fixed (5-6 us whatever its
 // size), which no algorithm choice removes.
 //

@@ -6,10 +6,10 @@
 //
 // Why: attention_kernel gives every (token, KV head) a block of its own that reads the token's
 // whole causal range of K/V rows and scores it on the CUDA cores. 32 prompts of 128 tokens then
-// spent 32-44 ms of a 45-60 ms prefill in attention (run 62's kernel sums, Qwen3-0.6B shape),
+// spent 32-44 ms of a 45-60 ms prefill in attention (kernel sums, Qwen3-0.6B shape),
 // ~1.1 ms per layer: most of a request's time to first token under load. Here they spend 2.1 ms
-// and prefill in 15.9 ms (run 63); with the 2,048-token chunks the served concurrency-32 TTFT
-// p50 fell from 61 ms (run 60) to 37.
+// and prefill in 15.9 ms; with the 2,048-token chunks the served concurrency-32 TTFT
+// p50 fell from 61 ms to 37.
 //
 // How: a block takes a tile of up to BQ = 64 consecutive tokens of one sequence (prefill_tiles
 // cuts the chunk's tokens so) and one query head: 4 warps of 16 query rows. It stages the
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
   for (int k0 = 0; k0 <= pmax; k0 += BK) {
     // K rows k0 .. k0 + BK - 1, then V's, as two groups of asynchronous copies: every load of a
     // tile is in flight at once, without registers, and V lands while the scores are made (a
-    // mixed step's prefill attention 0.85 -> 0.77 ms against register loads, NOTES.md run 135).
+    // mixed step's prefill attention 0.85 -> 0.77 ms against register loads, lab/cuda/NOTES.md).
     // Rows past the tile's last position are zeros (masked for every row, and finite, so 0 * V
     // stays 0).
     stage_rows<T, D>(ks, kc + base, rs, k0, pmax);

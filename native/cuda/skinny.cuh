@@ -2,10 +2,10 @@
 // the layers' decode products (by default up to 16 rows: see the measurements below). Included
 // by backend.cu (also in the CPU emulation, which computes the mma fragments in emu_test.cc);
 // the host side is skinny_cfg / tile_cfg / skinny_linear / tile_fused there. The mma.sync
-// fragment helpers here serve megakernel.cuh too.
+// fragment helpers here serve prefill_attn.cuh too.
 //
 // Why not cuBLAS: its products of a batch-32 step take 0.797 ms for 1.19 GB of weights (NOTES.md,
-// runs 18-20, LM head included), about 1.5 TB/s of the H200's 4.2: a product of 4-13 MB is over
+// LM head included), about 1.5 TB/s of the H200's 4.2: a product of 4-13 MB is over
 // before its kernels reach full speed.
 //
 // Shape of the work: a block is 8 warps; warp w owns a 16-row tile (w / KS of the block's RT
@@ -18,14 +18,14 @@
 // finishes last for a row block adds the Z partials in split order. Every sum has a fixed order,
 // so the same inputs give the same bits whatever the timing.
 //
-// Measured on the H200 (NOTES.md, runs 39-45, Qwen3-0.6B shape): decode at batch 8 5,945-6,031
+// Measured on the H200 (lab/cuda/NOTES.md, Qwen3-0.6B shape): decode at batch 8 5,945-6,031
 // tok/s against 5,502-5,549 through cuBLAS; at batch 16 9,472-9,758 against 10,491-10,579; at
 // batch 32 13,564-14,465 (11,953 with the worst forced shape) against 19,012-19,274. In isolation
 // (Nsight Compute, batch 32) a product takes 11-23 us against cuBLAS's 7.3-8.8. Halving its
-// instructions (run 45: weights loaded word by word into the mma quads, no register moves) left
+// instructions (weights loaded word by word into the mma quads, no register moves) left
 // the time unchanged: what limits it is each block's load latency (one 8-warp block per SM, all
 // of a warp's loads issued then waited for, no pipeline), where cuBLAS runs TMA pipelines.
-// Hence backend.cu's sk_max_b of 8 until run 58, when tile_kernel (below), making the RMSNorm of
+// Hence backend.cu's sk_max_b of 8 until tile_kernel (below), making the RMSNorm of
 // its input and the SwiGLU of gate/up itself (TileFuse), beat this kernel at 5-8 rows by 17 %
 // and the fused GEMV at 1-4: it takes every batch up to 16 since, and this kernel runs only with
 // debug sk_max_b > 0.
@@ -45,7 +45,7 @@ __device__ __forceinline__ void mma(float c[4], uint32_t a0, uint32_t a1, uint32
                                     uint32_t b1);
 
 // pack2: two floats rounded to T (round to nearest), a in the low half: an mma.sync operand
-// register made from fp32 values (prefill_attn.cuh's P, megakernel.cuh's staged rows).
+// register made from fp32 values (prefill_attn.cuh's P).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
   const T x = TT<T>::fromf(a), y = TT<T>::fromf(b);
@@ -268,7 +268,7 @@ __device__ __forceinline__ void tile_each(int lane, int B, const F &f) {
 // a lane loads all its old values before it stores any: a loop that loads, adds and stores one
 // element at a time waits a round trip through L2 per element (the compiler cannot tell that the
 // stores do not alias the next loads), 16 of them at 32 rows: 3.4-3.5 us of o_proj's and down's
-// 8.8-10.1 on the H200 (NOTES.md, run 108).
+// 8.8-10.1 on the H200 (lab/cuda/NOTES.md).
 template <int NB>
 __device__ __forceinline__ void store(const float (&acc)[NB][4], bool owner, int tile, int lane, int N, int B,
                                       float *out, int accumulate) {
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 // Why a second kernel: skinny_kernel holds a warp's whole weight slice in registers, so a block
 // covers at most 128 x 384 weights and stages its 32 input rows for every such slice; at 32 rows
 // its L2 traffic was 2-4x the weight bytes and each block waited for all its loads at once
-// (NOTES.md, runs 41-45). Here a block owns RT row tiles of 16 (RT * KS = 8 warps) over a K range
+// (lab/cuda/NOTES.md). Here a block owns RT row tiles of 16 (RT * KS = 8 warps) over a K range
 // of Kr columns, stages its input rows once for that range (cp.async), and streams the weights in
 // 16 KB chunks (KS boxes of 16 RT rows x 64 columns) through TSTAGES shared-memory buffers, so
 // three chunks are in flight while one is multiplied. The copy engine (TMA, a tensor map per
@@ -364,18 +364,18 @@ __global__ void __launch_bounds__(THREADS, 1)
 // 128-byte swizzle, which the input's staging copies), so the eight rows an ldmatrix phase reads
 // at the same piece hit eight different bank groups.
 //
-// Measured on the H200 (NOTES.md, runs 46-52; Qwen3-0.6B shape, decode): batch 16 11,819 tok/s
+// Measured on the H200 (lab/cuda/NOTES.md; Qwen3-0.6B shape, decode): batch 16 11,819 tok/s
 // against 10,962 through cuBLAS in the same run, batch 32 17,778 against 20,399; hence
 // backend.cu's tile_max_b of 16. In isolation (Nsight Compute, cold caches) the qkv product takes
 // 11.7 us at ~1,900 instructions per warp and 6.7 cycles per issued instruction with 8 warps per
-// SM. The versions before (runs 46-49): 16-byte cp.async copies (12.8-18 us; issue-bound by the
+// SM. The versions before: 16-byte cp.async copies (12.8-18 us; issue-bound by the
 // copies' index arithmetic), and one bulk copy per 128-512-byte row (2-4x slower: too small a
-// unit for the copy engine). With the RMSNorm and SwiGLU fused (TileFuse, runs 53-56) a qwen3
+// unit for the copy engine). With the RMSNorm and SwiGLU fused (TileFuse) a qwen3
 // layer at 9-16 rows is five kernels instead of eight: batch 12 9,516 tok/s against 8,907, batch
 // 16 11,867 against 11,188 (unfused, same build). Of the 82 us per step saved at batch 16 the
 // traced kernel span shows about a quarter; the rest is, by a cross-run estimate, the graph's
 // launch (84 fewer kernel nodes; the step starts on the GPU only when cudaGraphLaunch returns,
-// 0.7-1.0 us per node; NOTES.md run 56). At 24 and 32 rows it is 8 % slower
+// 0.7-1.0 us per node; lab/cuda/NOTES.md). At 24 and 32 rows it is 8 % slower
 // than cuBLAS with the prep kernels, hence backend.cu's fuse_max_b of 16. Run 58: at 1-8 rows,
 // fused, it beats the skinny kernel (batch 8 7,478 tok/s against 6,363) and the fused GEMV (batch
 // 4 3,804 against 1,836; batch 1 937 against 895), so the layers' products of every batch up to
@@ -502,7 +502,7 @@ __device__ __forceinline__ void tma_load(T *dst, const TmaMap &tm, int x, int y,
 
 // TileFuse: what tile_kernel does besides the product, so that a layer's RMSNorm and SwiGLU need
 // no kernels of their own (each one a launch, a dependency and a round trip through L2 per
-// layer: NOTES.md, run 53's trace).
+// layer: lab/cuda/NOTES.md's trace).
 //   xr != NULL: the input rows are RMSNorm(xr[b, 0:K]) * nw made while they are staged (X unused,
 //     K <= RMS_KMAX, a multiple of 4): each warp loads whole rows (a block with a K split too),
 //     sums their squares and writes its K range as x * rstd * w in T, the arithmetic of prep_row.
@@ -613,7 +613,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // squares added across the block through shared memory (lane sums, then the warps' in warp
     // order: not the form below's order, so its last bits may differ). At batch 1 the form below
     // leaves one warp all the work; on the H200 this took 1.3 us a layer instead of 2.0, and
-    // from 8 rows on its round trip per four rows made it slower (NOTES.md runs 120-124).
+    // from 8 rows on its round trip per four rows made it slower (lab/cuda/NOTES.md).
     __shared__ float s_ss[4][WARPS];
     const int q4 = K / 4, t = threadIdx.x;
     for (int b = B + warp; b < NB * 8; b += WARPS)  // rows B.. of the last octet: zeros
@@ -650,7 +650,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   } else {
     // RMSNorm while staging: lane holds k = 4 lane + 128 j of a row (K <= RMS_KMAX, K % 4 == 0),
     // two rows per warp at a time, every load of both rows in flight at once (a loop that loads
-    // as it goes waits a round trip per step: run 54 lost 5 us per product so); the norm's
+    // as it goes waits a round trip per step: it lost 5 us per product so); the norm's
     // weights were copied to shared memory before the wait, so that the rows have the registers.
     // Rows B.. load as zeros, which normalize to zeros.
     const int nj = (K + 127) / 128;

@@ -73,6 +73,12 @@ class Weights {
   // ignore marks every tensor whose name ends with suffix as read (buffers a checkpoint may
   // carry that are not weights, such as GPT-2's causal-mask attn.bias).
   void ignore_suffix(const std::string &suffix) const;
+  // ignore_prefix marks every tensor whose name starts with prefix as read (a pipeline
+  // component part the family never runs, such as the VAE encoder of a text-to-image family).
+  void ignore_prefix(const std::string &prefix) const {
+    for (const auto &kv : map_)
+      if (kv.first.compare(0, prefix.size(), prefix) == 0) used_[kv.first] = true;
+  }
   // file_backed says p is read in place from the bundle's read-only file mapping (not a
   // converted copy), so its pages may be released and faulted back (LMHead).
   bool file_backed(const float *p) const;
@@ -157,6 +163,12 @@ struct Batch {
   int rows() const { return (int)tokens.size(); }
 };
 
+// ImageInput is one image of a vision-language prompt (mq_image, copied).
+struct ImageInput {
+  std::vector<float> pixels;
+  int grid_t = 0, grid_h = 0, grid_w = 0;
+};
+
 // Backend is one model on one device. The engine owns scheduling, sampling and stop rules.
 class Backend {
  public:
@@ -169,6 +181,13 @@ class Backend {
   // logits_all writes full logits for every position of ids, using KV slot scratch_slot.
   virtual void logits_all(const int32_t *ids, int n, int scratch_slot, float *out) = 0;
   virtual void reset_slot(int slot) { (void)slot; }
+  // set_image attaches an image to the sequence about to be prefilled in slot with prompt
+  // (checked against it here, so a bad request fails alone); reset_slot drops it. Families
+  // without images refuse.
+  virtual void set_image(int slot, std::shared_ptr<const ImageInput> img, const int32_t *prompt, int n) {
+    (void)slot, (void)img, (void)prompt, (void)n;
+    throw Error(MQ_ERR_INVALID_ARGUMENT, "this model does not take images");
+  }
   // deterministic backends (mock) choose tokens themselves: the engine uses argmax as-is and
   // skips sampling; logits may then be left unwritten by forward.
   virtual bool deterministic() const { return false; }
@@ -225,6 +244,22 @@ struct Family {
   std::function<std::unique_ptr<Backend>(const ModelArgs &)> make;  // the CPU model
   // threads: how many CPU threads the model's forward pass uses (0: the engine's n_threads).
   int threads = 0;
+};
+
+// ImageBackend is a text-to-image model (task "image"): one call turns prompt token ids and the
+// request's controls into an RGB image. It is a Backend so the engine owns it as any model; the
+// token-generation entry points are not its business and refuse.
+class ImageBackend : public Backend {
+ public:
+  virtual mq_image_spec image_spec() const = 0;
+  // generate validates r against image_spec (errors name the field) and fills out.
+  virtual void generate(const mq_image_request &r, mq_image_output *out) = 0;
+  void forward(const Batch &, float *, int32_t *) override {
+    throw Error(MQ_ERR_INVALID_ARGUMENT, "this is a text-to-image model: it generates images, not tokens");
+  }
+  void logits_all(const int32_t *, int, int, float *) override {
+    throw Error(MQ_ERR_INVALID_ARGUMENT, "this is a text-to-image model: it has no logits");
+  }
 };
 
 // register_family adds f to the registry (at static initialisation, through
@@ -311,6 +346,9 @@ void axpy(float a, const float *x, float *y, int n);  // y += a*x
 void attention(const float *q, int ntok, int pos, int H, int Hkv, int hd, const float *K, const float *V,
                float scale, float *out, float *scratch);
 int64_t now_ns();
+
+// torch_randn writes torch.randn(n) of a CPU generator seeded with seed (models/zimage_noise.cc).
+void torch_randn(uint64_t seed, float *out, int64_t n);
 
 // DecoderDims are the canonical hyper-parameters a decoder-only family resolves (and the CUDA
 // decoder reads by the same names): vocab_size, hidden_size, num_layers, num_heads,

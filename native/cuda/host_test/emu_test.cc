@@ -510,17 +510,25 @@ static std::vector<Vec> ref_logits(const Owned &o, const Cfg &c, const std::vect
   return out;
 }
 
-static const char *QCFG = R"({"vocab_size":300,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
- "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"max_position_embeddings":512,"rms_norm_eps":1e-06,
- "tie_word_embeddings":true,"rope_parameters":{"rope_type":"default","rope_theta":1000000.0}})";
-static const char *GCFG = R"({"vocab_size":300,"n_embd":64,"n_layer":2,"n_head":4,"n_positions":128,"n_inner":null,
- "activation_function":"gelu_new","layer_norm_epsilon":1e-05})";
+// The hyper-parameters as the runtime's family resolve steps hand them over (ABI 4).
+using HP = std::vector<mqb_hparam>;
+static HP qwen3_hp(double heads) {
+  return {{"vocab_size", 300, nullptr}, {"hidden_size", 64, nullptr}, {"intermediate_size", 128, nullptr},
+          {"num_layers", 2, nullptr}, {"num_heads", heads, nullptr}, {"num_kv_heads", 2, nullptr},
+          {"head_dim", 16, nullptr}, {"max_positions", 512, nullptr}, {"norm_eps", 1e-6, nullptr},
+          {"tie_word_embeddings", 1, nullptr}, {"rope_theta", 1e6, nullptr}, {"attention_bias", 0, nullptr},
+          {"scale_attn_by_inverse_layer_idx", 0, nullptr}};
+}
+static const HP QCFG = qwen3_hp(4);
+static const HP GCFG = {{"vocab_size", 300, nullptr}, {"hidden_size", 64, nullptr}, {"intermediate_size", 256, nullptr},
+                        {"num_layers", 2, nullptr}, {"num_heads", 4, nullptr}, {"num_kv_heads", 4, nullptr},
+                        {"head_dim", 16, nullptr}, {"max_positions", 128, nullptr}, {"norm_eps", 1e-5, nullptr},
+                        {"tie_word_embeddings", 1, nullptr}, {"rope_theta", 0, nullptr}, {"attention_bias", 1, nullptr},
+                        {"scale_attn_by_inverse_layer_idx", 0, nullptr}};
 
 // QCFG_G5: five query heads per KV head (as in Qwen3-14B's 40/8), so the attention kernels run
 // their GM = 8 instantiation with runtime G < GM.
-static const char *QCFG_G5 = R"({"vocab_size":300,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
- "num_attention_heads":10,"num_key_value_heads":2,"head_dim":16,"max_position_embeddings":512,"rms_norm_eps":1e-06,
- "tie_word_embeddings":true,"rope_parameters":{"rope_type":"default","rope_theta":1000000.0}})";
+static const HP QCFG_G5 = qwen3_hp(10);
 
 static Owned make_qwen3(int nh = 4, int nkv = 2) {
   Owned o;
@@ -581,12 +589,13 @@ static double maxdiff(const float *a, const Vec &b) {
 }
 static int argmax_ref(const Vec &v) { return (int)(std::max_element(v.begin(), v.end()) - v.begin()); }
 
-static void run_family(const char *family, const char *cfgjson, Owned &o, const char *prec, double tol, int maxctx) {
-  Cfg c = parse_cfg(family, cfgjson);
+static void run_family(const char *family, const HP &hp, Owned &o, const char *prec, double tol, int maxctx) {
+  Cfg c = cfg_from_hparams(family, hp.data(), (int)hp.size());
   mqb_model_params p{};
   p.abi_version = MQB_ABI_VERSION;
   p.family = family;
-  p.config_json = cfgjson;
+  p.hparams = hp.data();
+  p.n_hparams = (int)hp.size();
   p.precision = prec;
   p.max_batch = 8;
   p.max_context = maxctx;

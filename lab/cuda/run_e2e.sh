@@ -11,9 +11,9 @@
 #   (optional: go test -c -trimpath -ldflags='-s -w' -o bin/e2e/X.test for ./families/qwen,
 #    ./families/gpt2 and ./native, whose tests then run here too)
 #   tar -C bin/e2e -cJf bin/e2e.tgz qual qual-server [*.test]   # then run with carry ["bin/e2e.tgz"]
-#   bash native/cuda/run_e2e.sh
+#   bash lab/cuda/run_e2e.sh
 # CPU rehearsal on any machine (no nvcc, no GPU; same steps with --device cpu and fp32):
-#   E2E_DEVICE=cpu OUT=/tmp/e2e bash native/cuda/run_e2e.sh
+#   E2E_DEVICE=cpu OUT=/tmp/e2e bash lab/cuda/run_e2e.sh
 # Environment: OUT (results; at most a handful of small files), E2E_DEADLINE (seconds from the
 # start after which optional steps are skipped; default 200), E2E_BIG=0 skips the
 # Qwen3-0.6B-shaped run, E2E_BIG_CONC its concurrencies (default 1,8,32), E2E_BIG_REQUESTS its

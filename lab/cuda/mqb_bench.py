@@ -47,12 +47,12 @@ C_F32P = ctypes.POINTER(ctypes.c_float)
 C_CHARP = ctypes.POINTER(ctypes.c_char)  # error buffers (create_string_buffer)
 
 
-class MqbTensor(ctypes.Structure):
+class MqbTensor(ctypes.Structure):  # ABI 3: fp32 data only
     _fields_ = [("name", ctypes.c_char_p), ("data", C_F32P), ("shape", ctypes.c_int64 * 4),
                 ("ndim", ctypes.c_int32)]
 
 
-class MqbParams(ctypes.Structure):
+class MqbParams(ctypes.Structure):  # ABI 3: the backend parsed config.json itself
     _fields_ = [("abi_version", ctypes.c_int32), ("family", ctypes.c_char_p),
                 ("config_json", ctypes.c_char_p), ("precision", ctypes.c_char_p),
                 ("max_batch", ctypes.c_int32), ("max_context", ctypes.c_int32),
@@ -60,14 +60,54 @@ class MqbParams(ctypes.Structure):
                 ("n_tensors", ctypes.c_int32)]
 
 
-ABI = 3  # MQB_ABI_VERSION of native/include/mq_backend.h
+class MqbTensor4(ctypes.Structure):  # ABI 4: tensors at their stored precision
+    _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.c_void_p), ("dtype", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * 4), ("ndim", ctypes.c_int32)]
+
+
+class MqbHparam(ctypes.Structure):
+    _fields_ = [("key", ctypes.c_char_p), ("value", ctypes.c_double), ("str", ctypes.c_char_p)]
+
+
+class MqbParams4(ctypes.Structure):  # ABI 4: resolved hyper-parameters instead of config.json
+    _fields_ = [("abi_version", ctypes.c_int32), ("family", ctypes.c_char_p),
+                ("hparams", ctypes.POINTER(MqbHparam)), ("n_hparams", ctypes.c_int32),
+                ("precision", ctypes.c_char_p), ("max_batch", ctypes.c_int32),
+                ("max_context", ctypes.c_int32), ("device_index", ctypes.c_int32),
+                ("tensors", ctypes.POINTER(MqbTensor4)), ("n_tensors", ctypes.c_int32)]
+
+
+ABIS = (3, 4)  # MQB_ABI_VERSION values this driver speaks (4: native/include/mq_backend.h today)
+
+
+def hparams_of(family, d):
+    """The hyper-parameters ABI 4 passes, from a config dict, with transformers' defaults (what
+    the runtime's family resolve steps in native/models compute in the product)."""
+    if family == "gpt2":
+        H, nh = d["n_embd"], d["n_head"]
+        return dict(vocab_size=d["vocab_size"], hidden_size=H, num_layers=d["n_layer"], num_heads=nh,
+                    num_kv_heads=nh, head_dim=H // nh, intermediate_size=d.get("n_inner") or 4 * H,
+                    max_positions=d["n_positions"], norm_eps=d.get("layer_norm_epsilon", 1e-5), rope_theta=0,
+                    tie_word_embeddings=1, attention_bias=1,
+                    scale_attn_by_inverse_layer_idx=int(bool(d.get("scale_attn_by_inverse_layer_idx", False))))
+    H, nh = d["hidden_size"], d["num_attention_heads"]
+    rp = d.get("rope_parameters") or {}
+    theta = d.get("rope_theta") or rp.get("rope_theta") or 10000
+    return dict(vocab_size=d["vocab_size"], hidden_size=H, num_layers=d["num_hidden_layers"], num_heads=nh,
+                num_kv_heads=d.get("num_key_value_heads") or nh, head_dim=d.get("head_dim") or H // nh,
+                intermediate_size=d["intermediate_size"], max_positions=d["max_position_embeddings"],
+                norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=theta,
+                tie_word_embeddings=int(bool(d.get("tie_word_embeddings", False))),
+                attention_bias=int(bool(d.get("attention_bias", False))), scale_attn_by_inverse_layer_idx=0)
 
 
 def load_lib(path):
     lib = ctypes.CDLL(os.path.abspath(path))
     lib.mqb_abi_version.restype = ctypes.c_int32
-    lib.mqb_model_open.argtypes = [ctypes.POINTER(MqbParams), ctypes.POINTER(ctypes.c_void_p),
-                                   C_CHARP, ctypes.c_size_t]
+    lib.abi = lib.mqb_abi_version()
+    assert lib.abi in ABIS, "ABI version %d; this driver speaks %s" % (lib.abi, ABIS)
+    lib.mqb_model_open.argtypes = [ctypes.POINTER(MqbParams4 if lib.abi >= 4 else MqbParams),
+                                   ctypes.POINTER(ctypes.c_void_p), C_CHARP, ctypes.c_size_t]
     lib.mqb_model_open.restype = ctypes.c_int
     lib.mqb_model_close.argtypes = [ctypes.c_void_p]
     lib.mqb_vocab_size.argtypes = [ctypes.c_void_p]
@@ -91,7 +131,6 @@ def load_lib(path):
     lib.mqb_debug_chain.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, C_I32P, C_I32P, C_CHARP,
                                     ctypes.c_size_t]
     lib.mqb_debug_chain.restype = ctypes.c_int
-    assert lib.mqb_abi_version() == ABI, "ABI version mismatch"
     return lib
 
 
@@ -111,19 +150,35 @@ class Backend:
         self.lib = lib
         keep = []
         items = list(state_dict.items())
-        arr = (MqbTensor * len(items))()
+        abi4 = lib.abi >= 4
+        arr = ((MqbTensor4 if abi4 else MqbTensor) * len(items))()
         for i, (name, t) in enumerate(items):
             h = t.detach().to(torch.float32).cpu().contiguous()
             nb = name.encode()
             keep += [h, nb]
             arr[i].name = nb
-            arr[i].data = ctypes.cast(ctypes.c_void_p(h.data_ptr()), C_F32P)
+            if abi4:
+                arr[i].data = ctypes.c_void_p(h.data_ptr())
+                arr[i].dtype = 0  # f32
+            else:
+                arr[i].data = ctypes.cast(ctypes.c_void_p(h.data_ptr()), C_F32P)
             for d in range(h.dim()):
                 arr[i].shape[d] = h.shape[d]
             arr[i].ndim = h.dim()
-        cj = config_json.encode()
-        p = MqbParams(ABI, family.encode(), cj, precision.encode(), max_batch, max_context, 0,
-                      ctypes.cast(arr, ctypes.POINTER(MqbTensor)), len(items))
+        if abi4:
+            hp = hparams_of(family, json.loads(config_json))
+            hps = (MqbHparam * len(hp))()
+            for i, (k, v) in enumerate(hp.items()):
+                kb = k.encode()
+                keep.append(kb)
+                hps[i].key, hps[i].value, hps[i].str = kb, float(v), None
+            keep.append(hps)
+            p = MqbParams4(lib.abi, family.encode(), ctypes.cast(hps, ctypes.POINTER(MqbHparam)), len(hp),
+                           precision.encode(), max_batch, max_context, 0,
+                           ctypes.cast(arr, ctypes.POINTER(MqbTensor4)), len(items))
+        else:
+            p = MqbParams(lib.abi, family.encode(), config_json.encode(), precision.encode(), max_batch,
+                          max_context, 0, ctypes.cast(arr, ctypes.POINTER(MqbTensor)), len(items))
         err = ctypes.create_string_buffer(4096)
         m = ctypes.c_void_p()
         t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 #!/bin/bash
 # run_device.sh: what one GPU-machine call runs (via the device tool, from the repository root):
 # build with CMake, parity against transformers, the Qwen3-0.6B-shaped benchmark; everything
-# lands in $OUT (build.log, parity.log/json, bench.log/json). Usage: bash native/cuda/run_device.sh [parity|bench|all]
+# lands in $OUT (build.log, parity.log/json, bench.log/json). Usage: bash lab/cuda/run_device.sh [parity|bench|all]
 set -o pipefail
 OUT=${OUT:-/tmp/mqb_out}
 mkdir -p "$OUT"
@@ -27,7 +27,7 @@ lib=native/cuda/build/libmodelqual_cuda.so
 # PY_DEADLINE: seconds from the start of this script by which Python must be done.
 PY_TIMEOUT=$(( ${PY_DEADLINE:-300} - ($(date +%s) - t0) ))
 case "$what" in
-  all) timeout $PY_TIMEOUT python3 native/cuda/mqb_bench.py all --lib $lib --out "$OUT" 2>&1 | tee "$OUT/run.log" | grep -vE "warn" ;;
-  *) timeout $PY_TIMEOUT python3 native/cuda/mqb_bench.py "$what" --lib $lib --out "$OUT/$what.json" 2>&1 | tee "$OUT/run.log" | grep -vE "warn" ;;
+  all) timeout $PY_TIMEOUT python3 lab/cuda/mqb_bench.py all --lib $lib --out "$OUT" 2>&1 | tee "$OUT/run.log" | grep -vE "warn" ;;
+  *) timeout $PY_TIMEOUT python3 lab/cuda/mqb_bench.py "$what" --lib $lib --out "$OUT/$what.json" 2>&1 | tee "$OUT/run.log" | grep -vE "warn" ;;
 esac
 echo "total $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,107 @@
+// models/qwen3_decoder.h: the Qwen3 decoder stack as a building block (owner: qwen family).
+//
+// Why a header: the Qwen3 decoder is shared by calling it, never by copying. qwen3.cc wraps it as
+// Qwen3ForCausalLM; a vision-language family (qwen3vl) feeds it merged text and image embeddings
+// with 3-axis interleaved M-RoPE positions and adds DeepStack features after its first layers; a
+// text-to-image family uses it as a text encoder and reads the hidden state after layer k.
+//
+// Architecture (transformers' modeling_qwen3): per layer RMSNorm (input_layernorm) -> q/k/v
+// projections (nn.Linear, [out, in], biases when attention_bias) -> per-head RMSNorm of q and k
+// over head_dim (q_norm, k_norm) -> RoPE (rotate_half convention, inv_freq =
+// rope_theta^(-2i/head_dim)) -> grouped-query causal attention (num_key_value_heads, scale
+// 1/sqrt(head_dim)) -> o_proj, residual; post_attention_layernorm -> SwiGLU MLP
+// down(silu(gate(x)) * up(x)), residual; final norm.
+//
+// Use:
+//
+//   Qwen3Decoder dec(args, DecoderDims(*args.hp), {});      // reads model.embed_tokens, layers, norm
+//   dec.embed(ids, n, h);                                    // or build h [rows, E] yourself
+//   Qwen3Decoder::Pass p;
+//   p.batch = &b;                                            // KV slots, cache positions, row offsets
+//   p.rope_pos = mrope; p.rope_axes = 3;                     // optional: [rows][3] (t, h, w)
+//   p.after_layer = [&](int l, float *h, int rows) { ... };  // DeepStack add, or capture
+//   p.last_layer = k;                                        // optional: stop after layer k
+//   dec.forward(p, h);                                       // h: layer output (before the norm)
+//   dec.final_norm(h, rows, out);
+#ifndef MODELQUAL_QWEN3_DECODER_H
+#define MODELQUAL_QWEN3_DECODER_H
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime.h"
+
+namespace mq {
+
+class Qwen3Decoder {
+ public:
+  struct Options {
+    // prefix of the checkpoint's decoder tensors: "model." for Qwen3ForCausalLM,
+    // "model.language_model." for Qwen3VLForConditionalGeneration.
+    std::string prefix = "model.";
+    // fault_prefix names this use's planted defects: <fault_prefix>.rope_theta_x10 multiplies
+    // rope_theta by 10, <fault_prefix>.drop_q_norm skips q_norm (read once, here).
+    std::string fault_prefix = "qwen3";
+    // mrope_section (t, h, w) frequency counts of interleaved multimodal RoPE (Qwen3-VL's
+    // rope_scaling.mrope_section, summing to head_dim/2). Empty: plain 1-D RoPE. With it,
+    // frequency i rotates by axis 1 (h) when i % 3 == 1 and i < 3*section[1], by axis 2 (w)
+    // when i % 3 == 2 and i < 3*section[2], else by axis 0 (t), as transformers'
+    // apply_interleaved_mrope does.
+    std::vector<int> mrope_section;
+  };
+
+  // Pass is one forward pass over the rows of batch (entry i owns rows off[i]..off[i]+ntok[i]-1,
+  // appended to KV slot slot[i] at cache positions pos[i]...).
+  struct Pass {
+    const Batch *batch = nullptr;
+    // rope_pos: nullptr rotates each row by its cache position; otherwise rope_pos[r*rope_axes + a]
+    // is row r's position on axis a (rope_axes 1, or 3 for M-RoPE: t, h, w; with rope_axes 1
+    // under an mrope_section all three axes take that position, as text tokens do).
+    const int32_t *rope_pos = nullptr;
+    int rope_axes = 1;
+    // after_layer(l, h, rows) runs after layer l with h [rows, E] the residual stream: add
+    // per-layer features (DeepStack) or copy a hidden state out.
+    std::function<void(int, float *, int)> after_layer;
+    // last_layer: the last layer to run (-1: all). A text encoder reading transformers'
+    // hidden_states[-2] stops after layer num_layers-2 and skips the rest.
+    int last_layer = -1;
+  };
+
+  Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Options &o);
+
+  int hidden() const { return E_; }
+  int layers() const { return hp_.num_layers; }
+  const DecoderDims &dims() const { return hp_; }
+  // embed_tokens weight [vocab, E].
+  const float *embed_weight() const { return embed_; }
+  // embed copies the embeddings of ids[0..n) into h [n, E].
+  void embed(const int32_t *ids, int n, float *h) const;
+  // forward runs the layers in place over h [rows, E] (input embeddings in, layer output out),
+  // writing keys and values into the batch's KV slots.
+  void forward(const Pass &p, float *h);
+  // final_norm applies model.norm: out [rows, E].
+  void final_norm(const float *h, int rows, float *out) const;
+
+ private:
+  struct Layer {
+    const float *in_ln, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *post_ln, *wg, *wu, *wd;
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;
+  };
+  void rope(float *x, const int *pos3) const;
+
+  ThreadPool *pool_;
+  DecoderDims hp_;
+  int E_, H_, Hkv_, hd_, I_, ctx_;
+  bool drop_q_norm_;
+  KVCache kv_;
+  const float *embed_, *norm_;
+  std::vector<Layer> layers_;
+  std::vector<int> axis_;  // per frequency: which position axis rotates it
+  std::vector<float> cos_, sin_;
+  std::vector<float> a_, q_, k_, v_, att_, tmp_, g_, u_, scratch_;
+};
+
+}  // namespace mq
+
+#endif
