@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -30,9 +31,19 @@ type GRPCParityInput struct {
 	GRPCAddr string
 	// Corpus: the raw-text prompts are sent (the gRPC API takes text or token ids, not chat).
 	Corpus []Prompt
+	// EOSPrompts are token-id prompts whose greedy continuation reaches the model's own EOS
+	// (the family's EOS golden, when it has one): sent as token ids on both APIs, so a natural
+	// EOS is compared on all three paths.
+	EOSPrompts []EOSPrompt
 	// MaxTokens per answer. EOS is not ignored, so an answer that ends at the model's own EOS
 	// before MaxTokens is compared too (finish reason stop on all three paths).
 	MaxTokens int
+}
+
+// EOSPrompt is a named token-id prompt.
+type EOSPrompt struct {
+	Name string
+	IDs  []int32
 }
 
 // GRPCAnswer is one Generate stream as a client reads it.
@@ -40,19 +51,26 @@ type GRPCAnswer struct {
 	Text             string
 	TokenIDs         []uint32
 	Deltas           int
-	Cumulative       bool // a delta repeated text already sent (deltas must never be cumulative)
 	FinishReason     string
 	PromptTokens     int
 	CompletionTokens int
 	HasUsage         bool
 }
 
-// GenerateGRPC streams one greedy Generate of prompt on conn.
-func GenerateGRPC(ctx context.Context, conn *grpc.ClientConn, model, prompt string, maxTokens int) (*GRPCAnswer, error) {
+// GenerateGRPC streams one greedy Generate of prompt (text, or token ids when ids is not nil)
+// on conn.
+func GenerateGRPC(ctx context.Context, conn *grpc.ClientConn, model, prompt string, ids []int32, maxTokens int) (*GRPCAnswer, error) {
 	temp, n := 0.0, uint32(maxTokens)
-	st, err := oe.NewInferenceClient(conn).Generate(ctx, &oe.GenerateRequest{Model: model,
-		Input:    &oe.GenerateRequest_Prompt{Prompt: prompt},
-		Sampling: &oe.SamplingParams{Temperature: &temp}, Stopping: &oe.StoppingOptions{MaxTokens: &n}})
+	req := &oe.GenerateRequest{Model: model, Input: &oe.GenerateRequest_Prompt{Prompt: prompt},
+		Sampling: &oe.SamplingParams{Temperature: &temp}, Stopping: &oe.StoppingOptions{MaxTokens: &n}}
+	if ids != nil {
+		u := make([]uint32, len(ids))
+		for i, id := range ids {
+			u[i] = uint32(id)
+		}
+		req.Input = &oe.GenerateRequest_TokenIds{TokenIds: &oe.TokenIds{Ids: u}}
+	}
+	st, err := oe.NewInferenceClient(conn).Generate(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -69,12 +87,8 @@ func GenerateGRPC(ctx context.Context, conn *grpc.ClientConn, model, prompt stri
 		}
 		switch e := ev.GetEvent().(type) {
 		case *oe.GenerateResponse_Token:
-			t := e.Token.GetText()
-			if len(a.Text) > 0 && len(t) > len(a.Text) && strings.HasPrefix(t, a.Text) {
-				a.Cumulative = true
-			}
 			a.Deltas++
-			a.Text += t
+			a.Text += e.Token.GetText()
 			for _, ti := range e.Token.GetTokens() {
 				a.TokenIDs = append(a.TokenIDs, ti.GetTokenId())
 			}
@@ -109,15 +123,28 @@ func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 	defer conn.Close()
 	var problems []string
 	var compared, naturalEOS int
+	type item struct {
+		name, text string
+		ids        []int32
+	}
+	var items []item
 	for _, p := range in.Corpus {
-		if p.IsChat() {
-			continue
+		if !p.IsChat() {
+			items = append(items, item{name: p.Name, text: p.Prompt})
 		}
+	}
+	for _, p := range in.EOSPrompts {
+		items = append(items, item{name: p.Name, ids: p.IDs})
+	}
+	for _, p := range items {
 		compared++
-		body := map[string]any{"prompt": p.Prompt, "max_tokens": in.MaxTokens, "temperature": 0}
+		body := map[string]any{"prompt": p.text, "max_tokens": in.MaxTokens, "temperature": 0}
+		if p.ids != nil {
+			body["prompt"] = p.ids
+		}
 		whole, err := in.API.Complete(ctx, "/v1/completions", body)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("prompt %q: HTTP non-streaming: %v", p.Name, err))
+			problems = append(problems, fmt.Sprintf("prompt %q: HTTP non-streaming: %v", p.name, err))
 			continue
 		}
 		sb := map[string]any{"stream": true, "stream_options": map[string]any{"include_usage": true}}
@@ -126,12 +153,12 @@ func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 		}
 		streamed, err := in.API.Complete(ctx, "/v1/completions", sb)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("prompt %q: HTTP streaming: %v", p.Name, err))
+			problems = append(problems, fmt.Sprintf("prompt %q: HTTP streaming: %v", p.name, err))
 			continue
 		}
-		g, err := GenerateGRPC(ctx, conn, in.API.Model, p.Prompt, in.MaxTokens)
+		g, err := GenerateGRPC(ctx, conn, in.API.Model, p.text, p.ids, in.MaxTokens)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("prompt %q: gRPC Generate: %v", p.Name, err))
+			problems = append(problems, fmt.Sprintf("prompt %q: gRPC Generate: %v", p.name, err))
 			continue
 		}
 		if whole.FinishReason == "stop" {
@@ -145,23 +172,28 @@ func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 		}{{"HTTP stream", streamed.Text, streamed.FinishReason, streamed.PromptTokens, streamed.CompletionTokens, streamed.HasUsage},
 			{"gRPC stream", g.Text, g.FinishReason, g.PromptTokens, g.CompletionTokens, g.HasUsage}} {
 			if c.text != whole.Text {
-				problems = append(problems, fmt.Sprintf("prompt %q: %s text %q, HTTP non-streaming %q", p.Name, c.what, clip(c.text, 60), clip(whole.Text, 60)))
+				problems = append(problems, fmt.Sprintf("prompt %q: %s text %q, HTTP non-streaming %q", p.name, c.what, clip(c.text, 60), clip(whole.Text, 60)))
 			}
 			if c.fin != whole.FinishReason {
-				problems = append(problems, fmt.Sprintf("prompt %q: %s finish %q, HTTP non-streaming %q", p.Name, c.what, c.fin, whole.FinishReason))
+				problems = append(problems, fmt.Sprintf("prompt %q: %s finish %q, HTTP non-streaming %q", p.name, c.what, c.fin, whole.FinishReason))
 			}
 			if !c.has || c.pt != whole.PromptTokens || c.ct != whole.CompletionTokens {
 				problems = append(problems, fmt.Sprintf("prompt %q: %s usage %d+%d (present %v), HTTP non-streaming %d+%d",
-					p.Name, c.what, c.pt, c.ct, c.has, whole.PromptTokens, whole.CompletionTokens))
+					p.name, c.what, c.pt, c.ct, c.has, whole.PromptTokens, whole.CompletionTokens))
 			}
 		}
-		if len(g.TokenIDs) != g.CompletionTokens || g.Cumulative {
-			problems = append(problems, fmt.Sprintf("prompt %q: gRPC deltas carry %d token ids for %d completion tokens (cumulative: %v)",
-				p.Name, len(g.TokenIDs), g.CompletionTokens, g.Cumulative))
+		// Deltas are never cumulative: their token ids add up to the completion tokens (and
+		// their texts, compared above, concatenate to the answer).
+		if len(g.TokenIDs) != g.CompletionTokens {
+			problems = append(problems, fmt.Sprintf("prompt %q: gRPC deltas carry %d token ids for %d completion tokens",
+				p.name, len(g.TokenIDs), g.CompletionTokens))
 		}
 	}
 	if compared == 0 {
 		return fmt.Errorf("%s: the corpus has no raw-text prompt", fn)
+	}
+	if len(in.EOSPrompts) > 0 && naturalEOS == 0 {
+		problems = append(problems, fmt.Sprintf("none of the %d EOS prompts ended at the model's EOS (finish_reason stop)", len(in.EOSPrompts)))
 	}
 	// Logprobs: the engines return token ids only; both APIs must say so rather than omit them.
 	if _, err := in.API.Complete(ctx, "/v1/completions", map[string]any{"prompt": "x", "max_tokens": 1, "logprobs": 1}); err == nil {
@@ -220,6 +252,15 @@ func (s *Suite) GRPCParityInput() GRPCParityInput {
 		ginkgo.DeferCleanup(func(ctx context.Context) error { return ep.Stop(ctx) }, ginkgo.NodeTimeout(time.Minute))
 	}
 	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "start a server with --grpc-port")
-	return GRPCParityInput{API: NewAPI(ep.BaseURL, ep.Model, "", s.Manifest.Server.RequestTimeout.Duration),
+	in := GRPCParityInput{API: NewAPI(ep.BaseURL, ep.Model, "", s.Manifest.Server.RequestTimeout.Duration),
 		GRPCAddr: fmt.Sprintf("127.0.0.1:%d", port), Corpus: s.Corpus, MaxTokens: 2 * s.Threshold().GreedySteps}
+	eosPath := filepath.Join(s.State.RepoRoot, "fixtures", "golden", s.goldenFixture()+"-eos.json")
+	if _, err := os.Stat(eosPath); err == nil {
+		g, err := LoadEOSGolden(eosPath)
+		gomega.Expect(err).NotTo(gomega.HaveOccurred())
+		for _, p := range g.Prompts {
+			in.EOSPrompts = append(in.EOSPrompts, EOSPrompt{Name: p.Name, IDs: p.PromptIDs})
+		}
+	}
+	return in
 }
