@@ -311,8 +311,8 @@ func runProfile(args []string) int {
 // its name instead of after the launcher's startup timeout.
 func profileReachable(raw string, timeout time.Duration) error {
 	u, err := neturl.Parse(raw)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return fmt.Errorf("--url %q is not an http:// or https:// URL", raw)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "grpc") {
+		return fmt.Errorf("--url %q is not an http://, https:// or (with --endpoint grpc) grpc:// URL", raw)
 	}
 	host := u.Host
 	if u.Port() == "" {
