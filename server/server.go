@@ -493,6 +493,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		route, method, h = path, http.MethodPost, s.handleDetokenize
 	case "/mq/v1/logits":
 		route, method, h = path, http.MethodPost, s.handleLogits
+	case "/v1/images/generations":
+		route, method, h = path, http.MethodPost, s.handleImages
 	case "/mq/v1/bundle":
 		route, method, h = path, http.MethodGet, s.handleBundle
 	default:

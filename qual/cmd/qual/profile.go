@@ -32,7 +32,7 @@ func init() {
 }
 
 const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher process|container] [--gpus all|0,1])
-         --model NAME [--tokenizer DIR] --endpoint completions|chat|grpc [--stream]
+         --model NAME [--tokenizer DIR] --endpoint completions|chat|images|grpc [--stream]
          (--concurrency 1,8,32 | --request-rate R[,R...] [--max-concurrency C] [--arrival constant|poisson])
          (--requests N | --duration D) [--warmup N]
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
@@ -69,7 +69,7 @@ func runProfile(args []string) int {
 		image          = fs.String("image", launch.DefaultImage, "container launcher: the locally built image (make image)")
 		model          = fs.String("model", "", "model name sent in requests (and served, with --bundle)")
 		tokDir         = fs.String("tokenizer", "", "tokenizer folder (tokenizer.json, tokenizer_config.json) for client token counts and synthetic prompts; default: the bundle's own")
-		endpoint       = fs.String("endpoint", "completions", "completions, chat, or grpc (OpenEngine v1 Generate streams: with --bundle, qual-server is started with --grpc-port; with --url, give grpc://host:port of any OpenEngine server)")
+		endpoint       = fs.String("endpoint", "completions", "completions, chat, images (/v1/images/generations; --input-file lines carry prompt, size, num_inference_steps, guidance_scale, seed), or grpc (OpenEngine v1 Generate streams: with --bundle, qual-server is started with --grpc-port; with --url, give grpc://host:port of any OpenEngine server)")
 		stream         = fs.Bool("stream", false, "stream responses (SSE)")
 		concurrency    = fs.String("concurrency", "", "closed loop: comma-separated concurrencies to sweep, e.g. 1,8,32")
 		rate           = fs.String("request-rate", "", "open loop: comma-separated request rates (req/s) to sweep")
@@ -123,8 +123,8 @@ func runProfile(args []string) int {
 	if *out == "" {
 		return bad("--out is required (where run directories go)")
 	}
-	if *endpoint != client.Completions && *endpoint != client.Chat && *endpoint != load.EndpointGRPC {
-		return bad("--endpoint %q must be completions, chat or grpc", *endpoint)
+	if *endpoint != client.Completions && *endpoint != client.Chat && *endpoint != load.EndpointImages && *endpoint != load.EndpointGRPC {
+		return bad("--endpoint %q must be completions, chat, images or grpc", *endpoint)
 	}
 	grpcURL := ""
 	if *endpoint == load.EndpointGRPC {
@@ -209,7 +209,9 @@ func runProfile(args []string) int {
 	if promptSeed == 0 {
 		promptSeed = uint64(time.Now().UnixNano())
 	}
-	if *inputFile != "" {
+	if *endpoint == load.EndpointImages {
+		// Requests and their controls come from --input-file (load.ProfileImages).
+	} else if *inputFile != "" {
 		prompts, err = load.ReadCorpus(*inputFile, ltok)
 	} else {
 		if tok == nil {
@@ -296,6 +298,12 @@ func runProfile(args []string) int {
 	}
 	if *maxErrorRate >= 0 {
 		in.MaxErrorRate = maxErrorRate
+	}
+	if *endpoint == load.EndpointImages {
+		if _, err := load.ProfileImages(ctx, in, os.Stdout); err != nil {
+			return profileFail("%v", err)
+		}
+		return 0
 	}
 	res, perr := load.Profile(ctx, in)
 	if res != nil {
