@@ -102,3 +102,5 @@ reliability: build
 .PHONY: bench-load
 bench-load: build
 	$(GO) test -run '^$$' -bench 'ClientStreamingC32|NonStreamingRate|OpenLoopLateness' -benchtime 1x -count 3 ./qual/load
+
+	$(GO) test -run '^$$' -bench 'BenchmarkStreamCostC32' -benchtime 1024x -count 1 ./server/

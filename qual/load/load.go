@@ -140,8 +140,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Client == nil && c.BaseURL == "":
 		return errors.New("load.Run: Config.BaseURL is empty and no Config.Client given")
-	case c.Endpoint != client.Completions && c.Endpoint != client.Chat:
-		return fmt.Errorf("load.Run: Config.Endpoint %q must be %q or %q", c.Endpoint, client.Completions, client.Chat)
+	case c.Endpoint != client.Completions && c.Endpoint != client.Chat && c.Endpoint != EndpointGRPC:
+		return fmt.Errorf("load.Run: Config.Endpoint %q must be %q, %q or %q", c.Endpoint, client.Completions, client.Chat, EndpointGRPC)
 	case c.RequestRate < 0 || math.IsNaN(c.RequestRate) || math.IsInf(c.RequestRate, 0):
 		return fmt.Errorf("load.Run: Config.RequestRate %v must be a positive number", c.RequestRate)
 	case c.FixedSchedule && len(c.Sessions) == 0:
@@ -160,7 +160,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("load.Run: Config.Arrival %q must be %q or %q", c.Arrival, ArrivalConstant, ArrivalPoisson)
 	}
 	for i, p := range c.Prompts {
-		if c.Endpoint == client.Completions && p.Prompt == "" {
+		if c.Endpoint != client.Chat && p.Prompt == "" {
 			return fmt.Errorf("load.Run: prompt %d (%s) has no text for the completions endpoint (chat prompts need --endpoint chat)", i, p.Name)
 		}
 	}
@@ -178,7 +178,8 @@ type run struct {
 	cfg    *Config
 	cl     *client.Client
 	epoch  time.Time
-	bodies [][]byte // prebuilt request bodies, one per prompt
+	bodies [][]byte    // prebuilt request bodies, one per prompt
+	grpc   *grpcClient // EndpointGRPC (grpc.go)
 	recs   []records.Request
 }
 
@@ -219,7 +220,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	cl := cfg.Client
-	if cl == nil {
+	var gc *grpcClient
+	if cfg.Endpoint == EndpointGRPC {
+		var err error
+		if gc, err = newGRPCClient(&cfg); err != nil {
+			return nil, err
+		}
+		defer gc.conn.Close()
+	} else if cl == nil {
 		var err error
 		cl, err = client.New(client.Options{BaseURL: cfg.BaseURL, Model: cfg.Model, APIKey: cfg.APIKey,
 			Concurrency: inflight, Timeout: cfg.RequestTimeout})
@@ -228,7 +236,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		defer cl.Close()
 	}
-	r := &run{cfg: &cfg, cl: cl}
+	r := &run{cfg: &cfg, cl: cl, grpc: gc}
 	if err := r.buildBodies(); err != nil {
 		return nil, err
 	}
@@ -325,6 +333,14 @@ func (r *run) buildBodies() error {
 		if p.OutputTokens > 0 {
 			maxTokens = p.OutputTokens
 		}
+		if r.grpc != nil {
+			b, err := grpcRequest(cfg, p, maxTokens)
+			if err != nil {
+				return fmt.Errorf("load.Run: prompt %d (%s): %w", i, p.Name, err)
+			}
+			r.bodies[i] = b
+			continue
+		}
 		req := client.Request{Endpoint: cfg.Endpoint, Stream: cfg.Stream, Prompt: p.Prompt,
 			MaxTokens: maxTokens, IgnoreEOS: maxTokens > 0}
 		extra := map[string]any{}
@@ -372,7 +388,11 @@ func (r *run) send(ctx context.Context, phase, idPrefix string, seq int, body []
 			req.CancelAfter = max(d, 1)
 		}
 	}
-	_ = r.cl.Do(ctx, r.epoch, &req, resp)
+	if r.grpc != nil {
+		r.grpc.do(ctx, r.epoch, cfg.RequestTimeout, &req, resp)
+	} else {
+		_ = r.cl.Do(ctx, r.epoch, &req, resp)
+	}
 	rec := toRecord(resp, cfg, phase, seq, worker, inputTokens)
 	if resp.Cancelled && ctx.Err() != nil {
 		// The run itself was cancelled; this is not a planned cancellation.

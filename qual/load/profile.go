@@ -565,7 +565,7 @@ func readServerFrom(path string, offset int64) ([]records.Server, error) {
 	}
 	var out []records.Server
 	for _, s := range sv {
-		if s.Route == "/v1/completions" || s.Route == "/v1/chat/completions" {
+		if s.Route == "/v1/completions" || s.Route == "/v1/chat/completions" || s.Route == grpcGenerateRoute {
 			out = append(out, s)
 		}
 	}

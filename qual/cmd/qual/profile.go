@@ -32,7 +32,7 @@ func init() {
 }
 
 const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher process|container] [--gpus all|0,1])
-         --model NAME [--tokenizer DIR] --endpoint completions|chat|images [--stream]
+         --model NAME [--tokenizer DIR] --endpoint completions|chat|images|grpc [--stream]
          (--concurrency 1,8,32 | --request-rate R[,R...] [--max-concurrency C] [--arrival constant|poisson])
          (--requests N | --duration D) [--warmup N]
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
@@ -71,7 +71,7 @@ func runProfile(args []string) int {
 		ctrPids        = fs.Int64("container-pids", launch.DefaultPidsLimit, "container launcher: process-and-thread cap (-1: none)")
 		model          = fs.String("model", "", "model name sent in requests (and served, with --bundle)")
 		tokDir         = fs.String("tokenizer", "", "tokenizer folder (tokenizer.json, tokenizer_config.json) for client token counts and synthetic prompts; default: the bundle's own")
-		endpoint       = fs.String("endpoint", "completions", "completions, chat, or images (/v1/images/generations; --input-file lines carry prompt, size, num_inference_steps, guidance_scale, seed)")
+		endpoint       = fs.String("endpoint", "completions", "completions, chat, images (/v1/images/generations; --input-file lines carry prompt, size, num_inference_steps, guidance_scale, seed), or grpc (OpenEngine v1 Generate streams: with --bundle, qual-server is started with --grpc-port; with --url, give grpc://host:port of any OpenEngine server)")
 		stream         = fs.Bool("stream", false, "stream responses (SSE)")
 		concurrency    = fs.String("concurrency", "", "closed loop: comma-separated concurrencies to sweep, e.g. 1,8,32")
 		rate           = fs.String("request-rate", "", "open loop: comma-separated request rates (req/s) to sweep")
@@ -128,8 +128,27 @@ func runProfile(args []string) int {
 	if *out == "" {
 		return bad("--out is required (where run directories go)")
 	}
-	if *endpoint != client.Completions && *endpoint != client.Chat && *endpoint != load.EndpointImages {
-		return bad("--endpoint %q must be completions, chat or images", *endpoint)
+	if *endpoint != client.Completions && *endpoint != client.Chat && *endpoint != load.EndpointImages && *endpoint != load.EndpointGRPC {
+		return bad("--endpoint %q must be completions, chat, images or grpc", *endpoint)
+	}
+	grpcURL := ""
+	if *endpoint == load.EndpointGRPC {
+		*stream = true // every Generate is a stream
+		if *url != "" {
+			if !strings.HasPrefix(*url, "grpc://") {
+				return bad("--endpoint grpc: --url %q must be grpc://host:port", *url)
+			}
+			grpcURL = *url
+		} else {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return bad("--endpoint grpc: find a free port: %v", err)
+			}
+			port := ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+			serverArgs = append(serverArgs, "--grpc-port", strconv.Itoa(port))
+			grpcURL = fmt.Sprintf("grpc://127.0.0.1:%d", port)
+		}
 	}
 	if *fixedSchedule {
 		if *datasetType == "" || *inputFile == "" {
@@ -243,7 +262,9 @@ func runProfile(args []string) int {
 		launch.WithStartupTimeout(*startupTimeout), launch.WithArgs(serverArgs...), launch.WithFaults(*faults),
 		launch.WithAPIKey(*apiKey), launch.WithImage(*image), launch.WithMemoryLimit(*ctrMemory), launch.WithPidsLimit(*ctrPids)}
 	var l launch.Launcher
-	if *url != "" {
+	if grpcURL != "" && *url != "" {
+		l = grpcEndpoint{&launch.Endpoint{BaseURL: grpcURL, Model: *model, Kind: "external"}}
+	} else if *url != "" {
 		l = launch.External(append(opts, launch.WithURL(*url))...)
 	} else {
 		opts = append(opts, launch.WithBundle(*bundlePath))
@@ -287,7 +308,7 @@ func runProfile(args []string) int {
 	in := load.ProfileInput{
 		Endpoint: ep,
 		Load: load.Config{
-			APIKey: *apiKey, Endpoint: *endpoint, Stream: *stream, MaxConcurrency: *maxConc, Arrival: *arrival,
+			BaseURL: grpcURL, APIKey: *apiKey, Endpoint: *endpoint, Stream: *stream, MaxConcurrency: *maxConc, Arrival: *arrival,
 			Requests: *requests, Duration: *duration, Warmup: *warmup, Prompts: prompts, OutputTokens: *outTokens,
 			Sessions: sessions, FixedSchedule: *fixedSchedule,
 			CancelRate: *cancelRate, CancelDelay: *cancelDelay, Seed: *seed, Tokenizer: ltok,
@@ -328,8 +349,8 @@ func runProfile(args []string) int {
 // its name instead of after the launcher's startup timeout.
 func profileReachable(raw string, timeout time.Duration) error {
 	u, err := neturl.Parse(raw)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return fmt.Errorf("--url %q is not an http:// or https:// URL", raw)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "grpc") {
+		return fmt.Errorf("--url %q is not an http://, https:// or (with --endpoint grpc) grpc:// URL", raw)
 	}
 	host := u.Host
 	if u.Port() == "" {
@@ -473,3 +494,9 @@ type profileMultiFlag []string
 
 func (m *profileMultiFlag) String() string     { return strings.Join(*m, " ") }
 func (m *profileMultiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// grpcEndpoint is an OpenEngine server given by --url grpc://host:port: nothing to start,
+// and no HTTP /health to wait on (the first Generate says whether it serves).
+type grpcEndpoint struct{ ep *launch.Endpoint }
+
+func (g grpcEndpoint) Start(context.Context) (*launch.Endpoint, error) { return g.ep, nil }
