@@ -18,4 +18,5 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.TokenizerParity(ctx, func() spec.TokenizerInput { return suite.TokenizerInput("gpt2") })
 	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)
+	spec.GRPCParity(ctx, suite.GRPCParityInput)
 })

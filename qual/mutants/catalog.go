@@ -37,7 +37,7 @@ var Catalog = []Mutant{
 	{Name: "add_generation_prompt dropped on the chat route only", Family: "qwen", File: "server/generate.go", Gates: "parity",
 		Old: "s.render(req.Messages, req.AddGenerationPrompt, req.ChatTemplateKwargs)", New: "s.render(req.Messages, false, req.ChatTemplateKwargs)"},
 	{Name: "failed requests missing from the records", Family: "gpt2", File: "server/server.go", Gates: "contract",
-		Old: "	if q.recorded {\n		s.records.write(&q.rec)", New: "	if q.recorded && q.status < 400 {\n		s.records.write(&q.rec)"},
+		Old: "	if q.recorded && !q.committed {\n		_ = s.records.write(&q.rec)", New: "	if q.recorded && !q.committed && q.status < 400 {\n		_ = s.records.write(&q.rec)"},
 	{Name: "nearest-rank percentiles instead of numpy's linear", Family: "gpt2", File: "reports/stats.go", Gates: "load",
 		Old: "	frac := h - float64(lo)\n	return sorted[lo] + frac*(sorted[lo+1]-sorted[lo])",
 		New: "	k := max(1, int(math.Ceil(p/100*float64(n))))\n	return sorted[k-1]"},

@@ -50,6 +50,7 @@ type command struct {
 	id     uint64
 	samp   wire.Sampling
 	prompt []int32
+	image  wire.ImageRequest
 }
 
 type pendingReq struct {
@@ -170,6 +171,8 @@ func readCommands(in io.Reader, cmds chan<- command, readErr chan<- error) {
 			c.id, c.prompt, err = wire.DecodeLogits(p, nil)
 		case wire.TypeAck:
 			c.id, err = wire.DecodeCancel(p)
+		case wire.TypeImage:
+			c.id, c.image, err = wire.DecodeImage(p)
 		default:
 			continue // a newer frontend's optional message: ignore
 		}
@@ -205,6 +208,8 @@ func (l *loop) handle(c command) {
 			return
 		}
 		l.out.LogitsResult(c.id, l.info.VocabSize, len(c.prompt), logits, "")
+	case wire.TypeImage:
+		l.image(c.id, c.image)
 	}
 }
 
