@@ -32,6 +32,7 @@ type task struct {
 	prompt []int32
 	samp   wire.Sampling
 	logits bool
+	image  *wire.Image // a vision-language request's one image (SubmitImage)
 
 	worker    *workerProc
 	assigned  chan struct{} // closed when a queued task gets a slot
@@ -552,6 +553,8 @@ func (p *pool) run(t *task, done <-chan struct{}, cause func() error) error {
 	err := w.send(func(out *wire.Writer) {
 		if t.logits {
 			out.Logits(t.id, t.prompt)
+		} else if t.image != nil {
+			out.SubmitImage(t.id, t.samp, t.prompt, t.image)
 		} else {
 			out.Submit(t.id, t.samp, t.prompt)
 		}

@@ -108,6 +108,7 @@ type Server struct {
 
 	state   atomic.Int32
 	tok     *tokenizer.Tokenizer
+	vision  *visionState    // the image side of a vision bundle (vision.go); nil otherwise
 	header  json.RawMessage // the bundle header as served by /mq/v1/bundle
 	fileSum string          // the bundle's digest, from the start's one verification
 	info    wire.Info
@@ -332,6 +333,11 @@ func (s *Server) loadFrontend() (fileReads, error) {
 		return fileReads{}, fmt.Errorf("qual-server: tokenizer of bundle %s: %w", s.cfg.Bundle, err)
 	}
 	s.tok = t
+	if h.Task == "vision" {
+		if s.vision, err = newVisionState(h.Config, section); err != nil {
+			return fileReads{}, fmt.Errorf("qual-server: bundle %s: %w", s.cfg.Bundle, err)
+		}
+	}
 	log.Printf("frontend loaded bundle header and tokenizer in %v", time.Since(t0).Round(time.Millisecond))
 	return fileReads{before, after}, nil
 }

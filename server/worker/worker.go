@@ -45,17 +45,24 @@ type Engine interface {
 	Close() error
 }
 
+// ImageEngine is an Engine that takes one image with a prompt (a vision-language family).
+type ImageEngine interface {
+	AddImage(prompt []int32, im *wire.Image, s wire.Sampling) (seq uint64, err error)
+}
+
 type command struct {
 	typ    uint8
 	id     uint64
 	samp   wire.Sampling
 	prompt []int32
+	image  *wire.Image
 }
 
 type pendingReq struct {
 	id     uint64
 	samp   wire.Sampling
 	prompt []int32
+	image  *wire.Image
 }
 
 // loop is the state of one worker session.
@@ -164,6 +171,8 @@ func readCommands(in io.Reader, cmds chan<- command, readErr chan<- error) {
 		switch typ {
 		case wire.TypeSubmit:
 			c.id, c.samp, c.prompt, err = wire.DecodeSubmit(p, nil)
+		case wire.TypeSubmitImage:
+			c.id, c.samp, c.prompt, c.image, err = wire.DecodeSubmitImage(p, nil)
 		case wire.TypeCancel:
 			c.id, err = wire.DecodeCancel(p)
 		case wire.TypeLogits:
@@ -185,8 +194,8 @@ func (l *loop) handle(c command) {
 	switch c.typ {
 	case wire.TypeAck:
 		l.acked = max(l.acked, c.id)
-	case wire.TypeSubmit:
-		l.pending = append(l.pending, pendingReq{id: c.id, samp: c.samp, prompt: c.prompt})
+	case wire.TypeSubmit, wire.TypeSubmitImage:
+		l.pending = append(l.pending, pendingReq{id: c.id, samp: c.samp, prompt: c.prompt, image: c.image})
 	case wire.TypeCancel:
 		for i, p := range l.pending {
 			if p.id == c.id {
@@ -214,7 +223,15 @@ func (l *loop) admit() int {
 	n := 0
 	l.batchFull = false
 	for _, p := range l.pending {
-		seq, err := l.eng.Add(p.prompt, p.samp)
+		var seq uint64
+		var err error
+		if p.image == nil {
+			seq, err = l.eng.Add(p.prompt, p.samp)
+		} else if ie, ok := l.eng.(ImageEngine); ok {
+			seq, err = ie.AddImage(p.prompt, p.image, p.samp)
+		} else {
+			err = errors.New("this engine does not take images")
+		}
 		if errors.Is(err, ErrBatchFull) {
 			l.batchFull = true
 			break
