@@ -68,3 +68,21 @@ cuda:
 
 clean:
 	rm -rf bin $(ARTIFACTS)
+
+# Go bindings of the OpenEngine API v1 (server/openengine/v1; contract and revision in
+# server/openengine/PROVENANCE.md). protoc is Debian's protobuf-compiler
+# (apt-get install protobuf-compiler); the two plugins are the go.mod tool pins.
+.PHONY: proto
+proto:
+	mkdir -p bin/protoc-plugins
+	$(GO) build -o bin/protoc-plugins/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	cd server && PATH=$(CURDIR)/bin/protoc-plugins:$$PATH protoc -I . \
+		--go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
+		openengine/v1/*.proto
+
+# The gRPC-beside-SSE cost study (issue 39): frontend, worker and client CPU and wire bytes
+# per streamed token, mock engine, concurrency 32, 256 tokens per stream.
+.PHONY: bench-grpc
+bench-grpc: build
+	$(GO) test -run '^$$' -bench 'BenchmarkStreamCostC32' -benchtime 256x -count 1 ./server/

@@ -633,4 +633,26 @@ mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *o
   return MQ_OK;
 }
 
+mq_status mq_engine_image_spec(const mq_engine *e, mq_image_spec *out) {
+  if (!e || !out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_image_spec: NULL argument");
+  const ImageBackend *ib = dynamic_cast<const ImageBackend *>(e->be.get());
+  if (!ib) return fail(MQ_ERR_INVALID_ARGUMENT, "family " + e->family + " serves task " + e->task + ", not image");
+  *out = ib->image_spec();
+  return MQ_OK;
+}
+
+mq_status mq_engine_generate_image(mq_engine *e, const mq_image_request *r, mq_image_output *out) {
+  if (!e || !r || !out || !out->rgb) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_generate_image: NULL argument");
+  ImageBackend *ib = dynamic_cast<ImageBackend *>(e->be.get());
+  if (!ib) return fail(MQ_ERR_INVALID_ARGUMENT, "family " + e->family + " serves task " + e->task + ", not image");
+  try {
+    ib->generate(*r, out);
+  } catch (const Error &err) {
+    return fail(err.status, err.what());
+  } catch (const std::exception &x) {
+    return fail(MQ_ERR_BACKEND, std::string("generate image: ") + x.what());
+  }
+  return MQ_OK;
+}
+
 }  // extern "C"

@@ -1,108 +1,169 @@
 package native
 
 /*
+#include <stdlib.h>
 #include "modelqual.h"
 */
 import "C"
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
-	"runtime"
+	"image"
+	"image/png"
+	"time"
 	"unsafe"
 )
 
-// Image is one image of a vision-language prompt as the family's processor prepared it:
-// pixel_values in the processor's patch order and the grid in patches (temporal, height,
-// width). The prompt passed with it carries one placeholder token per image token.
-type Image struct {
-	Pixels []float32
-	Grid   [3]int
-}
-
-func (im *Image) c() (C.mq_image, error) {
-	if im == nil || len(im.Pixels) == 0 {
-		return C.mq_image{}, errors.New("image has no pixel values")
+// TorchRandn returns what torch.randn(n, generator=torch.Generator("cpu").manual_seed(seed))
+// draws (float32): the initial latents a diffusers pipeline makes for seed, flattened.
+func TorchRandn(seed uint64, n int) ([]float32, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("native.TorchRandn: n %d is negative", n)
 	}
-	return C.mq_image{
-		pixels:   (*C.float)(unsafe.Pointer(&im.Pixels[0])),
-		n_pixels: C.int64_t(len(im.Pixels)),
-		grid_t:   C.int32_t(im.Grid[0]),
-		grid_h:   C.int32_t(im.Grid[1]),
-		grid_w:   C.int32_t(im.Grid[2]),
-	}, nil
+	out := make([]float32, n)
+	if n == 0 {
+		return out, nil
+	}
+	if st := C.mq_torch_randn(C.uint64_t(seed), (*C.float)(unsafe.Pointer(&out[0])), C.int64_t(n)); st != C.MQ_OK {
+		return nil, fmt.Errorf("native.TorchRandn: status %d", int(st))
+	}
+	return out, nil
 }
 
-// AddImage is Add with one image (a family of task "vision"); the family checks the prompt's
-// placeholder count against the image's grid.
-func (e *Engine) AddImage(prompt []int32, im *Image, s Sampling) (SeqID, error) {
+// ImageSpec is what a text-to-image engine accepts.
+type ImageSpec struct {
+	LatentChannels  int // latents are [LatentChannels, Height/VAEScale, Width/VAEScale]
+	VAEScale        int
+	SizeMultiple    int // width and height must be multiples of this
+	MaxSize         int // the largest width or height
+	MaxPromptTokens int // the text encoder's context
+	MaxSteps        int
+}
+
+// ImageRequest is one text-to-image generation. Prompt and Negative are token ids of the
+// prompts as the pipeline formats them (the tokenizer's chat template); Negative is used only
+// when Guidance > 0.
+type ImageRequest struct {
+	Prompt, Negative []int32
+	Width, Height    int
+	Steps            int
+	Guidance         float32
+	Seed             uint64
+}
+
+// ImageResult is the generated image and, when traced, what produced it.
+type ImageResult struct {
+	Width, Height int
+	RGB           []byte    // Height*Width*3, row-major
+	Image         []float32 // traced: the [0, 1] floats before rounding to 8 bits
+	Latents       []float32 // traced: (Steps+1) latent tensors, the initial noise first
+	PipelineTime  time.Duration
+}
+
+// ImageSpec reports what the engine's text-to-image model accepts; an engine of another task
+// answers an error.
+func (e *Engine) ImageSpec() (ImageSpec, error) {
 	if e.c == nil {
-		return 0, ErrClosed
+		return ImageSpec{}, ErrClosed
 	}
-	if len(prompt) == 0 {
-		return 0, errors.New("native.AddImage: prompt is empty; pass at least one token id")
+	var s C.mq_image_spec
+	if st, msg := call(func() C.mq_status { return C.mq_engine_image_spec(e.c, &s) }); st != C.MQ_OK {
+		return ImageSpec{}, errors.New("native.ImageSpec: " + msg)
 	}
-	if s.MaxNewTokens < 1 {
-		return 0, fmt.Errorf("native.AddImage: max_new_tokens %d must be >= 1", s.MaxNewTokens)
-	}
-	if s.TopK < 0 || s.Temperature < 0 || s.TopP < 0 {
-		return 0, fmt.Errorf("native.AddImage: temperature %g, top_k %d, top_p %g must not be negative", s.Temperature, s.TopK, s.TopP)
-	}
-	ci, err := im.c()
-	if err != nil {
-		return 0, fmt.Errorf("native.AddImage: %w", err)
-	}
-	cs := C.mq_sampling{
-		max_new_tokens: C.uint32_t(s.MaxNewTokens),
-		temperature:    C.float(s.Temperature),
-		top_k:          C.int32_t(s.TopK),
-		top_p:          C.float(s.TopP),
-		seed:           C.uint64_t(s.Seed),
-	}
-	if s.IgnoreEOS {
-		cs.ignore_eos = 1
-	}
-	var pin runtime.Pinner
-	pin.Pin(&prompt[0])
-	pin.Pin(&im.Pixels[0])
-	defer pin.Unpin()
-	var id C.uint64_t
-	st, msg := call(func() C.mq_status {
-		return C.mq_engine_add_image(e.c, (*C.int32_t)(unsafe.Pointer(&prompt[0])), C.int32_t(len(prompt)), &ci, &cs, &id)
-	})
-	switch st {
-	case C.MQ_OK:
-		return SeqID(id), nil
-	case C.MQ_ERR_BATCH_FULL:
-		return 0, fmt.Errorf("%w: %s", ErrBatchFull, msg)
-	default:
-		return 0, errors.New("native.AddImage: " + msg)
-	}
+	return ImageSpec{int(s.latent_channels), int(s.vae_scale), int(s.size_multiple), int(s.max_size), int(s.max_prompt_tokens), int(s.max_steps)}, nil
 }
 
-// LogitsImage is Logits with one image.
-func (e *Engine) LogitsImage(ids []int32, im *Image) ([]float32, error) {
+// cInts copies ids into C memory (the request struct passed to C must hold no Go pointers).
+func cInts(ids []int32) *C.int32_t {
+	if len(ids) == 0 {
+		return nil
+	}
+	p := (*C.int32_t)(C.malloc(C.size_t(4 * len(ids))))
+	copy(unsafe.Slice((*int32)(unsafe.Pointer(p)), len(ids)), ids)
+	return p
+}
+
+// GenerateImage runs the whole pipeline on the calling goroutine (the engine's one driver).
+// With trace it also returns the float image and every step's latents. Invalid controls
+// answer an error naming the field.
+func (e *Engine) GenerateImage(r ImageRequest, trace bool) (*ImageResult, error) {
 	if e.c == nil {
 		return nil, ErrClosed
 	}
-	if len(ids) == 0 {
-		return nil, errors.New("native.LogitsImage: ids is empty; pass at least one token id")
+	if r.Width <= 0 || r.Height <= 0 || r.Steps <= 0 {
+		return nil, fmt.Errorf("native.GenerateImage: size %dx%d and steps %d must be positive", r.Width, r.Height, r.Steps)
 	}
-	ci, err := im.c()
+	spec, err := e.ImageSpec()
 	if err != nil {
-		return nil, fmt.Errorf("native.LogitsImage: %w", err)
+		return nil, err
 	}
-	out := make([]float32, len(ids)*e.info.VocabSize)
-	var pin runtime.Pinner
-	pin.Pin(&ids[0])
-	pin.Pin(&out[0])
-	pin.Pin(&im.Pixels[0])
-	defer pin.Unpin()
-	st, msg := call(func() C.mq_status {
-		return C.mq_engine_logits_image(e.c, (*C.int32_t)(unsafe.Pointer(&ids[0])), C.int32_t(len(ids)), &ci, (*C.float)(unsafe.Pointer(&out[0])))
-	})
-	if st != C.MQ_OK {
-		return nil, errors.New("native.LogitsImage: " + msg)
+	if r.Width > spec.MaxSize || r.Height > spec.MaxSize || r.Steps > spec.MaxSteps {
+		return nil, fmt.Errorf("native.GenerateImage: size %dx%d or steps %d beyond the model's %d and %d", r.Width, r.Height, r.Steps, spec.MaxSize, spec.MaxSteps)
 	}
-	return out, nil
+	var cr C.mq_image_request
+	cr.prompt, cr.n_prompt = cInts(r.Prompt), C.int32_t(len(r.Prompt))
+	cr.negative, cr.n_negative = cInts(r.Negative), C.int32_t(len(r.Negative))
+	defer C.free(unsafe.Pointer(cr.prompt))
+	defer C.free(unsafe.Pointer(cr.negative))
+	cr.width, cr.height, cr.steps = C.int32_t(r.Width), C.int32_t(r.Height), C.int32_t(r.Steps)
+	cr.guidance, cr.seed = C.float(r.Guidance), C.uint64_t(r.Seed)
+	px := r.Width * r.Height * 3
+	var co C.mq_image_output
+	co.rgb = (*C.uint8_t)(C.malloc(C.size_t(px)))
+	defer C.free(unsafe.Pointer(co.rgb))
+	nlat := 0
+	if trace {
+		co.image = (*C.float)(C.malloc(C.size_t(4 * px)))
+		defer C.free(unsafe.Pointer(co.image))
+		nlat = (r.Steps + 1) * spec.LatentChannels * (r.Height / spec.VAEScale) * (r.Width / spec.VAEScale)
+		co.latents = (*C.float)(C.malloc(C.size_t(4 * nlat)))
+		defer C.free(unsafe.Pointer(co.latents))
+	}
+	if st, msg := call(func() C.mq_status { return C.mq_engine_generate_image(e.c, &cr, &co) }); st != C.MQ_OK {
+		return nil, errors.New(msg)
+	}
+	res := &ImageResult{Width: r.Width, Height: r.Height, RGB: C.GoBytes(unsafe.Pointer(co.rgb), C.int(px)), PipelineTime: time.Duration(co.pipeline_ns)}
+	if trace {
+		res.Image = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.image)), px)...)
+		res.Latents = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.latents)), nlat)...)
+	}
+	return res, nil
+}
+
+// EncodePNG encodes row-major RGB pixels as an 8-bit RGB PNG with Go's encoder at default
+// compression: one function for the CLI and the server, so the same pixels give the same bytes.
+func EncodePNG(rgb []byte, width, height int) ([]byte, error) {
+	if width <= 0 || height <= 0 || len(rgb) != width*height*3 {
+		return nil, fmt.Errorf("native.EncodePNG: %d bytes for %dx%d RGB", len(rgb), width, height)
+	}
+	img := image.NewNRGBA(image.Rect(0, 0, width, height))
+	for i := 0; i < width*height; i++ {
+		copy(img.Pix[4*i:4*i+3], rgb[3*i:3*i+3])
+		img.Pix[4*i+3] = 255
+	}
+	var buf bytes.Buffer
+	if err := (&png.Encoder{CompressionLevel: png.DefaultCompression}).Encode(&buf, img); err != nil {
+		return nil, fmt.Errorf("native.EncodePNG: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// PromptTokenizer is what ImagePromptIDs needs of a tokenizer (server/tokenizer.Tokenizer).
+type PromptTokenizer interface {
+	ApplyChatTemplate(msgs []map[string]any, addGenerationPrompt bool, kwargs map[string]any) (string, error)
+	Encode(text string) []int32
+}
+
+// ImagePromptIDs formats a prompt as ZImagePipeline's _encode_prompt does before its text
+// encoder: one user turn through the checkpoint's chat template with the generation prompt and
+// enable_thinking=True, then tokenized. The CLI and the server both call it, so the same prompt
+// gives the same ids (and image) on both paths.
+func ImagePromptIDs(tok PromptTokenizer, prompt string) ([]int32, error) {
+	text, err := tok.ApplyChatTemplate([]map[string]any{{"role": "user", "content": prompt}}, true, map[string]any{"enable_thinking": true})
+	if err != nil {
+		return nil, fmt.Errorf("prompt: %w", err)
+	}
+	return tok.Encode(text), nil
 }

@@ -98,6 +98,18 @@ type ErrorGroup struct {
 	Count   int          `json:"count"`
 }
 
+// ShardWindow is the measured window of one shard of a merged run: its first valid request's
+// start to its last valid response (epoch ns), and its own throughputs over that window.
+type ShardWindow struct {
+	Shard                 string  `json:"shard"`
+	StartNs               int64   `json:"start_ns"`
+	EndNs                 int64   `json:"end_ns"`
+	DurationSec           float64 `json:"duration_sec"`
+	Requests              int     `json:"requests"` // valid requests
+	RequestThroughput     float64 `json:"request_throughput"`
+	OutputTokenThroughput float64 `json:"output_token_throughput"`
+}
+
 // PhaseStats are the statistics of one benchmark phase.
 type PhaseStats struct {
 	Phase    string                 `json:"phase"`
@@ -106,6 +118,14 @@ type PhaseStats struct {
 	Errors   []ErrorGroup           `json:"error_summary"`
 	StartNs  int64                  `json:"start_ns"` // epoch ns, min request start (errors included)
 	EndNs    int64                  `json:"end_ns"`   // epoch ns, max request end (errors included)
+	// Shards are the per-shard windows of a merged run (records carrying mq_shard_id), in
+	// start order; nil for a single run. The phase's benchmark duration is then the length of
+	// the union of these windows: shards run one after another add up instead of counting
+	// the idle gap between them.
+	Shards []ShardWindow `json:"shard_windows,omitempty"`
+	// ShardGapSec is how much of the wall-clock span from the first shard's start to the
+	// last shard's end no shard was measuring (0 when the windows overlap or touch).
+	ShardGapSec float64 `json:"shard_gap_sec,omitempty"`
 }
 
 // Stat returns a metric's statistic ("avg", "p99", ...); ok is false when the metric or
@@ -152,7 +172,11 @@ func orderedTags[V any](m map[string]V) []string {
 //     phase's valid requests (failed requests have no latency and are left out);
 //   - output token throughput = Σ output_sequence_length / duration;
 //     request throughput = valid requests / duration; goodput = good requests / duration;
-//   - errors counted by code and type.
+//   - errors counted by code and type; error_isl is the distribution of failed requests'
+//     input lengths and total_error_isl their sum;
+//   - total_output_tokens, total_osl and total_isl sum output_token_count,
+//     output_sequence_length and input_sequence_length over valid requests;
+//     min_request_timestamp and max_response_timestamp (epoch ns) bound the duration.
 //
 // Run-level values that cannot be computed (no valid request, zero duration) are left out
 // rather than reported as NaN or Inf.
@@ -163,11 +187,16 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 	var (
 		valid, good, cancelled int
 		outTokens, respBytes   float64
+		outCount, inTokens     float64
+		errISL                 float64
+		haveErrISL             bool
 		haveBytes              bool
 		startMin, endMax       int64 = math.MaxInt64, math.MinInt64 // all requests
 		vStart, vEnd           int64 = math.MaxInt64, math.MinInt64 // valid requests
 		errs                         = map[[2]string]*ErrorGroup{}
 		errOrder               []*ErrorGroup
+		shards                 = map[string]*ShardWindow{}
+		shardTokens            = map[string]float64{}
 	)
 	for i := range recs {
 		r := &recs[i]
@@ -190,6 +219,12 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 				errOrder = append(errOrder, g)
 			}
 			g.Count++
+			if v, ok := r.Value(TagErrorISL); ok {
+				values[TagErrorISL] = append(values[TagErrorISL], v)
+				units[TagErrorISL] = r.Metrics[TagErrorISL].Unit
+				errISL += v
+				haveErrISL = true
+			}
 			continue
 		}
 		valid++
@@ -199,6 +234,18 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 		}
 		endMax = max(endMax, end)
 		vStart, vEnd = min(vStart, start), max(vEnd, end)
+		if id := r.Metadata.ShardID; id != "" {
+			w, ok := shards[id]
+			if !ok {
+				w = &ShardWindow{Shard: id, StartNs: start, EndNs: end}
+				shards[id] = w
+			}
+			w.StartNs, w.EndNs = min(w.StartNs, start), max(w.EndNs, end)
+			w.Requests++
+			if v, ok := r.Value(TagOutputSequenceLength); ok {
+				shardTokens[id] += v
+			}
+		}
 		for tag, v := range r.Metrics {
 			units[tag] = v.Unit
 			if v.IsList {
@@ -209,6 +256,12 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 		}
 		if v, ok := r.Value(TagOutputSequenceLength); ok {
 			outTokens += v
+		}
+		if v, ok := r.Value(TagOutputTokenCount); ok {
+			outCount += v
+		}
+		if v, ok := r.Value(TagInputSequenceLength); ok {
+			inTokens += v
 		}
 		if v, ok := r.Value(TagResponseBytes); ok {
 			respBytes += v
@@ -250,7 +303,20 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 	if cancelled > 0 {
 		set(TagCancelledRequestCount, float64(cancelled))
 	}
+	if haveErrISL {
+		set(TagTotalErrorISL, errISL)
+	}
+	if valid > 0 {
+		set(TagTotalOutputTokens, outCount)
+		set(TagTotalOSL, outTokens)
+		set(TagTotalISL, inTokens)
+		set(TagMinRequestTimestamp, float64(vStart))
+		set(TagMaxResponseTimestamp, float64(vEnd))
+	}
 	durSec := float64(vEnd-vStart) / 1e9
+	if len(shards) > 1 {
+		durSec = shardUnion(&ps, shards, shardTokens, durSec)
+	}
 	if valid > 0 && durSec > 0 {
 		set(TagBenchmarkDuration, durSec)
 		set(TagOutputTokenThroughput, outTokens/durSec)
@@ -285,6 +351,42 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 	return ps
 }
 
+// shardUnion fills ps.Shards and ps.ShardGapSec and returns the length of the union of the
+// shards' windows in seconds (span is the wall-clock span from first start to last end).
+func shardUnion(ps *PhaseStats, shards map[string]*ShardWindow, tokens map[string]float64, span float64) float64 {
+	for id, w := range shards {
+		w.DurationSec = float64(w.EndNs-w.StartNs) / 1e9
+		if w.DurationSec > 0 {
+			w.RequestThroughput = float64(w.Requests) / w.DurationSec
+			w.OutputTokenThroughput = tokens[id] / w.DurationSec
+		}
+		ps.Shards = append(ps.Shards, *w)
+	}
+	sort.Slice(ps.Shards, func(i, j int) bool {
+		if ps.Shards[i].StartNs != ps.Shards[j].StartNs {
+			return ps.Shards[i].StartNs < ps.Shards[j].StartNs
+		}
+		return ps.Shards[i].Shard < ps.Shards[j].Shard
+	})
+	var union int64
+	curS, curE := ps.Shards[0].StartNs, ps.Shards[0].EndNs
+	for _, w := range ps.Shards[1:] {
+		if w.StartNs > curE {
+			union += curE - curS
+			curS, curE = w.StartNs, w.EndNs
+			continue
+		}
+		curE = max(curE, w.EndNs)
+	}
+	union += curE - curS
+	u := float64(union) / 1e9
+	ps.ShardGapSec = span - u
+	if ps.ShardGapSec < 1e-9 {
+		ps.ShardGapSec = 0
+	}
+	return u
+}
+
 // SweepPoint places a run in a sweep: Parameter is "concurrency" or "request_rate".
 type SweepPoint struct {
 	Parameter string  `json:"parameter"`
@@ -312,6 +414,9 @@ type Run struct {
 	EndTime   time.Time `json:"end_time"`
 	// Shards lists the runs a merged run was made from.
 	Shards []string `json:"shards,omitempty"`
+	// WasCancelled says the run was interrupted (Ctrl-C, a cancelled context) before it sent
+	// what it was asked to: AIPerf's top-level was_cancelled.
+	WasCancelled bool `json:"was_cancelled"`
 }
 
 // EngineSteps sums a server's engine steps by kind: "prefill" steps prefilled at least one

@@ -72,6 +72,9 @@ func Compare(base, cand *Run, opt CompareOptions) []Comparison {
 			continue
 		}
 		m, _ := LookupMetric(tag)
+		if tag == TagMinRequestTimestamp || tag == TagMaxResponseTimestamp {
+			continue // wall-clock instants: a ratio of two says nothing
+		}
 		if bm.Dist == nil {
 			out = append(out, Comparison{Tag: tag, Stat: "avg", Unit: bm.Unit, Base: bm.Avg, Cand: cm.Avg,
 				Ratio: ratio(cm.Avg, bm.Avg), LargerIsBetter: m.LargerIsBetter})
@@ -104,6 +107,9 @@ func (c Comparison) MarshalJSON() ([]byte, error) {
 }
 
 func ratio(c, b float64) float64 {
+	if b == 0 && c == 0 {
+		return 1 // e.g. no error in either run: unchanged
+	}
 	if b == 0 {
 		return math.NaN()
 	}

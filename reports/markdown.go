@@ -29,6 +29,20 @@ func Markdown(s *Summary) string {
 		fmt.Fprintf(&b, ", merged from %d shards", len(s.Shards))
 	}
 	b.WriteString(".\n\n")
+	if len(p.Shards) > 1 {
+		if p.ShardGapSec > 0 {
+			fmt.Fprintf(&b, "The shards' measured windows do not all overlap: %s of the wall-clock span had no shard measuring and is not counted; the duration and throughputs below are over the union of the windows.\n\n",
+				time.Duration(p.ShardGapSec*float64(time.Second)).Round(time.Millisecond))
+		} else {
+			b.WriteString("The shards' measured windows overlap: the duration and throughputs below are over the union of the windows, the shards' together.\n\n")
+		}
+		b.WriteString("| Shard | start (UTC) | duration s | requests | req/s | out tok/s |\n|---|---|--:|--:|--:|--:|\n")
+		for _, w := range p.Shards {
+			fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s |\n", w.Shard, time.Unix(0, w.StartNs).UTC().Format("2006-01-02 15:04:05.000"),
+				two(w.DurationSec), w.Requests, two(w.RequestThroughput), two(w.OutputTokenThroughput))
+		}
+		b.WriteString("\n")
+	}
 
 	b.WriteString("| Metric | avg | p50 | p90 | p99 | min | max | std |\n|---|--:|--:|--:|--:|--:|--:|--:|\n")
 	var scalars []string

@@ -12,9 +12,12 @@ import (
 
 // Merge joins runs made on several machines (shards of one qualification) into one run: the
 // per-request records are concatenated, each tagged with its shard ID in
-// metadata.mq_shard_id, and every statistic is recomputed from them by Summarize. The
-// benchmark duration therefore spans the earliest start to the latest end over all shards
-// (wall clock), so throughputs are those of the shards together.
+// metadata.mq_shard_id, and every statistic is recomputed from them by Summarize. Each
+// shard's own window (first start to last response) is kept in the summary's
+// shard_windows with its own throughputs, and the merged benchmark duration is the length of
+// the union of those windows: shards that ran at the same time share it (throughputs are
+// theirs together), shards that ran one after another add up, and the idle gap between them
+// (shard_gap_sec, which summary.md states) is never counted as measured time.
 //
 // Runs must share their SLOs (goodput would mean different things otherwise). Serving-cost
 // CPU times, engine rates and engine steps are summed; environment, provenance and GPU telemetry become an

@@ -214,7 +214,7 @@ func TestExportsRecomputeFromJSONL(t *testing.T) {
 	if err != nil || scal[0][0] != "Metric" || scal[0][1] != "Value" {
 		t.Fatalf("CSV Metric,Value section: %v %v", scal, err)
 	}
-	want := map[string]string{"Request Count (requests)": fmt.Sprint(valid) + ".00", "Request Throughput (requests/sec)": fmt.Sprintf("%.2f", wantTput)}
+	want := map[string]string{"Request Count": fmt.Sprint(valid), "Request Throughput (requests/sec)": fmt.Sprintf("%.2f", wantTput)}
 	for _, r := range scal[1:] {
 		if w, ok := want[r[0]]; ok && r[1] != w {
 			t.Errorf("CSV %s = %s, want %s", r[0], r[1], w)
@@ -439,5 +439,58 @@ func TestWriteRunAllFailed(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, LatencyCDFPNG)); err == nil {
 		t.Error("latency CDF written without any valid request")
+	}
+}
+
+// TestReadRunRefusesOtherLayouts: an older AIPerf layout, GenAI-Perf's export or an empty
+// file are refused by name rather than read as a run without metrics.
+func TestReadRunRefusesOtherLayouts(t *testing.T) {
+	for name, tc := range map[string]struct{ file, body, want string }{
+		"old aiperf": {ProfileExportJSONL, `{"metadata":{"x_request_id":"a","timestamp_ns":1},"metrics":{"request_latency":{"value":1,"unit":"ms"}}}` + "\n", "older AIPerf"},
+		"raw":        {ProfileExportJSONL, `{"start_perf_ns":1,"request":{},"responses":[]}` + "\n", "raw records"},
+		"unknown":    {ProfileExportJSONL, `{"latency":3}` + "\n", "unknown layout"},
+		"empty":      {ProfileExportJSONL, "\n", "holds no request"},
+		"genai-perf": {"profile_export.json", `{"experiments":[]}`, "GenAI-Perf"},
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, tc.file), []byte(tc.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadRun(dir); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: ReadRun error %v, want one naming %q", name, err, tc.want)
+		}
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, SummaryJSONFile), []byte(`{"schema_version": 99}`), 0o644)
+	if _, err := ReadSummary(dir); err == nil || !strings.Contains(err.Error(), "schema_version 99") {
+		t.Errorf("summary.json of schema 99: %v", err)
+	}
+}
+
+// TestMergeKeepsShardWindows: two shards one after another (a 10 s gap between them) are
+// measured over the union of their windows, not the wall-clock span with the gap.
+func TestMergeKeepsShardWindows(t *testing.T) {
+	a := synthRecords(50, 0, 1, 3)
+	b := synthRecords(50, 0, 1, 4)
+	spanA := Aggregate(a, PhaseProfiling, nil, nil)
+	durA, _ := spanA.Stat(TagBenchmarkDuration, "avg")
+	shift := spanA.Metrics[TagMaxResponseTimestamp].Avg - spanA.Metrics[TagMinRequestTimestamp].Avg + 10e9
+	for i := range b {
+		b[i].Metadata.RequestStartNs += int64(shift)
+		b[i].Metadata.RequestEndNs += int64(shift)
+	}
+	spanB := Aggregate(b, PhaseProfiling, nil, nil)
+	durB, _ := spanB.Stat(TagBenchmarkDuration, "avg")
+	m, err := Merge([]*Run{{Name: "a", Records: a}, {Name: "b", Records: b}}, []string{"gpu-a", "gpu-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize(m)
+	dur, _ := s.Profiling.Stat(TagBenchmarkDuration, "avg")
+	if math.Abs(dur-(durA+durB)) > 1e-6 || len(s.Profiling.Shards) != 2 || math.Abs(s.Profiling.ShardGapSec-10) > 1e-3 {
+		t.Errorf("merged duration %v (want %v + %v), shards %+v, gap %v (want 10 s)", dur, durA, durB, s.Profiling.Shards, s.Profiling.ShardGapSec)
+	}
+	if md := Markdown(s); !strings.Contains(md, "do not all overlap") || !strings.Contains(md, "gpu-b") {
+		t.Errorf("summary.md does not say the windows are apart:\n%s", md)
 	}
 }

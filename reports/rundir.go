@@ -79,6 +79,10 @@ func ReadSummary(dir string) (*Summary, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("read %s: %w", filepath.Join(dir, SummaryJSONFile), err)
 	}
+	if s.SchemaVersion != SchemaVersion {
+		return nil, fmt.Errorf("read %s: schema_version %d is not the one this qual reads (%d); re-run `qual report show` with the qual that wrote it, or re-profile",
+			filepath.Join(dir, SummaryJSONFile), s.SchemaVersion, SchemaVersion)
+	}
 	return &s, nil
 }
 
@@ -88,12 +92,18 @@ func ReadSummary(dir string) (*Summary, error) {
 func ReadRun(dir string) (*Run, error) {
 	f, err := os.Open(filepath.Join(dir, ProfileExportJSONL))
 	if err != nil {
-		return nil, fmt.Errorf("read run %s: %w; is it a run directory written by qual profile?", dir, err)
+		if _, gerr := os.Stat(filepath.Join(dir, "profile_export.json")); gerr == nil {
+			return nil, fmt.Errorf("read run %s: it holds profile_export.json (GenAI-Perf's layout) and no profile_export.jsonl; this qual reads AIPerf's per-request profile_export.jsonl", dir)
+		}
+		return nil, fmt.Errorf("read run %s: %w; is it a run directory written by qual profile or AIPerf?", dir, err)
 	}
 	defer f.Close()
 	recs, err := ReadExportJSONL(f)
 	if err != nil {
 		return nil, fmt.Errorf("read run %s: %w", dir, err)
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("read run %s: %s holds no request; a run without records cannot be reported or compared", dir, ProfileExportJSONL)
 	}
 	run := &Run{Name: filepath.Base(filepath.Clean(dir))}
 	s, err := ReadSummary(dir)

@@ -32,6 +32,15 @@ const (
 	TagGoodput               = "goodput"
 	TagErrorRequestCount     = "error_request_count"
 	TagBenchmarkDuration     = "benchmark_duration"
+	TagOutputTokenCount      = "output_token_count"     // per request: output tokens, reasoning excluded
+	TagErrorISL              = "error_isl"              // per failed request: its input length
+	TagTotalOutputTokens     = "total_output_tokens"    // Σ output_token_count over valid requests
+	TagTotalOSL              = "total_osl"              // Σ output_sequence_length over valid requests
+	TagTotalISL              = "total_isl"              // Σ input_sequence_length over valid requests
+	TagTotalErrorISL         = "total_error_isl"        // Σ error_isl over failed requests
+	TagMinRequestTimestamp   = "min_request_timestamp"  // epoch ns of the first valid request's start
+	TagMaxResponseTimestamp  = "max_response_timestamp" // epoch ns of the last valid request's last response
+	TagGoodRequestCount      = "good_request_count"     // requests meeting every SLO
 
 	// Per request, ours.
 	TagHTTPLatency        = "mq_http_latency"                  // end of the HTTP body − request start
@@ -47,7 +56,6 @@ const (
 	TagResponseBytes      = "mq_response_bytes"                // bytes of the response body
 
 	// Per run, ours.
-	TagGoodRequestCount      = "mq_good_request_count"
 	TagCancelledRequestCount = "mq_cancelled_request_count"
 	TagFrontendUsPerToken    = "mq_frontend_us_per_token"
 	TagWorkerUsPerToken      = "mq_worker_us_per_token"
@@ -76,7 +84,9 @@ var Metrics = []Metric{
 	{TagInterChunkLatency, "Inter Chunk Latency", "ms", true, false},
 	{TagOutputTPSPerUser, "Output Token Throughput Per User", "tokens/sec/user", true, true},
 	{TagOutputSequenceLength, "Output Sequence Length", "tokens", true, true},
+	{TagOutputTokenCount, "Output Token Count", "tokens", true, true},
 	{TagInputSequenceLength, "Input Sequence Length", "tokens", true, true},
+	{TagErrorISL, "Error Input Sequence Length", "tokens", true, true},
 	{TagHTTPLatency, "MQ HTTP Latency", "ms", true, false},
 	{TagOutputLengthClient, "MQ Output Sequence Length (Client Tokenizer)", "tokens", true, true},
 	{TagInputLengthServer, "MQ Input Sequence Length (Server)", "tokens", true, true},
@@ -93,8 +103,14 @@ var Metrics = []Metric{
 	{TagRequestThroughput, "Request Throughput", "requests/sec", false, true},
 	{TagGoodput, "Goodput", "requests/sec", false, true},
 	{TagRequestCount, "Request Count", "requests", false, true},
-	{TagGoodRequestCount, "MQ Good Request Count", "requests", false, true},
+	{TagGoodRequestCount, "Good Request Count", "requests", false, true},
 	{TagErrorRequestCount, "Error Request Count", "requests", false, false},
+	{TagTotalOutputTokens, "Total Output Tokens", "tokens", false, true},
+	{TagTotalOSL, "Total Output Sequence Length", "tokens", false, true},
+	{TagTotalISL, "Total Input Sequence Length", "tokens", false, true},
+	{TagTotalErrorISL, "Total Error Input Sequence Length", "tokens", false, false},
+	{TagMinRequestTimestamp, "Minimum Request Timestamp", "ns", false, false},
+	{TagMaxResponseTimestamp, "Maximum Response Timestamp", "ns", false, false},
 	{TagCancelledRequestCount, "MQ Cancelled Request Count", "requests", false, false},
 	{TagBenchmarkDuration, "Benchmark Duration", "sec", false, false},
 	{TagFrontendUsPerToken, "MQ Frontend CPU Per Token", "us/token", false, false},
@@ -103,6 +119,19 @@ var Metrics = []Metric{
 	{TagResponseBytesPerToken, "MQ Response Bytes Per Token", "bytes/token", false, false},
 	{TagHeadroom, "MQ Headroom", "ratio", false, true},
 }
+
+// integerTags are the metrics whose values are whole numbers (counts, token lengths and
+// sums, epoch timestamps): AIPerf writes them, and their min and max, without decimals.
+var integerTags = map[string]bool{
+	TagOutputSequenceLength: true, TagOutputTokenCount: true, TagInputSequenceLength: true,
+	TagErrorISL: true, TagRequestCount: true, TagGoodRequestCount: true, TagErrorRequestCount: true,
+	TagTotalOutputTokens: true, TagTotalOSL: true, TagTotalISL: true, TagTotalErrorISL: true,
+	TagMinRequestTimestamp: true, TagMaxResponseTimestamp: true, TagCancelledRequestCount: true,
+	TagOutputLengthClient: true, TagInputLengthServer: true, TagResponseBytes: true,
+}
+
+// IntegerMetric reports whether tag's values are whole numbers.
+func IntegerMetric(tag string) bool { return integerTags[tag] }
 
 // LookupMetric finds a tag's description.
 func LookupMetric(tag string) (Metric, bool) {
@@ -240,6 +269,11 @@ func (m *MetricValue) UnmarshalJSON(data []byte) error {
 func formatFloat(v float64) string {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return "null"
+	}
+	// Whole numbers (counts, epoch-ns timestamps) as integers, as AIPerf writes them, not
+	// in exponent form; the value read back is the same float64.
+	if v == math.Trunc(v) && math.Abs(v) < 1e19 {
+		return strconv.FormatFloat(v, 'f', 0, 64)
 	}
 	return strconv.FormatFloat(v, 'g', -1, 64)
 }

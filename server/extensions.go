@@ -86,7 +86,7 @@ func (s *Server) handleTokenize(q *reqState) {
 	case m["messages"] != nil:
 		var msgs []Message
 		var img *ImagePart
-		if msgs, img, aerr = decodeMessages(m["messages"]); aerr != nil {
+		if msgs, img, aerr = decodeMessages(m["messages"], ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes}); aerr != nil {
 			break
 		}
 		if img != nil {
@@ -192,7 +192,8 @@ func (s *Server) handleLogits(q *reqState) {
 	q.rec.PromptSHA256, q.rec.PromptBytes = sha256Hex(idsBytes(ids)), int64(4*len(ids))
 	t := s.pool.newTask()
 	t.prompt, t.logits = ids, true
-	ctx := q.r.Context()
+	ctx, stopDrain := s.drainContext(q.r.Context())
+	defer stopDrain()
 	if !s.schedule(q, t, ctx) {
 		return
 	}

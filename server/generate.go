@@ -8,6 +8,7 @@ import (
 	"github.com/modelqual/modelqual/server/record"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -68,6 +69,9 @@ func (s *Server) promptIDs(q *reqState, req *GenRequest) ([]int32, *APIError) {
 	switch {
 	case req.Chat:
 		param = "messages"
+		if aerr := s.precountChat(req.Messages); aerr != nil {
+			return nil, aerr
+		}
 		text, aerr := s.render(req.Messages, req.AddGenerationPrompt, req.ChatTemplateKwargs)
 		if aerr != nil {
 			return nil, aerr
@@ -86,6 +90,39 @@ func (s *Server) promptIDs(q *reqState, req *GenRequest) ([]int32, *APIError) {
 		return nil, badRequest(param, "`%s` is empty after tokenization; send at least one token", param)
 	}
 	return ids, nil
+}
+
+// precountChat refuses messages too long for the context before the chat template renders
+// them, counting tokens message by message and stopping as soon as the count is over: a huge
+// conversation costs no more than the context's worth of tokenization. A token covers at
+// least one byte, so contents of fewer bytes than the context cannot fill it and are not
+// counted here (the exact check follows the rendering). Each message's count is lowered by
+// two, the most a merge across the text the template puts on either side of it could save,
+// so this refuses nothing the exact check would accept.
+func (s *Server) precountChat(msgs []Message) *APIError {
+	ctx := s.info.MaxContext
+	total := 0
+	for _, m := range msgs {
+		c, _ := m["content"].(string)
+		total += len(c)
+	}
+	if total < ctx {
+		return nil
+	}
+	n := 0
+	for i, m := range msgs {
+		c, _ := m["content"].(string)
+		if len(c) == 0 {
+			continue
+		}
+		n += max(len(s.tok.Encode(c))-2, 0)
+		if n >= ctx {
+			e := badRequest("messages", "the messages' content has at least %d tokens by messages[%d], before the chat template adds its own; this model's context is %d tokens (prompt + max_tokens); shorten the conversation", n, i, ctx)
+			e.Code = "context_length_exceeded"
+			return e
+		}
+	}
+	return nil
 }
 
 // capacity applies the context contract: prompt + max_tokens must fit the bundle's context.
@@ -125,7 +162,7 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 	if !ok {
 		return
 	}
-	req, aerr := DecodeRequest(body, chat)
+	req, aerr := DecodeRequestLimited(body, chat, ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes})
 	if aerr != nil {
 		q.fail(aerr)
 		return
@@ -157,7 +194,8 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 	if !req.HasSeed {
 		t.samp.Seed = t.id*0x9e3779b97f4a7c15 ^ uint64(time.Now().UnixNano())
 	}
-	ctx := q.r.Context()
+	ctx, stopDrain := s.drainContext(q.r.Context())
+	defer stopDrain()
 	if s.cfg.RequestTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)
@@ -187,6 +225,9 @@ func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
 	case errors.Is(err, errQueueFull):
 		q.fail(&APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full",
 			Message: fmt.Sprintf("every batch slot is busy and the queue is full (--queue-depth %d); retry later", s.cfg.QueueDepth)})
+	case errors.As(err, new(*NoWorkerError)):
+		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_worker",
+			Message: err.Error() + "; qual-server keeps trying to start one (see /health)"})
 	case errors.Is(err, errClosing):
 		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server is shutting down"})
 	default:
@@ -197,6 +238,12 @@ func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
 
 // failContext answers a request whose context ended before it could be answered.
 func (q *reqState) failContext(ctx context.Context) {
+	if errors.Is(context.Cause(ctx), errDrained) {
+		q.rec.FinishReason = "drain"
+		q.fail(q.s.drainError())
+		q.rec.ErrorType = "drain_timeout"
+		return
+	}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		q.fail(&APIError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "request_timeout",
 			Message: fmt.Sprintf("the request did not finish within --request-timeout %v", q.s.cfg.RequestTimeout)})
@@ -221,10 +268,11 @@ type gen struct {
 	ntok    int    // engine tokens consumed
 	stopped bool   // a stop string matched
 	gone    bool   // the client disconnected or the request timed out
+	slow    bool   // a write to the client did not complete within --write-timeout
+	armed   time.Time
 
 	// streaming
 	w                      http.ResponseWriter
-	flusher                http.Flusher
 	buf                    []byte
 	prefix, suffix, header []byte
 	held                   []byte // fault server.swallow_final_delta: the last chunk, held back
@@ -425,8 +473,11 @@ func (g *gen) collect() {
 	h := g.q.w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
+	g.q.armWrite()
 	g.q.w.WriteHeader(http.StatusOK)
-	_, _ = g.q.w.Write(b)
+	if _, err := g.q.w.Write(b); errors.Is(err, os.ErrDeadlineExceeded) {
+		g.q.rec.ErrorType = "write_timeout"
+	}
 	g.q.ttft = time.Since(g.q.start)
 	_ = s
 }
@@ -474,7 +525,6 @@ func (g *gen) appendUsage(b []byte) []byte {
 func (g *gen) stream() {
 	w := g.q.w
 	g.w = w
-	g.flusher, _ = w.(http.Flusher)
 	g.header = g.appendHead(make([]byte, 0, 160), true)
 	g.prefix = append(append([]byte("data: "), g.header...), `,"choices":[{"index":0,`...)
 	if g.req.Chat {
@@ -505,7 +555,7 @@ func (g *gen) stream() {
 			g.abandon()
 			g.consume(g.takeAll())
 			g.q.rec.FinishReason = "cancelled"
-			g.q.rec.ErrorType = "client_disconnected"
+			g.q.rec.ErrorType = g.goneType()
 			g.fillRecord()
 			return
 		}
@@ -513,12 +563,15 @@ func (g *gen) stream() {
 		if g.gone {
 			g.consume(g.takeAll())
 			g.fillRecord()
-			if errors.Is(g.ctx.Err(), context.DeadlineExceeded) {
+			if errors.Is(context.Cause(g.ctx), errDrained) {
+				g.streamError(g.s.drainError())
+				g.q.rec.FinishReason, g.q.rec.ErrorType = "drain", "drain_timeout"
+			} else if errors.Is(g.ctx.Err(), context.DeadlineExceeded) {
 				e := &APIError{Type: "timeout_error", Code: "request_timeout", Message: fmt.Sprintf("the request did not finish within --request-timeout %v", g.s.cfg.RequestTimeout)}
 				g.streamError(e)
 			} else {
 				g.q.rec.FinishReason = "cancelled"
-				g.q.rec.ErrorType = "client_disconnected"
+				g.q.rec.ErrorType = g.goneType()
 			}
 			return
 		}
@@ -551,6 +604,14 @@ func (g *gen) stream() {
 	g.send()
 }
 
+// goneType names why a stream lost its client, for the record.
+func (g *gen) goneType() string {
+	if g.slow {
+		return "write_timeout"
+	}
+	return "client_disconnected"
+}
+
 // appendChunk adds one content delta event to the write buffer.
 func (g *gen) appendChunk(text []byte) {
 	if g.s.faults.swallowFinalDelta {
@@ -565,15 +626,27 @@ func (g *gen) appendChunk(text []byte) {
 	g.buf = append(g.buf, g.suffix...)
 }
 
-// send writes and flushes the buffer; false when the client is gone.
+// send writes and flushes the buffer; false when the client is gone (or too slow: a write
+// did not complete within --write-timeout, re-armed here before each write so that a stream
+// the client keeps reading may run as long as it generates).
 func (g *gen) send() bool {
 	if len(g.buf) == 0 {
 		return true
 	}
+	if wt := g.s.cfg.WriteTimeout; wt > 0 {
+		// Re-arming costs a timer update; once a second is enough for a deadline of seconds.
+		if now := time.Now(); now.Sub(g.armed) > time.Second {
+			g.armed = now
+			_ = g.q.rc.SetWriteDeadline(now.Add(wt))
+		}
+	}
 	_, err := g.w.Write(g.buf)
 	g.buf = g.buf[:0]
-	if err == nil && g.flusher != nil {
-		g.flusher.Flush()
+	if err == nil {
+		err = g.q.rc.Flush()
+	}
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		g.slow = true
 	}
 	if !g.firstSent && len(g.out) > 0 {
 		g.firstSent = true

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,8 +28,12 @@ Usage: qual-server --bundle FILE.mqb --model-name NAME [flags]
 
 Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
 POST /tokenize, POST /detokenize, POST /mq/v1/logits, GET /mq/v1/bundle, GET /metrics.
-SIGTERM drains: new requests get 503, in-flight ones finish (up to --drain-timeout), records
-are flushed, exit 0. Env MODELQUAL_FAULTS injects the faults documented in package server.
+With --grpc-port: the OpenEngine API v1 (gRPC) over the same engines, records and metrics.
+SIGTERM drains: the port stays open and new requests (new connections too) get 503
+shutting_down (gRPC: UNAVAILABLE); in-flight ones may finish until --drain-timeout, then are
+ended by the server (streams with an error event, code drain_timeout; others 503) and recorded
+with finish_reason "drain"; records are flushed; exit 0 (1 if a record could not be written).
+Env MODELQUAL_FAULTS injects the faults documented in package server.
 
 Flags:
 `)
@@ -38,6 +43,7 @@ Flags:
 	fs.StringVar(&c.ModelName, "model-name", "", "model name clients send as \"model\" and /v1/models lists (required)")
 	fs.StringVar(&c.Host, "host", "127.0.0.1", "address to listen on; 0.0.0.0 to accept remote clients (containers)")
 	fs.IntVar(&c.Port, "port", 8000, "TCP port (0: any free port, printed in the log)")
+	fs.IntVar(&c.GRPCPort, "grpc-port", -1, "also serve the OpenEngine API v1 over gRPC (openengine.v1 Inference and Control, grpc.health.v1, reflection) on this TCP port of --host (-1: off; 0: any free port)")
 	fs.IntVar(&c.Workers, "workers", 1, "worker processes, one engine each")
 	fs.IntVar(&c.MaxBatch, "max-batch", 0, "batch slots per engine (0: the bundle's build max_batch)")
 	fs.IntVar(&c.QueueDepth, "queue-depth", 256, "requests that may wait for a batch slot; beyond it requests get 429")
@@ -45,11 +51,18 @@ Flags:
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", 0, "cancel a request that runs longer (0: no limit); streaming clients get an error event, others 504")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may run before they are cancelled")
 	fs.StringVar(&c.Records, "records", "", "append one JSONL record per request to this file (no prompt or output text)")
-	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer KEY on API routes (not /health, /metrics)")
-	fs.BoolVar(&c.Pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/")
+	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer KEY on API routes and /debug/pprof (not /health, /metrics); visible in ps: prefer --api-key-file or env "+APIKeyEnv)
+	apiKeyFile := fs.String("api-key-file", "", "read the API key from this file (one line; like --api-key)")
+	fs.BoolVar(&c.Pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ (behind the API key when one is set)")
 	fs.StringVar(&c.Device, "device", "cpu", "engine device: cpu or cuda")
 	fs.IntVar(&c.Threads, "threads", 0, "engine threads per worker (0: all cores)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body", 8<<20, "largest accepted request body in bytes (413 beyond)")
+	fs.DurationVar(&c.BodyTimeout, "body-timeout", 30*time.Second, "a request body must arrive within this (408 and the connection closed beyond; 0: no limit)")
+	fs.DurationVar(&c.WriteTimeout, "write-timeout", 30*time.Second, "each write to a client must complete within this, so a client that stops reading is cut; a stream the client reads may run as long as it generates (0: no limit)")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 60*time.Second, "close a keep-alive connection idle this long (0: never)")
+	fs.IntVar(&c.MaxMessages, "max-messages", 1024, "most messages in a chat request (400 beyond; 0: no limit)")
+	fs.IntVar(&c.MaxChatBytes, "max-chat-bytes", 1<<20, "most bytes of message content in a chat request, all messages together (400 beyond; 0: no limit)")
+	fs.IntVar(&c.MaxConns, "max-conns", DefaultMaxConns, "most client connections open at once; a connection beyond gets 503 and is closed")
 	cpus := func(flag string, dst *cpuset.Set) func(string) error {
 		return func(v string) error {
 			s, err := cpuset.Parse(v)
@@ -68,7 +81,51 @@ Flags:
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("qual-server: unexpected arguments %q; every setting is a flag (see --help)", fs.Args())
 	}
+	key, err := resolveAPIKey(c.APIKey, *apiKeyFile)
+	if err != nil {
+		return c, err
+	}
+	c.APIKey = key
 	return c, nil
+}
+
+// APIKeyEnv is the environment variable qual-server reads its API key from when neither
+// --api-key nor --api-key-file is given. It is removed from the environment once read, so
+// worker processes never carry it.
+const APIKeyEnv = "QUAL_SERVER_API_KEY"
+
+// resolveAPIKey picks the API key from the flag, the file or the environment; giving more
+// than one is an error rather than a silent precedence.
+func resolveAPIKey(flagKey, file string) (string, error) {
+	envKey, envSet := os.LookupEnv(APIKeyEnv)
+	os.Unsetenv(APIKeyEnv)
+	n := 0
+	for _, set := range []bool{flagKey != "", file != "", envSet} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		return "", fmt.Errorf("qual-server: the API key is given more than once (--api-key, --api-key-file, %s); give it one way", APIKeyEnv)
+	}
+	key := flagKey
+	switch {
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("qual-server: --api-key-file: %w", err)
+		}
+		key = strings.TrimRight(string(b), "\r\n")
+		if key == "" || strings.ContainsAny(key, "\r\n") {
+			return "", fmt.Errorf("qual-server: --api-key-file %s must hold the key on one non-empty line", file)
+		}
+	case envSet:
+		if envKey == "" {
+			return "", fmt.Errorf("qual-server: %s is set but empty; unset it or give a key", APIKeyEnv)
+		}
+		key = envKey
+	}
+	return key, nil
 }
 
 // Main runs qual-server until SIGTERM or SIGINT and returns the exit code.

@@ -20,6 +20,13 @@ type metrics struct {
 	slotsInUse     prometheus.Gauge
 	workersReady   prometheus.Gauge
 	workerRestarts prometheus.Counter
+	// openConns and connsClosed watch client connections: connsClosed counts those the server
+	// closed for the client's behaviour (reason: idle_timeout, read_timeout, write_timeout,
+	// conn_limit).
+	openConns   prometheus.Gauge
+	connsClosed *prometheus.CounterVec
+	// recordErrors counts records that could not be written to --records.
+	recordErrors prometheus.Counter
 	// stepDuration and stepTokens describe the engines' steps (vLLM's iteration histograms):
 	// kind "decode" for steps that only decoded, "prefill" for steps that prefilled a prompt
 	// (beside any decodes), whose length is what a burst of requests waits for.
@@ -66,6 +73,15 @@ func newMetrics() *metrics {
 		workerRestarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "qual_server_worker_restarts_total", Help: "Worker processes replaced after they exited or crashed.",
 		}),
+		openConns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "qual_server_open_connections", Help: "Client connections open (at most --max-conns).",
+		}),
+		connsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "qual_server_connections_closed_total", Help: "Client connections the server closed because of the client: idle_timeout (--idle-timeout), read_timeout (headers or body too slow, --body-timeout), write_timeout (stopped reading, --write-timeout), conn_limit (refused past --max-conns).",
+		}, []string{"reason"}),
+		recordErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "qual_server_record_write_errors_total", Help: "Request records that could not be written to --records (each is a lost record; the server then refuses requests with 500).",
+		}),
 		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "qual_server_engine_step_duration_seconds", Help: "Wall time of an engine step, by kind: decode (only decodes) or prefill (prefilled at least one prompt).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16), // 0.1 ms .. ~3.3 s
@@ -76,8 +92,11 @@ func newMetrics() *metrics {
 		}, []string{"kind"}),
 	}
 	m.reg.MustRegister(m.requests, m.latency, m.ttft, m.inputTokens, m.outputTokens, m.queueDepth,
-		m.inflight, m.slotsInUse, m.workersReady, m.workerRestarts, m.stepDuration, m.stepTokens,
+		m.inflight, m.slotsInUse, m.workersReady, m.workerRestarts, m.openConns, m.connsClosed, m.recordErrors, m.stepDuration, m.stepTokens,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, reason := range []string{closedIdle, closedSlowRead, closedSlowWrite, closedConnLimit} {
+		m.connsClosed.WithLabelValues(reason) // present at 0, so a rate() sees the first one
+	}
 	for i, kind := range [2]string{"decode", "prefill"} {
 		m.stepObs[i] = [2]prometheus.Observer{m.stepDuration.WithLabelValues(kind), m.stepTokens.WithLabelValues(kind)}
 	}

@@ -139,6 +139,38 @@ type pool struct {
 	info    wire.Info // from the first worker that said hello
 	hasInfo bool
 	wg      sync.WaitGroup // supervisor goroutines
+	// spawnErr is the last failure to start a replacement worker, cleared when one starts.
+	// With no worker alive it fails requests at once (503) instead of queueing them for a
+	// worker that may never come.
+	spawnErr error
+}
+
+// NoWorkerError is why a request was refused because no worker is alive and the last attempt
+// to start one failed.
+type NoWorkerError struct{ Cause error }
+
+func (e *NoWorkerError) Error() string {
+	return "no worker can start: " + e.Cause.Error()
+}
+
+// unavailableLocked reports why no request can be served now, or nil.
+func (p *pool) unavailableLocked() error {
+	if p.spawnErr == nil {
+		return nil
+	}
+	for _, w := range p.workers {
+		if w != nil && w.alive {
+			return nil
+		}
+	}
+	return &NoWorkerError{Cause: p.spawnErr}
+}
+
+// Unavailable is unavailableLocked for /health.
+func (p *pool) unavailable() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.unavailableLocked()
 }
 
 var (
@@ -279,6 +311,7 @@ func (p *pool) spawn(index, gen int) error {
 		p.info, p.hasInfo = w.info, true
 	}
 	w.alive = true
+	p.spawnErr = nil
 	p.workers[index] = w
 	p.m.workersReady.Inc()
 	p.assignWaitingLocked(w)
@@ -452,6 +485,17 @@ func (p *pool) died(w *workerProc) {
 			return
 		}
 		log.Printf("replacement for worker %d failed: %v", w.index, err)
+		p.mu.Lock()
+		p.spawnErr = err
+		if p.unavailableLocked() != nil {
+			// Nothing can serve the queue: fail it now rather than let it wait.
+			for _, t := range p.waiting {
+				p.m.queueDepth.Dec()
+				close(t.assigned) // with no worker: run returns the reason
+			}
+			p.waiting = nil
+		}
+		p.mu.Unlock()
 		time.Sleep(min(time.Duration(attempt+1)*200*time.Millisecond, 5*time.Second))
 		p.mu.Lock()
 		closing := p.closing
@@ -510,6 +554,10 @@ func (p *pool) run(t *task, done <-chan struct{}, cause func() error) error {
 		p.mu.Unlock()
 		return errClosing
 	}
+	if err := p.unavailableLocked(); err != nil {
+		p.mu.Unlock()
+		return err
+	}
 	var best *workerProc
 	for _, w := range p.workers {
 		if w != nil && w.alive && w.inflight < w.capacity() && (best == nil || w.inflight < best.inflight) {
@@ -548,6 +596,12 @@ func (p *pool) run(t *task, done <-chan struct{}, cause func() error) error {
 	}
 	w := t.worker
 	if w == nil {
+		p.mu.Lock()
+		err := p.unavailableLocked()
+		p.mu.Unlock()
+		if err != nil {
+			return err
+		}
 		return errClosing
 	}
 	err := w.send(func(out *wire.Writer) {

@@ -6,8 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log"
 	"os"
 	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/modelqual/modelqual/server/record"
 )
@@ -17,22 +22,44 @@ import (
 type Record = record.Record
 
 // recordWriter appends records to a file, one line each, flushed per record so that a killed
-// frontend loses at most the line being written.
+// frontend loses at most the line being written. A write that fails is counted
+// (qual_server_record_write_errors_total) and logged, and from then on the server refuses
+// requests with 500 and /health reports it: a qualification run whose records are being lost
+// must not look healthy.
 type recordWriter struct {
-	mu   sync.Mutex
-	f    *os.File
-	w    *bufio.Writer
-	n    int
-	drop bool // fault server.drop_record: skip every 5th record
-	err  error
+	mu     sync.Mutex
+	f      *os.File
+	w      *bufio.Writer
+	n      int
+	drop   bool // fault server.drop_record: skip every 5th record
+	err    error
+	failed atomic.Bool
+	errs   prometheus.Counter
 }
 
-func openRecords(path string, drop bool) (*recordWriter, error) {
+// Filesystems whose files accept an open for writing but no record (statfs f_type values).
+var pseudoFS = map[int64]string{0x9fa0: "procfs", 0x62656572: "sysfs", 0x64626720: "debugfs", 0x27e0eb: "cgroupfs", 0x63677270: "cgroup2fs"}
+
+func openRecords(path string, drop bool, errs prometheus.Counter) (*recordWriter, error) {
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("--records %s is not a regular file (%v); pass a regular file or a new path", path, fi.Mode().Type())
+	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open records file %s: %w; pass a writable --records path", path, err)
 	}
-	return &recordWriter{f: f, w: bufio.NewWriterSize(f, 64<<10), drop: drop}, nil
+	var st syscall.Statfs_t
+	if err := syscall.Fstatfs(int(f.Fd()), &st); err == nil {
+		if name, bad := pseudoFS[int64(st.Type)]; bad {
+			f.Close()
+			return nil, fmt.Errorf("--records %s is on %s, which stores no records; pass a path on a real filesystem", path, name)
+		}
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("--records %s is not a regular file; pass a regular file or a new path", path)
+	}
+	return &recordWriter{f: f, w: bufio.NewWriterSize(f, 64<<10), drop: drop, errs: errs}, nil
 }
 
 func (rw *recordWriter) write(r *Record) {
@@ -50,12 +77,31 @@ func (rw *recordWriter) write(r *Record) {
 	if rw.drop && rw.n%5 == 0 {
 		return
 	}
-	if _, err := rw.w.Write(line); err != nil && rw.err == nil {
-		rw.err = err
+	_, err = rw.w.Write(line)
+	if err == nil {
+		err = rw.w.Flush()
 	}
-	if err := rw.w.Flush(); err != nil && rw.err == nil {
-		rw.err = err
+	if err != nil {
+		rw.errs.Inc()
+		if rw.err == nil {
+			rw.err = err
+			log.Printf("records: writing %s failed: %v; every request is refused with 500 from now on", rw.f.Name(), err)
+		}
+		rw.failed.Store(true)
+		// A bufio.Writer keeps its first error forever; a new one lets a later write (space
+		// freed) be tried, and counted, again.
+		rw.w = bufio.NewWriterSize(rw.f, 64<<10)
 	}
+}
+
+// failure is the records file's first write error once one happened.
+func (rw *recordWriter) failure() error {
+	if rw == nil || !rw.failed.Load() {
+		return nil
+	}
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	return rw.err
 }
 
 func (rw *recordWriter) close() error {

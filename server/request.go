@@ -126,6 +126,17 @@ var (
 		"min_tokens":         neutralValues("0"),
 		"user":               func(json.RawMessage) bool { return true }, // metadata only
 	}
+	// Vendor fields that clients of llama.cpp, vLLM and OpenAI send by habit and that change
+	// nothing qual-server answers or measures: accepted with any value and ignored (README
+	// "Vendor fields"). A field that would change the output is not on this list.
+	ignoredVendor = map[string]string{
+		"cache_prompt":      "llama.cpp: reuse the KV cache of a previous prompt (a cache policy; same tokens out)",
+		"id_slot":           "llama.cpp: which server slot runs the request (placement only)",
+		"cache_salt":        "vLLM: isolates prefix-cache entries between tenants (a cache policy)",
+		"priority":          "vLLM: scheduling order under the priority policy (when, not what)",
+		"prompt_cache_key":  "OpenAI: routing hint for prompt caching",
+		"safety_identifier": "OpenAI: an end-user id for abuse monitoring (metadata, like user)",
+	}
 	unsupportedCompletion = map[string]neutralFunc{
 		"best_of": neutralValues("1"),
 		"echo":    neutralValues("false"),
@@ -153,9 +164,26 @@ var (
 // MaxStopStrings bounds the stop list (OpenAI allows 4; a few more cost nothing).
 const MaxStopStrings = 16
 
+// ChatLimits bound what a chat request may ask the chat template to render: rendering costs
+// memory and time in proportion to the messages, before the context check can refuse them.
+// Zero: no limit.
+type ChatLimits struct {
+	MaxMessages     int // --max-messages
+	MaxContentBytes int // --max-chat-bytes: all messages' content together
+}
+
+// reservedTemplateVars are the chat template's variables that chat_template_kwargs must not
+// replace: the request's own messages and controls, and inputs qual-server does not take.
+var reservedTemplateVars = []string{"messages", "add_generation_prompt", "tools", "documents"}
+
 // DecodeRequest parses and validates a generation request body. It never panics; every error
 // is an *APIError naming the field.
 func DecodeRequest(body []byte, chat bool) (*GenRequest, *APIError) {
+	return DecodeRequestLimited(body, chat, ChatLimits{})
+}
+
+// DecodeRequestLimited is DecodeRequest with limits on chat messages.
+func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, *APIError) {
 	if !utf8.Valid(body) {
 		return nil, badRequest("", "request body is not valid UTF-8; send UTF-8 encoded JSON")
 	}
@@ -200,7 +228,7 @@ func DecodeRequest(body []byte, chat bool) (*GenRequest, *APIError) {
 				break
 			}
 			havePrompt = !isNull(raw)
-			r.Messages, r.Image, err = decodeMessages(raw)
+			r.Messages, r.Image, err = decodeMessages(raw, lim)
 		case "max_tokens":
 			r.MaxTokens, err = positiveInt(raw, k)
 		case "max_completion_tokens":
@@ -251,6 +279,13 @@ func DecodeRequest(body []byte, chat bool) (*GenRequest, *APIError) {
 			if !isNull(raw) {
 				if e := json.Unmarshal(raw, &r.ChatTemplateKwargs); e != nil {
 					err = badRequest(k, "`chat_template_kwargs` must be an object, e.g. {\"enable_thinking\": false}")
+					break
+				}
+				for _, v := range reservedTemplateVars {
+					if _, ok := r.ChatTemplateKwargs[v]; ok {
+						err = badRequest(k+"."+v, "`chat_template_kwargs.%s` would replace the template's own `%s`; send it as the request's own field (or not at all)", v, v)
+						break
+					}
 				}
 			}
 		case "add_generation_prompt":
@@ -262,6 +297,12 @@ func DecodeRequest(body []byte, chat bool) (*GenRequest, *APIError) {
 				r.AddGenerationPrompt, err = boolean(raw, k)
 			}
 		default:
+			if _, ok := ignoredVendor[k]; ok {
+				if !json.Valid(raw) {
+					err = badRequest(k, "`%s` is not valid JSON", k)
+				}
+				break
+			}
 			neutral, known := unsupportedCommon[k]
 			if !known {
 				if chat {
@@ -400,7 +441,7 @@ func (r *GenRequest) decodePrompt(raw json.RawMessage) *APIError {
 
 var allowedRoles = map[string]bool{"system": true, "user": true, "assistant": true, "developer": true}
 
-func decodeMessages(raw json.RawMessage) ([]Message, *ImagePart, *APIError) {
+func decodeMessages(raw json.RawMessage, lim ChatLimits) ([]Message, *ImagePart, *APIError) {
 	var items []json.RawMessage
 	if json.Unmarshal(raw, &items) != nil {
 		return nil, nil, badRequest("messages", "`messages` must be a list of {\"role\", \"content\"} objects")
@@ -408,6 +449,10 @@ func decodeMessages(raw json.RawMessage) ([]Message, *ImagePart, *APIError) {
 	if len(items) == 0 {
 		return nil, nil, badRequest("messages", "`messages` is empty; send at least one message")
 	}
+	if lim.MaxMessages > 0 && len(items) > lim.MaxMessages {
+		return nil, nil, badRequest("messages", "`messages` has %d messages; this server takes at most %d (--max-messages)", len(items), lim.MaxMessages)
+	}
+	contentBytes := 0
 	msgs := make([]Message, len(items))
 	var img *ImagePart
 	for i, it := range items {
@@ -445,6 +490,9 @@ func decodeMessages(raw json.RawMessage) ([]Message, *ImagePart, *APIError) {
 				img = im
 			}
 		}
+		if contentBytes += textBytes(content); lim.MaxContentBytes > 0 && contentBytes > lim.MaxContentBytes {
+			return nil, nil, badRequest(p+".content", "the messages' content reaches %d bytes at `%s`; this server takes at most %d bytes in all (--max-chat-bytes)", contentBytes, p, lim.MaxContentBytes)
+		}
 		msg := Message{"role": role, "content": content}
 		for k, v := range m {
 			switch k {
@@ -462,6 +510,26 @@ func decodeMessages(raw json.RawMessage) ([]Message, *ImagePart, *APIError) {
 		msgs[i] = msg
 	}
 	return msgs, img, nil
+}
+
+// textBytes is the text a message content holds: the string, or its text parts (an image is
+// bounded by --max-body and the image checks, not by --max-chat-bytes).
+func textBytes(content any) int {
+	switch c := content.(type) {
+	case string:
+		return len(c)
+	case []any:
+		n := 0
+		for _, p := range c {
+			if m, ok := p.(map[string]any); ok {
+				if t, ok := m["text"].(string); ok {
+					n += len(t)
+				}
+			}
+		}
+		return n
+	}
+	return 0
 }
 
 func decodeStop(raw json.RawMessage) ([]string, *APIError) {

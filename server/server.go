@@ -14,6 +14,7 @@
 //	server.swallow_final_delta          drop the last content delta of every stream
 //	server.template_no_generation_prompt render chat without the generation prompt
 //	server.drop_record                  skip writing every 5th request record
+//	server.grpc_cumulative_deltas       gRPC TokenOutput text repeats the whole output (grpc.go)
 package server
 
 import (
@@ -49,6 +50,7 @@ type Config struct {
 	ModelName      string
 	Host           string
 	Port           int
+	GRPCPort       int // --grpc-port, OpenEngine v1 gRPC: -1 off (the flag's default), 0 any free port
 	Workers        int
 	MaxBatch       int // per worker; 0: the bundle's build setting
 	QueueDepth     int
@@ -61,6 +63,17 @@ type Config struct {
 	Device         string
 	Threads        int
 	MaxBodyBytes   int64
+	// Slow and idle clients (conns.go): the body must arrive within BodyTimeout, each write
+	// must complete within WriteTimeout, a keep-alive connection may idle IdleTimeout, and at
+	// most MaxConns connections are open. 0 turns a timeout off.
+	BodyTimeout  time.Duration
+	WriteTimeout time.Duration
+	IdleTimeout  time.Duration
+	MaxConns     int
+	// MaxMessages and MaxChatBytes bound a chat request's messages (count, and content bytes
+	// in all); 0: no limit.
+	MaxMessages  int
+	MaxChatBytes int
 	// FrontendCPUs and WorkerCPUs place the HTTP frontend and the worker processes on CPUs of
 	// their own (--frontend-cpus, --worker-cpus; empty: wherever the kernel puts them). A
 	// worker whose set is empty while the frontend's is not runs on the CPUs the server was
@@ -116,11 +129,16 @@ type Server struct {
 	created int64
 
 	httpSrv    *http.Server
+	grpc       *grpcFrontend // nil without --grpc-port
 	ln         net.Listener
 	baseCancel context.CancelFunc
-	handlers   sync.WaitGroup
-	startedAt  time.Time
-	readyAt    time.Time
+	// drainCtx ends at the drain deadline; admitted counts requests past the state check.
+	drainCtx    context.Context
+	drainCancel context.CancelFunc
+	admitted    atomic.Int64
+	handlers    sync.WaitGroup
+	startedAt   time.Time
+	readyAt     time.Time
 }
 
 // New checks cfg and opens the records file; Start does the rest.
@@ -142,6 +160,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.BodyTimeout < 0 || cfg.WriteTimeout < 0 || cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("qual-server: --body-timeout, --write-timeout and --idle-timeout must not be negative (0 turns one off)")
 	}
 	if cfg.Exe == "" {
 		exe, err := os.Executable()
@@ -171,8 +195,9 @@ func New(cfg Config) (*Server, error) {
 		cfg.WorkerCPUs = all // workers inherit the frontend's mask otherwise
 	}
 	s := &Server{cfg: cfg, faults: parseFaults(os.Getenv("MODELQUAL_FAULTS")), m: newMetrics(), created: time.Now().Unix()}
+	s.drainCtx, s.drainCancel = context.WithCancel(context.Background())
 	if cfg.Records != "" {
-		rw, err := openRecords(cfg.Records, s.faults.dropRecord)
+		rw, err := openRecords(cfg.Records, s.faults.dropRecord, s.m.recordErrors)
 		if err != nil {
 			return nil, err
 		}
@@ -209,16 +234,21 @@ func (s *Server) Start() error {
 	s.baseCancel = cancel
 	s.httpSrv = &http.Server{
 		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: headerTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		ConnState:         connState,
 		BaseContext:       func(net.Listener) context.Context { return base },
 		ErrorLog:          log.New(os.Stderr, "qual-server http: ", 0),
 	}
 	go func() {
-		if err := s.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.httpSrv.Serve(newConnListener(ln, s)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Printf("serve: %v", err)
 		}
 	}()
 	log.Printf("listening on %s (loading %s)", ln.Addr(), s.cfg.Bundle)
+	if err := s.startGRPC(); err != nil {
+		return err
+	}
 
 	// The tokenizer is parsed while the bundle is hashed, and the workers start once it is
 	// verified, so start-to-ready is the slower of the tokenizer parse and verification plus
@@ -255,6 +285,7 @@ func (s *Server) Start() error {
 	}
 	s.readyAt = time.Now()
 	s.state.Store(stateReady)
+	s.grpcReady()
 	log.Printf("ready in %v: model %q, %d workers, batch %d each, context %d, queue %d",
 		s.readyAt.Sub(s.startedAt).Round(time.Millisecond), s.cfg.ModelName, s.cfg.Workers, info.MaxBatch, info.MaxContext, s.cfg.QueueDepth)
 	return nil
@@ -361,20 +392,34 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // WorkerPIDs lists the live worker processes.
 func (s *Server) WorkerPIDs() []int { return s.pool.workerPIDs() }
 
-// Shutdown drains: new requests get 503, in-flight requests may finish until the drain
-// deadline (then they are cancelled), workers are stopped, and the records file is flushed and
-// closed. Its error is the records file's, so exit status says whether every record landed.
+// Shutdown drains. The listener stays open: new requests (on new connections too) get 503
+// shutting_down and keep-alive ends, while admitted requests may finish until the drain
+// deadline. Past it they are ended by the server, not blamed on the client: streams with an
+// error event (code drain_timeout), others with 503, and their records say finish_reason
+// "drain". Then workers are stopped and the records file is flushed and closed. Its error is
+// the records file's, so exit status says whether every record landed.
 func (s *Server) Shutdown(deadline time.Duration) error {
 	s.state.Store(stateDraining)
-	ctx, cancel := context.WithTimeout(context.Background(), deadline)
-	defer cancel()
+	gctx, gcancel := context.WithTimeout(context.Background(), deadline)
+	defer gcancel()
+	grpcDone := s.drainGRPC(gctx)
 	if s.httpSrv != nil {
+		s.httpSrv.SetKeepAlivesEnabled(false) // also closes idle connections
+		if !s.waitAdmitted(deadline) {
+			log.Printf("drain deadline %v passed with %d requests unfinished; ending them", deadline, s.admitted.Load())
+			s.drainCancel()
+			if !s.waitAdmitted(cancelWait + time.Second) {
+				log.Printf("%d requests still unfinished after the drain; closing their connections", s.admitted.Load())
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if err := s.httpSrv.Shutdown(ctx); err != nil {
-			log.Printf("drain deadline %v passed; cancelling in-flight requests", deadline)
 			s.baseCancel()
 			_ = s.httpSrv.Close()
 		}
+		cancel()
 	}
+	<-grpcDone
 	// Handlers write their records before returning; wait for the last ones.
 	done := make(chan struct{})
 	go func() { s.handlers.Wait(); close(done) }()
@@ -387,13 +432,51 @@ func (s *Server) Shutdown(deadline time.Duration) error {
 	if s.baseCancel != nil {
 		s.baseCancel()
 	}
+	s.drainCancel()
 	return s.records.close()
+}
+
+// waitAdmitted waits up to d for the admitted requests to finish.
+func (s *Server) waitAdmitted(d time.Duration) bool {
+	end := time.Now().Add(d)
+	for s.admitted.Load() > 0 {
+		if time.Now().After(end) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// errDrained is the cause of a request context ended by the drain deadline.
+var errDrained = errors.New("the server is shutting down and --drain-timeout passed before this request finished")
+
+// drainContext is the request's context, also ended (with cause errDrained) at the drain
+// deadline.
+func (s *Server) drainContext(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.drainCtx, func() { cancel(errDrained) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
+// drainError answers a request ended by the drain deadline.
+func (s *Server) drainError() *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "drain_timeout",
+		Message: fmt.Sprintf("the server is shutting down and --drain-timeout %v passed before this request finished; retry on another server", s.cfg.DrainTimeout)}
 }
 
 // ServeHTTP routes requests. Hand-written rather than http.ServeMux so 404 and 405 carry
 // OpenAI error bodies and so the records know the route.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
+	rc := http.NewResponseController(w)
+	if s.cfg.WriteTimeout > 0 {
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	}
+	if s.cfg.BodyTimeout > 0 && r.Body != http.NoBody {
+		// Also bounds the discard of a body the handler did not read.
+		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	}
 	var route string
 	var method string
 	var h func(*reqState)
@@ -420,6 +503,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		route, method, h = path, http.MethodGet, s.handleBundle
 	default:
 		if s.cfg.Pprof && strings.HasPrefix(path, "/debug/pprof/") {
+			// Profiles, goroutine stacks and the command line are as sensitive as the API.
+			if s.cfg.APIKey != "" && !s.authorized(r) {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusUnauthorized)
+				_, _ = w.Write(errUnauthorized.body())
+				return
+			}
 			servePprof(w, r)
 			return
 		}
@@ -429,11 +519,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		recorded := strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/mq/")
 		q := s.begin(w, r, path, recorded)
+		q.rc = rc
 		q.fail(&APIError{Status: http.StatusNotFound, Type: "not_found_error", Message: fmt.Sprintf("no route %s %s; see /v1/models, /v1/completions, /v1/chat/completions", r.Method, path)})
 		s.end(q)
 		return
 	}
 	q := s.begin(w, r, route, true)
+	q.rc = rc
 	defer s.end(q)
 	if r.Method != method {
 		w.Header().Set("Allow", method)
@@ -441,9 +533,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.cfg.APIKey != "" && !s.authorized(r) {
-		q.fail(&APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key", Message: "missing or wrong API key; send Authorization: Bearer <key> as given to --api-key"})
+		q.fail(errUnauthorized)
 		return
 	}
+	// Counted before the state is read, so a drain that sees none admitted has none coming.
+	s.admitted.Add(1)
+	defer s.admitted.Add(-1)
 	switch s.state.Load() {
 	case stateLoading:
 		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "loading", Message: "the model is still loading; poll /health until it answers ready"})
@@ -452,13 +547,41 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server is shutting down"})
 		return
 	}
+	if err := s.records.failure(); err != nil {
+		q.fail(&APIError{Status: http.StatusInternalServerError, Type: "server_error", Code: "records_write_failed",
+			Message: fmt.Sprintf("qual-server cannot write its request records (--records %s: %v); fix the file or its disk and restart", s.cfg.Records, err)})
+		return
+	}
 	h(q)
+}
+
+var errUnauthorized = &APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key",
+	Message: "missing or wrong API key; send Authorization: Bearer <key> with the key given to --api-key, --api-key-file or " + APIKeyEnv}
+
+// redactedArgs is the command line with --api-key's value replaced, for /debug/pprof/cmdline.
+func redactedArgs(args []string) []string {
+	out := append([]string(nil), args...)
+	for i := 0; i < len(out); i++ {
+		a := out[i]
+		for _, p := range []string{"-api-key", "--api-key"} {
+			if a == p && i+1 < len(out) {
+				out[i+1] = "REDACTED"
+				i++
+			} else if strings.HasPrefix(a, p+"=") {
+				out[i] = p + "=REDACTED"
+			}
+		}
+	}
+	return out
 }
 
 func servePprof(w http.ResponseWriter, r *http.Request) {
 	switch strings.TrimPrefix(r.URL.Path, "/debug/pprof/") {
 	case "cmdline":
-		pprof.Cmdline(w, r)
+		// pprof.Cmdline would serve --api-key's value.
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte(strings.Join(redactedArgs(os.Args), "\x00")))
 	case "profile":
 		pprof.Profile(w, r)
 	case "symbol":
@@ -487,10 +610,21 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"status":"draining"}`))
 		return
 	}
+	if err := s.records.failure(); err != nil {
+		b, _ := json.Marshal(map[string]any{"status": "records_failing", "reason": fmt.Sprintf("--records %s: %v", s.cfg.Records, err)})
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write(b)
+		return
+	}
 	n := s.pool.readyWorkers()
 	if n == 0 {
+		reason := "every worker exited; replacements are starting"
+		if err := s.pool.unavailable(); err != nil {
+			reason = err.Error()
+		}
+		b, _ := json.Marshal(map[string]any{"status": "unavailable", "reason": reason})
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`{"status":"unavailable"}`))
+		_, _ = w.Write(b)
 		return
 	}
 	b, _ := json.Marshal(map[string]any{"status": "ready", "workers": n, "model": s.cfg.ModelName,
@@ -529,6 +663,7 @@ func (s *Server) unknownModel(name string) *APIError {
 type reqState struct {
 	s        *Server
 	w        http.ResponseWriter
+	rc       *http.ResponseController
 	r        *http.Request
 	rec      Record
 	start    time.Time
@@ -602,6 +737,7 @@ func (q *reqState) fail(e *APIError) {
 		q.rec.FinishReason = "error"
 	}
 	q.status = e.Status
+	q.armWrite()
 	h := q.w.Header()
 	h.Set("Content-Type", "application/json")
 	q.w.WriteHeader(e.Status)
@@ -615,17 +751,28 @@ func (q *reqState) writeJSON(status int, v any) {
 		return
 	}
 	q.status = status
+	q.armWrite()
 	q.w.Header().Set("Content-Type", "application/json")
 	q.w.WriteHeader(status)
 	_, _ = q.w.Write(b)
 }
 
-// readBody reads the request body within --max-body, answering 413 past it.
+// readBody reads the request body within --max-body (413 past it) and --body-timeout (408
+// past it; ServeHTTP set the deadline).
 func (q *reqState) readBody() ([]byte, bool) {
 	body, err := readAllLimited(q.w, q.r, q.s.cfg.MaxBodyBytes)
+	if err == nil && q.s.cfg.BodyTimeout > 0 {
+		// The body is in: no deadline on the read net/http keeps open to notice a client
+		// that leaves, or it would cancel a long generation.
+		_ = q.rc.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			q.w.Header().Set("Connection", "close")
+			q.fail(&APIError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "body_timeout",
+				Message: fmt.Sprintf("the request body did not arrive within --body-timeout %v; send the whole body at once", q.s.cfg.BodyTimeout)})
+		} else if errors.As(err, &mbe) {
 			q.fail(&APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 				Message: fmt.Sprintf("request body is larger than the %d-byte limit", mbe.Limit)})
 		} else {

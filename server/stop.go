@@ -25,6 +25,7 @@ type stopMatcher struct {
 	stops [][]byte
 	held  []byte // not yet released: a possible stop-string start
 	join  []byte // scratch for held followed by the new text
+	hit   int    // index of the stop string that ended generation (valid once feed reported it)
 }
 
 // newStopMatcher matches a request's stop strings (none: text passes through).
@@ -62,13 +63,14 @@ func (m *stopMatcher) feed(text []byte) (emit []byte, stopped bool) {
 // new text.
 func (m *stopMatcher) firstStop(s []byte) int {
 	cut, end := -1, 0
-	for _, stop := range m.stops {
+	for k, stop := range m.stops {
 		i := bytes.Index(s, stop)
 		if i < 0 {
 			continue
 		}
 		if e := i + len(stop); cut < 0 || e < end || e == end && i < cut {
 			cut, end = i, e
+			m.hit = k
 		}
 	}
 	return cut

@@ -103,3 +103,36 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestVendorFields: the listed vendor fields are accepted and change nothing decoded; fields
+// of the same vendors that would change the output stay refused by name.
+func TestVendorFields(t *testing.T) {
+	base := `{"prompt":"hi","max_tokens":3,"temperature":0}`
+	want, aerr := DecodeRequest([]byte(base), false)
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	for k, v := range map[string]string{"cache_prompt": "true", "id_slot": "-1", "cache_salt": `"tenant-a"`, "priority": "5",
+		"prompt_cache_key": `"k"`, "safety_identifier": `"u-1"`} {
+		for _, chat := range []bool{false, true} {
+			body := `{"prompt":"hi","max_tokens":3,"temperature":0,"` + k + `":` + v + `}`
+			if chat {
+				body = `{"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"temperature":0,"` + k + `":` + v + `}`
+			}
+			got, aerr := DecodeRequest([]byte(body), chat)
+			if aerr != nil {
+				t.Errorf("%s (chat %v): %v", k, chat, aerr)
+				continue
+			}
+			if !chat && (got.Prompt != want.Prompt || got.MaxTokens != want.MaxTokens || got.Temperature != want.Temperature) {
+				t.Errorf("%s changed the decoded request: %+v", k, got)
+			}
+		}
+	}
+	for _, k := range []string{"n_probs", "samplers", "t_max_predict_ms", "skip_special_tokens", "return_tokens_as_token_ids", "min_p"} {
+		_, aerr := DecodeRequest([]byte(`{"prompt":"hi","`+k+`":1}`), false)
+		if aerr == nil || aerr.Status != 400 || aerr.Param != k {
+			t.Errorf("%s (changes the output): %v, want 400 naming it", k, aerr)
+		}
+	}
+}

@@ -14,4 +14,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.GoldenParity(ctx, suite.GoldenInput)
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(false) })
 	spec.ContextContract(ctx, suite.ContextInput)
+	spec.StopStrings(ctx, suite.StopInput)
+	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
+	spec.FailureRecords(ctx, suite.FailureRecordsInput)
 })

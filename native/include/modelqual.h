@@ -201,6 +201,42 @@ MQ_API int32_t mq_engine_active(const mq_engine *e);
  * scratch KV slot, so it never disturbs live sequences. */
 MQ_API mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *out);
 
+/* Text-to-image engines (task "image"). */
+typedef struct {
+  int32_t latent_channels;   /* latents are [latent_channels, height/vae_scale, width/vae_scale] */
+  int32_t vae_scale;         /* pixels per latent cell */
+  int32_t size_multiple;     /* width and height must be multiples of this */
+  int32_t max_size;          /* largest width or height accepted */
+  int32_t max_prompt_tokens; /* the text encoder's context */
+  int32_t max_steps;
+} mq_image_spec;
+
+typedef struct {
+  const int32_t *prompt; /* token ids of the prompt as the pipeline formats it (chat template) */
+  int32_t n_prompt;
+  const int32_t *negative; /* token ids of the negative (unconditional) prompt; used when guidance > 0 */
+  int32_t n_negative;
+  int32_t width, height, steps;
+  float guidance;
+  uint64_t seed;
+} mq_image_request;
+
+typedef struct {
+  uint8_t *rgb;   /* required: height*width*3 bytes, row-major RGB */
+  float *image;   /* optional: height*width*3 floats in [0, 1], before rounding to 8 bits */
+  float *latents; /* optional: (steps+1) latent tensors: the initial noise, then after each step */
+  int64_t pipeline_ns; /* written: wall time of the pipeline call (text encoder to decoded pixels) */
+} mq_image_output;
+
+MQ_API mq_status mq_engine_image_spec(const mq_engine *e, mq_image_spec *out);
+/* Runs the whole pipeline for one request on the calling thread (the engine's one driver). */
+MQ_API mq_status mq_engine_generate_image(mq_engine *e, const mq_image_request *r, mq_image_output *out);
+
+/* Fills out[0..n) with what torch.randn(n, generator=torch.Generator("cpu").manual_seed(seed))
+ * draws in float32 (MT19937 and torch's CPU normal sampling): a diffusion pipeline's initial
+ * latents for seed, as diffusers' randn_tensor makes them. */
+MQ_API mq_status mq_torch_randn(uint64_t seed, float *out, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif

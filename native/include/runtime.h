@@ -73,6 +73,12 @@ class Weights {
   // ignore marks every tensor whose name ends with suffix as read (buffers a checkpoint may
   // carry that are not weights, such as GPT-2's causal-mask attn.bias).
   void ignore_suffix(const std::string &suffix) const;
+  // ignore_prefix marks every tensor whose name starts with prefix as read (a pipeline
+  // component part the family never runs, such as the VAE encoder of a text-to-image family).
+  void ignore_prefix(const std::string &prefix) const {
+    for (const auto &kv : map_)
+      if (kv.first.compare(0, prefix.size(), prefix) == 0) used_[kv.first] = true;
+  }
   // file_backed says p is read in place from the bundle's read-only file mapping (not a
   // converted copy), so its pages may be released and faulted back (LMHead).
   bool file_backed(const float *p) const;
@@ -240,6 +246,22 @@ struct Family {
   int threads = 0;
 };
 
+// ImageBackend is a text-to-image model (task "image"): one call turns prompt token ids and the
+// request's controls into an RGB image. It is a Backend so the engine owns it as any model; the
+// token-generation entry points are not its business and refuse.
+class ImageBackend : public Backend {
+ public:
+  virtual mq_image_spec image_spec() const = 0;
+  // generate validates r against image_spec (errors name the field) and fills out.
+  virtual void generate(const mq_image_request &r, mq_image_output *out) = 0;
+  void forward(const Batch &, float *, int32_t *) override {
+    throw Error(MQ_ERR_INVALID_ARGUMENT, "this is a text-to-image model: it generates images, not tokens");
+  }
+  void logits_all(const int32_t *, int, int, float *) override {
+    throw Error(MQ_ERR_INVALID_ARGUMENT, "this is a text-to-image model: it has no logits");
+  }
+};
+
 // register_family adds f to the registry (at static initialisation, through
 // MQ_REGISTER_FAMILY); a second family of the same name or architecture is a programming error
 // reported when the registry is first read.
@@ -324,6 +346,9 @@ void axpy(float a, const float *x, float *y, int n);  // y += a*x
 void attention(const float *q, int ntok, int pos, int H, int Hkv, int hd, const float *K, const float *V,
                float scale, float *out, float *scratch);
 int64_t now_ns();
+
+// torch_randn writes torch.randn(n) of a CPU generator seeded with seed (models/zimage_noise.cc).
+void torch_randn(uint64_t seed, float *out, int64_t n);
 
 // DecoderDims are the canonical hyper-parameters a decoder-only family resolves (and the CUDA
 // decoder reads by the same names): vocab_size, hidden_size, num_layers, num_heads,

@@ -52,7 +52,7 @@ type Config struct {
 	// flight.
 	Concurrency int
 	// RequestRate > 0 is an open loop at that many requests per second, on an absolute
-	// schedule; Arrival picks constant spacing (default) or Poisson arrivals.
+	// schedule; Arrival picks Poisson arrivals (the default, as AIPerf's) or constant spacing.
 	RequestRate float64
 	Arrival     string
 	// MaxConcurrency caps in-flight requests of an open loop (0: no cap). A request that
@@ -188,7 +188,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		cfg.RunID = hex.EncodeToString(b[:])
 	}
 	if cfg.Arrival == "" {
-		cfg.Arrival = ArrivalConstant
+		cfg.Arrival = ArrivalPoisson // AIPerf's default
 	}
 	inflight := cfg.Concurrency
 	if cfg.RequestRate > 0 {

@@ -53,6 +53,13 @@ type ProfileInput struct {
 	// RecordsWait bounds the wait for the server's records after the last response
 	// (records are written when a request ends on the server; default 5 s).
 	RecordsWait time.Duration
+	// MaxErrorRate, when set, fails a point whose measured requests failed in a larger
+	// fraction (0..1; cancellations the run asked for do not count). A point where no
+	// measured request succeeded fails whatever it says.
+	MaxErrorRate *float64
+	// Overwrite lets a point replace a run directory that already holds a run; without it
+	// Profile refuses before sending anything.
+	Overwrite bool
 }
 
 // PointResult is one sweep point.
@@ -151,6 +158,16 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	}
 	for _, r := range in.RequestRates {
 		points = append(points, point{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
+	}
+	if !in.Overwrite {
+		for _, p := range points {
+			if err := RefuseExistingRun(filepath.Join(out, p.dir)); err != nil {
+				return res, fmt.Errorf("load.Profile: %w", err)
+			}
+		}
+	}
+	if in.MaxErrorRate != nil && (*in.MaxErrorRate < 0 || *in.MaxErrorRate > 1) {
+		return res, fmt.Errorf("load.Profile: ProfileInput.MaxErrorRate %v must be within [0, 1]", *in.MaxErrorRate)
 	}
 	for i, p := range points {
 		cfg := in.Load
@@ -288,7 +305,8 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 		StartTime: time.Unix(0, lr.StartUnixNs),
 		EndTime:   time.Unix(0, lr.StartUnixNs+lr.ProfilingEndNs),
 	}
-	run.InputConfig = mustJSON(map[string]any{"config": inputCfg, "seed": lr.Seed, "point": sweep})
+	run.InputConfig = mustJSON(aiperfInputConfig(cfg, lr, sweep, inputCfg))
+	run.WasCancelled = ctx.Err() != nil
 	run.Environment = mustJSON(struct {
 		provenance.Environment
 		GPU gpu.Inventory `json:"gpu"`
@@ -302,7 +320,104 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	sum, err := reports.WriteRun(dir, run)
 	fail(err)
 	pr.Summary = sum
+	fail(checkSuccess(lr.Records, cfg.BaseURL, in.MaxErrorRate))
 	return pr
+}
+
+// checkSuccess fails a point none of whose measured requests succeeded, or (with max set)
+// more of whose measured requests failed than max allows; planned cancellations are the
+// run's own doing and count neither way. The message names the commonest error so the
+// user sees why at once.
+func checkSuccess(recs []records.Request, url string, max *float64) error {
+	var n, ok int
+	errs := map[string]int{}
+	for i := range recs {
+		r := &recs[i]
+		if r.Phase != records.PhaseProfiling || r.Cancelled {
+			continue
+		}
+		n++
+		if !r.Failed() {
+			ok++
+			continue
+		}
+		errs[fmt.Sprintf("%d %s: %s", r.Error.Code, r.Error.Type, r.Error.Message)]++
+	}
+	if n == 0 {
+		return nil
+	}
+	top, topN := "", 0
+	for e, c := range errs {
+		if c > topN || c == topN && e < top {
+			top, topN = e, c
+		}
+	}
+	if ok == 0 {
+		return fmt.Errorf("0 of %d requests succeeded against %s (%d× %q); fix the request or the server, the records are kept", n, url, topN, top)
+	}
+	if max != nil {
+		rate := float64(n-ok) / float64(n)
+		if rate > *max {
+			return fmt.Errorf("%d of %d requests failed (error rate %.3g > --max-error-rate %.3g; commonest: %d× %q)", n-ok, n, rate, *max, topN, top)
+		}
+	}
+	return nil
+}
+
+// RefuseExistingRun returns an error when dir already holds a run (any file in it), so a
+// new run never silently replaces one; nil when dir is absent or empty.
+func RefuseExistingRun(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("check run directory %s: %w", dir, err)
+	}
+	if len(ents) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s already holds a run (%s, ...); pass a new --out or --name, or --overwrite to replace it", dir, ents[0].Name())
+}
+
+// aiperfInputConfig is the exports' input_config in AIPerf's UserConfig layout (endpoint,
+// loadgen, input sections with AIPerf's field names), so scripts reading AIPerf's
+// input_config.endpoint.model_names or input_config.loadgen.concurrency read ours; the full
+// settings this run was made with follow under mq_config, the sweep point under mq_point.
+func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full any) map[string]any {
+	endpointType := cfg.Endpoint
+	loadgen := map[string]any{
+		"request_count":        cfg.Requests,
+		"warmup_request_count": cfg.Warmup,
+	}
+	if cfg.Duration > 0 {
+		loadgen["benchmark_duration"] = cfg.Duration.Seconds()
+	}
+	if cfg.RequestRate > 0 {
+		loadgen["request_rate"] = cfg.RequestRate
+		loadgen["request_rate_mode"] = cfg.Arrival
+		if cfg.MaxConcurrency > 0 {
+			loadgen["concurrency"] = cfg.MaxConcurrency
+		}
+	} else {
+		loadgen["concurrency"] = cfg.Concurrency
+	}
+	if cfg.CancelRate > 0 {
+		loadgen["request_cancellation_rate"] = cfg.CancelRate * 100 // AIPerf: percent
+		loadgen["request_cancellation_delay"] = cfg.CancelDelay.Seconds()
+	}
+	return map[string]any{
+		"endpoint": map[string]any{
+			"model_names": []string{cfg.Model},
+			"type":        endpointType,
+			"streaming":   cfg.Stream,
+			"url":         cfg.BaseURL,
+		},
+		"loadgen":   loadgen,
+		"input":     map[string]any{"random_seed": lr.Seed},
+		"mq_config": full,
+		"mq_point":  sweep,
+	}
 }
 
 // describeConfig is the input_config recorded when the caller gave none. Prompts with output

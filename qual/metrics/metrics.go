@@ -25,35 +25,44 @@ func nsToMs(ns int64) float64 { return float64(ns) / 1e6 }
 // PerRequest is the METRICS.md per-request metrics of one successful request. Latencies are
 // nanoseconds; Has* say whether a metric is defined for the request.
 type PerRequest struct {
-	TTFTNs           int64
+	Streaming        bool  // TTFT, TTST, ITL, inter-chunk latency and per-user rate exist only for streams
+	TTFTNs           int64 // streaming only
 	TTSTNs           int64
-	HasTTST          bool    // at least two content events
-	LatencyNs        int64   // last content event − request start
+	HasTTST          bool    // a stream with at least two content events
+	LatencyNs        int64   // last content event (end of the body without one) − request start
 	ITLNs            float64 // (latency − TTFT) / (output tokens − 1)
-	HasITL           bool    // output tokens ≥ 2
+	HasITL           bool    // a stream with output tokens ≥ 2
 	InterChunkNs     []int64 // gaps between consecutive content events
 	OutputTPSPerUser float64 // 1 / ITL, tokens per second
+	HasTPSPerUser    bool    // ITL > 0: every token in one event has no finite per-user rate
 	OutputTokens     int     // server usage when given, else the client count
 }
 
 // Compute derives the per-request metrics of r. ok is false when r failed or was cancelled:
 // a failed request has no latency metrics (errors are never averaged into latency).
 //
-// A successful request without any content event (zero output tokens) gets TTFT and
-// latency from the end of the HTTP body, the only response timestamp it has. A non-streaming
-// request has one content event, so latency = TTFT and its ITL would be 0 with an infinite
-// per-user rate: ITL and output TPS per user are left out then, as AIPerf computes them for
-// streaming only.
+// As in AIPerf, TTFT, TTST, ITL, inter-chunk latency and output TPS per user are streaming
+// metrics: a non-streaming request has request latency and token counts only. A stream
+// without any content event (zero output tokens) has no TTFT; its latency is the end of the
+// HTTP body, the only response timestamp it has. ITL is kept when it is zero (several
+// events stamped by one read: they arrived together as far as the client can tell); only the
+// per-user rate, 1/ITL, is then left out.
 func Compute(r *records.Request) (m PerRequest, ok bool) {
 	if r.Failed() {
 		return PerRequest{}, false
 	}
+	m.Streaming = r.Stream
+	m.OutputTokens = r.OutputTokens()
 	chunks := r.ChunkNs
 	if len(chunks) == 0 {
-		chunks = []int64{r.EndNs}
+		m.LatencyNs = r.EndNs
+		return m, true
+	}
+	m.LatencyNs = chunks[len(chunks)-1]
+	if !r.Stream {
+		return m, true
 	}
 	m.TTFTNs = chunks[0]
-	m.LatencyNs = chunks[len(chunks)-1]
 	if len(chunks) >= 2 {
 		m.HasTTST = true
 		m.TTSTNs = chunks[1] - chunks[0]
@@ -62,12 +71,11 @@ func Compute(r *records.Request) (m PerRequest, ok bool) {
 			m.InterChunkNs[i-1] = chunks[i] - chunks[i-1]
 		}
 	}
-	m.OutputTokens = r.OutputTokens()
 	if m.OutputTokens >= 2 {
+		m.HasITL = true
 		m.ITLNs = float64(m.LatencyNs-m.TTFTNs) / float64(m.OutputTokens-1)
-		// A zero ITL (every token in one event) has no finite per-user rate.
 		if m.ITLNs > 0 {
-			m.HasITL = true
+			m.HasTPSPerUser = true
 			m.OutputTPSPerUser = 1e9 / m.ITLNs
 		}
 	}
@@ -122,7 +130,6 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 		m, _ := reports.LookupMetric(tag)
 		rec.Metrics[tag] = reports.Scalar(v, m.Unit)
 	}
-	set(reports.TagInputSequenceLength, float64(r.InputTokens))
 	if r.InputTokensServer > 0 {
 		set(reports.TagInputLengthServer, float64(r.InputTokensServer))
 	}
@@ -131,17 +138,24 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 	}
 
 	if r.Failed() {
+		// AIPerf's error records carry their input length as error_isl.
+		set(reports.TagErrorISL, float64(r.InputTokens))
 		rec.Error = exportError(r)
 		return rec
 	}
+	set(reports.TagInputSequenceLength, float64(r.InputTokens))
 	m, _ := Compute(r)
-	set(reports.TagTTFT, nsToMs(m.TTFTNs))
+	if m.Streaming && len(r.ChunkNs) > 0 {
+		set(reports.TagTTFT, nsToMs(m.TTFTNs))
+	}
 	if m.HasTTST {
 		set(reports.TagTTST, nsToMs(m.TTSTNs))
 	}
 	set(reports.TagRequestLatency, nsToMs(m.LatencyNs))
 	if m.HasITL {
 		set(reports.TagITL, m.ITLNs/1e6)
+	}
+	if m.HasTPSPerUser {
 		set(reports.TagOutputTPSPerUser, m.OutputTPSPerUser)
 	}
 	if m.InterChunkNs != nil {
@@ -151,7 +165,10 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 		}
 		rec.Metrics[reports.TagInterChunkLatency] = reports.List(icl, "ms")
 	}
+	// No reasoning tokens are told apart, so the output token count equals the output
+	// sequence length (AIPerf: OSL = output_token_count + reasoning_token_count).
 	set(reports.TagOutputSequenceLength, float64(m.OutputTokens))
+	set(reports.TagOutputTokenCount, float64(m.OutputTokens))
 	if r.OutputTokensClient > 0 {
 		set(reports.TagOutputLengthClient, float64(r.OutputTokensClient))
 	}

@@ -19,7 +19,8 @@ const t0 = int64(1_800_000_000_000_000_000)
 //
 //	A: streaming, start t0, content at 10, 15, 25, 40 ms, 4 output tokens (usage)
 //	   TTFT 10, TTST 5, latency 40, ITL (40−10)/(4−1) = 10 ms, 100 tok/s/user, ICL [5 10 15]
-//	B: non-streaming, start t0+30ms, one token at 20 ms: TTFT = latency = 20, no TTST/ITL
+//	B: non-streaming, start t0+30ms, one token at 20 ms: latency 20; no TTFT, TTST, ITL
+//	   (streaming metrics, as in AIPerf)
 //	C: HTTP 500 at t0+5ms, ended at 8 ms         (error: no latency metrics)
 //	D: cancelled at 12 ms after start t0+1ms     (error code 499)
 //	W: warmup, start t0−1s, latency 999 ms        (must not change any profiling figure)
@@ -50,15 +51,15 @@ func TestComputeHandMade(t *testing.T) {
 	if !ok {
 		t.Fatal("A reported failed")
 	}
-	want := PerRequest{TTFTNs: 10 * ms, TTSTNs: 5 * ms, HasTTST: true, LatencyNs: 40 * ms,
+	want := PerRequest{Streaming: true, HasTPSPerUser: true, TTFTNs: 10 * ms, TTSTNs: 5 * ms, HasTTST: true, LatencyNs: 40 * ms,
 		ITLNs: float64(10 * ms), HasITL: true, InterChunkNs: []int64{5 * ms, 10 * ms, 15 * ms},
 		OutputTPSPerUser: 100, OutputTokens: 4}
 	if !reflect.DeepEqual(a, want) {
 		t.Errorf("A = %+v\nwant %+v", a, want)
 	}
 	b, _ := Compute(&reqs[1])
-	if b.HasITL || b.HasTTST || b.TTFTNs != 20*ms || b.LatencyNs != 20*ms || b.OutputTokens != 1 {
-		t.Errorf("B (one token) = %+v; want TTFT = latency = 20ms and no ITL/TTST", b)
+	if b.Streaming || b.HasITL || b.HasTTST || b.TTFTNs != 0 || b.LatencyNs != 20*ms || b.OutputTokens != 1 {
+		t.Errorf("B (non-streaming) = %+v; want latency 20ms and no TTFT/ITL/TTST", b)
 	}
 	for _, i := range []int{2, 3} {
 		if _, ok := Compute(&reqs[i]); ok {
@@ -82,10 +83,10 @@ func TestExportAndAggregateHandMade(t *testing.T) {
 			t.Errorf("%s.%s = %v (present %v), want %v", tag, stat, got, ok, want)
 		}
 	}
-	// Only A and B are valid: TTFT {10, 20} → avg 15, p50 15, std 5.
-	check(reports.TagTTFT, "avg", 15)
-	check(reports.TagTTFT, "p50", 15)
-	check(reports.TagTTFT, "std", 5)
+	// Only A and B are valid, and only A streams: TTFT {10}.
+	check(reports.TagTTFT, "avg", 10)
+	check(reports.TagTTFT, "p50", 10)
+	check(reports.TagTTFT, "std", 0)
 	// latency {40, 20}: p90 with h = 0.9·1 = 0.9 → 20 + 0.9·20 = 38.
 	check(reports.TagRequestLatency, "p90", 38)
 	check(reports.TagITL, "avg", 10)               // only A has an ITL
@@ -96,13 +97,23 @@ func TestExportAndAggregateHandMade(t *testing.T) {
 	check(reports.TagBenchmarkDuration, "avg", 0.05)
 	check(reports.TagOutputTokenThroughput, "avg", 100) // 5 tokens / 0.05 s
 	check(reports.TagRequestThroughput, "avg", 40)      // 2 valid / 0.05 s
-	// Good: A (TTFT 10 ≤ 15, latency 40 ≤ 45); B fails TTFT 20 > 15 → 1 / 0.05 s.
+	// Good: A (TTFT 10 ≤ 15, latency 40 ≤ 45); B has no TTFT, so is not proven good → 1 / 0.05 s.
 	check(reports.TagGoodput, "avg", 20)
 	check(reports.TagGoodRequestCount, "avg", 1)
 	check(reports.TagRequestCount, "avg", 2)
 	check(reports.TagErrorRequestCount, "avg", 2)
 	check(reports.TagCancelledRequestCount, "avg", 1)
 	check(reports.TagResponseBytesPerToken, "avg", 100) // 500 bytes / 5 tokens
+	// AIPerf's totals and bounds: output tokens {4, 1}, input {7, 3}; C and D failed with
+	// input lengths 0 (error_isl); first start t0 (A), last response t0+30+20 ms (B).
+	check(reports.TagOutputTokenCount, "avg", 2.5)
+	check(reports.TagTotalOutputTokens, "avg", 5)
+	check(reports.TagTotalOSL, "avg", 5)
+	check(reports.TagTotalISL, "avg", 10)
+	check(reports.TagErrorISL, "max", 0)
+	check(reports.TagTotalErrorISL, "avg", 0)
+	check(reports.TagMinRequestTimestamp, "avg", float64(t0))
+	check(reports.TagMaxResponseTimestamp, "avg", float64(t0+50*ms))
 	if ps.Requests != 4 {
 		t.Errorf("profiling requests = %d, want 4", ps.Requests)
 	}
@@ -216,5 +227,30 @@ func TestBuildRunOpenLoopLateness(t *testing.T) {
 	r := BuildRun("open", reqs, nil, nil)
 	if v, ok := r.Records[1].Value(reports.TagScheduleLateness); !ok || v != 0.25 {
 		t.Errorf("lateness = %v (present %v), want 0.25 ms", v, ok)
+	}
+}
+
+// TestITLWhenEventsShareARead: a stream whose events were stamped by one read (they arrived
+// together) keeps its ITL, 0 ms, rather than dropping it; only 1/ITL is left out.
+func TestITLWhenEventsShareARead(t *testing.T) {
+	r := records.Request{RequestID: "S", Phase: "profiling", Stream: true, StartUnixNs: t0,
+		EndNs: 12 * ms, ChunkNs: []int64{10 * ms, 10 * ms, 10 * ms}, HTTPStatus: 200, OutputTokensServer: 3}
+	rec := ExportRecord(&r, nil, Options{})
+	if v, ok := rec.Value(reports.TagITL); !ok || v != 0 {
+		t.Errorf("inter_token_latency = %v (present %v), want 0", v, ok)
+	}
+	if _, ok := rec.Value(reports.TagOutputTPSPerUser); ok {
+		t.Error("output_token_throughput_per_user written for ITL 0 (infinite)")
+	}
+	// Non-streaming: no streaming metric at all.
+	r.Stream = false
+	rec = ExportRecord(&r, nil, Options{})
+	for _, tag := range []string{reports.TagTTFT, reports.TagTTST, reports.TagITL, reports.TagInterChunkLatency, reports.TagOutputTPSPerUser} {
+		if _, ok := rec.Metrics[tag]; ok {
+			t.Errorf("non-streaming record has %s", tag)
+		}
+	}
+	if v, _ := rec.Value(reports.TagRequestLatency); v != 10 {
+		t.Errorf("non-streaming request_latency = %v, want 10 (its one content event)", v)
 	}
 }

@@ -66,6 +66,11 @@ func StatusOf(err error) int {
 }
 
 func (a *API) do(ctx context.Context, method, route string, body any) (*http.Response, error) {
+	return a.doHeader(ctx, method, route, body, nil)
+}
+
+// doHeader is do with extra request headers (such as X-Request-Id).
+func (a *API) doHeader(ctx context.Context, method, route string, body any, hdr http.Header) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -83,6 +88,11 @@ func (a *API) do(ctx context.Context, method, route string, body any) (*http.Res
 	}
 	if a.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+a.APIKey)
+	}
+	for k, vs := range hdr {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
 	}
 	resp, err := a.HTTP.Do(req)
 	if err != nil {
@@ -261,11 +271,21 @@ type completionBody struct {
 // Complete posts body to route ("/v1/completions" or "/v1/chat/completions"), adding the
 // model, and returns the answer. With body["stream"] true it reads the SSE stream.
 func (a *API) Complete(ctx context.Context, route string, body map[string]any) (*Answer, error) {
+	return a.CompleteID(ctx, route, "", body)
+}
+
+// CompleteID is Complete with the request's X-Request-Id set to id (none when empty), so a
+// gate can find the request's server record.
+func (a *API) CompleteID(ctx context.Context, route, id string, body map[string]any) (*Answer, error) {
 	b := map[string]any{"model": a.Model}
 	for k, v := range body {
 		b[k] = v
 	}
-	resp, err := a.do(ctx, http.MethodPost, route, b)
+	var hdr http.Header
+	if id != "" {
+		hdr = http.Header{"X-Request-Id": {id}}
+	}
+	resp, err := a.doHeader(ctx, http.MethodPost, route, b, hdr)
 	if err != nil {
 		return nil, err
 	}

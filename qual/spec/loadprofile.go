@@ -221,9 +221,16 @@ func checkPoint(p manifest.Profile, label string, pt load.PointResult, joined bo
 	if joined {
 		artifacts = append(artifacts, load.ServerRecordsFile, load.JoinedRecordsFile)
 	}
+	missing := false
 	for _, f := range artifacts {
 		if st, err := os.Stat(filepath.Join(pt.Dir, f)); err != nil || st.Size() == 0 {
 			out = append(out, fmt.Sprintf("%s: artifact %s missing or empty in %s", label, f, pt.Dir))
+			missing = true
+		}
+	}
+	if !missing {
+		for _, p := range checkExportPercentiles(pt.Dir) {
+			out = append(out, label+": "+p)
 		}
 	}
 	return out

@@ -610,6 +610,13 @@ func lookupEnv(k string) string { return os.Getenv(k) }
 // it skips the spec under the external launcher, which qualifies a server it did not build.
 func (s *Suite) StartServer(ctx context.Context, env ...string) (*API, *launch.Endpoint) {
 	ginkgo.GinkgoHelper()
+	return s.StartServerArgs(ctx, nil, env...)
+}
+
+// StartServerArgs is StartServer with extra qual-server flags (after the suite's own, so they
+// win), such as a short --request-timeout for the failure-records gate.
+func (s *Suite) StartServerArgs(ctx context.Context, args []string, env ...string) (*API, *launch.Endpoint) {
+	ginkgo.GinkgoHelper()
 	if s.State.Bundle == "" {
 		ginkgo.Skip(fmt.Sprintf("spec: Suite.StartServer needs the suite's bundle; the %s launcher has none", s.State.Launcher))
 	}
@@ -622,7 +629,7 @@ func (s *Suite) StartServer(ctx context.Context, env ...string) (*API, *launch.E
 		launch.WithRunDir(filepath.Join(s.State.Artifacts, "servers", name)),
 		launch.WithStartupTimeout(s.Manifest.Server.StartupTimeout.Duration),
 		launch.WithArgs("--workers", "1", "--request-timeout", s.Manifest.Server.RequestTimeout.Duration.String()),
-		launch.WithEnv(env...))
+		launch.WithArgs(args...), launch.WithEnv(env...))
 	ep, err := l.Start(ctx)
 	if ep != nil {
 		ginkgo.DeferCleanup(func(ctx context.Context) error { return ep.Stop(ctx) }, ginkgo.NodeTimeout(time.Minute))

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"github.com/modelqual/modelqual/fixtures"
 	"io"
+	"net"
+	neturl "net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -44,9 +46,12 @@ and after, the environment and the server logs; against a qual-server, summary.j
 summary.md also hold its engine steps of the profiling phase (from its /metrics). A summary
 table is printed at the end.
 
-The run fails (exit 1) when a client request has no server record or the reverse, or when
-a fingerprinted file (bundle, inputs, tokenizer, source tree) changed during the run; the
-raw records are kept either way. Request errors are reported, not fatal.
+The run fails (exit 1) when a client request has no server record or the reverse, when
+a fingerprinted file (bundle, inputs, tokenizer, source tree) changed during the run, when
+no measured request of a point succeeded ("0 of N requests succeeded"), or when more failed
+than --max-error-rate allows; the raw records are kept either way. A --url where nothing
+accepts connections fails within 5 s, naming it. An --out folder that already holds files is
+refused unless --overwrite is given, so a run is never replaced silently.
 
 With --image-dir or --image-width-mean/--image-height-mean (chat only) every request carries
 one image as a data: URL content part; a vision-language qual-server's records then hold each
@@ -75,7 +80,7 @@ func runProfile(args []string) int {
 		concurrency    = fs.String("concurrency", "", "closed loop: comma-separated concurrencies to sweep, e.g. 1,8,32")
 		rate           = fs.String("request-rate", "", "open loop: comma-separated request rates (req/s) to sweep")
 		maxConc        = fs.Int("max-concurrency", 0, "open loop: cap on in-flight requests (0: none)")
-		arrival        = fs.String("arrival", "constant", "open loop arrivals: constant or poisson")
+		arrival        = fs.String("arrival", "poisson", "open loop arrivals: poisson (AIPerf's default) or constant")
 		requests       = fs.Int("requests", 0, "measured requests per sweep point")
 		duration       = fs.Duration("duration", 0, "measured duration per sweep point (e.g. 30s)")
 		warmup         = fs.Int("warmup", 0, "warmup requests per sweep point, reported apart")
@@ -98,6 +103,8 @@ func runProfile(args []string) int {
 		faults         = fs.String("faults", os.Getenv("MODELQUAL_FAULTS"), "MODELQUAL_FAULTS passed to a launched server")
 		sourceRoot     = fs.String("source-root", "", "source tree to fingerprint (default: the repository around the working directory; \"none\" to skip)")
 		noProgress     = fs.Bool("no-progress", false, "do not print progress")
+		maxErrorRate   = fs.Float64("max-error-rate", -1, "fail a point whose measured requests failed in a larger fraction (0..1; default: fail only when none succeeded)")
+		overwrite      = fs.Bool("overwrite", false, "replace the runs already in --out")
 	)
 	var serverArgs profileMultiFlag
 	fs.StringVar(&img.Dir, "image-dir", "", "chat: one image per request from this folder's .png/.jpg files (round robin)")
@@ -155,6 +162,19 @@ func runProfile(args []string) int {
 	gpuIndices, err := profileGPUIndices(*gpus)
 	if err != nil {
 		return bad("--gpus: %v", err)
+	}
+	if *maxErrorRate > 1 {
+		return bad("--max-error-rate %v must be within [0, 1]", *maxErrorRate)
+	}
+	if !*overwrite {
+		if err := load.RefuseExistingRun(*out); err != nil {
+			return bad("--out: %v", err)
+		}
+	}
+	if *url != "" {
+		if err := profileReachable(*url, 5*time.Second); err != nil {
+			return profileFail("%v", err)
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -271,6 +291,10 @@ func runProfile(args []string) int {
 		InputConfig:   profileFlagValues(fs),
 		GPUIndices:    gpuIndices,
 		RequireGPU:    *gpus != "",
+		Overwrite:     *overwrite,
+	}
+	if *maxErrorRate >= 0 {
+		in.MaxErrorRate = maxErrorRate
 	}
 	res, perr := load.Profile(ctx, in)
 	if res != nil {
@@ -280,6 +304,24 @@ func runProfile(args []string) int {
 		return profileFail("%v", perr)
 	}
 	return 0
+}
+
+// profileReachable dials the host of url within timeout, so a dead --url fails at once with
+// its name instead of after the launcher's startup timeout.
+func profileReachable(raw string, timeout time.Duration) error {
+	u, err := neturl.Parse(raw)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return fmt.Errorf("--url %q is not an http:// or https:// URL", raw)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
+	}
+	c, err := net.DialTimeout("tcp", host, timeout)
+	if err != nil {
+		return fmt.Errorf("--url %s: nothing accepts connections at %s within %s (%v); is the server running and the port right?", raw, host, timeout, err)
+	}
+	return c.Close()
 }
 
 func profileFail(format string, a ...any) int {

@@ -90,7 +90,7 @@ func TestProfileCommandOutputLengthSpread(t *testing.T) {
 		t.Fatalf("output_sequence_length %+v: want 24 requests of differing lengths around 12", osl)
 	}
 	var in struct {
-		Config map[string]string `json:"config"`
+		Config map[string]string `json:"mq_config"`
 	}
 	if err := json.Unmarshal(s.InputConfig, &in); err != nil || in.Config["output-tokens-stddev"] != "5" {
 		t.Errorf("input_config does not record the stddev (%v): %s", err, s.InputConfig)

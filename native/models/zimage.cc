@@ -1,0 +1,787 @@
+// models/zimage.cc: the Z-Image text-to-image pipeline in fp32, as diffusers' ZImagePipeline
+// runs it (owner: zimage family).
+//
+// Pipeline (diffusers pipelines/z_image/pipeline_z_image.py at 58eb52c0):
+//  1. text encoder: the prompt, formatted by the tokenizer's chat template (user turn, generation
+//     prompt, enable_thinking), through the Qwen3 decoder (the shared Qwen3Decoder, tensors
+//     "text_encoder.*"); the embeddings are transformers' hidden_states[-2], the residual stream
+//     after layer L-2, without the final norm. With guidance > 0 the negative prompt ("" by
+//     default, formatted the same way) is encoded too.
+//  2. latents: torch.randn(1, C, H/8, W/8) of a CPU generator seeded with seed (torch_randn).
+//  3. scheduler (FlowMatchEulerDiscreteScheduler): sigmas = linspace(1, 1/N, N) in float32,
+//     shifted by shift*s/(1+(shift-1)*s) (or, with use_dynamic_shifting, the exponential time
+//     shift by mu from the image's token count), timesteps = 1000*sigma, a final sigma 0;
+//     each step latents += (sigma_next - sigma) * -v.
+//  4. transformer (models/transformers/transformer_z_image.py): t = (1000 - timestep)/1000;
+//     adaLN input = t_embedder(t * t_scale); latents patchified 2x2 and embedded, padded to a
+//     multiple of 32 with x_pad_token, through the noise refiner (modulated blocks); caption
+//     embeddings RMS-normed and embedded, padded with cap_pad_token, through the context refiner
+//     (plain blocks); then [image tokens, caption tokens] through the main blocks, the final
+//     adaLN layer, and unpatchified. Blocks: RMSNorm -> (adaLN scale) -> attention with per-head
+//     RMS q/k norms and 3-axis complex RoPE (caption token j at (1+j, 0, 0), image token (h, w)
+//     at (caption_len+1, h, w), padding at (0, 0, 0)) -> RMSNorm -> tanh gate, residual; the same
+//     around a SwiGLU FFN. Guidance: v = pos + g * (pos - neg).
+//  5. VAE (AutoencoderKL decoder): z / scaling_factor + shift_factor, conv_in, mid block (resnet,
+//     single-head attention, resnet), up blocks (resnets, nearest 2x upsample + conv), GroupNorm,
+//     SiLU, conv_out; image = clamp(x/2 + 1/2, 0, 1), 8-bit by round-half-even of 255*x.
+//
+// Faults (MODELQUAL_FAULTS): zimage.drop_cfg ignores the negative branch (guidance off),
+// zimage.rope_swap_hw swaps the image tokens' h and w positions. They prove the parity gates bite.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "qwen3_decoder.h"
+#include "runtime.h"
+
+namespace mq {
+
+void resolve_qwen3(const Config &c, HParams &hp);  // models/qwen3.cc: the text encoder's config
+
+namespace {
+
+constexpr int kSeqMultiple = 32;  // diffusers' SEQ_MULTI_OF
+constexpr int kPatch = 2;         // all_patch_size [2], all_f_patch_size [1]
+constexpr int kFreqDim = 256;     // timestep frequency embedding size
+constexpr int kTMid = 1024;       // t_embedder mid size
+constexpr int kMaxSteps = 200;
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// HParams keys under a prefix, back into their own HParams (the text encoder's).
+HParams sub_hparams(const HParams &hp, const std::string &prefix) {
+  HParams out;
+  for (const auto &kv : hp.numbers())
+    if (kv.first.compare(0, prefix.size(), prefix) == 0) out.set(kv.first.substr(prefix.size()), kv.second);
+  return out;
+}
+
+// full_attention: q, k, v [L, H*hd] (non-causal), out [L, H*hd].
+void full_attention(ThreadPool *pool, const float *q, const float *k, const float *v, int L, int H, int hd, float *out) {
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int D = H * hd;
+  pool->run([&](int ti, int nt) {
+    std::vector<float> s(L);
+    for (int job = ti; job < L * H; job += nt) {
+      const int i = job / H, h = job % H;
+      const float *qi = q + (size_t)i * D + h * hd;
+      float mx = -INFINITY;
+      for (int j = 0; j < L; j++) {
+        s[j] = dot(qi, k + (size_t)j * D + h * hd, hd) * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (int j = 0; j < L; j++) {
+        s[j] = std::exp(s[j] - mx);
+        sum += s[j];
+      }
+      const float inv = (float)(1.0 / sum);
+      float *o = out + (size_t)i * D + h * hd;
+      std::fill(o, o + hd, 0.0f);
+      for (int j = 0; j < L; j++) axpy(s[j] * inv, v + (size_t)j * D + h * hd, o, hd);
+    }
+  });
+}
+
+// ---- the Z-Image transformer ---------------------------------------------------------------
+
+struct Block {
+  const float *wq, *wk, *wv, *wo, *nq, *nk, *w1, *w2, *w3, *an1, *an2, *fn1, *fn2;
+  const float *mod_w = nullptr, *mod_b = nullptr;  // adaLN_modulation.0 (modulated blocks)
+};
+
+class Transformer {
+ public:
+  Transformer(const HParams &hp, const Weights &w, ThreadPool *pool, bool rope_swap_hw)
+      : pool_(pool), rope_swap_hw_(rope_swap_hw) {
+    D_ = hp.i("transformer.dim");
+    H_ = hp.i("transformer.n_heads");
+    hd_ = D_ / H_;
+    C_ = hp.i("transformer.in_channels");
+    cap_ = hp.i("transformer.cap_feat_dim");
+    eps_ = (float)hp.f("transformer.norm_eps");
+    t_scale_ = (float)hp.f("transformer.t_scale");
+    ffn_ = (int)((double)D_ / 3 * 8);
+    ada_ = std::min(D_, 256);
+    const int P = kPatch * kPatch * C_;
+    const std::string t = "transformer.";
+    x_w_ = w.get(t + "all_x_embedder.2-1.weight", {D_, P});
+    x_b_ = w.get(t + "all_x_embedder.2-1.bias", {D_});
+    f_w_ = w.get(t + "all_final_layer.2-1.linear.weight", {P, D_});
+    f_b_ = w.get(t + "all_final_layer.2-1.linear.bias", {P});
+    fm_w_ = w.get(t + "all_final_layer.2-1.adaLN_modulation.1.weight", {D_, ada_});
+    fm_b_ = w.get(t + "all_final_layer.2-1.adaLN_modulation.1.bias", {D_});
+    t0_w_ = w.get(t + "t_embedder.mlp.0.weight", {kTMid, kFreqDim});
+    t0_b_ = w.get(t + "t_embedder.mlp.0.bias", {kTMid});
+    t2_w_ = w.get(t + "t_embedder.mlp.2.weight", {ada_, kTMid});
+    t2_b_ = w.get(t + "t_embedder.mlp.2.bias", {ada_});
+    cap_norm_ = w.get(t + "cap_embedder.0.weight", {cap_});
+    cap_w_ = w.get(t + "cap_embedder.1.weight", {D_, cap_});
+    cap_b_ = w.get(t + "cap_embedder.1.bias", {D_});
+    x_pad_ = w.get(t + "x_pad_token", {1, D_});
+    cap_pad_ = w.get(t + "cap_pad_token", {1, D_});
+    const int R = hp.i("transformer.n_refiner_layers"), N = hp.i("transformer.n_layers");
+    for (int i = 0; i < R; i++) noise_.push_back(block(w, t + "noise_refiner." + std::to_string(i) + ".", true));
+    for (int i = 0; i < R; i++) context_.push_back(block(w, t + "context_refiner." + std::to_string(i) + ".", false));
+    for (int i = 0; i < N; i++) layers_.push_back(block(w, t + "layers." + std::to_string(i) + ".", true));
+    // RoPE frequencies per axis, as RopeEmbedder.precompute_freqs_cis: 1/theta^(2k/d) in float64.
+    const double theta = hp.f("transformer.rope_theta");
+    int sum = 0;
+    for (int a = 0; a < 3; a++) {
+      const int d = hp.i("transformer.axes_dims." + std::to_string(a));
+      axes_lens_[a] = hp.i("transformer.axes_lens." + std::to_string(a));
+      for (int k = 0; k < d / 2; k++) {
+        freq_axis_.push_back(a);
+        freq_.push_back(1.0 / std::pow(theta, (double)(2 * k) / (double)d));
+      }
+      sum += d;
+    }
+    if (sum != hd_)
+      throw Error(MQ_ERR_LOAD, "config transformer.axes_dims sum to " + std::to_string(sum) + ", not the head dim " + std::to_string(hd_));
+  }
+
+  int channels() const { return C_; }
+  int axis0_len() const { return axes_lens_[0]; }
+
+  // forward computes the velocity out [C, h, w] for latents [C, h, w] at model time t.
+  void forward(const float *lat, int h, int w, float t, const float *capf, int ncap, float *out) {
+    // adaLN input: t_embedder(t * t_scale).
+    std::vector<float> freq(kFreqDim), mid(kTMid), adaln(ada_);
+    const float tt = t * t_scale_;
+    const int half = kFreqDim / 2;
+    const float neg_log = (float)(-std::log(10000.0));
+    for (int i = 0; i < half; i++) {
+      const float f = std::exp(neg_log * (float)i / (float)half);
+      const float arg = tt * f;
+      freq[i] = std::cos(arg);
+      freq[half + i] = std::sin(arg);
+    }
+    linear(pool_, freq.data(), 1, kFreqDim, t0_w_, kTMid, t0_b_, mid.data());
+    for (float &x : mid) x = silu(x);
+    linear(pool_, mid.data(), 1, kTMid, t2_w_, ada_, t2_b_, adaln.data());
+
+    // Image tokens: 2x2 patches, feature index (ph*2 + pw)*C + c.
+    const int ht = h / kPatch, wt = w / kPatch, nimg = ht * wt, P = kPatch * kPatch * C_;
+    const int Lx = round_up(nimg), Lc = round_up(ncap);
+    std::vector<float> patches((size_t)nimg * P);
+    for (int y = 0; y < ht; y++)
+      for (int x = 0; x < wt; x++)
+        for (int ph = 0; ph < kPatch; ph++)
+          for (int pw = 0; pw < kPatch; pw++)
+            for (int c = 0; c < C_; c++)
+              patches[(size_t)(y * wt + x) * P + (ph * kPatch + pw) * C_ + c] =
+                  lat[((size_t)c * h + (y * kPatch + ph)) * w + (x * kPatch + pw)];
+    std::vector<float> seq((size_t)(Lx + Lc) * D_);
+    float *xs = seq.data(), *cs = seq.data() + (size_t)Lx * D_;
+    linear(pool_, patches.data(), nimg, P, x_w_, D_, x_b_, xs);
+    for (int r = nimg; r < Lx; r++) std::memcpy(xs + (size_t)r * D_, x_pad_, sizeof(float) * D_);
+    // Caption tokens: RMSNorm then Linear, padded with cap_pad_token.
+    std::vector<float> cn((size_t)ncap * cap_);
+    rms_norm(capf, ncap, cap_, cap_norm_, eps_, cn.data());
+    linear(pool_, cn.data(), ncap, cap_, cap_w_, D_, cap_b_, cs);
+    for (int r = ncap; r < Lc; r++) std::memcpy(cs + (size_t)r * D_, cap_pad_, sizeof(float) * D_);
+    // Positions.
+    if (Lc + 1 >= axes_lens_[0])
+      throw Error(MQ_ERR_INVALID_ARGUMENT, "prompt: " + std::to_string(ncap) + " tokens exceed the transformer's position table (axes_lens[0] " +
+                                               std::to_string(axes_lens_[0]) + ")");
+    if (ht > axes_lens_[1] || wt > axes_lens_[2])
+      throw Error(MQ_ERR_INVALID_ARGUMENT, "size: the image is larger than the transformer's position table");
+    std::vector<int> pos((size_t)(Lx + Lc) * 3, 0);
+    for (int r = 0; r < nimg; r++) {
+      int *p = &pos[(size_t)r * 3];
+      p[0] = Lc + 1;
+      p[1] = r / wt;
+      p[2] = r % wt;
+      if (rope_swap_hw_) std::swap(p[1], p[2]);
+    }
+    for (int j = 0; j < Lc; j++) pos[(size_t)(Lx + j) * 3] = 1 + j;
+    std::vector<float> cosv, sinv;
+    rope_tables(pos, Lx + Lc, cosv, sinv);
+
+    for (const Block &b : noise_) run_block(b, xs, Lx, cosv.data(), sinv.data(), adaln.data());
+    const size_t off = (size_t)Lx * (hd_ / 2);
+    for (const Block &b : context_) run_block(b, cs, Lc, cosv.data() + off, sinv.data() + off, nullptr);
+    for (const Block &b : layers_) run_block(b, seq.data(), Lx + Lc, cosv.data(), sinv.data(), adaln.data());
+
+    // Final layer on the image tokens: LayerNorm (no affine, eps 1e-6) * (1 + adaLN(SiLU(c))).
+    std::vector<float> sc(D_), sa(ada_);
+    for (int i = 0; i < ada_; i++) sa[i] = silu(adaln[i]);
+    linear(pool_, sa.data(), 1, ada_, fm_w_, D_, fm_b_, sc.data());
+    std::vector<float> xn((size_t)nimg * D_), po((size_t)nimg * P);
+    for (int r = 0; r < nimg; r++) {
+      const float *xr = xs + (size_t)r * D_;
+      double mean = 0, var = 0;
+      for (int i = 0; i < D_; i++) mean += xr[i];
+      mean /= D_;
+      for (int i = 0; i < D_; i++) var += (xr[i] - mean) * (xr[i] - mean);
+      const float inv = (float)(1.0 / std::sqrt(var / D_ + 1e-6)), m = (float)mean;
+      for (int i = 0; i < D_; i++) xn[(size_t)r * D_ + i] = (xr[i] - m) * inv * (1.0f + sc[i]);
+    }
+    linear(pool_, xn.data(), nimg, D_, f_w_, P, f_b_, po.data());
+    for (int y = 0; y < ht; y++)
+      for (int x = 0; x < wt; x++)
+        for (int ph = 0; ph < kPatch; ph++)
+          for (int pw = 0; pw < kPatch; pw++)
+            for (int c = 0; c < C_; c++)
+              out[((size_t)c * h + (y * kPatch + ph)) * w + (x * kPatch + pw)] =
+                  po[(size_t)(y * wt + x) * P + (ph * kPatch + pw) * C_ + c];
+  }
+
+ private:
+  static int round_up(int n) { return (n + kSeqMultiple - 1) / kSeqMultiple * kSeqMultiple; }
+
+  Block block(const Weights &w, const std::string &p, bool modulated) const {
+    Block b;
+    b.wq = w.get(p + "attention.to_q.weight", {D_, D_});
+    b.wk = w.get(p + "attention.to_k.weight", {D_, D_});
+    b.wv = w.get(p + "attention.to_v.weight", {D_, D_});
+    b.wo = w.get(p + "attention.to_out.0.weight", {D_, D_});
+    b.nq = w.get(p + "attention.norm_q.weight", {hd_});
+    b.nk = w.get(p + "attention.norm_k.weight", {hd_});
+    b.w1 = w.get(p + "feed_forward.w1.weight", {ffn_, D_});
+    b.w2 = w.get(p + "feed_forward.w2.weight", {D_, ffn_});
+    b.w3 = w.get(p + "feed_forward.w3.weight", {ffn_, D_});
+    b.an1 = w.get(p + "attention_norm1.weight", {D_});
+    b.an2 = w.get(p + "attention_norm2.weight", {D_});
+    b.fn1 = w.get(p + "ffn_norm1.weight", {D_});
+    b.fn2 = w.get(p + "ffn_norm2.weight", {D_});
+    if (modulated) {
+      b.mod_w = w.get(p + "adaLN_modulation.0.weight", {4 * D_, ada_});
+      b.mod_b = w.get(p + "adaLN_modulation.0.bias", {4 * D_});
+    }
+    return b;
+  }
+
+  // rope_tables: per row and frequency, cos and sin of float32(pos[axis] * freq) (the angle is
+  // formed in float64 and rounded, as torch.outer in float64 then .float() does).
+  void rope_tables(const std::vector<int> &pos, int L, std::vector<float> &c, std::vector<float> &s) const {
+    const int nf = hd_ / 2;
+    c.resize((size_t)L * nf);
+    s.resize((size_t)L * nf);
+    for (int r = 0; r < L; r++)
+      for (int k = 0; k < nf; k++) {
+        const float ang = (float)((double)pos[(size_t)r * 3 + freq_axis_[k]] * freq_[k]);
+        c[(size_t)r * nf + k] = std::cos(ang);
+        s[(size_t)r * nf + k] = std::sin(ang);
+      }
+  }
+
+  // rope rotates consecutive pairs (x[2k], x[2k+1]) as the complex number times e^{i angle}.
+  void rope(float *x, const float *c, const float *s) const {
+    for (int k = 0; k < hd_ / 2; k++) {
+      const float a = x[2 * k], b = x[2 * k + 1];
+      x[2 * k] = a * c[k] - b * s[k];
+      x[2 * k + 1] = a * s[k] + b * c[k];
+    }
+  }
+
+  void run_block(const Block &b, float *x, int L, const float *cosv, const float *sinv, const float *adaln) {
+    const size_t n = (size_t)L * D_;
+    a_.resize(n), q_.resize(n), k_.resize(n), v_.resize(n), o_.resize(n), t_.resize(n);
+    g1_.resize((size_t)L * ffn_), g3_.resize((size_t)L * ffn_);
+    std::vector<float> mod;
+    if (b.mod_w) {
+      mod.resize(4 * D_);
+      linear(pool_, adaln, 1, ada_, b.mod_w, 4 * D_, b.mod_b, mod.data());
+      for (int i = 0; i < D_; i++) {
+        mod[i] = 1.0f + mod[i];                    // scale_msa
+        mod[D_ + i] = std::tanh(mod[D_ + i]);      // gate_msa
+        mod[2 * D_ + i] = 1.0f + mod[2 * D_ + i];  // scale_mlp
+        mod[3 * D_ + i] = std::tanh(mod[3 * D_ + i]);  // gate_mlp
+      }
+    }
+    // Attention.
+    rms_norm(x, L, D_, b.an1, eps_, a_.data());
+    if (b.mod_w)
+      for (int r = 0; r < L; r++)
+        for (int i = 0; i < D_; i++) a_[(size_t)r * D_ + i] *= mod[i];
+    linear(pool_, a_.data(), L, D_, b.wq, D_, nullptr, q_.data());
+    linear(pool_, a_.data(), L, D_, b.wk, D_, nullptr, k_.data());
+    linear(pool_, a_.data(), L, D_, b.wv, D_, nullptr, v_.data());
+    const int nf = hd_ / 2;
+    for (int r = 0; r < L; r++)
+      for (int h = 0; h < H_; h++) {
+        float *qh = &q_[(size_t)r * D_ + h * hd_], *kh = &k_[(size_t)r * D_ + h * hd_];
+        rms_norm(qh, 1, hd_, b.nq, 1e-5f, qh);
+        rms_norm(kh, 1, hd_, b.nk, 1e-5f, kh);
+        rope(qh, cosv + (size_t)r * nf, sinv + (size_t)r * nf);
+        rope(kh, cosv + (size_t)r * nf, sinv + (size_t)r * nf);
+      }
+    full_attention(pool_, q_.data(), k_.data(), v_.data(), L, H_, hd_, o_.data());
+    linear(pool_, o_.data(), L, D_, b.wo, D_, nullptr, t_.data());
+    rms_norm(t_.data(), L, D_, b.an2, eps_, t_.data());
+    for (int r = 0; r < L; r++)
+      for (int i = 0; i < D_; i++) x[(size_t)r * D_ + i] += (b.mod_w ? mod[D_ + i] : 1.0f) * t_[(size_t)r * D_ + i];
+    // Feed-forward.
+    rms_norm(x, L, D_, b.fn1, eps_, a_.data());
+    if (b.mod_w)
+      for (int r = 0; r < L; r++)
+        for (int i = 0; i < D_; i++) a_[(size_t)r * D_ + i] *= mod[2 * D_ + i];
+    linear(pool_, a_.data(), L, D_, b.w1, ffn_, nullptr, g1_.data());
+    linear(pool_, a_.data(), L, D_, b.w3, ffn_, nullptr, g3_.data());
+    for (size_t i = 0; i < g1_.size(); i++) g1_[i] = silu(g1_[i]) * g3_[i];
+    linear(pool_, g1_.data(), L, ffn_, b.w2, D_, nullptr, t_.data());
+    rms_norm(t_.data(), L, D_, b.fn2, eps_, t_.data());
+    for (int r = 0; r < L; r++)
+      for (int i = 0; i < D_; i++) x[(size_t)r * D_ + i] += (b.mod_w ? mod[3 * D_ + i] : 1.0f) * t_[(size_t)r * D_ + i];
+  }
+
+  ThreadPool *pool_;
+  bool rope_swap_hw_;
+  int D_, H_, hd_, C_, cap_, ffn_, ada_;
+  int axes_lens_[3] = {0, 0, 0};
+  float eps_, t_scale_;
+  const float *x_w_, *x_b_, *f_w_, *f_b_, *fm_w_, *fm_b_, *t0_w_, *t0_b_, *t2_w_, *t2_b_, *cap_norm_, *cap_w_,
+      *cap_b_, *x_pad_, *cap_pad_;
+  std::vector<Block> noise_, context_, layers_;
+  std::vector<int> freq_axis_;
+  std::vector<double> freq_;
+  std::vector<float> a_, q_, k_, v_, o_, t_, g1_, g3_;
+};
+
+// ---- the AutoencoderKL decoder (activations channels-last: [H*W, C]) -----------------------
+
+struct Conv {
+  const float *w = nullptr, *b = nullptr;
+  int out = 0, in = 0, k = 0;
+};
+
+struct Norm {
+  const float *g, *b;
+};
+
+struct Resnet {
+  Norm n1, n2;
+  Conv c1, c2, shortcut;
+};
+
+class Decoder {
+ public:
+  Decoder(const HParams &hp, const Weights &w, ThreadPool *pool) : pool_(pool) {
+    const int nb = hp.i("vae.n_blocks");
+    for (int i = 0; i < nb; i++) ch_.push_back(hp.i("vae.block_out_channels." + std::to_string(i)));
+    groups_ = hp.i("vae.norm_num_groups");
+    latent_ = hp.i("vae.latent_channels");
+    const int layers = hp.i("vae.layers_per_block");
+    attention_ = hp.b("vae.mid_block_add_attention");
+    const std::string d = "vae.decoder.";
+    const int last = ch_.back();
+    if (hp.b("vae.use_post_quant_conv")) post_quant_ = conv(w, "vae.post_quant_conv", latent_, latent_, 1);
+    conv_in_ = conv(w, d + "conv_in", last, latent_, 3);
+    mid_[0] = resnet(w, d + "mid_block.resnets.0.", last, last);
+    mid_[1] = resnet(w, d + "mid_block.resnets.1.", last, last);
+    if (attention_) {
+      const std::string a = d + "mid_block.attentions.0.";
+      attn_norm_ = norm(w, a + "group_norm", last);
+      for (int i = 0; i < 4; i++) {
+        const char *n[4] = {"to_q", "to_k", "to_v", "to_out.0"};
+        attn_w_[i] = w.get(a + n[i] + ".weight", {last, last});
+        attn_b_[i] = w.get(a + n[i] + ".bias", {last});
+      }
+    }
+    int prev = last;
+    for (int i = 0; i < nb; i++) {
+      const int c = ch_[nb - 1 - i];
+      Up u;
+      for (int j = 0; j < layers + 1; j++)
+        u.res.push_back(resnet(w, d + "up_blocks." + std::to_string(i) + ".resnets." + std::to_string(j) + ".", j == 0 ? prev : c, c));
+      if (i < nb - 1) u.up = conv(w, d + "up_blocks." + std::to_string(i) + ".upsamplers.0.conv", c, c, 3);
+      up_.push_back(u);
+      prev = c;
+    }
+    norm_out_ = norm(w, d + "conv_norm_out", ch_[0]);
+    conv_out_ = conv(w, d + "conv_out", 3, ch_[0], 3);
+    w.ignore_prefix("vae.encoder.");  // the encoder serves image-to-image, not this pipeline
+    if (w.has("vae.quant_conv.weight")) w.ignore_prefix("vae.quant_conv.");
+  }
+
+  int scale() const { return 1 << (int)(ch_.size() - 1); }
+
+  // decode: z [C, h, w] (already scaled and shifted) -> out [H*W, 3] (the VAE's [-1, 1] output).
+  void decode(const float *z, int h, int w, std::vector<float> &out) {
+    std::vector<float> x((size_t)h * w * latent_);
+    for (int c = 0; c < latent_; c++)
+      for (int p = 0; p < h * w; p++) x[(size_t)p * latent_ + c] = z[(size_t)c * h * w + p];
+    if (post_quant_.w) x = conv2d(post_quant_, x, h, w);
+    x = conv2d(conv_in_, x, h, w);
+    x = run_resnet(mid_[0], x, h, w);
+    if (attention_) attend(x, h, w);
+    x = run_resnet(mid_[1], x, h, w);
+    for (const Up &u : up_) {
+      for (const Resnet &r : u.res) x = run_resnet(r, x, h, w);
+      if (u.up.w) {
+        x = upsample(x, h, w, u.up.in);
+        h *= 2, w *= 2;
+        x = conv2d(u.up, x, h, w);
+      }
+    }
+    group_norm(x, h * w, ch_[0], norm_out_, true);
+    out = conv2d(conv_out_, x, h, w);
+  }
+
+ private:
+  struct Up {
+    std::vector<Resnet> res;
+    Conv up;
+  };
+
+  static Conv conv(const Weights &w, const std::string &p, int out, int in, int k) {
+    Conv c;
+    c.w = w.get(p + ".weight", {out, in, k, k});
+    c.b = w.get(p + ".bias", {out});
+    c.out = out, c.in = in, c.k = k;
+    return c;
+  }
+  static Norm norm(const Weights &w, const std::string &p, int c) { return Norm{w.get(p + ".weight", {c}), w.get(p + ".bias", {c})}; }
+  static Resnet resnet(const Weights &w, const std::string &p, int in, int out) {
+    Resnet r;
+    r.n1 = norm(w, p + "norm1", in);
+    r.c1 = conv(w, p + "conv1", out, in, 3);
+    r.n2 = norm(w, p + "norm2", out);
+    r.c2 = conv(w, p + "conv2", out, out, 3);
+    if (in != out) r.shortcut = conv(w, p + "conv_shortcut", out, in, 1);
+    return r;
+  }
+
+  // conv2d: x [h*w, in] -> [h*w, out], stride 1, zero padding k/2, as im2col rows (column
+  // order in, ky, kx: the weight's [out, in, k, k] layout) through linear, in pixel chunks.
+  std::vector<float> conv2d(const Conv &c, const std::vector<float> &x, int h, int w) {
+    std::vector<float> y((size_t)h * w * c.out);
+    const int K = c.in * c.k * c.k, r = c.k / 2;
+    const int chunk = std::max(1, std::min(h * w, (1 << 22) / std::max(1, K)));
+    std::vector<float> col((size_t)chunk * K);
+    for (int p0 = 0; p0 < h * w; p0 += chunk) {
+      const int np = std::min(chunk, h * w - p0);
+      if (c.k == 1) {
+        linear(pool_, &x[(size_t)p0 * c.in], np, c.in, c.w, c.out, c.b, &y[(size_t)p0 * c.out]);
+        continue;
+      }
+      pool_->run([&](int ti, int nt) {
+        for (int p = ti; p < np; p += nt) {
+          const int py = (p0 + p) / w, px = (p0 + p) % w;
+          float *row = &col[(size_t)p * K];
+          for (int i = 0; i < c.in; i++)
+            for (int ky = 0; ky < c.k; ky++)
+              for (int kx = 0; kx < c.k; kx++) {
+                const int yy = py + ky - r, xx = px + kx - r;
+                row[(i * c.k + ky) * c.k + kx] = (yy < 0 || yy >= h || xx < 0 || xx >= w) ? 0.0f : x[((size_t)yy * w + xx) * c.in + i];
+              }
+        }
+      });
+      linear(pool_, col.data(), np, K, c.w, c.out, c.b, &y[(size_t)p0 * c.out]);
+    }
+    return y;
+  }
+
+  // group_norm in place over x [n, C] (eps 1e-6), then SiLU when act.
+  void group_norm(std::vector<float> &x, int n, int C, const Norm &g, bool act) const {
+    const int per = C / groups_;
+    for (int gi = 0; gi < groups_; gi++) {
+      double s = 0, ss = 0;
+      for (int p = 0; p < n; p++)
+        for (int c = gi * per; c < (gi + 1) * per; c++) {
+          const double v = x[(size_t)p * C + c];
+          s += v, ss += v * v;
+        }
+      const double cnt = (double)n * per, mean = s / cnt, var = std::max(0.0, ss / cnt - mean * mean);
+      const float inv = (float)(1.0 / std::sqrt(var + 1e-6)), m = (float)mean;
+      for (int p = 0; p < n; p++)
+        for (int c = gi * per; c < (gi + 1) * per; c++) {
+          float &v = x[(size_t)p * C + c];
+          v = (v - m) * inv * g.g[c] + g.b[c];
+          if (act) v = silu(v);
+        }
+    }
+  }
+
+  std::vector<float> run_resnet(const Resnet &r, const std::vector<float> &x, int h, int w) {
+    std::vector<float> t = x;
+    group_norm(t, h * w, r.c1.in, r.n1, true);
+    t = conv2d(r.c1, t, h, w);
+    group_norm(t, h * w, r.c1.out, r.n2, true);
+    t = conv2d(r.c2, t, h, w);
+    std::vector<float> s = r.shortcut.w ? conv2d(r.shortcut, x, h, w) : x;
+    for (size_t i = 0; i < t.size(); i++) t[i] += s[i];
+    return t;
+  }
+
+  // attend: the mid block's single-head self-attention with a residual connection.
+  void attend(std::vector<float> &x, int h, int w) {
+    const int C = ch_.back(), L = h * w;
+    std::vector<float> n = x, q((size_t)L * C), k((size_t)L * C), v((size_t)L * C), o((size_t)L * C), y((size_t)L * C);
+    group_norm(n, L, C, attn_norm_, false);
+    linear(pool_, n.data(), L, C, attn_w_[0], C, attn_b_[0], q.data());
+    linear(pool_, n.data(), L, C, attn_w_[1], C, attn_b_[1], k.data());
+    linear(pool_, n.data(), L, C, attn_w_[2], C, attn_b_[2], v.data());
+    full_attention(pool_, q.data(), k.data(), v.data(), L, 1, C, o.data());
+    linear(pool_, o.data(), L, C, attn_w_[3], C, attn_b_[3], y.data());
+    for (size_t i = 0; i < x.size(); i++) x[i] += y[i];
+  }
+
+  static std::vector<float> upsample(const std::vector<float> &x, int h, int w, int C) {
+    std::vector<float> y((size_t)4 * h * w * C);
+    for (int yy = 0; yy < 2 * h; yy++)
+      for (int xx = 0; xx < 2 * w; xx++)
+        std::memcpy(&y[((size_t)yy * 2 * w + xx) * C], &x[((size_t)(yy / 2) * w + xx / 2) * C], sizeof(float) * C);
+    return y;
+  }
+
+  ThreadPool *pool_;
+  std::vector<int> ch_;
+  int groups_, latent_;
+  bool attention_;
+  Conv post_quant_, conv_in_, conv_out_;
+  Resnet mid_[2];
+  Norm attn_norm_{nullptr, nullptr}, norm_out_{nullptr, nullptr};
+  const float *attn_w_[4] = {nullptr, nullptr, nullptr, nullptr}, *attn_b_[4] = {nullptr, nullptr, nullptr, nullptr};
+  std::vector<Up> up_;
+};
+
+// ---- the pipeline ----------------------------------------------------------------------------
+
+ModelArgs encoder_args(const ModelArgs &a, const HParams *te) {
+  ModelArgs e = a;
+  e.hp = te;
+  e.max_batch = 1;
+  e.n_slots = 1;
+  return e;
+}
+
+class ZImage : public ImageBackend {
+ public:
+  explicit ZImage(const ModelArgs &a)
+      : hp_(*a.hp), te_hp_(sub_hparams(*a.hp, "text_encoder.")), pool_(a.pool), max_ctx_(a.max_context),
+        encoder_(encoder_args(a, &te_hp_), DecoderDims(te_hp_), encoder_options()),
+        transformer_(*a.hp, *a.w, a.pool, fault("zimage.rope_swap_hw")), decoder_(*a.hp, *a.w, a.pool),
+        drop_cfg_(fault("zimage.drop_cfg")) {
+    vocab_ = te_hp_.i("vocab_size");
+    scaling_ = (float)hp_.f("vae.scaling_factor");
+    shift_factor_ = (float)hp_.f("vae.shift_factor");
+    if (transformer_.channels() != hp_.i("vae.latent_channels"))
+      throw Error(MQ_ERR_LOAD, "config: transformer.in_channels " + std::to_string(transformer_.channels()) +
+                                   " differs from vae.latent_channels " + std::to_string(hp_.i("vae.latent_channels")));
+    if (hp_.i("transformer.cap_feat_dim") != encoder_.hidden())
+      throw Error(MQ_ERR_LOAD, "config: transformer.cap_feat_dim " + std::to_string(hp_.i("transformer.cap_feat_dim")) +
+                                   " differs from the text encoder's hidden_size " + std::to_string(encoder_.hidden()));
+  }
+
+  int vocab() const override { return vocab_; }
+
+  mq_image_spec image_spec() const override {
+    mq_image_spec s;
+    s.latent_channels = transformer_.channels();
+    s.vae_scale = decoder_.scale();
+    s.size_multiple = decoder_.scale() * kPatch;
+    s.max_size = std::min(2048, hp_.i("transformer.axes_lens.1") * s.size_multiple);
+    s.max_prompt_tokens = max_ctx_;
+    s.max_steps = kMaxSteps;
+    return s;
+  }
+
+  void generate(const mq_image_request &r, mq_image_output *out) override {
+    const int64_t t0 = now_ns();
+    const mq_image_spec sp = image_spec();
+    auto bad = [](const std::string &m) { throw Error(MQ_ERR_INVALID_ARGUMENT, m); };
+    for (int v : {r.width, r.height})
+      if (v <= 0 || v % sp.size_multiple != 0 || v > sp.max_size)
+        bad("size: " + std::to_string(r.width) + "x" + std::to_string(r.height) + " is not on the grid: width and height must be multiples of " +
+            std::to_string(sp.size_multiple) + " up to " + std::to_string(sp.max_size));
+    if (r.steps < 1 || r.steps > sp.max_steps) bad("num_inference_steps: " + std::to_string(r.steps) + " is outside 1.." + std::to_string(sp.max_steps));
+    if (!std::isfinite(r.guidance) || r.guidance < 0) bad("guidance_scale: must be a finite number >= 0");
+    const bool cfg = r.guidance > 0 && !drop_cfg_;
+    check_ids("prompt", r.prompt, r.n_prompt);
+    if (cfg) check_ids("negative prompt", r.negative, r.n_negative);
+
+    // 1. Text embeddings.
+    std::vector<float> pe, ne;
+    encode(r.prompt, r.n_prompt, pe);
+    if (cfg) encode(r.negative, r.n_negative, ne);
+
+    // 2. Latents.
+    const int C = sp.latent_channels, h = r.height / sp.vae_scale, w = r.width / sp.vae_scale;
+    const size_t n = (size_t)C * h * w;
+    std::vector<float> lat(n), pos(n), neg(n);
+    torch_randn(r.seed, lat.data(), (int64_t)n);
+    if (out->latents) std::memcpy(out->latents, lat.data(), sizeof(float) * n);
+
+    // 3. Scheduler and 4. denoising.
+    std::vector<float> sigmas = schedule(r.steps, (h / kPatch) * (w / kPatch));
+    const int E = encoder_.hidden();
+    for (int i = 0; i < r.steps; i++) {
+      const float timestep = sigmas[i] * 1000.0f;
+      const float t = (1000.0f - timestep) / 1000.0f;
+      transformer_.forward(lat.data(), h, w, t, pe.data(), (int)(pe.size() / E), pos.data());
+      if (cfg) {
+        transformer_.forward(lat.data(), h, w, t, ne.data(), (int)(ne.size() / E), neg.data());
+        for (size_t j = 0; j < n; j++) pos[j] = pos[j] + r.guidance * (pos[j] - neg[j]);
+      }
+      const float dt = sigmas[i + 1] - sigmas[i];
+      for (size_t j = 0; j < n; j++) lat[j] = lat[j] + dt * -pos[j];
+      if (out->latents) std::memcpy(out->latents + (size_t)(i + 1) * n, lat.data(), sizeof(float) * n);
+    }
+
+    // 5. Decode.
+    for (size_t j = 0; j < n; j++) lat[j] = lat[j] / scaling_ + shift_factor_;
+    std::vector<float> img;
+    decoder_.decode(lat.data(), h, w, img);
+    const size_t px = (size_t)r.width * r.height;
+    for (size_t p = 0; p < px * 3; p++) {
+      const float v = std::min(1.0f, std::max(0.0f, img[p] * 0.5f + 0.5f));
+      if (out->image) out->image[p] = v;
+      out->rgb[p] = (uint8_t)std::nearbyint(v * 255.0f);  // numpy's round: half to even
+    }
+    out->pipeline_ns = now_ns() - t0;
+  }
+
+ private:
+  static Qwen3Decoder::Options encoder_options() {
+    Qwen3Decoder::Options o;
+    o.prefix = "text_encoder.";
+    o.fault_prefix = "zimage.text_encoder";
+    return o;
+  }
+
+  void check_ids(const char *what, const int32_t *ids, int n) const {
+    if (n <= 0 || !ids) throw Error(MQ_ERR_INVALID_ARGUMENT, std::string(what) + ": no tokens; the pipeline formats every prompt with its chat template");
+    if (n > max_ctx_)
+      throw Error(MQ_ERR_INVALID_ARGUMENT, std::string(what) + ": " + std::to_string(n) + " tokens exceed the text encoder's context of " +
+                                               std::to_string(max_ctx_));
+    for (int i = 0; i < n; i++)
+      if (ids[i] < 0 || ids[i] >= vocab_)
+        throw Error(MQ_ERR_INVALID_ARGUMENT, std::string(what) + ": token " + std::to_string(ids[i]) + " is outside the vocabulary");
+  }
+
+  // encode: hidden_states[-2] of the text encoder for ids, [n, E].
+  void encode(const int32_t *ids, int n, std::vector<float> &h) {
+    Batch b;
+    b.n = 1;
+    b.slot = {0};
+    b.ntok = {n};
+    b.pos = {0};
+    b.off = {0};
+    b.tokens.assign(ids, ids + n);
+    h.resize((size_t)n * encoder_.hidden());
+    encoder_.embed(ids, n, h.data());
+    Qwen3Decoder::Pass p;
+    p.batch = &b;
+    p.last_layer = encoder_.layers() - 2;
+    encoder_.forward(p, h.data());
+  }
+
+  // schedule: FlowMatchEulerDiscreteScheduler.set_timesteps(sigmas=linspace(1, 1/N, N), mu)
+  // in float32, with the final 0.
+  std::vector<float> schedule(int N, int image_seq_len) const {
+    std::vector<float> s(N);
+    const float start = 1.0f, end = (float)(1.0 / N);
+    if (N == 1) {
+      s[0] = start;
+    } else {  // torch.linspace: start + step*i for the first half, end - step*(N-1-i) after
+      const float step = (end - start) / (float)(N - 1);
+      for (int i = 0; i < N; i++) s[i] = i < N / 2 ? start + step * (float)i : end - step * (float)(N - 1 - i);
+    }
+    if (hp_.b("scheduler.use_dynamic_shifting")) {
+      const double m = (hp_.f("scheduler.max_shift") - hp_.f("scheduler.base_shift")) /
+                       (hp_.f("scheduler.max_image_seq_len") - hp_.f("scheduler.base_image_seq_len"));
+      const double b = hp_.f("scheduler.base_shift") - m * hp_.f("scheduler.base_image_seq_len");
+      const float e = (float)std::exp(image_seq_len * m + b);
+      for (float &x : s) x = e / (e + (1.0f / x - 1.0f));
+    } else {
+      const float shift = (float)hp_.f("scheduler.shift");
+      for (float &x : s) x = shift * x / (1.0f + (shift - 1.0f) * x);
+    }
+    s.push_back(0.0f);
+    return s;
+  }
+
+  HParams hp_, te_hp_;
+  ThreadPool *pool_;
+  int max_ctx_, vocab_ = 0;
+  Qwen3Decoder encoder_;
+  Transformer transformer_;
+  Decoder decoder_;
+  bool drop_cfg_;
+  float scaling_ = 1, shift_factor_ = 0;
+};
+
+}  // namespace
+
+// resolve_zimage reads model_index.json and the component configs (text_encoder through the
+// Qwen3 family's own resolve) and refuses what this pipeline does not implement, naming the key.
+void resolve_zimage(const Config &c, HParams &hp) {
+  auto refuse = [](const std::string &key, const std::string &why) { throw Error(MQ_ERR_LOAD, "config " + key + ": " + why); };
+  HParams te;
+  resolve_qwen3(c.sub("text_encoder"), te);
+  for (const auto &kv : te.numbers()) hp.set("text_encoder." + kv.first, kv.second);
+  hp.set("vocab_size", te.f("vocab_size"));
+  hp.set("max_positions", std::min(512.0, te.f("max_positions")));  // diffusers' max_sequence_length
+
+  const Config t = c.sub("transformer");
+  const int64_t dim = t.positive("dim"), heads = t.positive("n_heads");
+  if (dim % heads != 0) refuse("transformer.dim", "not a multiple of n_heads");
+  for (const char *k : {"all_patch_size", "all_f_patch_size"}) {
+    std::vector<double> v = t.numbers(k);
+    if (v.size() != 1 || v[0] != (std::string(k) == "all_patch_size" ? 2 : 1))
+      refuse(std::string("transformer.") + k, "only patch size 2 with frame patch 1 is implemented");
+  }
+  if (!t.boolean("qk_norm", true)) refuse("transformer.qk_norm", "false is not implemented");
+  if (t.has("siglip_feat_dim")) refuse("transformer.siglip_feat_dim", "the Omni (SigLIP) variant is not implemented");
+  hp.set("transformer.dim", (double)dim);
+  hp.set("transformer.n_heads", (double)heads);
+  hp.set("transformer.n_layers", (double)t.positive("n_layers"));
+  hp.set("transformer.n_refiner_layers", (double)t.integer("n_refiner_layers", 2));
+  hp.set("transformer.in_channels", (double)t.positive("in_channels"));
+  hp.set("transformer.cap_feat_dim", (double)t.positive("cap_feat_dim"));
+  hp.set("transformer.norm_eps", t.number("norm_eps", 1e-5));
+  hp.set("transformer.rope_theta", t.number("rope_theta", 256.0));
+  hp.set("transformer.t_scale", t.number("t_scale", 1000.0));
+  std::vector<double> ad = t.numbers("axes_dims"), al = t.numbers("axes_lens");
+  if (ad.size() != 3 || al.size() != 3) refuse("transformer.axes_dims", "want 3 axes (frame, height, width)");
+  for (int i = 0; i < 3; i++) {
+    if ((int)ad[i] % 2 != 0) refuse("transformer.axes_dims", "every axis dim must be even");
+    hp.set("transformer.axes_dims." + std::to_string(i), ad[i]);
+    hp.set("transformer.axes_lens." + std::to_string(i), al[i]);
+  }
+
+  const Config v = c.sub("vae");
+  if (v.string("_class_name", "AutoencoderKL") != "AutoencoderKL") refuse("vae._class_name", "only AutoencoderKL is implemented");
+  std::vector<double> ch = v.numbers("block_out_channels");
+  const int64_t groups = v.integer("norm_num_groups", 32);
+  hp.set("vae.n_blocks", (double)ch.size());
+  for (size_t i = 0; i < ch.size(); i++) {
+    if ((int64_t)ch[i] % groups != 0) refuse("vae.block_out_channels", "not a multiple of norm_num_groups");
+    hp.set("vae.block_out_channels." + std::to_string(i), ch[i]);
+  }
+  for (const std::string &u : v.strings("up_block_types"))
+    if (u != "UpDecoderBlock2D") refuse("vae.up_block_types", "\"" + u + "\" is not implemented; only UpDecoderBlock2D");
+  if (v.string("act_fn", "silu") != "silu") refuse("vae.act_fn", "only silu is implemented");
+  if (v.integer("out_channels", 3) != 3) refuse("vae.out_channels", "want 3 (RGB)");
+  if (v.has("latents_mean") || v.has("latents_std")) refuse("vae.latents_mean", "per-channel latent statistics are not implemented");
+  hp.set("vae.norm_num_groups", (double)groups);
+  hp.set("vae.latent_channels", (double)v.positive("latent_channels"));
+  hp.set("vae.layers_per_block", (double)v.integer("layers_per_block", 1));
+  hp.set("vae.mid_block_add_attention", v.boolean("mid_block_add_attention", true));
+  hp.set("vae.use_post_quant_conv", v.boolean("use_post_quant_conv", true));
+  hp.set("vae.scaling_factor", v.number("scaling_factor", 0.18215));
+  hp.set("vae.shift_factor", v.has("shift_factor") ? v.number("shift_factor") : 0.0);
+
+  const Config s = c.sub("scheduler");
+  if (s.string("_class_name", "") != "FlowMatchEulerDiscreteScheduler")
+    refuse("scheduler._class_name", "\"" + s.string("_class_name", "") + "\" is not implemented; only FlowMatchEulerDiscreteScheduler");
+  for (const char *k : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas", "stochastic_sampling"})
+    if (s.boolean(k, false)) refuse(std::string("scheduler.") + k, "true is not implemented");
+  if (s.has("shift_terminal")) refuse("scheduler.shift_terminal", "is not implemented");
+  if (s.string("time_shift_type", "exponential") != "exponential") refuse("scheduler.time_shift_type", "only exponential is implemented");
+  if (s.number("num_train_timesteps", 1000) != 1000) refuse("scheduler.num_train_timesteps", "only 1000 is implemented");
+  hp.set("scheduler.shift", s.number("shift", 1.0));
+  hp.set("scheduler.use_dynamic_shifting", s.boolean("use_dynamic_shifting", false));
+  hp.set("scheduler.base_shift", s.number("base_shift", 0.5));
+  hp.set("scheduler.max_shift", s.number("max_shift", 1.15));
+  hp.set("scheduler.base_image_seq_len", s.number("base_image_seq_len", 256));
+  hp.set("scheduler.max_image_seq_len", s.number("max_image_seq_len", 4096));
+}
+
+std::unique_ptr<Backend> make_zimage(const ModelArgs &a) { return std::unique_ptr<Backend>(new ZImage(a)); }
+
+MQ_REGISTER_FAMILY(Family{"zimage", "image", {"ZImagePipeline"}, resolve_zimage, make_zimage});
+
+}  // namespace mq

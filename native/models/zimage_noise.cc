@@ -1,0 +1,115 @@
+// models/zimage_noise.cc: seeded Gaussian noise identical to torch's CPU generator (owner: zimage
+// family).
+//
+// Why: a diffusion pipeline's image is a function of its initial latents, and diffusers draws
+// them with torch.Generator("cpu").manual_seed(seed) then torch.randn(shape) (randn_tensor).
+// Unless the same seed gives the same numbers here, no image can match the reference by seed.
+//
+// What torch does (ATen's CPUGeneratorImpl, DistributionsHelper.h, cpu/DistributionTemplates.h):
+//  - the engine is MT19937 seeded with the seed's low 32 bits (the standard initialisation);
+//  - a float uniform is (next() & (2^24 - 1)) * 2^-24; a double uniform takes two draws,
+//    hi << 32 | lo, and keeps the low 53 bits times 2^-53;
+//  - randn of a contiguous float tensor with n >= 16 first fills all n uniforms, then turns each
+//    full block of 16 into normals by Box-Muller (u1 = 1 - x[j], u2 = x[j+8], r = sqrt(-2 log u1),
+//    theta = float(2 pi u2); x[j] = r cos theta, x[j+8] = r sin theta); when n is not a multiple
+//    of 16 the last 16 values are redrawn (16 new uniforms) and transformed again;
+//  - below 16 elements each value is a double Box-Muller draw (u1, u2 doubles,
+//    r = sqrt(-2 log1p(-u2)), cos(2 pi u1) returned, r sin(2 pi u1) cached for the next value),
+//    cast to float.
+#include <cmath>
+#include <cstdint>
+
+#include "runtime.h"
+
+namespace mq {
+namespace {
+
+// MT19937 (Matsumoto & Nishimura 1998), the generator of std::mt19937 and of torch's CPU
+// generator, written out so the stream does not depend on the C++ library.
+class MT19937 {
+ public:
+  explicit MT19937(uint32_t seed) {
+    s_[0] = seed;
+    for (int i = 1; i < N; i++) s_[i] = 1812433253u * (s_[i - 1] ^ (s_[i - 1] >> 30)) + (uint32_t)i;
+  }
+  uint32_t next() {
+    if (i_ >= N) twist();
+    uint32_t y = s_[i_++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    return y ^ (y >> 18);
+  }
+
+ private:
+  static constexpr int N = 624, M = 397;
+  void twist() {
+    for (int k = 0; k < N; k++) {
+      uint32_t y = (s_[k] & 0x80000000u) | (s_[(k + 1) % N] & 0x7fffffffu);
+      s_[k] = s_[(k + M) % N] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+    }
+    i_ = 0;
+  }
+  uint32_t s_[N];
+  int i_ = N;
+};
+
+float uniform_f32(MT19937 &g) { return (float)(g.next() & 0xffffffu) * (1.0f / 16777216.0f); }
+
+double uniform_f64(MT19937 &g) {
+  uint64_t hi = g.next(), lo = g.next();
+  uint64_t v = (hi << 32) | lo;
+  return (double)(v & ((1ull << 53) - 1)) * (1.0 / 9007199254740992.0);
+}
+
+void box_muller_16(float *x) {
+  const double two_pi = 2.0 * 3.14159265358979323846;
+  for (int j = 0; j < 8; j++) {
+    const float u1 = 1.0f - x[j];
+    const float u2 = x[j + 8];
+    const float r = std::sqrt(-2.0f * std::log(u1));
+    const float theta = (float)(two_pi * (double)u2);
+    x[j] = r * std::cos(theta);
+    x[j + 8] = r * std::sin(theta);
+  }
+}
+
+}  // namespace
+
+void torch_randn(uint64_t seed, float *out, int64_t n) {
+  MT19937 g((uint32_t)(seed & 0xffffffffu));
+  if (n <= 0) return;
+  if (n < 16) {
+    const double two_pi = 2.0 * 3.14159265358979323846;
+    bool cached = false;
+    double spare = 0;
+    for (int64_t i = 0; i < n; i++) {
+      if (cached) {
+        out[i] = (float)spare;
+        cached = false;
+        continue;
+      }
+      const double u1 = uniform_f64(g), u2 = uniform_f64(g);
+      const double r = std::sqrt(-2.0 * std::log1p(-u2));
+      spare = r * std::sin(two_pi * u1);
+      cached = true;
+      out[i] = (float)(r * std::cos(two_pi * u1));
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) out[i] = uniform_f32(g);
+  for (int64_t i = 0; i + 16 <= n; i += 16) box_muller_16(out + i);
+  if (n % 16 != 0) {
+    float *tail = out + n - 16;
+    for (int j = 0; j < 16; j++) tail[j] = uniform_f32(g);
+    box_muller_16(tail);
+  }
+}
+
+}  // namespace mq
+
+extern "C" MQ_API mq_status mq_torch_randn(uint64_t seed, float *out, int64_t n) {
+  if (n < 0 || (n > 0 && !out)) return MQ_ERR_INVALID_ARGUMENT;
+  mq::torch_randn(seed, out, n);
+  return MQ_OK;
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/modelqual/modelqual/native"
+	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/server/tokenizer"
+)
+
+func init() {
+	register("generate-image", "run a text-to-image bundle's pipeline directly (no server), write the PNG, print its sha256 and the native task time", func(args []string) int {
+		return generateImageMain(args, os.Stdout, os.Stderr)
+	})
+}
+
+const generateImageUsage = `Usage:
+  qual generate-image --bundle FILE --prompt TEXT --size WxH --steps N --guidance G --seed S
+                      --out FILE.png [--negative-prompt TEXT] [--threads N]
+
+Runs the bundle's text-to-image pipeline in-process through package native (the prompt is
+formatted and tokenized as the pipeline does: its chat template, then its tokenizer), writes the
+image as a PNG and prints
+  sha256 <hex>  bytes <n>  size <W>x<H>  native_task_ms <t>
+where native_task_ms is the pipeline call alone (text encoder to pixels). The server's
+/v1/images/generations answers the same PNG bytes for the same controls.
+
+Flags:
+`
+
+// parseSize reads "WxH".
+func parseSize(s string) (int, int, error) {
+	ws, hs, ok := strings.Cut(s, "x")
+	w, err1 := strconv.Atoi(ws)
+	h, err2 := strconv.Atoi(hs)
+	if !ok || err1 != nil || err2 != nil || w <= 0 || h <= 0 {
+		return 0, 0, fmt.Errorf("%q is not WIDTHxHEIGHT (e.g. 512x512)", s)
+	}
+	return w, h, nil
+}
+
+func generateImageMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("qual generate-image", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, generateImageUsage); fs.PrintDefaults() }
+	bundlePath := fs.String("bundle", "", "text-to-image bundle `FILE` (required)")
+	prompt := fs.String("prompt", "", "the prompt `TEXT` (required)")
+	negative := fs.String("negative-prompt", "", "the negative prompt `TEXT`, used when --guidance > 0")
+	size := fs.String("size", "", "image size `WxH` (required)")
+	steps := fs.Int("steps", 0, "denoising steps (required)")
+	guidance := fs.Float64("guidance", -1, "classifier-free guidance scale; 0 turns guidance off (required)")
+	seed := fs.Int64("seed", -1, "seed of the initial noise, as torch.Generator(\"cpu\").manual_seed (required)")
+	out := fs.String("out", "", "write the PNG to `FILE` (required)")
+	threads := fs.Int("threads", 0, "CPU threads (0 = all cores)")
+	if err := fs.Parse(args); err != nil {
+		return bundleFlagExit(err)
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "qual generate-image: "+format+"\n", a...)
+		return 1
+	}
+	switch {
+	case *bundlePath == "":
+		return fail("--bundle is required")
+	case *prompt == "":
+		return fail("--prompt is required")
+	case *size == "":
+		return fail("--size is required (WxH)")
+	case *steps <= 0:
+		return fail("--steps is required and must be >= 1")
+	case *guidance < 0:
+		return fail("--guidance is required and must be >= 0")
+	case *seed < 0:
+		return fail("--seed is required and must be >= 0")
+	case *out == "":
+		return fail("--out is required")
+	}
+	w, h, err := parseSize(*size)
+	if err != nil {
+		return fail("--size: %v", err)
+	}
+	b, err := bundle.Open(*bundlePath)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer b.Close()
+	if b.Header().Task != "image" {
+		return fail("%s serves task %q; generate-image needs a text-to-image bundle", *bundlePath, b.Header().Task)
+	}
+	tok, err := tokenizer.FromBundle(b)
+	if err != nil {
+		return fail("tokenizer of %s: %v", *bundlePath, err)
+	}
+	pids, err := native.ImagePromptIDs(tok, *prompt)
+	if err != nil {
+		return fail("%v", err)
+	}
+	nids, err := native.ImagePromptIDs(tok, *negative)
+	if err != nil {
+		return fail("%v", err)
+	}
+	e, err := native.Open(b, native.Params{Threads: *threads, MaxBatch: 1})
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer e.Close()
+	res, err := e.GenerateImage(native.ImageRequest{Prompt: pids, Negative: nids, Width: w, Height: h, Steps: *steps, Guidance: float32(*guidance), Seed: uint64(*seed)}, false)
+	if err != nil {
+		return fail("%v", err)
+	}
+	pngBytes, err := native.EncodePNG(res.RGB, w, h)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if err := os.WriteFile(*out, pngBytes, 0o644); err != nil {
+		return fail("%v", err)
+	}
+	sum := sha256.Sum256(pngBytes)
+	fmt.Fprintf(stdout, "sha256 %s  bytes %d  size %dx%d  native_task_ms %.1f\n", hex.EncodeToString(sum[:]), len(pngBytes), w, h, float64(res.PipelineTime.Microseconds())/1000)
+	return 0
+}

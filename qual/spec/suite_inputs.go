@@ -1,0 +1,56 @@
+package spec
+
+import (
+	"context"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+)
+
+// Inputs of the gates that check generation's edges (end of sequence, stop strings, chat
+// usage, concurrency, failure records) for this suite.
+
+// goldenFixture is the fixture name the suite's goldens are filed under.
+func (s *Suite) goldenFixture() string {
+	if f := s.Manifest.Checkpoint.Fixture; f != "" {
+		return f
+	}
+	return filepath.Base(s.Manifest.Checkpoint.ID)
+}
+
+// EOSInput is the natural-EOS gate's input: fixtures/golden/<fixture>-eos.json.
+func (s *Suite) EOSInput() EOSInput {
+	return EOSInput{API: s.API, Path: filepath.Join(s.State.RepoRoot, "fixtures", "golden", s.goldenFixture()+"-eos.json"),
+		CheckpointDir: s.State.Checkpoint, Tokenizer: s.Tokenizer}
+}
+
+// StopInput is the stop-string gate's input: the fixture's transformers golden.
+func (s *Suite) StopInput() StopInput {
+	return StopInput{API: s.API, Path: GoldenPath(s.State.RepoRoot, s.goldenFixture()), Tokenizer: s.Tokenizer}
+}
+
+// ChatUsageInput is the chat usage gate's input: the renderings under key of
+// fixtures/golden/<file>, and the server's records when the harness can read them.
+func (s *Suite) ChatUsageInput(file, key string) ChatUsageInput {
+	gs, err := LoadChatGoldens(filepath.Join(s.State.RepoRoot, "fixtures", "golden", file), key)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	return ChatUsageInput{API: s.API, Goldens: gs, RecordsPath: s.State.RecordsPath}
+}
+
+// ConcurrentInput is the concurrency gate's input: the whole corpus, 16 requests in flight.
+func (s *Suite) ConcurrentInput() ConcurrentInput {
+	return ConcurrentInput{API: s.API, Tokenizer: s.Tokenizer, Corpus: s.Corpus, Requests: 16, MaxTokens: 32}
+}
+
+// FailureRecordsInput starts a second server of the suite's bundle with a 100 ms request
+// timeout, one batch slot and a queue of one, and returns the failure-records gate's input
+// for it. Like StartServer, it skips the spec under the external launcher.
+func (s *Suite) FailureRecordsInput() FailureRecordsInput {
+	ginkgo.GinkgoHelper()
+	const timeout = 100 * time.Millisecond
+	api, ep := s.StartServerArgs(context.Background(), []string{"--request-timeout", timeout.String(), "--max-batch", "1", "--queue-depth", strconv.Itoa(1)})
+	return FailureRecordsInput{API: api, RecordsPath: ep.RecordsPath, MaxContext: s.Manifest.Build.MaxContext, RequestTimeout: timeout}
+}
