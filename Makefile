@@ -86,3 +86,12 @@ proto:
 .PHONY: bench-grpc
 bench-grpc: build
 	$(GO) test -run '^$$' -bench 'BenchmarkStreamCostC32' -benchtime 256x -count 1 ./server/
+
+# qual-server's reliability suite: slow clients, a disconnect storm, worker SIGKILL, a short
+# soak, a drain, bundle tampering and unwritable records; prints one table (requests and
+# records lost per scenario, goal 0) and writes it to $(ARTIFACTS)/reliability.txt.
+.PHONY: reliability
+reliability: build
+	mkdir -p $(ARTIFACTS)/junit
+	ARTIFACTS=$(abspath $(ARTIFACTS)) $(GINKGO) --label-filter=reliability --fail-on-empty -v \
+		--output-dir=$(ARTIFACTS)/junit --junit-report=reliability.xml --timeout=20m ./qual/reliability

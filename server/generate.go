@@ -172,6 +172,10 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 		q.fail(s.unknownModel(req.Model))
 		return
 	}
+	if s.task == "image" {
+		q.fail(badRequest("model", "model %q is a text-to-image model; send POST /v1/images/generations", s.cfg.ModelName))
+		return
+	}
 	ids, aerr := s.promptIDs(q, req)
 	if aerr != nil {
 		q.fail(aerr)
@@ -188,7 +192,7 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 		return
 	}
 	t := s.pool.newTask()
-	t.prompt, t.image = ids, img
+	t.prompt, t.vision = ids, img
 	t.samp = wire.Sampling{MaxNewTokens: uint32(maxTok), Temperature: float32(req.Temperature),
 		TopK: int32(req.TopK), TopP: float32(req.TopP), Seed: req.Seed, IgnoreEOS: req.IgnoreEOS}
 	if !req.HasSeed {
@@ -448,12 +452,11 @@ func (g *gen) collect() {
 		}
 	}
 	g.finishText()
-	defer g.fillRecord()
 	if aerr := g.engineError(); aerr != nil {
+		g.fillRecord()
 		g.q.fail(aerr)
 		return
 	}
-	s := g.s
 	b := make([]byte, 0, 256+2*len(g.out))
 	b = g.appendHead(b, false)
 	if g.req.Chat {
@@ -470,16 +473,18 @@ func (g *gen) collect() {
 	b = g.appendUsage(b)
 	b = append(b, '}')
 	g.q.status = http.StatusOK
+	g.q.ttft = time.Since(g.q.start) // the answer is ready; its write follows the record
+	g.fillRecord()
+	if err := g.q.commitRecord(); err != nil {
+		g.q.fail(g.s.recordsError(err))
+		return
+	}
 	h := g.q.w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
 	g.q.armWrite()
 	g.q.w.WriteHeader(http.StatusOK)
-	if _, err := g.q.w.Write(b); errors.Is(err, os.ErrDeadlineExceeded) {
-		g.q.rec.ErrorType = "write_timeout"
-	}
-	g.q.ttft = time.Since(g.q.start)
-	_ = s
+	_, _ = g.q.w.Write(b)
 }
 
 func (g *gen) takeAll() []int32 {
@@ -577,9 +582,20 @@ func (g *gen) stream() {
 		}
 	}
 	g.finishText()
-	defer g.fillRecord()
+	g.fillRecord()
 	if aerr := g.engineError(); aerr != nil {
 		g.streamError(aerr)
+		return
+	}
+	// The record is written before the finish event and [DONE]: if it cannot be, the stream
+	// ends with an error event rather than as a success nobody recorded. Content not sent yet
+	// goes out with them, right after the record: its time to first token is now.
+	if !g.firstSent && len(g.out) > 0 {
+		g.firstSent = true
+		g.q.ttft = time.Since(g.q.start)
+	}
+	if err := g.q.commitRecord(); err != nil {
+		g.streamError(g.s.recordsError(err))
 		return
 	}
 	g.held = nil // fault server.swallow_final_delta: the last content delta is never sent

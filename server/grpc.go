@@ -681,6 +681,8 @@ func (s *Server) grpcGenerate(_ any, stream grpc.ServerStream) error {
 		return c.fail(codes.ResourceExhausted, "every batch slot is busy and the queue is full (--queue-depth %d); retry later", s.cfg.QueueDepth)
 	case errors.Is(err, errClosing):
 		return c.fail(codes.Unavailable, "the server is shutting down")
+	case errors.As(err, new(*NoWorkerError)):
+		return c.fail(codes.Unavailable, "%v; qual-server keeps trying to start one (see /health)", err)
 	default:
 		return s.grpcEnded(c, nil, gctx)
 	}

@@ -27,7 +27,8 @@ func ParseFlags(args []string, errOut io.Writer) (Config, error) {
 Usage: qual-server --bundle FILE.mqb --model-name NAME [flags]
 
 Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-POST /tokenize, POST /detokenize, POST /mq/v1/logits, GET /mq/v1/bundle, GET /metrics.
+POST /v1/images/generations (text-to-image bundles), POST /tokenize, POST /detokenize,
+POST /mq/v1/logits, GET /mq/v1/bundle, GET /metrics.
 With --grpc-port: the OpenEngine API v1 (gRPC) over the same engines, records and metrics.
 SIGTERM drains: the port stays open and new requests (new connections too) get 503
 shutting_down (gRPC: UNAVAILABLE); in-flight ones may finish until --drain-timeout, then are

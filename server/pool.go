@@ -32,7 +32,8 @@ type task struct {
 	prompt []int32
 	samp   wire.Sampling
 	logits bool
-	image  *wire.Image // a vision-language request's one image (SubmitImage)
+	image  *wire.ImageRequest // a text-to-image request (images.go)
+	vision *wire.ImageInput   // a vision-language chat request's one image (vision.go)
 
 	worker    *workerProc
 	assigned  chan struct{} // closed when a queued task gets a slot
@@ -47,6 +48,7 @@ type task struct {
 	fail   error // the worker died or the request never reached an engine
 	logitV []byte
 	vocab  int
+	imgRes wire.ImageAnswer // the worker's answer to image (PNG copied out of the frame)
 
 	// owned by the worker's reader goroutine
 	started bool // a token has been read for this task
@@ -396,6 +398,21 @@ func (p *pool) read(w *workerProc, r *wire.Reader) {
 			if st, err = wire.DecodeStep(pl); err == nil {
 				p.m.step(st)
 			}
+		case wire.TypeImageResult:
+			var a wire.ImageAnswer
+			if a, err = wire.DecodeImageResult(pl); err == nil {
+				if t := p.detach(w, a.ID); t != nil {
+					a.PNG = append([]byte(nil), a.PNG...)
+					t.mu.Lock()
+					t.imgRes = a
+					t.mu.Unlock()
+					d := wire.Done{ID: a.ID, Reason: wire.ReasonLength}
+					if a.Err != "" {
+						d.Reason, d.Message = wire.ReasonError, a.Err
+					}
+					t.finish(d, nil)
+				}
+			}
 		case wire.TypeLogitsResult:
 			var a wire.LogitsAnswer
 			if a, err = wire.DecodeLogitsResult(pl); err == nil {
@@ -605,10 +622,12 @@ func (p *pool) run(t *task, done <-chan struct{}, cause func() error) error {
 		return errClosing
 	}
 	err := w.send(func(out *wire.Writer) {
-		if t.logits {
+		if t.image != nil {
+			_ = out.Image(t.id, *t.image)
+		} else if t.logits {
 			out.Logits(t.id, t.prompt)
-		} else if t.image != nil {
-			out.SubmitImage(t.id, t.samp, t.prompt, t.image)
+		} else if t.vision != nil {
+			out.SubmitImage(t.id, t.samp, t.prompt, t.vision)
 		} else {
 			out.Submit(t.id, t.samp, t.prompt)
 		}

@@ -35,6 +35,7 @@ type recordWriter struct {
 	err    error
 	failed atomic.Bool
 	errs   prometheus.Counter
+	size   int64 // bytes of complete records in the file
 }
 
 // Filesystems whose files accept an open for writing but no record (statfs f_type values).
@@ -59,23 +60,30 @@ func openRecords(path string, drop bool, errs prometheus.Counter) (*recordWriter
 		f.Close()
 		return nil, fmt.Errorf("--records %s is not a regular file; pass a regular file or a new path", path)
 	}
-	return &recordWriter{f: f, w: bufio.NewWriterSize(f, 64<<10), drop: drop, errs: errs}, nil
+	// Every record line is flushed whole; the file ends with a complete line (or is empty).
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat records file %s: %w", path, err)
+	}
+	return &recordWriter{f: f, w: bufio.NewWriterSize(f, 64<<10), drop: drop, errs: errs, size: fi.Size()}, nil
 }
 
-func (rw *recordWriter) write(r *Record) {
+// write appends r; its error says the record is lost (counted and logged here).
+func (rw *recordWriter) write(r *Record) error {
 	if rw == nil {
-		return
+		return nil
 	}
 	line, err := json.Marshal(r)
 	if err != nil {
-		return // Record has only plain fields
+		return err // Record has only plain fields
 	}
 	line = append(line, '\n')
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
 	rw.n++
 	if rw.drop && rw.n%5 == 0 {
-		return
+		return nil
 	}
 	_, err = rw.w.Write(line)
 	if err == nil {
@@ -88,10 +96,15 @@ func (rw *recordWriter) write(r *Record) {
 			log.Printf("records: writing %s failed: %v; every request is refused with 500 from now on", rw.f.Name(), err)
 		}
 		rw.failed.Store(true)
-		// A bufio.Writer keeps its first error forever; a new one lets a later write (space
+		// A partly written line would break every reader of the file: cut it off. A
+		// bufio.Writer keeps its first error forever; a new one lets a later write (space
 		// freed) be tried, and counted, again.
+		_ = rw.f.Truncate(rw.size)
 		rw.w = bufio.NewWriterSize(rw.f, 64<<10)
+		return err
 	}
+	rw.size += int64(len(line))
+	return nil
 }
 
 // failure is the records file's first write error once one happened.

@@ -123,6 +123,8 @@ type Server struct {
 	tok     *tokenizer.Tokenizer
 	vision  *visionState    // the image side of a vision bundle (vision.go); nil otherwise
 	header  json.RawMessage // the bundle header as served by /mq/v1/bundle
+	task    string          // the bundle's task: "text", "image" or "vision"
+	image   imageGeometry   // what the images route checks sizes against (task "image")
 	fileSum string          // the bundle's digest, from the start's one verification
 	info    wire.Info
 	eos     map[int32]bool
@@ -308,6 +310,7 @@ func (s *Server) verifyBundle() (bundle.Verified, error) {
 		return bundle.Verified{}, fmt.Errorf("qual-server: encode bundle header: %w", err)
 	}
 	s.header, s.fileSum = hdr, b.Digest()
+	s.task, s.image = b.Header().Task, imageGeometryOf(hdr)
 	el := time.Since(t0)
 	log.Printf("verified bundle %s (%d MB, digest %s) in %v (%.1f GB/s)", s.cfg.Bundle, len(b.Data())>>20, s.fileSum, el.Round(time.Millisecond),
 		float64(len(b.Data()))/el.Seconds()/1e9)
@@ -499,6 +502,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		route, method, h = path, http.MethodPost, s.handleDetokenize
 	case "/mq/v1/logits":
 		route, method, h = path, http.MethodPost, s.handleLogits
+	case "/v1/images/generations":
+		route, method, h = path, http.MethodPost, s.handleImages
 	case "/mq/v1/bundle":
 		route, method, h = path, http.MethodGet, s.handleBundle
 	default:
@@ -548,8 +553,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.records.failure(); err != nil {
-		q.fail(&APIError{Status: http.StatusInternalServerError, Type: "server_error", Code: "records_write_failed",
-			Message: fmt.Sprintf("qual-server cannot write its request records (--records %s: %v); fix the file or its disk and restart", s.cfg.Records, err)})
+		q.fail(s.recordsError(err))
 		return
 	}
 	h(q)
@@ -661,15 +665,16 @@ func (s *Server) unknownModel(name string) *APIError {
 
 // reqState is one request's bookkeeping: its record, metrics labels and response writer.
 type reqState struct {
-	s        *Server
-	w        http.ResponseWriter
-	rc       *http.ResponseController
-	r        *http.Request
-	rec      Record
-	start    time.Time
-	recorded bool
-	status   int
-	ttft     time.Duration
+	s         *Server
+	w         http.ResponseWriter
+	rc        *http.ResponseController
+	r         *http.Request
+	rec       Record
+	start     time.Time
+	recorded  bool
+	committed bool // the record was written before the answer's last bytes (commitRecord)
+	status    int
+	ttft      time.Duration
 }
 
 func newRequestID() string {
@@ -712,6 +717,29 @@ func (s *Server) begin(w http.ResponseWriter, r *http.Request, route string, rec
 		rec: Record{RequestID: id, Route: route, Model: s.cfg.ModelName, StartUnixNs: now.UnixNano(), WorkerID: record.WorkerIndex(-1)}}
 }
 
+// recordsError answers a request when the records file cannot be written.
+func (s *Server) recordsError(err error) *APIError {
+	return &APIError{Status: http.StatusInternalServerError, Type: "server_error", Code: "records_write_failed",
+		Message: fmt.Sprintf("qual-server cannot write its request records (--records %s: %v); fix the file or its disk and restart", s.cfg.Records, err)}
+}
+
+// commitRecord writes a generation's record before its answer is complete (the last bytes of
+// a stream, or the whole body of a non-streaming answer), so that a record that cannot be
+// written turns the answer into an error the client sees instead of a success nobody
+// recorded. Its latency and time to first token are taken here, just before that last write.
+func (q *reqState) commitRecord() error {
+	if !q.recorded || q.committed {
+		return nil
+	}
+	q.committed = true
+	q.rec.Status = q.status
+	q.rec.HTTPLatencyNs = time.Since(q.start).Nanoseconds()
+	if q.ttft > 0 {
+		q.rec.TTFTNs = q.ttft.Nanoseconds()
+	}
+	return q.s.records.write(&q.rec)
+}
+
 func (s *Server) end(q *reqState) {
 	el := time.Since(q.start)
 	q.rec.Status = q.status
@@ -722,8 +750,8 @@ func (s *Server) end(q *reqState) {
 		q.rec.TTFTNs = q.ttft.Nanoseconds()
 		s.m.ttft.WithLabelValues(q.rec.Route).Observe(q.ttft.Seconds())
 	}
-	if q.recorded {
-		s.records.write(&q.rec)
+	if q.recorded && !q.committed {
+		_ = s.records.write(&q.rec) // a failure is counted, logged and fails later requests
 	}
 	s.m.inflight.Dec()
 	s.handlers.Done()

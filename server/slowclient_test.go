@@ -513,10 +513,13 @@ func TestRecordsFailLoudly(t *testing.T) {
 	}
 	var st int
 	var b []byte
+	var answered []string
 	for i := 0; i < 20; i++ {
-		if st, _, b = s.post("/v1/completions", `{"prompt":"Hi","max_tokens":2}`); st != 200 {
+		id := fmt.Sprintf("rec-%d", i)
+		if st, _, b = s.post("/v1/completions", `{"prompt":"Hi","max_tokens":2}`, "X-Request-Id", id); st != 200 {
 			break
 		}
+		answered = append(answered, id)
 	}
 	if st != 500 || !strings.Contains(string(b), "records_write_failed") {
 		t.Fatalf("requests after the records file stopped growing: last %d %s, want 500 records_write_failed", st, b)
@@ -530,5 +533,16 @@ func TestRecordsFailLoudly(t *testing.T) {
 	s.stop()
 	if s.exitErr == nil {
 		t.Error("qual-server exited 0 though records were lost")
+	}
+	// The record is written before the answer, so every request answered 200 has one; the
+	// one whose record failed was answered 500.
+	have := map[string]int{}
+	for _, r := range s.readRecords() {
+		have[r.RequestID]++
+	}
+	for _, id := range answered {
+		if have[id] != 1 {
+			t.Errorf("request %s was answered 200 but has %d records", id, have[id])
+		}
 	}
 }

@@ -144,7 +144,7 @@ func decodeImageURL(pp string, raw json.RawMessage) (*ImagePart, *APIError) {
 // prepareImage decodes and processes the request's image, expands its placeholder in ids to one
 // token per image token, and fills the record's image fields. A request without an image on a
 // vision bundle, or any image on another bundle, is handled here too.
-func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int32, *wire.Image, *APIError) {
+func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int32, *wire.ImageInput, *APIError) {
 	v := s.vision
 	if req.Image == nil {
 		if v != nil {
@@ -192,5 +192,5 @@ func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int3
 		OriginalWidth: im.Width, OriginalHeight: im.Height, ResizedWidth: r.ResizedWidth, ResizedHeight: r.ResizedHeight,
 		ImageTokens: r.Tokens, PreprocessNs: time.Since(start).Nanoseconds(),
 	}
-	return out, &wire.Image{Grid: [3]uint32{uint32(r.Grid[0]), uint32(r.Grid[1]), uint32(r.Grid[2])}, Pixels: r.Pixels}, nil
+	return out, &wire.ImageInput{Grid: [3]uint32{uint32(r.Grid[0]), uint32(r.Grid[1]), uint32(r.Grid[2])}, Pixels: r.Pixels}, nil
 }

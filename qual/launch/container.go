@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,6 +17,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
@@ -155,13 +157,24 @@ func (c *ContainerLauncher) Start(ctx context.Context) (*Endpoint, error) {
 		}
 		return nil, fmt.Errorf("launch container: inspect image %s: %w", o.Image, err)
 	}
-	// The records file lives in a host folder mounted writable; the image runs as a non-root
-	// user whose uid the host does not know, so the folder is opened to everyone.
+	// The records file lives in a host folder mounted writable, 0750: the container's user
+	// owns it. As root the folder is given to the image's unprivileged user; otherwise the
+	// container runs as this process's user, who owns the folder already.
 	recDir := filepath.Join(o.RunDir, "server-records")
-	if err := os.MkdirAll(recDir, 0o777); err != nil {
+	if err := os.MkdirAll(recDir, 0o750); err != nil {
 		return nil, fmt.Errorf("launch container: %w", err)
 	}
-	_ = os.Chmod(recDir, 0o777)
+	if err := os.Chmod(recDir, 0o750); err != nil {
+		return nil, fmt.Errorf("launch container: %w", err)
+	}
+	user := ""
+	if os.Getuid() == 0 {
+		if err := os.Chown(recDir, imageUID, imageUID); err != nil {
+			return nil, fmt.Errorf("launch container: give the records folder to the image's user: %w", err)
+		}
+	} else {
+		user = fmt.Sprintf("%d:%d", os.Getuid(), os.Getgid())
+	}
 	logPath := filepath.Join(o.RunDir, containerLogFileName)
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -192,7 +205,12 @@ func (c *ContainerLauncher) Start(ctx context.Context) (*Endpoint, error) {
 		testcontainers.WithExposedPorts(containerPort),
 		testcontainers.WithEnv(env),
 		testcontainers.WithLogConsumerConfig(&testcontainers.LogConsumerConfig{Consumers: []testcontainers.LogConsumer{logs}}),
-		testcontainers.WithHostConfigModifier(hostConfigModifier(bundle, recDir, gpus)),
+		testcontainers.WithHostConfigModifier(hostConfigModifier(bundle, recDir, gpus, limits{memory: o.MemoryLimit, pids: o.PidsLimit}, localDaemon())),
+		testcontainers.WithConfigModifier(func(c *container.Config) {
+			if user != "" {
+				c.User = user
+			}
+		}),
 		testcontainers.WithWaitStrategyAndDeadline(o.StartupTimeout, health),
 	}
 	// Bound the whole start: the wait strategy has its deadline, and the context covers
@@ -276,18 +294,39 @@ func checkNVIDIARuntime(ctx context.Context, cli client.APIClient, gpus []string
 	return nil
 }
 
+// limits are the container's resource caps; 0 memory: none; pids: 0 the default, -1 none.
+type limits struct{ memory, pids int64 }
+
 // hostConfigModifier is the container's host configuration: the bundle mounted read-only,
-// the records folder writable, a read-only root file system, and, when GPUs are requested,
-// one device request with capability "gpu" naming the devices by ID (UUIDs from the go-nvml
-// inventory, so the container gets exactly the GPUs this test process owns whatever the
-// enumeration order) or Count -1 for "all".
-func hostConfigModifier(bundle, recDir string, gpus []string) func(*container.HostConfig) {
+// the records folder writable, a read-only root file system, every capability dropped, no
+// privilege gained through setuid binaries, memory and process caps, the port published on
+// 127.0.0.1 only when the Docker daemon is local (it answers this machine alone), and, when
+// GPUs are requested, one device request with capability "gpu" naming the devices by ID
+// (UUIDs from the go-nvml inventory, so the container gets exactly the GPUs this test process
+// owns whatever the enumeration order) or Count -1 for "all".
+func hostConfigModifier(bundle, recDir string, gpus []string, lim limits, loopback bool) func(*container.HostConfig) {
 	return func(hc *container.HostConfig) {
 		hc.Mounts = append(hc.Mounts,
 			mount.Mount{Type: mount.TypeBind, Source: bundle, Target: containerBundlePath, ReadOnly: true},
 			mount.Mount{Type: mount.TypeBind, Source: recDir, Target: containerRecordsDir},
 		)
 		hc.ReadonlyRootfs = true
+		hc.CapDrop = []string{"ALL"}
+		hc.SecurityOpt = append(hc.SecurityOpt, "no-new-privileges:true")
+		pids := lim.pids
+		if pids == 0 {
+			pids = DefaultPidsLimit
+		}
+		hc.PidsLimit = &pids
+		if lim.memory > 0 {
+			hc.Memory = lim.memory
+			hc.MemorySwap = lim.memory // no swap beyond the cap
+		}
+		if loopback {
+			// testcontainers keeps bindings given here for exposed ports (HostPort "" becomes
+			// an ephemeral port).
+			hc.PortBindings = network.PortMap{network.MustParsePort(containerPort): {{HostIP: netip.MustParseAddr("127.0.0.1")}}}
+		}
 		if len(gpus) > 0 {
 			dr := container.DeviceRequest{Capabilities: [][]string{{"gpu"}}} // as docker run --gpus builds it
 			if len(gpus) == 1 && gpus[0] == "all" {
@@ -298,6 +337,16 @@ func hostConfigModifier(bundle, recDir string, gpus []string) func(*container.Ho
 			hc.DeviceRequests = append(hc.DeviceRequests, dr)
 		}
 	}
+}
+
+// imageUID is the unprivileged user the server image runs as (server/image/Dockerfile).
+const imageUID = 65532
+
+// localDaemon reports whether the Docker daemon is reached through a local unix socket, so a
+// port it publishes on 127.0.0.1 is this machine's loopback.
+func localDaemon() bool {
+	h := os.Getenv("DOCKER_HOST")
+	return h == "" || strings.HasPrefix(h, "unix://")
 }
 
 // normalizeGPUs splits comma lists and drops empties; "all" stands alone.

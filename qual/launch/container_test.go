@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -95,7 +97,8 @@ func TestContainerLauncherServesImage(t *testing.T) {
 	ensureImage(t)
 	dir := t.TempDir()
 	ep, err := launch.Container(launch.WithBundle(launchtest.MockBundle(t, 0)), launch.WithModel("mock"),
-		launch.WithRunDir(dir), launch.WithStartupTimeout(60*time.Second)).Start(context.Background())
+		launch.WithRunDir(dir), launch.WithStartupTimeout(60*time.Second),
+		launch.WithMemoryLimit(1<<30), launch.WithPidsLimit(512)).Start(context.Background())
 	if ep != nil {
 		t.Cleanup(func() {
 			if err := ep.Stop(context.Background()); err != nil {
@@ -109,6 +112,7 @@ func TestContainerLauncherServesImage(t *testing.T) {
 	if ep.Kind != "container" || ep.ContainerID == "" {
 		t.Fatalf("endpoint %+v", ep)
 	}
+	checkHardened(t, ep, 1<<30, 512)
 	if code, body := get(t, ep.BaseURL+"/v1/models"); code != 200 || !strings.Contains(body, `"mock"`) {
 		t.Fatalf("/v1/models %d %s", code, body)
 	}
@@ -125,5 +129,45 @@ func TestContainerLauncherServesImage(t *testing.T) {
 	}
 	if b, err := os.ReadFile(ep.LogPaths[0]); err != nil || len(b) == 0 {
 		t.Errorf("container log not captured: %v", err)
+	}
+}
+
+// checkHardened inspects the running container: published on 127.0.0.1 only, every
+// capability dropped, no new privileges, read-only root, the memory and pids caps asked for,
+// and the records folder 0750.
+func checkHardened(t *testing.T, ep *launch.Endpoint, memory, pids int64) {
+	t.Helper()
+	cli, err := client.New(client.FromEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	res, err := cli.ContainerInspect(context.Background(), ep.ContainerID, client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := res.Container.HostConfig
+	if hc == nil {
+		t.Fatal("container has no host config")
+	}
+	if !reflect.DeepEqual(hc.CapDrop, []string{"ALL"}) || !slices.Contains(hc.SecurityOpt, "no-new-privileges:true") || !hc.ReadonlyRootfs {
+		t.Errorf("cap-drop %v, security-opt %v, read-only root %v; want ALL, no-new-privileges, true", hc.CapDrop, hc.SecurityOpt, hc.ReadonlyRootfs)
+	}
+	if hc.Memory != memory || hc.PidsLimit == nil || *hc.PidsLimit != pids {
+		t.Errorf("memory %d, pids limit %v; want %d and %d", hc.Memory, hc.PidsLimit, memory, pids)
+	}
+	for port, binds := range hc.PortBindings {
+		for _, b := range binds {
+			if b.HostIP.String() != "127.0.0.1" {
+				t.Errorf("port %v published on %q, want 127.0.0.1 only", port, b.HostIP)
+			}
+		}
+	}
+	if len(hc.PortBindings) == 0 {
+		t.Error("no port published")
+	}
+	fi, err := os.Stat(filepath.Dir(ep.RecordsPath))
+	if err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("records folder: %v, mode %v; want 0750", err, fi.Mode().Perm())
 	}
 }

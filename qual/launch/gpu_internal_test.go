@@ -16,7 +16,7 @@ import (
 func TestContainerHostConfigPassesGPUsByUUID(t *testing.T) {
 	uuids := []string{"GPU-609700ca-3e42-3022-5e98-9d8afe699b51", "GPU-11111111-2222-3333-4444-555555555555"}
 	hc := &container.HostConfig{}
-	hostConfigModifier("/b/bundle.mqb", "/r", normalizeGPUs([]string{strings.Join(uuids, ",")}))(hc)
+	hostConfigModifier("/b/bundle.mqb", "/r", normalizeGPUs([]string{strings.Join(uuids, ",")}), limits{}, true)(hc)
 	if len(hc.DeviceRequests) != 1 {
 		t.Fatalf("DeviceRequests = %+v, want one", hc.DeviceRequests)
 	}
@@ -32,13 +32,13 @@ func TestContainerHostConfigPassesGPUsByUUID(t *testing.T) {
 	}
 
 	all := &container.HostConfig{}
-	hostConfigModifier("/b", "/r", normalizeGPUs([]string{"0", "all"}))(all)
+	hostConfigModifier("/b", "/r", normalizeGPUs([]string{"0", "all"}), limits{}, true)(all)
 	if len(all.DeviceRequests) != 1 || all.DeviceRequests[0].Count != -1 || all.DeviceRequests[0].DeviceIDs != nil {
 		t.Fatalf("all: %+v, want Count -1 and no IDs", all.DeviceRequests)
 	}
 
 	none := &container.HostConfig{}
-	hostConfigModifier("/b", "/r", normalizeGPUs(nil))(none)
+	hostConfigModifier("/b", "/r", normalizeGPUs(nil), limits{}, true)(none)
 	if len(none.DeviceRequests) != 0 {
 		t.Fatalf("no GPUs requested, yet %+v", none.DeviceRequests)
 	}

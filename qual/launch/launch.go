@@ -104,7 +104,17 @@ type Options struct {
 	URL string
 	// APIKey is sent as a bearer token when waiting on an external server.
 	APIKey string
+	// MemoryLimit caps the container's memory in bytes (docker run --memory); 0: no cap.
+	MemoryLimit int64
+	// PidsLimit caps the container's processes and threads (docker run --pids-limit); default
+	// DefaultPidsLimit, -1: no cap.
+	PidsLimit int64
 }
+
+// DefaultPidsLimit is the container's default process-and-thread cap: qual-server's frontend
+// and workers with their engine threads need some hundreds on a large machine; a fork bomb or
+// thread leak stops here instead of at the host's limit.
+const DefaultPidsLimit = 4096
 
 // Option changes Options; the constructors apply defaults first, then options.
 type Option func(*Options)
@@ -152,6 +162,12 @@ func WithGPUs(ids ...string) Option { return func(o *Options) { o.GPUs = append(
 
 // WithURL sets the external server URL.
 func WithURL(url string) Option { return func(o *Options) { o.URL = url } }
+
+// WithMemoryLimit caps the container's memory in bytes (container launcher).
+func WithMemoryLimit(bytes int64) Option { return func(o *Options) { o.MemoryLimit = bytes } }
+
+// WithPidsLimit caps the container's processes and threads (container launcher); -1: none.
+func WithPidsLimit(n int64) Option { return func(o *Options) { o.PidsLimit = n } }
 
 // WithAPIKey sets the bearer token for an external server.
 func WithAPIKey(key string) Option { return func(o *Options) { o.APIKey = key } }

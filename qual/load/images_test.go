@@ -1,48 +1,40 @@
 package load
 
 import (
-	"bytes"
-	"encoding/base64"
-	"encoding/json"
-	"image/png"
+	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// TestWithImagesSynthetic: every prompt becomes one user message whose first part is an image
-// of the asked size (stddev 0) and whose second is the prompt's text; images differ.
-func TestWithImagesSynthetic(t *testing.T) {
-	ps, err := WithImages([]Prompt{{Prompt: "a"}, {Prompt: "b"}}, ImageOptions{WidthMean: 40, HeightMean: 30, Format: "png", Seed: 1})
-	if err != nil {
-		t.Fatal(err)
+func TestReadImageRequestsNeedsEveryControl(t *testing.T) {
+	dir := t.TempDir()
+	ok := filepath.Join(dir, "ok.jsonl")
+	os.WriteFile(ok, []byte(`{"prompt": "a fox", "size": "64x64", "num_inference_steps": 4, "guidance_scale": 0, "seed": 0}`+"\n"), 0o644)
+	reqs, err := ReadImageRequests(ok)
+	if err != nil || len(reqs) != 1 || *reqs[0].Steps != 4 || *reqs[0].Guidance != 0 || *reqs[0].Seed != 0 {
+		t.Fatalf("%+v %v", reqs, err)
 	}
-	var urls []string
-	for i, p := range ps {
-		var msgs []struct {
-			Role    string           `json:"role"`
-			Content []map[string]any `json:"content"`
+	for field, line := range map[string]string{
+		"seed":                `{"prompt": "a fox", "size": "64x64", "num_inference_steps": 4, "guidance_scale": 1}`,
+		"guidance_scale":      `{"prompt": "a fox", "size": "64x64", "num_inference_steps": 4, "seed": 1}`,
+		"num_inference_steps": `{"prompt": "a fox", "size": "64x64", "guidance_scale": 1, "seed": 1}`,
+		"size":                `{"prompt": "a fox", "num_inference_steps": 4, "guidance_scale": 1, "seed": 1}`,
+		"quality":             `{"prompt": "a fox", "size": "64x64", "num_inference_steps": 4, "guidance_scale": 1, "seed": 1, "quality": "hd"}`,
+	} {
+		p := filepath.Join(dir, field+".jsonl")
+		os.WriteFile(p, []byte(line+"\n"), 0o644)
+		if _, err := ReadImageRequests(p); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("missing or unknown %s: error %v, want one naming it", field, err)
 		}
-		if err := json.Unmarshal(p.Messages, &msgs); err != nil || len(msgs) != 1 || len(msgs[0].Content) != 2 {
-			t.Fatalf("prompt %d: %s (%v)", i, p.Messages, err)
-		}
-		url := msgs[0].Content[0]["image_url"].(map[string]any)["url"].(string)
-		b, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(url, "data:image/png;base64,"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := png.DecodeConfig(bytes.NewReader(b))
-		if err != nil || cfg.Width != 40 || cfg.Height != 30 {
-			t.Fatalf("image %d: %+v %v", i, cfg, err)
-		}
-		if msgs[0].Content[1]["text"] != []string{"a", "b"}[i] {
-			t.Fatalf("text part %v", msgs[0].Content[1])
-		}
-		urls = append(urls, url)
 	}
-	if urls[0] == urls[1] {
-		t.Fatal("two requests carry the same synthetic image")
-	}
-	if _, err := WithImages([]Prompt{{Prompt: "a"}}, ImageOptions{WidthMean: 4, HeightMean: 4, Format: "gif"}); err == nil {
-		t.Fatal("format gif accepted")
+}
+
+func TestDistPercentiles(t *testing.T) {
+	d := dist([]float64{4, 1, 3, 2, 5})
+	// numpy.percentile([1,2,3,4,5], [50, 90, 99]) = 3, 4.6, 4.96
+	if d.P50 != 3 || math.Abs(d.P90-4.6) > 1e-12 || math.Abs(d.P99-4.96) > 1e-12 || d.Avg != 3 || d.N != 5 {
+		t.Errorf("%+v", d)
 	}
 }

@@ -165,7 +165,7 @@ func TestMixWarmupIntoMeasurementPlantsDefect(t *testing.T) {
 
 func TestOpenLoopScheduleAndLateness(t *testing.T) {
 	f := newFakeServer(t, false)
-	res, err := Run(context.Background(), Config{BaseURL: f.URL, Endpoint: client.Completions, RequestRate: 200,
+	res, err := Run(context.Background(), Config{BaseURL: f.URL, Endpoint: client.Completions, RequestRate: 200, Arrival: ArrivalConstant,
 		Requests: 40, Prompts: prompts(3), Seed: 1})
 	if err != nil {
 		t.Fatal(err)

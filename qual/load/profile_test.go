@@ -264,7 +264,7 @@ func TestProfileExternalServerHasNoJoin(t *testing.T) {
 	}
 	res, err := load.Profile(context.Background(), load.ProfileInput{
 		Endpoint:      ep,
-		Load:          load.Config{Endpoint: client.Chat, Requests: 4, Prompts: []load.Prompt{{Prompt: "hi"}}, OutputTokens: 3},
+		Load:          load.Config{Endpoint: client.Completions, Requests: 4, Prompts: []load.Prompt{{Prompt: "hi"}}, OutputTokens: 3},
 		Concurrencies: []int{2},
 		OutDir:        t.TempDir(),
 	})

@@ -23,6 +23,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 )
 
 // Roles of fingerprinted files.
@@ -33,12 +35,42 @@ const (
 	RoleSource    = "source"
 )
 
-// File is one fingerprinted file.
+// File is one fingerprinted file. Besides the content's sha256 it keeps the file's identity
+// (inode, device) and its modification and change times: a file changed and changed back
+// during a run (A to B to A) has its first content again but not its change time, and a file
+// replaced by a copy has another inode, so the run that served B is still caught.
 type File struct {
-	Path   string `json:"path"`
-	Role   string `json:"role"`
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
+	Path    string `json:"path"`
+	Role    string `json:"role"`
+	Size    int64  `json:"size"`
+	SHA256  string `json:"sha256"`
+	MtimeNs int64  `json:"mtime_ns,omitempty"`
+	CtimeNs int64  `json:"ctime_ns,omitempty"` // inode change time: set by the kernel on every write, rename or chmod; no user call sets it back
+	Inode   uint64 `json:"inode,omitempty"`
+	Dev     uint64 `json:"dev,omitempty"`
+}
+
+// sameIdentity reports whether two fingerprints of one path saw the same file, unchanged.
+func (f File) sameIdentity(g File) bool {
+	return f.Size == g.Size && f.MtimeNs == g.MtimeNs && f.CtimeNs == g.CtimeNs && f.Inode == g.Inode && f.Dev == g.Dev
+}
+
+// identityChange says how g's identity differs from f's, for the error message.
+func (f File) identityChange(g File) string {
+	var parts []string
+	if f.Inode != g.Inode || f.Dev != g.Dev {
+		parts = append(parts, fmt.Sprintf("inode %d -> %d (replaced)", f.Inode, g.Inode))
+	}
+	if f.Size != g.Size {
+		parts = append(parts, fmt.Sprintf("size %d -> %d", f.Size, g.Size))
+	}
+	if f.MtimeNs != g.MtimeNs {
+		parts = append(parts, "mtime changed")
+	}
+	if f.CtimeNs != g.CtimeNs {
+		parts = append(parts, "ctime changed")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Fingerprints is a set of file fingerprints, sorted by path.
@@ -132,7 +164,7 @@ func Take(ctx context.Context, spec Spec) (*Fingerprints, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			sum, size, err := hashFile(it.path)
+			f, err := fingerprintFile(it.path, it.role)
 			if err != nil {
 				// A tracked file deleted in the work tree is part of the state: record it.
 				if errors.Is(err, fs.ErrNotExist) && it.role == RoleSource {
@@ -142,7 +174,7 @@ func Take(ctx context.Context, spec Spec) (*Fingerprints, error) {
 				errs[i] = fmt.Errorf("fingerprint %s file %s: %w", it.role, it.path, err)
 				return
 			}
-			out[i] = File{Path: it.path, Role: it.role, Size: size, SHA256: sum}
+			out[i] = f
 		}()
 	}
 	wg.Wait()
@@ -153,25 +185,65 @@ func Take(ctx context.Context, spec Spec) (*Fingerprints, error) {
 	return &Fingerprints{Files: out}, nil
 }
 
-func hashFile(path string) (string, int64, error) {
+// fingerprintFile hashes path and keeps its identity. The identity is read before and after
+// hashing; a file that changed meanwhile is hashed again (a few times at most), so the sum and
+// the identity describe the same content.
+func fingerprintFile(path, role string) (File, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", 0, err
+		return File{}, err
 	}
 	defer f.Close()
+	for attempt := 0; ; attempt++ {
+		before, err := statIdentity(f, path, role)
+		if err != nil {
+			return File{}, err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return File{}, err
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, f)
+		if err != nil {
+			return File{}, err
+		}
+		after, err := statIdentity(f, path, role)
+		if err != nil {
+			return File{}, err
+		}
+		if before.sameIdentity(after) && n == after.Size || attempt == 3 {
+			after.SHA256 = hex.EncodeToString(h.Sum(nil))
+			after.Size = n
+			return after, nil
+		}
+	}
+}
+
+// statIdentity is an open file's identity, without its sha256.
+func statIdentity(f *os.File, path, role string) (File, error) {
 	st, err := f.Stat()
 	if err != nil {
-		return "", 0, err
+		return File{}, err
 	}
 	if !st.Mode().IsRegular() {
-		return "", 0, fmt.Errorf("not a regular file (%v)", st.Mode())
+		return File{}, fmt.Errorf("not a regular file (%v)", st.Mode())
 	}
-	h := sha256.New()
-	n, err := io.Copy(h, f)
+	out := File{Path: path, Role: role, Size: st.Size(), MtimeNs: st.ModTime().UnixNano()}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		out.Inode, out.Dev = sys.Ino, uint64(sys.Dev)
+		out.CtimeNs = sys.Ctim.Sec*1e9 + sys.Ctim.Nsec
+	}
+	return out, nil
+}
+
+// statPath is statIdentity by path (the Watcher's cheap pass).
+func statPath(path, role string) (File, error) {
+	f, err := os.Open(path)
 	if err != nil {
-		return "", 0, err
+		return File{}, err
 	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
+	defer f.Close()
+	return statIdentity(f, path, role)
 }
 
 // SourceFiles lists the source files of a work tree: `git ls-files --cached --others
@@ -241,6 +313,9 @@ type Change struct {
 	Kind   string `json:"kind"` // "modified", "added", "removed"
 	Before string `json:"before,omitempty"`
 	After  string `json:"after,omitempty"`
+	// Detail says what else changed: the identity (inode, size, mtime, ctime) of a
+	// "rewritten" file, or when a Watcher saw a change during the run.
+	Detail string `json:"detail,omitempty"`
 }
 
 func (e *ChangedError) Error() string {
@@ -257,6 +332,10 @@ func (e *ChangedError) Error() string {
 		switch c.Kind {
 		case "modified":
 			fmt.Fprintf(&b, "%s file %s modified (sha256 %.12s -> %.12s)", c.Role, c.Path, c.Before, c.After)
+		case "rewritten":
+			fmt.Fprintf(&b, "%s file %s rewritten with its first content (%s); it may have held other content meanwhile", c.Role, c.Path, c.Detail)
+		case "changed during the run":
+			fmt.Fprintf(&b, "%s file %s changed during the run (%s)", c.Role, c.Path, c.Detail)
 		default:
 			fmt.Fprintf(&b, "%s file %s %s", c.Role, c.Path, c.Kind)
 		}
@@ -288,6 +367,9 @@ func Compare(before, after *Fingerprints) error {
 				kind = "removed"
 			}
 			ch = append(ch, Change{Path: f.Path, Role: f.Role, Kind: kind, Before: f.SHA256, After: g.SHA256})
+		case f.SHA256 != "deleted" && !f.sameIdentity(g):
+			// Same content, another write: changed and changed back, or replaced by a copy.
+			ch = append(ch, Change{Path: f.Path, Role: f.Role, Kind: "rewritten", Before: f.SHA256, After: g.SHA256, Detail: f.identityChange(g)})
 		}
 	}
 	for _, f := range after.Files {
@@ -386,4 +468,84 @@ func cpuModel() string {
 		}
 	}
 	return runtime.GOARCH
+}
+
+// Watcher re-takes the identity of fingerprinted files while a run goes on: a cheap stat of
+// each file per pass, a hash only when the identity moved. It keeps every change it saw,
+// even one undone before the run ended, so a file swapped for B while the run served it and
+// swapped back is reported though the last fingerprints match the first.
+type Watcher struct {
+	mu      sync.Mutex
+	last    map[string]File
+	changes []Change
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// Watch starts a Watcher over base, checking every interval until Stop.
+func Watch(base *Fingerprints, every time.Duration) *Watcher {
+	w := &Watcher{last: map[string]File{}, stop: make(chan struct{}), done: make(chan struct{})}
+	for _, f := range base.Files {
+		if f.SHA256 != "deleted" {
+			w.last[f.Path] = f
+		}
+	}
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+				w.Check()
+			}
+		}
+	}()
+	return w
+}
+
+// Check runs one pass now (the Watcher's goroutine runs it every interval).
+func (w *Watcher) Check() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for path, last := range w.last {
+		cur, err := statPath(path, last.Role)
+		if err != nil {
+			if len(w.changes) < 1000 {
+				w.changes = append(w.changes, Change{Path: path, Role: last.Role, Kind: "changed during the run", Before: last.SHA256, Detail: "unreadable: " + err.Error()})
+			}
+			continue
+		}
+		if last.sameIdentity(cur) {
+			continue
+		}
+		full, err := fingerprintFile(path, last.Role)
+		if err != nil {
+			continue // changing under us; the next pass sees it
+		}
+		detail := last.identityChange(full)
+		if full.SHA256 != last.SHA256 {
+			detail = fmt.Sprintf("sha256 %.12s -> %.12s, %s", last.SHA256, full.SHA256, detail)
+		}
+		if len(w.changes) < 1000 {
+			w.changes = append(w.changes, Change{Path: path, Role: last.Role, Kind: "changed during the run", Before: last.SHA256, After: full.SHA256, Detail: detail})
+		}
+		w.last[path] = full
+	}
+}
+
+// Stop ends the Watcher after one last pass and returns a *ChangedError naming every change
+// it saw, or nil.
+func (w *Watcher) Stop() error {
+	close(w.stop)
+	<-w.done
+	w.Check()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.changes) == 0 {
+		return nil
+	}
+	return &ChangedError{Changes: append([]Change(nil), w.changes...)}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func gitRepo(t *testing.T) string {
@@ -119,5 +120,81 @@ func TestEnv(t *testing.T) {
 	d2 := Env(context.Background(), dir, "process", nil, nil)
 	if !d1.Dirty || d1.DirtyDiffSHA256 == "" || d1.DirtyDiffSHA256 == d2.DirtyDiffSHA256 {
 		t.Fatalf("dirty envs %+v %+v", d1, d2)
+	}
+}
+
+// TestChangedAndChangedBack: a file changed to B and back to A during a run is caught,
+// whether it was rewritten in place with its mtime put back (the change time gives it away),
+// replaced by a copy (another inode), or swapped and restored between the fingerprints while
+// a Watcher looked (the change it saw is kept though the last fingerprints match the first).
+func TestChangedAndChangedBack(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "input.jsonl")
+	write(t, dir, "input.jsonl", "A\n")
+	spec := Spec{Inputs: []string{path}}
+	take := func() *Fingerprints {
+		t.Helper()
+		f, err := Take(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	before := take()
+	if err := Compare(before, take()); err != nil {
+		t.Fatalf("nothing changed, yet: %v", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// In place, mtime restored. The kernel stamps ctime from a coarse clock; rewrite until
+	// it has moved past the first fingerprint's (within one tick nothing on disk differs).
+	first := before.Files[0].CtimeNs
+	for {
+		write(t, dir, "input.jsonl", "B\n")
+		write(t, dir, "input.jsonl", "A\n")
+		if err := os.Chtimes(path, st.ModTime(), st.ModTime()); err != nil {
+			t.Fatal(err)
+		}
+		if cur, err := statPath(path, RoleInput); err != nil || cur.CtimeNs != first {
+			break
+		}
+	}
+	var ce *ChangedError
+	if err := Compare(before, take()); !errors.As(err, &ce) || ce.Changes[0].Kind != "rewritten" || !strings.Contains(err.Error(), "ctime changed") {
+		t.Fatalf("A->B->A in place: %v, want a rewritten file with its change time named", err)
+	}
+
+	// Replaced by a copy of A.
+	before = take()
+	write(t, dir, "copy", "A\n")
+	if err := os.Rename(filepath.Join(dir, "copy"), path); err != nil {
+		t.Fatal(err)
+	}
+	if err := Compare(before, take()); !errors.As(err, &ce) || !strings.Contains(err.Error(), "(replaced)") {
+		t.Fatalf("A replaced by a copy of A: %v, want the new inode named", err)
+	}
+
+	// Seen by a Watcher while it held B. The Watcher's own ticker is set far beyond the test;
+	// Check runs its pass now.
+	before = take()
+	w := Watch(before, time.Hour)
+	write(t, dir, "input.jsonl", "B\n")
+	w.Check()
+	write(t, dir, "input.jsonl", "A\n")
+	err = w.Stop()
+	if !errors.As(err, &ce) || len(ce.Changes) < 1 || ce.Changes[0].Kind != "changed during the run" ||
+		!strings.Contains(ce.Changes[0].Detail, "sha256 ") {
+		t.Fatalf("watched A->B->A: %v, want the change to B named", err)
+	}
+
+	// A Watcher over files nobody touches reports nothing.
+	quiet := Watch(take(), time.Millisecond)
+	quiet.Check()
+	if err := quiet.Stop(); err != nil {
+		t.Fatalf("untouched files: %v", err)
 	}
 }

@@ -380,7 +380,11 @@ func (s *Suite) setupEach(ctx ginkgo.SpecContext, data []byte) {
 	s.API = NewAPI(st.BaseURL, st.Model, st.APIKey, s.Manifest.Server.RequestTimeout.Duration)
 	s.Endpoint = &launch.Endpoint{BaseURL: st.BaseURL, Model: st.Model, Kind: st.Launcher,
 		LogPaths: st.LogPaths, RecordsPath: st.RecordsPath, PID: st.PID, Args: st.Args, Env: st.Env}
-	tok, err := tokenizer.Load(st.Checkpoint)
+	tokDir := st.Checkpoint
+	if _, err := os.Stat(filepath.Join(tokDir, "model_index.json")); err == nil {
+		tokDir = filepath.Join(tokDir, "tokenizer") // a diffusers pipeline folder
+	}
+	tok, err := tokenizer.Load(tokDir)
 	if err != nil {
 		ginkgo.Fail(fmt.Sprintf("spec: load the %s tokenizer from %s: %v", s.Family, st.Checkpoint, err))
 	}

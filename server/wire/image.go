@@ -2,60 +2,87 @@ package wire
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
-	"math"
 )
 
-// TypeSubmitImage (parent → worker) is a Submit with one image for a vision-language engine:
-// the Submit payload, then the image's grid (3 x uint32: temporal, height, width in patches)
-// and its pixel values (uint32 count, then float32 LE). A worker without images answers it with
-// an error Done.
-const TypeSubmitImage uint8 = 11
+// Text-to-image frames. A parent that predates them never sends them; a worker that predates
+// them skips them (both sides skip types they do not know).
+const (
+	TypeImage       uint8 = 11 // parent → worker: u64 id, then an ImageRequest as JSON
+	TypeImageResult uint8 = 12 // worker → parent: u64 id, u32 n, n bytes of ImageAnswer JSON, then the PNG
+)
 
-// Image is the processor's output for one image, as the engine takes it.
-type Image struct {
-	Grid   [3]uint32
-	Pixels []float32
+// ImageRequest is one text-to-image generation, as the frontend validated it.
+type ImageRequest struct {
+	Prompt   []int32 `json:"prompt"`
+	Negative []int32 `json:"negative"`
+	Width    int     `json:"width"`
+	Height   int     `json:"height"`
+	Steps    int     `json:"steps"`
+	Guidance float32 `json:"guidance"`
+	Seed     uint64  `json:"seed"`
 }
 
-// SubmitImage buffers a SubmitImage frame.
-func (w *Writer) SubmitImage(id uint64, s Sampling, prompt []int32, im *Image) {
-	st := w.begin(TypeSubmitImage)
-	b := appendSubmit(w.buf, id, s, prompt)
-	for _, g := range im.Grid {
-		b = binary.LittleEndian.AppendUint32(b, g)
-	}
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(im.Pixels)))
-	for _, v := range im.Pixels {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-	}
-	w.buf = b
-	w.end(st)
+// ImageAnswer is the worker's account of one generation; PNG follows it in the frame.
+type ImageAnswer struct {
+	ID         uint64 `json:"-"`
+	Err        string `json:"err,omitempty"`
+	PipelineNs int64  `json:"pipeline_ns"` // the native pipeline call alone
+	EncodeNs   int64  `json:"encode_ns"`   // PNG encoding
+	PNG        []byte `json:"-"`           // aliases the frame payload: valid until the Reader's next call
 }
 
-// DecodeSubmitImage parses a SubmitImage payload; the prompt is appended to ids.
-func DecodeSubmitImage(p []byte, ids []int32) (uint64, Sampling, []int32, *Image, error) {
-	id, s, ids, err := DecodeSubmit(p, ids)
+// Image buffers an Image request.
+func (w *Writer) Image(id uint64, r ImageRequest) error {
+	j, err := json.Marshal(r)
 	if err != nil {
-		return id, s, ids, nil, err
+		return err
 	}
-	const fixed = 8 + 4*4 + 8 + 1
-	rest := p[fixed+4+4*int(binary.LittleEndian.Uint32(p[fixed:])):]
-	if len(rest) < 16 {
-		return id, s, ids, nil, ErrShort
+	s := w.begin(TypeImage)
+	w.buf = binary.LittleEndian.AppendUint64(w.buf, id)
+	w.buf = append(w.buf, j...)
+	w.end(s)
+	return nil
+}
+
+// DecodeImage parses an Image request payload.
+func DecodeImage(p []byte) (uint64, ImageRequest, error) {
+	var r ImageRequest
+	if len(p) < 8 {
+		return 0, r, ErrShort
 	}
-	im := &Image{}
-	for i := range im.Grid {
-		im.Grid[i] = binary.LittleEndian.Uint32(rest[4*i:])
+	if err := json.Unmarshal(p[8:], &r); err != nil {
+		return 0, r, fmt.Errorf("wire: image request: %v", err)
 	}
-	n := int(binary.LittleEndian.Uint32(rest[12:]))
-	rest = rest[16:]
-	if n < 0 || len(rest) != 4*n {
-		return id, s, ids, nil, fmt.Errorf("wire: SubmitImage holds %d bytes for %d pixel values", len(rest), n)
+	return binary.LittleEndian.Uint64(p), r, nil
+}
+
+// ImageResult buffers the answer to an Image request.
+func (w *Writer) ImageResult(a ImageAnswer) {
+	j, _ := json.Marshal(a) // plain fields: cannot fail
+	s := w.begin(TypeImageResult)
+	w.buf = binary.LittleEndian.AppendUint64(w.buf, a.ID)
+	w.buf = binary.LittleEndian.AppendUint32(w.buf, uint32(len(j)))
+	w.buf = append(w.buf, j...)
+	w.buf = append(w.buf, a.PNG...)
+	w.end(s)
+}
+
+// DecodeImageResult parses an ImageResult payload.
+func DecodeImageResult(p []byte) (ImageAnswer, error) {
+	var a ImageAnswer
+	if len(p) < 12 {
+		return a, ErrShort
 	}
-	im.Pixels = make([]float32, n)
-	for i := range im.Pixels {
-		im.Pixels[i] = math.Float32frombits(binary.LittleEndian.Uint32(rest[4*i:]))
+	a.ID = binary.LittleEndian.Uint64(p)
+	n := int(binary.LittleEndian.Uint32(p[8:]))
+	if len(p)-12 < n {
+		return a, ErrShort
 	}
-	return id, s, ids, im, nil
+	if err := json.Unmarshal(p[12:12+n], &a); err != nil {
+		return a, fmt.Errorf("wire: image result: %v", err)
+	}
+	a.PNG = p[12+n:]
+	return a, nil
 }

@@ -62,7 +62,7 @@ func (n *nativeEngine) Add(prompt []int32, s wire.Sampling) (uint64, error) {
 }
 
 // AddImage is Add with one image (a vision-language family).
-func (n *nativeEngine) AddImage(prompt []int32, im *wire.Image, s wire.Sampling) (uint64, error) {
+func (n *nativeEngine) AddImage(prompt []int32, im *wire.ImageInput, s wire.Sampling) (uint64, error) {
 	img := &native.Image{Pixels: im.Pixels, Grid: [3]int{int(im.Grid[0]), int(im.Grid[1]), int(im.Grid[2])}}
 	id, err := n.e.AddImage(prompt, img, native.Sampling{
 		MaxNewTokens: int(s.MaxNewTokens), Temperature: s.Temperature, TopK: int(s.TopK),

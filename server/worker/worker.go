@@ -45,9 +45,9 @@ type Engine interface {
 	Close() error
 }
 
-// ImageEngine is an Engine that takes one image with a prompt (a vision-language family).
-type ImageEngine interface {
-	AddImage(prompt []int32, im *wire.Image, s wire.Sampling) (seq uint64, err error)
+// VisionEngine is an Engine that takes one image with a prompt (a vision-language family).
+type VisionEngine interface {
+	AddImage(prompt []int32, im *wire.ImageInput, s wire.Sampling) (seq uint64, err error)
 }
 
 type command struct {
@@ -55,14 +55,15 @@ type command struct {
 	id     uint64
 	samp   wire.Sampling
 	prompt []int32
-	image  *wire.Image
+	image  wire.ImageRequest // text-to-image (image.go)
+	pixels *wire.ImageInput  // a vision-language prompt's image (SubmitImage)
 }
 
 type pendingReq struct {
 	id     uint64
 	samp   wire.Sampling
 	prompt []int32
-	image  *wire.Image
+	pixels *wire.ImageInput
 }
 
 // loop is the state of one worker session.
@@ -172,13 +173,15 @@ func readCommands(in io.Reader, cmds chan<- command, readErr chan<- error) {
 		case wire.TypeSubmit:
 			c.id, c.samp, c.prompt, err = wire.DecodeSubmit(p, nil)
 		case wire.TypeSubmitImage:
-			c.id, c.samp, c.prompt, c.image, err = wire.DecodeSubmitImage(p, nil)
+			c.id, c.samp, c.prompt, c.pixels, err = wire.DecodeSubmitImage(p, nil)
 		case wire.TypeCancel:
 			c.id, err = wire.DecodeCancel(p)
 		case wire.TypeLogits:
 			c.id, c.prompt, err = wire.DecodeLogits(p, nil)
 		case wire.TypeAck:
 			c.id, err = wire.DecodeCancel(p)
+		case wire.TypeImage:
+			c.id, c.image, err = wire.DecodeImage(p)
 		default:
 			continue // a newer frontend's optional message: ignore
 		}
@@ -195,7 +198,7 @@ func (l *loop) handle(c command) {
 	case wire.TypeAck:
 		l.acked = max(l.acked, c.id)
 	case wire.TypeSubmit, wire.TypeSubmitImage:
-		l.pending = append(l.pending, pendingReq{id: c.id, samp: c.samp, prompt: c.prompt, image: c.image})
+		l.pending = append(l.pending, pendingReq{id: c.id, samp: c.samp, prompt: c.prompt, pixels: c.pixels})
 	case wire.TypeCancel:
 		for i, p := range l.pending {
 			if p.id == c.id {
@@ -214,6 +217,8 @@ func (l *loop) handle(c command) {
 			return
 		}
 		l.out.LogitsResult(c.id, l.info.VocabSize, len(c.prompt), logits, "")
+	case wire.TypeImage:
+		l.image(c.id, c.image)
 	}
 }
 
@@ -225,10 +230,10 @@ func (l *loop) admit() int {
 	for _, p := range l.pending {
 		var seq uint64
 		var err error
-		if p.image == nil {
+		if p.pixels == nil {
 			seq, err = l.eng.Add(p.prompt, p.samp)
-		} else if ie, ok := l.eng.(ImageEngine); ok {
-			seq, err = ie.AddImage(p.prompt, p.image, p.samp)
+		} else if ve, ok := l.eng.(VisionEngine); ok {
+			seq, err = ve.AddImage(p.prompt, p.pixels, p.samp)
 		} else {
 			err = errors.New("this engine does not take images")
 		}

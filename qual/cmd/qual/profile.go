@@ -32,7 +32,7 @@ func init() {
 }
 
 const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher process|container] [--gpus all|0,1])
-         --model NAME [--tokenizer DIR] --endpoint completions|chat [--stream]
+         --model NAME [--tokenizer DIR] --endpoint completions|chat|images [--stream]
          (--concurrency 1,8,32 | --request-rate R[,R...] [--max-concurrency C] [--arrival constant|poisson])
          (--requests N | --duration D) [--warmup N]
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
@@ -73,9 +73,11 @@ func runProfile(args []string) int {
 		launcher       = fs.String("launcher", "process", "how to start the server for --bundle: process or container")
 		gpus           = fs.String("gpus", "", "serve on these GPUs: all or device IDs (0,1); a machine or Docker engine without NVIDIA support is an error, never a CPU run")
 		image          = fs.String("image", launch.DefaultImage, "container launcher: the locally built image (make image)")
+		ctrMemory      = fs.Int64("container-memory", 0, "container launcher: memory cap in bytes (0: none)")
+		ctrPids        = fs.Int64("container-pids", launch.DefaultPidsLimit, "container launcher: process-and-thread cap (-1: none)")
 		model          = fs.String("model", "", "model name sent in requests (and served, with --bundle)")
 		tokDir         = fs.String("tokenizer", "", "tokenizer folder (tokenizer.json, tokenizer_config.json) for client token counts and synthetic prompts; default: the bundle's own")
-		endpoint       = fs.String("endpoint", "completions", "completions or chat")
+		endpoint       = fs.String("endpoint", "completions", "completions, chat, or images (/v1/images/generations; --input-file lines carry prompt, size, num_inference_steps, guidance_scale, seed)")
 		stream         = fs.Bool("stream", false, "stream responses (SSE)")
 		concurrency    = fs.String("concurrency", "", "closed loop: comma-separated concurrencies to sweep, e.g. 1,8,32")
 		rate           = fs.String("request-rate", "", "open loop: comma-separated request rates (req/s) to sweep")
@@ -136,8 +138,8 @@ func runProfile(args []string) int {
 	if *out == "" {
 		return bad("--out is required (where run directories go)")
 	}
-	if *endpoint != client.Completions && *endpoint != client.Chat {
-		return bad("--endpoint %q must be completions or chat", *endpoint)
+	if *endpoint != client.Completions && *endpoint != client.Chat && *endpoint != load.EndpointImages {
+		return bad("--endpoint %q must be completions, chat or images", *endpoint)
 	}
 	if (*concurrency == "") == (*rate == "") {
 		return bad("pass exactly one of --concurrency and --request-rate")
@@ -203,7 +205,9 @@ func runProfile(args []string) int {
 	if promptSeed == 0 {
 		promptSeed = uint64(time.Now().UnixNano())
 	}
-	if *inputFile != "" {
+	if *endpoint == load.EndpointImages {
+		// Requests and their controls come from --input-file (load.ProfileImages).
+	} else if *inputFile != "" {
 		prompts, err = load.ReadCorpus(*inputFile, ltok)
 	} else {
 		if tok == nil {
@@ -211,7 +215,7 @@ func runProfile(args []string) int {
 		}
 		prompts, err = load.Synthetic(tok, load.SyntheticOptions{Count: *numPrompts, Mean: *inMean, Stddev: *inStd, Seed: promptSeed})
 	}
-	if err == nil && img.Enabled() { // one image per chat request (qual/load/images.go)
+	if err == nil && img.Enabled() { // one image per chat request (qual/load/vision.go)
 		if *endpoint != client.Chat {
 			return bad("image flags need --endpoint chat")
 		}
@@ -231,7 +235,7 @@ func runProfile(args []string) int {
 	}
 	opts := []launch.Option{launch.WithModel(*model), launch.WithRunDir(filepath.Join(runDir, "server")),
 		launch.WithStartupTimeout(*startupTimeout), launch.WithArgs(serverArgs...), launch.WithFaults(*faults),
-		launch.WithAPIKey(*apiKey), launch.WithImage(*image)}
+		launch.WithAPIKey(*apiKey), launch.WithImage(*image), launch.WithMemoryLimit(*ctrMemory), launch.WithPidsLimit(*ctrPids)}
 	var l launch.Launcher
 	if *url != "" {
 		l = launch.External(append(opts, launch.WithURL(*url))...)
@@ -295,6 +299,12 @@ func runProfile(args []string) int {
 	}
 	if *maxErrorRate >= 0 {
 		in.MaxErrorRate = maxErrorRate
+	}
+	if *endpoint == load.EndpointImages {
+		if _, err := load.ProfileImages(ctx, in, os.Stdout); err != nil {
+			return profileFail("%v", err)
+		}
+		return 0
 	}
 	res, perr := load.Profile(ctx, in)
 	if res != nil {

@@ -1,0 +1,399 @@
+package spec
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+
+	"github.com/modelqual/modelqual/qual/imagecmp"
+)
+
+// Text-to-image gates (/v1/images/generations): reference parity with diffusers' goldens,
+// served bytes equal to the native command's, determinism and control sensitivity, the
+// refusal contract, geometry. Each core is a Check function the planted-defect specs call.
+
+// ImageRequest is one image request's controls.
+type ImageRequest struct {
+	Prompt   string  `json:"prompt"`
+	Width    int     `json:"width"`
+	Height   int     `json:"height"`
+	Steps    int     `json:"steps"`
+	Guidance float64 `json:"guidance"`
+	Seed     int64   `json:"seed"`
+}
+
+func (r ImageRequest) body(model string) map[string]any {
+	return map[string]any{"model": model, "prompt": r.Prompt, "size": fmt.Sprintf("%dx%d", r.Width, r.Height),
+		"num_inference_steps": r.Steps, "guidance_scale": r.Guidance, "seed": r.Seed}
+}
+
+// ImageAnswer is a served image: the PNG bytes and how many images the response held.
+type ImageAnswer struct {
+	PNG    []byte
+	Images int
+}
+
+// GenerateImage posts body to /v1/images/generations and returns the first image's PNG.
+func (a *API) GenerateImage(ctx context.Context, body map[string]any) (*ImageAnswer, error) {
+	var out struct {
+		Data []struct {
+			B64 string `json:"b64_json"`
+		} `json:"data"`
+	}
+	if err := a.getJSON(ctx, "POST", "/v1/images/generations", body, &out); err != nil {
+		return nil, err
+	}
+	if len(out.Data) == 0 {
+		return nil, errors.New("/v1/images/generations: the response holds no image")
+	}
+	b, err := base64.StdEncoding.DecodeString(out.Data[0].B64)
+	if err != nil {
+		return nil, fmt.Errorf("/v1/images/generations: b64_json: %w", err)
+	}
+	return &ImageAnswer{PNG: b, Images: len(out.Data)}, nil
+}
+
+// DecodeRGB decodes a PNG into 8-bit RGB pixels.
+func DecodeRGB(b []byte) (imagecmp.Image, error) {
+	m, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		return imagecmp.Image{}, err
+	}
+	r := m.Bounds()
+	out := imagecmp.Image{Width: r.Dx(), Height: r.Dy(), Channels: 3, Pix: make([]byte, 0, r.Dx()*r.Dy()*3)}
+	for y := r.Min.Y; y < r.Max.Y; y++ {
+		for x := r.Min.X; x < r.Max.X; x++ {
+			cr, cg, cb, _ := m.At(x, y).RGBA()
+			out.Pix = append(out.Pix, byte(cr>>8), byte(cg>>8), byte(cb>>8))
+		}
+	}
+	return out, nil
+}
+
+// ImageGoldenCase is one diffusers run of fixtures/golden/<fixture>.json.
+type ImageGoldenCase struct {
+	Name string `json:"name"`
+	ImageRequest
+	Pixels string `json:"pixels"` // base64 of uint8 HWC RGB
+}
+
+// LoadImageGolden reads the cases of a text-to-image golden file.
+func LoadImageGolden(path string) ([]ImageGoldenCase, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("image golden: %w (make it with fixtures/golden/make_zimage_golden.py)", err)
+	}
+	var g struct {
+		Cases []ImageGoldenCase `json:"cases"`
+	}
+	if err := json.Unmarshal(b, &g); err != nil {
+		return nil, fmt.Errorf("image golden %s: %w", path, err)
+	}
+	if len(g.Cases) == 0 {
+		return nil, fmt.Errorf("image golden %s has no cases", path)
+	}
+	return g.Cases, nil
+}
+
+// ImageInput is the input of the image gates.
+type ImageInput struct {
+	API *API
+	// Golden holds the reference runs (diffusers on the same checkpoint).
+	Golden []ImageGoldenCase
+	// MinPSNR and MinSSIM bound each served image against its golden pixels.
+	MinPSNR, MinSSIM float64
+	// QualBin and Bundle run `qual generate-image` for the served-equals-native gate.
+	QualBin, Bundle string
+	// SizeMultiple is the model's size grid (refusal and geometry checks).
+	SizeMultiple int
+}
+
+// CheckImageParity: every golden case served over HTTP is within MinPSNR and MinSSIM of
+// diffusers' pixels. It returns each case's figures.
+func CheckImageParity(ctx context.Context, in ImageInput) (map[string][2]float64, error) {
+	figs := map[string][2]float64{}
+	var problems []string
+	for _, c := range in.Golden {
+		ans, err := in.API.GenerateImage(ctx, c.body(in.API.Model))
+		if err != nil {
+			return figs, fmt.Errorf("image parity: case %q: %w", c.Name, err)
+		}
+		got, err := DecodeRGB(ans.PNG)
+		if err != nil {
+			return figs, fmt.Errorf("image parity: case %q: served PNG: %w", c.Name, err)
+		}
+		px, err := base64.StdEncoding.DecodeString(c.Pixels)
+		if err != nil {
+			return figs, fmt.Errorf("image parity: case %q: golden pixels: %w", c.Name, err)
+		}
+		want := imagecmp.Image{Width: c.Width, Height: c.Height, Channels: 3, Pix: px}
+		psnr, err := imagecmp.PSNR(got, want)
+		if err != nil {
+			return figs, fmt.Errorf("image parity: case %q: %w", c.Name, err)
+		}
+		ssim, err := imagecmp.SSIM(got, want)
+		if err != nil {
+			return figs, fmt.Errorf("image parity: case %q: %w", c.Name, err)
+		}
+		figs[c.Name] = [2]float64{psnr, ssim}
+		if psnr < in.MinPSNR || ssim < in.MinSSIM {
+			problems = append(problems, fmt.Sprintf("case %q: PSNR %.2f dB, SSIM %.4f against diffusers' pixels (want >= %.1f dB and >= %.3f)", c.Name, psnr, ssim, in.MinPSNR, in.MinSSIM))
+		}
+	}
+	if len(problems) > 0 {
+		return figs, fmt.Errorf("image parity: %s", strings.Join(problems, "; "))
+	}
+	return figs, nil
+}
+
+// NativePNG runs `qual generate-image` on the bundle and returns the PNG it wrote.
+func NativePNG(ctx context.Context, qualBin, bundlePath string, r ImageRequest) ([]byte, error) {
+	dir, err := os.MkdirTemp("", "mq-native-image-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, "x.png")
+	cmd := exec.CommandContext(ctx, qualBin, "generate-image", "--bundle", bundlePath, "--prompt", r.Prompt,
+		"--size", fmt.Sprintf("%dx%d", r.Width, r.Height), "--steps", strconv.Itoa(r.Steps),
+		"--guidance", strconv.FormatFloat(r.Guidance, 'g', -1, 64), "--seed", strconv.FormatInt(r.Seed, 10), "--out", out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("qual generate-image: %w\n%s", err, b)
+	}
+	return os.ReadFile(out)
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// CheckImageNative: for every golden case's controls, the served PNG's sha256 equals the one
+// `qual generate-image` writes for the same controls.
+func CheckImageNative(ctx context.Context, in ImageInput) error {
+	for _, c := range in.Golden {
+		ans, err := in.API.GenerateImage(ctx, c.body(in.API.Model))
+		if err != nil {
+			return fmt.Errorf("served vs native: case %q: %w", c.Name, err)
+		}
+		nat, err := NativePNG(ctx, in.QualBin, in.Bundle, c.ImageRequest)
+		if err != nil {
+			return fmt.Errorf("served vs native: case %q: %w", c.Name, err)
+		}
+		if sha(ans.PNG) != sha(nat) {
+			return fmt.Errorf("served vs native: case %q: served PNG sha256 %s (%d bytes) differs from qual generate-image's %s (%d bytes)", c.Name, sha(ans.PNG), len(ans.PNG), sha(nat), len(nat))
+		}
+	}
+	return nil
+}
+
+// CheckImageControls: the same request twice gives the same bytes; another seed, another step
+// count and another guidance each give another image (a server ignoring a control fails).
+func CheckImageControls(ctx context.Context, in ImageInput) error {
+	base := in.Golden[0].ImageRequest
+	get := func(r ImageRequest) (string, error) {
+		ans, err := in.API.GenerateImage(ctx, r.body(in.API.Model))
+		if err != nil {
+			return "", err
+		}
+		return sha(ans.PNG), nil
+	}
+	a, err := get(base)
+	if err != nil {
+		return fmt.Errorf("controls: %w", err)
+	}
+	b, err := get(base)
+	if err != nil {
+		return fmt.Errorf("controls: %w", err)
+	}
+	if a != b {
+		return fmt.Errorf("controls: the same request gave two images (sha256 %s, then %s)", a, b)
+	}
+	for _, v := range []struct {
+		field string
+		mod   func(*ImageRequest)
+	}{
+		{"seed", func(r *ImageRequest) { r.Seed++ }},
+		{"num_inference_steps", func(r *ImageRequest) { r.Steps++ }},
+		{"guidance_scale", func(r *ImageRequest) { r.Guidance += 1.5 }},
+	} {
+		r := base
+		v.mod(&r)
+		c, err := get(r)
+		if err != nil {
+			return fmt.Errorf("controls: %s changed: %w", v.field, err)
+		}
+		if c == a {
+			return fmt.Errorf("controls: changing %s gave the same image (sha256 %s): the control is ignored", v.field, a)
+		}
+	}
+	return nil
+}
+
+// imageRefusals are the requests the contract refuses, each with the field the error must name.
+func imageRefusals(base map[string]any, multiple int) []struct {
+	field string
+	body  map[string]any
+} {
+	with := func(k string, v any) map[string]any {
+		m := map[string]any{}
+		for a, b := range base {
+			m[a] = b
+		}
+		if v == nil {
+			delete(m, k)
+		} else {
+			m[k] = v
+		}
+		return m
+	}
+	type refusal = struct {
+		field string
+		body  map[string]any
+	}
+	return []refusal{
+		{"num_inference_steps", with("num_inference_steps", nil)},
+		{"guidance_scale", with("guidance_scale", nil)},
+		{"seed", with("seed", nil)},
+		{"n", with("n", 2)},
+		{"stream", with("stream", true)},
+		{"response_format", with("response_format", "url")},
+		{"quality", with("quality", "high")},
+		{"style", with("style", "vivid")},
+		{"background", with("background", "transparent")},
+		{"output_format", with("output_format", "jpeg")},
+		{"output_compression", with("output_compression", 50)},
+		{"moderation", with("moderation", "low")},
+		{"seconds", with("seconds", 4)},
+		{"fps", with("fps", 24)},
+		{"num_frames", with("num_frames", 16)},
+		{"duration", with("duration", 2)},
+		{"size", with("size", fmt.Sprintf("%dx%d", multiple+1, multiple))},
+		{"size", with("size", "4096x4096")},
+		{"num_inference_steps", with("num_inference_steps", 0)},
+		{"num_inference_steps", with("num_inference_steps", 201)},
+		{"guidance_scale", with("guidance_scale", "NaN")},
+		{"seed", with("seed", -1)},
+		{"seed", with("seed", json.Number("9223372036854775808"))},
+		{"prompt", with("prompt", 7)},
+		{"prompt", with("prompt", strings.Repeat("fox ", 600))},
+	}
+}
+
+// CheckImageContract: every refused request gets 400 naming its field, and the next valid
+// request gets 200.
+func CheckImageContract(ctx context.Context, in ImageInput) error {
+	base := in.Golden[0].body(in.API.Model)
+	var problems []string
+	for _, r := range imageRefusals(base, in.SizeMultiple) {
+		_, err := in.API.GenerateImage(ctx, r.body)
+		var ae *APIError
+		switch {
+		case err == nil:
+			problems = append(problems, fmt.Sprintf("%s: the request was answered 200, want 400", r.field))
+		case !errors.As(err, &ae):
+			problems = append(problems, fmt.Sprintf("%s: %v", r.field, err))
+		case ae.Status != 400 || ae.Param != r.field || !strings.Contains(ae.Message, r.field):
+			problems = append(problems, fmt.Sprintf("%s: HTTP %d param %q %q, want 400 naming %s", r.field, ae.Status, ae.Param, ae.Message, r.field))
+		}
+		if _, err := in.API.GenerateImage(ctx, base); err != nil {
+			problems = append(problems, fmt.Sprintf("the valid request after the %s refusal failed: %v", r.field, err))
+		}
+	}
+	// A text route on a text-to-image model is a client error naming the model, not a 5xx.
+	_, err := in.API.Complete(ctx, "/v1/completions", map[string]any{"model": in.API.Model, "prompt": "a fox", "max_tokens": 4})
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Status != 400 || ae.Param != "model" {
+		problems = append(problems, fmt.Sprintf("/v1/completions on an image model: %v, want 400 naming model", err))
+	}
+	if _, err := in.API.GenerateImage(ctx, base); err != nil {
+		problems = append(problems, fmt.Sprintf("the valid request after the text-route refusal failed: %v", err))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("image contract: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// CheckImageGeometry: a non-square request gives exactly one RGB PNG of the asked size.
+func CheckImageGeometry(ctx context.Context, in ImageInput) error {
+	r := in.Golden[0].ImageRequest
+	r.Width, r.Height = 3*in.SizeMultiple, 2*in.SizeMultiple
+	ans, err := in.API.GenerateImage(ctx, r.body(in.API.Model))
+	if err != nil {
+		return fmt.Errorf("geometry: %w", err)
+	}
+	if ans.Images != 1 {
+		return fmt.Errorf("geometry: %d images in the response, want exactly 1", ans.Images)
+	}
+	cfg, err := png.DecodeConfig(bytes.NewReader(ans.PNG))
+	if err != nil {
+		return fmt.Errorf("geometry: the image is not a PNG: %w", err)
+	}
+	if cfg.Width != r.Width || cfg.Height != r.Height {
+		return fmt.Errorf("geometry: the PNG is %dx%d, asked %dx%d", cfg.Width, cfg.Height, r.Width, r.Height)
+	}
+	// Go's decoder answers *image.RGBA for 8-bit RGB (colour type 2) only.
+	if m, err := png.Decode(bytes.NewReader(ans.PNG)); err != nil {
+		return fmt.Errorf("geometry: %w", err)
+	} else if _, ok := m.(*image.RGBA); !ok {
+		return fmt.Errorf("geometry: the PNG decodes to %T, want 8-bit RGB", m)
+	}
+	return nil
+}
+
+// ImageInput is the image gates' input for this suite: the golden of the manifest's fixture,
+// the suite's bundle and qual binary; the family sets the thresholds and the size grid.
+func (s *Suite) ImageInput() ImageInput {
+	fixture := s.Manifest.Checkpoint.Fixture
+	if fixture == "" {
+		fixture = filepath.Base(s.Manifest.Checkpoint.ID)
+	}
+	golden, err := LoadImageGolden(filepath.Join(s.State.RepoRoot, "fixtures", "golden", fixture+".json"))
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	return ImageInput{API: s.API, Golden: golden, Bundle: s.State.Bundle, QualBin: filepath.Join(binDir(s.State.RepoRoot), "qual")}
+}
+
+// ImageGates declares the image gates with their labels (family files call it in Qualify).
+func ImageGates(ctx context.Context, input func() ImageInput) {
+	labels := func(g string) ginkgo.Labels { return append(Task(TaskImage), Gate(g)...) }
+	ginkgo.It("serves images within PSNR and SSIM of diffusers' on the golden cases", labels(GateParity), func(sctx ginkgo.SpecContext) {
+		figs, err := CheckImageParity(sctx, input())
+		for name, f := range figs {
+			ginkgo.AddReportEntry("image parity "+name, fmt.Sprintf("PSNR %.2f dB, SSIM %.6f", f[0], f[1]))
+		}
+		gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	})
+	ginkgo.It("serves the PNG bytes qual generate-image writes", labels(GateParity), func(sctx ginkgo.SpecContext) {
+		in := input()
+		if in.Bundle == "" {
+			ginkgo.Skip("no local bundle to run qual generate-image on (external server)")
+		}
+		gomega.Expect(CheckImageNative(sctx, in)).To(gomega.Succeed())
+	})
+	ginkgo.It("is deterministic and follows seed, steps and guidance", labels(GateContract), func(sctx ginkgo.SpecContext) {
+		gomega.Expect(CheckImageControls(sctx, input())).To(gomega.Succeed())
+	})
+	ginkgo.It("refuses unsupported and missing controls with 400 naming the field, then serves 200", labels(GateContract), func(sctx ginkgo.SpecContext) {
+		gomega.Expect(CheckImageContract(sctx, input())).To(gomega.Succeed())
+	})
+	ginkgo.It("answers exactly one RGB PNG of the asked non-square size", labels(GateContract), func(sctx ginkgo.SpecContext) {
+		gomega.Expect(CheckImageGeometry(sctx, input())).To(gomega.Succeed())
+	})
+	_ = ctx
+}

@@ -1,0 +1,44 @@
+package worker
+
+import (
+	"time"
+
+	"github.com/modelqual/modelqual/native"
+	"github.com/modelqual/modelqual/server/wire"
+)
+
+// ImageEngine is implemented by engines of text-to-image bundles: one request runs the whole
+// pipeline and answers an encoded PNG (the worker encodes, so the frontend only forwards bytes).
+type ImageEngine interface {
+	Image(r wire.ImageRequest) wire.ImageAnswer
+}
+
+// Image runs the native pipeline and encodes its pixels with native.EncodePNG, the encoder
+// `qual generate-image` uses, so both give the same bytes for the same controls.
+func (n *nativeEngine) Image(r wire.ImageRequest) wire.ImageAnswer {
+	res, err := n.e.GenerateImage(native.ImageRequest{Prompt: r.Prompt, Negative: r.Negative, Width: r.Width, Height: r.Height,
+		Steps: r.Steps, Guidance: r.Guidance, Seed: r.Seed}, false)
+	if err != nil {
+		return wire.ImageAnswer{Err: err.Error()}
+	}
+	t0 := time.Now()
+	png, err := native.EncodePNG(res.RGB, res.Width, res.Height)
+	if err != nil {
+		return wire.ImageAnswer{Err: err.Error()}
+	}
+	return wire.ImageAnswer{PipelineNs: res.PipelineTime.Nanoseconds(), EncodeNs: time.Since(t0).Nanoseconds(), PNG: png}
+}
+
+// image answers one Image command on the loop's goroutine (an image engine has no token
+// sequences to step meanwhile).
+func (l *loop) image(id uint64, r wire.ImageRequest) {
+	ie, ok := l.eng.(ImageEngine)
+	var a wire.ImageAnswer
+	if !ok {
+		a.Err = "this engine does not generate images"
+	} else {
+		a = ie.Image(r)
+	}
+	a.ID = id
+	l.out.ImageResult(a)
+}
