@@ -414,9 +414,23 @@ type Run struct {
 	EndTime   time.Time `json:"end_time"`
 	// Shards lists the runs a merged run was made from.
 	Shards []string `json:"shards,omitempty"`
+	// Target names what was measured, for people reading summary.md.
+	Target *Target `json:"target,omitempty"`
 	// WasCancelled says the run was interrupted (Ctrl-C, a cancelled context) before it sent
 	// what it was asked to: AIPerf's top-level was_cancelled.
 	WasCancelled bool `json:"was_cancelled"`
+}
+
+// Target is what a run measured and with which code: the server (its launcher and flags),
+// the URL and model, the bundle served and its sha256, and the source commit of the harness.
+type Target struct {
+	Server       string `json:"server"` // "qual-server (process)", "external", ...
+	URL          string `json:"url"`
+	Model        string `json:"model"`
+	Bundle       string `json:"bundle,omitempty"`
+	BundleSHA256 string `json:"bundle_sha256,omitempty"`
+	Commit       string `json:"commit"`
+	Dirty        bool   `json:"dirty,omitempty"`
 }
 
 // EngineSteps sums a server's engine steps by kind: "prefill" steps prefilled at least one

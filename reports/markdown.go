@@ -8,6 +8,13 @@ import (
 	"time"
 )
 
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
 // Markdown renders summary.md: a heading, one line of context and GitHub-flavoured tables, so
 // it can be appended to $GITHUB_STEP_SUMMARY as is.
 func Markdown(s *Summary) string {
@@ -29,6 +36,17 @@ func Markdown(s *Summary) string {
 		fmt.Fprintf(&b, ", merged from %d shards", len(s.Shards))
 	}
 	b.WriteString(".\n\n")
+	if t := s.Target; t != nil {
+		bundle := "none (external server)"
+		if t.Bundle != "" {
+			bundle = fmt.Sprintf("`%s` sha256 `%s`", t.Bundle, orUnknown(t.BundleSHA256))
+		}
+		commit := orUnknown(t.Commit)
+		if t.Dirty {
+			commit += " (dirty tree)"
+		}
+		fmt.Fprintf(&b, "Server: %s at %s, model `%s`; bundle: %s; commit %s.\n\n", orUnknown(t.Server), orUnknown(t.URL), t.Model, bundle, commit)
+	}
 	if len(p.Shards) > 1 {
 		if p.ShardGapSec > 0 {
 			fmt.Fprintf(&b, "The shards' measured windows do not all overlap: %s of the wall-clock span had no shard measuring and is not counted; the duration and throughputs below are over the union of the windows.\n\n",

@@ -3,6 +3,7 @@ package reports
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"path/filepath"
 	"sort"
 
@@ -28,6 +29,27 @@ var (
 		color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 	}
 )
+
+// frame keeps what a plot draws off the image's edges: gonum sets the axes to the data's
+// exact range, so the last point, the top of a line and a legend in a corner are drawn on
+// the border and cut in half. The x range gains 4 % a side, the y range headroom above the
+// data (headroom of its span) where the legend goes, top left, clear of the lines; the title
+// gets padding above it.
+func frame(p *plot.Plot, headroom float64) {
+	dx := p.X.Max - p.X.Min
+	if dx == 0 {
+		dx = math.Max(math.Abs(p.X.Max), 1)
+	}
+	p.X.Min, p.X.Max = p.X.Min-0.04*dx, p.X.Max+0.04*dx
+	dy := p.Y.Max - p.Y.Min
+	if dy == 0 {
+		dy = math.Max(math.Abs(p.Y.Max), 1)
+	}
+	p.Y.Max += headroom * dy
+	p.Title.Padding = vg.Points(8)
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.XOffs, p.Legend.YOffs = vg.Points(8), -vg.Points(6)
+}
 
 // recordValues collects a scalar metric over the valid records of a phase.
 func recordValues(recs []ExportRecord, phase, tag string) []float64 {
@@ -83,9 +105,7 @@ func PlotLatencyCDF(path string, recs []ExportRecord) error {
 	if n == 0 {
 		return fmt.Errorf("plot latency CDF: no valid profiling request with a latency")
 	}
-	p.Legend.Top = false
-	p.Legend.Left = false
-	p.Legend.YOffs = vg.Points(20)
+	frame(p, 0.25)
 	return p.Save(plotWidth, plotHeight, path)
 }
 
@@ -106,6 +126,7 @@ func PlotTTFTHistogram(path string, recs []ExportRecord) error {
 	p.X.Label.Text = "ms"
 	p.Y.Label.Text = "requests"
 	p.Add(plotter.NewGrid(), h)
+	frame(p, 0.1)
 	return p.Save(plotWidth, plotHeight, path)
 }
 
@@ -113,13 +134,14 @@ func PlotTTFTHistogram(path string, recs []ExportRecord) error {
 // data (e.g. every request failed) is skipped, not an error.
 func PlotRun(dir string, recs []ExportRecord) ([]string, error) {
 	var written []string
-	if len(recordValues(recs, PhaseProfiling, TagTTFT)) == 0 {
-		return nil, nil
-	}
 	for _, pl := range []struct {
-		name string
-		fn   func(string, []ExportRecord) error
-	}{{LatencyCDFPNG, PlotLatencyCDF}, {TTFTHistogramPNG, PlotTTFTHistogram}} {
+		name, needs string
+		fn          func(string, []ExportRecord) error
+	}{{LatencyCDFPNG, TagRequestLatency, PlotLatencyCDF}, {TTFTHistogramPNG, TagTTFT, PlotTTFTHistogram}} {
+		// Non-streaming runs have no TTFT (a streaming metric), failed runs no latency.
+		if len(recordValues(recs, PhaseProfiling, pl.needs)) == 0 {
+			continue
+		}
 		if err := pl.fn(filepath.Join(dir, pl.name), recs); err != nil {
 			return written, err
 		}
@@ -174,8 +196,7 @@ func PlotSweep(dir string, runs []*Summary) ([]string, error) {
 			p.Legend.Add(name, l, s)
 		}
 		p.Y.Min = 0 // throughput and latency read wrong on a clipped axis
-		p.Legend.Top, p.Legend.Left = false, false
-		p.Legend.YOffs = vg.Points(20)
+		frame(p, 0.3)
 		return p.Save(plotWidth, plotHeight, filepath.Join(dir, file))
 	}
 	if err := line("Output token throughput vs "+param, "tokens/sec", SweepThroughputPNG,

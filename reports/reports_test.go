@@ -494,3 +494,71 @@ func TestMergeKeepsShardWindows(t *testing.T) {
 		t.Errorf("summary.md does not say the windows are apart:\n%s", md)
 	}
 }
+
+// seriesPixels counts, per palette colour, the pixels of that colour in the PNG at path and
+// how many lie within edge pixels of the image's border (drawn on the edge: clipped).
+func seriesPixels(t *testing.T, path string, edge int) (count, onEdge map[int]int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count, onEdge = map[int]int{}, map[int]int{}
+	b := img.Bounds()
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			r, g, bl, _ := img.At(x, y).RGBA()
+			for i, c := range palette {
+				pr, pg, pb, _ := c.RGBA()
+				near := func(a, b uint32) bool { return a>>8 >= b>>8-6 && a>>8 <= b>>8+6 }
+				if near(r, pr) && near(g, pg) && near(bl, pb) {
+					count[i]++
+					if x-b.Min.X < edge || b.Max.X-1-x < edge || y-b.Min.Y < edge || b.Max.Y-1-y < edge {
+						onEdge[i]++
+					}
+				}
+			}
+		}
+	}
+	return count, onEdge
+}
+
+// TestPlotsShowEverySeriesUnclipped: every plotted series is drawn (its colour covers a
+// line's worth of pixels, legend included) and none of it touches the image's border, where
+// gonum's exact data range used to cut the last point, the top of a line and the legend.
+func TestPlotsShowEverySeriesUnclipped(t *testing.T) {
+	root := t.TempDir()
+	var sums []*Summary
+	for i, c := range []float64{1, 4, 16} {
+		s := writeSynthRun(t, filepath.Join(root, fmt.Sprintf("c%d", int(c))), float64(i+1))
+		s.Sweep.Value = c
+		sums = append(sums, s)
+	}
+	if _, err := PlotSweep(root, sums); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path   string
+		series int
+	}{
+		{filepath.Join(root, "c1", LatencyCDFPNG), 2}, // request latency, TTFT (no task time in synthetic runs)
+		{filepath.Join(root, "c1", TTFTHistogramPNG), 1},
+		{filepath.Join(root, SweepThroughputPNG), 1},
+		{filepath.Join(root, SweepP99LatencyPNG), 2},
+	} {
+		count, onEdge := seriesPixels(t, tc.path, 3)
+		for i := 0; i < tc.series; i++ {
+			if count[i] < 200 {
+				t.Errorf("%s: series %d has %d pixels; is it drawn?", filepath.Base(tc.path), i, count[i])
+			}
+			if onEdge[i] > 0 {
+				t.Errorf("%s: series %d has %d pixels on the image's border (clipped)", filepath.Base(tc.path), i, onEdge[i])
+			}
+		}
+	}
+}

@@ -251,6 +251,9 @@ func TestGRPCGenerateMatchesHTTP(t *testing.T) {
 	if grpcRecs < 3 {
 		t.Errorf("%d records with endpoint grpc", grpcRecs)
 	}
+	if n := g.metric("qual_server_requests_total", `{route="/openengine.v1.Inference/Generate",status="200"}`); n != float64(grpcRecs) {
+		t.Errorf("metrics count %v successful Generate calls, records %d", n, grpcRecs)
+	}
 }
 
 // TestGRPCErrors: every refusal has its status code and names the field; the next valid request

@@ -17,4 +17,5 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.StopStrings(ctx, suite.StopInput)
 	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)
+	spec.GRPCParity(ctx, suite.GRPCParityInput)
 })

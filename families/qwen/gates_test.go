@@ -23,4 +23,5 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)
 	spec.ChatPromptTokens(ctx, func() spec.ChatUsageInput { return suite.ChatUsageInput("qwen3-chat-usage.json", "qwen3_chat") })
+	spec.GRPCParity(ctx, suite.GRPCParityInput)
 })

@@ -142,7 +142,7 @@ func TestAIPerfExportsFieldByField(t *testing.T) {
 			out := t.TempDir()
 			res, err := load.Profile(context.Background(), load.ProfileInput{
 				Endpoint: ep,
-				Load: load.Config{Endpoint: client.Completions, Stream: stream, Requests: 40, Warmup: 3,
+				Load: load.Config{Endpoint: client.Completions, Stream: stream, Requests: 40, Warmup: 4,
 					Prompts: synthetic(t, tok, 24), OutputTokens: 6, Tokenizer: tok, Seed: 11,
 					CancelRate: 0.15, CancelDelay: 7 * time.Millisecond},
 				Concurrencies: []int{4},
@@ -427,8 +427,8 @@ func checkAIPerfRun(t *testing.T, dir, model string, stream bool, sloLatencyMs f
 	}
 	ic := top.InputConfig
 	if len(ic.Endpoint.ModelNames) != 1 || ic.Endpoint.ModelNames[0] != model || ic.Endpoint.Type != "completions" ||
-		ic.Endpoint.Streaming != stream || ic.Loadgen.Concurrency != 4 || ic.Loadgen.RequestCount != 40 || ic.Loadgen.WarmupRequestCount != 3 {
-		t.Errorf("input_config = %+v, want model_names [%s], type completions, streaming %v, concurrency 4, 40 requests, 3 warmup", ic, model, stream)
+		ic.Endpoint.Streaming != stream || ic.Loadgen.Concurrency != 4 || ic.Loadgen.RequestCount != 40 || ic.Loadgen.WarmupRequestCount != 4 {
+		t.Errorf("input_config = %+v, want model_names [%s], type completions, streaming %v, concurrency 4, 40 requests, 4 warmup", ic, model, stream)
 	}
 	if top.WasCancelled == nil || *top.WasCancelled {
 		t.Errorf("was_cancelled = %v, want false (the run finished)", top.WasCancelled)

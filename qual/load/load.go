@@ -69,6 +69,17 @@ type Config struct {
 
 	// Prompts are cycled through in order (request i uses Prompts[i % len]).
 	Prompts []Prompt
+	// Sessions, when set, replace Prompts in the measured phase (dataset.go: AIPerf's
+	// single_turn, multi_turn, random_pool and mooncake_trace files): each session's turns
+	// are sent one after another, each with the history before it, after the turn's delay;
+	// a closed loop keeps Concurrency sessions going, an open loop starts sessions on the
+	// RequestRate schedule, and FixedSchedule sends every turn at its trace timestamp.
+	// Warmup requests use the sessions' first turns. Records carry session and turn.
+	Sessions []Session
+	// FixedSchedule sends each turn at its timestamp (ms from the trace's first), AIPerf's
+	// --fixed-schedule; every turn must have one (Dataset.Timed), or follow its session's
+	// previous turn by its delay. Lateness against the trace is recorded per request.
+	FixedSchedule bool
 	// OutputTokens > 0 sends max_tokens with ignore_eos, so every request generates exactly
 	// that many tokens; a prompt's own Prompt.OutputTokens takes precedence.
 	OutputTokens int
@@ -129,17 +140,19 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Client == nil && c.BaseURL == "":
 		return errors.New("load.Run: Config.BaseURL is empty and no Config.Client given")
-	case c.Endpoint != client.Completions && c.Endpoint != client.Chat:
-		return fmt.Errorf("load.Run: Config.Endpoint %q must be %q or %q", c.Endpoint, client.Completions, client.Chat)
+	case c.Endpoint != client.Completions && c.Endpoint != client.Chat && c.Endpoint != EndpointGRPC:
+		return fmt.Errorf("load.Run: Config.Endpoint %q must be %q, %q or %q", c.Endpoint, client.Completions, client.Chat, EndpointGRPC)
 	case c.RequestRate < 0 || math.IsNaN(c.RequestRate) || math.IsInf(c.RequestRate, 0):
 		return fmt.Errorf("load.Run: Config.RequestRate %v must be a positive number", c.RequestRate)
-	case c.RequestRate == 0 && c.Concurrency < 1:
+	case c.FixedSchedule && len(c.Sessions) == 0:
+		return errors.New("load.Run: Config.FixedSchedule needs Config.Sessions with timestamps (an input file with --custom-dataset-type)")
+	case c.RequestRate == 0 && c.Concurrency < 1 && !c.FixedSchedule:
 		return fmt.Errorf("load.Run: Config.Concurrency %d must be at least 1 for a closed loop (or set RequestRate)", c.Concurrency)
 	case c.Requests < 0 || c.Duration < 0 || c.Warmup < 0:
 		return errors.New("load.Run: Config.Requests, Duration and Warmup must not be negative")
-	case c.Requests == 0 && c.Duration == 0:
+	case c.Requests == 0 && c.Duration == 0 && len(c.Sessions) == 0:
 		return errors.New("load.Run: set Config.Requests or Config.Duration to say when the run stops")
-	case len(c.Prompts) == 0:
+	case len(c.Prompts) == 0 && len(c.Sessions) == 0:
 		return errors.New("load.Run: Config.Prompts is empty; read a corpus (ReadCorpus) or make synthetic prompts (Synthetic)")
 	case c.CancelRate < 0 || c.CancelRate > 1:
 		return fmt.Errorf("load.Run: Config.CancelRate %v must be within [0, 1]", c.CancelRate)
@@ -147,7 +160,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("load.Run: Config.Arrival %q must be %q or %q", c.Arrival, ArrivalConstant, ArrivalPoisson)
 	}
 	for i, p := range c.Prompts {
-		if c.Endpoint == client.Completions && p.Prompt == "" {
+		if c.Endpoint != client.Chat && p.Prompt == "" {
 			return fmt.Errorf("load.Run: prompt %d (%s) has no text for the completions endpoint (chat prompts need --endpoint chat)", i, p.Name)
 		}
 	}
@@ -165,7 +178,8 @@ type run struct {
 	cfg    *Config
 	cl     *client.Client
 	epoch  time.Time
-	bodies [][]byte // prebuilt request bodies, one per prompt
+	bodies [][]byte    // prebuilt request bodies, one per prompt
+	grpc   *grpcClient // EndpointGRPC (grpc.go)
 	recs   []records.Request
 }
 
@@ -190,6 +204,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Arrival == "" {
 		cfg.Arrival = ArrivalPoisson // AIPerf's default
 	}
+	if len(cfg.Prompts) == 0 {
+		for _, s := range cfg.Sessions {
+			if len(s.Turns) > 0 {
+				cfg.Prompts = append(cfg.Prompts, s.Turns[0].Prompt)
+			}
+		}
+	}
 	inflight := cfg.Concurrency
 	if cfg.RequestRate > 0 {
 		inflight = cfg.MaxConcurrency
@@ -199,7 +220,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	cl := cfg.Client
-	if cl == nil {
+	var gc *grpcClient
+	if cfg.Endpoint == EndpointGRPC {
+		var err error
+		if gc, err = newGRPCClient(&cfg); err != nil {
+			return nil, err
+		}
+		defer gc.conn.Close()
+	} else if cl == nil {
 		var err error
 		cl, err = client.New(client.Options{BaseURL: cfg.BaseURL, Model: cfg.Model, APIKey: cfg.APIKey,
 			Concurrency: inflight, Timeout: cfg.RequestTimeout})
@@ -208,7 +236,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		defer cl.Close()
 	}
-	r := &run{cfg: &cfg, cl: cl}
+	r := &run{cfg: &cfg, cl: cl, grpc: gc}
 	if err := r.buildBodies(); err != nil {
 		return nil, err
 	}
@@ -235,6 +263,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if cfg.RequestRate > 0 {
 			wc = max(1, min(cfg.MaxConcurrency, cfg.Warmup))
 		}
+		wc = max(wc, 1) // a fixed schedule has no concurrency of its own
 		prog.setPhase("warmup", cfg.Warmup)
 		cfg.phase(records.PhaseWarmup, true)
 		recs := r.closedLoop(ctx, phase, "w", wc, cfg.Warmup, 0, nil, prog)
@@ -274,7 +303,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cpu0 := cpuTime()
 	res.ProfilingStartNs = int64(time.Since(r.epoch))
 	var recs []records.Request
-	if cfg.RequestRate > 0 {
+	if len(cfg.Sessions) > 0 {
+		recs = r.runSessions(ctx, rng, n, cancel, prog)
+		if cfg.FixedSchedule {
+			res.Mode = "fixed_schedule"
+		}
+	} else if cfg.RequestRate > 0 {
 		recs = r.openLoop(ctx, rng, n, cancel, prog)
 	} else {
 		recs = r.closedLoop(ctx, records.PhaseProfiling, "", cfg.Concurrency, n, cfg.Duration, cancel, prog)
@@ -298,6 +332,14 @@ func (r *run) buildBodies() error {
 		maxTokens := cfg.OutputTokens
 		if p.OutputTokens > 0 {
 			maxTokens = p.OutputTokens
+		}
+		if r.grpc != nil {
+			b, err := grpcRequest(cfg, p, maxTokens)
+			if err != nil {
+				return fmt.Errorf("load.Run: prompt %d (%s): %w", i, p.Name, err)
+			}
+			r.bodies[i] = b
+			continue
 		}
 		req := client.Request{Endpoint: cfg.Endpoint, Stream: cfg.Stream, Prompt: p.Prompt,
 			MaxTokens: maxTokens, IgnoreEOS: maxTokens > 0}
@@ -330,10 +372,15 @@ func (r *run) buildBodies() error {
 
 // one sends request number seq of a phase and returns its record.
 func (r *run) one(ctx context.Context, phase, idPrefix string, seq int, worker string, cancel func(int) (bool, time.Duration), resp *client.Response) records.Request {
+	pi := seq % len(r.cfg.Prompts)
+	return r.send(ctx, phase, idPrefix, seq, r.bodies[pi], r.cfg.Prompts[pi].InputTokens, worker, cancel, resp)
+}
+
+// send sends body as request number seq of a phase and returns its record.
+func (r *run) send(ctx context.Context, phase, idPrefix string, seq int, body []byte, inputTokens int, worker string, cancel func(int) (bool, time.Duration), resp *client.Response) records.Request {
 	cfg := r.cfg
-	pi := seq % len(cfg.Prompts)
 	id := cfg.RunID + "-" + idPrefix + strconv.Itoa(seq)
-	req := client.Request{ID: id, Endpoint: cfg.Endpoint, Stream: cfg.Stream, Body: r.bodies[pi]}
+	req := client.Request{ID: id, Endpoint: cfg.Endpoint, Stream: cfg.Stream, Body: body}
 	if cancel != nil {
 		if yes, d := cancel(seq); yes {
 			// The client arms the cancellation when it stamps the start, so the request is
@@ -341,8 +388,12 @@ func (r *run) one(ctx context.Context, phase, idPrefix string, seq int, worker s
 			req.CancelAfter = max(d, 1)
 		}
 	}
-	_ = r.cl.Do(ctx, r.epoch, &req, resp)
-	rec := toRecord(resp, cfg, phase, seq, worker, cfg.Prompts[pi].InputTokens)
+	if r.grpc != nil {
+		r.grpc.do(ctx, r.epoch, cfg.RequestTimeout, &req, resp)
+	} else {
+		_ = r.cl.Do(ctx, r.epoch, &req, resp)
+	}
+	rec := toRecord(resp, cfg, phase, seq, worker, inputTokens)
 	if resp.Cancelled && ctx.Err() != nil {
 		// The run itself was cancelled; this is not a planned cancellation.
 		rec.Cancelled = false
@@ -363,6 +414,7 @@ func toRecord(resp *client.Response, cfg *Config, phase string, seq int, worker 
 		Endpoint:           cfg.Endpoint,
 		Stream:             cfg.Stream,
 		StartUnixNs:        resp.StartUnixNs,
+		ConversationID:     resp.RequestID, // a session's own ID replaces it (sessions.go)
 		HTTPStatus:         resp.Status,
 		Cancelled:          resp.Cancelled,
 		InputTokens:        inputTokens,
@@ -448,6 +500,7 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 	if err != nil {
 		clock = nil
 	} else {
+		clock.setSpin(time.Duration(mean))
 		defer clock.close()
 	}
 	// Requests are handed to idle worker goroutines waiting on an unbuffered channel, so a
@@ -520,8 +573,12 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 			go worker(j)
 		}
 		// Let the worker run now, up to its request's start, instead of after this loop has
-		// armed the timer for the next request and parked.
-		runtimeGosched()
+		// armed the timer for the next request and parked; but not when the schedule is
+		// already behind: a yield then hands the processor to every runnable request
+		// goroutine before the next dispatch, and the lag grows with the in-flight count.
+		if time.Since(r.epoch) < sched+time.Millisecond {
+			runtimeGosched()
+		}
 	}
 	close(jobs)
 	wg.Wait()

@@ -57,6 +57,10 @@ type ProfileInput struct {
 	// fraction (0..1; cancellations the run asked for do not count). A point where no
 	// measured request succeeded fails whatever it says.
 	MaxErrorRate *float64
+	// Repeat runs every sweep point this many times (default 1), each into its own run
+	// directory with the suffix -rep<k> and its own seed, so that `qual report compare` can
+	// tell a change from run-to-run variance.
+	Repeat int
 	// Overwrite lets a point replace a run directory that already holds a run; without it
 	// Profile refuses before sending anything.
 	Overwrite bool
@@ -115,7 +119,11 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	if in.OutDir == "" {
 		return nil, errors.New("load.Profile: ProfileInput.OutDir is empty")
 	}
-	if (len(in.Concurrencies) == 0) == (len(in.RequestRates) == 0) {
+	if in.Load.FixedSchedule {
+		if len(in.Concurrencies) > 0 || len(in.RequestRates) > 0 {
+			return nil, errors.New("load.Profile: a fixed schedule (Load.FixedSchedule) sends at the trace's timestamps; leave ProfileInput.Concurrencies and RequestRates empty")
+		}
+	} else if (len(in.Concurrencies) == 0) == (len(in.RequestRates) == 0) {
 		return nil, errors.New("load.Profile: set exactly one of ProfileInput.Concurrencies and ProfileInput.RequestRates")
 	}
 	slos, err := metrics.ParseSLOs(in.SLOs)
@@ -159,6 +167,21 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	for _, r := range in.RequestRates {
 		points = append(points, point{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
 	}
+	if in.Load.FixedSchedule {
+		points = append(points, point{reports.SweepPoint{Parameter: "fixed_schedule", Value: 1}, in.Name + "-trace"})
+	}
+	if in.Repeat < 0 {
+		return res, fmt.Errorf("load.Profile: ProfileInput.Repeat %d must not be negative", in.Repeat)
+	}
+	if in.Repeat > 1 {
+		var reps []point
+		for _, p := range points {
+			for k := 1; k <= in.Repeat; k++ {
+				reps = append(reps, point{p.sweep, fmt.Sprintf("%s-rep%d", p.dir, k)})
+			}
+		}
+		points = reps
+	}
 	if !in.Overwrite {
 		for _, p := range points {
 			if err := RefuseExistingRun(filepath.Join(out, p.dir)); err != nil {
@@ -171,9 +194,10 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	}
 	for i, p := range points {
 		cfg := in.Load
-		if p.sweep.Parameter == "concurrency" {
+		switch p.sweep.Parameter {
+		case "concurrency":
 			cfg.Concurrency, cfg.RequestRate = int(p.sweep.Value), 0
-		} else {
+		case "request_rate":
 			cfg.RequestRate = p.sweep.Value
 		}
 		if cfg.Seed != 0 {
@@ -205,6 +229,15 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 		return pr
 	}
 	fail(writeJSON(filepath.Join(dir, FingerprintsBeforeFile), before))
+	// The watcher re-stats the fingerprinted files every second while the point runs, so a file
+	// changed and changed back (A to B to A) is caught, which before/after alone cannot see.
+	watch := provenance.Watch(before, time.Second)
+	watching := true
+	defer func() {
+		if watching {
+			_ = watch.Stop()
+		}
+	}()
 	fail(writeJSON(filepath.Join(dir, EnvironmentFile), struct {
 		provenance.Environment
 		GPU gpu.Inventory `json:"gpu"`
@@ -268,6 +301,8 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	}
 	pr.Joined = joined
 
+	watching = false
+	fail(watch.Stop())
 	after, err := provenance.Take(ctx, in.Fingerprint)
 	if err != nil {
 		fail(err)
@@ -278,7 +313,7 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	copyLogs(in.Endpoint.LogPaths, dir)
 
 	// Exports through package reports.
-	open := cfg.RequestRate > 0
+	open := cfg.RequestRate > 0 || cfg.FixedSchedule || metrics.HasSchedule(lr.Records)
 	exp := metrics.Export(lr.Records, joined, metrics.Options{ScheduleLateness: open})
 	outTok := 0
 	for i := range lr.Records {
@@ -306,6 +341,7 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 		EndTime:   time.Unix(0, lr.StartUnixNs+lr.ProfilingEndNs),
 	}
 	run.InputConfig = mustJSON(aiperfInputConfig(cfg, lr, sweep, inputCfg))
+	run.Target = target(in, pres.Environment, before)
 	run.WasCancelled = ctx.Err() != nil
 	run.Environment = mustJSON(struct {
 		provenance.Environment
@@ -380,6 +416,31 @@ func RefuseExistingRun(dir string) error {
 	return fmt.Errorf("%s already holds a run (%s, ...); pass a new --out or --name, or --overwrite to replace it", dir, ents[0].Name())
 }
 
+// target names the server, URL, model, bundle (with its sha256 from the fingerprints taken
+// before the point) and source commit for summary.md.
+func target(in ProfileInput, env provenance.Environment, fp *provenance.Fingerprints) *reports.Target {
+	t := &reports.Target{URL: in.Endpoint.BaseURL, Model: in.Load.Model, Bundle: in.Fingerprint.Bundle,
+		Commit: env.SourceRevision, Dirty: env.Dirty}
+	switch in.Endpoint.Kind {
+	case "external":
+		t.Server = "external"
+	case "":
+		t.Server = "unknown"
+	default:
+		t.Server = "qual-server (" + in.Endpoint.Kind + ")"
+	}
+	if t.Bundle != "" && fp != nil {
+		abs, _ := filepath.Abs(t.Bundle)
+		for _, f := range fp.Files {
+			if f.Path == t.Bundle || f.Path == abs || f.Role == "bundle" {
+				t.BundleSHA256 = f.SHA256
+				break
+			}
+		}
+	}
+	return t
+}
+
 // aiperfInputConfig is the exports' input_config in AIPerf's UserConfig layout (endpoint,
 // loadgen, input sections with AIPerf's field names), so scripts reading AIPerf's
 // input_config.endpoint.model_names or input_config.loadgen.concurrency read ours; the full
@@ -406,6 +467,10 @@ func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full an
 		loadgen["request_cancellation_rate"] = cfg.CancelRate * 100 // AIPerf: percent
 		loadgen["request_cancellation_delay"] = cfg.CancelDelay.Seconds()
 	}
+	input := map[string]any{"random_seed": lr.Seed, "fixed_schedule": cfg.FixedSchedule}
+	if len(cfg.Sessions) > 0 {
+		input["conversation_num"] = len(cfg.Sessions)
+	}
 	return map[string]any{
 		"endpoint": map[string]any{
 			"model_names": []string{cfg.Model},
@@ -414,7 +479,7 @@ func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full an
 			"url":         cfg.BaseURL,
 		},
 		"loadgen":   loadgen,
-		"input":     map[string]any{"random_seed": lr.Seed},
+		"input":     input,
 		"mq_config": full,
 		"mq_point":  sweep,
 	}
@@ -500,7 +565,7 @@ func readServerFrom(path string, offset int64) ([]records.Server, error) {
 	}
 	var out []records.Server
 	for _, s := range sv {
-		if s.Route == "/v1/completions" || s.Route == "/v1/chat/completions" {
+		if s.Route == "/v1/completions" || s.Route == "/v1/chat/completions" || s.Route == grpcGenerateRoute {
 			out = append(out, s)
 		}
 	}

@@ -2,6 +2,8 @@ package load_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -97,6 +99,18 @@ func TestProfileAgainstMockJoinsEveryID(t *testing.T) {
 			if _, ok := p.Summary.Profiling.Stat(tag, "avg"); !ok {
 				t.Errorf("no %s figure (serving cost from /proc)", tag)
 			}
+		}
+	}
+	// summary.md names the server, URL, model, the bundle's sha256 and the commit.
+	bb, err := os.ReadFile(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(bb)
+	md, _ := os.ReadFile(filepath.Join(res.Points[0].Dir, reports.SummaryMDFile))
+	for _, want := range []string{"qual-server (process)", ep.BaseURL, "`" + ep.Model + "`", hex.EncodeToString(sum[:]), "commit "} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("summary.md does not name %q:\n%s", want, md)
 		}
 	}
 	if res.Environment.GoVersion == "" || res.GPU.Available && len(res.GPU.Devices) == 0 {

@@ -21,7 +21,16 @@ type schedClock struct {
 	monoEpoch int64 // CLOCK_MONOTONIC ns at epoch
 	fd        int
 	f         *os.File
+	// spin is how long before a start the timerfd fires, the rest being a yielding spin
+	// (earlyWake unless setSpin chose less).
+	spin time.Duration
 }
+
+// setSpin bounds the spin before each start to a tenth of the mean gap between starts
+// (and earlyWake): at 1,000 req/s 100 µs a request, at 10,000 req/s 10 µs, so the spin
+// costs about a tenth of a core whatever the rate instead of all of one when the gaps are
+// shorter than earlyWake.
+func (c *schedClock) setSpin(meanGap time.Duration) { c.spin = min(earlyWake, meanGap/10) }
 
 func newSchedClock(epoch time.Time) (*schedClock, error) {
 	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
@@ -38,7 +47,7 @@ func newSchedClock(epoch time.Time) (*schedClock, error) {
 	// Map the epoch onto CLOCK_MONOTONIC through readings taken around the kernel's: the
 	// mapping is off by at most half their gap (more if this goroutine was preempted between
 	// them), which is why sleep never relies on it for the final instant.
-	c := &schedClock{epoch: epoch, monoEpoch: ts.Nano() - int64(before+after)/2, fd: fd}
+	c := &schedClock{epoch: epoch, monoEpoch: ts.Nano() - int64(before+after)/2, fd: fd, spin: earlyWake}
 	c.f = os.NewFile(uintptr(fd), "schedule-timerfd") // non-blocking: parked in the poller
 	return c, nil
 }
@@ -59,7 +68,7 @@ func (c *schedClock) wait(ctx context.Context, at time.Duration) bool {
 	if time.Since(c.epoch) >= at {
 		return ctx.Err() == nil
 	}
-	if wake := at - earlyWake; time.Since(c.epoch) < wake {
+	if wake := at - c.spin; time.Since(c.epoch) < wake {
 		if !c.sleep(ctx, wake) {
 			return false
 		}

@@ -17,3 +17,5 @@ func (c *schedClock) wait(ctx context.Context, at time.Duration) bool {
 }
 
 func (c *schedClock) close() {}
+
+func (c *schedClock) setSpin(time.Duration) {}

@@ -120,6 +120,11 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 		RecordProcessorID: recordProcessorID,
 		BenchmarkPhase:    r.Phase,
 		WasCancelled:      r.Cancelled,
+		TurnIndex:         r.TurnIndex,
+	}
+	if r.ConversationID != "" {
+		c := r.ConversationID
+		md.ConversationID = &c
 	}
 	if r.Cancelled {
 		t := r.StartUnixNs + r.CancelNs

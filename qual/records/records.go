@@ -48,6 +48,11 @@ type Request struct {
 	WorkerID   string `json:"worker_id"`   // load-generator worker that issued it
 	Endpoint   string `json:"endpoint"`    // "completions" | "chat"
 	Stream     bool   `json:"stream"`
+	// ConversationID and TurnIndex place the request in its session (AIPerf's
+	// conversation_id and turn_index): a multi-turn session's requests share the ID and
+	// count turns from 0; a single request is a session of one turn.
+	ConversationID string `json:"conversation_id,omitempty"`
+	TurnIndex      int    `json:"turn_index,omitempty"`
 
 	StartUnixNs int64   `json:"start_unix_ns"` // wall clock at request start (export metadata only)
 	AckNs       int64   `json:"ack_ns"`        // response headers received

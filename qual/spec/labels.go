@@ -30,6 +30,7 @@ const (
 	TaskStream = "stream" // Server-Sent Events
 	TaskImage  = "image"  // /v1/images/generations (later)
 	TaskVision = "vision" // chat with one image (later)
+	TaskGRPC   = "grpc"   // OpenEngine v1 gRPC (qual-server --grpc-port)
 
 	// Gates: which promise a spec checks. Owner: the harness.
 	GateProvenance = "provenance" // the served bundle is the one the manifest names
@@ -45,7 +46,7 @@ const (
 )
 
 var (
-	tasks     = []string{TaskText, TaskChat, TaskStream, TaskImage, TaskVision}
+	tasks     = []string{TaskText, TaskChat, TaskStream, TaskImage, TaskVision, TaskGRPC}
 	gates     = []string{GateProvenance, GateParity, GateContract, GateLoad}
 	placement = []string{PlacementPremerge, PlacementGPU, PlacementContainer, PlacementSlow}
 )

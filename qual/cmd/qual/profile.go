@@ -32,7 +32,7 @@ func init() {
 }
 
 const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher process|container] [--gpus all|0,1])
-         --model NAME [--tokenizer DIR] --endpoint completions|chat|images [--stream]
+         --model NAME [--tokenizer DIR] --endpoint completions|chat|images|grpc [--stream]
          (--concurrency 1,8,32 | --request-rate R[,R...] [--max-concurrency C] [--arrival constant|poisson])
          (--requests N | --duration D) [--warmup N]
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
@@ -77,7 +77,7 @@ func runProfile(args []string) int {
 		ctrPids        = fs.Int64("container-pids", launch.DefaultPidsLimit, "container launcher: process-and-thread cap (-1: none)")
 		model          = fs.String("model", "", "model name sent in requests (and served, with --bundle)")
 		tokDir         = fs.String("tokenizer", "", "tokenizer folder (tokenizer.json, tokenizer_config.json) for client token counts and synthetic prompts; default: the bundle's own")
-		endpoint       = fs.String("endpoint", "completions", "completions, chat, or images (/v1/images/generations; --input-file lines carry prompt, size, num_inference_steps, guidance_scale, seed)")
+		endpoint       = fs.String("endpoint", "completions", "completions, chat, images (/v1/images/generations; --input-file lines carry prompt, size, num_inference_steps, guidance_scale, seed), or grpc (OpenEngine v1 Generate streams: with --bundle, qual-server is started with --grpc-port; with --url, give grpc://host:port of any OpenEngine server)")
 		stream         = fs.Bool("stream", false, "stream responses (SSE)")
 		concurrency    = fs.String("concurrency", "", "closed loop: comma-separated concurrencies to sweep, e.g. 1,8,32")
 		rate           = fs.String("request-rate", "", "open loop: comma-separated request rates (req/s) to sweep")
@@ -89,7 +89,9 @@ func runProfile(args []string) int {
 		inMean         = fs.Int("input-tokens-mean", 128, "synthetic prompts: mean input length in tokens")
 		inStd          = fs.Int("input-tokens-stddev", 0, "synthetic prompts: input length standard deviation")
 		numPrompts     = fs.Int("num-prompts", 100, "synthetic prompts: how many distinct prompts to cycle through")
-		inputFile      = fs.String("input-file", "", "JSONL prompts: families' corpus format or {\"text\": ...} lines")
+		inputFile      = fs.String("input-file", "", "JSONL prompts: families' corpus format or {\"text\": ...} lines; with --custom-dataset-type, an AIPerf dataset file")
+		datasetType    = fs.String("custom-dataset-type", "", "read --input-file as AIPerf's single_turn, multi_turn (sessions whose history grows turn by turn, with per-turn delays), random_pool (sampled with replacement) or mooncake_trace (timestamp, input_length, output_length, hash_ids)")
+		fixedSchedule  = fs.Bool("fixed-schedule", false, "send each request at its --input-file timestamp (ms from the first), as AIPerf's --fixed-schedule; lateness against the trace is reported")
 		img            load.ImageOptions
 		outTokens      = fs.Int("output-tokens", 0, "output length: max_tokens with ignore_eos (0: server default); the mean with --output-tokens-stddev; an input file's per-line output_length takes precedence")
 		outStd         = fs.Int("output-tokens-stddev", 0, "output length standard deviation: each prompt gets its own length, drawn from a normal distribution around --output-tokens (so requests do not all finish together)")
@@ -107,6 +109,7 @@ func runProfile(args []string) int {
 		noProgress     = fs.Bool("no-progress", false, "do not print progress")
 		maxErrorRate   = fs.Float64("max-error-rate", -1, "fail a point whose measured requests failed in a larger fraction (0..1; default: fail only when none succeeded)")
 		overwrite      = fs.Bool("overwrite", false, "replace the runs already in --out")
+		repeat         = fs.Int("repeat", 1, "run every sweep point N times (run directories ...-rep1..N) so qual report compare can separate a change from run-to-run variance")
 	)
 	var serverArgs profileMultiFlag
 	fs.StringVar(&img.Dir, "image-dir", "", "chat: one image per request from this folder's .png/.jpg files (round robin)")
@@ -138,13 +141,42 @@ func runProfile(args []string) int {
 	if *out == "" {
 		return bad("--out is required (where run directories go)")
 	}
-	if *endpoint != client.Completions && *endpoint != client.Chat && *endpoint != load.EndpointImages {
-		return bad("--endpoint %q must be completions, chat or images", *endpoint)
+	if *endpoint != client.Completions && *endpoint != client.Chat && *endpoint != load.EndpointImages && *endpoint != load.EndpointGRPC {
+		return bad("--endpoint %q must be completions, chat, images or grpc", *endpoint)
 	}
-	if (*concurrency == "") == (*rate == "") {
+	grpcURL := ""
+	if *endpoint == load.EndpointGRPC {
+		*stream = true // every Generate is a stream
+		if *url != "" {
+			if !strings.HasPrefix(*url, "grpc://") {
+				return bad("--endpoint grpc: --url %q must be grpc://host:port", *url)
+			}
+			grpcURL = *url
+		} else {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return bad("--endpoint grpc: find a free port: %v", err)
+			}
+			port := ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+			serverArgs = append(serverArgs, "--grpc-port", strconv.Itoa(port))
+			grpcURL = fmt.Sprintf("grpc://127.0.0.1:%d", port)
+		}
+	}
+	if *fixedSchedule {
+		if *datasetType == "" || *inputFile == "" {
+			return bad("--fixed-schedule needs --input-file F --custom-dataset-type single_turn|multi_turn|mooncake_trace with timestamps")
+		}
+		if *concurrency != "" || *rate != "" {
+			return bad("--fixed-schedule sends at the trace's timestamps; leave out --concurrency and --request-rate")
+		}
+	} else if (*concurrency == "") == (*rate == "") {
 		return bad("pass exactly one of --concurrency and --request-rate")
 	}
-	if *requests <= 0 && *duration <= 0 {
+	if *datasetType != "" && *inputFile == "" {
+		return bad("--custom-dataset-type %s needs --input-file F", *datasetType)
+	}
+	if *requests <= 0 && *duration <= 0 && *datasetType == "" {
 		return bad("pass --requests N or --duration D to say when each point stops")
 	}
 	concs, err := profileParseInts(*concurrency)
@@ -164,6 +196,9 @@ func runProfile(args []string) int {
 	gpuIndices, err := profileGPUIndices(*gpus)
 	if err != nil {
 		return bad("--gpus: %v", err)
+	}
+	if *repeat < 1 {
+		return bad("--repeat %d must be at least 1", *repeat)
 	}
 	if *maxErrorRate > 1 {
 		return bad("--max-error-rate %v must be within [0, 1]", *maxErrorRate)
@@ -205,8 +240,18 @@ func runProfile(args []string) int {
 	if promptSeed == 0 {
 		promptSeed = uint64(time.Now().UnixNano())
 	}
+	var sessions []load.Session
 	if *endpoint == load.EndpointImages {
 		// Requests and their controls come from --input-file (load.ProfileImages).
+	} else if *datasetType != "" {
+		var ds *load.Dataset
+		ds, err = load.ReadDataset(*inputFile, *datasetType, ltok)
+		if err == nil {
+			if *fixedSchedule && !ds.Timed {
+				return bad("--fixed-schedule: %s has turns without a \"timestamp\"; give every line one, or drop --fixed-schedule", *inputFile)
+			}
+			sessions = ds.SampleSessions(*requests, promptSeed)
+		}
 	} else if *inputFile != "" {
 		prompts, err = load.ReadCorpus(*inputFile, ltok)
 	} else {
@@ -237,7 +282,9 @@ func runProfile(args []string) int {
 		launch.WithStartupTimeout(*startupTimeout), launch.WithArgs(serverArgs...), launch.WithFaults(*faults),
 		launch.WithAPIKey(*apiKey), launch.WithImage(*image), launch.WithMemoryLimit(*ctrMemory), launch.WithPidsLimit(*ctrPids)}
 	var l launch.Launcher
-	if *url != "" {
+	if grpcURL != "" && *url != "" {
+		l = grpcEndpoint{&launch.Endpoint{BaseURL: grpcURL, Model: *model, Kind: "external"}}
+	} else if *url != "" {
 		l = launch.External(append(opts, launch.WithURL(*url))...)
 	} else {
 		opts = append(opts, launch.WithBundle(*bundlePath))
@@ -281,8 +328,9 @@ func runProfile(args []string) int {
 	in := load.ProfileInput{
 		Endpoint: ep,
 		Load: load.Config{
-			APIKey: *apiKey, Endpoint: *endpoint, Stream: *stream, MaxConcurrency: *maxConc, Arrival: *arrival,
+			BaseURL: grpcURL, APIKey: *apiKey, Endpoint: *endpoint, Stream: *stream, MaxConcurrency: *maxConc, Arrival: *arrival,
 			Requests: *requests, Duration: *duration, Warmup: *warmup, Prompts: prompts, OutputTokens: *outTokens,
+			Sessions: sessions, FixedSchedule: *fixedSchedule,
 			CancelRate: *cancelRate, CancelDelay: *cancelDelay, Seed: *seed, Tokenizer: ltok,
 			RequestTimeout: *requestTimeout, Progress: progress,
 		},
@@ -296,6 +344,7 @@ func runProfile(args []string) int {
 		GPUIndices:    gpuIndices,
 		RequireGPU:    *gpus != "",
 		Overwrite:     *overwrite,
+		Repeat:        *repeat,
 	}
 	if *maxErrorRate >= 0 {
 		in.MaxErrorRate = maxErrorRate
@@ -320,8 +369,8 @@ func runProfile(args []string) int {
 // its name instead of after the launcher's startup timeout.
 func profileReachable(raw string, timeout time.Duration) error {
 	u, err := neturl.Parse(raw)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return fmt.Errorf("--url %q is not an http:// or https:// URL", raw)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "grpc") {
+		return fmt.Errorf("--url %q is not an http://, https:// or (with --endpoint grpc) grpc:// URL", raw)
 	}
 	host := u.Host
 	if u.Port() == "" {
@@ -465,3 +514,9 @@ type profileMultiFlag []string
 
 func (m *profileMultiFlag) String() string     { return strings.Join(*m, " ") }
 func (m *profileMultiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// grpcEndpoint is an OpenEngine server given by --url grpc://host:port: nothing to start,
+// and no HTTP /health to wait on (the first Generate says whether it serves).
+type grpcEndpoint struct{ ep *launch.Endpoint }
+
+func (g grpcEndpoint) Start(context.Context) (*launch.Endpoint, error) { return g.ep, nil }

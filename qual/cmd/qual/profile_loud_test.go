@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/modelqual/modelqual/qual/launch/launchtest"
+	"github.com/modelqual/modelqual/reports"
 )
 
 // captureStderr runs f with os.Stderr redirected and returns what it printed.
@@ -121,5 +122,71 @@ func TestProfileRefusesExistingOut(t *testing.T) {
 	}
 	if code, stderr := runProfileExternal(t, srv.URL, out, "--overwrite"); code != 0 {
 		t.Fatalf("--overwrite: exit %d: %s", code, stderr)
+	}
+}
+
+// TestProfileReplaysMooncakeAndMultiTurn: AIPerf's commands carry over: a Mooncake trace
+// with --fixed-schedule and a multi_turn file in a closed loop, against qual-server, with the
+// schedule lateness reported for the trace and session and turn in every record.
+func TestProfileReplaysMooncakeAndMultiTurn(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.jsonl")
+	os.WriteFile(trace, []byte(`{"timestamp": 5000, "input_length": 20, "output_length": 3, "hash_ids": [1]}
+{"timestamp": 5030, "input_length": 30, "output_length": 2, "hash_ids": [1]}
+{"timestamp": 5075, "input_length": 12, "output_length": 4, "hash_ids": [2]}
+`), 0o644)
+	out, _ := profileMock(t, "--input-file", trace, "--custom-dataset-type", "mooncake_trace", "--fixed-schedule")
+	s, err := reports.ReadSummary(filepath.Join(out, "profile-trace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Profiling.Requests != 3 || s.Sweep == nil || s.Sweep.Parameter != "fixed_schedule" {
+		t.Fatalf("trace replay: %d requests, sweep %+v", s.Profiling.Requests, s.Sweep)
+	}
+	if l, ok := s.Profiling.Stat(reports.TagScheduleLateness, "p99"); !ok || l < 0 {
+		t.Errorf("schedule lateness p99 %v (present %v)", l, ok)
+	}
+	isl := s.Profiling.Metrics[reports.TagInputSequenceLength].Dist
+	if isl == nil || isl.Min != 12 || isl.Max != 30 {
+		t.Errorf("input lengths %+v, want the trace's 12..30 tokens", isl)
+	}
+
+	conv := filepath.Join(dir, "conv.jsonl")
+	os.WriteFile(conv, []byte(`{"session_id": "a", "turns": [{"text": "hello there", "output_length": 3}, {"text": "and then?", "delay": 5, "output_length": 3}]}
+{"session_id": "b", "turns": [{"text": "one more", "output_length": 2}, {"text": "go on", "output_length": 2}, {"text": "last", "output_length": 2}]}
+`), 0o644)
+	out, _ = profileMock(t, "--input-file", conv, "--custom-dataset-type", "multi_turn", "--concurrency", "2")
+	run, err := reports.ReadRun(filepath.Join(out, "profile-c2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	turns := map[string][]int{}
+	for _, r := range run.Records {
+		if r.Metadata.ConversationID == nil {
+			t.Fatalf("record %s has no conversation_id", r.Metadata.XRequestID)
+		}
+		turns[*r.Metadata.ConversationID] = append(turns[*r.Metadata.ConversationID], r.Metadata.TurnIndex)
+	}
+	if len(run.Records) != 5 || len(turns["a"]) != 2 || len(turns["b"]) != 3 {
+		t.Errorf("records %d, turns %v; want sessions a (2 turns) and b (3 turns)", len(run.Records), turns)
+	}
+}
+
+// TestProfileRepeatFeedsCompare: --repeat 2 writes two run directories per point, and two such
+// profiles compare over runs, each column naming its two runs.
+func TestProfileRepeatFeedsCompare(t *testing.T) {
+	base, _ := profileMock(t, "--concurrency", "2", "--requests", "8", "--output-tokens", "3", "--repeat", "2")
+	cand, _ := profileMock(t, "--concurrency", "2", "--requests", "8", "--output-tokens", "3", "--repeat", "2")
+	for _, d := range []string{"profile-c2-rep1", "profile-c2-rep2"} {
+		if _, err := os.Stat(filepath.Join(base, d, reports.ProfileExportJSONL)); err != nil {
+			t.Fatalf("--repeat 2: %v", err)
+		}
+	}
+	var out, errb strings.Builder
+	if code := reportMain([]string{"compare", base, cand}, &out, &errb); code != 0 {
+		t.Fatalf("compare exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "base: 2 runs") || !strings.Contains(out.String(), "candidate: 2 runs") || !strings.Contains(out.String(), "over runs") {
+		t.Errorf("compare of repeats:\n%s", out.String())
 	}
 }

@@ -22,7 +22,9 @@ func init() {
 const reportUsage = `Usage:
   qual report show DIR                 print a run's summary.md
   qual report compare [flags] BASE CAND
-                                       per-metric ratio CAND/BASE with a bootstrap 95% interval
+                                       per-metric ratio CAND/BASE with its interval; BASE and CAND
+                                       may each list repeats (A1,A2,A3 or a folder of runs), and a
+                                       change is then called only beyond run-to-run variance
   qual report merge --out DIR [flags] RUN...
                                        join runs made on several machines into one run directory
   qual report sweep --out DIR RUN...   plot throughput and p99 latency against the swept parameter
@@ -99,16 +101,22 @@ func reportShow(args []string, stdout, stderr io.Writer) int {
 func reportCompare(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("qual report compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	iters := fs.Int("iterations", 1000, "bootstrap resamples")
+	iters := fs.Int("iterations", 1000, "bootstrap resamples (one run a side)")
 	seed := fs.Uint64("seed", 1, "bootstrap seed; the same seed and runs always give the same intervals")
 	stats := fs.String("stats", "avg,p50,p99", "comma-separated statistics compared per metric (avg, min, max, std, p1..p99)")
+	level := fs.Float64("level", 0.95, "repeats: family-wise confidence over all statistics compared")
 	asJSON := fs.Bool("json", false, "print the comparisons as JSON instead of a table")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: qual report compare [flags] BASE CAND\n\n"+
-			"For every per-request metric of the profiling phase, prints base, candidate, ratio CAND/BASE\n"+
-			"and a 95% percentile-bootstrap interval over requests (each run resampled independently).\n"+
-			"An interval that excludes 1 is marked better or worse by the metric's direction.\n"+
-			"Run-level values (throughputs, counts) are one observation per run: ratio only.\n\n")
+			"BASE and CAND are run directories, each side either one run or repeats of one configuration:\n"+
+			"a comma-separated list (a1,a2,a3) or a folder whose subfolders are runs (qual profile --repeat N\n"+
+			"--out F for one sweep point).\n\n"+
+			"With at least 2 runs a side, every statistic is computed per run and the runs are the\n"+
+			"observations: the ratio of the means with Welch's t interval on the log values, at a\n"+
+			"family-wise --level over all statistics (Bonferroni), and a verdict (better, worse, no change)\n"+
+			"only where that interval excludes 1. Two groups of one config say no change.\n\n"+
+			"With one run a side, the interval is a bootstrap over requests, which cannot see run-to-run\n"+
+			"variance; its verdicts are marked (within run).\n\n")
 		fs.PrintDefaults()
 	}
 	if code, ok := parseFlags(fs, args); !ok {
@@ -130,35 +138,98 @@ func reportCompare(args []string, stdout, stderr io.Writer) int {
 		}
 		st = append(st, s)
 	}
-	base, err := reports.ReadRun(fs.Arg(0))
+	bases, bnames, err := readRunGroup(fs.Arg(0))
 	if err != nil {
 		fmt.Fprintf(stderr, "qual report compare: base: %v\n", err)
 		return 1
 	}
-	cand, err := reports.ReadRun(fs.Arg(1))
+	cands, cnames, err := readRunGroup(fs.Arg(1))
 	if err != nil {
 		fmt.Fprintf(stderr, "qual report compare: candidate: %v\n", err)
 		return 1
 	}
-	cmps := reports.Compare(base, cand, reports.CompareOptions{Iterations: *iters, Seed: *seed, Stats: st})
-	if len(cmps) == 0 {
-		fmt.Fprintf(stderr, "qual report compare: %s and %s share no metric with valid profiling requests\n", fs.Arg(0), fs.Arg(1))
-		return 1
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(cmps); err != nil {
+	if len(bases) > 1 || len(cands) > 1 {
+		cmps, err := reports.CompareRuns(bases, cands, reports.CompareRunsOptions{Stats: st, Level: *level})
+		if err != nil {
+			fmt.Fprintf(stderr, "qual report compare: %v\n", err)
+			return 1
+		}
+		if *asJSON {
+			return writeJSONOut(stdout, stderr, cmps)
+		}
+		if err := reports.WriteRunComparison(stdout, reports.GroupLabel(bnames), reports.GroupLabel(cnames), cmps); err != nil {
 			fmt.Fprintf(stderr, "qual report compare: %v\n", err)
 			return 1
 		}
 		return 0
 	}
-	if err := reports.WriteComparison(stdout, base.Name, cand.Name, cmps); err != nil {
+	cmps := reports.Compare(bases[0], cands[0], reports.CompareOptions{Iterations: *iters, Seed: *seed, Stats: st})
+	if len(cmps) == 0 {
+		fmt.Fprintf(stderr, "qual report compare: %s and %s share no metric with valid profiling requests\n", fs.Arg(0), fs.Arg(1))
+		return 1
+	}
+	if *asJSON {
+		return writeJSONOut(stdout, stderr, cmps)
+	}
+	if err := reports.WriteComparison(stdout, bnames[0], cnames[0], cmps); err != nil {
 		fmt.Fprintf(stderr, "qual report compare: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+func writeJSONOut(stdout, stderr io.Writer, v any) int {
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintf(stderr, "qual report compare: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// readRunGroup reads one side of a compare: a comma-separated list of run directories, or
+// one directory that is a run, or a folder whose subfolders holding profile_export.jsonl are
+// runs (repeats). Each run is labelled with the path as given, so two runs of the same name
+// from different folders stay apart.
+func readRunGroup(arg string) ([]*reports.Run, []string, error) {
+	var dirs []string
+	for _, d := range strings.Split(arg, ",") {
+		if d = strings.TrimSpace(d); d == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(d, reports.ProfileExportJSONL)); err == nil {
+			dirs = append(dirs, d)
+			continue
+		}
+		ents, err := os.ReadDir(d)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", d, err)
+		}
+		n := len(dirs)
+		for _, e := range ents {
+			sub := filepath.Join(d, e.Name())
+			if _, err := os.Stat(filepath.Join(sub, reports.ProfileExportJSONL)); e.IsDir() && err == nil {
+				dirs = append(dirs, sub)
+			}
+		}
+		if len(dirs) == n {
+			// Let ReadRun say what is missing.
+			dirs = append(dirs, d)
+		}
+	}
+	if len(dirs) == 0 {
+		return nil, nil, fmt.Errorf("%q names no run directory", arg)
+	}
+	runs := make([]*reports.Run, len(dirs))
+	for i, d := range dirs {
+		r, err := reports.ReadRun(d)
+		if err != nil {
+			return nil, nil, err
+		}
+		runs[i] = r
+	}
+	return runs, dirs, nil
 }
 
 // stringList is a repeatable flag.

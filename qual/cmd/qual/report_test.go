@@ -109,3 +109,33 @@ func TestReportCompareShowMergeSweep(t *testing.T) {
 		t.Errorf("merge --help: exit %d", code)
 	}
 }
+
+// TestReportCompareRepeats: groups of repeats, given as a comma list or as a folder of runs,
+// are compared over runs; the columns name the groups.
+func TestReportCompareRepeats(t *testing.T) {
+	root := t.TempDir()
+	var bases, cands []string
+	for k := 1; k <= 3; k++ {
+		b := filepath.Join(root, "base", fmt.Sprintf("profile-c1-rep%d", k))
+		c := filepath.Join(root, fmt.Sprintf("cand-rep%d", k))
+		writeReportRun(t, b, 30, 1, 1)
+		writeReportRun(t, c, 30, 3, 1)
+		bases, cands = append(bases, b), append(cands, c)
+	}
+	out, errs, code := runReport(t, "compare", filepath.Join(root, "base"), strings.Join(cands, ","))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "base: 3 runs") || !strings.Contains(out, "candidate: 3 runs") || !strings.Contains(out, "over runs") {
+		t.Errorf("columns do not name the groups:\n%s", out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "Request Latency (ms)") && !strings.Contains(l, "worse") {
+			t.Errorf("latency 3x not called worse: %s", l)
+		}
+	}
+	out, _, code = runReport(t, "compare", strings.Join(bases, ","), filepath.Join(root, "base"))
+	if code != 0 || strings.Contains(out, "worse") || strings.Contains(out, "better") || !strings.Contains(out, "no change") {
+		t.Errorf("A/A over runs (exit %d):\n%s", code, out)
+	}
+}

@@ -1,0 +1,266 @@
+package spec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/modelqual/modelqual/qual/launch"
+	oe "github.com/modelqual/modelqual/server/openengine/v1"
+)
+
+// GRPCParityInput is the input of GRPCParity and CheckGRPCParity.
+type GRPCParityInput struct {
+	// API reaches the server's HTTP routes; GRPCAddr (host:port) the same server's OpenEngine
+	// v1 gRPC port.
+	API      *API
+	GRPCAddr string
+	// Corpus: the raw-text prompts are sent (the gRPC API takes text or token ids, not chat).
+	Corpus []Prompt
+	// EOSPrompts are token-id prompts whose greedy continuation reaches the model's own EOS
+	// (the family's EOS golden, when it has one): sent as token ids on both APIs, so a natural
+	// EOS is compared on all three paths.
+	EOSPrompts []EOSPrompt
+	// MaxTokens per answer. EOS is not ignored, so an answer that ends at the model's own EOS
+	// before MaxTokens is compared too (finish reason stop on all three paths).
+	MaxTokens int
+}
+
+// EOSPrompt is a named token-id prompt.
+type EOSPrompt struct {
+	Name string
+	IDs  []int32
+}
+
+// GRPCAnswer is one Generate stream as a client reads it.
+type GRPCAnswer struct {
+	Text             string
+	TokenIDs         []uint32
+	Deltas           int
+	FinishReason     string
+	PromptTokens     int
+	CompletionTokens int
+	HasUsage         bool
+}
+
+// GenerateGRPC streams one greedy Generate of prompt (text, or token ids when ids is not nil)
+// on conn.
+func GenerateGRPC(ctx context.Context, conn *grpc.ClientConn, model, prompt string, ids []int32, maxTokens int) (*GRPCAnswer, error) {
+	temp, n := 0.0, uint32(maxTokens)
+	req := &oe.GenerateRequest{Model: model, Input: &oe.GenerateRequest_Prompt{Prompt: prompt},
+		Sampling: &oe.SamplingParams{Temperature: &temp}, Stopping: &oe.StoppingOptions{MaxTokens: &n}}
+	if ids != nil {
+		u := make([]uint32, len(ids))
+		for i, id := range ids {
+			u[i] = uint32(id)
+		}
+		req.Input = &oe.GenerateRequest_TokenIds{TokenIds: &oe.TokenIds{Ids: u}}
+	}
+	st, err := oe.NewInferenceClient(conn).Generate(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	a := &GRPCAnswer{}
+	names := map[oe.FinishReason]string{oe.FinishReason_FINISH_REASON_STOP: "stop", oe.FinishReason_FINISH_REASON_LENGTH: "length",
+		oe.FinishReason_FINISH_REASON_CANCELLED: "cancelled"}
+	for {
+		ev, err := st.Recv()
+		if err == io.EOF {
+			return a, nil
+		}
+		if err != nil {
+			return a, err
+		}
+		switch e := ev.GetEvent().(type) {
+		case *oe.GenerateResponse_Token:
+			a.Deltas++
+			a.Text += e.Token.GetText()
+			for _, ti := range e.Token.GetTokens() {
+				a.TokenIDs = append(a.TokenIDs, ti.GetTokenId())
+			}
+		case *oe.GenerateResponse_Finished:
+			a.FinishReason = names[e.Finished.GetReason()]
+		case *oe.GenerateResponse_Error:
+			return a, fmt.Errorf("engine error %v: %s", e.Error.GetCode(), e.Error.GetMessage())
+		}
+		if u := ev.GetUsage(); u != nil {
+			a.HasUsage, a.PromptTokens, a.CompletionTokens = true, int(u.GetPromptTokens()), int(u.GetCompletionTokens())
+		}
+	}
+}
+
+// CheckGRPCParity is GRPCParity's core: at temperature 0, for every raw-text corpus prompt, the
+// gRPC stream (OpenEngine v1 Generate), the HTTP non-streaming completion and the HTTP stream
+// agree on the text, the finish reason and the usage; the gRPC stream's token ids number its
+// completion tokens and its deltas are never cumulative. Logprobs agree in the only way the
+// engines allow (token ids only): both APIs refuse them by name.
+func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
+	const fn = "spec.CheckGRPCParity"
+	switch {
+	case in.API == nil || in.GRPCAddr == "":
+		return fmt.Errorf("%s: GRPCParityInput.API and GRPCAddr are required", fn)
+	case in.MaxTokens < 1:
+		return fmt.Errorf("%s: GRPCParityInput.MaxTokens %d must be at least 1", fn, in.MaxTokens)
+	}
+	conn, err := grpc.NewClient(in.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("%s: %w", fn, err)
+	}
+	defer conn.Close()
+	var problems []string
+	var compared, naturalEOS int
+	type item struct {
+		name, text string
+		ids        []int32
+	}
+	var items []item
+	for _, p := range in.Corpus {
+		if !p.IsChat() {
+			items = append(items, item{name: p.Name, text: p.Prompt})
+		}
+	}
+	for _, p := range in.EOSPrompts {
+		items = append(items, item{name: p.Name, ids: p.IDs})
+	}
+	for _, p := range items {
+		compared++
+		body := map[string]any{"prompt": p.text, "max_tokens": in.MaxTokens, "temperature": 0}
+		if p.ids != nil {
+			body["prompt"] = p.ids
+		}
+		whole, err := in.API.Complete(ctx, "/v1/completions", body)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("prompt %q: HTTP non-streaming: %v", p.name, err))
+			continue
+		}
+		sb := map[string]any{"stream": true, "stream_options": map[string]any{"include_usage": true}}
+		for k, v := range body {
+			sb[k] = v
+		}
+		streamed, err := in.API.Complete(ctx, "/v1/completions", sb)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("prompt %q: HTTP streaming: %v", p.name, err))
+			continue
+		}
+		g, err := GenerateGRPC(ctx, conn, in.API.Model, p.text, p.ids, in.MaxTokens)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("prompt %q: gRPC Generate: %v", p.name, err))
+			continue
+		}
+		if whole.FinishReason == "stop" {
+			naturalEOS++
+		}
+		for _, c := range []struct {
+			what      string
+			text, fin string
+			pt, ct    int
+			has       bool
+		}{{"HTTP stream", streamed.Text, streamed.FinishReason, streamed.PromptTokens, streamed.CompletionTokens, streamed.HasUsage},
+			{"gRPC stream", g.Text, g.FinishReason, g.PromptTokens, g.CompletionTokens, g.HasUsage}} {
+			if c.text != whole.Text {
+				problems = append(problems, fmt.Sprintf("prompt %q: %s text %q, HTTP non-streaming %q", p.name, c.what, clip(c.text, 60), clip(whole.Text, 60)))
+			}
+			if c.fin != whole.FinishReason {
+				problems = append(problems, fmt.Sprintf("prompt %q: %s finish %q, HTTP non-streaming %q", p.name, c.what, c.fin, whole.FinishReason))
+			}
+			if !c.has || c.pt != whole.PromptTokens || c.ct != whole.CompletionTokens {
+				problems = append(problems, fmt.Sprintf("prompt %q: %s usage %d+%d (present %v), HTTP non-streaming %d+%d",
+					p.name, c.what, c.pt, c.ct, c.has, whole.PromptTokens, whole.CompletionTokens))
+			}
+		}
+		// Deltas are never cumulative: their token ids add up to the completion tokens (and
+		// their texts, compared above, concatenate to the answer).
+		if len(g.TokenIDs) != g.CompletionTokens {
+			problems = append(problems, fmt.Sprintf("prompt %q: gRPC deltas carry %d token ids for %d completion tokens",
+				p.name, len(g.TokenIDs), g.CompletionTokens))
+		}
+	}
+	if compared == 0 {
+		return fmt.Errorf("%s: the corpus has no raw-text prompt", fn)
+	}
+	if len(in.EOSPrompts) > 0 && naturalEOS == 0 {
+		problems = append(problems, fmt.Sprintf("none of the %d EOS prompts ended at the model's EOS (finish_reason stop)", len(in.EOSPrompts)))
+	}
+	// Logprobs: the engines return token ids only; both APIs must say so rather than omit them.
+	if _, err := in.API.Complete(ctx, "/v1/completions", map[string]any{"prompt": "x", "max_tokens": 1, "logprobs": 1}); err == nil {
+		problems = append(problems, "HTTP accepted logprobs: 1, which the engines cannot return")
+	}
+	yes := true
+	n := uint32(1)
+	st, err := oe.NewInferenceClient(conn).Generate(ctx, &oe.GenerateRequest{Input: &oe.GenerateRequest_Prompt{Prompt: "x"},
+		Stopping: &oe.StoppingOptions{MaxTokens: &n}, Response: &oe.ResponseOptions{ReturnOutputLogprobs: &yes}})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if s, _ := status.FromError(err); s.Code() != codes.Unimplemented || !strings.Contains(s.Message(), "return_output_logprobs") {
+		problems = append(problems, fmt.Sprintf("gRPC return_output_logprobs: got %v, want UNIMPLEMENTED naming the field", err))
+	}
+	ginkgo.GinkgoWriter.Printf("gRPC parity: %d prompts compared, %d ended at the model's own EOS\n", compared, naturalEOS)
+	if len(problems) > 0 {
+		return errors.New("gRPC parity gate:\n  " + strings.Join(problems, "\n  "))
+	}
+	return nil
+}
+
+// GRPCParity asserts CheckGRPCParity on a server of the suite's bundle started with
+// --grpc-port (input starts it; see Suite.GRPCParityInput).
+func GRPCParity(ctx context.Context, input func() GRPCParityInput) {
+	ginkgo.It("streams OpenEngine gRPC answers equal to the HTTP non-streaming and streaming ones", Gate(GateParity), Task(TaskGRPC), func(sctx ginkgo.SpecContext) {
+		c, cancel := specContext(ctx, sctx)
+		defer cancel()
+		gomega.Expect(CheckGRPCParity(c, input())).To(gomega.Succeed())
+	})
+}
+
+// GRPCParityInput starts a CPU server of the suite's bundle with --grpc-port (the suite's own
+// server has no gRPC port) for the calling spec, and returns the gate's input over the suite's
+// corpus with EOS honoured (MaxTokens: twice the greedy steps, so short answers end at EOS
+// when the model produces one). Under the container and GPU launchers the spec skips: the
+// gate runs in premerge, on the process launcher.
+func (s *Suite) GRPCParityInput() GRPCParityInput {
+	ginkgo.GinkgoHelper()
+	if s.State.Bundle == "" || s.State.Launcher != "process" || s.State.Device == "cuda" {
+		ginkgo.Skip(fmt.Sprintf("spec: the gRPC parity gate starts its own CPU server of the suite's bundle; this run uses the %s launcher", s.State.Launcher))
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	// The suite's server settings (MODELQUAL_FAULTS included, so a planted server fault such
+	// as server.grpc_cumulative_deltas reaches this server too).
+	opts := append(s.serverOptions(filepath.Join(s.State.Artifacts, "servers", "grpc-parity")),
+		launch.WithBundle(s.State.Bundle), launch.WithModel(s.State.Model),
+		launch.WithServerBin(filepath.Join(binDir(s.State.RepoRoot), "qual-server")),
+		launch.WithArgs("--grpc-port", strconv.Itoa(port)))
+	l := launch.Process(opts...)
+	ep, err := l.Start(context.Background())
+	if ep != nil {
+		ginkgo.DeferCleanup(func(ctx context.Context) error { return ep.Stop(ctx) }, ginkgo.NodeTimeout(time.Minute))
+	}
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "start a server with --grpc-port")
+	in := GRPCParityInput{API: NewAPI(ep.BaseURL, ep.Model, "", s.Manifest.Server.RequestTimeout.Duration),
+		GRPCAddr: fmt.Sprintf("127.0.0.1:%d", port), Corpus: s.Corpus, MaxTokens: 2 * s.Threshold().GreedySteps}
+	eosPath := filepath.Join(s.State.RepoRoot, "fixtures", "golden", s.goldenFixture()+"-eos.json")
+	if _, err := os.Stat(eosPath); err == nil {
+		g, err := LoadEOSGolden(eosPath)
+		gomega.Expect(err).NotTo(gomega.HaveOccurred())
+		for _, p := range g.Prompts {
+			in.EOSPrompts = append(in.EOSPrompts, EOSPrompt{Name: p.Name, IDs: p.PromptIDs})
+		}
+	}
+	return in
+}
