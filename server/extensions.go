@@ -85,7 +85,12 @@ func (s *Server) handleTokenize(q *reqState) {
 		text, aerr = str(m["prompt"], "prompt")
 	case m["messages"] != nil:
 		var msgs []Message
-		if msgs, aerr = decodeMessages(m["messages"], ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes}); aerr != nil {
+		var img *ImagePart
+		if msgs, img, aerr = decodeMessages(m["messages"], ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes}); aerr != nil {
+			break
+		}
+		if img != nil {
+			aerr = badRequest("messages", "this route renders text only; an image part is not supported here")
 			break
 		}
 		addGen := true

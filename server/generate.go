@@ -181,13 +181,18 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 		q.fail(aerr)
 		return
 	}
+	ids, img, aerr := s.prepareImage(q, req, ids) // vision.go: one image, placeholders expanded
+	if aerr != nil {
+		q.fail(aerr)
+		return
+	}
 	maxTok, aerr := s.capacity(req, len(ids))
 	if aerr != nil {
 		q.fail(aerr)
 		return
 	}
 	t := s.pool.newTask()
-	t.prompt = ids
+	t.prompt, t.vision = ids, img
 	t.samp = wire.Sampling{MaxNewTokens: uint32(maxTok), Temperature: float32(req.Temperature),
 		TopK: int32(req.TopK), TopP: float32(req.TopP), Seed: req.Seed, IgnoreEOS: req.IgnoreEOS}
 	if !req.HasSeed {

@@ -33,6 +33,7 @@ type task struct {
 	samp   wire.Sampling
 	logits bool
 	image  *wire.ImageRequest // a text-to-image request (images.go)
+	vision *wire.ImageInput   // a vision-language chat request's one image (vision.go)
 
 	worker    *workerProc
 	assigned  chan struct{} // closed when a queued task gets a slot
@@ -625,6 +626,8 @@ func (p *pool) run(t *task, done <-chan struct{}, cause func() error) error {
 			_ = out.Image(t.id, *t.image)
 		} else if t.logits {
 			out.Logits(t.id, t.prompt)
+		} else if t.vision != nil {
+			out.SubmitImage(t.id, t.samp, t.prompt, t.vision)
 		} else {
 			out.Submit(t.id, t.samp, t.prompt)
 		}

@@ -62,6 +62,7 @@ type GenRequest struct {
 	PromptIDs           []int32 // completions with a token-id prompt
 	HasPromptIDs        bool
 	Messages            []Message
+	Image               *ImagePart // the one image of a chat request (vision.go)
 	ChatTemplateKwargs  map[string]any
 	AddGenerationPrompt bool
 	MaxTokens           int // 0: not set
@@ -227,7 +228,7 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 				break
 			}
 			havePrompt = !isNull(raw)
-			r.Messages, err = decodeMessages(raw, lim)
+			r.Messages, r.Image, err = decodeMessages(raw, lim)
 		case "max_tokens":
 			r.MaxTokens, err = positiveInt(raw, k)
 		case "max_completion_tokens":
@@ -440,46 +441,57 @@ func (r *GenRequest) decodePrompt(raw json.RawMessage) *APIError {
 
 var allowedRoles = map[string]bool{"system": true, "user": true, "assistant": true, "developer": true}
 
-func decodeMessages(raw json.RawMessage, lim ChatLimits) ([]Message, *APIError) {
+func decodeMessages(raw json.RawMessage, lim ChatLimits) ([]Message, *ImagePart, *APIError) {
 	var items []json.RawMessage
 	if json.Unmarshal(raw, &items) != nil {
-		return nil, badRequest("messages", "`messages` must be a list of {\"role\", \"content\"} objects")
+		return nil, nil, badRequest("messages", "`messages` must be a list of {\"role\", \"content\"} objects")
 	}
 	if len(items) == 0 {
-		return nil, badRequest("messages", "`messages` is empty; send at least one message")
+		return nil, nil, badRequest("messages", "`messages` is empty; send at least one message")
 	}
 	if lim.MaxMessages > 0 && len(items) > lim.MaxMessages {
-		return nil, badRequest("messages", "`messages` has %d messages; this server takes at most %d (--max-messages)", len(items), lim.MaxMessages)
+		return nil, nil, badRequest("messages", "`messages` has %d messages; this server takes at most %d (--max-messages)", len(items), lim.MaxMessages)
 	}
 	contentBytes := 0
 	msgs := make([]Message, len(items))
+	var img *ImagePart
 	for i, it := range items {
 		p := fmt.Sprintf("messages[%d]", i)
 		var m map[string]json.RawMessage
 		if t := bytes.TrimSpace(it); len(t) == 0 || t[0] != '{' || json.Unmarshal(t, &m) != nil {
-			return nil, badRequest(p, "`%s` must be an object with \"role\" and \"content\"", p)
+			return nil, nil, badRequest(p, "`%s` must be an object with \"role\" and \"content\"", p)
 		}
 		roleRaw, ok := m["role"]
 		if !ok {
-			return nil, badRequest(p+".role", "`%s.role` is missing; use one of system, user, assistant", p)
+			return nil, nil, badRequest(p+".role", "`%s.role` is missing; use one of system, user, assistant", p)
 		}
 		var role string
 		if json.Unmarshal(roleRaw, &role) != nil {
-			return nil, badRequest(p+".role", "`%s.role` must be a string", p)
+			return nil, nil, badRequest(p+".role", "`%s.role` must be a string", p)
 		}
 		if !allowedRoles[role] {
-			return nil, badRequest(p+".role", "`%s.role` %q is not supported; use one of system, user, assistant", p, role)
+			return nil, nil, badRequest(p+".role", "`%s.role` %q is not supported; use one of system, user, assistant", p, role)
 		}
 		contentRaw, ok := m["content"]
 		if !ok {
-			return nil, badRequest(p+".content", "`%s.content` is missing", p)
+			return nil, nil, badRequest(p+".content", "`%s.content` is missing", p)
 		}
-		var content string
-		if json.Unmarshal(contentRaw, &content) != nil {
-			return nil, badRequest(p+".content", "`%s.content` must be a string (content parts are not supported yet)", p)
+		var content any
+		var str string
+		if json.Unmarshal(contentRaw, &str) == nil {
+			content = str
+		} else {
+			c, im, aerr := decodeContentParts(p, role, contentRaw, img != nil)
+			if aerr != nil {
+				return nil, nil, aerr
+			}
+			content = c
+			if im != nil {
+				img = im
+			}
 		}
-		if contentBytes += len(content); lim.MaxContentBytes > 0 && contentBytes > lim.MaxContentBytes {
-			return nil, badRequest(p+".content", "the messages' content reaches %d bytes at `%s`; this server takes at most %d bytes in all (--max-chat-bytes)", contentBytes, p, lim.MaxContentBytes)
+		if contentBytes += textBytes(content); lim.MaxContentBytes > 0 && contentBytes > lim.MaxContentBytes {
+			return nil, nil, badRequest(p+".content", "the messages' content reaches %d bytes at `%s`; this server takes at most %d bytes in all (--max-chat-bytes)", contentBytes, p, lim.MaxContentBytes)
 		}
 		msg := Message{"role": role, "content": content}
 		for k, v := range m {
@@ -488,16 +500,36 @@ func decodeMessages(raw json.RawMessage, lim ChatLimits) ([]Message, *APIError) 
 			case "name":
 				var name string
 				if json.Unmarshal(v, &name) != nil {
-					return nil, badRequest(p+".name", "`%s.name` must be a string", p)
+					return nil, nil, badRequest(p+".name", "`%s.name` must be a string", p)
 				}
 				msg["name"] = name
 			default:
-				return nil, badRequest(p+"."+k, "`%s.%s` is not supported by qual-server yet", p, k)
+				return nil, nil, badRequest(p+"."+k, "`%s.%s` is not supported by qual-server yet", p, k)
 			}
 		}
 		msgs[i] = msg
 	}
-	return msgs, nil
+	return msgs, img, nil
+}
+
+// textBytes is the text a message content holds: the string, or its text parts (an image is
+// bounded by --max-body and the image checks, not by --max-chat-bytes).
+func textBytes(content any) int {
+	switch c := content.(type) {
+	case string:
+		return len(c)
+	case []any:
+		n := 0
+		for _, p := range c {
+			if m, ok := p.(map[string]any); ok {
+				if t, ok := m["text"].(string); ok {
+					n += len(t)
+				}
+			}
+		}
+		return n
+	}
+	return 0
 }
 
 func decodeStop(raw json.RawMessage) ([]string, *APIError) {

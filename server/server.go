@@ -121,6 +121,7 @@ type Server struct {
 
 	state   atomic.Int32
 	tok     *tokenizer.Tokenizer
+	vision  *visionState    // the image side of a vision bundle (vision.go); nil otherwise
 	header  json.RawMessage // the bundle header as served by /mq/v1/bundle
 	task    string          // the bundle's task: "text", "image" or "vision"
 	image   imageGeometry   // what the images route checks sizes against (task "image")
@@ -366,6 +367,11 @@ func (s *Server) loadFrontend() (fileReads, error) {
 		return fileReads{}, fmt.Errorf("qual-server: tokenizer of bundle %s: %w", s.cfg.Bundle, err)
 	}
 	s.tok = t
+	if h.Task == "vision" {
+		if s.vision, err = newVisionState(h.Config, section); err != nil {
+			return fileReads{}, fmt.Errorf("qual-server: bundle %s: %w", s.cfg.Bundle, err)
+		}
+	}
 	log.Printf("frontend loaded bundle header and tokenizer in %v", time.Since(t0).Round(time.Millisecond))
 	return fileReads{before, after}, nil
 }

@@ -16,6 +16,9 @@ type Prompt struct {
 	Messages            []map[string]any `json:"messages,omitempty"`
 	AddGenerationPrompt bool             `json:"add_generation_prompt,omitempty"`
 	ChatTemplateKwargs  map[string]any   `json:"chat_template_kwargs,omitempty"`
+	// Image is a vision-language prompt's image file, relative to the repository root: the
+	// prompt is sent as one user message of the image and the text.
+	Image string `json:"image,omitempty"`
 }
 
 // IsChat reports whether the prompt is a chat conversation.

@@ -202,7 +202,12 @@ func (w *Writer) Fatal(msg string) {
 // Submit buffers a Submit frame.
 func (w *Writer) Submit(id uint64, s Sampling, prompt []int32) {
 	st := w.begin(TypeSubmit)
-	b := w.buf
+	w.buf = appendSubmit(w.buf, id, s, prompt)
+	w.end(st)
+}
+
+// appendSubmit appends a Submit payload (also the head of SubmitImage's).
+func appendSubmit(b []byte, id uint64, s Sampling, prompt []int32) []byte {
 	b = binary.LittleEndian.AppendUint64(b, id)
 	b = binary.LittleEndian.AppendUint32(b, s.MaxNewTokens)
 	b = binary.LittleEndian.AppendUint32(b, math.Float32bits(s.Temperature))
@@ -214,9 +219,7 @@ func (w *Writer) Submit(id uint64, s Sampling, prompt []int32) {
 	} else {
 		b = append(b, 0)
 	}
-	b = appendIDs(b, prompt)
-	w.buf = b
-	w.end(st)
+	return appendIDs(b, prompt)
 }
 
 func appendIDs(b []byte, ids []int32) []byte {

@@ -61,6 +61,19 @@ func (n *nativeEngine) Add(prompt []int32, s wire.Sampling) (uint64, error) {
 	return uint64(id), err
 }
 
+// AddImage is Add with one image (a vision-language family).
+func (n *nativeEngine) AddImage(prompt []int32, im *wire.ImageInput, s wire.Sampling) (uint64, error) {
+	img := &native.Image{Pixels: im.Pixels, Grid: [3]int{int(im.Grid[0]), int(im.Grid[1]), int(im.Grid[2])}}
+	id, err := n.e.AddImage(prompt, img, native.Sampling{
+		MaxNewTokens: int(s.MaxNewTokens), Temperature: s.Temperature, TopK: int(s.TopK),
+		TopP: s.TopP, Seed: s.Seed, IgnoreEOS: s.IgnoreEOS,
+	})
+	if errors.Is(err, native.ErrBatchFull) {
+		return 0, ErrBatchFull
+	}
+	return uint64(id), err
+}
+
 func (n *nativeEngine) Cancel(seq uint64) { n.e.Cancel(native.SeqID(seq)) }
 
 func (n *nativeEngine) Step(fn func(Event)) (int, error) {

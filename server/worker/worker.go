@@ -45,18 +45,25 @@ type Engine interface {
 	Close() error
 }
 
+// VisionEngine is an Engine that takes one image with a prompt (a vision-language family).
+type VisionEngine interface {
+	AddImage(prompt []int32, im *wire.ImageInput, s wire.Sampling) (seq uint64, err error)
+}
+
 type command struct {
 	typ    uint8
 	id     uint64
 	samp   wire.Sampling
 	prompt []int32
-	image  wire.ImageRequest
+	image  wire.ImageRequest // text-to-image (image.go)
+	pixels *wire.ImageInput  // a vision-language prompt's image (SubmitImage)
 }
 
 type pendingReq struct {
 	id     uint64
 	samp   wire.Sampling
 	prompt []int32
+	pixels *wire.ImageInput
 }
 
 // loop is the state of one worker session.
@@ -165,6 +172,8 @@ func readCommands(in io.Reader, cmds chan<- command, readErr chan<- error) {
 		switch typ {
 		case wire.TypeSubmit:
 			c.id, c.samp, c.prompt, err = wire.DecodeSubmit(p, nil)
+		case wire.TypeSubmitImage:
+			c.id, c.samp, c.prompt, c.pixels, err = wire.DecodeSubmitImage(p, nil)
 		case wire.TypeCancel:
 			c.id, err = wire.DecodeCancel(p)
 		case wire.TypeLogits:
@@ -188,8 +197,8 @@ func (l *loop) handle(c command) {
 	switch c.typ {
 	case wire.TypeAck:
 		l.acked = max(l.acked, c.id)
-	case wire.TypeSubmit:
-		l.pending = append(l.pending, pendingReq{id: c.id, samp: c.samp, prompt: c.prompt})
+	case wire.TypeSubmit, wire.TypeSubmitImage:
+		l.pending = append(l.pending, pendingReq{id: c.id, samp: c.samp, prompt: c.prompt, pixels: c.pixels})
 	case wire.TypeCancel:
 		for i, p := range l.pending {
 			if p.id == c.id {
@@ -219,7 +228,15 @@ func (l *loop) admit() int {
 	n := 0
 	l.batchFull = false
 	for _, p := range l.pending {
-		seq, err := l.eng.Add(p.prompt, p.samp)
+		var seq uint64
+		var err error
+		if p.pixels == nil {
+			seq, err = l.eng.Add(p.prompt, p.samp)
+		} else if ve, ok := l.eng.(VisionEngine); ok {
+			seq, err = ve.AddImage(p.prompt, p.pixels, p.samp)
+		} else {
+			err = errors.New("this engine does not take images")
+		}
 		if errors.Is(err, ErrBatchFull) {
 			l.batchFull = true
 			break

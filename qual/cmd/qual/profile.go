@@ -37,6 +37,7 @@ const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher
          (--requests N | --duration D) [--warmup N]
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
          [--output-tokens N [--output-tokens-stddev S]] [--slo ttft:200ms,...] [--seed S] --out DIR
+         [--image-dir D | --image-width-mean W --image-height-mean H [--image-format png|jpeg]]
 
 Profiles a server the way AIPerf does and writes one run directory per sweep point under
 --out: profile_export.jsonl, profile_export_aiperf.json/.csv, summary.json, summary.md,
@@ -51,6 +52,11 @@ no measured request of a point succeeded ("0 of N requests succeeded"), or when 
 than --max-error-rate allows; the raw records are kept either way. A --url where nothing
 accepts connections fails within 5 s, naming it. An --out folder that already holds files is
 refused unless --overwrite is given, so a run is never replaced silently.
+
+With --image-dir or --image-width-mean/--image-height-mean (chat only) every request carries
+one image as a data: URL content part; a vision-language qual-server's records then hold each
+image's token count and preprocessing time (record field vision). Run once with and once
+without the image flags to compare TTFT.
 
 Flags:
 `
@@ -86,6 +92,7 @@ func runProfile(args []string) int {
 		inputFile      = fs.String("input-file", "", "JSONL prompts: families' corpus format or {\"text\": ...} lines; with --custom-dataset-type, an AIPerf dataset file")
 		datasetType    = fs.String("custom-dataset-type", "", "read --input-file as AIPerf's single_turn, multi_turn (sessions whose history grows turn by turn, with per-turn delays), random_pool (sampled with replacement) or mooncake_trace (timestamp, input_length, output_length, hash_ids)")
 		fixedSchedule  = fs.Bool("fixed-schedule", false, "send each request at its --input-file timestamp (ms from the first), as AIPerf's --fixed-schedule; lateness against the trace is reported")
+		img            load.ImageOptions
 		outTokens      = fs.Int("output-tokens", 0, "output length: max_tokens with ignore_eos (0: server default); the mean with --output-tokens-stddev; an input file's per-line output_length takes precedence")
 		outStd         = fs.Int("output-tokens-stddev", 0, "output length standard deviation: each prompt gets its own length, drawn from a normal distribution around --output-tokens (so requests do not all finish together)")
 		slo            = fs.String("slo", "", "goodput SLOs, e.g. ttft:200ms,itl:20ms,request_latency:1s")
@@ -105,6 +112,12 @@ func runProfile(args []string) int {
 		repeat         = fs.Int("repeat", 1, "run every sweep point N times (run directories ...-rep1..N) so qual report compare can separate a change from run-to-run variance")
 	)
 	var serverArgs profileMultiFlag
+	fs.StringVar(&img.Dir, "image-dir", "", "chat: one image per request from this folder's .png/.jpg files (round robin)")
+	fs.IntVar(&img.WidthMean, "image-width-mean", 0, "chat: one synthetic image per request, width around this (AIPerf's name)")
+	fs.IntVar(&img.HeightMean, "image-height-mean", 0, "chat: synthetic image height around this")
+	fs.IntVar(&img.WidthStddev, "image-width-stddev", 0, "chat: synthetic image width standard deviation")
+	fs.IntVar(&img.HeightStddev, "image-height-stddev", 0, "chat: synthetic image height standard deviation")
+	fs.StringVar(&img.Format, "image-format", "png", "chat: synthetic image format, png or jpeg")
 	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -246,6 +259,13 @@ func runProfile(args []string) int {
 			return bad("synthetic prompts need a tokenizer: pass --tokenizer DIR (or --input-file F)")
 		}
 		prompts, err = load.Synthetic(tok, load.SyntheticOptions{Count: *numPrompts, Mean: *inMean, Stddev: *inStd, Seed: promptSeed})
+	}
+	if err == nil && img.Enabled() { // one image per chat request (qual/load/vision.go)
+		if *endpoint != client.Chat {
+			return bad("image flags need --endpoint chat")
+		}
+		img.Seed = promptSeed
+		prompts, err = load.WithImages(prompts, img)
 	}
 	if err == nil && *outStd > 0 {
 		prompts, err = load.DrawOutputLengths(prompts, *outTokens, *outStd, promptSeed)

@@ -1,0 +1,48 @@
+package load
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"image/png"
+	"strings"
+	"testing"
+)
+
+// TestWithImagesSynthetic: every prompt becomes one user message whose first part is an image
+// of the asked size (stddev 0) and whose second is the prompt's text; images differ.
+func TestWithImagesSynthetic(t *testing.T) {
+	ps, err := WithImages([]Prompt{{Prompt: "a"}, {Prompt: "b"}}, ImageOptions{WidthMean: 40, HeightMean: 30, Format: "png", Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls []string
+	for i, p := range ps {
+		var msgs []struct {
+			Role    string           `json:"role"`
+			Content []map[string]any `json:"content"`
+		}
+		if err := json.Unmarshal(p.Messages, &msgs); err != nil || len(msgs) != 1 || len(msgs[0].Content) != 2 {
+			t.Fatalf("prompt %d: %s (%v)", i, p.Messages, err)
+		}
+		url := msgs[0].Content[0]["image_url"].(map[string]any)["url"].(string)
+		b, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(url, "data:image/png;base64,"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := png.DecodeConfig(bytes.NewReader(b))
+		if err != nil || cfg.Width != 40 || cfg.Height != 30 {
+			t.Fatalf("image %d: %+v %v", i, cfg, err)
+		}
+		if msgs[0].Content[1]["text"] != []string{"a", "b"}[i] {
+			t.Fatalf("text part %v", msgs[0].Content[1])
+		}
+		urls = append(urls, url)
+	}
+	if urls[0] == urls[1] {
+		t.Fatal("two requests carry the same synthetic image")
+	}
+	if _, err := WithImages([]Prompt{{Prompt: "a"}}, ImageOptions{WidthMean: 4, HeightMean: 4, Format: "gif"}); err == nil {
+		t.Fatal("format gif accepted")
+	}
+}

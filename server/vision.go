@@ -1,0 +1,196 @@
+package server
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/modelqual/modelqual/native/bundle"
+	"github.com/modelqual/modelqual/server/record"
+	"github.com/modelqual/modelqual/server/vision"
+	"github.com/modelqual/modelqual/server/wire"
+)
+
+// This file is the chat route's image side (vision-language bundles, task "vision"): content
+// parts with exactly one image as a data: URL, the processor (package vision), the placeholder
+// expansion and the record's image fields. The refusals name their reason; nothing is fetched.
+
+// maxImagePixels bounds an image's width x height as read from its header, before decoding: a
+// small file that declares a huge image (a decompression bomb) is refused without allocating.
+const maxImagePixels = 1 << 25
+
+// ImagePart is the one image of a chat request, as the client sent it.
+type ImagePart struct {
+	Param string // where it was: messages[i].content[j]
+	Mime  string // the data: URL's media type
+	Data  []byte // the decoded base64 payload
+}
+
+// visionState is what a vision bundle adds to the server.
+type visionState struct {
+	cfg        *vision.Config
+	imageToken int32
+}
+
+// newVisionState reads a vision bundle's processor config (its preprocessor_config.json
+// section, read by section) and image token (config.json's image_token_id).
+func newVisionState(config json.RawMessage, section func(string) ([]byte, error)) (*visionState, error) {
+	pc, err := section(bundle.SectionPreprocessorConfig)
+	if err != nil {
+		return nil, fmt.Errorf("%w (a vision bundle needs the checkpoint's preprocessor_config.json)", err)
+	}
+	cfg, err := vision.ParseConfig(pc)
+	if err != nil {
+		return nil, err
+	}
+	var c struct {
+		ImageTokenID *int32 `json:"image_token_id"`
+	}
+	if err := json.Unmarshal(config, &c); err != nil || c.ImageTokenID == nil {
+		return nil, fmt.Errorf("vision bundle: config.json has no image_token_id")
+	}
+	return &visionState{cfg: cfg, imageToken: *c.ImageTokenID}, nil
+}
+
+// decodeContentParts parses a message's list content: text parts and at most one image part
+// (image_url with a data: URL). A message without an image gets its texts joined by newlines
+// (as vLLM does); one with the image keeps the parts for the chat template, which renders the
+// image's placeholder. seen says whether an earlier message already had the image.
+func decodeContentParts(p, role string, raw json.RawMessage, seen bool) (any, *ImagePart, *APIError) {
+	var parts []map[string]json.RawMessage
+	if json.Unmarshal(raw, &parts) != nil {
+		return nil, nil, badRequest(p+".content", "`%s.content` must be a string or a list of content parts ({\"type\": \"text\", \"text\": ...} or {\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,...\"}})", p)
+	}
+	var texts []string
+	var out []any
+	var img *ImagePart
+	for j, part := range parts {
+		pp := fmt.Sprintf("%s.content[%d]", p, j)
+		var typ string
+		if json.Unmarshal(part["type"], &typ) != nil {
+			return nil, nil, badRequest(pp+".type", "`%s.type` must be a string: text or image_url", pp)
+		}
+		switch typ {
+		case "text":
+			var text string
+			if json.Unmarshal(part["text"], &text) != nil {
+				return nil, nil, badRequest(pp+".text", "`%s.text` must be a string", pp)
+			}
+			texts = append(texts, text)
+			out = append(out, map[string]any{"type": "text", "text": text})
+		case "image_url":
+			if role != "user" {
+				return nil, nil, badRequest(pp, "an image in a %s message is not supported; send the image in a user message", role)
+			}
+			if seen || img != nil {
+				return nil, nil, badRequest(pp, "a second image; this model takes exactly one image per conversation")
+			}
+			im, aerr := decodeImageURL(pp, part["image_url"])
+			if aerr != nil {
+				return nil, nil, aerr
+			}
+			img = im
+			out = append(out, map[string]any{"type": "image"})
+		case "input_audio", "audio", "audio_url", "video", "video_url", "file", "input_file":
+			return nil, nil, badRequest(pp+".type", "`%s.type` %q is not supported; this model takes text and one image (image_url)", pp, typ)
+		default:
+			return nil, nil, badRequest(pp+".type", "`%s.type` %q is not supported; use text or image_url", pp, typ)
+		}
+	}
+	if img == nil {
+		return strings.Join(texts, "\n"), nil, nil
+	}
+	return out, img, nil
+}
+
+// decodeImageURL parses {"url": "data:<mime>;base64,<data>", "detail": "auto"}.
+func decodeImageURL(pp string, raw json.RawMessage) (*ImagePart, *APIError) {
+	var iu struct {
+		URL    *string `json:"url"`
+		Detail *string `json:"detail"`
+	}
+	if len(bytes.TrimSpace(raw)) == 0 || json.Unmarshal(raw, &iu) != nil || iu.URL == nil {
+		return nil, badRequest(pp+".image_url", "`%s.image_url` must be an object with a \"url\" (a data: URL)", pp)
+	}
+	if iu.Detail != nil && *iu.Detail != "auto" {
+		return nil, badRequest(pp+".image_url.detail", "`%s.image_url.detail` %q is not supported; only \"auto\" (the processor's own resize)", pp, *iu.Detail)
+	}
+	u := *iu.URL
+	low := strings.ToLower(u)
+	switch {
+	case strings.HasPrefix(low, "http://"), strings.HasPrefix(low, "https://"), strings.HasPrefix(low, "file:"), strings.HasPrefix(low, "ftp://"):
+		return nil, badRequest(pp+".image_url.url", "`%s.image_url.url` is a remote or file URL; this server fetches nothing: send the image inline as data:image/png;base64,... or data:image/jpeg;base64,...", pp)
+	case !strings.HasPrefix(low, "data:"):
+		return nil, badRequest(pp+".image_url.url", "`%s.image_url.url` must be a data: URL (data:image/png;base64,...)", pp)
+	}
+	head, data, ok := strings.Cut(u[len("data:"):], ",")
+	if !ok || !strings.HasSuffix(strings.ToLower(head), ";base64") {
+		return nil, badRequest(pp+".image_url.url", "`%s.image_url.url` must be a base64 data: URL (data:<media type>;base64,<data>)", pp)
+	}
+	mime := strings.ToLower(strings.TrimSuffix(strings.ToLower(head), ";base64"))
+	b, err := base64.StdEncoding.DecodeString(data)
+	if err != nil {
+		return nil, badRequest(pp+".image_url.url", "`%s.image_url.url`: the base64 data does not decode: %v", pp, err)
+	}
+	if len(b) == 0 {
+		return nil, badRequest(pp+".image_url.url", "`%s.image_url.url` holds no image data", pp)
+	}
+	return &ImagePart{Param: pp + ".image_url.url", Mime: mime, Data: b}, nil
+}
+
+// prepareImage decodes and processes the request's image, expands its placeholder in ids to one
+// token per image token, and fills the record's image fields. A request without an image on a
+// vision bundle, or any image on another bundle, is handled here too.
+func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int32, *wire.ImageInput, *APIError) {
+	v := s.vision
+	if req.Image == nil {
+		if v != nil {
+			for _, t := range ids {
+				if t == v.imageToken {
+					return nil, nil, badRequest("messages", "the prompt holds the image placeholder token but no image part; send the image as an image_url content part")
+				}
+			}
+		}
+		return ids, nil, nil
+	}
+	if v == nil {
+		return nil, nil, badRequest(req.Image.Param, "this model takes no images (its bundle's task is not vision)")
+	}
+	start := time.Now()
+	im, err := vision.Decode(req.Image.Data, req.Image.Mime, maxImagePixels)
+	if err != nil {
+		return nil, nil, badRequest(req.Image.Param, "%v", err)
+	}
+	r, err := v.cfg.Preprocess(im.RGB, im.Width, im.Height)
+	if err != nil {
+		return nil, nil, badRequest(req.Image.Param, "%v", err)
+	}
+	at := -1
+	for i, t := range ids {
+		if t == v.imageToken {
+			if at >= 0 {
+				return nil, nil, badRequest("messages", "the rendered prompt holds more than one image placeholder; remove image placeholder text from the messages")
+			}
+			at = i
+		}
+	}
+	if at < 0 {
+		return nil, nil, badRequest("messages", "the chat template rendered no image placeholder for the image part")
+	}
+	out := make([]int32, 0, len(ids)-1+r.Tokens)
+	out = append(out, ids[:at]...)
+	for i := 0; i < r.Tokens; i++ {
+		out = append(out, v.imageToken)
+	}
+	out = append(out, ids[at+1:]...)
+	q.rec.InputTokens = len(out)
+	q.rec.Vision = &record.VisionInput{
+		BytesSHA256: im.BytesSHA256, PixelsSHA256: im.PixelsSHA256, Format: im.Format,
+		OriginalWidth: im.Width, OriginalHeight: im.Height, ResizedWidth: r.ResizedWidth, ResizedHeight: r.ResizedHeight,
+		ImageTokens: r.Tokens, PreprocessNs: time.Since(start).Nanoseconds(),
+	}
+	return out, &wire.ImageInput{Grid: [3]uint32{uint32(r.Grid[0]), uint32(r.Grid[1]), uint32(r.Grid[2])}, Pixels: r.Pixels}, nil
+}

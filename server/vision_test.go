@@ -1,0 +1,274 @@
+package server_test
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/modelqual/modelqual/fixtures"
+	"github.com/modelqual/modelqual/server/tokenizer"
+)
+
+// visionGolden is what the chat-route tests read of fixtures/golden/qwen3vl-tiny.json.
+type visionGolden struct {
+	Entries []struct {
+		Name, Image, Prompt, Rendered string
+		Width, Height                 int
+		ResizedWidth                  int     `json:"resized_width"`
+		ResizedHeight                 int     `json:"resized_height"`
+		ImageTokens                   int     `json:"image_tokens"`
+		PromptIDs                     []int32 `json:"prompt_ids"`
+		GreedyIDs                     []int32 `json:"greedy_ids"`
+		ImageBytesSHA256              string  `json:"image_bytes_sha256"`
+	}
+}
+
+func visionSetup(t *testing.T) (*testServer, *visionGolden, *tokenizer.Tokenizer, string) {
+	t.Helper()
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "fixtures", "golden", "qwen3vl-tiny.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g visionGolden
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	bundleMu.Lock()
+	p, err := fixtures.Bundle(cacheDir, fixtures.Qwen3VLTiny)
+	bundleMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _, err := fixtures.Ensure(cacheDir, fixtures.Qwen3VLTiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startServer(t, p, "--workers", "1", "--threads", "2"), &g, tok, root
+}
+
+func dataURL(t *testing.T, root, path string) string {
+	b, err := os.ReadFile(filepath.Join(root, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mime := "image/png"
+	if strings.HasSuffix(path, ".jpg") {
+		mime = "image/jpeg"
+	}
+	return "data:" + mime + ";base64," + base64.StdEncoding.EncodeToString(b)
+}
+
+func imageChat(url, text string, extra string) string {
+	msg := map[string]any{"role": "user", "content": []any{
+		map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}},
+		map[string]any{"type": "text", "text": text},
+	}}
+	b, _ := json.Marshal(map[string]any{"model": "test-model", "messages": []any{msg}, "max_tokens": 32, "temperature": 0, "ignore_eos": true})
+	if extra != "" {
+		return strings.TrimSuffix(string(b), "}") + "," + extra + "}"
+	}
+	return string(b)
+}
+
+type chatAnswer struct {
+	Choices []struct {
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens int `json:"prompt_tokens"`
+	} `json:"usage"`
+}
+
+// TestVisionChatCorpus: /v1/chat/completions with one image per request answers as
+// transformers does on the 10-image corpus (32 greedy tokens, the prompt rendered and expanded
+// to the same token count, the rendered text identical), and every record carries the image's
+// identity and preprocessing.
+func TestVisionChatCorpus(t *testing.T) {
+	s, g, tok, root := visionSetup(t)
+	pass := 0
+	var rows []string
+	for _, e := range g.Entries {
+		code, _, body := s.post("/v1/chat/completions", imageChat(dataURL(t, root, e.Image), e.Prompt, ""))
+		if code != 200 {
+			t.Fatalf("%s: %d %s", e.Name, code, body)
+		}
+		var a chatAnswer
+		if err := json.Unmarshal(body, &a); err != nil || len(a.Choices) != 1 {
+			t.Fatalf("%s: %v %s", e.Name, err, body)
+		}
+		want := tok.Decode(e.GreedyIDs)
+		ok := a.Choices[0].Message.Content == want && a.Usage.PromptTokens == len(e.PromptIDs)
+		if ok {
+			pass++
+		} else {
+			t.Errorf("%s: prompt tokens %d (transformers %d); content %q, transformers %q", e.Name, a.Usage.PromptTokens, len(e.PromptIDs), a.Choices[0].Message.Content, want)
+		}
+		rows = append(rows, fmt.Sprintf("%-18s prompt tokens %3d  match %v", e.Name, a.Usage.PromptTokens, ok))
+	}
+	t.Logf("chat route vs transformers: %d/%d\n%s", pass, len(g.Entries), strings.Join(rows, "\n"))
+	s.stop()
+	recs := readVisionRecords(t, s)
+	if len(recs) != len(g.Entries) {
+		t.Fatalf("%d records for %d requests", len(recs), len(g.Entries))
+	}
+	for i, r := range recs {
+		e := g.Entries[i]
+		v := r.Vision
+		sum := sha256.Sum256([]byte(e.Rendered))
+		switch {
+		case v == nil:
+			t.Errorf("%s: record has no vision fields", e.Name)
+		case v.BytesSHA256 != e.ImageBytesSHA256 || len(v.PixelsSHA256) != 64:
+			t.Errorf("%s: image sha256 %q / %q, want bytes %s", e.Name, v.BytesSHA256, v.PixelsSHA256, e.ImageBytesSHA256)
+		case v.OriginalWidth != e.Width || v.OriginalHeight != e.Height || v.ResizedWidth != e.ResizedWidth || v.ResizedHeight != e.ResizedHeight:
+			t.Errorf("%s: sizes %+v", e.Name, v)
+		case v.ImageTokens != e.ImageTokens || v.PreprocessNs <= 0:
+			t.Errorf("%s: image tokens %d (want %d), preprocess %d ns", e.Name, v.ImageTokens, e.ImageTokens, v.PreprocessNs)
+		case r.InputTokens != len(e.PromptIDs) || r.Status != 200:
+			t.Errorf("%s: input tokens %d (want %d), status %d", e.Name, r.InputTokens, len(e.PromptIDs), r.Status)
+		case r.PromptSHA256 != hex.EncodeToString(sum[:]):
+			t.Errorf("%s: the rendered prompt differs from transformers' apply_chat_template", e.Name)
+		}
+	}
+}
+
+type visionRecord struct {
+	Status       int    `json:"status"`
+	InputTokens  int    `json:"input_tokens"`
+	OutputTokens int    `json:"output_tokens"`
+	PromptSHA256 string `json:"prompt_sha256"`
+	ErrorMessage string `json:"error_message"`
+	Vision       *struct {
+		BytesSHA256    string `json:"image_bytes_sha256"`
+		PixelsSHA256   string `json:"image_pixels_sha256"`
+		OriginalWidth  int    `json:"original_width"`
+		OriginalHeight int    `json:"original_height"`
+		ResizedWidth   int    `json:"resized_width"`
+		ResizedHeight  int    `json:"resized_height"`
+		ImageTokens    int    `json:"image_tokens"`
+		PreprocessNs   int64  `json:"preprocess_ns"`
+	} `json:"vision"`
+}
+
+func readVisionRecords(t *testing.T, s *testServer) []visionRecord {
+	b, err := os.ReadFile(s.records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []visionRecord
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r visionRecord
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("record %q: %v", line, err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// TestVisionStreamMatches: the streamed deltas of an image request concatenate to the
+// non-streamed answer.
+func TestVisionStreamMatches(t *testing.T) {
+	s, g, _, root := visionSetup(t)
+	e := g.Entries[3]
+	body := imageChat(dataURL(t, root, e.Image), e.Prompt, "")
+	_, _, plain := s.post("/v1/chat/completions", body)
+	var a chatAnswer
+	if err := json.Unmarshal(plain, &a); err != nil || len(a.Choices) != 1 {
+		t.Fatalf("%v %s", err, plain)
+	}
+	code, _, sb := s.post("/v1/chat/completions", imageChat(dataURL(t, root, e.Image), e.Prompt, `"stream":true`))
+	if code != 200 {
+		t.Fatalf("stream: %d %s", code, sb)
+	}
+	var got strings.Builder
+	for _, ev := range parseSSE(t, string(sb)) {
+		if ev == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(ev), &c) == nil && len(c.Choices) > 0 {
+			got.WriteString(c.Choices[0].Delta.Content)
+		}
+	}
+	if got.String() != a.Choices[0].Message.Content || got.Len() == 0 {
+		t.Fatalf("stream %q != non-stream %q", got.String(), a.Choices[0].Message.Content)
+	}
+}
+
+// TestVisionRefusals: each refusal of the image contract is a 400 naming its reason, and the
+// next valid request answers 200.
+func TestVisionRefusals(t *testing.T) {
+	s, g, _, root := visionSetup(t)
+	e := g.Entries[2]
+	good := imageChat(dataURL(t, root, e.Image), e.Prompt, "")
+	png := dataURL(t, root, e.Image)
+	img := func(url string) map[string]any {
+		return map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}}
+	}
+	txt := map[string]any{"type": "text", "text": "hi"}
+	req := func(msgs ...map[string]any) string {
+		b, _ := json.Marshal(map[string]any{"model": "test-model", "messages": msgs, "max_tokens": 4})
+		return string(b)
+	}
+	user := func(parts ...any) map[string]any { return map[string]any{"role": "user", "content": parts} }
+	// A PNG header declaring 100000 x 100000 pixels (a decompression bomb).
+	bomb, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(png, "data:image/png;base64,"))
+	bomb = append([]byte{}, bomb...)
+	copy(bomb[16:24], []byte{0, 1, 0x86, 0xa0, 0, 1, 0x86, 0xa0})
+	crc := crc32.ChecksumIEEE(bomb[12:29]) // IHDR's type and data
+	copy(bomb[29:33], []byte{byte(crc >> 24), byte(crc >> 16), byte(crc >> 8), byte(crc)})
+	// Text that fits the 4096-token context alone but not with the 640x480 image's 54 tokens.
+	long := strings.Repeat(" word", 4040)
+	photo := dataURL(t, root, g.Entries[0].Image)
+	cases := []struct{ name, body, want string }{
+		{"second image", req(user(img(png), img(png), txt)), "second image"},
+		{"second image in another message", req(user(img(png), txt), map[string]any{"role": "assistant", "content": "ok"}, user(img(png), txt)), "second image"},
+		{"image in system", req(map[string]any{"role": "system", "content": []any{img(png)}}, user(txt)), "system message"},
+		{"image in assistant", req(user(txt), map[string]any{"role": "assistant", "content": []any{img(png)}}), "assistant message"},
+		{"http url", req(user(img("https://example.com/a.png"), txt)), "fetches nothing"},
+		{"file url", req(user(img("file:///etc/passwd"), txt)), "fetches nothing"},
+		{"video", req(user(map[string]any{"type": "video_url", "video_url": map[string]any{"url": "data:video/mp4;base64,AAAA"}})), "video_url"},
+		{"audio", req(user(map[string]any{"type": "input_audio", "input_audio": map[string]any{"data": "AAAA", "format": "wav"}})), "input_audio"},
+		{"file", req(user(map[string]any{"type": "file", "file": map[string]any{"file_data": "AAAA"}})), `\"file\" is not supported`},
+		{"detail high", req(user(map[string]any{"type": "image_url", "image_url": map[string]any{"url": png, "detail": "high"}}, txt)), "detail"},
+		{"empty data", req(user(img("data:image/png;base64,"), txt)), "no image data"},
+		{"undecodable", req(user(img("data:image/png;base64,"+base64.StdEncoding.EncodeToString([]byte("\x89PNG\r\n\x1a\nnot a png at all"))), txt)), "does not decode"},
+		{"not an image", req(user(img("data:image/png;base64,"+base64.StdEncoding.EncodeToString([]byte("hello world"))), txt)), "neither PNG nor JPEG"},
+		{"mime mismatch", req(user(img(strings.Replace(png, "image/png", "image/jpeg", 1)), txt)), "disagrees"},
+		{"decompression bomb", req(user(img("data:image/png;base64,"+base64.StdEncoding.EncodeToString(bomb)), txt)), "before decoding"},
+		{"image tokens overflow the context", req(user(img(photo), map[string]any{"type": "text", "text": long})), "context"},
+	}
+	for _, c := range cases {
+		code, _, body := s.post("/v1/chat/completions", c.body)
+		if code != 400 || !strings.Contains(string(body), c.want) {
+			t.Errorf("%s: %d %s; want 400 naming %q", c.name, code, body, c.want)
+		}
+		if code, _, body := s.post("/v1/chat/completions", good); code != 200 {
+			t.Fatalf("after %s the valid request got %d %s", c.name, code, body)
+		}
+	}
+}
