@@ -2346,7 +2346,6 @@ PrepArgs<T> prep(int mode, const float *src, const T *srcT, int ld, const int *r
   return a;
 }
 
-int env_int(const char *k, int dflt);
 
 // gm_for: the attention kernels' compile-time bound on query heads per KV head (1, 2, 4 or 8).
 int gm_for(int G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8; }
