@@ -101,6 +101,31 @@ int mqb_logits_all(mqb_model *m, const int32_t *ids, int32_t n, float *out, char
 /* Forget slot's KV cache (the request ended or was cancelled). */
 void mqb_slot_reset(mqb_model *m, int32_t slot);
 
+/* Text-to-image models (task "image"; cuda/zimage.cu). Optional symbols beside ABI 4: the
+ * runtime resolves them only for an image family. The runtime validates the request, draws the
+ * initial noise (torch-identical, as the CPU pipeline) and computes the scheduler's sigmas, so
+ * both devices start from the same numbers; the library runs text encoder, denoising loop
+ * (guidance and Euler steps on the device) and VAE. */
+typedef struct mqb_image mqb_image; /* opaque */
+
+typedef struct {
+  const int32_t *prompt;   /* prompt token ids (chat-formatted) */
+  int32_t n_prompt;
+  const int32_t *negative; /* negative prompt ids; NULL or n_negative 0: no guidance */
+  int32_t n_negative;
+  int32_t width, height, steps;
+  float guidance;
+  const float *noise;  /* initial latents [C, height/s, width/s] */
+  const float *sigmas; /* steps+1 scheduler sigmas, the last 0 */
+  uint8_t *rgb;        /* out: height*width*3 bytes */
+  float *image;        /* out, optional: height*width*3 floats in [0, 1] */
+  float *latents;      /* out, optional: (steps+1) latents; the library writes entries 1..steps */
+} mqb_image_args;
+
+int mqb_image_open(const mqb_model_params *p, mqb_image **out, char *err, size_t errlen);
+int mqb_image_generate(mqb_image *m, const mqb_image_args *a, char *err, size_t errlen);
+void mqb_image_close(mqb_image *m);
+
 #ifdef __cplusplus
 }
 #endif
