@@ -110,7 +110,7 @@ if [ "${ZS_SHAPE:-1}" = 1 ]; then
   timeout 240 python3 $PY run "$W/shape" "$OUT/shape-diffusers.png" 512 512 8 3.5 42 "$P" "$N" > "$OUT/shape-diffusers.json" 2> "$W/d-shape.log" || { tail -5 "$W/d-shape.log" | tee -a "$LOG"; say "FAIL diffusers shape"; }
   cat "$OUT/shape-diffusers.json" | tee -a "$LOG"
   tb=$(date +%s)
-  timeout 240 "$QUAL" generate-image --bundle "$W/shape.mqb" --device cuda --prompt "$P" --size 512x512 --steps 8 --guidance 3.5 --seed 42 \
+  MQ_ZIMAGE_TIMING=1 timeout 240 "$QUAL" generate-image --bundle "$W/shape.mqb" --device cuda --prompt "$P" --size 512x512 --steps 8 --guidance 3.5 --seed 42 \
     --repeat "$N" --out "$OUT/shape-ours.png" > "$OUT/shape-ours.txt" 2>&1
   say "ours shape rc $? in $(( $(date +%s) - tb )) s (load included)"; cat "$OUT/shape-ours.txt" | tee -a "$LOG"
   python3 $PY compare "$OUT/shape-ours.png" "$OUT/shape-diffusers.png" 2>&1 | tee -a "$LOG"
@@ -123,4 +123,6 @@ PY
 fi
 wait $CMAKE; say "product CMake build of libmodelqual_cuda.so: rc $?"; grep -E "error" "$W/cmake.log" | head -10 | tee -a "$LOG"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader >> "$LOG"
+# one archive for the per-image files (the run tool returns a limited number of files)
+( cd "$OUT" && tar -czf results.tgz golden tiny && rm -rf golden tiny )
 say "total"

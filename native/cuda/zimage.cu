@@ -16,7 +16,8 @@
 //  - the host draws nothing: the runtime hands over the initial noise (torch_randn, as on CPU)
 //    and the scheduler's sigmas (computed by the same function the CPU pipeline uses), so both
 //    devices start from identical numbers; CFG and the Euler step run on the GPU.
-// Debug: MQ_ZIMAGE_DUMP=DIR writes the prompt embeddings (pe.f32), the first transformer
+// Debug: MQ_ZIMAGE_TIMING=1 prints each request's text encoder, denoising and VAE times (CUDA
+// events) to stderr. MQ_ZIMAGE_DUMP=DIR writes the prompt embeddings (pe.f32), the first transformer
 // call's velocity (v0.f32) and the VAE's output (vae_out.f32, HWC) as raw little-endian floats.
 //
 // Thread safety: one model is driven by one thread at a time (the engine's worker).
@@ -45,7 +46,6 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cub
                                           const void *, const void *, cudaDataType_t, int, long long, const void *,
                                           cudaDataType_t, int, long long, const void *, void *, cudaDataType_t, int,
                                           long long, int, cublasComputeType_t, cublasGemmAlgo_t);
-double atomicAdd(double *, double);
 float __shfl_xor_sync(unsigned, float, int, int);
 #define KL(k, g, b, s, st) k
 #else
@@ -98,6 +98,8 @@ __device__ float block_max(float v, float *sh) {
 }
 
 __device__ float silu_d(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float tof(float x) { return x; }
+__device__ __forceinline__ float tof(bf16 x) { return __bfloat162float(x); }
 
 // rms_k: y = x * rsqrt(mean(x^2) + eps) * w [* scale] per row of D; to fp32 yf and/or bf16 yb.
 __global__ void rms_k(const float *x, int D, const float *w, const float *scale, float eps, float *yf, bf16 *yb) {
@@ -143,13 +145,14 @@ __global__ void ln_scale_k(const float *x, int D, const float *sc, bf16 *y) {
 // qk_k: one (row, head) of a fused q|k|v row [ld] per block: per-head RMSNorm of q and k, RoPE,
 // to bf16 q [rows, H*hd], k and v [rows, Hkv*hd]. neox: rotate_half pairs (i, i+hd/2) (Qwen3);
 // else consecutive pairs (2i, 2i+1) (Z-Image's complex RoPE). cs/sn [rows, hd/2] per row.
-__global__ void qk_k(const float *qkv, int ld, int H, int Hkv, int hd, const float *nq, const float *nk, float eps,
+template <typename T>
+__global__ void qk_k(const T *qkv, int ld, int H, int Hkv, int hd, const float *nq, const float *nk, float eps,
                      const float *cs, const float *sn, bool neox, bool norm_q, bf16 *q, bf16 *k, bf16 *v) {
   __shared__ float sh[32];
   __shared__ float buf[512];
   const int r = blockIdx.x, h = blockIdx.y;  // h < H: q head; H <= h < H+Hkv: k head; then v
   const int half = hd / 2;
-  const float *src;
+  const T *src;
   const float *nw = nullptr;
   bf16 *dst;
   if (h < H) {
@@ -159,14 +162,14 @@ __global__ void qk_k(const float *qkv, int ld, int H, int Hkv, int hd, const flo
   } else {
     src = qkv + (size_t)r * ld + (H + Hkv) * hd + (h - H - Hkv) * hd;
     dst = v + (size_t)r * Hkv * hd + (h - H - Hkv) * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(src[i]);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(tof(src[i]));
     return;
   }
   float ss = 0.f;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += tof(src[i]) * tof(src[i]);
   ss = block_sum(ss, sh);
   const float inv = 1.0f / sqrtf(ss / hd + eps);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = nw ? nw[i] * (src[i] * inv) : src[i];
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = nw ? nw[i] * (tof(src[i]) * inv) : tof(src[i]);
   __syncthreads();
   const float *c = cs + (size_t)r * half, *s = sn + (size_t)r * half;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -200,19 +203,24 @@ __global__ void softmax_k(const float *S, int n, float scale, int qlen, bool cau
 }
 
 // swiglu_k: y[r, i] = silu(g[r, i]) * g[r, F + i] for g [rows, 2F], to bf16.
-__global__ void swiglu_k(const float *g, int F, size_t n, bf16 *y) {
+template <typename T>
+__global__ void swiglu_k(const T *g, int F, size_t n, bf16 *y) {
   for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) {
-    const size_t r = x / F, i = x % F;
-    y[x] = __float2bfloat16(silu_d(g[r * 2 * F + i]) * g[r * 2 * F + F + i]);
+    const unsigned r = (unsigned)x / (unsigned)F, i = (unsigned)x - r * (unsigned)F;  // n < 2^32 (checked by the caller)
+    y[x] = __float2bfloat16(silu_d(tof(g[(size_t)r * 2 * F + i])) * tof(g[(size_t)r * 2 * F + F + i]));
   }
 }
 
 __global__ void bias_k(float *y, const float *b, int N, size_t n) {
-  for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) y[x] += b[x % N];
+  for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) y[x] += b[(unsigned)x % (unsigned)N];
 }
 
 __global__ void add_k(float *y, const float *a, size_t n) {
   for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) y[x] += a[x];
+}
+
+__global__ void copy_k(float *y, const float *x, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = x[i];
 }
 
 __global__ void to_bf16_k(const float *x, bf16 *y, size_t n) {
@@ -304,28 +312,38 @@ __global__ void vae_in_k(const float *z, int C, int hw, float scaling, float shi
 __global__ void im2col_k(const float *x, int h, int w, int Cin, bf16 *col) {
   const size_t K = (size_t)Cin * 9, n = (size_t)h * w * K;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const size_t p = i / K;
-    const int kk = (int)(i % K), c = kk / 9, ky = (kk % 9) / 3, kx = kk % 3;
-    const int yy = (int)(p / w) + ky - 1, xx = (int)(p % w) + kx - 1;
+    const unsigned p = (unsigned)i / (unsigned)K;
+    const int kk = (int)((unsigned)i - p * (unsigned)K), c = kk / 9, ky = (kk % 9) / 3, kx = kk % 3;
+    const int yy = (int)(p / (unsigned)w) + ky - 1, xx = (int)(p % (unsigned)w) + kx - 1;
     col[i] = __float2bfloat16((yy < 0 || yy >= h || xx < 0 || xx >= w) ? 0.f : x[((size_t)yy * w + xx) * Cin + c]);
   }
 }
 
-// gn_stats_k: per group sums of x and x^2 over [n, C] (groups of C/G channels), in double.
-__global__ void gn_stats_k(const float *x, int n, int C, int G, double *stats) {
+// gn_stats_k: per group and block, partial sums of x and x^2 over [n, C] (groups of C/G
+// channels) to part[(g * gridDim.x + block) * 2]; gn_sum_k adds them in a fixed order, so the
+// statistics (and the pixels) are the same on every run.
+__global__ void gn_stats_k(const float *x, int n, int C, int G, double *part) {
   __shared__ float sh[32];
   const int g = blockIdx.y, per = C / G;
   const size_t cnt = (size_t)n * per;
   float s = 0.f, ss = 0.f;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < cnt; i += (size_t)gridDim.x * blockDim.x) {
-    const float v = x[(i / per) * C + g * per + i % per];
+    const float v = x[(size_t)((unsigned)i / (unsigned)per) * C + g * per + (unsigned)i % (unsigned)per];
     s += v, ss += v * v;
   }
   s = block_sum(s, sh);
   ss = block_sum(ss, sh);
   if (threadIdx.x == 0) {
-    atomicAdd(&stats[2 * g], (double)s);
-    atomicAdd(&stats[2 * g + 1], (double)ss);
+    part[((size_t)g * gridDim.x + blockIdx.x) * 2] = (double)s;
+    part[((size_t)g * gridDim.x + blockIdx.x) * 2 + 1] = (double)ss;
+  }
+}
+
+__global__ void gn_sum_k(const double *part, int chunks, int G, double *stats) {
+  for (int g = threadIdx.x; g < G; g += blockDim.x) {
+    double s = 0, ss = 0;
+    for (int c = 0; c < chunks; c++) s += part[((size_t)g * chunks + c) * 2], ss += part[((size_t)g * chunks + c) * 2 + 1];
+    stats[2 * g] = s, stats[2 * g + 1] = ss;
   }
 }
 
@@ -335,7 +353,7 @@ __global__ void gn_apply_k(const float *x, size_t n, int C, int G, const double 
   const int per = C / G;
   const double cnt = (double)(n / C) * per;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const int c = (int)(i % C), g = c / per;
+    const int c = (int)((unsigned)i % (unsigned)C), g = c / per;
     const double mean = stats[2 * g] / cnt, var = fmax(0.0, stats[2 * g + 1] / cnt - mean * mean);
     const float inv = (float)(1.0 / sqrt(var + 1e-6)), m = (float)mean;
     float v = (x[i] - m) * inv * gamma[c] + beta[c];
@@ -348,8 +366,8 @@ __global__ void gn_apply_k(const float *x, size_t n, int C, int G, const double 
 __global__ void up2_k(const float *x, int h, int w, int C, float *y) {
   const size_t n = (size_t)4 * h * w * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const size_t p = i / C;
-    const int c = (int)(i % C), yy = (int)(p / (2 * w)), xx = (int)(p % (2 * w));
+    const unsigned p = (unsigned)i / (unsigned)C;
+    const int c = (int)((unsigned)i - p * (unsigned)C), yy = (int)(p / (unsigned)(2 * w)), xx = (int)(p % (unsigned)(2 * w));
     y[i] = x[((size_t)(yy / 2) * w + xx / 2) * C + c];
   }
 }
@@ -556,7 +574,11 @@ class Model {
     gemm(x, l.K, 0, l.w, l.K, 0, true, y, false, l.N, 0, M, l.N, l.K);
     if (l.b) KL(bias_k, grid((size_t)M * l.N), 256, 0, st_)(y, l.b, l.N, (size_t)M * l.N);
   }
-  static int grid(size_t n) { return (int)std::min<size_t>((n + 255) / 256, 65535); }
+  // grid: blocks for n elements; the element-wise kernels divide indices in 32 bits.
+  static int grid(size_t n) {
+    if (n >= (1ull << 32)) throw Fail("zimage cuda: a tensor of " + std::to_string(n) + " elements exceeds the kernels' 32-bit indexing");
+    return (int)std::min<size_t>((n + 255) / 256, 65535);
+  }
 
   // attention: q [L, H*hd], k and v [Lk, Hkv*hd] (bf16) -> o [L, H*hd] bf16; scale 1/sqrt(hd).
   void attention(const bf16 *q, const bf16 *k, const bf16 *v, int L, int Lk, int H, int Hkv, int hd, bool causal, bf16 *o) {
@@ -573,9 +595,11 @@ class Model {
   }
 
   void encode(const int32_t *ids, int n, float *out);
-  void dit_block(const DitBlock &b, float *x, int L, const float *cs, const float *sn, const float *mod);
-  void dit_forward(const float *lat, int h, int w, float t, const float *capf, int ncap, float *out, bool first);
-  void rope_tables(int Lx, int Lc, int ht, int wt, int nimg);
+  void dit_block(const DitBlock &b, float *x, int L, const float *cs, const float *sn, const float *mod,
+                 const std::vector<std::pair<int, int>> &segs);
+  void dit_forward(const float *lat, int h, int w, float t, int nb, const float *const *capf, const int *ncap, float *const *out,
+                   bool first);
+  void rope_tables(int Lx, int nb, const int *Lc, int wt, int nimg);
   void conv2d(const Conv &c, const float *x, int h, int w, float *y);
   void group_norm(const float *x, int n, int C, const GNorm &g, bool act, float *y);
   void run_resnet(const Resnet &r, float *&x, int h, int w);
@@ -604,7 +628,7 @@ class Model {
   std::vector<int> freq_axis_;
   std::vector<double> freq_;
   float *cosv_ = nullptr, *sinv_ = nullptr;  // the current RoPE tables (rope_tables)
-  std::map<std::tuple<int, int, int>, std::pair<float *, float *>> rope_cache_;
+  std::map<std::tuple<int, int, int, int>, std::pair<float *, float *>> rope_cache_;
   // vae
   std::vector<int> ch_;
   int groups_, latent_;
@@ -794,23 +818,28 @@ void Model::encode(const int32_t *ids, int n, float *h) {
   }
 }
 
-// rope_tables: cos and sin of float32(pos[axis] * freq) per row (as the CPU pipeline), for the
-// sequence [Lx image rows, Lc caption rows], in cosv_/sinv_; kept per (Lx, Lc, wt), so a CFG
-// pair's two caption lengths cost one upload each per request shape.
-void Model::rope_tables(int Lx, int Lc, int ht, int wt, int nimg) {
-  (void)ht;
-  auto &e = rope_cache_[std::make_tuple(Lx, Lc, wt)];
+// rope_tables: cos and sin of float32(pos[axis] * freq) per row (as the CPU pipeline) for the
+// stacked sequences of nb branches, each [Lx image rows, Lc[b] caption rows], in cosv_/sinv_;
+// kept per shape, so a request shape costs one upload.
+void Model::rope_tables(int Lx, int nb, const int *Lc, int wt, int nimg) {
+  auto &e = rope_cache_[std::make_tuple(Lx, Lc[0], nb > 1 ? Lc[1] : -1, wt)];
   if (!e.first) {
-    const int L = Lx + Lc, nf = hd_ / 2;
-    std::vector<int> pos((size_t)L * 3, 0);
-    for (int r = 0; r < nimg; r++) {
-      pos[(size_t)r * 3] = Lc + 1;
-      pos[(size_t)r * 3 + 1] = r / wt;
-      pos[(size_t)r * 3 + 2] = r % wt;
+    int R = 0;
+    for (int b = 0; b < nb; b++) R += Lx + Lc[b];
+    const int nf = hd_ / 2;
+    std::vector<int> pos((size_t)R * 3, 0);
+    int off = 0;
+    for (int b = 0; b < nb; b++) {
+      for (int r = 0; r < nimg; r++) {
+        pos[(size_t)(off + r) * 3] = Lc[b] + 1;
+        pos[(size_t)(off + r) * 3 + 1] = r / wt;
+        pos[(size_t)(off + r) * 3 + 2] = r % wt;
+      }
+      for (int j = 0; j < Lc[b]; j++) pos[(size_t)(off + Lx + j) * 3] = 1 + j;
+      off += Lx + Lc[b];
     }
-    for (int j = 0; j < Lc; j++) pos[(size_t)(Lx + j) * 3] = 1 + j;
-    std::vector<float> c((size_t)L * nf), s((size_t)L * nf);
-    for (int r = 0; r < L; r++)
+    std::vector<float> c((size_t)R * nf), s((size_t)R * nf);
+    for (int r = 0; r < R; r++)
       for (int k = 0; k < nf; k++) {
         const float ang = (float)((double)pos[(size_t)r * 3 + freq_axis_[k]] * freq_[k]);
         c[(size_t)r * nf + k] = std::cos(ang);
@@ -824,33 +853,41 @@ void Model::rope_tables(int Lx, int Lc, int ht, int wt, int nimg) {
   cosv_ = e.first, sinv_ = e.second;
 }
 
-// dit_block: one transformer block in place over x [L, D]; mod [4D] (NULL: unmodulated).
-void Model::dit_block(const DitBlock &b, float *x, int L, const float *cs, const float *sn, const float *mod) {
+// dit_block: one transformer block in place over x [L, D] (rows of several sequences stacked:
+// every product runs once over all of them, attention within each segment {start, len});
+// mod [4D] (NULL: unmodulated). The q|k|v and w1|w3 products are kept in bf16, as diffusers'
+// bf16 run keeps them; norms, residuals and softmax stay fp32.
+void Model::dit_block(const DitBlock &b, float *x, int L, const float *cs, const float *sn, const float *mod,
+                      const std::vector<std::pair<int, int>> &segs) {
   bf16 *a = buf<bf16>("d_a", (size_t)L * D_);
-  float *qkv = buf<float>("d_qkv", (size_t)L * 3 * D_);
+  bf16 *qkv = buf<bf16>("d_qkv", (size_t)L * 3 * D_);
   bf16 *q = buf<bf16>("d_q", (size_t)L * D_), *k = buf<bf16>("d_k", (size_t)L * D_), *v = buf<bf16>("d_v", (size_t)L * D_);
   bf16 *o = buf<bf16>("d_o", (size_t)L * D_);
   float *t = buf<float>("d_t", (size_t)L * D_);
-  float *g = buf<float>("d_g", (size_t)L * 2 * ffn_);
+  bf16 *g = buf<bf16>("d_g", (size_t)L * 2 * ffn_);
   bf16 *u = buf<bf16>("d_u", (size_t)L * ffn_);
   KL(rms_k, L, 256, 0, st_)(x, D_, b.an1, mod ? mod : nullptr, eps_, nullptr, a);
-  linear(a, L, b.qkv, qkv);
+  gemm(a, D_, 0, b.qkv.w, D_, 0, true, qkv, true, 3 * D_, 0, L, 3 * D_, D_);
   KL(qk_k, dim3(L, 3 * H_), 64, 0, st_)(qkv, 3 * D_, H_, H_, hd_, b.nq, b.nk, 1e-5f, cs, sn, false, true, q, k, v);
-  attention(q, k, v, L, L, H_, H_, hd_, false, o);
+  for (const auto &sg : segs) {
+    const size_t o0 = (size_t)sg.first * D_;
+    attention(q + o0, k + o0, v + o0, sg.second, sg.second, H_, H_, hd_, false, o + o0);
+  }
   linear(o, L, b.o, t);
   KL(rms_gate_add_k, L, 256, 0, st_)(x, t, D_, b.an2, mod ? mod + D_ : nullptr, eps_);
   KL(rms_k, L, 256, 0, st_)(x, D_, b.fn1, mod ? mod + 2 * D_ : nullptr, eps_, nullptr, a);
-  linear(a, L, b.w13, g);
+  gemm(a, D_, 0, b.w13.w, D_, 0, true, g, true, 2 * ffn_, 0, L, 2 * ffn_, D_);
   KL(swiglu_k, grid((size_t)L * ffn_), 256, 0, st_)(g, ffn_, (size_t)L * ffn_, u);
   linear(u, L, b.w2, t);
   KL(rms_gate_add_k, L, 256, 0, st_)(x, t, D_, b.fn2, mod ? mod + 3 * D_ : nullptr, eps_);
 }
 
-// dit_forward: the velocity out [C, h, w] for latents lat [C, h, w] at model time t and
-// caption features capf [ncap, cap] (device pointers).
-void Model::dit_forward(const float *lat, int h, int w, float t, const float *capf, int ncap, float *out, bool first) {
-  // adaLN input and every block's modulation: the same for both branches of a CFG pair, so
-  // computed once per t.
+// dit_forward: the velocities out[b] [C, h, w] for latents lat [C, h, w] at model time t, one
+// per caption capf[b] [ncap[b], cap] (nb 1, or 2 for a CFG pair: both sequences' rows stacked,
+// so every product runs once over the pair). Device pointers.
+void Model::dit_forward(const float *lat, int h, int w, float t, int nb, const float *const *capf, const int *ncap,
+                        float *const *out, bool first) {
+  // adaLN input and every block's modulation: the same for both branches of a CFG pair.
   float *sc = buf<float>("t_sc", D_);
   const int nmod = (int)(noise_.size() + layers_.size());
   float *mods = buf<float>("mods", (size_t)nmod * 4 * D_);
@@ -875,30 +912,57 @@ void Model::dit_forward(const float *lat, int h, int w, float t, const float *ca
 
   const int ht = h / 2, wt = w / 2, nimg = ht * wt, P = 4 * C_;
   auto up32 = [](int n) { return (n + 31) / 32 * 32; };
-  const int Lx = up32(nimg), Lc = up32(ncap), L = Lx + Lc;
-  if (Lc + 1 >= axes_lens_[0]) throw Fail("prompt: " + std::to_string(ncap) + " tokens exceed the transformer's position table");
+  const int Lx = up32(nimg);
+  int Lc[2] = {0, 0}, off[2] = {0, 0}, R = 0;
+  std::vector<std::pair<int, int>> segs;
+  for (int b = 0; b < nb; b++) {
+    Lc[b] = up32(ncap[b]);
+    if (Lc[b] + 1 >= axes_lens_[0]) throw Fail("prompt: " + std::to_string(ncap[b]) + " tokens exceed the transformer's position table");
+    off[b] = R;
+    segs.push_back({R, Lx + Lc[b]});
+    R += Lx + Lc[b];
+  }
   if (ht > axes_lens_[1] || wt > axes_lens_[2]) throw Fail("size: the image is larger than the transformer's position table");
-  float *seq = buf<float>("seq", (size_t)L * D_);
-  float *xs = seq, *cs = seq + (size_t)Lx * D_;
+  rope_tables(Lx, nb, Lc, wt, nimg);
+  const int nf = hd_ / 2;
+  float *seq = buf<float>("seq", (size_t)R * D_);
+  // Image tokens: embedded once; the noise refiner once when every branch gives the image rows
+  // the same positions (equal padded caption lengths), else per branch.
   bf16 *patches = buf<bf16>("patches", (size_t)nimg * P);
   KL(patchify_k, grid((size_t)nimg * P), 256, 0, st_)(lat, C_, h, w, patches);
-  linear(patches, nimg, x_emb_, xs);
-  if (Lx > nimg) KL(fill_rows_k, Lx - nimg, 256, 0, st_)(xs + (size_t)nimg * D_, D_, x_pad_);
-  bf16 *cn = buf<bf16>("capn", (size_t)ncap * cap_);
-  KL(rms_k, ncap, 256, 0, st_)(capf, cap_, cap_norm_, nullptr, eps_, nullptr, cn);
-  linear(cn, ncap, cap_emb_, cs);
-  if (Lc > ncap) KL(fill_rows_k, Lc - ncap, 256, 0, st_)(cs + (size_t)ncap * D_, D_, cap_pad_);
-  rope_tables(Lx, Lc, ht, wt, nimg);
-  const size_t off = (size_t)Lx * (hd_ / 2);
-  for (size_t i = 0; i < noise_.size(); i++) dit_block(noise_[i], xs, Lx, cosv_, sinv_, mods + i * 4 * D_);
-  for (const DitBlock &b : context_) dit_block(b, cs, Lc, cosv_ + off, sinv_ + off, nullptr);
-  for (size_t i = 0; i < layers_.size(); i++) dit_block(layers_[i], seq, L, cosv_, sinv_, mods + (noise_.size() + i) * 4 * D_);
+  linear(patches, nimg, x_emb_, seq);
+  if (Lx > nimg) KL(fill_rows_k, Lx - nimg, 256, 0, st_)(seq + (size_t)nimg * D_, D_, x_pad_);
+  for (int b = 0; b < nb; b++) {
+    float *xs = seq + (size_t)off[b] * D_;
+    const bool same = b > 0 && Lc[b] == Lc[0];
+    if (same) {
+      KL(copy_k, grid((size_t)Lx * D_), 256, 0, st_)(xs, seq, (size_t)Lx * D_);
+    } else {
+      if (b > 0) {
+        linear(patches, nimg, x_emb_, xs);
+        if (Lx > nimg) KL(fill_rows_k, Lx - nimg, 256, 0, st_)(xs + (size_t)nimg * D_, D_, x_pad_);
+      }
+      for (size_t i = 0; i < noise_.size(); i++)
+        dit_block(noise_[i], xs, Lx, cosv_ + (size_t)off[b] * nf, sinv_ + (size_t)off[b] * nf, mods + i * 4 * D_, {{0, Lx}});
+    }
+    // Caption tokens: RMSNorm, Linear, padded with cap_pad_token, the context refiner.
+    float *cs = xs + (size_t)Lx * D_;
+    bf16 *cn = buf<bf16>("capn", (size_t)ncap[b] * cap_);
+    KL(rms_k, ncap[b], 256, 0, st_)(capf[b], cap_, cap_norm_, nullptr, eps_, nullptr, cn);
+    linear(cn, ncap[b], cap_emb_, cs);
+    if (Lc[b] > ncap[b]) KL(fill_rows_k, Lc[b] - ncap[b], 256, 0, st_)(cs + (size_t)ncap[b] * D_, D_, cap_pad_);
+    const size_t ro = (size_t)(off[b] + Lx) * nf;
+    for (const DitBlock &blk : context_) dit_block(blk, cs, Lc[b], cosv_ + ro, sinv_ + ro, nullptr, {{0, Lc[b]}});
+  }
+  for (size_t i = 0; i < layers_.size(); i++) dit_block(layers_[i], seq, R, cosv_, sinv_, mods + (noise_.size() + i) * 4 * D_, segs);
   bf16 *xn = buf<bf16>("xn", (size_t)nimg * D_);
   float *po = buf<float>("po", (size_t)nimg * P);
-  KL(ln_scale_k, nimg, 256, 0, st_)(xs, D_, sc, xn);
-  linear(xn, nimg, final_, po);
-  KL(unpatchify_k, grid((size_t)nimg * P), 256, 0, st_)(po, C_, h, w, out);
-  if (first) dump("v0.f32", out, (size_t)C_ * h * w);
+  for (int b = 0; b < nb; b++) {
+    KL(ln_scale_k, nimg, 256, 0, st_)(seq + (size_t)off[b] * D_, D_, sc, xn);
+    linear(xn, nimg, final_, po);
+    KL(unpatchify_k, grid((size_t)nimg * P), 256, 0, st_)(po, C_, h, w, out[b]);
+  }
+  if (first) dump("v0.f32", out[0], (size_t)C_ * h * w);
 }
 
 // conv2d: x [h*w, in] fp32 -> y [h*w, out] fp32; 3x3 through im2col, 1x1 a plain product.
@@ -913,12 +977,12 @@ void Model::conv2d(const Conv &c, const float *x, int h, int w, float *y) {
 }
 
 void Model::group_norm(const float *x, int n, int C, const GNorm &g, bool act, float *y) {
-  double *stats = buf<double>("gn", 2 * groups_);
-  ck(cudaMemsetAsync(stats, 0, sizeof(double) * 2 * groups_, st_), "memset");
   const size_t per = (size_t)n * (C / groups_);
   const int chunks = (int)std::min<size_t>(64, (per + 4095) / 4096);
   (void)chunks;  // (the host-only syntax check drops launch configurations)
-  KL(gn_stats_k, dim3(chunks, groups_), 256, 0, st_)(x, n, C, groups_, stats);
+  double *part = buf<double>("gn_part", (size_t)2 * groups_ * chunks), *stats = buf<double>("gn", 2 * groups_);
+  KL(gn_stats_k, dim3(chunks, groups_), 256, 0, st_)(x, n, C, groups_, part);
+  KL(gn_sum_k, 1, 64, 0, st_)(part, chunks, groups_, stats);
   KL(gn_apply_k, grid((size_t)n * C), 256, 0, st_)(x, (size_t)n * C, C, groups_, stats, g.g, g.b, act, y);
 }
 
@@ -995,6 +1059,14 @@ void Model::decode(const float *z, int h, int w, float *out) {
 void Model::generate(const mqb_image_args *a) {
   const int s = 1 << (ch_.size() - 1), h = a->height / s, w = a->width / s, n = C_ * h * w;
   const bool cfg = a->negative != nullptr && a->n_negative > 0;
+  const char *tenv = getenv("MQ_ZIMAGE_TIMING");
+  const bool timing = tenv && *tenv && std::string(tenv) != "0";
+  cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};
+  if (timing)
+    for (auto &e : ev) {
+      ck(cudaEventCreate(&e), "event");
+    }
+  if (timing) ck(cudaEventRecord(ev[0], st_), "event");
   // 1. Text embeddings.
   float *pe = buf<float>("pe", (size_t)a->n_prompt * E_);
   encode(a->prompt, a->n_prompt, pe);
@@ -1004,6 +1076,7 @@ void Model::generate(const mqb_image_args *a) {
     ne = buf<float>("ne", (size_t)a->n_negative * E_);
     encode(a->negative, a->n_negative, ne);
   }
+  if (timing) ck(cudaEventRecord(ev[1], st_), "event");
   // 2. Latents (the runtime's torch-identical noise).
   float *lat = buf<float>("lat", n), *pos = buf<float>("vpos", n), *neg = buf<float>("vneg", n);
   ck(cudaMemcpyAsync(lat, a->noise, 4 * (size_t)n, cudaMemcpyHostToDevice, st_), "noise");
@@ -1011,11 +1084,14 @@ void Model::generate(const mqb_image_args *a) {
   for (int i = 0; i < a->steps; i++) {
     const float timestep = a->sigmas[i] * 1000.0f;
     const float t = (1000.0f - timestep) / 1000.0f;
-    dit_forward(lat, h, w, t, pe, a->n_prompt, pos, i == 0);
-    if (cfg) dit_forward(lat, h, w, t, ne, a->n_negative, neg, false);
+    const float *capf[2] = {pe, ne};
+    const int ncap[2] = {a->n_prompt, a->n_negative};
+    float *const outs[2] = {pos, neg};
+    dit_forward(lat, h, w, t, cfg ? 2 : 1, capf, ncap, outs, i == 0);
     KL(step_k, grid(n), 256, 0, st_)(lat, pos, neg, a->guidance, a->sigmas[i + 1] - a->sigmas[i], n, cfg);
     if (a->latents) ck(cudaMemcpyAsync(a->latents + (size_t)(i + 1) * n, lat, 4 * (size_t)n, cudaMemcpyDeviceToHost, st_), "latents");
   }
+  if (timing) ck(cudaEventRecord(ev[2], st_), "event");
   // 5. Decode.
   const size_t px = (size_t)a->width * a->height * 3;
   float *img = buf<float>("img", px), *imgf = buf<float>("imgf", px);
@@ -1026,8 +1102,16 @@ void Model::generate(const mqb_image_args *a) {
   KL(pixels_k, grid(px), 256, 0, st_)(img, px, imgf, rgb);
   ck(cudaMemcpyAsync(a->rgb, rgb, px, cudaMemcpyDeviceToHost, st_), "pixels");
   if (a->image) ck(cudaMemcpyAsync(a->image, imgf, 4 * px, cudaMemcpyDeviceToHost, st_), "image");
+  if (timing) ck(cudaEventRecord(ev[3], st_), "event");
   ck(cudaStreamSynchronize(st_), "generate");
   ck(cudaGetLastError(), "kernels");
+  if (timing) {
+    float ms[3];
+    for (int i = 0; i < 3; i++) ck(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "event");
+    fprintf(stderr, "zimage cuda: text encoder %.1f ms, denoising %.1f ms (%d steps, %s), VAE decode %.1f ms\n", ms[0], ms[1], a->steps,
+            cfg ? "CFG pairs stacked" : "no guidance", ms[2]);
+    for (auto &e : ev) cudaEventDestroy(e);
+  }
 }
 
 void fail_msg(char *err, size_t n, const char *m) {
