@@ -1181,7 +1181,7 @@ static void decode_attn_case(const char *prec, int nh) {
                             : qkv_post_kernel<T, false, 4>;
       emu_launch(dim3(Tn, (nh + 2 * nkv + 7) / 8), dim3(256), [&, post] {
         post(qkv.data(), pos.data(), slot.data(), nh, nkv, D, qn.data(), kn.data(), eps, inv.data(), qscale,
-             qbuf.data(), kc.data(), vc.data(), maxctx, tab.data());
+             qbuf.data(), kc.data(), vc.data(), maxctx, tab.data(), (const int *)nullptr, (const int *)nullptr);
       });
       if (path == 2) q2 = qbuf;
       emu_launch(dim3(Tn, nkv), dim3(ATT_THREADS), [&] {
