@@ -128,8 +128,9 @@ func (c *Client) Close() {
 	}
 }
 
-// Prewarm opens n connections ahead of use (plain http:// servers; elsewhere it does
-// nothing), so that a paced schedule's first requests need no dial at their send time.
+// Prewarm opens n connections ahead of use and from then on keeps at least half as many idle
+// (dialled in the background as requests take them), on plain http:// servers; elsewhere it
+// does nothing. So a paced schedule's requests rarely need a dial at their send time.
 func (c *Client) Prewarm(ctx context.Context, n int) error {
 	if c.st == nil {
 		return nil

@@ -51,6 +51,11 @@ type streamTransport struct {
 
 	mu   sync.Mutex
 	idle []*rawConn // most recently used last
+	// spare, set by prewarm, is how many idle connections are kept open ahead of use: when
+	// get leaves fewer than half of it, a goroutine dials the pool back up (refilling), so a
+	// paced sender rarely has to dial at a request's send time.
+	spare     int
+	refilling bool
 
 	// ep reads the responses of all this transport's connections on one thread (Linux;
 	// rawio_linux.go); nil where unavailable, and then each request reads its own through
@@ -84,12 +89,18 @@ func newStreamTransport(base string, maxIdle int) *streamTransport {
 func (t *streamTransport) closeIdle() {
 	t.mu.Lock()
 	idle := t.idle
-	t.idle = nil
+	t.idle, t.spare = nil, 0 // and refill stops
 	t.mu.Unlock()
 	for _, c := range idle {
 		c.closeConn()
 	}
 }
+
+// probeAfter is how long a connection must have been idle before get probes it (one read
+// system call) for a close by the server. Servers close idle connections after seconds; a
+// close within this window is the race that do's single resend handles anyway (the request
+// meets the closed connection before any byte of an answer and is sent again on a new one).
+const probeAfter = time.Second
 
 // get returns an idle connection that is still open, or dials a new one. reused says which.
 func (t *streamTransport) get(ctx context.Context) (c *rawConn, reused bool, err error) {
@@ -103,8 +114,16 @@ func (t *streamTransport) get(ctx context.Context) (c *rawConn, reused bool, err
 		c = t.idle[n-1]
 		t.idle[n-1] = nil
 		t.idle = t.idle[:n-1]
+		refill := t.spare > 0 && !t.refilling && len(t.idle) < t.spare/2
+		if refill {
+			t.refilling = true
+		}
 		t.mu.Unlock()
-		if time.Since(c.idleSince) < t.idleTimeout && c.alive() {
+		if refill {
+			go t.refill()
+		}
+		idle := time.Since(c.idleSince)
+		if idle < probeAfter || (idle < t.idleTimeout && c.alive()) {
 			return c, true, nil
 		}
 		c.closeConn()
@@ -186,6 +205,7 @@ func (t *streamTransport) do(ctx context.Context, epoch time.Time, path string, 
 // of a paced schedule are written on open connections instead of waiting for a dial.
 func (t *streamTransport) prewarm(ctx context.Context, n int) error {
 	t.mu.Lock()
+	t.spare = min(n, t.maxIdle)
 	n = min(n, t.maxIdle-len(t.idle))
 	t.mu.Unlock()
 	for range n {
@@ -208,6 +228,31 @@ func (t *streamTransport) wait(p *Pending) error {
 		return t.do(ctx, p.epoch, p.path, p.req, p.c.auth, p.body, p.resp)
 	}
 	return t.waitSent(p)
+}
+
+// refill dials idle connections until the pool holds spare again (see spare). A failed dial
+// ends it: the requests that then find no idle connection dial themselves and report it.
+func (t *streamTransport) refill() {
+	defer func() {
+		t.mu.Lock()
+		t.refilling = false
+		t.mu.Unlock()
+	}()
+	for {
+		t.mu.Lock()
+		short := len(t.idle) < t.spare
+		t.mu.Unlock()
+		if !short {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+		c, err := t.dial(ctx)
+		cancel()
+		if err != nil {
+			return
+		}
+		t.put(c)
+	}
 }
 
 // send writes the request on c, reads its response into resp, and then returns c to the
