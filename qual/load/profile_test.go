@@ -312,7 +312,7 @@ func TestProfileMultiTurnJoinsSessions(t *testing.T) {
 	ep := launchtest.Start(t, bundle)
 	res, err := load.Profile(context.Background(), load.ProfileInput{
 		Endpoint:      ep,
-		Load:          load.Config{Endpoint: client.Chat, Stream: true, Sessions: ds.Sessions, OutputTokens: 4, Seed: 3},
+		Load:          load.Config{Endpoint: client.Completions, Stream: true, Sessions: ds.Sessions, OutputTokens: 4, Seed: 3},
 		Concurrencies: []int{2},
 		OutDir:        t.TempDir(),
 		Fingerprint:   provenance.Spec{Bundle: bundle, TokenizerDir: launchtest.TokenizerDir(t, "gpt2")},
