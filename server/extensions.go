@@ -205,6 +205,11 @@ func (s *Server) handleLogits(q *reqState) {
 	if aerr == nil {
 		aerr = s.checkModel(m)
 	}
+	if aerr == nil && s.task == "image" {
+		// A text-to-image model has no logits; say where its requests go rather than let the
+		// engine fail with a 500.
+		aerr = badRequest("model", "model %q is a text-to-image model: it has no logits; send POST /v1/images/generations (or /mq/v1/image_latents for its final latents)", s.cfg.ModelName)
+	}
 	var ids []int32
 	var img *wire.ImageInput
 	if aerr == nil {
