@@ -160,6 +160,47 @@ func (d *decoder) processSOS(n int) error {
 
 	d.bits = bits{}
 	mcu, expectedRST := 0, uint8(rst0Marker)
+	// restart consumes the RSTn marker that ends a restart interval and resets the decoder
+	// state, as per sections F.2.1.3.1 and G.1.2.2.
+	restart := func() error {
+		// For well-formed input, the RST[0-7] restart marker follows
+		// immediately. For corrupt input, call findRST to try to
+		// resynchronize.
+		if err := d.readFull(d.tmp[:2]); err != nil {
+			return err
+		} else if d.tmp[0] != 0xff || d.tmp[1] != expectedRST {
+			if err := d.findRST(expectedRST); err != nil {
+				return err
+			}
+		}
+		expectedRST++
+		if expectedRST == rst7Marker+1 {
+			expectedRST = rst0Marker
+		}
+		// Reset the Huffman decoder.
+		d.bits = bits{}
+		return nil
+	}
+	// In a non-interleaved scan the MCU is one data unit (section A.2.2), so the restart
+	// interval counts the component's blocks inside the image, not the interleaved MCUs: Go's
+	// image/jpeg counted MCUs and so failed ("missing 0xff00 sequence") on progressive JPEGs
+	// with chroma subsampling and restart markers, which libjpeg decodes.
+	units, totalUnits := 0, 0
+	if nComp == 1 {
+		hi, vi := d.comp[scan[0].compIndex].h, d.comp[scan[0].compIndex].v
+		cols, rows := 0, 0
+		for bx := 0; bx < mxx*hi; bx++ {
+			if bx*8 < d.width {
+				cols++
+			}
+		}
+		for by := 0; by < myy*vi; by++ {
+			if by*8 < d.height {
+				rows++
+			}
+		}
+		totalUnits = cols * rows
+	}
 	var (
 		// b is the decoded coefficients, in natural (not zig-zag) order.
 		b  block
@@ -292,35 +333,30 @@ func (d *decoder) processSOS(n int) error {
 						// At this point, we could call reconstructBlock to dequantize and perform the
 						// inverse DCT, to save early stages of a progressive image to the *image.YCbCr
 						// buffers (the whole point of progressive encoding), but in Go, the jpeg.Decode
-						// function does not return until the entire image is decoded, so we "continue"
+						// function does not return until the entire image is decoded, so we stop
 						// here to avoid wasted computation. Instead, reconstructBlock is called on each
 						// accumulated block by the reconstructProgressiveImage method after all of the
 						// SOS markers are processed.
-						continue
-					}
-					if err := d.reconstructBlock(&b, bx, by, int(compIndex)); err != nil {
+					} else if err := d.reconstructBlock(&b, bx, by, int(compIndex)); err != nil {
 						return err
+					}
+					if nComp == 1 {
+						units++
+						if d.ri > 0 && units%d.ri == 0 && units < totalUnits {
+							if err := restart(); err != nil {
+								return err
+							}
+							dc = [maxComponents]int32{}
+							d.eobRun = 0
+						}
 					}
 				} // for j
 			} // for i
 			mcu++
-			if d.ri > 0 && mcu%d.ri == 0 && mcu < mxx*myy {
-				// For well-formed input, the RST[0-7] restart marker follows
-				// immediately. For corrupt input, call findRST to try to
-				// resynchronize.
-				if err := d.readFull(d.tmp[:2]); err != nil {
+			if nComp != 1 && d.ri > 0 && mcu%d.ri == 0 && mcu < mxx*myy {
+				if err := restart(); err != nil {
 					return err
-				} else if d.tmp[0] != 0xff || d.tmp[1] != expectedRST {
-					if err := d.findRST(expectedRST); err != nil {
-						return err
-					}
 				}
-				expectedRST++
-				if expectedRST == rst7Marker+1 {
-					expectedRST = rst0Marker
-				}
-				// Reset the Huffman decoder.
-				d.bits = bits{}
 				// Reset the DC components, as per section F.2.1.3.1.
 				dc = [maxComponents]int32{}
 				// Reset the progressive decoder state, as per section G.1.2.2.
