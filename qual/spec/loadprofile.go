@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/load"
 	"github.com/modelqual/modelqual/qual/manifest"
@@ -304,6 +305,12 @@ func checkImageLoad(ctx context.Context, in LoadInput, slos []percentileSLO) (*L
 	fp := in.Fingerprint
 	fp.Inputs = append([]string{in.InputFile}, fp.Inputs...) // ProfileImages reads Inputs[0]
 	dir := filepath.Join(in.OutDir, p.Name)
+	// GPU telemetry over the whole profile (ProfileImages has no per-point sampler): on a GPU
+	// run it is required, as for the text profiles.
+	sampler, err := gpu.StartSampler(in.GPUIndices, 0, in.RequireGPU)
+	if err != nil {
+		return nil, fmt.Errorf("load gate: profile %q: %w", p.Name, err)
+	}
 	points, perr := load.ProfileImages(ctx, load.ProfileInput{
 		Endpoint: in.Endpoint,
 		Load: load.Config{Requests: p.Requests, Duration: p.Duration.Duration, Warmup: p.Warmup,
@@ -314,10 +321,18 @@ func checkImageLoad(ctx context.Context, in LoadInput, slos []percentileSLO) (*L
 		Name:          p.Name,
 		Fingerprint:   fp,
 	}, io.Discard)
+	tel := sampler.Stop()
 	res := &LoadResult{Dirs: []string{dir}}
 	var problems []string
 	if perr != nil {
 		problems = append(problems, perr.Error())
+	}
+	if in.RequireGPU {
+		figs, problem := imageGPUFigures(p.Name, tel, points)
+		res.Figures = append(res.Figures, figs...)
+		if problem != "" {
+			problems = append(problems, problem)
+		}
 	}
 	if len(points) == 0 && perr == nil {
 		problems = append(problems, "the profile ran no sweep point")
@@ -367,4 +382,32 @@ func checkImageLoad(ctx context.Context, in LoadInput, slos []percentileSLO) (*L
 		return res, fmt.Errorf("load gate: profile %q:\n  %s", p.Name, strings.Join(problems, "\n  "))
 	}
 	return res, nil
+}
+
+// imageGPUFigures turns an image profile's go-nvml telemetry (all its points, warmup included)
+// into figures: memory high-water, utilization, power, energy and joules per image.
+func imageGPUFigures(profile string, tel gpu.Telemetry, points []load.ImagePoint) ([]Figure, string) {
+	if !tel.Available || len(tel.Devices) == 0 {
+		return nil, "GPU telemetry unavailable on a GPU run: " + tel.Reason
+	}
+	images := 0
+	for _, pt := range points {
+		images += pt.Requests - pt.Errors + pt.WarmupRequests
+	}
+	var hw uint64
+	var util, power float64
+	for _, d := range tel.Devices {
+		hw = max(hw, d.MemoryHighWaterBytes)
+		util += d.UtilizationAvg / float64(len(tel.Devices))
+		power += d.PowerAvgW
+	}
+	fig := func(name string, v float64, unit string) Figure {
+		return Figure{Profile: profile, Point: "all points", Name: name, Value: v, Unit: unit}
+	}
+	figs := []Figure{fig("gpu.memory_high_water", float64(hw)/(1<<20), "MiB"), fig("gpu.utilization_avg", util, "%"),
+		fig("gpu.power_avg", power, "W"), fig("gpu.energy", tel.EnergyJ, "J")}
+	if images > 0 {
+		figs = append(figs, fig("gpu.joules_per_image", tel.EnergyJ/float64(images), "J/image"))
+	}
+	return figs, ""
 }
