@@ -503,7 +503,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/mq/v1/logits":
 		route, method, h = path, http.MethodPost, s.handleLogits
 	case "/v1/images/generations":
-		route, method, h = path, http.MethodPost, s.handleImages
+		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleImages(q, false) }
+	case "/mq/v1/image_latents":
+		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleImages(q, true) }
 	case "/mq/v1/bundle":
 		route, method, h = path, http.MethodGet, s.handleBundle
 	default:
