@@ -112,6 +112,7 @@ static void exp_weights(const float *x, float *w, int n, float mx, float invT) {
 // TokenLogprobs is one sampled token's log-probability and its most likely alternatives.
 struct TokenLogprobs {
   float logprob = 0;
+  int rank = 1;
   int n_top = 0;
   int32_t top_ids[MQ_MAX_TOP_LOGPROBS];
   float top[MQ_MAX_TOP_LOGPROBS];
@@ -137,7 +138,10 @@ static void log_probs(int V, const float *lg, int32_t tok, int k, SampleScratch 
   out.logprob = (float)((double)lg[tok] - lse);
   // The top k by insertion into a short sorted array: a candidate must beat the k-th logit
   // strictly, so among equal logits the lower id (seen first) stays ahead.
-  int n = 0;
+  int n = 0, above = 0;
+  const float lt = lg[tok];
+  for (int i = 0; i < V; i++) above += lg[i] > lt;
+  out.rank = 1 + above;
   for (int i = 0; i < V && k > 0; i++) {
     const float x = lg[i];
     if (n == k && !(x > lg[out.top_ids[n - 1]])) continue;
@@ -637,6 +641,7 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
           const TokenLogprobs &l = e->lp[i];
           x.has_logprob = 1;
           x.logprob = l.logprob;
+          x.rank = l.rank;
           x.n_top = l.n_top;
           std::copy(l.top_ids, l.top_ids + l.n_top, x.top_ids);
           std::copy(l.top, l.top + l.n_top, x.top_logprobs);

@@ -82,6 +82,15 @@ func TestLogprobsMatchLogits(t *testing.T) {
 					if d := math.Abs(float64(ev.Logprob) - want[ev.Token]); d > 1e-4 {
 						t.Fatalf("%+v step %d: logprob of %d is %g, log_softmax of the logits %g", s, k, ev.Token, ev.Logprob, want[ev.Token])
 					}
+					rank := 1
+					for _, w := range want {
+						if w > want[ev.Token] {
+							rank++
+						}
+					}
+					if ev.Rank != rank {
+						t.Fatalf("%+v step %d: rank %d, want %d", s, k, ev.Rank, rank)
+					}
 					if len(ev.Top) != s.TopLogprobs {
 						t.Fatalf("%+v step %d: %d candidates, want %d", s, k, len(ev.Top), s.TopLogprobs)
 					}

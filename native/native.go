@@ -135,6 +135,7 @@ type Event struct {
 	// and the most likely tokens' (descending; ties: the lowest id).
 	HasLogprob bool
 	Logprob    float32
+	Rank       int // 1 + the number of tokens more likely than Token
 	Top        []TokenLogprob
 }
 
@@ -389,7 +390,7 @@ func mqGoEvent(ev *C.mq_event, user C.uintptr_t) {
 	}
 	out := Event{Seq: SeqID(ev.seq), Token: int32(ev.token), Done: ev.done != 0}
 	if ev.has_logprob != 0 {
-		out.HasLogprob, out.Logprob = true, float32(ev.logprob)
+		out.HasLogprob, out.Logprob, out.Rank = true, float32(ev.logprob), int(ev.rank)
 		out.Top = make([]TokenLogprob, int(ev.n_top))
 		for i := range out.Top {
 			out.Top[i] = TokenLogprob{ID: int32(ev.top_ids[i]), Logprob: float32(ev.top_logprobs[i])}

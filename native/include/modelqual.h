@@ -134,6 +134,7 @@ typedef struct {
    * log-probability and the n_top most likely tokens' (descending; ties: the lowest id). */
   int32_t has_logprob;
   float logprob;
+  int32_t rank; /* 1 + the number of tokens more likely than this one */
   int32_t n_top;
   int32_t top_ids[MQ_MAX_TOP_LOGPROBS];
   float top_logprobs[MQ_MAX_TOP_LOGPROBS];

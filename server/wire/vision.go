@@ -39,7 +39,7 @@ func DecodeSubmitImage(p []byte, ids []int32) (uint64, Sampling, []int32, *Image
 	if err != nil {
 		return id, s, ids, nil, err
 	}
-	const fixed = 8 + 4*4 + 8 + 1
+	const fixed = submitFixed
 	rest := p[fixed+4+4*int(binary.LittleEndian.Uint32(p[fixed:])):]
 	if len(rest) < 16 {
 		return id, s, ids, nil, ErrShort
