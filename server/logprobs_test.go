@@ -33,7 +33,7 @@ type chatLogprob struct {
 }
 
 type lpChoice struct {
-	Text     string `json:"text"`
+	Text     string                   `json:"text"`
 	Message  struct{ Content string } `json:"message"`
 	Delta    struct{ Content string } `json:"delta"`
 	Logprobs json.RawMessage          `json:"logprobs"`
@@ -278,4 +278,3 @@ func TestIncludeStopStr(t *testing.T) {
 		t.Errorf("gRPC include_stop_in_output: %q %v %v; want %q", g.text, g.finished, err, want+stop)
 	}
 }
-

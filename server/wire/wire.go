@@ -40,12 +40,12 @@ const Version uint16 = 2
 
 // Capability bits a worker announces in Hello.
 const (
-	CapStream  uint32 = 1 << iota // per-step token deltas
-	CapCancel                     // Cancel takes effect at the next engine step
-	CapLogits                     // full-vocabulary logits at every prompt position
-	CapTimings                    // Done carries native CLOCK_MONOTONIC timings
-	CapAck                        // the worker paces its steps by the parent's Ack frames
-	CapLogprobs                   // Deltas carry the logprobs a Submit asked for
+	CapStream   uint32 = 1 << iota // per-step token deltas
+	CapCancel                      // Cancel takes effect at the next engine step
+	CapLogits                      // full-vocabulary logits at every prompt position
+	CapTimings                     // Done carries native CLOCK_MONOTONIC timings
+	CapAck                         // the worker paces its steps by the parent's Ack frames
+	CapLogprobs                    // Deltas carry the logprobs a Submit asked for
 )
 
 // AllCaps is what this build's worker implements and what the frontend requires.
