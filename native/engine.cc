@@ -124,7 +124,8 @@ struct TokenLogprobs {
 // or top-p, so a served logprob is comparable to transformers' log_softmax of the same logits
 // whatever the request's sampling. The normaliser is summed in double over exp_weights'
 // vectorised fp32 weights (2e-7 relative), so a logprob is within about 1e-6 of fp32 torch.
-static void log_probs(int V, const float *lg, int32_t tok, int k, SampleScratch &sc, TokenLogprobs &out) {
+static void log_probs(int V, const float *lg, int32_t tok, int k, bool unnormalised, SampleScratch &sc,
+                      TokenLogprobs &out) {
   float mx = -INFINITY;
   for (int i = 0; i < V; i++) mx = std::max(mx, lg[i]);
   auto &p = sc.p;
@@ -134,7 +135,8 @@ static void log_probs(int V, const float *lg, int32_t tok, int k, SampleScratch 
   double sum = 0;
   for (int i = 0; i < v8; i++) sum += p[i];
   for (int i = v8; i < V; i++) sum += exp_neg(lg[i] - mx);
-  const double lse = (double)mx + std::log(sum);
+  double lse = (double)mx + std::log(sum);
+  if (unnormalised) lse = mx;  // fault engine.logprobs_unnormalised: logit - max, no log-sum-exp
   out.logprob = (float)((double)lg[tok] - lse);
   // The top k by insertion into a short sorted array: a candidate must beat the k-th logit
   // strictly, so among equal logits the lower id (seen first) stays ahead.
@@ -183,6 +185,7 @@ struct mq_engine {
   std::vector<char> on_host;    // per entry: sampled on the host from its logits
   std::vector<SampleScratch> scratch;  // one per pool thread
   std::vector<TokenLogprobs> lp;       // per entry, for sequences that asked for logprobs
+  bool fault_lp_unnormalised = false;  // MODELQUAL_FAULTS engine.logprobs_unnormalised
 };
 
 // plain_temperature says s asks for no top-k or top-p truncation over a vocabulary of V.
@@ -382,6 +385,7 @@ mq_status mq_engine_open(const mq_engine_params *p, mq_engine **out) {
     }
     e->vocab = e->be->vocab();
     e->slots.resize(e->max_batch);
+    e->fault_lp_unnormalised = fault("engine.logprobs_unnormalised");
   } catch (const Error &err) {
     return fail(err.status, err.what());
   } catch (const std::exception &err) {
@@ -609,7 +613,7 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
                                      q->rng, e->scratch[t]);
             if (q->s.logprobs)
               log_probs(e->vocab, e->logits.data() + (size_t)i * e->vocab, e->sampled[i], q->s.top_logprobs,
-                        e->scratch[t], e->lp[i]);
+                        e->fault_lp_unnormalised, e->scratch[t], e->lp[i]);
           }
         });
       }

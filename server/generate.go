@@ -633,7 +633,7 @@ func (g *gen) stream() {
 	}
 	// Tokens that produced no text of their own (EOS, a held stop-string prefix) are answered
 	// in the finish chunk, so that a stream's logprobs are the non-streamed answer's.
-	if g.lp != nil && len(g.lp.pending) > 0 {
+	if g.lp != nil && len(g.lp.pending) > 0 && !g.s.faults.dropFinalLogprobs {
 		g.buf = g.appendLogprobs(g.buf)
 	} else {
 		g.buf = append(g.buf, "null"...)
@@ -664,7 +664,7 @@ func (g *gen) goneType() string {
 func (g *gen) appendChunk(text []byte) {
 	if g.lp != nil {
 		dst := &g.buf
-		if g.s.faults.swallowFinalDelta {
+		if swallow := g.s.faults.swallowFinalDelta; swallow {
 			g.buf = append(g.buf, g.held...)
 			g.held = g.held[:0]
 			dst = &g.held

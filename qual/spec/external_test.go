@@ -108,7 +108,7 @@ func TestExternalServerWithoutOurRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	values, _ := goldenHasLogprobs(g)
+	values, _ := GoldenHasLogprobs(g)
 	if err := CheckLogprobs(ctx, LogprobsInput{API: theirs, Golden: g, Tokenizer: tok, TokensOnly: !values, Optional: true}); err != nil {
 		t.Errorf("token-level parity through logprobs on the other server: %v", err)
 	}

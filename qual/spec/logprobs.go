@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -32,7 +33,10 @@ type LogprobsInput struct {
 	// so a near tie at the fifth place cannot push a golden candidate out of the answer).
 	TopN int
 	// TokensOnly compares the served tokens (read from the logprobs) with the golden's greedy
-	// tokens and skips the values: token-level parity for a golden without top5_logprobs.
+	// tokens and skips the absolute values: token-level parity for a golden without
+	// top5_logprobs. The checks that need no top5_logprobs still run: differences between
+	// logprobs equal transformers' differences between logits (top5_logits), and the served
+	// alternatives' probabilities add up to at most 1.
 	TokensOnly bool
 	// Optional: a server that refuses logprobs (4xx) or answers without them is "not
 	// applicable" (ErrNoLogprobs) rather than failed; for servers the harness did not build.
@@ -52,9 +56,9 @@ func tokenText(tok *tokenizer.Tokenizer, id int32) (string, bool) {
 	return strings.ToValidUTF8(string(b), "\uFFFD"), false
 }
 
-// goldenHasLogprobs reports whether every step of g carries top5_logprobs aligned with
+// GoldenHasLogprobs reports whether every step of g carries top5_logprobs aligned with
 // top5_ids, naming the first step that does not.
-func goldenHasLogprobs(g *Golden) (bool, string) {
+func GoldenHasLogprobs(g *Golden) (bool, string) {
 	for _, gp := range g.Prompts {
 		for s, st := range gp.Steps {
 			if len(st.Top5Logprobs) != len(st.Top5IDs) {
@@ -88,7 +92,7 @@ func CheckLogprobs(ctx context.Context, in LogprobsInput) error {
 		}
 	}
 	if !in.TokensOnly {
-		if ok, where := goldenHasLogprobs(g); !ok {
+		if ok, where := GoldenHasLogprobs(g); !ok {
 			return fmt.Errorf("%s: golden %s lacks top5_logprobs (%s); regenerate it with fixtures/golden/make_golden.py, which records log_softmax of the float32 logits at top5_ids", fn, g.Fixture, where)
 		}
 	}
@@ -136,16 +140,38 @@ func CheckLogprobs(ctx context.Context, in LogprobsInput) error {
 				problems = append(problems, fmt.Sprintf("prompt %q step %d: served token %q, transformers chose %q (id %d)", gp.Name, s, got.Token, want, gp.GreedyIDs[s]))
 				break
 			}
-			if in.TokensOnly {
-				continue
-			}
 			st := gp.Steps[s]
+			at := func(what string) string { return fmt.Sprintf("prompt %q step %d %s", gp.Name, s, what) }
+			// Normalisation: probabilities of distinct tokens add up to at most 1.
+			var mass float64
+			for _, c := range got.Top {
+				mass += math.Exp(c.Logprob)
+			}
+			if mass > 1+tol || got.Logprob > tol || math.IsNaN(mass) {
+				problems = append(problems, fmt.Sprintf("%s: the served alternatives' probabilities sum to %.6g (token logprob %.6g): not a normalised distribution", at(""), mass, got.Logprob))
+				break
+			}
 			texts := map[string]int{}
 			for _, id := range st.Top5IDs {
 				t, _ := tokenText(in.Tokenizer, id)
 				texts[t]++
 			}
-			at := func(what string) string { return fmt.Sprintf("prompt %q step %d %s", gp.Name, s, what) }
+			// Shift-free: lp(a) - lp(greedy) = logit(a) - logit(greedy), from top5_logits.
+			gk := slices.Index(st.Top5IDs, gp.GreedyIDs[s])
+			for k, id := range st.Top5IDs {
+				t, exact := tokenText(in.Tokenizer, id)
+				if gk < 0 || k == gk || !exact || texts[t] > 1 {
+					continue
+				}
+				for _, c := range got.Top {
+					if c.Token == t {
+						note(math.Abs((c.Logprob-got.Logprob)-(st.Top5Logits[k]-st.Top5Logits[gk])), at(fmt.Sprintf("logprob difference %q - chosen", t)))
+					}
+				}
+			}
+			if in.TokensOnly {
+				continue
+			}
 			for k, id := range st.Top5IDs {
 				if id == gp.GreedyIDs[s] {
 					note(math.Abs(got.Logprob-st.Top5Logprobs[k]), at("chosen token logprob"))
@@ -216,7 +242,7 @@ func goldenThroughLogprobs(ctx context.Context, in GoldenInput) error {
 			return err
 		}
 	}
-	values, _ := goldenHasLogprobs(g)
+	values, _ := GoldenHasLogprobs(g)
 	err := CheckLogprobs(ctx, LogprobsInput{API: in.API, Golden: g, Tokenizer: in.Tokenizer, Tolerance: in.Tolerance,
 		MaxSteps: in.MaxSteps, TokensOnly: !values, Optional: true})
 	if errors.Is(err, ErrNoLogprobs) {
