@@ -719,8 +719,10 @@ func (s *Server) begin(w http.ResponseWriter, r *http.Request, route string, rec
 	}
 	w.Header().Set("X-Request-Id", id)
 	now := time.Now()
-	return &reqState{s: s, w: w, r: r, start: now, recorded: recorded,
+	q := &reqState{s: s, w: w, r: r, start: now, recorded: recorded,
 		rec: Record{RequestID: id, Route: route, Model: s.cfg.ModelName, StartUnixNs: now.UnixNano(), WorkerID: record.WorkerIndex(-1)}}
+	q.rec.SessionID, q.rec.Turn = sessionOf(r.Header)
+	return q
 }
 
 // recordsError answers a request when the records file cannot be written.

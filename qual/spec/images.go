@@ -117,8 +117,9 @@ type ImageInput struct {
 	Golden []ImageGoldenCase
 	// MinPSNR and MinSSIM bound each served image against its golden pixels.
 	MinPSNR, MinSSIM float64
-	// QualBin and Bundle run `qual generate-image` for the served-equals-native gate.
-	QualBin, Bundle string
+	// QualBin and Bundle run `qual generate-image` for the served-equals-native gate, on Device
+	// (the served engine's: "cuda" in a GPU run; empty: the command's default, cpu).
+	QualBin, Bundle, Device string
 	// SizeMultiple is the model's size grid (refusal and geometry checks).
 	SizeMultiple int
 }
@@ -161,8 +162,9 @@ func CheckImageParity(ctx context.Context, in ImageInput) (map[string][2]float64
 	return figs, nil
 }
 
-// NativePNG runs `qual generate-image` on the bundle and returns the PNG it wrote.
-func NativePNG(ctx context.Context, qualBin, bundlePath string, r ImageRequest) ([]byte, error) {
+// NativePNG runs `qual generate-image` on the bundle (on device; empty: its default, cpu) and
+// returns the PNG it wrote.
+func NativePNG(ctx context.Context, qualBin, bundlePath, device string, r ImageRequest) ([]byte, error) {
 	dir, err := os.MkdirTemp("", "mq-native-image-")
 	if err != nil {
 		return nil, err
@@ -172,6 +174,9 @@ func NativePNG(ctx context.Context, qualBin, bundlePath string, r ImageRequest) 
 	cmd := exec.CommandContext(ctx, qualBin, "generate-image", "--bundle", bundlePath, "--prompt", r.Prompt,
 		"--size", fmt.Sprintf("%dx%d", r.Width, r.Height), "--steps", strconv.Itoa(r.Steps),
 		"--guidance", strconv.FormatFloat(r.Guidance, 'g', -1, 64), "--seed", strconv.FormatInt(r.Seed, 10), "--out", out)
+	if device != "" {
+		cmd.Args = append(cmd.Args, "--device", device)
+	}
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("qual generate-image: %w\n%s", err, b)
 	}
@@ -191,7 +196,7 @@ func CheckImageNative(ctx context.Context, in ImageInput) error {
 		if err != nil {
 			return fmt.Errorf("served vs native: case %q: %w", c.Name, err)
 		}
-		nat, err := NativePNG(ctx, in.QualBin, in.Bundle, c.ImageRequest)
+		nat, err := NativePNG(ctx, in.QualBin, in.Bundle, in.Device, c.ImageRequest)
 		if err != nil {
 			return fmt.Errorf("served vs native: case %q: %w", c.Name, err)
 		}
@@ -366,7 +371,7 @@ func (s *Suite) ImageInput() ImageInput {
 	}
 	golden, err := LoadImageGolden(filepath.Join(s.State.RepoRoot, "fixtures", "golden", fixture+".json"))
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	return ImageInput{API: s.API, Golden: golden, Bundle: s.State.Bundle, QualBin: filepath.Join(binDir(s.State.RepoRoot), "qual")}
+	return ImageInput{API: s.API, Golden: golden, Bundle: s.State.Bundle, Device: s.State.Device, QualBin: filepath.Join(binDir(s.State.RepoRoot), "qual")}
 }
 
 // ImageGates declares the image gates with their labels (family files call it in Qualify).
