@@ -109,6 +109,56 @@ static void exp_weights(const float *x, float *w, int n, float mx, float invT) {
   }
 }
 
+// TokenLogprobs is one sampled token's log-probability and its most likely alternatives.
+struct TokenLogprobs {
+  float logprob = 0;
+  int rank = 1;
+  int n_top = 0;
+  int32_t top_ids[MQ_MAX_TOP_LOGPROBS];
+  float top[MQ_MAX_TOP_LOGPROBS];
+};
+
+// log_probs fills out with log_softmax(lg)[tok] and the k most likely tokens (descending
+// logit, ties to the lowest id, as torch.topk on a stable order) with theirs. The
+// distribution is the model's raw one (vLLM's default "raw_logprobs"): no temperature, top-k
+// or top-p, so a served logprob is comparable to transformers' log_softmax of the same logits
+// whatever the request's sampling. The normaliser is summed in double over exp_weights'
+// vectorised fp32 weights (2e-7 relative), so a logprob is within about 1e-6 of fp32 torch.
+static void log_probs(int V, const float *lg, int32_t tok, int k, bool unnormalised, SampleScratch &sc,
+                      TokenLogprobs &out) {
+  float mx = -INFINITY;
+  for (int i = 0; i < V; i++) mx = std::max(mx, lg[i]);
+  auto &p = sc.p;
+  p.resize(V);
+  const int v8 = V / 8 * 8;
+  exp_weights(lg, p.data(), v8, mx, 1.0f);
+  double sum = 0;
+  for (int i = 0; i < v8; i++) sum += p[i];
+  for (int i = v8; i < V; i++) sum += exp_neg(lg[i] - mx);
+  double lse = (double)mx + std::log(sum);
+  if (unnormalised) lse = mx;  // fault engine.logprobs_unnormalised: logit - max, no log-sum-exp
+  out.logprob = (float)((double)lg[tok] - lse);
+  // The top k by insertion into a short sorted array: a candidate must beat the k-th logit
+  // strictly, so among equal logits the lower id (seen first) stays ahead.
+  int n = 0, above = 0;
+  const float lt = lg[tok];
+  for (int i = 0; i < V; i++) above += lg[i] > lt;
+  out.rank = 1 + above;
+  for (int i = 0; i < V && k > 0; i++) {
+    const float x = lg[i];
+    if (n == k && !(x > lg[out.top_ids[n - 1]])) continue;
+    if (x != x) continue;  // NaN
+    int j = n < k ? n++ : k - 1;
+    while (j > 0 && x > lg[out.top_ids[j - 1]]) {
+      out.top_ids[j] = out.top_ids[j - 1];
+      j--;
+    }
+    out.top_ids[j] = i;
+  }
+  out.n_top = n;
+  for (int j = 0; j < n; j++) out.top[j] = (float)((double)lg[out.top_ids[j]] - lse);
+}
+
 struct mq_engine {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Weights> weights;
@@ -134,6 +184,8 @@ struct mq_engine {
   std::vector<uint64_t> keys;   // device sampling: per-entry random key
   std::vector<char> on_host;    // per entry: sampled on the host from its logits
   std::vector<SampleScratch> scratch;  // one per pool thread
+  std::vector<TokenLogprobs> lp;       // per entry, for sequences that asked for logprobs
+  bool fault_lp_unnormalised = false;  // MODELQUAL_FAULTS engine.logprobs_unnormalised
 };
 
 // plain_temperature says s asks for no top-k or top-p truncation over a vocabulary of V.
@@ -333,6 +385,7 @@ mq_status mq_engine_open(const mq_engine_params *p, mq_engine **out) {
     }
     e->vocab = e->be->vocab();
     e->slots.resize(e->max_batch);
+    e->fault_lp_unnormalised = fault("engine.logprobs_unnormalised");
   } catch (const Error &err) {
     return fail(err.status, err.what());
   } catch (const std::exception &err) {
@@ -402,6 +455,9 @@ mq_status mq_engine_add(mq_engine *e, const int32_t *prompt, int32_t n, const mq
   if (s->top_k < 0) return fail(MQ_ERR_INVALID_ARGUMENT, "top_k must be >= 0 (0 = off)");
   if (!(s->top_p >= 0) || !std::isfinite(s->top_p))
     return fail(MQ_ERR_INVALID_ARGUMENT, "top_p must be a finite number >= 0 (0 or 1 = off)");
+  if (s->top_logprobs < 0 || s->top_logprobs > MQ_MAX_TOP_LOGPROBS)
+    return fail(MQ_ERR_INVALID_ARGUMENT, "top_logprobs " + std::to_string(s->top_logprobs) + " must be in 0.." +
+                                             std::to_string(MQ_MAX_TOP_LOGPROBS));
   int slot = -1;
   for (int i = 0; i < e->max_batch && slot < 0; i++)
     if (!e->slots[i]) slot = i;
@@ -511,8 +567,10 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
         any_host = true;
       }
     }
-    // Logits are materialised only for host sampling: greedy needs the argmax alone.
-    const bool need_logits = !e->be->deterministic() && any_host;
+    // Logits are materialised only for host sampling or logprobs: greedy needs the argmax alone.
+    bool any_lp = false;
+    for (Seq *q : e->members) any_lp = any_lp || q->s.logprobs;
+    const bool need_logits = (!e->be->deterministic() && any_host) || any_lp;
     if (need_logits) e->logits.resize((size_t)b.n * e->vocab);
     float *logits = need_logits ? e->logits.data() : nullptr;
     e->argmax.assign(b.n, -1);
@@ -546,12 +604,16 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
       e->sampled.assign(e->argmax.begin(), e->argmax.end());
       if (need_logits) {
         e->scratch.resize(e->pool->size());
+        if (any_lp) e->lp.resize(b.n);
         e->pool->run([&](int t, int nt) {
           for (int i = t; i < b.n; i += nt) {
             Seq *q = e->members[i];
-            if (e->on_host[i])
+            if (e->on_host[i] && !e->be->deterministic())
               e->sampled[i] = sample(e->vocab, e->logits.data() + (size_t)i * e->vocab, q->s,
                                      q->rng, e->scratch[t]);
+            if (q->s.logprobs)
+              log_probs(e->vocab, e->logits.data() + (size_t)i * e->vocab, e->sampled[i], q->s.top_logprobs,
+                        e->fault_lp_unnormalised, e->scratch[t], e->lp[i]);
           }
         });
       }
@@ -571,7 +633,6 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
           r = MQ_FINISH_LENGTH;
         if (r != MQ_FINISH_NONE) {
           ev.push_back(done_event(*q, tok, r));
-          release(e, q->slot);
         } else {
           mq_event x;
           std::memset(&x, 0, sizeof(x));
@@ -579,6 +640,17 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
           x.token = tok;
           ev.push_back(x);
         }
+        if (q->s.logprobs) {
+          mq_event &x = ev.back();
+          const TokenLogprobs &l = e->lp[i];
+          x.has_logprob = 1;
+          x.logprob = l.logprob;
+          x.rank = l.rank;
+          x.n_top = l.n_top;
+          std::copy(l.top_ids, l.top_ids + l.n_top, x.top_ids);
+          std::copy(l.top, l.top + l.n_top, x.top_logprobs);
+        }
+        if (r != MQ_FINISH_NONE) release(e, q->slot);
       }
     }
   }

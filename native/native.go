@@ -88,6 +88,20 @@ type Sampling struct {
 	TopP         float32 // 0 or 1 = off
 	Seed         uint64  // same seed and inputs => same sampled tokens
 	IgnoreEOS    bool
+	// Logprobs asks for each token's log-probability and its TopLogprobs (0..MaxTopLogprobs)
+	// most likely alternatives: log_softmax of the fp32 logits, before temperature, top-k and
+	// top-p (vLLM's default raw logprobs). Off, a greedy step never materialises the logits.
+	Logprobs    bool
+	TopLogprobs int
+}
+
+// MaxTopLogprobs is the most alternatives a token's logprobs carry (OpenAI's limit).
+const MaxTopLogprobs = C.MQ_MAX_TOP_LOGPROBS
+
+// TokenLogprob is one candidate token and its log-probability.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
 }
 
 // SeqID names one sequence of an engine.
@@ -117,6 +131,12 @@ type Event struct {
 	Done   bool
 	Reason FinishReason // set when Done
 	Timing Timing       // set when Done
+	// Set when the sequence asked for logprobs and Token >= 0: the token's log-probability
+	// and the most likely tokens' (descending; ties: the lowest id).
+	HasLogprob bool
+	Logprob    float32
+	Rank       int // 1 + the number of tokens more likely than Token
+	Top        []TokenLogprob
 }
 
 // Engine is an opened model with its scheduler. Not goroutine-safe except Cancel.
@@ -293,19 +313,13 @@ func (e *Engine) Add(prompt []int32, s Sampling) (SeqID, error) {
 	if s.MaxNewTokens < 1 {
 		return 0, fmt.Errorf("native.Add: max_new_tokens %d must be >= 1", s.MaxNewTokens)
 	}
+	if s.TopLogprobs < 0 || s.TopLogprobs > MaxTopLogprobs {
+		return 0, fmt.Errorf("native.Add: top_logprobs %d must be in 0..%d", s.TopLogprobs, MaxTopLogprobs)
+	}
 	if s.TopK < 0 || s.Temperature < 0 || s.TopP < 0 {
 		return 0, fmt.Errorf("native.Add: temperature %g, top_k %d, top_p %g must not be negative", s.Temperature, s.TopK, s.TopP)
 	}
-	cs := C.mq_sampling{
-		max_new_tokens: C.uint32_t(s.MaxNewTokens),
-		temperature:    C.float(s.Temperature),
-		top_k:          C.int32_t(s.TopK),
-		top_p:          C.float(s.TopP),
-		seed:           C.uint64_t(s.Seed),
-	}
-	if s.IgnoreEOS {
-		cs.ignore_eos = 1
-	}
+	cs := s.c()
 	var pin runtime.Pinner
 	pin.Pin(&prompt[0])
 	defer pin.Unpin()
@@ -321,6 +335,25 @@ func (e *Engine) Add(prompt []int32, s Sampling) (SeqID, error) {
 	default:
 		return 0, errors.New("native.Add: " + msg)
 	}
+}
+
+// c converts s to the C struct (validated by the caller).
+func (s Sampling) c() C.mq_sampling {
+	cs := C.mq_sampling{
+		max_new_tokens: C.uint32_t(s.MaxNewTokens),
+		temperature:    C.float(s.Temperature),
+		top_k:          C.int32_t(s.TopK),
+		top_p:          C.float(s.TopP),
+		seed:           C.uint64_t(s.Seed),
+	}
+	if s.IgnoreEOS {
+		cs.ignore_eos = 1
+	}
+	if s.Logprobs {
+		cs.logprobs = 1
+		cs.top_logprobs = C.int32_t(s.TopLogprobs)
+	}
+	return cs
 }
 
 // Cancel ends the sequence at the next Step (Done event with reason "cancelled"). Safe to call
@@ -356,6 +389,13 @@ func mqGoEvent(ev *C.mq_event, user C.uintptr_t) {
 		return
 	}
 	out := Event{Seq: SeqID(ev.seq), Token: int32(ev.token), Done: ev.done != 0}
+	if ev.has_logprob != 0 {
+		out.HasLogprob, out.Logprob, out.Rank = true, float32(ev.logprob), int(ev.rank)
+		out.Top = make([]TokenLogprob, int(ev.n_top))
+		for i := range out.Top {
+			out.Top[i] = TokenLogprob{ID: int32(ev.top_ids[i]), Logprob: float32(ev.top_logprobs[i])}
+		}
+	}
 	if out.Done {
 		switch ev.reason {
 		case C.MQ_FINISH_STOP:

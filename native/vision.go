@@ -52,16 +52,7 @@ func (e *Engine) AddImage(prompt []int32, im *Image, s Sampling) (SeqID, error) 
 	if err != nil {
 		return 0, fmt.Errorf("native.AddImage: %w", err)
 	}
-	cs := C.mq_sampling{
-		max_new_tokens: C.uint32_t(s.MaxNewTokens),
-		temperature:    C.float(s.Temperature),
-		top_k:          C.int32_t(s.TopK),
-		top_p:          C.float(s.TopP),
-		seed:           C.uint64_t(s.Seed),
-	}
-	if s.IgnoreEOS {
-		cs.ignore_eos = 1
-	}
+	cs := s.c()
 	var pin runtime.Pinner
 	pin.Pin(&prompt[0])
 	pin.Pin(&im.Pixels[0])

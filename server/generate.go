@@ -194,7 +194,8 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 	t := s.pool.newTask()
 	t.prompt, t.vision = ids, img
 	t.samp = wire.Sampling{MaxNewTokens: uint32(maxTok), Temperature: float32(req.Temperature),
-		TopK: int32(req.TopK), TopP: float32(req.TopP), Seed: req.Seed, IgnoreEOS: req.IgnoreEOS}
+		TopK: int32(req.TopK), TopP: float32(req.TopP), Seed: req.Seed, IgnoreEOS: req.IgnoreEOS,
+		Logprobs: req.Logprobs, TopLogprobs: uint8(req.TopLogprobs)}
 	if !req.HasSeed {
 		t.samp.Seed = t.id*0x9e3779b97f4a7c15 ^ uint64(time.Now().UnixNano())
 	}
@@ -208,7 +209,10 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 	if !s.schedule(q, t, ctx) {
 		return
 	}
-	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(req.Stop)}
+	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(req.Stop, req.IncludeStopStr)}
+	if req.Logprobs {
+		g.lp = &lpState{}
+	}
 	if req.Stream {
 		g.stream()
 	} else {
@@ -281,18 +285,28 @@ type gen struct {
 	prefix, suffix, header []byte
 	held                   []byte // fault server.swallow_final_delta: the last chunk, held back
 	spare                  []int32
+	spareLP                []*wire.Logprobs
 	firstSent              bool
+
+	lp *lpState // the request asked for logprobs (HTTP; gRPC keeps its own per delta)
 }
 
 // consume turns engine tokens into text: EOS tokens produce none (unless ignore_eos), an
 // incomplete UTF-8 sequence is held by the stream decoder, a possible stop-string prefix by
 // the stop matcher.
-func (g *gen) consume(toks []int32) {
-	for _, tok := range toks {
+func (g *gen) consume(toks []int32, lps []*wire.Logprobs) {
+	for i, tok := range toks {
 		if g.stopped {
 			return
 		}
 		g.ntok++
+		if g.lp != nil {
+			var lp *wire.Logprobs
+			if i < len(lps) {
+				lp = lps[i]
+			}
+			g.lp.add(tok, lp)
+		}
 		if !g.req.IgnoreEOS && g.isEOS(tok) {
 			continue
 		}
@@ -431,9 +445,9 @@ func (g *gen) fillRecord() {
 // drain consumes the tokens the reader has handed over since the last call, reusing the
 // previous slice as the next swap buffer, and reports whether the task is done.
 func (g *gen) drain() bool {
-	toks, done := g.t.take(g.spare)
-	g.consume(toks)
-	g.spare = toks
+	toks, lps, done := g.t.takeLogprobs(g.spare, g.spareLP)
+	g.consume(toks, lps)
+	g.spare, g.spareLP = toks, lps
 	return done
 }
 
@@ -462,12 +476,18 @@ func (g *gen) collect() {
 	if g.req.Chat {
 		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
 		b = appendJSONString(b, string(g.out))
-		b = append(b, `},"logprobs":null,"finish_reason":`...)
+		b = append(b, `},"logprobs":`...)
 	} else {
 		b = append(b, `,"choices":[{"index":0,"text":`...)
 		b = appendJSONString(b, string(g.out))
-		b = append(b, `,"logprobs":null,"finish_reason":`...)
+		b = append(b, `,"logprobs":`...)
 	}
+	if g.lp != nil {
+		b = g.appendLogprobs(b)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"finish_reason":`...)
 	b = appendJSONString(b, g.finishReason())
 	b = append(b, "}]"...)
 	b = g.appendUsage(b)
@@ -487,9 +507,9 @@ func (g *gen) collect() {
 	_, _ = g.q.w.Write(b)
 }
 
-func (g *gen) takeAll() []int32 {
-	toks, _ := g.t.take(nil)
-	return toks
+func (g *gen) takeAll() ([]int32, []*wire.Logprobs) {
+	toks, lps, _ := g.t.takeLogprobs(nil, nil)
+	return toks, lps
 }
 
 // appendHead appends `{"id":...,"object":...,"created":...,"model":...` (no closing brace).
@@ -538,6 +558,10 @@ func (g *gen) stream() {
 	} else {
 		g.prefix = append(g.prefix, `"text":"`...)
 		g.suffix = []byte(`","logprobs":null,"finish_reason":null}]}` + "\n\n")
+	}
+	if g.lp != nil {
+		// The chunk's logprobs go between the two halves of the suffix (appendChunk).
+		g.suffix = g.suffix[:len(g.suffix)-len(`null,"finish_reason":null}]}`+"\n\n")]
 	}
 	g.buf = make([]byte, 0, 4096)
 	h := w.Header()
@@ -603,10 +627,18 @@ func (g *gen) stream() {
 	g.buf = append(g.buf, "data: "...)
 	g.buf = append(g.buf, g.header...)
 	if g.req.Chat {
-		g.buf = append(g.buf, `,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"`...)
+		g.buf = append(g.buf, `,"choices":[{"index":0,"delta":{},"logprobs":`...)
 	} else {
-		g.buf = append(g.buf, `,"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"`...)
+		g.buf = append(g.buf, `,"choices":[{"index":0,"text":"","logprobs":`...)
 	}
+	// Tokens that produced no text of their own (EOS, a held stop-string prefix) are answered
+	// in the finish chunk, so that a stream's logprobs are the non-streamed answer's.
+	if g.lp != nil && len(g.lp.pending) > 0 && !g.s.faults.dropFinalLogprobs {
+		g.buf = g.appendLogprobs(g.buf)
+	} else {
+		g.buf = append(g.buf, "null"...)
+	}
+	g.buf = append(g.buf, `,"finish_reason":"`...)
 	g.buf = append(g.buf, reason...)
 	g.buf = append(g.buf, `"}]}`+"\n\n"...)
 	if g.req.IncludeUsage {
@@ -630,6 +662,20 @@ func (g *gen) goneType() string {
 
 // appendChunk adds one content delta event to the write buffer.
 func (g *gen) appendChunk(text []byte) {
+	if g.lp != nil {
+		dst := &g.buf
+		if swallow := g.s.faults.swallowFinalDelta; swallow {
+			g.buf = append(g.buf, g.held...)
+			g.held = g.held[:0]
+			dst = &g.held
+		}
+		b := append(*dst, g.prefix...)
+		b = appendJSONStringBody(b, text)
+		b = append(b, g.suffix...)
+		b = g.appendLogprobs(b)
+		*dst = append(b, `,"finish_reason":null}]}`+"\n\n"...)
+		return
+	}
 	if g.s.faults.swallowFinalDelta {
 		g.buf = append(g.buf, g.held...)
 		g.held = append(g.held[:0], g.prefix...)

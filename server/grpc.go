@@ -485,9 +485,7 @@ func mapGenerateRequest(req *oe.GenerateRequest) (*GenRequest, genOptions, error
 		if st.GetMinTokens() != 0 {
 			return nil, o, unsup("stopping.min_tokens", "a minimum output length")
 		}
-		if st.GetIncludeStopInOutput() {
-			return nil, o, unsup("stopping.include_stop_in_output", "returning the stop text")
-		}
+		r.IncludeStopStr = st.GetIncludeStopInOutput()
 		r.IgnoreEOS = st.GetIgnoreEos()
 		if len(st.GetConditions()) > MaxStopStrings+MaxStopTokenIDs {
 			return nil, o, bad("stopping.conditions", "%d conditions; at most %d stop texts and %d stop token ids", len(st.GetConditions()), MaxStopStrings, MaxStopTokenIDs)
@@ -521,11 +519,27 @@ func mapGenerateRequest(req *oe.GenerateRequest) (*GenRequest, genOptions, error
 	}
 	if rp := req.GetResponse(); rp != nil {
 		if rp.GetReturnPromptLogprobs() || rp.PromptCandidates != nil || rp.PromptLogprobStart != nil {
-			return nil, o, unsup("response.return_prompt_logprobs", "prompt logprobs (the engines return token ids only)")
+			return nil, o, unsup("response.return_prompt_logprobs", "prompt logprobs (the engine scores generated tokens only)")
 		}
-		if rp.GetReturnOutputLogprobs() || rp.OutputCandidates != nil {
-			return nil, o, unsup("response.return_output_logprobs", "output logprobs (the engines return token ids only)")
+		if c := rp.GetOutputCandidates(); c != nil {
+			if !rp.GetReturnOutputLogprobs() {
+				return nil, o, bad("response.output_candidates", "needs response.return_output_logprobs: true")
+			}
+			switch sel := c.GetSelection().(type) {
+			case *oe.CandidateTokenSelection_TopN:
+				if sel.TopN > MaxTopLogprobs {
+					return nil, o, bad("response.output_candidates.top_n", "%d is more than the %d candidates a token carries", sel.TopN, MaxTopLogprobs)
+				}
+				r.TopLogprobs = int(sel.TopN)
+			case *oe.CandidateTokenSelection_TokenIds:
+				return nil, o, unsup("response.output_candidates.token_ids", "candidates chosen by id (use top_n)")
+			case *oe.CandidateTokenSelection_All:
+				return nil, o, unsup("response.output_candidates.all", "the whole vocabulary as candidates (use top_n <= 20)")
+			default:
+				return nil, o, bad("response.output_candidates", "set top_n")
+			}
 		}
+		r.Logprobs = rp.GetReturnOutputLogprobs()
 	}
 	return r, o, nil
 }
@@ -666,7 +680,8 @@ func (s *Server) grpcGenerate(_ any, stream grpc.ServerStream) error {
 	t := s.pool.newTask()
 	t.prompt = ids
 	t.samp = wire.Sampling{MaxNewTokens: uint32(maxTok), Temperature: float32(greq.Temperature),
-		TopK: int32(greq.TopK), TopP: float32(greq.TopP), Seed: greq.Seed, IgnoreEOS: greq.IgnoreEOS}
+		TopK: int32(greq.TopK), TopP: float32(greq.TopP), Seed: greq.Seed, IgnoreEOS: greq.IgnoreEOS,
+		Logprobs: greq.Logprobs, TopLogprobs: uint8(greq.TopLogprobs)}
 	if !greq.HasSeed {
 		t.samp.Seed = t.id*0x9e3779b97f4a7c15 ^ uint64(time.Now().UnixNano())
 	}
@@ -686,7 +701,7 @@ func (s *Server) grpcGenerate(_ any, stream grpc.ServerStream) error {
 	default:
 		return s.grpcEnded(c, nil, gctx)
 	}
-	g := &gen{s: s, q: q, t: t, req: greq, ctx: gctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(greq.Stop)}
+	g := &gen{s: s, q: q, t: t, req: greq, ctx: gctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(greq.Stop, greq.IncludeStopStr)}
 	gs := &grpcStream{g: g, c: c, stream: stream, stopIDs: opt.stopIDs}
 	return gs.run()
 }
@@ -729,7 +744,9 @@ type grpcStream struct {
 	lastTok int32 // the last token consumed (the EOS on a natural end)
 	sent    int   // bytes of g.out already sent
 	toks    []int32
+	lps     []*wire.Logprobs // toks' logprobs when the request asked for them
 	spare   []int32
+	spareLP []*wire.Logprobs
 	first   bool
 }
 
@@ -737,9 +754,9 @@ func (gs *grpcStream) run() error {
 	g := gs.g
 	gs.idStop = -1
 	for {
-		toks, done := g.t.take(gs.spare)
-		gs.consume(toks)
-		gs.spare = toks
+		toks, lps, done := g.t.takeLogprobs(gs.spare, gs.spareLP)
+		gs.consume(toks, lps)
+		gs.spare, gs.spareLP = toks, lps
 		if len(gs.toks) > 0 || g.sentText(gs.sent) {
 			if err := gs.sendDelta(); err != nil {
 				g.abandon()
@@ -796,7 +813,7 @@ func (gs *grpcStream) run() error {
 // consume hands tokens to the shared text path (gen.consume) and keeps their ids for the next
 // delta, ending generation at a stop token id (counted as output, its text not sent, as with
 // EOS).
-func (gs *grpcStream) consume(toks []int32) {
+func (gs *grpcStream) consume(toks []int32, lps []*wire.Logprobs) {
 	g := gs.g
 	for i, tok := range toks {
 		if g.stopped || gs.idStop >= 0 {
@@ -804,12 +821,13 @@ func (gs *grpcStream) consume(toks []int32) {
 		}
 		for _, id := range gs.stopIDs {
 			if tok == id {
-				g.consume(toks[:i])
-				gs.keep(toks[:i])
+				n := g.ntok
+				g.consume(toks[:i], lps)
+				gs.keep(toks[:g.ntok-n], lps)
 				if !g.stopped {
 					g.ntok++
-					gs.idStop, gs.lastTok = tok, tok
-					gs.toks = append(gs.toks, tok)
+					gs.idStop = tok
+					gs.keep(toks[i:i+1], lpsFrom(lps, i))
 					g.s.pool.cancel(g.t)
 				}
 				return
@@ -817,12 +835,31 @@ func (gs *grpcStream) consume(toks []int32) {
 		}
 	}
 	n := g.ntok
-	g.consume(toks)
-	gs.keep(toks[:g.ntok-n])
+	g.consume(toks, lps)
+	gs.keep(toks[:g.ntok-n], lps)
 }
 
-func (gs *grpcStream) keep(toks []int32) {
+// lpsFrom is lps[i:], or nil when the request has no logprobs.
+func lpsFrom(lps []*wire.Logprobs, i int) []*wire.Logprobs {
+	if i >= len(lps) {
+		return nil
+	}
+	return lps[i:]
+}
+
+// keep adds consumed tokens (and, when asked for, their logprobs: lps is aligned with toks)
+// to the next delta.
+func (gs *grpcStream) keep(toks []int32, lps []*wire.Logprobs) {
 	gs.toks = append(gs.toks, toks...)
+	if gs.g.req.Logprobs {
+		for i := range toks {
+			var lp *wire.Logprobs
+			if i < len(lps) {
+				lp = lps[i]
+			}
+			gs.lps = append(gs.lps, lp)
+		}
+	}
 	if len(toks) > 0 {
 		gs.lastTok = toks[len(toks)-1]
 	}
@@ -838,15 +875,49 @@ func (gs *grpcStream) sendDelta() error {
 	if g.s.grpc.cumulative {
 		text = g.out // the seed's regression, planted: every update repeats the history
 	}
-	f := encodeTokenEvent(gs.c.q.rec.RequestID, gs.toks, text)
+	var msg any
+	if g.req.Logprobs {
+		msg = gs.logprobsEvent(text)
+	} else {
+		msg = encodeTokenEvent(gs.c.q.rec.RequestID, gs.toks, text)
+	}
 	gs.sent = len(g.out)
-	gs.toks = gs.toks[:0]
-	err := gs.stream.SendMsg(f)
+	gs.toks, gs.lps = gs.toks[:0], gs.lps[:0]
+	err := gs.stream.SendMsg(msg)
 	if !gs.first && len(g.out) > 0 {
 		gs.first = true
 		g.q.ttft = time.Since(g.q.start)
 	}
 	return err
+}
+
+// logprobsEvent is the TokenOutput of a request that asked for logprobs: each TokenInfo
+// carries the token's text, logprob and rank, and its top_n candidates (with their text).
+// Built with the proto library: this path is not the per-token hot path that
+// encodeTokenEvent keeps allocation-free.
+func (gs *grpcStream) logprobsEvent(text []byte) *oe.GenerateResponse {
+	g := gs.g
+	idx := uint32(0)
+	out := &oe.TokenOutput{OutputIndex: &idx, Text: string(text), Tokens: make([]*oe.TokenInfo, len(gs.toks))}
+	var tb []byte
+	tokText := func(id int32) string {
+		tb = g.s.tok.TokenBytes(tb[:0], id)
+		return string(appendLossyUTF8(nil, tb))
+	}
+	for i, tok := range gs.toks {
+		ti := &oe.TokenInfo{TokenId: uint32(tok), Token: tokText(tok)}
+		if i < len(gs.lps) && gs.lps[i] != nil {
+			lp := gs.lps[i]
+			x, rank := float64(lp.Logprob), lp.Rank
+			ti.Logprob, ti.Rank = &x, &rank
+			for j, c := range lp.Top[:min(len(lp.Top), g.req.TopLogprobs)] {
+				r := uint32(j + 1)
+				ti.Candidates = append(ti.Candidates, &oe.LogProb{TokenId: uint32(c.ID), Logprob: float64(c.Logprob), Token: tokText(c.ID), Rank: &r})
+			}
+		}
+		out.Tokens[i] = ti
+	}
+	return &oe.GenerateResponse{RequestId: gs.c.q.rec.RequestID, Event: &oe.GenerateResponse_Token{Token: out}}
 }
 
 // finish sends GenerationFinished with Usage and ends the call with OK.
@@ -979,15 +1050,17 @@ func (c grpcControl) GetModelInfo(ctx context.Context, req *oe.GetModelInfoReque
 	}
 	ctxLen := uint32(s.info.MaxContext)
 	yes, no := true, false
-	one := uint32(1)
+	one, maxTop := uint32(1), uint32(MaxTopLogprobs)
 	return &oe.ModelInfo{
 		ModelId: s.cfg.ModelName, ServedModelName: s.cfg.ModelName, MaxContextLength: &ctxLen, MaxOutputTokens: &ctxLen,
 		TokenizerModes: []string{"text", "token_ids"}, SupportsTextInput: &yes, SupportsTokenIdsInput: &yes,
 		SupportsLora: &no, SupportsMultimodal: &no,
 		Generation: &oe.GenerationCapabilities{
-			PromptLogprobs: &oe.LogprobCapabilities{Supported: &no}, OutputLogprobs: &oe.LogprobCapabilities{Supported: &no},
+			PromptLogprobs: &oe.LogprobCapabilities{Supported: &no},
+			OutputLogprobs: &oe.LogprobCapabilities{Supported: &yes, MaxTopN: &maxTop,
+				CandidateSelectionModes: []oe.CandidateTokenSelectionMode{oe.CandidateTokenSelectionMode_CANDIDATE_TOKEN_SELECTION_MODE_TOP_N}},
 			GuidedDecoding: &oe.GuidedDecodingCapabilities{Supported: &no}, MaxNumSequences: &one,
-			SupportsPriority: &no, SupportsStopInOutput: &no, SupportsCacheSalt: &no, SupportsPrefixCacheBypass: &no,
+			SupportsPriority: &no, SupportsStopInOutput: &yes, SupportsCacheSalt: &no, SupportsPrefixCacheBypass: &no,
 		},
 	}, nil
 }

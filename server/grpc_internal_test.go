@@ -90,6 +90,16 @@ func FuzzMapGenerateRequest(f *testing.F) {
 		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Sampling: &oe.SamplingParams{Temperature: d(math.NaN()), NumSequences: u(2)}},
 		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Response: &oe.ResponseOptions{ReturnOutputLogprobs: &yes,
 			OutputCandidates: &oe.CandidateTokenSelection{Selection: &oe.CandidateTokenSelection_TopN{TopN: 5}}}},
+		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Response: &oe.ResponseOptions{ReturnOutputLogprobs: &yes}},
+		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Response: &oe.ResponseOptions{
+			OutputCandidates: &oe.CandidateTokenSelection{Selection: &oe.CandidateTokenSelection_TopN{TopN: 3}}}},
+		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Response: &oe.ResponseOptions{ReturnOutputLogprobs: &yes,
+			OutputCandidates: &oe.CandidateTokenSelection{Selection: &oe.CandidateTokenSelection_TopN{TopN: 21}}}},
+		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Response: &oe.ResponseOptions{ReturnOutputLogprobs: &yes,
+			OutputCandidates: &oe.CandidateTokenSelection{Selection: &oe.CandidateTokenSelection_All{All: &oe.AllCandidates{}}}}},
+		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Response: &oe.ResponseOptions{ReturnPromptLogprobs: &yes}},
+		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Stopping: &oe.StoppingOptions{IncludeStopInOutput: &yes,
+			Conditions: []*oe.StopCondition{{Condition: &oe.StopCondition_StopText{StopText: "."}}}}},
 		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Extra: extra, Stopping: &oe.StoppingOptions{MaxTokens: u(0)}},
 		{Input: &oe.GenerateRequest_Prompt{Prompt: "x"}, Guided: &oe.GuidedDecoding{Guide: &oe.GuidedDecoding_JsonObject{}}},
 	} {
@@ -133,6 +143,8 @@ func FuzzMapGenerateRequest(f *testing.F) {
 			t.Fatalf("top_k %d max_tokens %d", g.TopK, g.MaxTokens)
 		case len(g.Stop) > MaxStopStrings || len(o.stopIDs) > MaxStopTokenIDs:
 			t.Fatalf("%d stop texts, %d stop ids", len(g.Stop), len(o.stopIDs))
+		case g.TopLogprobs < 0 || g.TopLogprobs > MaxTopLogprobs || g.TopLogprobs > 0 && !g.Logprobs:
+			t.Fatalf("logprobs %v with %d candidates", g.Logprobs, g.TopLogprobs)
 		}
 		for _, id := range append(append([]int32{}, g.PromptIDs...), o.stopIDs...) {
 			if id < 0 {

@@ -288,10 +288,21 @@ func TestGRPCErrors(t *testing.T) {
 		{"top_p 0", with(func(r *oe.GenerateRequest) { r.Sampling.TopP = f(0) }), codes.InvalidArgument, "sampling.top_p"},
 		{"top_p 1.5", with(func(r *oe.GenerateRequest) { r.Sampling.TopP = f(1.5) }), codes.InvalidArgument, "sampling.top_p"},
 		{"two sequences", with(func(r *oe.GenerateRequest) { r.Sampling.NumSequences = u(2) }), codes.Unimplemented, "sampling.num_sequences"},
-		{"output logprobs", with(func(r *oe.GenerateRequest) {
+		{"prompt logprobs", with(func(r *oe.GenerateRequest) {
 			t := true
-			r.Response = &oe.ResponseOptions{ReturnOutputLogprobs: &t}
-		}), codes.Unimplemented, "response.return_output_logprobs"},
+			r.Response = &oe.ResponseOptions{ReturnPromptLogprobs: &t}
+		}), codes.Unimplemented, "response.return_prompt_logprobs"},
+		{"candidates without logprobs", with(func(r *oe.GenerateRequest) {
+			r.Response = &oe.ResponseOptions{OutputCandidates: &oe.CandidateTokenSelection{Selection: &oe.CandidateTokenSelection_TopN{TopN: 2}}}
+		}), codes.InvalidArgument, "response.output_candidates"},
+		{"too many candidates", with(func(r *oe.GenerateRequest) {
+			t := true
+			r.Response = &oe.ResponseOptions{ReturnOutputLogprobs: &t, OutputCandidates: &oe.CandidateTokenSelection{Selection: &oe.CandidateTokenSelection_TopN{TopN: 21}}}
+		}), codes.InvalidArgument, "response.output_candidates.top_n"},
+		{"candidates by id", with(func(r *oe.GenerateRequest) {
+			t := true
+			r.Response = &oe.ResponseOptions{ReturnOutputLogprobs: &t, OutputCandidates: &oe.CandidateTokenSelection{Selection: &oe.CandidateTokenSelection_TokenIds{TokenIds: &oe.TokenIds{Ids: []uint32{1}}}}}
+		}), codes.Unimplemented, "response.output_candidates.token_ids"},
 		{"guided", with(func(r *oe.GenerateRequest) {
 			r.Guided = &oe.GuidedDecoding{Guide: &oe.GuidedDecoding_Regex{Regex: "a+"}}
 		}), codes.Unimplemented, "guided"},
@@ -335,7 +346,7 @@ func TestGRPCErrors(t *testing.T) {
 			statuses[r.Status]++
 		}
 	}
-	if statuses[400] != 13 || statuses[404] != 1 || statuses[501] != 5 || statuses[429] != 1 || statuses[200] != len(cases)+1 {
+	if statuses[400] != 15 || statuses[404] != 1 || statuses[501] != 6 || statuses[429] != 1 || statuses[200] != len(cases)+1 {
 		t.Errorf("record statuses %v", statuses)
 	}
 }
@@ -365,7 +376,8 @@ func TestGRPCControl(t *testing.T) {
 		t.Errorf("grpc.health.v1 %v %v", hc, err)
 	}
 	mi, err := g.ctl.GetModelInfo(actx, &oe.GetModelInfoRequest{})
-	if err != nil || mi.GetServedModelName() != "test-model" || mi.GetMaxContextLength() == 0 || mi.GetGeneration().GetOutputLogprobs().GetSupported() {
+	if err != nil || mi.GetServedModelName() != "test-model" || mi.GetMaxContextLength() == 0 || !mi.GetGeneration().GetOutputLogprobs().GetSupported() ||
+		mi.GetGeneration().GetOutputLogprobs().GetMaxTopN() != 20 || mi.GetGeneration().GetPromptLogprobs().GetSupported() || !mi.GetGeneration().GetSupportsStopInOutput() {
 		t.Errorf("GetModelInfo %v %v", mi, err)
 	}
 	if _, err := g.ctl.GetModelInfo(actx, &oe.GetModelInfoRequest{Model: "other"}); status.Code(err) != codes.NotFound {

@@ -43,6 +43,7 @@ type task struct {
 	notify chan struct{}
 	mu     sync.Mutex
 	toks   []int32
+	lps    []*wire.Logprobs // toks' logprobs, index for index, when samp.Logprobs
 	done   bool
 	res    wire.Done
 	fail   error // the worker died or the request never reached an engine
@@ -65,11 +66,21 @@ func (t *task) signal() {
 // take swaps the pending tokens out (spare becomes the new pending buffer) and reports whether
 // the task has ended.
 func (t *task) take(spare []int32) (toks []int32, done bool) {
+	toks, _, done = t.takeLogprobs(spare, nil)
+	return toks, done
+}
+
+// takeLogprobs is take that also swaps out the tokens' logprobs (nil unless the request asked
+// for them), so that tokens and their logprobs always move together.
+func (t *task) takeLogprobs(spare []int32, spareLP []*wire.Logprobs) (toks []int32, lps []*wire.Logprobs, done bool) {
 	t.mu.Lock()
 	toks, t.toks = t.toks, spare[:0]
+	if t.lps != nil {
+		lps, t.lps = t.lps, spareLP[:0]
+	}
 	done = t.done
 	t.mu.Unlock()
-	return toks, done
+	return toks, lps, done
 }
 
 func (t *task) finish(d wire.Done, fail error) {
@@ -340,13 +351,16 @@ func (p *pool) read(w *workerProc, r *wire.Reader) {
 	// this a new request's first token waits behind a whole round of other streams' writes,
 	// which is its time to first token.
 	var ready, first []*task
-	addToken := func(id uint64, tok int32) {
+	addToken := func(id uint64, tok int32, lp *wire.Logprobs) {
 		t := w.tasks[id]
 		if t == nil {
 			return // ended already (e.g. cancelled after the step that produced this token)
 		}
 		t.mu.Lock()
 		t.toks = append(t.toks, tok)
+		if t.samp.Logprobs {
+			t.lps = append(t.lps, lp)
+		}
 		t.mu.Unlock()
 		if t.pending {
 			return
@@ -383,7 +397,7 @@ func (p *pool) read(w *workerProc, r *wire.Reader) {
 		switch typ {
 		case wire.TypeDeltas:
 			w.mu.Lock()
-			err = wire.Deltas(pl, addToken)
+			err = wire.DeltasLogprobs(pl, addToken)
 			w.mu.Unlock()
 			consumed++
 		case wire.TypeDone:

@@ -75,6 +75,14 @@ type GenRequest struct {
 	IgnoreEOS           bool
 	Stream              bool
 	IncludeUsage        bool
+	// Logprobs: every output token's log-probability (completions `logprobs` set, chat
+	// `logprobs: true`) with TopLogprobs alternatives (completions `logprobs` N, chat
+	// `top_logprobs` N; 0..MaxTopLogprobs).
+	Logprobs    bool
+	TopLogprobs int
+	// IncludeStopStr keeps a matched stop string at the end of the output (vLLM's
+	// include_stop_str_in_output; OpenAI drops it).
+	IncludeStopStr bool
 }
 
 // neutral reports whether the raw value of an unsupported control asks for nothing (null,
@@ -118,7 +126,6 @@ func emptyContainer(raw json.RawMessage) bool {
 var (
 	unsupportedCommon = map[string]neutralFunc{
 		"n":                  neutralValues("1"),
-		"logprobs":           neutralValues("false", "0"),
 		"presence_penalty":   neutralValues("0"),
 		"frequency_penalty":  neutralValues("0"),
 		"repetition_penalty": neutralValues("1"),
@@ -143,7 +150,6 @@ var (
 		"suffix":  neutralValues(`""`),
 	}
 	unsupportedChat = map[string]neutralFunc{
-		"top_logprobs":        neutralValues("0"),
 		"tools":               emptyContainer,
 		"tool_choice":         neutralValues(`"none"`, `"auto"`),
 		"functions":           emptyContainer,
@@ -207,7 +213,7 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 		keys = append(keys, k)
 	}
 	sort.Strings(keys) // deterministic: the first bad field in name order is reported
-	var havePrompt bool
+	var havePrompt, haveTop bool
 	var maxCompletion int
 	for _, k := range keys {
 		raw := fields[k]
@@ -267,6 +273,28 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 			r.Stop, err = decodeStop(raw)
 		case "ignore_eos":
 			r.IgnoreEOS, err = boolean(raw, k)
+		case "include_stop_str_in_output":
+			r.IncludeStopStr, err = boolean(raw, k)
+		case "logprobs":
+			if chat {
+				r.Logprobs, err = boolean(raw, k)
+				break
+			}
+			if !isNull(raw) {
+				r.Logprobs = true
+				if r.TopLogprobs, err = topCount(raw, k); err != nil {
+					err.Message += "; on /v1/completions `logprobs` is the number of alternatives per token (chat takes `logprobs: true` and `top_logprobs`)"
+				}
+			}
+		case "top_logprobs":
+			if !chat {
+				err = badRequest(k, "`top_logprobs` is a /v1/chat/completions field; /v1/completions takes `logprobs` as the number of alternatives")
+				break
+			}
+			if !isNull(raw) {
+				haveTop = true
+				r.TopLogprobs, err = topCount(raw, k)
+			}
 		case "stream":
 			r.Stream, err = boolean(raw, k)
 		case "stream_options":
@@ -334,6 +362,9 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 	if maxCompletion > 0 {
 		r.MaxTokens = maxCompletion
 	}
+	if haveTop && !r.Logprobs {
+		return nil, badRequest("top_logprobs", "`top_logprobs` needs `logprobs: true`; set it or remove `top_logprobs`")
+	}
 	if r.IncludeUsage && !r.Stream {
 		return nil, badRequest("stream_options", "`stream_options` is only allowed with `stream: true`")
 	}
@@ -385,6 +416,15 @@ func number(raw json.RawMessage, k string, def float64) (float64, *APIError) {
 		return 0, badRequest(k, "`%s` must be a number", k)
 	}
 	return f, nil
+}
+
+// topCount reads a number of logprobs alternatives: an integer 0..MaxTopLogprobs.
+func topCount(raw json.RawMessage, k string) (int, *APIError) {
+	var f float64
+	if json.Unmarshal(raw, &f) != nil || f != math.Trunc(f) || f < 0 || f > MaxTopLogprobs {
+		return 0, badRequest(k, "`%s` must be an integer from 0 to %d", k, MaxTopLogprobs)
+	}
+	return int(f), nil
 }
 
 func positiveInt(raw json.RawMessage, k string) (int, *APIError) {

@@ -15,6 +15,7 @@
 //	server.template_no_generation_prompt render chat without the generation prompt
 //	server.drop_record                  skip writing every 5th request record
 //	server.grpc_cumulative_deltas       gRPC TokenOutput text repeats the whole output (grpc.go)
+//	server.stream_drop_final_logprobs   a stream's finish chunk leaves out its tokens' logprobs
 package server
 
 import (
@@ -88,6 +89,9 @@ type faults struct {
 	swallowFinalDelta bool
 	noGenPrompt       bool
 	dropRecord        bool
+	// dropFinalLogprobs: a stream's finish chunk leaves out the logprobs of tokens that
+	// produced no text of their own (an EOS, a held stop prefix).
+	dropFinalLogprobs bool
 }
 
 func parseFaults(s string) faults {
@@ -100,6 +104,8 @@ func parseFaults(s string) faults {
 			f.noGenPrompt = true
 		case "server.drop_record":
 			f.dropRecord = true
+		case "server.stream_drop_final_logprobs":
+			f.dropFinalLogprobs = true
 		}
 	}
 	return f

@@ -26,11 +26,15 @@ type stopMatcher struct {
 	held  []byte // not yet released: a possible stop-string start
 	join  []byte // scratch for held followed by the new text
 	hit   int    // index of the stop string that ended generation (valid once feed reported it)
+	// include keeps the matched stop string at the end of the output (vLLM's
+	// include_stop_str_in_output): generation still ends where it completes.
+	include bool
 }
 
-// newStopMatcher matches a request's stop strings (none: text passes through).
-func newStopMatcher(stops []string) stopMatcher {
-	m := stopMatcher{stops: make([][]byte, len(stops))}
+// newStopMatcher matches a request's stop strings (none: text passes through); include keeps
+// the matched one in the output.
+func newStopMatcher(stops []string, include bool) stopMatcher {
+	m := stopMatcher{stops: make([][]byte, len(stops)), include: include}
 	for i, s := range stops {
 		m.stops[i] = []byte(s)
 	}
@@ -48,6 +52,9 @@ func (m *stopMatcher) feed(text []byte) (emit []byte, stopped bool) {
 	}
 	if cut := m.firstStop(s); cut >= 0 {
 		m.held = m.held[:0]
+		if m.include {
+			cut += len(m.stops[m.hit])
+		}
 		return s[:cut], true
 	}
 	keep := m.stopPrefixSuffix(s)

@@ -23,7 +23,7 @@ var benchPushStops = []string{"\n\n", "</answer>", "User:"}
 // 0.9 allocations per token as 0). The write buffer and the collected output are reset as
 // send and a bounded response would, so only push's own allocations count.
 func benchmarkPush(b *testing.B, stops []string) {
-	g := &gen{s: &Server{}, req: &GenRequest{}, stop: newStopMatcher(stops),
+	g := &gen{s: &Server{}, req: &GenRequest{}, stop: newStopMatcher(stops, false),
 		prefix: []byte(`data: {"choices":[{"index":0,"text":"`), suffix: []byte(`"}]}` + "\n\n"),
 		buf: make([]byte, 0, 4096), out: make([]byte, 0, 1<<16)}
 	g.w = nopResponseWriter{}

@@ -9,7 +9,7 @@ import (
 // runStops feeds pieces to a matcher for stops the way gen does (flushing when no stop string
 // completed) and returns the released deltas and whether a stop string completed.
 func runStops(stops []string, pieces []string) (deltas []string, stopped bool) {
-	m := newStopMatcher(stops)
+	m := newStopMatcher(stops, false)
 	for _, p := range pieces {
 		emit, hit := m.feed([]byte(p))
 		if len(emit) > 0 {
@@ -147,7 +147,7 @@ func allValidUTF8(ss []string) bool {
 // strings, push reuses the matcher's buffers once they have grown.
 func TestPushWithStopsDoesNotAllocate(t *testing.T) {
 	for _, stops := range [][]string{nil, benchPushStops} {
-		g := &gen{s: &Server{}, req: &GenRequest{}, stop: newStopMatcher(stops), w: nopResponseWriter{},
+		g := &gen{s: &Server{}, req: &GenRequest{}, stop: newStopMatcher(stops, false), w: nopResponseWriter{},
 			buf: make([]byte, 0, 4096), out: make([]byte, 0, 4096)}
 		allocs := testing.AllocsPerRun(100, func() {
 			for _, p := range pushPieces {

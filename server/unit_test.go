@@ -71,6 +71,13 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"messages":[{"role":"system","content":"s"},{"role":"assistant","content":"a","name":"n"}],"chat_template_kwargs":{"enable_thinking":false}}`,
 		`{"prompt":"x","n":2}`, `[]`, `{`, `null`, "{\"prompt\":\"\xff\"}", `{"prompt":[[1],[2]]}`,
 		`{"prompt":"x","max_tokens":1e400}`, `{"prompt":"x","top_k":-1,"seed":18446744073709551615}`,
+		`{"prompt":"x","logprobs":5}`, `{"prompt":"x","logprobs":0,"stream":true}`, `{"prompt":"x","logprobs":21}`,
+		`{"prompt":"x","logprobs":true}`, `{"prompt":"x","logprobs":2.5}`, `{"prompt":"x","top_logprobs":3}`,
+		`{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":20}`,
+		`{"messages":[{"role":"user","content":"hi"}],"logprobs":false,"top_logprobs":1}`,
+		`{"messages":[{"role":"user","content":"hi"}],"logprobs":1}`,
+		`{"messages":[{"role":"user","content":"hi"}],"top_logprobs":null,"logprobs":null}`,
+		`{"prompt":"x","stop":["a"],"include_stop_str_in_output":true}`, `{"prompt":"x","include_stop_str_in_output":"yes"}`,
 	} {
 		f.Add([]byte(s), s[0] == '{' && strings.Contains(s, "messages"))
 	}
@@ -87,6 +94,9 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 		if r.MaxTokens < 0 || r.TopP <= 0 || r.TopP > 1 || r.Temperature < 0 || r.Temperature > 2 || r.TopK < 0 {
 			t.Fatalf("accepted out-of-range controls: %+v", r)
+		}
+		if r.TopLogprobs < 0 || r.TopLogprobs > MaxTopLogprobs || r.TopLogprobs > 0 && !r.Logprobs {
+			t.Fatalf("accepted logprobs %v with %d alternatives", r.Logprobs, r.TopLogprobs)
 		}
 		for _, m := range r.Messages {
 			if _, ok := m["role"].(string); !ok {

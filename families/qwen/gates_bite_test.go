@@ -50,6 +50,22 @@ var _ = Describe("qwen gates bite", suite.Labels(), spec.Premerge(), func() {
 		))
 	})
 
+	It("LogprobsParity fails when the engine's logprobs are not normalised (engine.logprobs_unnormalised)", spec.Task(spec.TaskText), spec.Gate(spec.GateParity), func(ctx SpecContext) {
+		api, _ := suite.StartServer(ctx, "MODELQUAL_FAULTS=engine.logprobs_unnormalised")
+		in := suite.LogprobsInput()
+		in.API = api
+		g, err := spec.LoadGolden(in.Path)
+		Expect(err).NotTo(HaveOccurred())
+		in.Golden = g
+		// Before the golden records top5_logprobs, the checks that need only top5_logits run.
+		in.TokensOnly, _ = spec.GoldenHasLogprobs(g)
+		in.TokensOnly = !in.TokensOnly
+		err = spec.CheckLogprobs(ctx, in)
+		Expect(err).To(HaveOccurred())
+		AddReportEntry("the gate's message", err.Error())
+		Expect(err.Error()).To(ContainSubstring("not a normalised distribution"))
+	})
+
 	It("ChatTemplateParity fails when the server renders chat without the generation prompt (server.template_no_generation_prompt)", spec.Task(spec.TaskChat), spec.Gate(spec.GateParity), func(ctx SpecContext) {
 		api, _ := suite.StartServer(ctx, "MODELQUAL_FAULTS=server.template_no_generation_prompt")
 		in := suite.ChatTemplateInput("qwen3_chat")

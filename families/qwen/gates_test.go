@@ -14,6 +14,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.BundleProvenance(ctx, suite.ProvenanceInput)
 	spec.ParityGate(ctx, suite.ParityInput)
 	spec.GoldenParity(ctx, suite.GoldenInput)
+	spec.LogprobsParity(ctx, suite.LogprobsInput)
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(false) })
 	spec.ContextContract(ctx, suite.ContextInput)
 	spec.ChatTemplateParity(ctx, func() spec.ChatTemplateInput { return suite.ChatTemplateInput("qwen3_chat") })

@@ -26,7 +26,11 @@
 extern "C" {
 #endif
 
-#define MQ_ABI_VERSION 2
+#define MQ_ABI_VERSION 3
+
+/* The most top candidates an event carries with its token's log-probability (OpenAI's limit
+ * for top_logprobs, and vLLM's default max_logprobs is larger: 20 keeps an event fixed-size). */
+#define MQ_MAX_TOP_LOGPROBS 20
 
 typedef struct mq_engine mq_engine; /* opaque */
 
@@ -108,6 +112,11 @@ typedef struct {
   float top_p;             /* 0 or >= 1 = off */
   uint64_t seed;           /* per-sequence PRNG seed */
   int32_t ignore_eos;
+  /* Non-zero: every event's token carries its log-probability and the top_logprobs most
+   * likely tokens' (log_softmax of the model's fp32 logits: the raw distribution, before
+   * temperature, top-k or top-p). Zero costs nothing: a greedy step stays on the argmax path. */
+  int32_t logprobs;
+  int32_t top_logprobs; /* 0..MQ_MAX_TOP_LOGPROBS; only with logprobs */
 } mq_sampling;
 
 typedef struct {
@@ -121,6 +130,14 @@ typedef struct {
   int64_t done_ns;
   int32_t prompt_tokens;
   int32_t output_tokens;
+  /* Set when the sequence asked for logprobs and the event carries a token: the token's
+   * log-probability and the n_top most likely tokens' (descending; ties: the lowest id). */
+  int32_t has_logprob;
+  float logprob;
+  int32_t rank; /* 1 + the number of tokens more likely than this one */
+  int32_t n_top;
+  int32_t top_ids[MQ_MAX_TOP_LOGPROBS];
+  float top_logprobs[MQ_MAX_TOP_LOGPROBS];
 } mq_event;
 
 typedef void (*mq_event_callback)(const mq_event *ev, void *user);

@@ -20,14 +20,21 @@ class Mock : public Backend {
 
   int32_t token_at(int p) const { return V_ >= 90 ? 64 + p % 26 : p % V_; }
 
+  // forward writes logits (the one-hot rows of logits_all) only when asked: a logprobs request.
   void forward(const Batch &b, float *logits, int32_t *argmax) override {
-    (void)logits;
     if (delay_ns_ > 0) {
       struct timespec ts = {(time_t)(delay_ns_ / 1000000000LL), (long)(delay_ns_ % 1000000000LL)};
       while (nanosleep(&ts, &ts) != 0) {
       }
     }
-    for (int i = 0; i < b.n; i++) argmax[i] = token_at(b.pos[i] + b.ntok[i]);
+    for (int i = 0; i < b.n; i++) {
+      argmax[i] = token_at(b.pos[i] + b.ntok[i]);
+      if (logits) {
+        float *row = logits + (size_t)i * V_;
+        for (int v = 0; v < V_; v++) row[v] = 0.f;
+        row[argmax[i]] = 1.f;
+      }
+    }
   }
 
   // logits_all: a one-hot distribution on the token forward would generate next.

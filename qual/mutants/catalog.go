@@ -66,4 +66,12 @@ var Catalog = []Mutant{
 		Old: "return unicodeForm{norm.NFC}, nil", New: "return nil, nil"},
 	{Name: "EOS token's text returned to the client", Family: "qwen", File: "server/generate.go", Gates: "parity",
 		Old: "		if !g.req.IgnoreEOS && g.isEOS(tok) {\n			continue\n		}\n", New: ""},
+	{Name: "logprobs not normalised (logit minus max, the log-sum-exp left out)", Family: "qwen", File: "native/engine.cc", Gates: "parity",
+		Old: "double lse = (double)mx + std::log(sum);", New: "double lse = (double)mx;"},
+	{Name: "logprobs of the candidates read one id off", Family: "gpt2", File: "native/engine.cc", Gates: "parity",
+		Old: "out.top[j] = (float)((double)lg[out.top_ids[j]] - lse);", New: "out.top[j] = (float)((double)lg[std::min(V - 1, out.top_ids[j] + 1)] - lse);"},
+	{Name: "a stream's finish chunk drops the logprobs of tokens without text (the EOS)", Family: "qwen", File: "server/generate.go", Gates: "parity",
+		Old: "if g.lp != nil && len(g.lp.pending) > 0 && !g.s.faults.dropFinalLogprobs {", New: "if false {"},
+	{Name: "include_stop_str_in_output ignored (the stop string dropped anyway)", Family: "gpt2", File: "server/stop.go", Gates: "parity",
+		Old: "		if m.include {\n", New: "		if false {\n"},
 }

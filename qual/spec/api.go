@@ -12,6 +12,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -257,6 +258,74 @@ type Answer struct {
 	CompletionTokens int
 	HasUsage         bool
 	SawDone          bool // the stream ended with data: [DONE]
+	// Logprobs are the answer's per-token logprobs (a stream's concatenated over its chunks),
+	// read from either OpenAI shape; nil when the server sent none (logprobs null).
+	Logprobs []TokenLogprob
+}
+
+// TokenLogprob is one output token's logprob as an OpenAI answer gives it: its text, its
+// log-probability and its alternatives (most likely first).
+type TokenLogprob struct {
+	Token   string
+	Logprob float64
+	Top     []TopLogprob
+}
+
+// TopLogprob is one alternative of a token.
+type TopLogprob struct {
+	Token   string
+	Logprob float64
+}
+
+// parseLogprobs reads choices[].logprobs in /v1/completions' shape ({tokens, token_logprobs,
+// top_logprobs: [{token: logprob}], text_offset}) or chat's ({content: [{token, logprob,
+// bytes, top_logprobs: [{token, logprob, bytes}]}]}); null gives nil.
+func parseLogprobs(raw json.RawMessage) ([]TokenLogprob, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var v struct {
+		Tokens        []string             `json:"tokens"`
+		TokenLogprobs []*float64           `json:"token_logprobs"`
+		TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+		Content       *[]struct {
+			Token       string       `json:"token"`
+			Logprob     float64      `json:"logprob"`
+			TopLogprobs []TopLogprob `json:"top_logprobs"`
+		} `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, fmt.Errorf("logprobs: %w", err)
+	}
+	out := []TokenLogprob{}
+	if v.Content != nil {
+		for _, c := range *v.Content {
+			out = append(out, TokenLogprob{Token: c.Token, Logprob: c.Logprob, Top: c.TopLogprobs})
+		}
+		return out, nil
+	}
+	if len(v.TokenLogprobs) != len(v.Tokens) || (v.TopLogprobs != nil && len(v.TopLogprobs) != len(v.Tokens)) {
+		return nil, fmt.Errorf("logprobs: %d tokens, %d token_logprobs, %d top_logprobs", len(v.Tokens), len(v.TokenLogprobs), len(v.TopLogprobs))
+	}
+	for i, t := range v.Tokens {
+		tl := TokenLogprob{Token: t, Logprob: math.NaN()}
+		if v.TokenLogprobs[i] != nil {
+			tl.Logprob = *v.TokenLogprobs[i]
+		}
+		if v.TopLogprobs != nil {
+			for tok, x := range v.TopLogprobs[i] {
+				tl.Top = append(tl.Top, TopLogprob{Token: tok, Logprob: x})
+			}
+			sort.Slice(tl.Top, func(a, b int) bool {
+				if tl.Top[a].Logprob != tl.Top[b].Logprob {
+					return tl.Top[a].Logprob > tl.Top[b].Logprob
+				}
+				return tl.Top[a].Token < tl.Top[b].Token
+			})
+		}
+		out = append(out, tl)
+	}
+	return out, nil
 }
 
 type choice struct {
@@ -269,7 +338,8 @@ type choice struct {
 		Content          *string `json:"content"`
 		ReasoningContent *string `json:"reasoning_content"`
 	} `json:"delta"`
-	FinishReason *string `json:"finish_reason"`
+	FinishReason *string         `json:"finish_reason"`
+	Logprobs     json.RawMessage `json:"logprobs"`
 }
 
 type usage struct {
@@ -317,6 +387,11 @@ func (a *API) CompleteID(ctx context.Context, route, id string, body map[string]
 		if cb.Choices[0].FinishReason != nil {
 			ans.FinishReason = *cb.Choices[0].FinishReason
 		}
+		lp, err := parseLogprobs(cb.Choices[0].Logprobs)
+		if err != nil {
+			return nil, fmt.Errorf("POST %s: %w", route, err)
+		}
+		ans.Logprobs = lp
 		ans.setUsage(cb.Usage)
 		return ans, nil
 	}
@@ -355,6 +430,16 @@ func (a *API) CompleteID(ctx context.Context, route, id string, body map[string]
 			}
 			if c.FinishReason != nil && *c.FinishReason != "" {
 				ans.FinishReason = *c.FinishReason
+			}
+			lp, err := parseLogprobs(c.Logprobs)
+			if err != nil {
+				return ans, fmt.Errorf("POST %s: stream event: %w", route, err)
+			}
+			if lp != nil {
+				ans.Logprobs = append(ans.Logprobs, lp...)
+				if ans.Logprobs == nil {
+					ans.Logprobs = []TokenLogprob{}
+				}
 			}
 		}
 		ans.setUsage(ev.Usage)

@@ -20,7 +20,7 @@ func DefaultRefusedControls() []RefusedControl {
 	return []RefusedControl{
 		{Field: "n", Route: "/v1/completions", Value: 2},
 		{Field: "best_of", Route: "/v1/completions", Value: 2},
-		{Field: "logprobs", Route: "/v1/completions", Value: 1},
+		{Field: "echo", Route: "/v1/completions", Value: true},
 		{Field: "tools", Route: "/v1/chat/completions", Value: []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "parameters": map[string]any{"type": "object"}}}}},
 	}
 }

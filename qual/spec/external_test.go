@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -101,4 +102,42 @@ func TestExternalServerWithoutOurRoutes(t *testing.T) {
 	if err := CheckEOS(ctx, EOSInput{API: theirs, Path: root + "/fixtures/golden/qwen3-tiny-eos.json", Tokenizer: tok}); err != nil {
 		t.Errorf("CheckEOS through the other server: %v", err)
 	}
+	// Without /mq/v1/logits, token-level parity goes through OpenAI logprobs (values too once
+	// the golden records top5_logprobs): the golden gate's fallback.
+	g, err := LoadGolden(GoldenPath(root, "qwen3-tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	values, _ := GoldenHasLogprobs(g)
+	if err := CheckLogprobs(ctx, LogprobsInput{API: theirs, Golden: g, Tokenizer: tok, TokensOnly: !values, Optional: true}); err != nil {
+		t.Errorf("token-level parity through logprobs on the other server: %v", err)
+	}
+	// A server without logprobs at all: not applicable, never a failure.
+	none := NewAPI(noLogprobsServer(t, ep.BaseURL).URL, "qwen", "", 0)
+	if err := CheckLogprobs(ctx, LogprobsInput{API: none, Golden: g, Tokenizer: tok, TokensOnly: true, Optional: true}); !errors.Is(err, ErrNoLogprobs) {
+		t.Errorf("a server that refuses logprobs: %v; want ErrNoLogprobs", err)
+	}
+}
+
+// noLogprobsServer refuses `logprobs` with a 400, as a server without them does.
+func noLogprobsServer(t *testing.T, target string) *httptest.Server {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		if bytes.Contains(raw, []byte(`"logprobs"`)) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, `{"error":{"message":"logprobs is not supported","type":"invalid_request_error","param":"logprobs","code":null}}`)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -55,14 +56,21 @@ type GRPCAnswer struct {
 	PromptTokens     int
 	CompletionTokens int
 	HasUsage         bool
+	// Logprobs, when asked for: each token's text, logprob and candidates (TokenInfo).
+	Logprobs []TokenLogprob
 }
 
 // GenerateGRPC streams one greedy Generate of prompt (text, or token ids when ids is not nil)
-// on conn.
-func GenerateGRPC(ctx context.Context, conn *grpc.ClientConn, model, prompt string, ids []int32, maxTokens int) (*GRPCAnswer, error) {
+// on conn; with topN >= 0 it asks for output logprobs with topN candidates.
+func GenerateGRPC(ctx context.Context, conn *grpc.ClientConn, model, prompt string, ids []int32, maxTokens, topN int) (*GRPCAnswer, error) {
 	temp, n := 0.0, uint32(maxTokens)
 	req := &oe.GenerateRequest{Model: model, Input: &oe.GenerateRequest_Prompt{Prompt: prompt},
 		Sampling: &oe.SamplingParams{Temperature: &temp}, Stopping: &oe.StoppingOptions{MaxTokens: &n}}
+	if topN >= 0 {
+		yes := true
+		req.Response = &oe.ResponseOptions{ReturnOutputLogprobs: &yes,
+			OutputCandidates: &oe.CandidateTokenSelection{Selection: &oe.CandidateTokenSelection_TopN{TopN: uint32(topN)}}}
+	}
 	if ids != nil {
 		u := make([]uint32, len(ids))
 		for i, id := range ids {
@@ -91,6 +99,16 @@ func GenerateGRPC(ctx context.Context, conn *grpc.ClientConn, model, prompt stri
 			a.Text += e.Token.GetText()
 			for _, ti := range e.Token.GetTokens() {
 				a.TokenIDs = append(a.TokenIDs, ti.GetTokenId())
+				if topN >= 0 {
+					tl := TokenLogprob{Token: ti.GetToken(), Logprob: math.NaN()}
+					if ti.Logprob != nil {
+						tl.Logprob = ti.GetLogprob()
+					}
+					for _, c := range ti.GetCandidates() {
+						tl.Top = append(tl.Top, TopLogprob{Token: c.GetToken(), Logprob: c.GetLogprob()})
+					}
+					a.Logprobs = append(a.Logprobs, tl)
+				}
 			}
 		case *oe.GenerateResponse_Finished:
 			a.FinishReason = names[e.Finished.GetReason()]
@@ -106,8 +124,10 @@ func GenerateGRPC(ctx context.Context, conn *grpc.ClientConn, model, prompt stri
 // CheckGRPCParity is GRPCParity's core: at temperature 0, for every raw-text corpus prompt, the
 // gRPC stream (OpenEngine v1 Generate), the HTTP non-streaming completion and the HTTP stream
 // agree on the text, the finish reason and the usage; the gRPC stream's token ids number its
-// completion tokens and its deltas are never cumulative. Logprobs agree in the only way the
-// engines allow (token ids only): both APIs refuse them by name.
+// completion tokens and its deltas are never cumulative; every path carries logprobs (5
+// alternatives) for every completion token, the streams' equal to the non-streamed answer's
+// (token text, float32 logprob, alternatives). Prompt logprobs, not offered, are refused by
+// name on gRPC.
 func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 	const fn = "spec.CheckGRPCParity"
 	switch {
@@ -138,7 +158,7 @@ func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 	}
 	for _, p := range items {
 		compared++
-		body := map[string]any{"prompt": p.text, "max_tokens": in.MaxTokens, "temperature": 0}
+		body := map[string]any{"prompt": p.text, "max_tokens": in.MaxTokens, "temperature": 0, "logprobs": parityTopN}
 		if p.ids != nil {
 			body["prompt"] = p.ids
 		}
@@ -156,7 +176,7 @@ func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 			problems = append(problems, fmt.Sprintf("prompt %q: HTTP streaming: %v", p.name, err))
 			continue
 		}
-		g, err := GenerateGRPC(ctx, conn, in.API.Model, p.text, p.ids, in.MaxTokens)
+		g, err := GenerateGRPC(ctx, conn, in.API.Model, p.text, p.ids, in.MaxTokens, parityTopN)
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("prompt %q: gRPC Generate: %v", p.name, err))
 			continue
@@ -188,6 +208,22 @@ func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 			problems = append(problems, fmt.Sprintf("prompt %q: gRPC deltas carry %d token ids for %d completion tokens",
 				p.name, len(g.TokenIDs), g.CompletionTokens))
 		}
+		// Logprobs: one entry per completion token on every path (the EOS that ended an answer
+		// included), the streams' equal to the non-streamed answer's.
+		for _, c := range []struct {
+			what string
+			lps  []TokenLogprob
+		}{{"HTTP non-streaming", whole.Logprobs}, {"HTTP stream", streamed.Logprobs}, {"gRPC stream", g.Logprobs}} {
+			if len(c.lps) != whole.CompletionTokens {
+				problems = append(problems, fmt.Sprintf("prompt %q: %s carries logprobs for %d tokens, %d completion tokens", p.name, c.what, len(c.lps), whole.CompletionTokens))
+				continue
+			}
+			if c.what != "HTTP non-streaming" {
+				if d := logprobsDiff(whole.Logprobs, c.lps); d != "" {
+					problems = append(problems, fmt.Sprintf("prompt %q: %s logprobs differ from HTTP non-streaming: %s", p.name, c.what, d))
+				}
+			}
+		}
 	}
 	if compared == 0 {
 		return fmt.Errorf("%s: the corpus has no raw-text prompt", fn)
@@ -195,25 +231,58 @@ func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 	if len(in.EOSPrompts) > 0 && naturalEOS == 0 {
 		problems = append(problems, fmt.Sprintf("none of the %d EOS prompts ended at the model's EOS (finish_reason stop)", len(in.EOSPrompts)))
 	}
-	// Logprobs: the engines return token ids only; both APIs must say so rather than omit them.
-	if _, err := in.API.Complete(ctx, "/v1/completions", map[string]any{"prompt": "x", "max_tokens": 1, "logprobs": 1}); err == nil {
-		problems = append(problems, "HTTP accepted logprobs: 1, which the engines cannot return")
-	}
+	// Prompt logprobs: not offered; gRPC must say so by name rather than omit them.
 	yes := true
 	n := uint32(1)
 	st, err := oe.NewInferenceClient(conn).Generate(ctx, &oe.GenerateRequest{Input: &oe.GenerateRequest_Prompt{Prompt: "x"},
-		Stopping: &oe.StoppingOptions{MaxTokens: &n}, Response: &oe.ResponseOptions{ReturnOutputLogprobs: &yes}})
+		Stopping: &oe.StoppingOptions{MaxTokens: &n}, Response: &oe.ResponseOptions{ReturnPromptLogprobs: &yes}})
 	if err == nil {
 		_, err = st.Recv()
 	}
-	if s, _ := status.FromError(err); s.Code() != codes.Unimplemented || !strings.Contains(s.Message(), "return_output_logprobs") {
-		problems = append(problems, fmt.Sprintf("gRPC return_output_logprobs: got %v, want UNIMPLEMENTED naming the field", err))
+	if s, _ := status.FromError(err); s.Code() != codes.Unimplemented || !strings.Contains(s.Message(), "return_prompt_logprobs") {
+		problems = append(problems, fmt.Sprintf("gRPC return_prompt_logprobs: got %v, want UNIMPLEMENTED naming the field", err))
 	}
 	ginkgo.GinkgoWriter.Printf("gRPC parity: %d prompts compared, %d ended at the model's own EOS\n", compared, naturalEOS)
 	if len(problems) > 0 {
 		return errors.New("gRPC parity gate:\n  " + strings.Join(problems, "\n  "))
 	}
 	return nil
+}
+
+// parityTopN is the alternatives per token the gRPC parity gate asks on every path.
+const parityTopN = 5
+
+// logprobsDiff compares two paths' logprobs of the same tokens: token text, logprob (as the
+// engine's float32) and the alternatives (each of b's must be a's with the same value; a's
+// completions dict may add the chosen token). "" when they agree.
+func logprobsDiff(a, b []TokenLogprob) string {
+	f := func(x float64) float32 { return float32(x) }
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.Token != y.Token || f(x.Logprob) != f(y.Logprob) {
+			return fmt.Sprintf("token %d: %q %v vs %q %v", i, x.Token, x.Logprob, y.Token, y.Logprob)
+		}
+		if len(y.Top) != len(x.Top) && len(y.Top)+1 != len(x.Top) && len(x.Top)+1 != len(y.Top) {
+			return fmt.Sprintf("token %d: %d alternatives vs %d", i, len(x.Top), len(y.Top))
+		}
+		small, big := y.Top, x.Top
+		if len(small) > len(big) {
+			small, big = big, small
+		}
+		for _, c := range small {
+			found := false
+			for _, d := range big {
+				if d.Token == c.Token && f(d.Logprob) == f(c.Logprob) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				return fmt.Sprintf("token %d: alternative %q %v not among %v", i, c.Token, c.Logprob, big)
+			}
+		}
+	}
+	return ""
 }
 
 // GRPCParity asserts CheckGRPCParity on a server of the suite's bundle started with

@@ -24,23 +24,27 @@ type expectedFinish struct {
 // written apart from the server's stop matcher: generation ends at the first end-of-sequence
 // token (which adds no text), or at the first token after which the decoded text contains a
 // stop string (the answer is the text before the earliest occurrence of any stop string; the
-// stop string itself is never returned), or after maxTokens tokens (finish "length"). Every
-// prefix is decoded whole, so a stop string split across tokens, or lying inside one, is found
-// where it is.
-func openAIFinish(tok *tokenizer.Tokenizer, ids []int32, eos map[int32]bool, maxTokens int, stops []string) expectedFinish {
+// stop string itself is never returned, unless include: vLLM's include_stop_str_in_output,
+// which keeps the matched stop string, the shortest of those starting there), or after
+// maxTokens tokens (finish "length"). Every prefix is decoded whole, so a stop string split
+// across tokens, or lying inside one, is found where it is.
+func openAIFinish(tok *tokenizer.Tokenizer, ids []int32, eos map[int32]bool, maxTokens int, stops []string, include bool) expectedFinish {
 	n := min(maxTokens, len(ids))
 	for i := 0; i < n; i++ {
 		if eos[ids[i]] {
 			return expectedFinish{Text: tok.Decode(ids[:i]), Finish: "stop", Tokens: i + 1}
 		}
 		text := tok.Decode(ids[:i+1])
-		cut := -1
+		cut, end := -1, 0
 		for _, s := range stops {
-			if j := strings.Index(text, s); j >= 0 && (cut < 0 || j < cut) {
-				cut = j
+			if j := strings.Index(text, s); j >= 0 && (cut < 0 || j < cut || j == cut && j+len(s) < end) {
+				cut, end = j, j+len(s)
 			}
 		}
 		if cut >= 0 {
+			if include {
+				cut = end
+			}
 			return expectedFinish{Text: text[:cut], Finish: "stop", Tokens: i + 1}
 		}
 	}
@@ -59,6 +63,9 @@ type StopInput struct {
 	Tokenizer *tokenizer.Tokenizer
 	// MaxTokens is each request's max_tokens (16 when 0).
 	MaxTokens int
+	// SkipInclude leaves out the include_stop_str_in_output requests (vLLM's extension): for a
+	// server that does not offer it.
+	SkipInclude bool
 }
 
 // stopCase is one request of the stop-string gate.
@@ -131,7 +138,8 @@ func cleanTokens(tok *tokenizer.Tokenizer, ids []int32) bool {
 // CheckStops is StopStrings' core. For stop strings cut from the golden's own greedy text (in
 // the first token, one later token, across tokens, several, none), /v1/completions at
 // temperature 0, streamed and not, must return what openAIFinish computes over the golden
-// tokens: the text before the earliest stop (never the stop itself), finish_reason "stop"
+// tokens: the text before the earliest stop (the stop itself excluded, or included with
+// include_stop_str_in_output), finish_reason "stop"
 // (or "length"), usage counting the tokens generated up to the one completing the stop, and
 // streamed deltas that concatenate to the same text.
 func CheckStops(ctx context.Context, in StopInput) error {
@@ -160,16 +168,25 @@ func CheckStops(ctx context.Context, in StopInput) error {
 		return fmt.Errorf("%s: golden %s yields %d stop cases, want at least 5 (in the first token, one token, across tokens, several, none): its greedy texts are too short or not clean UTF-8", fn, g.Fixture, len(cases))
 	}
 	var problems []string
+	includes := []bool{false, true}
+	if in.SkipInclude {
+		includes = includes[:1]
+	}
 	for _, c := range cases {
-		want := openAIFinish(in.Tokenizer, c.prompt.GreedyIDs, nil, maxTokens, c.stops)
-		for _, stream := range []bool{false, true} {
-			body := map[string]any{"prompt": c.prompt.PromptIDs, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true, "stop": c.stops, "stream": stream}
-			if stream {
-				body["stream_options"] = map[string]any{"include_usage": true}
-			}
-			ans, err := in.API.Complete(ctx, "/v1/completions", body)
-			if p := finishProblem(ans, err, want, stream); p != "" {
-				problems = append(problems, fmt.Sprintf("%s (stop %q, stream %v): %s", c.name, c.stops, stream, p))
+		for _, include := range includes {
+			want := openAIFinish(in.Tokenizer, c.prompt.GreedyIDs, nil, maxTokens, c.stops, include)
+			for _, stream := range []bool{false, true} {
+				body := map[string]any{"prompt": c.prompt.PromptIDs, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true, "stop": c.stops, "stream": stream}
+				if include {
+					body["include_stop_str_in_output"] = true
+				}
+				if stream {
+					body["stream_options"] = map[string]any{"include_usage": true}
+				}
+				ans, err := in.API.Complete(ctx, "/v1/completions", body)
+				if p := finishProblem(ans, err, want, stream); p != "" {
+					problems = append(problems, fmt.Sprintf("%s (stop %q, stream %v, include_stop_str_in_output %v): %s", c.name, c.stops, stream, include, p))
+				}
 			}
 		}
 	}
@@ -202,7 +219,7 @@ func finishProblem(ans *Answer, err error, want expectedFinish, stream bool) str
 
 // StopStrings asserts that stop strings end generation as OpenAI's semantics say (CheckStops).
 func StopStrings(ctx context.Context, input func() StopInput) {
-	ginkgo.It("ends generation at stop strings as OpenAI does (in the first token, one token, across tokens, several; the stop text excluded)", Gate(GateParity), Task(TaskText), func(sctx ginkgo.SpecContext) {
+	ginkgo.It("ends generation at stop strings as OpenAI does (in the first token, one token, across tokens, several; the stop text excluded or, asked, included)", Gate(GateParity), Task(TaskText), func(sctx ginkgo.SpecContext) {
 		c, cancel := specContext(ctx, sctx)
 		defer cancel()
 		passGate(CheckStops(c, input()))

@@ -158,6 +158,14 @@ func (t *Tokenizer) TokenString(id int32) (string, bool) {
 	return s, true
 }
 
+// TokenBytes appends the bytes one id decodes to on its own (a byte-level token's raw bytes,
+// which may be part of a UTF-8 character; an added token's text), as OpenAI's logprobs
+// `bytes` report them; nothing for an id without a token.
+func (t *Tokenizer) TokenBytes(dst []byte, id int32) []byte {
+	dst, _ = t.appendID(dst, id, false)
+	return dst
+}
+
 // SpecialID returns the id of a token given by its exact string, looking at added tokens
 // first and then the model vocabulary. It is meant for special tokens ("<|im_end|>",
 // "<|endoftext|>") that callers need as ids: stop tokens, template markers.

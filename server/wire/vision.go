@@ -89,7 +89,7 @@ func DecodeSubmitImage(p []byte, ids []int32) (uint64, Sampling, []int32, *Image
 	if err != nil {
 		return id, s, ids, nil, err
 	}
-	const fixed = 8 + 4*4 + 8 + 1
+	const fixed = submitFixed
 	im, err := decodeImage(p[fixed+4+4*int(binary.LittleEndian.Uint32(p[fixed:])):])
-	return id, s, ids, im, nil
+	return id, s, ids, im, err
 }

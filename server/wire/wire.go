@@ -36,19 +36,20 @@ import (
 )
 
 // Version is bumped on any incompatible change of a frame layout.
-const Version uint16 = 1
+const Version uint16 = 2
 
 // Capability bits a worker announces in Hello.
 const (
-	CapStream  uint32 = 1 << iota // per-step token deltas
-	CapCancel                     // Cancel takes effect at the next engine step
-	CapLogits                     // full-vocabulary logits at every prompt position
-	CapTimings                    // Done carries native CLOCK_MONOTONIC timings
-	CapAck                        // the worker paces its steps by the parent's Ack frames
+	CapStream   uint32 = 1 << iota // per-step token deltas
+	CapCancel                      // Cancel takes effect at the next engine step
+	CapLogits                      // full-vocabulary logits at every prompt position
+	CapTimings                     // Done carries native CLOCK_MONOTONIC timings
+	CapAck                         // the worker paces its steps by the parent's Ack frames
+	CapLogprobs                    // Deltas carry the logprobs a Submit asked for
 )
 
 // AllCaps is what this build's worker implements and what the frontend requires.
-const AllCaps = CapStream | CapCancel | CapLogits | CapTimings | CapAck
+const AllCaps = CapStream | CapCancel | CapLogits | CapTimings | CapAck | CapLogprobs
 
 // AckWindow is how many Deltas frames a worker may send beyond the last one the parent
 // acknowledged. Without it an engine faster than the frontend (the mock with no step delay)
@@ -108,6 +109,27 @@ type Sampling struct {
 	TopP         float32
 	Seed         uint64
 	IgnoreEOS    bool
+	// Logprobs asks for every token's log-probability and TopLogprobs (0..MaxTopLogprobs)
+	// alternatives, carried in the Deltas frames.
+	Logprobs    bool
+	TopLogprobs uint8
+}
+
+// MaxTopLogprobs is the most alternatives a token's logprobs carry (the engine's limit).
+const MaxTopLogprobs = 20
+
+// Candidate is one token and its log-probability.
+type Candidate struct {
+	ID      int32
+	Logprob float32
+}
+
+// Logprobs is one generated token's log-probability and its most likely alternatives
+// (descending).
+type Logprobs struct {
+	Logprob float32
+	Rank    uint32 // 1 + the number of tokens more likely than this one
+	Top     []Candidate
 }
 
 // Reason is a request's finish reason as the engine reports it.
@@ -154,6 +176,7 @@ const doneFixed = 8 + 1 + 8*3 + 4*2 + 2
 type Writer struct {
 	w   io.Writer
 	buf []byte
+	lp  []byte // the open Deltas frame's logprobs section
 }
 
 // NewWriter returns a Writer over w.
@@ -219,6 +242,11 @@ func appendSubmit(b []byte, id uint64, s Sampling, prompt []int32) []byte {
 	} else {
 		b = append(b, 0)
 	}
+	if s.Logprobs {
+		b = append(b, 1, s.TopLogprobs)
+	} else {
+		b = append(b, 0, 0)
+	}
 	return appendIDs(b, prompt)
 }
 
@@ -253,10 +281,16 @@ func (w *Writer) Logits(id uint64, ids []int32) {
 }
 
 // DeltasBuilder accumulates one engine step's tokens into a single Deltas frame.
+//
+// A Deltas payload is uint32 n, then n records (uint64 request, uint32 token), then, only
+// when some token carries logprobs, uint32 m and m entries: uint32 record index, float32
+// logprob, uint32 rank, uint8 k, k × (uint32 token, float32 logprob). Tokens without logprobs keep their
+// 12 bytes, and a reader that predates the section stops after the records.
 type DeltasBuilder struct {
 	w     *Writer
 	start int
 	n     uint32
+	m     uint32
 }
 
 // BeginDeltas starts a Deltas frame; call Add per token and then End (which drops the frame
@@ -274,13 +308,36 @@ func (d *DeltasBuilder) Add(id uint64, tok int32) {
 	d.n++
 }
 
+// AddLogprobs appends one token of request id with its logprobs (at most MaxTopLogprobs
+// alternatives are kept).
+func (d *DeltasBuilder) AddLogprobs(id uint64, tok int32, lp Logprobs) {
+	b := binary.LittleEndian.AppendUint32(d.w.lp, d.n)
+	b = binary.LittleEndian.AppendUint32(b, math.Float32bits(lp.Logprob))
+	b = binary.LittleEndian.AppendUint32(b, lp.Rank)
+	top := lp.Top[:min(len(lp.Top), MaxTopLogprobs)]
+	b = append(b, byte(len(top)))
+	for _, c := range top {
+		b = binary.LittleEndian.AppendUint32(b, uint32(c.ID))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(c.Logprob))
+	}
+	d.w.lp = b
+	d.m++
+	d.Add(id, tok)
+}
+
 // End closes the frame and reports whether it holds tokens (an empty frame is dropped).
 func (d *DeltasBuilder) End() bool {
 	if d.n == 0 {
 		d.w.buf = d.w.buf[:d.start]
+		d.w.lp = d.w.lp[:0]
 		return false
 	}
 	binary.LittleEndian.PutUint32(d.w.buf[d.start+5:], d.n)
+	if d.m > 0 {
+		d.w.buf = binary.LittleEndian.AppendUint32(d.w.buf, d.m)
+		d.w.buf = append(d.w.buf, d.w.lp...)
+		d.w.lp = d.w.lp[:0]
+	}
 	d.w.end(d.start)
 	return true
 }
@@ -377,9 +434,12 @@ func DecodeHello(p []byte) (Hello, error) {
 	return h, nil
 }
 
+// submitFixed is the size of a Submit payload's fixed fields (before the prompt).
+const submitFixed = 8 + 4*4 + 8 + 1 + 2
+
 // DecodeSubmit parses a Submit payload; the prompt is appended to ids.
 func DecodeSubmit(p []byte, ids []int32) (uint64, Sampling, []int32, error) {
-	const fixed = 8 + 4*4 + 8 + 1
+	const fixed = submitFixed
 	if len(p) < fixed+4 {
 		return 0, Sampling{}, ids, ErrShort
 	}
@@ -391,6 +451,11 @@ func DecodeSubmit(p []byte, ids []int32) (uint64, Sampling, []int32, error) {
 		TopP:         math.Float32frombits(binary.LittleEndian.Uint32(p[20:])),
 		Seed:         binary.LittleEndian.Uint64(p[24:]),
 		IgnoreEOS:    p[32] != 0,
+		Logprobs:     p[33] != 0,
+		TopLogprobs:  p[34],
+	}
+	if s.TopLogprobs > MaxTopLogprobs {
+		return id, s, ids, fmt.Errorf("wire: submit asks for %d top logprobs, at most %d", s.TopLogprobs, MaxTopLogprobs)
 	}
 	ids, err := decodeIDs(p[fixed:], ids)
 	return id, s, ids, err
@@ -441,6 +506,68 @@ func Deltas(p []byte, fn func(id uint64, tok int32)) error {
 	for i := 0; i < n; i++ {
 		q := p[12*i:]
 		fn(binary.LittleEndian.Uint64(q), int32(binary.LittleEndian.Uint32(q[8:])))
+	}
+	return nil
+}
+
+// lpFixed is the size of a logprobs entry before its candidates.
+const lpFixed = 4 + 4 + 4 + 1
+
+// DeltasLogprobs is Deltas with each token's logprobs (nil for a token without); a frame
+// without a logprobs section costs what Deltas does.
+func DeltasLogprobs(p []byte, fn func(id uint64, tok int32, lp *Logprobs)) error {
+	if len(p) < 4 {
+		return ErrShort
+	}
+	n := int(binary.LittleEndian.Uint32(p))
+	p = p[4:]
+	if len(p) < 12*n {
+		return ErrShort
+	}
+	recs, sec := p[:12*n], p[12*n:]
+	m, next := 0, -1 // entries left, and the record index of the next one
+	if len(sec) >= 4 {
+		m = int(binary.LittleEndian.Uint32(sec))
+		sec = sec[4:]
+	}
+	readNext := func() error {
+		next = -1
+		if m == 0 {
+			return nil
+		}
+		if len(sec) < lpFixed {
+			return ErrShort
+		}
+		next = int(binary.LittleEndian.Uint32(sec))
+		return nil
+	}
+	if err := readNext(); err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		q := recs[12*i:]
+		var lp *Logprobs
+		if i == next {
+			k := int(sec[lpFixed-1])
+			if len(sec) < lpFixed+8*k || k > MaxTopLogprobs {
+				return ErrShort
+			}
+			lp = &Logprobs{Logprob: math.Float32frombits(binary.LittleEndian.Uint32(sec[4:])),
+				Rank: binary.LittleEndian.Uint32(sec[8:]), Top: make([]Candidate, k)}
+			for j := range lp.Top {
+				c := sec[lpFixed+8*j:]
+				lp.Top[j] = Candidate{ID: int32(binary.LittleEndian.Uint32(c)), Logprob: math.Float32frombits(binary.LittleEndian.Uint32(c[4:]))}
+			}
+			sec = sec[lpFixed+8*k:]
+			m--
+			if err := readNext(); err != nil {
+				return err
+			}
+		}
+		fn(binary.LittleEndian.Uint64(q), int32(binary.LittleEndian.Uint32(q[8:])), lp)
+	}
+	if m != 0 {
+		return fmt.Errorf("wire: deltas frame has %d logprobs entries that match no token record", m)
 	}
 	return nil
 }

@@ -28,6 +28,13 @@ func newNativeEngine(e *native.Engine) *nativeEngine {
 	n := &nativeEngine{e: e}
 	n.cb = func(ev native.Event) {
 		out := Event{Seq: uint64(ev.Seq), Token: ev.Token, Done: ev.Done}
+		if ev.HasLogprob {
+			lp := &wire.Logprobs{Logprob: ev.Logprob, Rank: uint32(ev.Rank), Top: make([]wire.Candidate, len(ev.Top))}
+			for i, c := range ev.Top {
+				lp.Top[i] = wire.Candidate{ID: c.ID, Logprob: c.Logprob}
+			}
+			out.Logprobs = lp
+		}
 		if ev.Done {
 			out.Reason = reasonOf(ev.Reason)
 			out.AddedNs, out.FirstTokenNs, out.DoneNs = ev.Timing.AddedNs, ev.Timing.FirstTokenNs, ev.Timing.DoneNs
@@ -53,7 +60,7 @@ func reasonOf(r native.FinishReason) wire.Reason {
 func (n *nativeEngine) Add(prompt []int32, s wire.Sampling) (uint64, error) {
 	id, err := n.e.Add(prompt, native.Sampling{
 		MaxNewTokens: int(s.MaxNewTokens), Temperature: s.Temperature, TopK: int(s.TopK),
-		TopP: s.TopP, Seed: s.Seed, IgnoreEOS: s.IgnoreEOS,
+		TopP: s.TopP, Seed: s.Seed, IgnoreEOS: s.IgnoreEOS, Logprobs: s.Logprobs, TopLogprobs: int(s.TopLogprobs),
 	})
 	if errors.Is(err, native.ErrBatchFull) {
 		return 0, ErrBatchFull
@@ -66,7 +73,7 @@ func (n *nativeEngine) AddImage(prompt []int32, im *wire.ImageInput, s wire.Samp
 	img := &native.Image{Pixels: im.Pixels, Grid: [3]int{int(im.Grid[0]), int(im.Grid[1]), int(im.Grid[2])}}
 	id, err := n.e.AddImage(prompt, img, native.Sampling{
 		MaxNewTokens: int(s.MaxNewTokens), Temperature: s.Temperature, TopK: int(s.TopK),
-		TopP: s.TopP, Seed: s.Seed, IgnoreEOS: s.IgnoreEOS,
+		TopP: s.TopP, Seed: s.Seed, IgnoreEOS: s.IgnoreEOS, Logprobs: s.Logprobs, TopLogprobs: int(s.TopLogprobs),
 	})
 	if errors.Is(err, native.ErrBatchFull) {
 		return 0, ErrBatchFull

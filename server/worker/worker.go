@@ -30,6 +30,7 @@ type Event struct {
 	DoneNs       int64
 	PromptTokens int
 	OutputTokens int
+	Logprobs     *wire.Logprobs // the token's, when its request asked for them
 }
 
 // Engine is what the worker needs from an inference engine. The native engine is adapted to it
@@ -295,7 +296,11 @@ func (l *loop) step() error {
 			return
 		}
 		if ev.Token >= 0 {
-			d.Add(id, ev.Token)
+			if ev.Logprobs != nil {
+				d.AddLogprobs(id, ev.Token, *ev.Logprobs)
+			} else {
+				d.Add(id, ev.Token)
+			}
 		}
 		if ev.Done {
 			l.dones = append(l.dones, wire.Done{
