@@ -13,6 +13,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.ParityGate(ctx, suite.ParityInput)
 	spec.GoldenParity(ctx, suite.GoldenInput)
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(false) })
+	spec.NaturalEOS(ctx, suite.EOSInput)
 	spec.ContextContract(ctx, suite.ContextInput)
 	spec.StopStrings(ctx, suite.StopInput)
 	spec.TokenizerParity(ctx, func() spec.TokenizerInput { return suite.TokenizerInput("gpt2") })
