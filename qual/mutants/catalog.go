@@ -66,4 +66,9 @@ var Catalog = []Mutant{
 		Old: "return unicodeForm{norm.NFC}, nil", New: "return nil, nil"},
 	{Name: "EOS token's text returned to the client", Family: "qwen", File: "server/generate.go", Gates: "parity",
 		Old: "		if !g.req.IgnoreEOS && g.isEOS(tok) {\n			continue\n		}\n", New: ""},
+	// gpt2's natural-EOS gate (fixtures/golden/gpt2-tiny-eos.json, prompts searched so the
+	// retuned gpt2-tiny reaches 50256 on its own) must bite too.
+	{Name: "EOS ignored by the engine, seen by gpt2's gate", Family: "gpt2", File: "native/engine.cc", Gates: "parity",
+		Old: "if (!q->s.ignore_eos && std::find(e->eos.begin(), e->eos.end(), tok) != e->eos.end())",
+		New: "if (q->s.ignore_eos && std::find(e->eos.begin(), e->eos.end(), tok) != e->eos.end())"},
 }
