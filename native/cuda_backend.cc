@@ -33,6 +33,8 @@ struct Api {
                          const float *, const uint64_t *, int32_t *, float *, char *, size_t);
   int (*logits_all)(mqb_model *, const int32_t *, int32_t, float *, char *, size_t);
   void (*slot_reset)(mqb_model *, int32_t);
+  int (*set_image)(mqb_model *, int32_t, const float *, int64_t, int32_t, int32_t, int32_t, const int32_t *, int32_t,
+                   char *, size_t);
   const char *const *(*families)(void);
 };
 
@@ -79,6 +81,7 @@ class Cuda : public Backend {
     sym(api_.forward_sampled, "mqb_forward_sampled");
     sym(api_.logits_all, "mqb_logits_all");
     sym(api_.slot_reset, "mqb_slot_reset");
+    sym(api_.set_image, "mqb_set_image");
     sym(api_.families, "mqb_families");
     int32_t v = api_.abi_version();
     if (v != MQB_ABI_VERSION)
@@ -158,8 +161,18 @@ class Cuda : public Backend {
       throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
   }
 
+  // reset_slot: slot max_batch is the engine's scratch slot (mq_engine_logits_image), which is
+  // the backend's too.
   void reset_slot(int slot) override {
-    if (slot >= 0 && slot < max_batch_) api_.slot_reset(model_, slot);
+    if (slot >= 0 && slot <= max_batch_) api_.slot_reset(model_, slot);
+  }
+
+  // set_image hands a vision family's image to the backend (ABI 5), which runs the tower.
+  void set_image(int slot, std::shared_ptr<const ImageInput> img, const int32_t *prompt, int n) override {
+    char err[1024] = {0};
+    if (api_.set_image(model_, slot, img->pixels.data(), (int64_t)img->pixels.size(), img->grid_t, img->grid_h,
+                       img->grid_w, prompt, n, err, sizeof(err)) != 0)
+      throw Error(MQ_ERR_INVALID_ARGUMENT, std::string("device cuda: ") + err);
   }
 
  private:
@@ -187,8 +200,20 @@ class Cuda : public Backend {
 
 }  // namespace
 
+std::unique_ptr<Backend> make_zimage_cuda(void *lib, const mq_engine_params &p, const HParams &hp, int max_context);  // models/zimage.cc
+
 std::unique_ptr<Backend> make_cuda(const mq_engine_params &p, const Family &family, const HParams &hp, int n_slots,
                                    int max_context) {
+  if (family.task == "image") {  // text-to-image: the library's mqb_image_* entry points
+    if (family.name != "zimage")
+      throw Error(MQ_ERR_LOAD, "device cuda: family " + family.name + " has no CUDA implementation; serve it with --device cpu");
+    std::string tried;
+    void *lib = open_lib(&tried);
+    if (!lib)
+      throw Error(MQ_ERR_LOAD, std::string("device cuda: cannot load ") + kLib + ": " + tried +
+                                   "; build it with make cuda (or set MODELQUAL_CUDA_LIB to its path)");
+    return make_zimage_cuda(lib, p, hp, max_context);
+  }
   return std::unique_ptr<Backend>(new Cuda(p, family, hp, n_slots, max_context));
 }
 

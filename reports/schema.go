@@ -54,6 +54,10 @@ const (
 	TagServerTTFT         = "mq_server_ttft"                   // arrival to first content written, measured by the server
 	TagScheduleLateness   = "mq_schedule_lateness"             // open loop: actual − scheduled start
 	TagResponseBytes      = "mq_response_bytes"                // bytes of the response body
+	TagImageTokens        = "mq_image_tokens"                  // vision chat: the image's tokens (server record)
+	TagImagePreprocess    = "mq_image_preprocess"              // vision chat: image decode + preprocessing, apart from the engine
+	TagTTFTWithImage      = "mq_ttft_with_image"               // TTFT of the requests that carried an image
+	TagTTFTWithoutImage   = "mq_ttft_without_image"            // TTFT of the text-only requests of a run that has images
 
 	// Per run, ours.
 	TagCancelledRequestCount = "mq_cancelled_request_count"
@@ -98,6 +102,10 @@ var Metrics = []Metric{
 	{TagServerTTFT, "MQ Server Time to First Token", "ms", true, false},
 	{TagScheduleLateness, "MQ Schedule Lateness", "ms", true, false},
 	{TagResponseBytes, "MQ Response Bytes", "bytes", true, false},
+	{TagImageTokens, "MQ Image Tokens", "tokens", true, false},
+	{TagImagePreprocess, "MQ Image Preprocessing Time", "ms", true, false},
+	{TagTTFTWithImage, "MQ Time to First Token With Image", "ms", true, false},
+	{TagTTFTWithoutImage, "MQ Time to First Token Without Image", "ms", true, false},
 
 	{TagOutputTokenThroughput, "Output Token Throughput", "tokens/sec", false, true},
 	{TagRequestThroughput, "Request Throughput", "requests/sec", false, true},
@@ -128,6 +136,7 @@ var integerTags = map[string]bool{
 	TagTotalOutputTokens: true, TagTotalOSL: true, TagTotalISL: true, TagTotalErrorISL: true,
 	TagMinRequestTimestamp: true, TagMaxResponseTimestamp: true, TagCancelledRequestCount: true,
 	TagOutputLengthClient: true, TagInputLengthServer: true, TagResponseBytes: true,
+	TagImageTokens: true,
 }
 
 // IntegerMetric reports whether tag's values are whole numbers.

@@ -62,7 +62,9 @@ func decodeIDList(raw json.RawMessage, param string) ([]int32, *APIError) {
 }
 
 // handleTokenize is vLLM's /tokenize: a prompt, or chat messages rendered with the model's
-// template ("rendered" is our extension, so a harness can compare templates directly).
+// template ("rendered" is our extension, so a harness can compare templates directly). On a
+// vision bundle the messages may hold the one image: the tokens are then the prompt the engine
+// runs, placeholder expanded, with image_tokens and image_grid_thw beside them.
 func (s *Server) handleTokenize(q *reqState) {
 	body, ok := q.readBody()
 	if !ok {
@@ -78,36 +80,23 @@ func (s *Server) handleTokenize(q *reqState) {
 	}
 	resp := map[string]any{"max_model_len": s.info.MaxContext}
 	var text string
+	var ids []int32 // set by the messages case (chatPromptOf also fills the record)
 	switch {
 	case m["prompt"] != nil && m["messages"] != nil:
 		aerr = badRequest("messages", "send either `prompt` or `messages`, not both")
 	case m["prompt"] != nil:
 		text, aerr = str(m["prompt"], "prompt")
 	case m["messages"] != nil:
-		var msgs []Message
-		var img *ImagePart
-		if msgs, img, aerr = decodeMessages(m["messages"], ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes}); aerr != nil {
+		var cp *chatPrompt
+		if cp, aerr = s.chatPromptOf(q, m); aerr != nil {
 			break
 		}
-		if img != nil {
-			aerr = badRequest("messages", "this route renders text only; an image part is not supported here")
-			break
-		}
-		addGen := true
-		if raw, ok := m["add_generation_prompt"]; ok {
-			if addGen, aerr = boolean(raw, "add_generation_prompt"); aerr != nil {
-				break
-			}
-		}
-		var kwargs map[string]any
-		if raw, ok := m["chat_template_kwargs"]; ok && !isNull(raw) {
-			if json.Unmarshal(raw, &kwargs) != nil {
-				aerr = badRequest("chat_template_kwargs", "`chat_template_kwargs` must be an object")
-				break
-			}
-		}
-		if text, aerr = s.render(msgs, addGen, kwargs); aerr == nil {
-			resp["rendered"] = text
+		resp["rendered"], text, ids = cp.rendered, cp.rendered, cp.ids
+		if cp.image != nil {
+			// The ids the model sees: the image placeholder expanded to one token per image
+			// token, as transformers' processor returns input_ids.
+			resp["image_tokens"] = q.rec.Vision.ImageTokens
+			resp["image_grid_thw"] = cp.image.Grid
 		}
 	default:
 		aerr = badRequest("prompt", "`prompt` (a string) or `messages` is required")
@@ -121,13 +110,58 @@ func (s *Server) handleTokenize(q *reqState) {
 		q.fail(aerr)
 		return
 	}
-	ids := s.tok.Encode(text)
+	if ids == nil {
+		ids = s.tok.Encode(text)
+		q.rec.PromptSHA256, q.rec.PromptBytes, q.rec.InputTokens = sha256Hex([]byte(text)), int64(len(text)), len(ids)
+	}
 	if ids == nil {
 		ids = []int32{}
 	}
-	q.rec.PromptSHA256, q.rec.PromptBytes, q.rec.InputTokens = sha256Hex([]byte(text)), int64(len(text)), len(ids)
 	resp["tokens"], resp["count"] = ids, len(ids)
 	q.writeJSON(http.StatusOK, resp)
+}
+
+// chatPrompt is a chat request's prompt as the engine takes it.
+type chatPrompt struct {
+	rendered string
+	ids      []int32          // placeholder expanded when there is an image
+	image    *wire.ImageInput // nil without an image
+}
+
+// chatPromptOf renders m's messages (with add_generation_prompt and chat_template_kwargs) and,
+// when they hold the one image, decodes and processes it as the chat route does (prepareImage:
+// same refusals, same record fields), so /tokenize and /mq/v1/logits see what
+// /v1/chat/completions would run.
+func (s *Server) chatPromptOf(q *reqState, m map[string]json.RawMessage) (*chatPrompt, *APIError) {
+	msgs, img, aerr := decodeMessages(m["messages"], ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes})
+	if aerr != nil {
+		return nil, aerr
+	}
+	addGen := true
+	if raw, ok := m["add_generation_prompt"]; ok {
+		if addGen, aerr = boolean(raw, "add_generation_prompt"); aerr != nil {
+			return nil, aerr
+		}
+	}
+	var kwargs map[string]any
+	if raw, ok := m["chat_template_kwargs"]; ok && !isNull(raw) {
+		if json.Unmarshal(raw, &kwargs) != nil {
+			return nil, badRequest("chat_template_kwargs", "`chat_template_kwargs` must be an object")
+		}
+	}
+	text, aerr := s.render(msgs, addGen, kwargs)
+	if aerr != nil {
+		return nil, aerr
+	}
+	cp := &chatPrompt{rendered: text, ids: s.tok.Encode(text)}
+	q.rec.PromptSHA256, q.rec.PromptBytes, q.rec.InputTokens = sha256Hex([]byte(text)), int64(len(text)), len(cp.ids)
+	if img == nil {
+		return cp, nil
+	}
+	if cp.ids, cp.image, aerr = s.prepareImage(q, &GenRequest{Image: img}, cp.ids); aerr != nil {
+		return nil, aerr
+	}
+	return cp, nil
 }
 
 func (s *Server) handleDetokenize(q *reqState) {
@@ -158,29 +192,62 @@ func (s *Server) handleDetokenize(q *reqState) {
 }
 
 // handleLogits returns the engine's full-vocabulary logits at every prompt position, for the
-// harness's parity gates (over HTTP, as it qualifies any deployment).
+// harness's parity gates (over HTTP, as it qualifies any deployment). The prompt is either
+// token ids or, like /tokenize, chat messages rendered by the server; on a vision bundle the
+// messages may hold the one image, processed as the chat route does, so a gate can hold a
+// vision-language model's logits to transformers' through the server, image included.
 func (s *Server) handleLogits(q *reqState) {
 	body, ok := q.readBody()
 	if !ok {
 		return
 	}
-	m, aerr := decodeObject(body, "model", "prompt_token_ids")
+	m, aerr := decodeObject(body, "model", "prompt_token_ids", "messages", "add_generation_prompt", "chat_template_kwargs")
 	if aerr == nil {
 		aerr = s.checkModel(m)
 	}
+	if aerr == nil && s.task == "image" {
+		// A text-to-image model has no logits; say where its requests go rather than let the
+		// engine fail with a 500.
+		aerr = badRequest("model", "model %q is a text-to-image model: it has no logits; send POST /v1/images/generations (or /mq/v1/image_latents for its final latents)", s.cfg.ModelName)
+	}
 	var ids []int32
+	var img *wire.ImageInput
 	if aerr == nil {
-		if m["prompt_token_ids"] == nil {
-			aerr = badRequest("prompt_token_ids", "`prompt_token_ids` is required: a non-empty list of token ids")
-		} else if ids, aerr = decodeIDList(m["prompt_token_ids"], "prompt_token_ids"); aerr == nil {
-			switch {
-			case len(ids) == 0:
-				aerr = badRequest("prompt_token_ids", "`prompt_token_ids` is empty")
-			case len(ids) > s.info.MaxContext:
-				aerr = badRequest("prompt_token_ids", "%d token ids exceed this model's context of %d", len(ids), s.info.MaxContext)
-				aerr.Code = "context_length_exceeded"
-			default:
-				aerr = s.checkIDs(ids, "prompt_token_ids")
+		switch {
+		case m["prompt_token_ids"] != nil && m["messages"] != nil:
+			aerr = badRequest("messages", "send either `prompt_token_ids` or `messages`, not both")
+		case m["messages"] != nil:
+			var cp *chatPrompt
+			if cp, aerr = s.chatPromptOf(q, m); aerr == nil {
+				ids, img = cp.ids, cp.image
+				if len(ids) > s.info.MaxContext {
+					aerr = badRequest("messages", "the rendered prompt's %d tokens exceed this model's context of %d", len(ids), s.info.MaxContext)
+					aerr.Code = "context_length_exceeded"
+				}
+			}
+		case m["prompt_token_ids"] == nil:
+			aerr = badRequest("prompt_token_ids", "`prompt_token_ids` (a non-empty list of token ids) or `messages` (a chat, with the one image on a vision model) is required")
+		default:
+			if ids, aerr = decodeIDList(m["prompt_token_ids"], "prompt_token_ids"); aerr == nil {
+				switch {
+				case len(ids) == 0:
+					aerr = badRequest("prompt_token_ids", "`prompt_token_ids` is empty")
+				case len(ids) > s.info.MaxContext:
+					aerr = badRequest("prompt_token_ids", "%d token ids exceed this model's context of %d", len(ids), s.info.MaxContext)
+					aerr.Code = "context_length_exceeded"
+				default:
+					aerr = s.checkIDs(ids, "prompt_token_ids")
+				}
+			}
+			if aerr == nil && s.vision != nil {
+				// Ids alone cannot carry an image: placeholder tokens without pixels would run
+				// the model on nothing.
+				for _, t := range ids {
+					if t == s.vision.imageToken {
+						aerr = badRequest("prompt_token_ids", "`prompt_token_ids` holds the image token; send `messages` with the image as an image_url content part instead")
+						break
+					}
+				}
 			}
 		}
 	}
@@ -188,10 +255,12 @@ func (s *Server) handleLogits(q *reqState) {
 		q.fail(aerr)
 		return
 	}
+	if img == nil {
+		q.rec.PromptSHA256, q.rec.PromptBytes = sha256Hex(idsBytes(ids)), int64(4*len(ids))
+	}
 	q.rec.InputTokens = len(ids)
-	q.rec.PromptSHA256, q.rec.PromptBytes = sha256Hex(idsBytes(ids)), int64(4*len(ids))
 	t := s.pool.newTask()
-	t.prompt, t.logits = ids, true
+	t.prompt, t.logits, t.vision = ids, true, img
 	ctx, stopDrain := s.drainContext(q.r.Context())
 	defer stopDrain()
 	if !s.schedule(q, t, ctx) {

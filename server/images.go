@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -80,7 +81,11 @@ func parseImageSize(v string) (int, int, bool) {
 	return w, h, ok && e1 == nil && e2 == nil && w > 0 && h > 0
 }
 
-func (s *Server) handleImages(q *reqState) {
+// handleImages serves /v1/images/generations and, with latents, /mq/v1/image_latents: the same
+// request, validation and pipeline, answered with the final latents (before the VAE) as float32
+// beside the PNG's sha256, so a gate can hold a served model's latents to diffusers' through
+// HTTP (the parity gate's latent max|diff|).
+func (s *Server) handleImages(q *reqState, latents bool) {
 	body, ok := q.readBody()
 	if !ok {
 		return
@@ -102,6 +107,7 @@ func (s *Server) handleImages(q *reqState) {
 	q.rec.PromptSHA256, q.rec.PromptBytes = sha256Hex([]byte(prompt)), int64(len(prompt))
 	q.rec.Image = &record.ImageGen{Width: req.Width, Height: req.Height, Steps: req.Steps, Guidance: float64(req.Guidance), Seed: int64(req.Seed)}
 
+	req.Latents = latents
 	t := s.pool.newTask()
 	t.prompt, t.image = req.Prompt, &req
 	ctx := q.r.Context()
@@ -137,6 +143,19 @@ func (s *Server) handleImages(q *reqState) {
 	q.rec.OutputSHA256, q.rec.OutputBytes = sha256Hex(a.PNG), int64(len(a.PNG))
 	q.rec.Image.PNGSHA256, q.rec.Image.PNGBytes, q.rec.Image.PNGEncodeNs = q.rec.OutputSHA256, q.rec.OutputBytes, a.EncodeNs
 	q.rec.FinishReason = "stop"
+	if latents {
+		if len(a.LatentShape) != 3 || len(a.Latents) != a.LatentShape[0]*a.LatentShape[1]*a.LatentShape[2] {
+			q.fail(&APIError{Status: http.StatusInternalServerError, Type: "server_error", Code: "engine_error", Message: "the worker returned no latents"})
+			return
+		}
+		raw := make([]byte, 4*len(a.Latents))
+		for i, v := range a.Latents {
+			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+		}
+		q.writeJSON(http.StatusOK, map[string]any{"object": "image_latents", "latent_shape": a.LatentShape,
+			"dtype": "float32", "encoding": "base64", "data": base64.StdEncoding.EncodeToString(raw), "png_sha256": q.rec.OutputSHA256})
+		return
+	}
 	b := make([]byte, 0, 96+base64.StdEncoding.EncodedLen(len(a.PNG)))
 	b = append(b, `{"created":`...)
 	b = strconv.AppendInt(b, time.Now().Unix(), 10)

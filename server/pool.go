@@ -624,6 +624,8 @@ func (p *pool) run(t *task, done <-chan struct{}, cause func() error) error {
 	err := w.send(func(out *wire.Writer) {
 		if t.image != nil {
 			_ = out.Image(t.id, *t.image)
+		} else if t.logits && t.vision != nil {
+			out.LogitsImage(t.id, t.prompt, t.vision)
 		} else if t.logits {
 			out.Logits(t.id, t.prompt)
 		} else if t.vision != nil {

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -20,6 +22,28 @@ import (
 // Record is one request's line in the --records JSONL file; the schema lives in package
 // record so the harness reads exactly what the server writes.
 type Record = record.Record
+
+// Headers that place a request in a multi-turn conversation: X-Correlation-Id is the one
+// AIPerf sends with every turn of a session (its x_correlation_id), X-Turn-Index the turn
+// (0-based), as qual's load generator sends them (qual/client.HeaderSession, HeaderTurn).
+const (
+	headerSession = "X-Correlation-Id"
+	headerTurn    = "X-Turn-Index"
+)
+
+// sessionOf reads a request's session and turn for its record. A session ID that is not safe
+// to record (validRequestID's rule) or a turn that is not a small non-negative integer is left
+// out rather than refused: they describe the request, they do not change its answer.
+func sessionOf(h http.Header) (id string, turn int) {
+	id = h.Get(headerSession)
+	if !validRequestID(id) {
+		return "", 0
+	}
+	if t, err := strconv.Atoi(h.Get(headerTurn)); err == nil && t >= 0 && t < 1<<20 {
+		turn = t
+	}
+	return id, turn
+}
 
 // recordWriter appends records to a file, one line each, flushed per record so that a killed
 // frontend loses at most the line being written. A write that fails is counted

@@ -503,7 +503,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/mq/v1/logits":
 		route, method, h = path, http.MethodPost, s.handleLogits
 	case "/v1/images/generations":
-		route, method, h = path, http.MethodPost, s.handleImages
+		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleImages(q, false) }
+	case "/mq/v1/image_latents":
+		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleImages(q, true) }
 	case "/mq/v1/bundle":
 		route, method, h = path, http.MethodGet, s.handleBundle
 	default:
@@ -713,8 +715,10 @@ func (s *Server) begin(w http.ResponseWriter, r *http.Request, route string, rec
 	}
 	w.Header().Set("X-Request-Id", id)
 	now := time.Now()
-	return &reqState{s: s, w: w, r: r, start: now, recorded: recorded,
+	q := &reqState{s: s, w: w, r: r, start: now, recorded: recorded,
 		rec: Record{RequestID: id, Route: route, Model: s.cfg.ModelName, StartUnixNs: now.UnixNano(), WorkerID: record.WorkerIndex(-1)}}
+	q.rec.SessionID, q.rec.Turn = sessionOf(r.Header)
+	return q
 }
 
 // recordsError answers a request when the records file cannot be written.

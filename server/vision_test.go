@@ -3,10 +3,12 @@ package server_test
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,12 +23,14 @@ type visionGolden struct {
 	Entries []struct {
 		Name, Image, Prompt, Rendered string
 		Width, Height                 int
-		ResizedWidth                  int     `json:"resized_width"`
-		ResizedHeight                 int     `json:"resized_height"`
-		ImageTokens                   int     `json:"image_tokens"`
-		PromptIDs                     []int32 `json:"prompt_ids"`
-		GreedyIDs                     []int32 `json:"greedy_ids"`
-		ImageBytesSHA256              string  `json:"image_bytes_sha256"`
+		ResizedWidth                  int       `json:"resized_width"`
+		ResizedHeight                 int       `json:"resized_height"`
+		ImageTokens                   int       `json:"image_tokens"`
+		PromptIDs                     []int32   `json:"prompt_ids"`
+		GreedyIDs                     []int32   `json:"greedy_ids"`
+		ImageBytesSHA256              string    `json:"image_bytes_sha256"`
+		FirstTop20IDs                 []int32   `json:"first_top20_ids"`
+		FirstTop20Logits              []float64 `json:"first_top20_logits"`
 	}
 }
 
@@ -270,5 +274,61 @@ func TestVisionRefusals(t *testing.T) {
 		if code, _, body := s.post("/v1/chat/completions", good); code != 200 {
 			t.Fatalf("after %s the valid request got %d %s", c.name, code, body)
 		}
+	}
+}
+
+// TestVisionLogitsTokenize: /tokenize and /mq/v1/logits take the chat route's one-image message.
+// /tokenize returns transformers' input_ids (placeholder expanded) and /mq/v1/logits the
+// first-step logits within the fp32 bound on every corpus image; image token ids without the
+// image are refused, and the next request answers 200.
+func TestVisionLogitsTokenize(t *testing.T) {
+	s, g, _, root := visionSetup(t)
+	worst := 0.0
+	for _, e := range g.Entries {
+		msg := imageChat(dataURL(t, root, e.Image), e.Prompt, "")
+		var m map[string]any
+		_ = json.Unmarshal([]byte(msg), &m)
+		b, _ := json.Marshal(map[string]any{"model": "test-model", "messages": m["messages"]})
+		code, _, body := s.post("/tokenize", string(b))
+		var tk struct {
+			Tokens      []int32 `json:"tokens"`
+			ImageTokens int     `json:"image_tokens"`
+		}
+		if code != 200 || json.Unmarshal(body, &tk) != nil {
+			t.Fatalf("%s: /tokenize %d %s", e.Name, code, body)
+		}
+		if fmt.Sprint(tk.Tokens) != fmt.Sprint(e.PromptIDs) || tk.ImageTokens != e.ImageTokens {
+			t.Errorf("%s: /tokenize gave %d ids (%d image tokens), transformers %d (%d)", e.Name, len(tk.Tokens), tk.ImageTokens, len(e.PromptIDs), e.ImageTokens)
+		}
+		code, _, body = s.post("/mq/v1/logits", string(b))
+		var lg struct {
+			Vocab     int    `json:"vocab_size"`
+			Positions int    `json:"positions"`
+			Data      string `json:"data"`
+		}
+		if code != 200 || json.Unmarshal(body, &lg) != nil {
+			t.Fatalf("%s: /mq/v1/logits %d %.300s", e.Name, code, body)
+		}
+		raw, err := base64.StdEncoding.DecodeString(lg.Data)
+		if err != nil || lg.Positions != len(e.PromptIDs) || len(raw) != 4*lg.Vocab*lg.Positions {
+			t.Fatalf("%s: %d positions (want %d), %d bytes, %v", e.Name, lg.Positions, len(e.PromptIDs), len(raw), err)
+		}
+		last := (lg.Positions - 1) * lg.Vocab
+		for j, id := range e.FirstTop20IDs {
+			v := math.Float32frombits(binary.LittleEndian.Uint32(raw[4*(last+int(id)):]))
+			worst = math.Max(worst, math.Abs(float64(v)-e.FirstTop20Logits[j]))
+		}
+	}
+	if worst > 1e-3 {
+		t.Errorf("first-step logits through /mq/v1/logits: max |diff| %.3g over the corpus, bound 1e-3", worst)
+	}
+	t.Logf("first-step top-20 logits through /mq/v1/logits vs transformers: max |diff| %.3g over %d images", worst, len(g.Entries))
+	e := g.Entries[2]
+	code, _, body := s.post("/mq/v1/logits", fmt.Sprintf(`{"prompt_token_ids": %s}`, strings.ReplaceAll(fmt.Sprint(e.PromptIDs), " ", ",")))
+	if code != 400 || !strings.Contains(string(body), "image token") {
+		t.Errorf("image token ids without the image: %d %s", code, body)
+	}
+	if code, _, body = s.post("/mq/v1/logits", `{"prompt_token_ids": [1, 2, 3]}`); code != 200 {
+		t.Errorf("the next request: %d %s", code, body)
 	}
 }

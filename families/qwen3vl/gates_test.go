@@ -18,7 +18,8 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 		root := suite.State.RepoRoot
 		g, err := fixtures.LoadVisionGolden(fixtures.VisionGoldenPath(root, suite.Manifest.Checkpoint.Fixture))
 		gomega.Expect(err).NotTo(gomega.HaveOccurred())
-		return spec.VisionInput{API: suite.API, Golden: g, Root: root, Tokenizer: suite.Tokenizer, MaxContext: suite.Manifest.Build.MaxContext}
+		return spec.VisionInput{API: suite.API, Golden: g, Root: root, Tokenizer: suite.Tokenizer, MaxContext: suite.Manifest.Build.MaxContext,
+			Tolerance: suite.Threshold().MaxAbsLogitDiff}
 	})
 	spec.ContextContract(ctx, suite.ContextInput)
 })

@@ -24,11 +24,12 @@ var suite = spec.NewSuite(spec.SuiteInput{
 	},
 })
 
-// imageInput is the image gates' input with the family's bounds: PSNR >= 40 dB and
-// SSIM >= 0.99 against diffusers' pixels (CPU fp32), on Z-Image's 16-pixel size grid
-// (the VAE's 8x times the transformer's 2x2 patches).
+// imageInput is the image gates' input with the family's bounds from thresholds.yaml
+// (psnr_min_db, ssim_min, max_abs_latent_diff; the gpu: block on a GPU run), on Z-Image's
+// 16-pixel size grid (the VAE's 8x times the transformer's 2x2 patches).
 func imageInput() spec.ImageInput {
 	in := suite.ImageInput()
-	in.MinPSNR, in.MinSSIM, in.SizeMultiple = 40, 0.99, 16
+	t := suite.Threshold()
+	in.MinPSNR, in.MinSSIM, in.MaxLatentDiff, in.SizeMultiple = t.PSNRMinDB, t.SSIMMin, t.MaxAbsLatentDiff, 16
 	return in
 }

@@ -96,6 +96,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -148,6 +149,10 @@ enum Family { GPT2, QWEN3 };
 
 struct Cfg {
   Family fam = QWEN3;
+  std::string family;             // the runtime's family name ("qwen3vl": qwen3's decoder and a vision tower)
+  bool vision = false;            // qwen3vl: images (vision.cuh)
+  std::string tprefix;            // the decoder's tensors' prefix past "model.": "language_model." for qwen3vl
+  int mrope[3] = {0, 0, 0};       // qwen3vl's mrope_section (t, h, w)
   int V = 0, H = 0, L = 0, nh = 0, nkv = 0, D = 0, I = 0, maxpos = 0;
   double eps = 1e-6, theta = 10000;
   bool tied = false, attn_bias = false, inv_layer_scale = false;
@@ -190,9 +195,11 @@ Cfg cfg_from_hparams(const std::string &family, const mqb_hparam *hp, int n) {
     return (int)v;
   };
   Cfg g;
+  g.family = family;
   if (family == "gpt2") g.fam = GPT2;
   else if (family == "qwen3") g.fam = QWEN3;
-  else throw Fail(fmt("cuda backend: family %s is not supported; known: gpt2, qwen3", family.c_str()));
+  else if (family == "qwen3vl") g.fam = QWEN3, g.vision = true, g.tprefix = "language_model.";
+  else throw Fail(fmt("cuda backend: family %s is not supported; known: gpt2, qwen3, qwen3vl", family.c_str()));
   g.V = pos("vocab_size");
   g.H = pos("hidden_size");
   g.L = pos("num_layers");
@@ -208,7 +215,14 @@ Cfg cfg_from_hparams(const std::string &family, const mqb_hparam *hp, int n) {
   g.inv_layer_scale = num("scale_attn_by_inverse_layer_idx") != 0;
   if (g.nh % g.nkv != 0)
     throw Fail(fmt("cuda backend: num_heads %d is not a multiple of num_kv_heads %d", g.nh, g.nkv));
-  if (g.fam == QWEN3 && fault("qwen3.rope_theta_x10")) g.theta *= 10;
+  if (g.vision) {
+    g.mrope[0] = (int)num("mrope_section_t");
+    g.mrope[1] = (int)num("mrope_section_h");
+    g.mrope[2] = (int)num("mrope_section_w");
+    if (g.mrope[0] + g.mrope[1] + g.mrope[2] != g.D / 2)
+      throw Fail(fmt("cuda backend: mrope_section must sum to head_dim/2 = %d", g.D / 2));
+  }
+  if (g.fam == QWEN3 && fault(g.vision ? "qwen3vl.rope_theta_x10" : "qwen3.rope_theta_x10")) g.theta *= 10;
   return g;
 }
 
@@ -935,15 +949,19 @@ __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__
                                                        const float *__restrict__ qn, const float *__restrict__ kn,
                                                        float eps, const float *__restrict__ inv_freq, float qscale,
                                                        float *__restrict__ qout, T *__restrict__ kc,
-                                                       T *__restrict__ vc, int maxctx, const float2 *__restrict__ rope_tab) {
+                                                       T *__restrict__ vc, int maxctx, const float2 *__restrict__ rope_tab,
+                                                       const int *__restrict__ rrow, const int *__restrict__ sdelta) {
   DYN_SMEM(float, qsm);
   const int t = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
   const int p = tpos[t], s = tslot[t];  // the step's meta, uploaded before it: no wait needed
+  // The rotary row: the position, but for qwen3vl (vision.cuh) a token's own M-RoPE row (rrow)
+  // or the position plus its slot's rope delta (sdelta).
+  const int pr = rrow ? rrow[t] : p + (sdelta ? sdelta[s] : 0);
   const int nhead = nh + 2 * nkv, hh0 = blockIdx.y * nwarp + warp;
   auto kind_of = [&](int hh) { return hh < nh ? 0 : (hh < nh + nkv ? 1 : 2); };  // q, k, v
   auto norm_of = [&](int kind) { return kind == 0 ? qn : (kind == 1 ? kn : nullptr); };
-  auto rope_of = [&](int kind) { return kind != 2 && inv_freq ? rope_tab + (size_t)p * (D / 2) : nullptr; };
+  auto rope_of = [&](int kind) { return kind != 2 && inv_freq ? rope_tab + (size_t)pr * (D / 2) : nullptr; };
   HeadPreN<N> hp;
   if (PRE && hh0 < nhead) head_pre(hp, norm_of(kind_of(hh0)), rope_of(kind_of(hh0)), D);
   pdl_wait();
@@ -952,7 +970,7 @@ __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__
   for (int hh = hh0; hh < nhead; hh += nwarp * gridDim.y) {
     const int kind = kind_of(hh);
     if (PRE && hh != hh0) head_pre(hp, norm_of(kind), rope_of(kind), D);
-    head_vec<PRE, N>(qkv + (size_t)t * nhead * D + (size_t)hh * D, norm_of(kind), eps, inv_freq, p,
+    head_vec<PRE, N>(qkv + (size_t)t * nhead * D + (size_t)hh * D, norm_of(kind), eps, inv_freq, pr,
                      kind == 0 ? qscale : 1.f, D, buf, kind != 2 && inv_freq, &hp);
     // A lane stores the values it made (i = lane + 32 n), through one row pointer.
     if (kind == 0) {
@@ -1434,6 +1452,7 @@ struct DecAttn {
   int cluster;                      // the S splits of an item are one thread-block cluster (1, 1, S)
   int push;                         // with cluster: the partials pushed to split 0 (debug "attn_push")
   const float2 *rope_tab;           // mqb_model::rope_tab (head_pre; with inv_freq)
+  const int *sdelta;                // per slot: the rotary position's offset (qwen3vl; NULL: none)
 };
 
 // cluster_sync is barrier.cluster with release / acquire order: every block of the thread-block
@@ -1490,7 +1509,8 @@ __device__ __forceinline__ void dec_head_pre(const DecAttn<T> &a, int t, int S, 
   int lo, hi;
   split_range(p + 1, S, z, lo, hi);
   if (h > G + 1 || (h >= G && !(lo <= p && p < hi))) return;
-  const float2 *rope = a.inv_freq && h <= G ? a.rope_tab + (size_t)p * (a.D / 2) : nullptr;
+  const int pr = p + (a.sdelta ? a.sdelta[a.slot[t]] : 0);
+  const float2 *rope = a.inv_freq && h <= G ? a.rope_tab + (size_t)pr * (a.D / 2) : nullptr;
   head_pre(hp, h < G ? a.qn : (h == G ? a.kn : nullptr), rope, a.D);
 }
 
@@ -1539,6 +1559,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   const bool mine = lo <= p && p < hi;  // this split holds the new token's position
   const float *row = a.qkv + (size_t)t * (a.nh + 2 * nkv) * D;
   const bool rope = a.inv_freq != nullptr;
+  const int pr = p + (a.sdelta ? a.sdelta[sl] : 0);  // the rotary position (qwen3vl's rope delta)
   // The G query heads, then k, then v, through one call site: each inlined copy of head_vec is
   // code that the warps running it fetch cold after the previous kernel (lab/cuda/NOTES.md: cold
   // code costs 0.1-0.3 us per KB on the critical path: one copy instead of three, +1-4 %).
@@ -1547,7 +1568,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     const bool q = h < G, k = h == G;
     const float *src = row + (size_t)(q ? kh * G + h : (k ? a.nh + kh : a.nh + nkv + kh)) * D;
     if (PRE && h != warp) dec_head_pre(a, t, S, z, h, *hp);
-    head_vec<PRE, N>(src, q ? a.qn : (k ? a.kn : nullptr), a.eps, a.inv_freq, p, q ? a.qscale : 1.f, D,
+    head_vec<PRE, N>(src, q ? a.qn : (k ? a.kn : nullptr), a.eps, a.inv_freq, pr, q ? a.qscale : 1.f, D,
                   q ? qs + h * D : (k ? kvv : kvv + D), rope && h <= G, hp);
   }
   __syncthreads();
@@ -1689,6 +1710,7 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ l
 
 #include "skinny.cuh"
 #include "prefill_attn.cuh"
+#include "vision_kernels.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Model
@@ -1707,12 +1729,59 @@ struct GraphEntry {
   bool warmed = false;
 };
 
+// qwen3vl's vision tower and per-slot images (vision.cuh).
+struct VisBlock {
+  void *qkv_w = nullptr, *proj_w = nullptr, *fc1_w = nullptr, *fc2_w = nullptr;  // T, [out, in]
+  float *qkv_b = nullptr, *proj_b = nullptr, *fc1_b = nullptr, *fc2_b = nullptr;
+  float *n1w = nullptr, *n1b = nullptr, *n2w = nullptr, *n2b = nullptr;
+};
+struct VisMerger {
+  float *nw = nullptr, *nb = nullptr, *fc1_b = nullptr, *fc2_b = nullptr;
+  void *fc1_w = nullptr, *fc2_w = nullptr;
+  bool post = false;  // LayerNorm over the four merged patches (DeepStack) rather than per patch
+};
+struct SlotImage {
+  bool live = false, encoded = false;
+  std::vector<float> pixels;             // the processor's patches [gh * gw, 3 * tp * p * p]
+  int gh = 0, gw = 0, n_img = 0, prompt_len = 0, delta = 0;
+  std::vector<int32_t> pos3;             // per prompt position: (t, h, w)
+  std::vector<int> img_index;            // per prompt position: image token index or -1
+  float *dev = nullptr;                  // [1 + deepstack][n_img][E]: embeddings, DeepStack features
+  size_t dev_bytes = 0;
+};
+struct Vis {
+  int vh = 0, depth = 0, heads = 0, vi = 0, p = 0, tp = 0, merge = 0, npos = 0, side = 0, image_token = 0;
+  int s1 = 0, s2 = 0;                    // mrope_section h, w
+  std::vector<int> deep;                 // deepstack_visual_indexes
+  bool drop_deepstack = false;           // fault qwen3vl.drop_deepstack
+  void *pe_w = nullptr;
+  float *pe_b = nullptr, *pos = nullptr;
+  std::vector<VisBlock> blocks;
+  VisMerger merger;
+  std::vector<VisMerger> deep_mergers;
+  std::vector<float> vinv;               // the vision rotary's inverse frequencies
+  std::mutex mu;                         // slot and sdelta_h: set_image may run beside a step
+  std::vector<SlotImage> slot;           // per KV slot (the scratch slot's last)
+  std::vector<int> sdelta_h;             // per slot: rope delta (get_rope_index), mirrored in sdelta
+  bool sdelta_dirty = false;
+  int *sdelta = nullptr;                 // device [slots]
+  // the chunk being run (vis_chunk_begin): per token the image row (NULL: none), its DeepStack
+  // stride, its rotary row, its (t, h, w); device arrays of Tcap, host staging
+  const float **src = nullptr;
+  int *stride = nullptr, *rrow = nullptr, *pos3 = nullptr;
+  std::vector<const float *> src_h;
+  std::vector<int> stride_h, rrow_h, pos3_h;
+  std::pair<void *, size_t> ws[8] = {};  // the tower's activations (vis_buf)
+};
+
 }  // namespace mqcuda
 
 using namespace mqcuda;
 
 struct mqb_model {
   Cfg c;
+  Vis vis;             // qwen3vl only (c.vision)
+  bool vis_on = false;  // the chunk being run has image rows (vis_chunk_begin)
   DType dt = DT_BF16;
   int dev = 0, sms = 0;
   int max_batch = 0, max_ctx = 0, slots = 0, scratch = 0;
@@ -1914,6 +1983,10 @@ struct mqb_model {
     if (samp_temp_h) cudaFreeHost(samp_temp_h);
     if (samp_key_h) cudaFreeHost(samp_key_h);
     for (auto e : evpool) cudaEventDestroy(e);
+    for (auto &s : vis.slot)
+      if (s.dev) cudaFree(s.dev);
+    for (auto &b : vis.ws)
+      if (b.first) cudaFree(b.first);
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -2476,6 +2549,17 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
   m.label = "embed";
   launch(m, embed_kernel<T>, dim3(Tn), dim3(256), 0, (const int *)m.d_tok(), (const int *)m.d_pos(),
          (const T *)m.emb, (const float *)m.wpe, m.res, H, want_keys ? m.keys : nullptr, R);
+  // qwen3vl (vision.cuh): the image tokens take the image's rows and their own M-RoPE rows.
+  const int *rrow = m.vis_on ? m.vis.rrow : nullptr;
+  const int *sdelta = c.vision ? m.vis.sdelta : nullptr;
+  if (m.vis_on) {
+    m.label = "image_rows";
+    launch(m, img_rows_kernel, dim3(Tn), dim3(256), 0, m.res, H, (const float *const *)m.vis.src,
+           (const int *)m.vis.stride, -1);
+    m.label = "mrope_rows";
+    launch(m, mrope_rows_kernel, dim3(Tn), dim3(128), 0, m.rope_tab, c.D / 2, m.max_ctx, (const int *)rrow,
+           (const int *)m.vis.pos3, c.mrope[1], c.mrope[2]);
+  }
   for (int l = 0; l < c.L; ++l) {
     Layer &ly = m.layers[l];
     auto attention = [&]() {
@@ -2485,7 +2569,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
                             q3 ? m.inv_freq : nullptr, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
                             m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0,
-                            clz > 1 && m.attn_push && m.attn_park_fits ? 1 : 0, m.rope_tab};
+                            clz > 1 && m.attn_push && m.attn_park_fits ? 1 : 0, m.rope_tab, sdelta};
         const size_t dsmem_bytes = asmem + (da.push ? sizeof(float) * (size_t)clz * attn_park(gm, c.D) : 0);
         launch_gm(gm, [&](auto g) {
           constexpr int G = decltype(g)::value;
@@ -2505,7 +2589,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
                dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8), dim3(256), sizeof(float) * 8 * c.D, (const float *)m.qkv,
                (const int *)m.d_pos(), (const int *)m.d_slot(), c.nh, c.nkv, c.D, (const float *)ly.qn,
                (const float *)ly.kn, eps, (const float *)(q3 ? m.inv_freq : nullptr), ly.qscale, m.qbuf,
-               static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx, (const float2 *)m.rope_tab);
+               static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx, (const float2 *)m.rope_tab, rrow, sdelta);
       };
       switch (m.post_n ? head_n(c.D) : HV) {
         case 1: post(std::integral_constant<int, 1>{}); break;
@@ -2544,6 +2628,11 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
                     : prep<T>(q3 ? PREP_SWIGLU : PREP_GELU, m.mlp, nullptr, q3 ? 2 * c.I : c.I, nullptr, nullptr,
                               nullptr, eps);
     linear<T>(m, "down", down_in, Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
+    if (m.vis_on && !m.vis.drop_deepstack && l < (int)m.vis.deep.size()) {  // DeepStack feature l
+      m.label = "deepstack";
+      launch(m, img_rows_kernel, dim3(Tn), dim3(256), 0, m.res, H, (const float *const *)m.vis.src,
+             (const int *)m.vis.stride, l);
+    }
   }
   linear<T>(m, "lm_head",
             prep<T>(c.fam == QWEN3 ? PREP_RMS : PREP_LN, m.res, nullptr, H, (const int *)m.d_rows(), m.normf_w,
@@ -2687,6 +2776,10 @@ float *upload_f32(mqb_model &m, const std::vector<const mqb_tensor *> &parts) {
   return d;
 }
 
+}  // namespace mqcuda
+#include "vision.cuh"
+namespace mqcuda {
+
 int env_int(const char *k, int dflt) {
   const char *v = getenv(k);
   if (!v || !*v) return dflt;
@@ -2749,7 +2842,8 @@ void load(mqb_model &m, const mqb_model_params *p) {
       if (c.inv_layer_scale) ly.qscale /= (float)(l + 1);
     }
   } else {
-    const mqb_tensor *et = tm.need("embed_tokens.weight", {V, H});
+    const std::string &tp = c.tprefix;  // "language_model." for qwen3vl
+    const mqb_tensor *et = tm.need(tp + "embed_tokens.weight", {V, H});
     m.emb = upload_matrix(m, {{et, V, false}}, H);
     const mqb_tensor *lmh = tm.find("lm_head.weight");
     if (c.tied || !lmh) {
@@ -2758,11 +2852,11 @@ void load(mqb_model &m, const mqb_model_params *p) {
     } else {
       m.lm = upload_matrix(m, {{tm.need("lm_head.weight", {V, H}), V, false}}, H);
     }
-    m.normf_w = upload_f32(m, {tm.need("norm.weight", {H})});
-    const bool drop_qn = fault("qwen3.drop_q_norm");
+    m.normf_w = upload_f32(m, {tm.need(tp + "norm.weight", {H})});
+    const bool drop_qn = fault(c.vision ? "qwen3vl.drop_q_norm" : "qwen3.drop_q_norm");
     for (int l = 0; l < c.L; ++l) {
       Layer &ly = m.layers[l];
-      const std::string pre = fmt("layers.%d.", l);
+      const std::string pre = tp + fmt("layers.%d.", l);
       ly.ln1_w = upload_f32(m, {tm.need(pre + "input_layernorm.weight", {H})});
       ly.ln2_w = upload_f32(m, {tm.need(pre + "post_attention_layernorm.weight", {H})});
       const mqb_tensor *q = tm.need(pre + "self_attn.q_proj.weight", {nh * D, H});
@@ -2790,13 +2884,15 @@ void load(mqb_model &m, const mqb_model_params *p) {
     m.inv_freq = static_cast<float *>(m.dmalloc(inv.size() * sizeof(float)));
     ck(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice), "inv_freq upload");
     // RoPE's (cos, sin) for every position the cache holds (head_pre): 2 MB at 4,096 positions
-    // of head_dim 128.
+    // of head_dim 128. qwen3vl: Tcap rows more, a chunk's image tokens' own M-RoPE rows.
     const int half = (int)(D / 2);
-    m.rope_tab = static_cast<float2 *>(m.dmalloc(sizeof(float2) * (size_t)m.max_ctx * half));
+    m.rope_tab = static_cast<float2 *>(
+        m.dmalloc(sizeof(float2) * (size_t)(m.max_ctx + (c.vision ? m.Tcap : 0)) * half));
     m.label = "rope_table";
     launch(m, rope_table_kernel, dim3(std::min((m.max_ctx * half + 255) / 256, 1024)), dim3(256), 0,
            (const float *)m.inv_freq, half, m.max_ctx, m.rope_tab);
     ck(cudaStreamSynchronize(m.stream), "rope table");
+    if (c.vision) vis_load(m, tm);
   }
 }
 
@@ -3013,6 +3109,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   m.picker.reset(new blaspick::Picker(m.blas, m.stream, m.blas_ws, ws));
 
   m.layers.resize(c.L);
+  if (c.vision) vis_open(m, p);
   load(m, p);
 
   // KV cache: one allocation for all layers.
@@ -3092,7 +3189,13 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
   // per entry.
   const bool ones = ones_apart(m, Rg);
   const TileGrid G{std::min(Tg, Tg / pa::BQ + Rg + 2), ones ? std::min(Tg, Rg + 2) : 0};
-  if (m.use_graphs && m.mixed_graphs && !m.prof && Tg <= std::min(CHUNK_GRAPH_MAX, m.Tcap) && Tg - Tn <= m.max_ctx) {
+  m.vis_on = vis_chunk_begin(m, Tn);  // qwen3vl: a chunk with image rows runs eagerly
+  struct VisOff {
+    bool &on;
+    ~VisOff() { on = false; }
+  } vis_off{m.vis_on};
+  if (m.use_graphs && m.mixed_graphs && !m.prof && !m.vis_on && Tg <= std::min(CHUNK_GRAPH_MAX, m.Tcap) &&
+      Tg - Tn <= m.max_ctx) {
     for (int j = Tn; j < Tg; ++j) {
       m.meta_h[j] = 0;
       m.meta_h[m.Tcap + j] = j - Tn;
@@ -3201,6 +3304,7 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
     m.meta_h[3 * m.Tcap + i] = i;
     set_samp(m, i, real ? i : -1, temp, rkey);
   }
+  if (vis_chunk_begin(m, b)) throw Fail("cuda backend: a decode step reached an image prompt");  // forward routes those
   upload_meta(m);
   if (m.tl_buf) ck(cudaMemsetAsync(m.tl_buf, 0, sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS, m.stream), "timeline reset");
   GraphEntry *ge = graphs ? &m.graphs[graph_key(b, m.step_splits)] : nullptr;
@@ -3241,7 +3345,7 @@ void forward(mqb_model &m, int n, const int32_t *slots, const int32_t *n_tokens,
         throw Fail(fmt("cuda backend: entry %d: token %d outside the vocabulary of %d", i, tk, m.c.V));
     }
     total += n_tokens[i];
-    if (n_tokens[i] != 1) decode = false;
+    if (n_tokens[i] != 1 || vis_in_prompt(m, slots[i], start_pos[i])) decode = false;
   }
   if (decode && n <= m.Tcap) {
     decode_step(m, n, slots, tokens, start_pos, temp, rkey, logits_out, argmax_out);
@@ -3300,6 +3404,11 @@ void logits_all(mqb_model &m, const int32_t *ids, int32_t n, float *out) {
       set_samp(m, j, -1, nullptr, nullptr);
     }
     upload_meta(m);
+    m.vis_on = vis_chunk_begin(m, cn);  // the scratch slot's image (mqb_set_image), if any
+    struct VisOff {
+      bool &on;
+      ~VisOff() { on = false; }
+    } vis_off{m.vis_on};
     run_dispatch(m, cn, cn, false, false);
     ck(cudaGetLastError(), "logits_all");
     ck(cudaMemcpyAsync(out + (size_t)s * m.c.V, m.logits, sizeof(float) * (size_t)cn * m.c.V,
@@ -3320,7 +3429,7 @@ extern "C" {
 int32_t mqb_abi_version(void) { return MQB_ABI_VERSION; }
 
 const char *const *mqb_families(void) {
-  static const char *const families[] = {"gpt2", "qwen3", nullptr};
+  static const char *const families[] = {"gpt2", "qwen3", "qwen3vl", nullptr};
   return families;
 }
 
@@ -3401,9 +3510,24 @@ int mqb_logits_all(mqb_model *m, const int32_t *ids, int32_t n, float *out, char
 
 // The cache needs no clearing: attention reads only positions below the ones a request writes,
 // and the runtime restarts a slot at position 0. Kept for the ABI.
+// qwen3vl: the slot's image is dropped (its device buffer kept for the slot's next image).
 void mqb_slot_reset(mqb_model *m, int32_t slot) {
-  (void)m;
-  (void)slot;
+  if (m) drop_image(*m, slot);
+}
+
+int mqb_set_image(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pixels, int32_t grid_t, int32_t grid_h,
+                  int32_t grid_w, const int32_t *prompt, int32_t n, char *err, size_t errlen) {
+  if (!m) {
+    set_err(err, errlen, "cuda backend: model is NULL");
+    return 1;
+  }
+  try {
+    set_image(*m, slot, pixels, n_pixels, grid_t, grid_h, grid_w, prompt, n);
+  } catch (const std::exception &e) {
+    set_err(err, errlen, e.what());
+    return 1;
+  }
+  return 0;
 }
 
 // mqb_debug_set is not part of mq_backend.h: the benchmark driver flips "graphs", "pdl" and
@@ -3442,7 +3566,10 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "fuse_max_b") m->fuse_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "attn_split") m->attn_split = std::max(0, std::min(ATT_SPLIT_MAX, (int)value));
   else if (k == "fused_attn") m->fused_attn = std::max(0, std::min(2, (int)value));
-  else if (k == "pre_params") m->pre_params = value != 0;
+  else if (k == "pre_params") {
+    if (m->c.vision && value == 0) return 1;  // qwen3vl's M-RoPE rows exist only in rope_tab
+    m->pre_params = value != 0;
+  }
   else if (k == "attn_lanes") m->attn_lanes = value != 0;
   else if (k == "attn_flash") m->attn_flash = value != 0;
   else if (k == "prefill_flash") m->prefill_flash = value != 0;

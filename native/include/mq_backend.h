@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MQB_ABI_VERSION 4
+#define MQB_ABI_VERSION 5
 
 typedef struct mqb_model mqb_model; /* opaque */
 
@@ -98,8 +98,43 @@ int mqb_forward_sampled(mqb_model *m, int32_t n, const int32_t *slots, const int
 int mqb_logits_all(mqb_model *m, const int32_t *ids, int32_t n, float *out, char *err,
                    size_t errlen);
 
-/* Forget slot's KV cache (the request ended or was cancelled). */
+/* Forget slot's KV cache (the request ended or was cancelled) and its image, if any. */
 void mqb_slot_reset(mqb_model *m, int32_t slot);
+
+/* Attach one image to the sequence about to be prefilled in slot (0..max_batch-1, or max_batch:
+ * the scratch slot of mqb_logits_all) with prompt (n ids, the image's placeholder tokens among
+ * them): the processor's patches (grid_t*grid_h*grid_w rows of 3*temporal_patch*patch^2 values)
+ * and the grid. Checked against the prompt here; the family's vision tower runs on the device
+ * in the forward step that first reaches the image. mqb_slot_reset drops it. Families without
+ * images fail. Added in ABI version 5 (family qwen3vl). */
+int mqb_set_image(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pixels, int32_t grid_t,
+                  int32_t grid_h, int32_t grid_w, const int32_t *prompt, int32_t n, char *err,
+                  size_t errlen);
+
+/* Text-to-image models (task "image"; cuda/zimage.cu). Symbols beside the text entry points:
+ * the runtime resolves them only for an image family. The runtime validates the request, draws
+ * the initial noise (torch-identical, as the CPU pipeline) and computes the scheduler's sigmas,
+ * so both devices start from the same numbers; the library runs the text encoder, the denoising
+ * loop (guidance and Euler steps on the device) and the VAE. */
+typedef struct mqb_image mqb_image; /* opaque */
+
+typedef struct {
+  const int32_t *prompt;   /* prompt token ids (chat-formatted) */
+  int32_t n_prompt;
+  const int32_t *negative; /* negative prompt ids; NULL or n_negative 0: no guidance */
+  int32_t n_negative;
+  int32_t width, height, steps;
+  float guidance;
+  const float *noise;  /* initial latents [C, height/s, width/s] */
+  const float *sigmas; /* steps+1 scheduler sigmas, the last 0 */
+  uint8_t *rgb;        /* out: height*width*3 bytes */
+  float *image;        /* out, optional: height*width*3 floats in [0, 1] */
+  float *latents;      /* out, optional: (steps+1) latents; the library writes entries 1..steps */
+} mqb_image_args;
+
+int mqb_image_open(const mqb_model_params *p, mqb_image **out, char *err, size_t errlen);
+int mqb_image_generate(mqb_image *m, const mqb_image_args *a, char *err, size_t errlen);
+void mqb_image_close(mqb_image *m);
 
 #ifdef __cplusplus
 }

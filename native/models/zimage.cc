@@ -31,6 +31,9 @@
 #include <cmath>
 #include <cstring>
 
+#include <dlfcn.h>
+
+#include "mq_backend.h"
 #include "qwen3_decoder.h"
 #include "runtime.h"
 
@@ -537,6 +540,74 @@ class Decoder {
   std::vector<Up> up_;
 };
 
+// ---- what both devices share: spec, request checks, schedule -------------------------------
+
+// zimage_spec: what the pipeline accepts (VAE scale from its block count, the transformer's
+// position table, the text encoder's context).
+mq_image_spec zimage_spec(const HParams &hp, int max_ctx) {
+  mq_image_spec s;
+  s.latent_channels = hp.i("transformer.in_channels");
+  s.vae_scale = 1 << (hp.i("vae.n_blocks") - 1);
+  s.size_multiple = s.vae_scale * kPatch;
+  s.max_size = std::min(2048, hp.i("transformer.axes_lens.1") * s.size_multiple);
+  s.max_prompt_tokens = max_ctx;
+  s.max_steps = kMaxSteps;
+  return s;
+}
+
+void check_ids(const char *what, const int32_t *ids, int n, int max_ctx, int vocab) {
+  if (n <= 0 || !ids) throw Error(MQ_ERR_INVALID_ARGUMENT, std::string(what) + ": no tokens; the pipeline formats every prompt with its chat template");
+  if (n > max_ctx)
+    throw Error(MQ_ERR_INVALID_ARGUMENT, std::string(what) + ": " + std::to_string(n) + " tokens exceed the text encoder's context of " +
+                                             std::to_string(max_ctx));
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      throw Error(MQ_ERR_INVALID_ARGUMENT, std::string(what) + ": token " + std::to_string(ids[i]) + " is outside the vocabulary");
+}
+
+// zimage_check validates r (errors name the field) and answers whether guidance runs (the
+// zimage.drop_cfg fault turns it off).
+bool zimage_check(const HParams &hp, int max_ctx, const mq_image_request &r) {
+  const mq_image_spec sp = zimage_spec(hp, max_ctx);
+  auto bad = [](const std::string &m) { throw Error(MQ_ERR_INVALID_ARGUMENT, m); };
+  for (int v : {r.width, r.height})
+    if (v <= 0 || v % sp.size_multiple != 0 || v > sp.max_size)
+      bad("size: " + std::to_string(r.width) + "x" + std::to_string(r.height) + " is not on the grid: width and height must be multiples of " +
+          std::to_string(sp.size_multiple) + " up to " + std::to_string(sp.max_size));
+  if (r.steps < 1 || r.steps > sp.max_steps) bad("num_inference_steps: " + std::to_string(r.steps) + " is outside 1.." + std::to_string(sp.max_steps));
+  if (!std::isfinite(r.guidance) || r.guidance < 0) bad("guidance_scale: must be a finite number >= 0");
+  const bool cfg = r.guidance > 0 && !fault("zimage.drop_cfg");
+  const int vocab = hp.i("vocab_size");
+  check_ids("prompt", r.prompt, r.n_prompt, max_ctx, vocab);
+  if (cfg) check_ids("negative prompt", r.negative, r.n_negative, max_ctx, vocab);
+  return cfg;
+}
+
+// zimage_schedule: FlowMatchEulerDiscreteScheduler.set_timesteps(sigmas=linspace(1, 1/N, N), mu)
+// in float32, with the final 0.
+std::vector<float> zimage_schedule(const HParams &hp, int N, int image_seq_len) {
+  std::vector<float> s(N);
+  const float start = 1.0f, end = (float)(1.0 / N);
+  if (N == 1) {
+    s[0] = start;
+  } else {  // torch.linspace: start + step*i for the first half, end - step*(N-1-i) after
+    const float step = (end - start) / (float)(N - 1);
+    for (int i = 0; i < N; i++) s[i] = i < N / 2 ? start + step * (float)i : end - step * (float)(N - 1 - i);
+  }
+  if (hp.b("scheduler.use_dynamic_shifting")) {
+    const double m = (hp.f("scheduler.max_shift") - hp.f("scheduler.base_shift")) /
+                     (hp.f("scheduler.max_image_seq_len") - hp.f("scheduler.base_image_seq_len"));
+    const double b = hp.f("scheduler.base_shift") - m * hp.f("scheduler.base_image_seq_len");
+    const float e = (float)std::exp(image_seq_len * m + b);
+    for (float &x : s) x = e / (e + (1.0f / x - 1.0f));
+  } else {
+    const float shift = (float)hp.f("scheduler.shift");
+    for (float &x : s) x = shift * x / (1.0f + (shift - 1.0f) * x);
+  }
+  s.push_back(0.0f);
+  return s;
+}
+
 // ---- the pipeline ----------------------------------------------------------------------------
 
 ModelArgs encoder_args(const ModelArgs &a, const HParams *te) {
@@ -552,8 +623,7 @@ class ZImage : public ImageBackend {
   explicit ZImage(const ModelArgs &a)
       : hp_(*a.hp), te_hp_(sub_hparams(*a.hp, "text_encoder.")), pool_(a.pool), max_ctx_(a.max_context),
         encoder_(encoder_args(a, &te_hp_), DecoderDims(te_hp_), encoder_options()),
-        transformer_(*a.hp, *a.w, a.pool, fault("zimage.rope_swap_hw")), decoder_(*a.hp, *a.w, a.pool),
-        drop_cfg_(fault("zimage.drop_cfg")) {
+        transformer_(*a.hp, *a.w, a.pool, fault("zimage.rope_swap_hw")), decoder_(*a.hp, *a.w, a.pool) {
     vocab_ = te_hp_.i("vocab_size");
     scaling_ = (float)hp_.f("vae.scaling_factor");
     shift_factor_ = (float)hp_.f("vae.shift_factor");
@@ -567,30 +637,12 @@ class ZImage : public ImageBackend {
 
   int vocab() const override { return vocab_; }
 
-  mq_image_spec image_spec() const override {
-    mq_image_spec s;
-    s.latent_channels = transformer_.channels();
-    s.vae_scale = decoder_.scale();
-    s.size_multiple = decoder_.scale() * kPatch;
-    s.max_size = std::min(2048, hp_.i("transformer.axes_lens.1") * s.size_multiple);
-    s.max_prompt_tokens = max_ctx_;
-    s.max_steps = kMaxSteps;
-    return s;
-  }
+  mq_image_spec image_spec() const override { return zimage_spec(hp_, max_ctx_); }
 
   void generate(const mq_image_request &r, mq_image_output *out) override {
     const int64_t t0 = now_ns();
     const mq_image_spec sp = image_spec();
-    auto bad = [](const std::string &m) { throw Error(MQ_ERR_INVALID_ARGUMENT, m); };
-    for (int v : {r.width, r.height})
-      if (v <= 0 || v % sp.size_multiple != 0 || v > sp.max_size)
-        bad("size: " + std::to_string(r.width) + "x" + std::to_string(r.height) + " is not on the grid: width and height must be multiples of " +
-            std::to_string(sp.size_multiple) + " up to " + std::to_string(sp.max_size));
-    if (r.steps < 1 || r.steps > sp.max_steps) bad("num_inference_steps: " + std::to_string(r.steps) + " is outside 1.." + std::to_string(sp.max_steps));
-    if (!std::isfinite(r.guidance) || r.guidance < 0) bad("guidance_scale: must be a finite number >= 0");
-    const bool cfg = r.guidance > 0 && !drop_cfg_;
-    check_ids("prompt", r.prompt, r.n_prompt);
-    if (cfg) check_ids("negative prompt", r.negative, r.n_negative);
+    const bool cfg = zimage_check(hp_, max_ctx_, r);
 
     // 1. Text embeddings.
     std::vector<float> pe, ne;
@@ -605,7 +657,7 @@ class ZImage : public ImageBackend {
     if (out->latents) std::memcpy(out->latents, lat.data(), sizeof(float) * n);
 
     // 3. Scheduler and 4. denoising.
-    std::vector<float> sigmas = schedule(r.steps, (h / kPatch) * (w / kPatch));
+    std::vector<float> sigmas = zimage_schedule(hp_, r.steps, (h / kPatch) * (w / kPatch));
     const int E = encoder_.hidden();
     for (int i = 0; i < r.steps; i++) {
       const float timestep = sigmas[i] * 1000.0f;
@@ -641,16 +693,6 @@ class ZImage : public ImageBackend {
     return o;
   }
 
-  void check_ids(const char *what, const int32_t *ids, int n) const {
-    if (n <= 0 || !ids) throw Error(MQ_ERR_INVALID_ARGUMENT, std::string(what) + ": no tokens; the pipeline formats every prompt with its chat template");
-    if (n > max_ctx_)
-      throw Error(MQ_ERR_INVALID_ARGUMENT, std::string(what) + ": " + std::to_string(n) + " tokens exceed the text encoder's context of " +
-                                               std::to_string(max_ctx_));
-    for (int i = 0; i < n; i++)
-      if (ids[i] < 0 || ids[i] >= vocab_)
-        throw Error(MQ_ERR_INVALID_ARGUMENT, std::string(what) + ": token " + std::to_string(ids[i]) + " is outside the vocabulary");
-  }
-
   // encode: hidden_states[-2] of the text encoder for ids, [n, E].
   void encode(const int32_t *ids, int n, std::vector<float> &h) {
     Batch b;
@@ -668,38 +710,12 @@ class ZImage : public ImageBackend {
     encoder_.forward(p, h.data());
   }
 
-  // schedule: FlowMatchEulerDiscreteScheduler.set_timesteps(sigmas=linspace(1, 1/N, N), mu)
-  // in float32, with the final 0.
-  std::vector<float> schedule(int N, int image_seq_len) const {
-    std::vector<float> s(N);
-    const float start = 1.0f, end = (float)(1.0 / N);
-    if (N == 1) {
-      s[0] = start;
-    } else {  // torch.linspace: start + step*i for the first half, end - step*(N-1-i) after
-      const float step = (end - start) / (float)(N - 1);
-      for (int i = 0; i < N; i++) s[i] = i < N / 2 ? start + step * (float)i : end - step * (float)(N - 1 - i);
-    }
-    if (hp_.b("scheduler.use_dynamic_shifting")) {
-      const double m = (hp_.f("scheduler.max_shift") - hp_.f("scheduler.base_shift")) /
-                       (hp_.f("scheduler.max_image_seq_len") - hp_.f("scheduler.base_image_seq_len"));
-      const double b = hp_.f("scheduler.base_shift") - m * hp_.f("scheduler.base_image_seq_len");
-      const float e = (float)std::exp(image_seq_len * m + b);
-      for (float &x : s) x = e / (e + (1.0f / x - 1.0f));
-    } else {
-      const float shift = (float)hp_.f("scheduler.shift");
-      for (float &x : s) x = shift * x / (1.0f + (shift - 1.0f) * x);
-    }
-    s.push_back(0.0f);
-    return s;
-  }
-
   HParams hp_, te_hp_;
   ThreadPool *pool_;
   int max_ctx_, vocab_ = 0;
   Qwen3Decoder encoder_;
   Transformer transformer_;
   Decoder decoder_;
-  bool drop_cfg_;
   float scaling_ = 1, shift_factor_ = 0;
 };
 
@@ -781,6 +797,93 @@ void resolve_zimage(const Config &c, HParams &hp) {
 }
 
 std::unique_ptr<Backend> make_zimage(const ModelArgs &a) { return std::unique_ptr<Backend>(new ZImage(a)); }
+
+namespace {
+
+// ZImageCuda is the pipeline with device "cuda": this side validates the request, draws the
+// seeded noise and computes the sigmas (the same functions as on CPU), and libmodelqual_cuda.so
+// (cuda/zimage.cu, through the mqb_image_* symbols) runs the rest on the GPU.
+class ZImageCuda : public ImageBackend {
+ public:
+  ZImageCuda(void *lib, const mq_engine_params &p, const HParams &hp, int max_context) : hp_(hp), max_ctx_(max_context) {
+    sym(lib, open_, "mqb_image_open");
+    sym(lib, generate_, "mqb_image_generate");
+    sym(lib, close_, "mqb_image_close");
+    std::vector<mqb_tensor> ts(p.n_tensors);
+    for (int i = 0; i < p.n_tensors; i++) {
+      ts[i].name = p.tensors[i].name;
+      ts[i].data = p.tensors[i].data;
+      ts[i].dtype = p.tensors[i].dtype;
+      std::memcpy(ts[i].shape, p.tensors[i].shape, sizeof(ts[i].shape));
+      ts[i].ndim = p.tensors[i].ndim;
+    }
+    std::vector<mqb_hparam> hps;
+    for (const auto &kv : hp.numbers()) hps.push_back(mqb_hparam{kv.first.c_str(), kv.second, nullptr});
+    mqb_model_params mp;
+    std::memset(&mp, 0, sizeof(mp));
+    mp.abi_version = MQB_ABI_VERSION;
+    mp.family = "zimage";
+    mp.hparams = hps.data();
+    mp.n_hparams = (int32_t)hps.size();
+    mp.precision = "bf16";
+    mp.max_batch = 1;
+    mp.max_context = max_context;
+    mp.device_index = p.device_index;
+    mp.tensors = ts.data();
+    mp.n_tensors = (int32_t)ts.size();
+    char err[1024] = {0};
+    if (open_(&mp, &m_, err, sizeof(err)) != 0 || !m_) throw Error(MQ_ERR_LOAD, std::string("device cuda: ") + err);
+  }
+  ~ZImageCuda() override {
+    if (m_) close_(m_);
+  }
+  int vocab() const override { return hp_.i("vocab_size"); }
+  std::string device() const override { return "cuda"; }
+  mq_image_spec image_spec() const override { return zimage_spec(hp_, max_ctx_); }
+
+  void generate(const mq_image_request &r, mq_image_output *out) override {
+    const int64_t t0 = now_ns();
+    const mq_image_spec sp = image_spec();
+    const bool cfg = zimage_check(hp_, max_ctx_, r);
+    const int h = r.height / sp.vae_scale, w = r.width / sp.vae_scale;
+    const size_t n = (size_t)sp.latent_channels * h * w;
+    std::vector<float> noise(n);
+    torch_randn(r.seed, noise.data(), (int64_t)n);
+    if (out->latents) std::memcpy(out->latents, noise.data(), sizeof(float) * n);
+    const std::vector<float> sigmas = zimage_schedule(hp_, r.steps, (h / kPatch) * (w / kPatch));
+    mqb_image_args a;
+    std::memset(&a, 0, sizeof(a));
+    a.prompt = r.prompt, a.n_prompt = r.n_prompt;
+    if (cfg) a.negative = r.negative, a.n_negative = r.n_negative;
+    a.width = r.width, a.height = r.height, a.steps = r.steps, a.guidance = r.guidance;
+    a.noise = noise.data(), a.sigmas = sigmas.data();
+    a.rgb = out->rgb, a.image = out->image, a.latents = out->latents;
+    char err[1024] = {0};
+    if (generate_(m_, &a, err, sizeof(err)) != 0) throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
+    out->pipeline_ns = now_ns() - t0;
+  }
+
+ private:
+  template <typename F>
+  static void sym(void *lib, F &f, const char *name) {
+    f = reinterpret_cast<F>(dlsym(lib, name));
+    if (!f) throw Error(MQ_ERR_LOAD, std::string("device cuda: libmodelqual_cuda.so lacks symbol ") + name + "; rebuild it with make cuda");
+  }
+  HParams hp_;
+  int max_ctx_;
+  int (*open_)(const mqb_model_params *, mqb_image **, char *, size_t) = nullptr;
+  int (*generate_)(mqb_image *, const mqb_image_args *, char *, size_t) = nullptr;
+  void (*close_)(mqb_image *) = nullptr;
+  mqb_image *m_ = nullptr;
+};
+
+}  // namespace
+
+// make_zimage_cuda: the pipeline on the GPU through the loaded CUDA library (cuda_backend.cc
+// opens it and calls this for family zimage).
+std::unique_ptr<Backend> make_zimage_cuda(void *lib, const mq_engine_params &p, const HParams &hp, int max_context) {
+  return std::unique_ptr<Backend>(new ZImageCuda(lib, p, hp, max_context));
+}
 
 MQ_REGISTER_FAMILY(Family{"zimage", "image", {"ZImagePipeline"}, resolve_zimage, make_zimage});
 

@@ -6,10 +6,13 @@
 // on the 2-core development VM before the epoll reader, 1.12-1.29 µs with it in a session where
 // the previous path measured 1.33-1.51, and 0.82-0.93 µs with the event template on a quieter
 // machine where the path before it measured 0.91-1.07 (qual/load's BenchmarkClientStreamingC32);
-// mostly read system calls and the ACKs they send. Streaming requests to http:// servers go
-// through the client's own HTTP/1.1 reader (rawhttp.go: reads only what has arrived, no extra
+// mostly read system calls and the ACKs they send. Requests to http:// servers, streaming or
+// not, go through the client's own HTTP/1.1 transport (rawhttp.go: pooled persistent
+// connections, the request written from one buffer, reads of only what has arrived, no extra
 // empty read per wake-up as net/http does; on Linux one epoll reader per Client reads every ready
-// connection after one wake-up, rawio_linux.go); a push-style SSE decoder and a targeted JSON
+// connection after one wake-up, rawio_linux.go, and Begin writes the request on the caller's
+// goroutine, so an open loop's pacer puts it on the wire at its scheduled instant); https and
+// URLs with user info, a query or a fragment go through net/http; a push-style SSE decoder and a targeted JSON
 // field scanner replace encoding/json per event, and an event that repeats the last one but for
 // its text string has only that string scanned (sse.go's template).
 package client
@@ -125,6 +128,16 @@ func (c *Client) Close() {
 	}
 }
 
+// Prewarm opens n connections ahead of use and from then on keeps at least half as many idle
+// (dialled in the background as requests take them), on plain http:// servers; elsewhere it
+// does nothing. So a paced schedule's requests rarely need a dial at their send time.
+func (c *Client) Prewarm(ctx context.Context, n int) error {
+	if c.st == nil {
+		return nil
+	}
+	return c.st.prewarm(ctx, n)
+}
+
 // Model returns the model name the client sends.
 func (c *Client) Model() string { return c.model }
 
@@ -152,17 +165,33 @@ type Request struct {
 	// CancelAfter > 0 cancels the request that long after its start (StartNs), as a
 	// client-side cancellation (Response.Cancelled).
 	CancelAfter time.Duration
+	// SessionID and Turn place a multi-turn request in its conversation; when SessionID is
+	// set they are sent as HeaderSession and HeaderTurn, and qual-server records them.
+	SessionID string
+	Turn      int
 }
+
+// Headers naming a request's conversation and turn. X-Correlation-ID is what AIPerf sends
+// with every turn of a conversation (its x_correlation_id, one per session), so a server or
+// proxy that already groups AIPerf's sessions groups these too; the turn has no AIPerf
+// header and is sent as X-Turn-Index (0-based, as the records' turn_index).
+const (
+	HeaderSession = "X-Correlation-Id"
+	HeaderTurn    = "X-Turn-Index"
+)
 
 // Response is what one request measured. Times are ns since the epoch passed to Do, read
 // from the monotonic clock.
 type Response struct {
 	RequestID string
-	// StartNs is just before the request is written; StartUnixNs is the same instant on
-	// the wall clock, derived from the epoch's wall reading plus the monotonic StartNs.
+	// StartNs is just before the request's first byte is written (on a reused connection;
+	// before the dial when a new connection had to be opened, so that connecting counts in
+	// the request's latency as in AIPerf's); StartUnixNs is the same instant on the wall
+	// clock, derived from the epoch's wall reading plus the monotonic StartNs.
 	StartNs     int64
 	StartUnixNs int64
-	// AckNs is when the response headers arrived; EndNs when the body ended.
+	// AckNs is when the response headers arrived; EndNs when the body ended (on the raw
+	// transport: the arrival of its last byte, not when the waiting goroutine woke).
 	AckNs int64
 	EndNs int64
 	// ChunkNs holds the arrival of each content event (non-streaming: one entry, EndNs,
@@ -213,42 +242,127 @@ const errBodyLimit = 64 << 10
 // header value with control characters, no chat messages, an unknown endpoint) fails with
 // Type "ClientError" before anything is sent, on either transport.
 func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Response) error {
+	var p Pending
+	c.Begin(ctx, epoch, req, resp, &p)
+	return p.Wait()
+}
+
+// Pending is a request that Begin has started and whose answer Wait collects. It is owned by
+// the caller (a zero value, or one whose Wait returned) so that starting a request allocates
+// nothing of its own.
+type Pending struct {
+	c       *Client
+	ctx     context.Context
+	cancels [2]context.CancelFunc
+	epoch   time.Time
+	req     *Request
+	resp    *Response
+	path    string
+	body    []byte
+	// err, when set, is the request's outcome already (it failed before anything was sent).
+	err error
+	// sent: Begin wrote the request on conn (raw transport on Linux); the answer is read by the
+	// transport's epoll reader and Wait only waits for it.
+	sent     bool
+	conn     *rawConn
+	reused   bool
+	cancelT  *time.Timer
+	beginErr error // a failed write of a sent request
+}
+
+// Begin starts req: on the raw transport with the epoll reader (plain http:// on Linux) it takes
+// a pooled connection, stamps StartNs and writes the request before it returns, so a caller
+// pacing a schedule (qual/load's open loop) puts the request on the wire itself at the
+// scheduled instant, and Wait on another goroutine only collects the answer. On the other paths
+// (https through net/http, platforms without epoll) Begin only checks the request, and Wait
+// sends it. Begin never blocks for long: a request larger than the socket's send buffer has
+// its rest written by Wait.
+func (c *Client) Begin(ctx context.Context, epoch time.Time, req *Request, resp *Response, p *Pending) {
+	*p = Pending{c: c, ctx: ctx, epoch: epoch, req: req, resp: resp}
 	resp.Reset()
 	resp.RequestID = req.ID
 	if msg := c.checkHeaders(req); msg != "" {
 		resp.Err = &Error{Type: "ClientError", Message: msg}
-		return resp.Err
+		p.err = resp.Err
+		return
 	}
-	body := req.Body
-	if body == nil {
+	p.body = req.Body
+	if p.body == nil {
 		var err error
-		body, err = c.BuildBody(req)
+		p.body, err = c.BuildBody(req)
 		if err != nil {
 			resp.Err = &Error{Code: 0, Type: "ClientError", Message: err.Error()}
-			return resp.Err
+			p.err = resp.Err
+			return
 		}
 	}
-	path := "/v1/completions"
+	p.path = "/v1/completions"
 	if req.Endpoint == Chat {
-		path = "/v1/chat/completions"
+		p.path = "/v1/chat/completions"
 	} else if req.Endpoint != Completions && req.Endpoint != "" {
 		resp.Err = &Error{Type: "ClientError", Message: fmt.Sprintf("unknown endpoint %q; use completions or chat", req.Endpoint)}
-		return resp.Err
+		p.err = resp.Err
+		return
 	}
 	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
+		p.ctx, p.cancels[0] = context.WithTimeout(p.ctx, c.timeout)
 	}
-	var cancelReq context.CancelFunc
 	if req.CancelAfter > 0 {
-		ctx, cancelReq = context.WithCancel(ctx)
-		defer cancelReq()
+		p.ctx, p.cancels[1] = context.WithCancel(p.ctx)
 	}
-	if req.Stream && c.st != nil {
-		return c.doStream(ctx, epoch, path, req, body, resp, cancelReq)
+	if c.st != nil && c.st.ep != nil {
+		c.st.begin(p)
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
+}
+
+// stamp records the request's start (just before its first byte is written) and arms its
+// planned cancellation from there. StartUnixNs is the epoch's one wall-clock reading plus a
+// monotonic offset, so that differences between requests' StartUnixNs are monotonic
+// differences (METRICS.md: never subtract wall-clock readings).
+func (p *Pending) stamp() {
+	p.resp.StartNs = int64(time.Since(p.epoch))
+	p.resp.StartUnixNs = p.epoch.UnixNano() + p.resp.StartNs
+	if p.cancels[1] != nil && p.cancelT == nil {
+		// Armed after the start is stamped, so the delay is measured from StartNs.
+		p.cancelT = time.AfterFunc(p.req.CancelAfter, p.cancels[1])
+	}
+}
+
+// Wait completes the request that Begin started and returns resp.Err (nil on success).
+func (p *Pending) Wait() error {
+	defer func() {
+		if p.cancelT != nil {
+			p.cancelT.Stop()
+		}
+		for _, f := range p.cancels {
+			if f != nil {
+				f()
+			}
+		}
+	}()
+	if p.err != nil {
+		return p.err
+	}
+	c := p.c
+	if c.st != nil {
+		err := c.st.wait(p)
+		switch {
+		case err == nil:
+			return nil
+		case p.resp.Status/100 != 2 && p.resp.Status != 0 && p.resp.Err != nil && (err == p.resp.Err || p.ctx.Err() == nil):
+			// A failed request: status and body recorded.
+			return p.resp.Err
+		}
+		return c.fail(p.ctx, p.epoch, p.resp, err)
+	}
+	return c.doHTTP(p)
+}
+
+// doHTTP sends the request through net/http: the path of https:// and other URLs that the raw
+// transport does not serve exactly.
+func (c *Client) doHTTP(p *Pending) error {
+	ctx, epoch, req, resp := p.ctx, p.epoch, p.req, p.resp
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+p.path, bytes.NewReader(p.body))
 	if err != nil {
 		resp.Err = &Error{Type: "ClientError", Message: err.Error()}
 		return resp.Err
@@ -263,20 +377,14 @@ func (c *Client) Do(ctx context.Context, epoch time.Time, req *Request, resp *Re
 	if req.ID != "" {
 		h["X-Request-Id"] = []string{req.ID}
 	}
+	if req.SessionID != "" {
+		h[HeaderSession] = []string{req.SessionID}
+		h[HeaderTurn] = []string{strconv.Itoa(req.Turn)}
+	}
 	if c.auth != "" {
 		h["Authorization"] = []string{c.auth}
 	}
-
-	// StartUnixNs is the epoch's one wall-clock reading plus a monotonic offset, so that
-	// differences between requests' StartUnixNs are monotonic differences (METRICS.md: never
-	// subtract wall-clock readings).
-	resp.StartNs = int64(time.Since(epoch))
-	resp.StartUnixNs = epoch.UnixNano() + resp.StartNs
-	if cancelReq != nil {
-		// Armed after the start is stamped, so the delay is measured from StartNs.
-		t := time.AfterFunc(req.CancelAfter, cancelReq)
-		defer t.Stop()
-	}
+	p.stamp()
 	hresp, err := c.hc.Do(hreq)
 	if err != nil {
 		return c.fail(ctx, epoch, resp, err)
@@ -315,27 +423,10 @@ func (c *Client) checkHeaders(req *Request) string {
 	if !httpguts.ValidHeaderFieldValue(req.ID) {
 		return fmt.Sprintf("request ID %q cannot be sent as X-Request-Id: it holds control characters; use printable characters only", req.ID)
 	}
+	if !httpguts.ValidHeaderFieldValue(req.SessionID) {
+		return fmt.Sprintf("session ID %q cannot be sent as %s: it holds control characters; use printable characters only", req.SessionID, HeaderSession)
+	}
 	return ""
-}
-
-// doStream sends a streaming request through the client's own HTTP/1.1 transport.
-func (c *Client) doStream(ctx context.Context, epoch time.Time, path string, req *Request, body []byte, resp *Response, cancelReq context.CancelFunc) error {
-	// Stamped and armed as on the net/http path (see Do).
-	resp.StartNs = int64(time.Since(epoch))
-	resp.StartUnixNs = epoch.UnixNano() + resp.StartNs
-	if cancelReq != nil {
-		t := time.AfterFunc(req.CancelAfter, cancelReq)
-		defer t.Stop()
-	}
-	err := c.st.do(ctx, epoch, path, req, c.auth, body, resp)
-	switch {
-	case err == nil:
-		return nil
-	case resp.Status/100 != 2 && resp.Status != 0 && resp.Err != nil && (err == resp.Err || ctx.Err() == nil):
-		// A failed request: status and body recorded.
-		return resp.Err
-	}
-	return c.fail(ctx, epoch, resp, err)
 }
 
 // statusError describes a non-2xx response from its status and body, using the OpenAI

@@ -317,3 +317,64 @@ func BenchmarkReadStream(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*256), "ns/event")
 }
+
+// TestNonStreamingRawPath: a non-streaming request to an http:// server goes over the raw
+// transport (one pooled connection for every request), whatever the body's framing
+// (Content-Length, chunked in pieces that split the JSON, or text/event-stream answered to a
+// non-streaming request), with the Accept and session headers sent, and the same record as
+// the net/http path: one content chunk stamped at the body's end, which is EndNs.
+func TestNonStreamingRawPath(t *testing.T) {
+	const answer = `{"choices":[{"index":0,"text":"seven","finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":7}}`
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a := r.Header.Get("Accept"); a != "application/json" {
+			t.Errorf("Accept %q", a)
+		}
+		if s, k := r.Header.Get(HeaderSession), r.Header.Get(HeaderTurn); s != "conv-1" || k != "2" {
+			t.Errorf("session headers %q %q, want conv-1 2", s, k)
+		}
+		switch r.Header.Get("X-Request-Id") { // the framing to answer with
+		case "chunked":
+			w.Header().Set("Content-Type", "application/json")
+			for _, piece := range []string{answer[:10], answer[10:41], answer[41:]} {
+				io.WriteString(w, piece)
+				w.(http.Flusher).Flush()
+				time.Sleep(2 * time.Millisecond)
+			}
+		case "sse":
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: "+answer+"\n\ndata: [DONE]\n\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, answer)
+		}
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c := newClient(t, srv.URL)
+	if c.st == nil || c.st.ep == nil {
+		t.Skip("no raw transport with the epoll reader here")
+	}
+	for i, framing := range []string{"length", "chunked", "sse", "length"} {
+		var resp Response
+		if err := c.Do(context.Background(), time.Now(), &Request{ID: framing, Endpoint: Completions, Prompt: "p", MaxTokens: 7,
+			SessionID: "conv-1", Turn: 2}, &resp); err != nil {
+			t.Fatalf("request %d (%s): %v", i, framing, err)
+		}
+		if string(resp.Text) != "seven" || len(resp.ChunkNs) != 1 || resp.CompletionTokens != 7 || resp.FinishReason != "length" ||
+			resp.EndNs < resp.ChunkNs[0] || resp.StartNs <= 0 || resp.AckNs < resp.StartNs {
+			t.Fatalf("request %d (%s): resp %+v", i, framing, resp)
+		}
+		if framing != "sse" && (resp.ChunkNs[0] != resp.EndNs || resp.ResponseBytes != int64(len(answer))) {
+			t.Fatalf("request %d (%s): chunk at %d, end %d, %d bytes", i, framing, resp.ChunkNs[0], resp.EndNs, resp.ResponseBytes)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections for 4 sequential requests, want 1 (reused)", n)
+	}
+}

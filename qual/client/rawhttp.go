@@ -34,8 +34,12 @@ import (
 // epoll reader per transport (epoller, rawio_linux.go), which also spares each event's
 // goroutine wake-up; the paragraph above is the path of other platforms.
 //
+// Non-streaming requests take the same path: their JSON body is gathered in the connection's
+// own buffer and scanned once it is complete (wholeBody), so a request costs no goroutine, no
+// header map and no allocation beyond its record.
+//
 // It is used only where it is exact: plain http:// URLs without user info, query or
-// fragment. Everything else (https, non-streaming requests) goes through net/http.
+// fragment. Everything else (https, proxies' URLs with credentials) goes through net/http.
 type streamTransport struct {
 	addr   string // host:port to dial
 	host   string // Host header
@@ -47,6 +51,11 @@ type streamTransport struct {
 
 	mu   sync.Mutex
 	idle []*rawConn // most recently used last
+	// spare, set by prewarm, is how many idle connections are kept open ahead of use: when
+	// get leaves fewer than half of it, a goroutine dials the pool back up (refilling), so a
+	// paced sender rarely has to dial at a request's send time.
+	spare     int
+	refilling bool
 
 	// ep reads the responses of all this transport's connections on one thread (Linux;
 	// rawio_linux.go); nil where unavailable, and then each request reads its own through
@@ -80,12 +89,18 @@ func newStreamTransport(base string, maxIdle int) *streamTransport {
 func (t *streamTransport) closeIdle() {
 	t.mu.Lock()
 	idle := t.idle
-	t.idle = nil
+	t.idle, t.spare = nil, 0 // and refill stops
 	t.mu.Unlock()
 	for _, c := range idle {
 		c.closeConn()
 	}
 }
+
+// probeAfter is how long a connection must have been idle before get probes it (one read
+// system call) for a close by the server. Servers close idle connections after seconds; a
+// close within this window is the race that do's single resend handles anyway (the request
+// meets the closed connection before any byte of an answer and is sent again on a new one).
+const probeAfter = time.Second
 
 // get returns an idle connection that is still open, or dials a new one. reused says which.
 func (t *streamTransport) get(ctx context.Context) (c *rawConn, reused bool, err error) {
@@ -99,8 +114,16 @@ func (t *streamTransport) get(ctx context.Context) (c *rawConn, reused bool, err
 		c = t.idle[n-1]
 		t.idle[n-1] = nil
 		t.idle = t.idle[:n-1]
+		refill := t.spare > 0 && !t.refilling && len(t.idle) < t.spare/2
+		if refill {
+			t.refilling = true
+		}
 		t.mu.Unlock()
-		if time.Since(c.idleSince) < t.idleTimeout && c.alive() {
+		if refill {
+			go t.refill()
+		}
+		idle := time.Since(c.idleSince)
+		if idle < probeAfter || (idle < t.idleTimeout && c.alive()) {
 			return c, true, nil
 		}
 		c.closeConn()
@@ -178,6 +201,60 @@ func (t *streamTransport) do(ctx context.Context, epoch time.Time, path string, 
 	return err
 }
 
+// prewarm dials n connections into the idle pool (up to maxIdle), so that the first requests
+// of a paced schedule are written on open connections instead of waiting for a dial.
+func (t *streamTransport) prewarm(ctx context.Context, n int) error {
+	t.mu.Lock()
+	t.spare = min(n, t.maxIdle)
+	n = min(n, t.maxIdle-len(t.idle))
+	t.mu.Unlock()
+	for range n {
+		c, err := t.dial(ctx)
+		if err != nil {
+			return err
+		}
+		t.put(c)
+	}
+	return nil
+}
+
+// wait completes p: on the epoll path it finishes writing what begin could not and waits for
+// the reader to end the response (with do's single resend on a reused connection that closed
+// before any byte of an answer); elsewhere it sends the whole request here.
+func (t *streamTransport) wait(p *Pending) error {
+	ctx := p.ctx
+	if t.ep == nil {
+		p.stamp()
+		return t.do(ctx, p.epoch, p.path, p.req, p.c.auth, p.body, p.resp)
+	}
+	return t.waitSent(p)
+}
+
+// refill dials idle connections until the pool holds spare again (see spare). A failed dial
+// ends it: the requests that then find no idle connection dial themselves and report it.
+func (t *streamTransport) refill() {
+	defer func() {
+		t.mu.Lock()
+		t.refilling = false
+		t.mu.Unlock()
+	}()
+	for {
+		t.mu.Lock()
+		short := len(t.idle) < t.spare
+		t.mu.Unlock()
+		if !short {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+		c, err := t.dial(ctx)
+		cancel()
+		if err != nil {
+			return
+		}
+		t.put(c)
+	}
+}
+
 // send writes the request on c, reads its response into resp, and then returns c to the
 // pool or closes it. answered reports whether any byte of a response arrived.
 func (t *streamTransport) send(ctx context.Context, c *rawConn, epoch time.Time, path string, req *Request, auth string, body []byte, resp *Response) (answered bool, err error) {
@@ -235,6 +312,8 @@ type rawConn struct {
 	// interrupted is set once the request's context ended (the connection is then closed).
 	interrupted atomic.Bool
 	wbuf        []byte // the request being sent
+	wpos        int    // how much of wbuf is written (epoll path)
+	wantStream  bool   // the request asked for a stream
 
 	// Read buffer: buf[rd:wr] is received and not yet consumed.
 	buf    []byte
@@ -255,7 +334,11 @@ type rawConn struct {
 	hdrBytes int
 	nBody    int64
 	errBody  bool // a non-2xx status: the body is kept in resp.ErrBody
-	answered bool // a byte of the response arrived: the request must not be resent
+	sse      bool // Content-Type: text/event-stream
+	whole    bool // a non-streaming answer: the body is gathered in wholeBuf and scanned at its end
+	wholeBuf []byte
+	lastT    int64 // arrival of the last bytes read
+	answered bool  // a byte of the response arrived: the request must not be resent
 	done     bool
 	err      error
 	reusable bool
@@ -335,11 +418,24 @@ func (c *rawConn) buildRequest(t *streamTransport, path string, req *Request, au
 	b = append(b, path...)
 	b = append(b, " HTTP/1.1\r\nHost: "...)
 	b = append(b, t.host...)
-	b = append(b, "\r\nUser-Agent: Go-http-client/1.1\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: "...)
+	b = append(b, "\r\nUser-Agent: Go-http-client/1.1\r\nContent-Type: application/json\r\nAccept: "...)
+	if req.Stream {
+		b = append(b, "text/event-stream"...)
+	} else {
+		b = append(b, "application/json"...)
+	}
+	c.wantStream = req.Stream
+	b = append(b, "\r\nContent-Length: "...)
 	b = strconv.AppendInt(b, int64(len(body)), 10)
 	if req.ID != "" {
 		b = append(b, "\r\nX-Request-Id: "...)
 		b = append(b, req.ID...)
+	}
+	if req.SessionID != "" {
+		b = append(b, "\r\n"+HeaderSession+": "...)
+		b = append(b, req.SessionID...)
+		b = append(b, "\r\n"+HeaderTurn+": "...)
+		b = strconv.AppendInt(b, int64(req.Turn), 10)
 	}
 	if auth != "" {
 		b = append(b, "\r\nAuthorization: "...)
@@ -383,8 +479,9 @@ func (c *rawConn) begin(epoch time.Time, resp *Response) {
 	c.epoch, c.resp = epoch, resp
 	c.dec.reset(resp)
 	c.state, c.remain, c.length, c.close = stStatus, 0, -1, false
-	c.status, c.n1xx, c.hdrBytes, c.nBody = 0, 0, 0, 0
+	c.status, c.n1xx, c.hdrBytes, c.nBody, c.lastT = 0, 0, 0, 0, 0
 	c.errBody, c.answered, c.done, c.err, c.reusable = false, false, false, nil, false
+	c.sse, c.whole, c.wholeBuf = false, false, c.wholeBuf[:0]
 }
 
 // end completes resp after the read loop returned err, and decides whether the connection
@@ -401,6 +498,11 @@ func (c *rawConn) end(err error) error {
 	}
 	resp.ResponseBytes = c.nBody
 	resp.EndNs = int64(time.Since(c.epoch))
+	if c.done && c.lastT > 0 {
+		// The arrival of the response's last bytes: the goroutine that gets here may have
+		// waited for a processor after the reader ended the response.
+		resp.EndNs = c.lastT
+	}
 	if c.errBody {
 		// A failed request: its status and body make the error (a read error after the
 		// headers only shortens the kept body, as on the net/http path).
@@ -422,6 +524,9 @@ func (c *rawConn) end(err error) error {
 		// A long header or line grew the buffer; an idle connection keeps only the usual size.
 		c.buf = make([]byte, readBufSize)
 		c.rd, c.wr = 0, 0
+	}
+	if cap(c.wholeBuf) > wholeKeep {
+		c.wholeBuf = nil
 	}
 	if resp.Err != nil {
 		return resp.Err
@@ -483,6 +588,7 @@ func (c *rawConn) space() []byte {
 func (c *rawConn) received(n int, t int64) {
 	c.wr += n
 	c.answered = true
+	c.lastT = t
 	c.parse(t)
 }
 
@@ -503,15 +609,26 @@ func (c *rawConn) endOfStream() {
 
 // finish ends the body.
 func (c *rawConn) finish() {
-	if !c.errBody {
+	switch {
+	case c.whole:
+		// The error, if any, is the response's (resp.Err), as on the net/http path.
+		_ = wholeBody(c.wholeBuf, c.lastT, c.resp)
+	case !c.errBody:
 		c.dec.end()
 	}
 	c.done = true
 }
 
+// wholeKeep bounds the non-streaming body buffer an idle connection keeps.
+const wholeKeep = 64 << 10
+
 // body takes decoded body bytes that arrived at t.
 func (c *rawConn) body(p []byte, t int64) {
 	c.nBody += int64(len(p))
+	if c.whole {
+		c.wholeBuf = append(c.wholeBuf, p...)
+		return
+	}
 	if !c.errBody {
 		c.dec.write(p, t)
 		return
@@ -704,6 +821,8 @@ func (c *rawConn) headerLine(line []byte) {
 			return
 		}
 		c.length = int64(n)
+	case bytes.EqualFold(name, []byte("Content-Type")):
+		c.sse = bytes.HasPrefix(bytes.ToLower(value), []byte("text/event-stream"))
 	case bytes.EqualFold(name, []byte("Connection")):
 		for _, tok := range bytes.Split(value, []byte(",")) {
 			if bytes.EqualFold(bytes.TrimSpace(tok), []byte("close")) {
@@ -733,6 +852,9 @@ func (c *rawConn) headersDone(t int64) {
 	// Transfer-Encoding means nothing in HTTP/1.0 (as net/http reads it).
 	chunked := c.teSeen && !c.http10
 	c.errBody = r.Status/100 != 2
+	// A non-streaming answer is one JSON object unless the server streamed anyway (as the
+	// net/http path reads it: by Content-Type).
+	c.whole = !c.errBody && !c.wantStream && !c.sse
 	switch {
 	case r.Status == 204 || r.Status == 304:
 		c.finish()

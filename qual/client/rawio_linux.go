@@ -119,6 +119,7 @@ func (c *rawConn) closeFD() {
 // response arrived; the end of ctx stops the request, and the connection must then be closed.
 func (e *epoller) exchange(ctx context.Context, c *rawConn, epoch time.Time, resp *Response) (answered bool, err error) {
 	c.begin(epoch, resp)
+	c.wpos = 0
 	if err := e.register(c); err != nil {
 		c.resp = nil
 		return false, err
@@ -156,10 +157,27 @@ func (c *rawConn) stopReading() (finished bool) {
 	return true
 }
 
-// writeFD writes c.wbuf to the socket; when the send buffer is full it waits for the reader to
-// report room (EPOLLOUT), or for the end of ctx.
+// writeNow writes what it can of c.wbuf[c.wpos:] without waiting (begin's write on the
+// pacer's goroutine); writeFD waits for room for the rest.
+func (c *rawConn) writeNow() error {
+	for c.wpos < len(c.wbuf) {
+		n, err := syscall.Write(c.fd, c.wbuf[c.wpos:])
+		switch {
+		case err == nil:
+			c.wpos += n
+		case err == unix.EINTR:
+		case err == unix.EAGAIN:
+			return nil
+		default:
+			return &net.OpError{Op: "write", Net: "tcp", Err: err}
+		}
+	}
+	return nil
+}
+
+// writeFD writes the rest of c.wbuf (from c.wpos) to the socket; when the send buffer is full
+// it waits for the reader to report room (EPOLLOUT), or for the end of ctx.
 func (c *rawConn) writeFD(ctx context.Context) error {
-	b := c.wbuf
 	asked := false
 	defer func() {
 		if asked {
@@ -168,11 +186,11 @@ func (c *rawConn) writeFD(ctx context.Context) error {
 			c.mu.Unlock()
 		}
 	}()
-	for len(b) > 0 {
-		n, err := syscall.Write(c.fd, b)
+	for c.wpos < len(c.wbuf) {
+		n, err := syscall.Write(c.fd, c.wbuf[c.wpos:])
 		switch {
 		case err == nil:
-			b = b[n:]
+			c.wpos += n
 			continue
 		case err == unix.EINTR:
 			continue
@@ -346,4 +364,82 @@ func (c *rawConn) readFD(closed bool) bool {
 			return false
 		}
 	}
+}
+
+// begin (the epoll reader's path) takes a connection for p, registers it with the reader and
+// writes the request, all on the caller's goroutine; wait collects the answer. StartNs is
+// stamped just before the first byte is written, or before the dial when no idle connection
+// was left.
+func (t *streamTransport) begin(p *Pending) {
+	p.stamp()
+	c, reused, err := t.get(p.ctx)
+	if err != nil {
+		p.beginErr = err
+		return
+	}
+	p.conn, p.reused = c, reused
+	c.buildRequest(t, p.path, p.req, p.c.auth, p.body)
+	c.begin(p.epoch, p.resp)
+	if err := t.ep.register(c); err != nil {
+		c.resp = nil
+		p.beginErr = err
+		return
+	}
+	p.sent = true
+	if reused {
+		p.stamp()
+	}
+	c.wpos = 0
+	if err := c.writeNow(); err != nil {
+		p.beginErr = err
+	}
+}
+
+// waitSent is wait for a request that begin sent through the epoll reader.
+func (t *streamTransport) waitSent(p *Pending) error {
+	ctx := p.ctx
+	c := p.conn
+	if c == nil {
+		return p.beginErr // no connection could be had
+	}
+	if !p.sent {
+		c.closeConn()
+		return p.beginErr
+	}
+	err := p.beginErr
+	if err == nil {
+		err = c.writeFD(ctx)
+	}
+	var answered bool
+	if err != nil {
+		// The request did not go out whole: its error is the answer, as in exchange.
+		c.stopReading()
+		t.ep.unregister(c)
+		c.resp = nil
+	} else {
+		select {
+		case <-c.finished:
+		case <-ctx.Done():
+			if !c.stopReading() {
+				err = ctx.Err()
+			}
+		}
+		t.ep.unregister(c)
+		answered = c.answered
+		err = c.end(err)
+	}
+	if err == nil && c.reusable {
+		t.put(c)
+	} else {
+		c.closeConn()
+	}
+	if err == nil || !p.reused || answered || ctx.Err() != nil {
+		return err
+	}
+	// The second and last attempt, as in do: a new connection cannot have been closed while idle.
+	if c, err = t.dial(ctx); err != nil {
+		return err
+	}
+	_, err = t.send(ctx, c, p.epoch, p.path, p.req, p.c.auth, p.body, p.resp)
+	return err
 }

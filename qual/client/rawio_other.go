@@ -26,3 +26,7 @@ func (*epoller) exchange(context.Context, *rawConn, time.Time, *Response) (bool,
 func (c *rawConn) aliveFD() bool { return false }
 
 func (c *rawConn) closeFD() {}
+
+func (*streamTransport) begin(*Pending) { panic("client: no epoll reader on this platform") }
+
+func (*streamTransport) waitSent(*Pending) error { panic("client: no epoll reader on this platform") }

@@ -247,16 +247,22 @@ func readWhole(body io.Reader, epoch time.Time, resp *Response) error {
 	if err != nil {
 		return fmt.Errorf("read response body: %w", err)
 	}
+	return wholeBody(buf.Bytes(), resp.EndNs, resp)
+}
+
+// wholeBody fills resp from a complete non-streaming body that ended arriving at end (its one
+// content "chunk" is stamped then) and returns resp.Err.
+func wholeBody(b []byte, end int64, resp *Response) error {
 	var info chunkInfo
 	var ok bool
-	resp.Text, ok = parseChunk(buf.Bytes(), resp.Text, &info)
+	resp.Text, ok = parseChunk(b, resp.Text, &info)
 	if !ok {
-		resp.ErrBody = append([]byte(nil), buf.Bytes()[:min(buf.Len(), errBodyLimit)]...)
+		resp.ErrBody = append([]byte(nil), b[:min(len(b), errBodyLimit)]...)
 		resp.Err = &Error{Code: resp.Status, Type: "InvalidResponse", Message: "response body is not a JSON object"}
 		return resp.Err
 	}
 	if info.hasContent {
-		resp.ChunkNs = append(resp.ChunkNs, resp.EndNs)
+		resp.ChunkNs = append(resp.ChunkNs, end)
 	}
 	resp.FinishReason = info.finishReason
 	if info.hasUsage {

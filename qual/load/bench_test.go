@@ -9,12 +9,14 @@ package load_test
 //	BenchmarkOpenLoopLateness10000   lateness-p99-us   (target <= 1,000), client-cpu-%core
 //	                                 (no core burnt spinning: well under 100)
 //	BenchmarkMemoryPerStream4096     KiB/stream        (target <= 64)
+//	BenchmarkLowRateDistortion       client and server latency p50, closed loop vs 10 req/s
 //
 // The server runs on the same machine and competes for its cores, so the request rate is
 // a lower bound of what the client alone can drive.
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"sort"
@@ -28,6 +30,7 @@ import (
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/launch/launchtest"
 	"github.com/modelqual/modelqual/qual/load"
+	"github.com/modelqual/modelqual/qual/records"
 )
 
 func processCPU() time.Duration {
@@ -144,13 +147,18 @@ func benchLateness(b *testing.B, rate float64, minRequests int, goalP99us float6
 	}
 	var late []float64
 	errs := 0
+	kinds := map[string]int{}
 	for _, r := range res.Records {
 		if r.Phase == "profiling" {
 			late = append(late, float64(r.LatenessNs)/1e3)
 			if r.Error != nil {
 				errs++
+				kinds[fmt.Sprintf("%d %s: %.80s", r.Error.Code, r.Error.Type, r.Error.Message)]++
 			}
 		}
+	}
+	if errs > 0 {
+		b.Logf("%d of %d requests failed: %v", errs, len(late), kinds)
 	}
 	sort.Float64s(late)
 	p := func(q float64) float64 { return late[int(q*float64(len(late)-1))] }
@@ -200,4 +208,51 @@ func BenchmarkMemoryPerStream4096(b *testing.B) {
 	b.ReportMetric(float64(used)/streams/1024, "KiB/stream")
 	b.ReportMetric(float64(inflight), "open-conns")
 	b.ReportMetric(float64(during.NumGC-before.NumGC), "gcs")
+}
+
+// BenchmarkLowRateDistortion measures what an open loop at 10 req/s does to the latency it
+// reports, against a closed loop at concurrency 1 on the same server (the 10 req/s
+// question): for each it reports the client's HTTP latency p50 and the server's own
+// (http_latency_ns of its records, joined by request ID), so that the client's share
+// (client minus server) is told apart from the server's slower answers after idle gaps.
+func BenchmarkLowRateDistortion(b *testing.B) {
+	// 8 tokens at 250 µs per engine step: a request of about 2-3 ms, as gpt2-tiny's.
+	ep := launchtest.Start(b, launchtest.MockBundle(b, 250*time.Microsecond))
+	point := func(name string, cfg load.Config) {
+		cfg.BaseURL, cfg.Model, cfg.Endpoint = ep.BaseURL, ep.Model, client.Completions
+		cfg.Prompts, cfg.OutputTokens, cfg.Warmup, cfg.Requests = []load.Prompt{{Prompt: "benchmark"}}, 8, 4, 50
+		cfg.RunID = name
+		res, err := load.Run(context.Background(), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sv, err := records.ReadServer(ep.RecordsPath)
+		if err != nil {
+			b.Fatal(err)
+		}
+		server := map[string]int64{}
+		for _, s := range sv {
+			server[s.RequestID] = s.HTTPLatencyNs
+		}
+		var cl, sl, diff []float64
+		for _, r := range res.Records {
+			s, ok := server[r.RequestID]
+			if r.Phase != "profiling" || r.Error != nil || !ok {
+				continue
+			}
+			cl = append(cl, float64(r.EndNs)/1e6)
+			sl = append(sl, float64(s)/1e6)
+			diff = append(diff, float64(r.EndNs-s)/1e6)
+		}
+		if len(cl) == 0 {
+			b.Fatalf("%s: no request joined to a server record", name)
+		}
+		med := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
+		b.ReportMetric(med(cl), name+"-client-p50-ms")
+		b.ReportMetric(med(sl), name+"-server-p50-ms")
+		b.ReportMetric(med(diff), name+"-client-minus-server-p50-ms")
+	}
+	b.ResetTimer()
+	point("closed-c1", load.Config{Concurrency: 1})
+	point("open-10rps", load.Config{RequestRate: 10, Arrival: load.ArrivalConstant})
 }

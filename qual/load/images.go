@@ -176,6 +176,9 @@ func ProfileImages(ctx context.Context, in ProfileInput, out io.Writer) ([]Image
 	if name == "" {
 		name = "profile"
 	}
+	// Only the records written from now on are this run's: a server that answered other
+	// requests before (a qualification suite's gates) has their records in the file already.
+	recOffset := fileSize(in.Endpoint.RecordsPath)
 	fp := in.Fingerprint
 	fp.Exclude = append(fp.Exclude, in.OutDir)
 	before, err := provenance.Take(ctx, fp)
@@ -300,7 +303,7 @@ func ProfileImages(ctx context.Context, in ProfileInput, out io.Writer) ([]Image
 		}
 	}
 	// Join with the server's records (written as each request ends; wait for the last).
-	server, err := waitImageRecords(in.Endpoint.RecordsPath, all, in.RecordsWait)
+	server, err := waitImageRecords(in.Endpoint.RecordsPath, recOffset, all, in.RecordsWait)
 	if err != nil {
 		return points, err
 	}
@@ -424,7 +427,7 @@ func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id stri
 
 // waitImageRecords reads the server's image records until every client request has one or
 // wait (default 5 s) passes.
-func waitImageRecords(path string, client []imageClientRecord, wait time.Duration) ([]imageServerRecord, error) {
+func waitImageRecords(path string, offset int64, client []imageClientRecord, wait time.Duration) ([]imageServerRecord, error) {
 	if wait <= 0 {
 		wait = 5 * time.Second
 	}
@@ -437,6 +440,9 @@ func waitImageRecords(path string, client []imageClientRecord, wait time.Duratio
 		b, err := os.ReadFile(path)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("profile images: server records: %w", err)
+		}
+		if offset > 0 && offset <= int64(len(b)) {
+			b = b[offset:]
 		}
 		var out []imageServerRecord
 		found := 0

@@ -370,30 +370,60 @@ func (r *run) buildBodies() error {
 	return nil
 }
 
-// one sends request number seq of a phase and returns its record.
-func (r *run) one(ctx context.Context, phase, idPrefix string, seq int, worker string, cancel func(int) (bool, time.Duration), resp *client.Response) records.Request {
-	pi := seq % len(r.cfg.Prompts)
-	return r.send(ctx, phase, idPrefix, seq, r.bodies[pi], r.cfg.Prompts[pi].InputTokens, worker, cancel, resp)
+// exchange is one request in flight and the state kept across a worker's requests (the
+// response's buffers, the client's Pending), so that sending allocates little.
+type exchange struct {
+	req         client.Request
+	resp        client.Response
+	p           client.Pending
+	phase       string
+	worker      string
+	seq         int
+	inputTokens int
 }
 
-// send sends body as request number seq of a phase and returns its record.
-func (r *run) send(ctx context.Context, phase, idPrefix string, seq int, body []byte, inputTokens int, worker string, cancel func(int) (bool, time.Duration), resp *client.Response) records.Request {
+// one sends request number seq of a phase and returns its record.
+func (r *run) one(ctx context.Context, phase, idPrefix string, seq int, worker string, cancel func(int) (bool, time.Duration), x *exchange) records.Request {
+	pi := seq % len(r.cfg.Prompts)
+	return r.send(ctx, phase, idPrefix, seq, r.bodies[pi], r.cfg.Prompts[pi].InputTokens, worker, cancel, x, "", 0)
+}
+
+// send sends body as request number seq of a phase (of session sid, turn turn, when sid is
+// set) and returns its record.
+func (r *run) send(ctx context.Context, phase, idPrefix string, seq int, body []byte, inputTokens int, worker string, cancel func(int) (bool, time.Duration), x *exchange, sid string, turn int) records.Request {
+	r.begin(ctx, x, phase, idPrefix, seq, body, inputTokens, worker, cancel, sid, turn)
+	return r.end(ctx, x)
+}
+
+// begin starts request number seq in x: over HTTP it is written before begin returns (see
+// client.Begin); gRPC requests are sent by end.
+func (r *run) begin(ctx context.Context, x *exchange, phase, idPrefix string, seq int, body []byte, inputTokens int, worker string, cancel func(int) (bool, time.Duration), sid string, turn int) {
 	cfg := r.cfg
-	id := cfg.RunID + "-" + idPrefix + strconv.Itoa(seq)
-	req := client.Request{ID: id, Endpoint: cfg.Endpoint, Stream: cfg.Stream, Body: body}
+	x.phase, x.worker, x.seq, x.inputTokens = phase, worker, seq, inputTokens
+	x.req = client.Request{ID: cfg.RunID + "-" + idPrefix + strconv.Itoa(seq), Endpoint: cfg.Endpoint, Stream: cfg.Stream,
+		Body: body, SessionID: sid, Turn: turn}
 	if cancel != nil {
 		if yes, d := cancel(seq); yes {
 			// The client arms the cancellation when it stamps the start, so the request is
 			// cancelled d after StartNs (not d after this point, which is earlier).
-			req.CancelAfter = max(d, 1)
+			x.req.CancelAfter = max(d, 1)
 		}
 	}
-	if r.grpc != nil {
-		r.grpc.do(ctx, r.epoch, cfg.RequestTimeout, &req, resp)
-	} else {
-		_ = r.cl.Do(ctx, r.epoch, &req, resp)
+	if r.grpc == nil {
+		r.cl.Begin(ctx, r.epoch, &x.req, &x.resp, &x.p)
 	}
-	rec := toRecord(resp, cfg, phase, seq, worker, inputTokens)
+}
+
+// end waits for the request that begin started in x and returns its record.
+func (r *run) end(ctx context.Context, x *exchange) records.Request {
+	cfg := r.cfg
+	if r.grpc != nil {
+		r.grpc.do(ctx, r.epoch, cfg.RequestTimeout, &x.req, &x.resp)
+	} else {
+		_ = x.p.Wait()
+	}
+	resp := &x.resp
+	rec := toRecord(resp, cfg, x.phase, x.seq, x.worker, x.inputTokens)
 	if resp.Cancelled && ctx.Err() != nil {
 		// The run itself was cancelled; this is not a planned cancellation.
 		rec.Cancelled = false
@@ -461,7 +491,7 @@ func (r *run) closedLoop(ctx context.Context, phase, idPrefix string, c, n int, 
 		go func(w int) {
 			defer wg.Done()
 			worker := fmt.Sprintf("worker-%d", w)
-			var resp client.Response
+			var x exchange
 			for ctx.Err() == nil {
 				if d > 0 && !time.Now().Before(deadline) {
 					return
@@ -470,7 +500,7 @@ func (r *run) closedLoop(ctx context.Context, phase, idPrefix string, c, n int, 
 				if n >= 0 && seq >= n {
 					return
 				}
-				rec := r.one(ctx, phase, idPrefix, seq, worker, cancel, &resp)
+				rec := r.one(ctx, phase, idPrefix, seq, worker, cancel, &x)
 				out[w] = append(out[w], rec)
 				prog.add(rec.Error != nil)
 			}
@@ -481,11 +511,24 @@ func (r *run) closedLoop(ctx context.Context, phase, idPrefix string, c, n int, 
 }
 
 // openLoop issues requests on an absolute schedule at cfg.RequestRate.
+//
+// One dispatcher goroutine, on its own OS thread, sleeps in the kernel until shortly before
+// each send time (pacer: clock_nanosleep with a 1 ns timer slack, then a spin of at most
+// pacerSpin), and writes the request itself on a connection opened ahead of time (client.Begin)
+// before it hands the exchange to a worker goroutine that was already waiting, which collects
+// the answer and makes the record. So what a request's lateness measures is the time its first
+// byte was written minus its scheduled time, with nothing between the two but the write:
+// no goroutine to schedule, no dial, no body to build. Workers are reused (a new one is started
+// only when none is idle), so in-flight requests are never limited by the pool.
 func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(int) (bool, time.Duration), prog *progress) []records.Request {
 	cfg := r.cfg
 	var sem chan struct{}
 	if cfg.MaxConcurrency > 0 {
 		sem = make(chan struct{}, cfg.MaxConcurrency)
+	}
+	if r.cl != nil {
+		// Errors surface as the requests' own (a dead server fails them all).
+		_ = r.cl.Prewarm(ctx, prewarmConns(cfg.RequestRate, cfg.MaxConcurrency))
 	}
 	start := time.Since(r.epoch)
 	var durEnd time.Duration
@@ -496,94 +539,108 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 	var mu sync.Mutex
 	var recs []records.Request
 	var wg sync.WaitGroup
-	clock, err := newSchedClock(r.epoch)
-	if err != nil {
-		clock = nil
-	} else {
-		clock.setSpin(time.Duration(mean))
-		defer clock.close()
-	}
-	// Requests are handed to idle worker goroutines waiting on an unbuffered channel, so a
-	// dispatch is one channel hand-off to a goroutine whose stack has already grown to what
-	// a request needs (a fresh goroutine starts with a small stack that the HTTP client grows
-	// by copying, before the request's start is stamped). A new worker is spawned only when
-	// none is idle, so in-flight requests are never limited by the pool.
-	type job struct {
-		seq   int
+
+	type slot struct {
+		x     exchange
 		sched time.Duration
+		go_   chan bool // true: collect the exchange begun in x; false: exit
 	}
-	jobs := make(chan job)
-	do := func(j job, resp *client.Response) {
-		rec := r.one(ctx, records.PhaseProfiling, "", j.seq, "scheduler", cancel, resp)
-		if sem != nil {
-			<-sem
-		}
-		rec.ScheduledNs = int64(j.sched)
-		rec.LatenessNs = resp.StartNs - int64(j.sched)
-		mu.Lock()
-		recs = append(recs, rec)
-		mu.Unlock()
-		prog.add(rec.Error != nil)
-	}
-	worker := func(j job) {
+	var idleMu sync.Mutex
+	var idle []*slot
+	var all []*slot
+	var inflight sync.WaitGroup
+	worker := func(s *slot) {
 		defer wg.Done()
-		var resp client.Response
-		for {
-			do(j, &resp)
-			var ok bool
-			if j, ok = <-jobs; !ok {
-				return
+		for <-s.go_ {
+			rec := r.end(ctx, &s.x)
+			if sem != nil {
+				<-sem
 			}
+			rec.ScheduledNs = int64(s.sched)
+			rec.LatenessNs = s.x.resp.StartNs - int64(s.sched)
+			mu.Lock()
+			recs = append(recs, rec)
+			mu.Unlock()
+			prog.add(rec.Error != nil)
+			idleMu.Lock()
+			idle = append(idle, s)
+			idleMu.Unlock()
+			inflight.Done()
 		}
 	}
-	at := float64(start)
-	for seq := 0; n < 0 || seq < n; seq++ {
-		if seq > 0 {
-			if cfg.Arrival == ArrivalPoisson {
-				at += rng.ExpFloat64() * mean
-			} else {
-				at += mean
-			}
+	take := func() *slot {
+		idleMu.Lock()
+		defer idleMu.Unlock()
+		if k := len(idle); k > 0 {
+			s := idle[k-1]
+			idle = idle[:k-1]
+			return s
 		}
-		sched := time.Duration(at)
-		if durEnd > 0 && sched >= durEnd {
-			break
-		}
-		if clock != nil {
-			if !clock.wait(ctx, sched) {
-				break
-			}
-		} else if !sleepUntil(ctx, r.epoch, sched) {
-			break
-		}
-		if sem != nil {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-			}
-			if ctx.Err() != nil {
-				break
-			}
-		}
-		j := job{seq, sched}
-		select {
-		case jobs <- j:
-		default:
-			wg.Add(1)
-			go worker(j)
-		}
-		// Let the worker run now, up to its request's start, instead of after this loop has
-		// armed the timer for the next request and parked; but not when the schedule is
-		// already behind: a yield then hands the processor to every runnable request
-		// goroutine before the next dispatch, and the lag grows with the in-flight count.
-		if time.Since(r.epoch) < sched+time.Millisecond {
-			runtimeGosched()
-		}
+		s := &slot{go_: make(chan bool, 1)}
+		all = append(all, s)
+		wg.Add(1)
+		go worker(s)
+		return s
 	}
-	close(jobs)
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// The dispatcher's thread stays locked until the goroutine ends, and is then
+		// discarded with the timer slack the pacer set on it.
+		pc := newPacer(r.epoch, time.Duration(mean))
+		at := float64(start)
+		for seq := 0; n < 0 || seq < n; seq++ {
+			if seq > 0 {
+				if cfg.Arrival == ArrivalPoisson {
+					at += rng.ExpFloat64() * mean
+				} else {
+					at += mean
+				}
+			}
+			sched := time.Duration(at)
+			if durEnd > 0 && sched >= durEnd {
+				break
+			}
+			if !pc.wait(ctx, sched) {
+				break
+			}
+			if sem != nil {
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+				}
+				if ctx.Err() != nil {
+					break
+				}
+			}
+			s := take()
+			s.sched = sched
+			pi := seq % len(cfg.Prompts)
+			r.begin(ctx, &s.x, records.PhaseProfiling, "", seq, r.bodies[pi], cfg.Prompts[pi].InputTokens, "scheduler", cancel, "", 0)
+			inflight.Add(1)
+			s.go_ <- true
+		}
+	}()
+	<-done
+	inflight.Wait() // every exchange recorded: the workers are idle
+	for _, s := range all {
+		s.go_ <- false
+	}
 	wg.Wait()
 	out := [][]records.Request{recs}
 	return mergeBySeq(out)
+}
+
+// prewarmConns is how many connections an open loop opens before its first send: the
+// in-flight count the rate reaches at a few milliseconds per request (more are dialled when
+// needed, before their requests' start is stamped), bounded by the concurrency cap.
+func prewarmConns(rate float64, maxConcurrency int) int {
+	n := min(256, max(16, int(rate/200)))
+	if maxConcurrency > 0 {
+		n = min(n, maxConcurrency)
+	}
+	return n
 }
 
 // spinWindow is how long before a scheduled start the scheduler stops sleeping and spins:

@@ -293,3 +293,49 @@ func TestProfileExternalServerHasNoJoin(t *testing.T) {
 		t.Errorf("no server records exist for an external server, yet: %v", err)
 	}
 }
+
+// TestProfileMultiTurnJoinsSessions: a multi-turn run sends each turn's conversation and turn
+// (client.HeaderSession, HeaderTurn) and qual-server records them, so every joined request's
+// server record names the same session and turn as the client's.
+func TestProfileMultiTurnJoinsSessions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "mt.jsonl")
+	if err := os.WriteFile(path, []byte(`{"session_id": "conv-a", "turns": [{"text": "first"}, {"text": "second"}, {"text": "third"}]}
+{"session_id": "conv-b", "turns": [{"text": "other"}, {"text": "follow-up"}]}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := load.ReadDataset(path, load.DatasetMultiTurn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := launchtest.MockBundle(t, 0)
+	ep := launchtest.Start(t, bundle)
+	res, err := load.Profile(context.Background(), load.ProfileInput{
+		Endpoint:      ep,
+		Load:          load.Config{Endpoint: client.Completions, Stream: true, Sessions: ds.Sessions, OutputTokens: 4, Seed: 3},
+		Concurrencies: []int{2},
+		OutDir:        t.TempDir(),
+		Fingerprint:   provenance.Spec{Bundle: bundle, TokenizerDir: launchtest.TokenizerDir(t, "gpt2")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := res.Points[0].Joined.Requests
+	if len(joined) != 5 {
+		t.Fatalf("joined %d requests, want 5", len(joined))
+	}
+	turns := map[string]int{}
+	for _, j := range joined {
+		if j.ConversationID != "conv-a" && j.ConversationID != "conv-b" {
+			t.Errorf("%s: client conversation %q", j.RequestID, j.ConversationID)
+		}
+		if j.Server.SessionID != j.ConversationID || j.Server.Turn != j.TurnIndex {
+			t.Errorf("%s: server recorded session %q turn %d, client sent %q turn %d",
+				j.RequestID, j.Server.SessionID, j.Server.Turn, j.ConversationID, j.TurnIndex)
+		}
+		turns[j.ConversationID]++
+	}
+	if turns["conv-a"] != 3 || turns["conv-b"] != 2 {
+		t.Errorf("turns per session %v, want conv-a 3, conv-b 2", turns)
+	}
+}

@@ -35,3 +35,58 @@ func TestSchedClockExpiryBeforeTarget(t *testing.T) {
 		t.Fatal("sleep did not return: it waited for a second expiry of the one-shot timerfd")
 	}
 }
+
+// TestPacer: the open loop's pacer never returns before a send time, notices a cancelled
+// context during a long wait, and its spin margin follows the wake-ups' overshoots within its
+// bounds (a fifth of the mean gap at most).
+func TestPacer(t *testing.T) {
+	type result struct {
+		early       time.Duration
+		cancelledOK bool
+		spinUp      time.Duration
+		spinCapped  time.Duration
+		spinDown    time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		epoch := time.Now()
+		p := newPacer(epoch, time.Millisecond)
+		for i := 1; i <= 50; i++ {
+			at := time.Duration(i) * 300 * time.Microsecond
+			p.wait(context.Background(), at)
+			if e := at - time.Since(epoch); e > r.early {
+				r.early = e
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(30*time.Millisecond, cancel)
+		start := time.Now()
+		ok := p.wait(ctx, time.Since(epoch)+10*time.Second)
+		r.cancelledOK = !ok && time.Since(start) < time.Second
+		p.nOver = 0 // a fresh window of planted overshoots
+		for range len(p.over) {
+			p.overshoot(120 * time.Microsecond)
+		}
+		r.spinUp = p.spin
+		for range len(p.over) {
+			p.overshoot(time.Second)
+		}
+		r.spinCapped = p.spin
+		for range len(p.over) {
+			p.overshoot(0)
+		}
+		r.spinDown = p.spin
+		done <- r
+	}()
+	r := <-done
+	if r.early > 0 {
+		t.Errorf("wait returned %v before its send time", r.early)
+	}
+	if !r.cancelledOK {
+		t.Error("wait did not return false within a second of its context's end")
+	}
+	if r.spinUp != 130*time.Microsecond || r.spinCapped != 200*time.Microsecond || r.spinDown != pacerMinSpin {
+		t.Errorf("spin margins %v %v %v, want 130µs, 200µs (a fifth of 1 ms) and %v", r.spinUp, r.spinCapped, r.spinDown, pacerMinSpin)
+	}
+}

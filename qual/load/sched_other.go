@@ -19,3 +19,10 @@ func (c *schedClock) wait(ctx context.Context, at time.Duration) bool {
 func (c *schedClock) close() {}
 
 func (c *schedClock) setSpin(time.Duration) {}
+
+// pacer falls back to Go timers (sleepUntil's short spin) where clock_nanosleep is not used.
+type pacer struct{ epoch time.Time }
+
+func newPacer(epoch time.Time, _ time.Duration) *pacer { return &pacer{epoch: epoch} }
+
+func (p *pacer) wait(ctx context.Context, at time.Duration) bool { return sleepUntil(ctx, p.epoch, at) }

@@ -113,7 +113,7 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 			}
 		}()
 		var h history
-		var resp client.Response
+		var x exchange
 		due := base
 		for k := range s.Turns {
 			t := &s.Turns[k]
@@ -142,8 +142,9 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 				mu.Unlock()
 				return
 			}
-			rec := r.send(ctx, records.PhaseProfiling, "", i, body, inTok, worker, cancel, &resp)
+			rec := r.send(ctx, records.PhaseProfiling, "", i, body, inTok, worker, cancel, &x, s.ID, k)
 			rec.ConversationID, rec.TurnIndex = s.ID, k
+			resp := &x.resp
 			if sched > 0 {
 				rec.ScheduledNs = int64(sched)
 				rec.LatenessNs = resp.StartNs - int64(sched)

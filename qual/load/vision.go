@@ -26,21 +26,33 @@ type ImageOptions struct {
 	WidthStddev, HeightStddev int
 	Format                    string // png | jpeg (synthetic images)
 	Seed                      uint64
+	// Fraction of the prompts that carry an image, spread evenly (prompt i has one when
+	// floor((i+1)F) > floor(iF)); the others stay text-only, so one run measures TTFT with and
+	// without an image. 0 means 1: every prompt.
+	Fraction float64
 }
 
 // Enabled reports whether the options ask for images.
 func (o ImageOptions) Enabled() bool { return o.Dir != "" || o.WidthMean > 0 || o.HeightMean > 0 }
 
-// WithImages turns every prompt into one user message holding an image part (a data: URL)
-// followed by the prompt's text, so each request carries exactly one image. Prompts that are
+// WithImages turns every prompt (or the o.Fraction of them) into one user message holding an
+// image part (a data: URL) followed by the prompt's text, so each such request carries exactly
+// one image. Prompts that are
 // already conversations get the image prepended to their first user message's content.
 func WithImages(prompts []Prompt, o ImageOptions) ([]Prompt, error) {
 	urls, err := imageURLs(len(prompts), o)
 	if err != nil {
 		return nil, err
 	}
+	if o.Fraction < 0 || o.Fraction > 1 {
+		return nil, fmt.Errorf("load.WithImages: image fraction %v must be in (0, 1]", o.Fraction)
+	}
 	out := make([]Prompt, len(prompts))
 	for i, p := range prompts {
+		if f := o.Fraction; f > 0 && f < 1 && math.Floor(float64(i+1)*f) == math.Floor(float64(i)*f) {
+			out[i] = p // text-only
+			continue
+		}
 		part := map[string]any{"type": "image_url", "image_url": map[string]any{"url": urls[i%len(urls)]}}
 		var msgs []map[string]any
 		if len(p.Messages) > 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"strings"
 	"testing"
@@ -44,5 +45,28 @@ func TestWithImagesSynthetic(t *testing.T) {
 	}
 	if _, err := WithImages([]Prompt{{Prompt: "a"}}, ImageOptions{WidthMean: 4, HeightMean: 4, Format: "gif"}); err == nil {
 		t.Fatal("format gif accepted")
+	}
+}
+
+// TestWithImagesFraction: --image-fraction 0.5 gives every other prompt an image and leaves
+// the rest text-only (unchanged), so one run holds both kinds; a fraction beyond 1 is refused.
+func TestWithImagesFraction(t *testing.T) {
+	in := []Prompt{{Prompt: "a"}, {Prompt: "b"}, {Prompt: "c"}, {Prompt: "d"}}
+	ps, err := WithImages(in, ImageOptions{WidthMean: 8, HeightMean: 8, Format: "png", Seed: 1, Fraction: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var with []bool
+	for i, p := range ps {
+		with = append(with, len(p.Messages) > 0)
+		if len(p.Messages) == 0 && p.Prompt != in[i].Prompt {
+			t.Errorf("text-only prompt %d changed: %+v", i, p)
+		}
+	}
+	if fmt.Sprint(with) != "[false true false true]" {
+		t.Errorf("prompts with an image: %v, want every other one", with)
+	}
+	if _, err := WithImages(in, ImageOptions{WidthMean: 8, HeightMean: 8, Format: "png", Fraction: 1.5}); err == nil {
+		t.Error("fraction 1.5 accepted")
 	}
 }

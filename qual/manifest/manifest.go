@@ -9,7 +9,9 @@ package manifest
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -66,9 +68,13 @@ type Server struct {
 
 // Profile is one load profile: closed loop (Concurrency sweep) or open loop (RequestRate sweep).
 type Profile struct {
-	Name              string    `json:"name"`
-	Premerge          bool      `json:"premerge"`
-	Endpoint          string    `json:"endpoint"` // completions | chat
+	Name     string `json:"name"`
+	Premerge bool   `json:"premerge"`
+	Endpoint string `json:"endpoint"` // completions | chat | images
+	// InputFile (endpoint images) is the JSONL of requests with their controls (prompt, size,
+	// num_inference_steps, guidance_scale, seed), relative to the manifest's folder; the
+	// profile sends its lines in order, round robin. Token lengths do not apply to images.
+	InputFile         string    `json:"input_file,omitempty"`
 	Stream            bool      `json:"stream"`
 	Concurrency       []int     `json:"concurrency,omitempty"`
 	RequestRate       []float64 `json:"request_rate,omitempty"`    // requests/s
@@ -227,11 +233,28 @@ func (m *Manifest) validateProfile(i int, names map[string]bool) error {
 	switch p.Endpoint {
 	case "completions":
 	case "chat":
-		if !slices.Contains(m.Tasks, "chat") {
+		if !slices.Contains(m.Tasks, "chat") && !slices.Contains(m.Tasks, "vision") {
 			return m.errf(f("endpoint"), "is chat but tasks %v lack \"chat\"", m.Tasks)
 		}
+	case "images":
+		if !slices.Contains(m.Tasks, "image") {
+			return m.errf(f("endpoint"), "is images but tasks %v lack \"image\"", m.Tasks)
+		}
 	default:
-		return m.errf(f("endpoint"), "%q is not one of completions, chat", p.Endpoint)
+		return m.errf(f("endpoint"), "%q is not one of completions, chat, images", p.Endpoint)
+	}
+	if p.Endpoint == "images" {
+		if p.InputFile == "" {
+			return m.errf(f("input_file"), "is required for endpoint images: a JSONL of requests with prompt, size, num_inference_steps, guidance_scale and seed, relative to the manifest")
+		}
+		if st, err := os.Stat(m.InputPath(p)); err != nil || !st.Mode().IsRegular() {
+			return m.errf(f("input_file"), "%q is not a file next to the manifest (%s)", p.InputFile, m.InputPath(p))
+		}
+		if p.Stream || p.InputTokensMean != 0 || p.InputTokensStddev != 0 || p.OutputTokens != 0 || p.OutputTokensStddev != 0 {
+			return m.errf(f("endpoint"), "images takes neither stream nor token lengths (input_tokens_*, output_tokens*); its requests come from input_file")
+		}
+	} else if p.InputFile != "" {
+		return m.errf(f("input_file"), "applies to endpoint images only; text profiles draw synthetic prompts of input_tokens_mean")
 	}
 	if (len(p.Concurrency) == 0) == (len(p.RequestRate) == 0) {
 		return m.errf(f("concurrency"), "and request_rate: set exactly one (closed loop or open loop)")
@@ -258,6 +281,9 @@ func (m *Manifest) validateProfile(i int, names map[string]bool) error {
 	if p.Warmup < 0 {
 		return m.errf(f("warmup"), "%d is negative", p.Warmup)
 	}
+	if p.Endpoint == "images" {
+		return m.validateSLOs(f, p)
+	}
 	if p.InputTokensMean < 1 {
 		return m.errf(f("input_tokens_mean"), "%d must be at least 1", p.InputTokensMean)
 	}
@@ -270,6 +296,10 @@ func (m *Manifest) validateProfile(i int, names map[string]bool) error {
 	if p.OutputTokensStddev < 0 {
 		return m.errf(f("output_tokens_stddev"), "%d is negative", p.OutputTokensStddev)
 	}
+	return m.validateSLOs(f, p)
+}
+
+func (m *Manifest) validateSLOs(f func(string) string, p Profile) error {
 	for k, v := range p.SLO {
 		if k == "" {
 			return m.errf(f("slo"), "has an empty metric name")
@@ -295,6 +325,14 @@ func (m *Manifest) Expect() bundle.Expect {
 	}
 }
 
+// InputPath is p's input_file resolved against the manifest's folder.
+func (m *Manifest) InputPath(p Profile) string {
+	if p.InputFile == "" || filepath.IsAbs(p.InputFile) {
+		return p.InputFile
+	}
+	return filepath.Join(filepath.Dir(m.path), p.InputFile)
+}
+
 // Profile finds a profile by name.
 func (m *Manifest) Profile(name string) (Profile, bool) {
 	for _, p := range m.Profiles {
@@ -307,11 +345,26 @@ func (m *Manifest) Profile(name string) (Profile, bool) {
 
 // Thresholds are a family's parity tolerances (thresholds.yaml). GPU, when present, holds the
 // looser tolerances of reduced-precision (bf16) GPU runs.
+//
+// A text family sets the logits fields; a text-to-image family (task image) sets the image
+// fields instead, and may leave the logits fields out: its reference is an image pipeline's
+// pixels and latents, not a logits forward pass.
 type Thresholds struct {
-	MaxAbsLogitDiff float64     `json:"max_abs_logit_diff"`
-	GreedySteps     int         `json:"greedy_steps"`
-	CorpusMinPass   int         `json:"corpus_min_pass"`
-	GPU             *Thresholds `json:"gpu,omitempty"`
+	MaxAbsLogitDiff float64 `json:"max_abs_logit_diff,omitempty"`
+	GreedySteps     int     `json:"greedy_steps,omitempty"`
+	CorpusMinPass   int     `json:"corpus_min_pass"`
+	// PSNRMinDB and SSIMMin bound every served image against the reference pipeline's pixels.
+	PSNRMinDB float64 `json:"psnr_min_db,omitempty"`
+	SSIMMin   float64 `json:"ssim_min,omitempty"`
+	// MaxAbsLatentDiff bounds the served final latents against the reference's where the
+	// server exposes them (0: reported, not gated).
+	MaxAbsLatentDiff float64     `json:"max_abs_latent_diff,omitempty"`
+	GPU              *Thresholds `json:"gpu,omitempty"`
+}
+
+// Image reports whether t holds image bounds (a text-to-image family's thresholds).
+func (t *Thresholds) Image() bool {
+	return t.PSNRMinDB != 0 || t.SSIMMin != 0 || t.MaxAbsLatentDiff != 0
 }
 
 // LoadThresholds reads and validates thresholds.yaml. Unknown fields are errors.
@@ -334,11 +387,24 @@ func LoadThresholds(path string) (*Thresholds, error) {
 func (t *Thresholds) Validate() error { return t.validate("(in memory)", "") }
 
 func (t *Thresholds) validate(path, prefix string) error {
-	if !(t.MaxAbsLogitDiff > 0) {
-		return fmt.Errorf("thresholds %s: %smax_abs_logit_diff %v must be positive", path, prefix, t.MaxAbsLogitDiff)
+	if t.Image() {
+		if !(t.PSNRMinDB > 0) || math.IsInf(t.PSNRMinDB, 0) {
+			return fmt.Errorf("thresholds %s: %spsnr_min_db %v must be a positive number of dB (an image family sets psnr_min_db and ssim_min)", path, prefix, t.PSNRMinDB)
+		}
+		if !(t.SSIMMin > 0 && t.SSIMMin <= 1) {
+			return fmt.Errorf("thresholds %s: %sssim_min %v must be in (0, 1]", path, prefix, t.SSIMMin)
+		}
+		if !(t.MaxAbsLatentDiff >= 0) || math.IsInf(t.MaxAbsLatentDiff, 0) {
+			return fmt.Errorf("thresholds %s: %smax_abs_latent_diff %v must be a finite number >= 0 (0: reported, not gated)", path, prefix, t.MaxAbsLatentDiff)
+		}
 	}
-	if t.GreedySteps < 1 {
-		return fmt.Errorf("thresholds %s: %sgreedy_steps %d must be at least 1", path, prefix, t.GreedySteps)
+	if !t.Image() || t.MaxAbsLogitDiff != 0 || t.GreedySteps != 0 {
+		if !(t.MaxAbsLogitDiff > 0) {
+			return fmt.Errorf("thresholds %s: %smax_abs_logit_diff %v must be positive (an image family sets psnr_min_db and ssim_min instead)", path, prefix, t.MaxAbsLogitDiff)
+		}
+		if t.GreedySteps < 1 {
+			return fmt.Errorf("thresholds %s: %sgreedy_steps %d must be at least 1", path, prefix, t.GreedySteps)
+		}
 	}
 	if t.CorpusMinPass < 0 {
 		return fmt.Errorf("thresholds %s: %scorpus_min_pass %d is negative", path, prefix, t.CorpusMinPass)

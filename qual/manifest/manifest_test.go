@@ -140,3 +140,76 @@ func TestThresholds(t *testing.T) {
 		t.Errorf("typo accepted: %v", err)
 	}
 }
+
+// TestImageThresholds: a text-to-image family's thresholds carry psnr_min_db, ssim_min and
+// max_abs_latent_diff instead of the logits fields, and each bad value names its field.
+func TestImageThresholds(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "t.yaml")
+	os.WriteFile(p, []byte("psnr_min_db: 40\nssim_min: 0.99\nmax_abs_latent_diff: 1.0e-4\ncorpus_min_pass: 0\n"), 0o644)
+	th, err := LoadThresholds(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !th.Image() || th.PSNRMinDB != 40 || th.SSIMMin != 0.99 || th.MaxAbsLatentDiff != 1e-4 {
+		t.Fatalf("thresholds = %+v", th)
+	}
+	for _, c := range []struct {
+		mut  func(*Thresholds)
+		want string
+	}{
+		{func(t *Thresholds) { t.PSNRMinDB = 0 }, "psnr_min_db"},
+		{func(t *Thresholds) { t.SSIMMin = 1.5 }, "ssim_min"},
+		{func(t *Thresholds) { t.MaxAbsLatentDiff = -1 }, "max_abs_latent_diff"},
+		{func(t *Thresholds) { t.GreedySteps = 3 }, "max_abs_logit_diff"}, // half a text block
+	} {
+		cp := *th
+		c.mut(&cp)
+		if err := cp.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Validate() = %v, want %q", err, c.want)
+		}
+	}
+}
+
+// TestImageProfile: endpoint images needs the image task and an input_file next to the
+// manifest, and takes no token lengths or streaming.
+func TestImageProfile(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "images.jsonl"), []byte(`{"prompt": "a", "size": "64x64", "num_inference_steps": 2, "guidance_scale": 0, "seed": 1}`+"\n"), 0o644)
+	mk := func(edit func(string) string) (*Manifest, error) {
+		y := `family: zimage
+native_family: zimage
+owner: o
+tasks: [image]
+checkpoint: {id: org/zimage-tiny, revision: 3c69c6436b82e02bf92f54216e6249b3dfe90910}
+build: {precision: fp32, backend: cpu}
+server: {workers: 1, startup_timeout: 60s, request_timeout: 60s}
+profiles:
+  - name: images-closed
+    endpoint: images
+    input_file: images.jsonl
+    concurrency: [1]
+    requests: 4
+    warmup: 1
+`
+		p := filepath.Join(dir, "manifest.yaml")
+		os.WriteFile(p, []byte(edit(y)), 0o644)
+		return Load(p)
+	}
+	m, err := mk(func(s string) string { return s })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.InputPath(m.Profiles[0]); got != filepath.Join(dir, "images.jsonl") {
+		t.Errorf("InputPath = %s", got)
+	}
+	for _, c := range []struct{ from, to, want string }{
+		{"    input_file: images.jsonl\n", "", "profiles[0].input_file is required"},
+		{"input_file: images.jsonl", "input_file: none.jsonl", "profiles[0].input_file \"none.jsonl\" is not a file"},
+		{"tasks: [image]", "tasks: [text]", "profiles[0].endpoint is images but tasks"},
+		{"    warmup: 1\n", "    warmup: 1\n    output_tokens: 16\n", "images takes neither stream nor token lengths"},
+	} {
+		if _, err := mk(func(s string) string { return strings.Replace(s, c.from, c.to, 1) }); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q -> %q: %v, want %q", c.from, c.to, err, c.want)
+		}
+	}
+}

@@ -1,7 +1,8 @@
 // Package metrics turns raw load-run records (qual/records) into the per-request metrics of
 // METRICS.md, AIPerf's definitions: TTFT, TTST, request latency, ITL, inter-chunk latency,
 // output tokens per second per user, token counts, and our mq_ figures from the server join
-// (task wall time, HTTP − task, queue wait). Run-level statistics (percentiles, throughputs,
+// (task wall time, HTTP − task, queue wait; for vision chat the image's tokens and
+// preprocessing time, and TTFT split by whether the request carried an image). Run-level statistics (percentiles, throughputs,
 // goodput, errors) are computed by reports.Aggregate from these per-request values, so that
 // they can be recomputed from profile_export.jsonl alone.
 package metrics
@@ -87,6 +88,11 @@ type Options struct {
 	// ScheduleLateness adds mq_schedule_lateness (open-loop runs only; closed-loop requests
 	// have no schedule).
 	ScheduleLateness bool
+	// SplitTTFTByImage adds mq_ttft_with_image or mq_ttft_without_image to every streamed
+	// request joined with its server record, by whether the server processed an image for it
+	// (its record's vision object). Export sets it when any joined request carried an image,
+	// so a run that mixes image and text-only requests reports both TTFTs side by side.
+	SplitTTFTByImage bool
 }
 
 // Export converts a run's client records to profile_export.jsonl records, in order. When
@@ -98,6 +104,14 @@ func Export(reqs []records.Request, joined *records.Joined, opt Options) []repor
 		byID = make(map[string]*records.JoinedRequest, len(joined.Requests))
 		for i := range joined.Requests {
 			byID[joined.Requests[i].RequestID] = &joined.Requests[i]
+		}
+	}
+	if joined != nil && !opt.SplitTTFTByImage {
+		for i := range joined.Requests {
+			if joined.Requests[i].Server.Vision != nil {
+				opt.SplitTTFTByImage = true
+				break
+			}
 		}
 	}
 	out := make([]reports.ExportRecord, len(reqs))
@@ -194,6 +208,18 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 		}
 		if sv.Server.TaskTTFTNs > 0 {
 			set(reports.TagTaskTTFT, nsToMs(sv.Server.TaskTTFTNs))
+		}
+		// Vision chat: what the image cost, from the server's record of this request.
+		if v := sv.Server.Vision; v != nil {
+			set(reports.TagImageTokens, float64(v.ImageTokens))
+			set(reports.TagImagePreprocess, nsToMs(v.PreprocessNs))
+		}
+		if opt.SplitTTFTByImage && m.Streaming && len(r.ChunkNs) > 0 {
+			if sv.Server.Vision != nil {
+				set(reports.TagTTFTWithImage, nsToMs(m.TTFTNs))
+			} else {
+				set(reports.TagTTFTWithoutImage, nsToMs(m.TTFTNs))
+			}
 		}
 	}
 	return rec

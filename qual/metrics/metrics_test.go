@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelqual/modelqual/qual/records"
 	"github.com/modelqual/modelqual/reports"
+	"github.com/modelqual/modelqual/server/record"
 )
 
 const ms = int64(1_000_000) // nanoseconds per millisecond
@@ -188,6 +189,58 @@ func TestExportJoinedServerFigures(t *testing.T) {
 	}
 	if _, ok := recs[1].Value(reports.TagServerTTFT); ok {
 		t.Error("B's server wrote no ttft_ns (an older server) but it has mq_server_ttft")
+	}
+}
+
+// TestExportImageFigures: a run mixing a streamed request with an image (the server's record
+// has a vision object) and a streamed text-only one exports the image's tokens and
+// preprocessing time for the first, and splits TTFT into with- and without-image; the
+// aggregate then reports both TTFTs in one run. A text-only run gets no split.
+func TestExportImageFigures(t *testing.T) {
+	reqs := handRun()[:1]
+	b := reqs[0]
+	b.RequestID, b.StartUnixNs, b.ChunkNs = "B", t0+50*ms, []int64{4 * ms, 9 * ms}
+	reqs = append(reqs, b)
+	sv := []records.Server{
+		{RequestID: "A", Route: "/v1/chat/completions", Status: 200, HTTPLatencyNs: 39 * ms,
+			Vision: &record.VisionInput{ImageTokens: 54, PreprocessNs: 3 * ms}},
+		{RequestID: "B", Route: "/v1/chat/completions", Status: 200, HTTPLatencyNs: 8 * ms},
+	}
+	j, err := records.Join(reqs, sv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := Export(reqs, j, Options{})
+	for tag, want := range map[string]float64{reports.TagImageTokens: 54, reports.TagImagePreprocess: 3, reports.TagTTFTWithImage: 10} {
+		if v, ok := recs[0].Value(tag); !ok || v != want {
+			t.Errorf("A %s = %v (present %v), want %v", tag, v, ok, want)
+		}
+	}
+	if _, ok := recs[0].Value(reports.TagTTFTWithoutImage); ok {
+		t.Error("A carried an image but has mq_ttft_without_image")
+	}
+	if v, ok := recs[1].Value(reports.TagTTFTWithoutImage); !ok || v != 4 {
+		t.Errorf("B mq_ttft_without_image = %v (present %v), want 4", v, ok)
+	}
+	for _, tag := range []string{reports.TagImageTokens, reports.TagImagePreprocess, reports.TagTTFTWithImage} {
+		if _, ok := recs[1].Value(tag); ok {
+			t.Errorf("text-only B has %s", tag)
+		}
+	}
+	ps := reports.Aggregate(recs, "profiling", nil, nil)
+	for tag, want := range map[string]float64{reports.TagTTFTWithImage: 10, reports.TagTTFTWithoutImage: 4, reports.TagTTFT: 7} {
+		if v, ok := ps.Stat(tag, "avg"); !ok || v != want {
+			t.Errorf("aggregate %s avg = %v (present %v), want %v", tag, v, ok, want)
+		}
+	}
+	sv[0].Vision = nil
+	if j, err = records.Join(reqs, sv); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range Export(reqs, j, Options{}) {
+		if _, ok := r.Value(reports.TagTTFTWithoutImage); ok {
+			t.Error("a run without images got mq_ttft_without_image")
+		}
 	}
 }
 

@@ -154,21 +154,35 @@ func (a *API) Bundle(ctx context.Context) (*BundleInfo, error) {
 // tokens is 180 MB of float32, base64 encoded), so the data string is cut out of the body and
 // base64-decoded directly instead of going through encoding/json.
 func (a *API) Logits(ctx context.Context, ids []int32) (data []float32, vocab int, err error) {
+	data, vocab, _, err = a.logits(ctx, map[string]any{"model": a.Model, "prompt_token_ids": ids}, len(ids))
+	return data, vocab, err
+}
+
+// LogitsChat is POST /mq/v1/logits with chat messages that the server renders with its template
+// (a vision model's messages may hold the one image, which the server processes as its chat
+// route does): the logits at every position of the prompt the engine ran, and their count.
+func (a *API) LogitsChat(ctx context.Context, messages []any) (data []float32, vocab, positions int, err error) {
+	return a.logits(ctx, map[string]any{"model": a.Model, "messages": messages}, -1)
+}
+
+// logits posts req to /mq/v1/logits and decodes the answer; want is the expected number of
+// positions (-1: any).
+func (a *API) logits(ctx context.Context, req map[string]any, want int) (data []float32, vocab, positions int, err error) {
 	const route = "/mq/v1/logits"
-	resp, err := a.do(ctx, http.MethodPost, route, map[string]any{"model": a.Model, "prompt_token_ids": ids})
+	resp, err := a.do(ctx, http.MethodPost, route, req)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, 0, fmt.Errorf("POST %s: read response: %w", route, err)
+		return nil, 0, 0, fmt.Errorf("POST %s: read response: %w", route, err)
 	}
 	var raw []byte
 	if i := bytes.Index(body, []byte(`"data":"`)); i >= 0 {
 		j := bytes.IndexByte(body[i+8:], '"')
 		if j < 0 {
-			return nil, 0, fmt.Errorf("POST %s: unterminated data string", route)
+			return nil, 0, 0, fmt.Errorf("POST %s: unterminated data string", route)
 		}
 		raw = body[i+8 : i+8+j]
 		body = append(body[:i:i], append([]byte(`"data":""`), body[i+8+j+1:]...)...)
@@ -181,27 +195,27 @@ func (a *API) Logits(ctx context.Context, ids []int32) (data []float32, vocab in
 		Encoding  string `json:"encoding"`
 	}
 	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, 0, fmt.Errorf("POST %s: decode response: %w", route, err)
+		return nil, 0, 0, fmt.Errorf("POST %s: decode response: %w", route, err)
 	}
 	bin := make([]byte, base64.StdEncoding.DecodedLen(len(raw)))
 	n, err := base64.StdEncoding.Decode(bin, raw)
 	if err != nil {
-		return nil, 0, fmt.Errorf("POST %s: data is not base64: %w", route, err)
+		return nil, 0, 0, fmt.Errorf("POST %s: data is not base64: %w", route, err)
 	}
 	bin = bin[:n]
 	switch {
 	case r.DType != "float32" || r.Encoding != "base64":
-		return nil, 0, fmt.Errorf("POST %s: dtype %q encoding %q; want float32 base64", route, r.DType, r.Encoding)
-	case r.Positions != len(ids):
-		return nil, 0, fmt.Errorf("POST %s: %d positions for %d ids", route, r.Positions, len(ids))
+		return nil, 0, 0, fmt.Errorf("POST %s: dtype %q encoding %q; want float32 base64", route, r.DType, r.Encoding)
+	case want >= 0 && r.Positions != want:
+		return nil, 0, 0, fmt.Errorf("POST %s: %d positions for %d ids", route, r.Positions, want)
 	case r.VocabSize <= 0 || len(bin) != 4*r.Positions*r.VocabSize:
-		return nil, 0, fmt.Errorf("POST %s: %d data bytes for %d positions × vocab %d", route, len(bin), r.Positions, r.VocabSize)
+		return nil, 0, 0, fmt.Errorf("POST %s: %d data bytes for %d positions × vocab %d", route, len(bin), r.Positions, r.VocabSize)
 	}
 	out := make([]float32, r.Positions*r.VocabSize)
 	for i := range out {
 		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(bin[4*i:]))
 	}
-	return out, r.VocabSize, nil
+	return out, r.VocabSize, r.Positions, nil
 }
 
 // Tokenized is POST /tokenize's answer.

@@ -5,12 +5,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"image"
 	"image/png"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,6 +92,55 @@ type ImageGoldenCase struct {
 	Name string `json:"name"`
 	ImageRequest
 	Pixels string `json:"pixels"` // base64 of uint8 HWC RGB
+	// StepsLatents are diffusers' latents after each step (base64 float32 LE); the last are
+	// what its VAE decoded.
+	StepsLatents []struct {
+		Latents string `json:"latents"`
+	} `json:"steps_latents"`
+	LatentShape []int `json:"latent_shape"`
+}
+
+// ImageLatents is POST /mq/v1/image_latents (qual-server's introspection route): the final
+// latents, before the VAE, of the generation body describes, and the sha256 of the PNG that
+// run produced.
+func (a *API) ImageLatents(ctx context.Context, body map[string]any) (latents []float32, shape []int, pngSHA256 string, err error) {
+	const route = "/mq/v1/image_latents"
+	var out struct {
+		Shape     []int  `json:"latent_shape"`
+		DType     string `json:"dtype"`
+		Data      string `json:"data"`
+		PNGSHA256 string `json:"png_sha256"`
+	}
+	if err := a.getJSON(ctx, "POST", route, body, &out); err != nil {
+		return nil, nil, "", err
+	}
+	raw, err := base64.StdEncoding.DecodeString(out.Data)
+	if err != nil || out.DType != "float32" || len(out.Shape) != 3 || len(raw) != 4*out.Shape[0]*out.Shape[1]*out.Shape[2] {
+		return nil, nil, "", fmt.Errorf("%s: dtype %q, shape %v, %d data bytes (%v); want float32 data of that shape", route, out.DType, out.Shape, len(raw), err)
+	}
+	return decodeF32LE(raw), out.Shape, out.PNGSHA256, nil
+}
+
+func decodeF32LE(raw []byte) []float32 {
+	out := make([]float32, len(raw)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+	}
+	return out
+}
+
+// ImageFigures are one golden case's parity figures. LatentMaxDiff is max |served - diffusers|
+// over the final latents, NaN where the server has no /mq/v1/image_latents.
+type ImageFigures struct {
+	PSNR, SSIM, LatentMaxDiff float64
+}
+
+func (f ImageFigures) String() string {
+	l := "n/a (the server has no /mq/v1/image_latents)"
+	if !math.IsNaN(f.LatentMaxDiff) {
+		l = fmt.Sprintf("%.3g", f.LatentMaxDiff)
+	}
+	return fmt.Sprintf("PSNR %.2f dB, SSIM %.6f, final latents max|diff| %s", f.PSNR, f.SSIM, l)
 }
 
 // LoadImageGolden reads the cases of a text-to-image golden file.
@@ -115,19 +166,30 @@ type ImageInput struct {
 	API *API
 	// Golden holds the reference runs (diffusers on the same checkpoint).
 	Golden []ImageGoldenCase
-	// MinPSNR and MinSSIM bound each served image against its golden pixels.
+	// MinPSNR and MinSSIM bound each served image against its golden pixels (thresholds.yaml
+	// psnr_min_db and ssim_min).
 	MinPSNR, MinSSIM float64
-	// QualBin and Bundle run `qual generate-image` for the served-equals-native gate.
-	QualBin, Bundle string
+	// MaxLatentDiff bounds the final latents' max |served - diffusers| where the server has
+	// /mq/v1/image_latents (thresholds.yaml max_abs_latent_diff; 0: reported, not gated).
+	MaxLatentDiff float64
+	// QualBin and Bundle run `qual generate-image` for the served-equals-native gate, on Device
+	// (the served engine's: "cuda" in a GPU run; empty: the command's default, cpu).
+	QualBin, Bundle, Device string
 	// SizeMultiple is the model's size grid (refusal and geometry checks).
 	SizeMultiple int
 }
 
 // CheckImageParity: every golden case served over HTTP is within MinPSNR and MinSSIM of
-// diffusers' pixels. It returns each case's figures.
-func CheckImageParity(ctx context.Context, in ImageInput) (map[string][2]float64, error) {
-	figs := map[string][2]float64{}
+// diffusers' pixels and, where the server exposes them (/mq/v1/image_latents, the same
+// controls), its final latents are within MaxLatentDiff of diffusers' (the PNG of that run must
+// be the served one). It returns each case's figures.
+func CheckImageParity(ctx context.Context, in ImageInput) (map[string]ImageFigures, error) {
+	figs := map[string]ImageFigures{}
 	var problems []string
+	withLatents, err := in.API.HasRoute(ctx, "POST", "/mq/v1/image_latents")
+	if err != nil {
+		return figs, fmt.Errorf("image parity: probe /mq/v1/image_latents: %w", err)
+	}
 	for _, c := range in.Golden {
 		ans, err := in.API.GenerateImage(ctx, c.body(in.API.Model))
 		if err != nil {
@@ -150,10 +212,18 @@ func CheckImageParity(ctx context.Context, in ImageInput) (map[string][2]float64
 		if err != nil {
 			return figs, fmt.Errorf("image parity: case %q: %w", c.Name, err)
 		}
-		figs[c.Name] = [2]float64{psnr, ssim}
+		f := ImageFigures{PSNR: psnr, SSIM: ssim, LatentMaxDiff: math.NaN()}
 		if psnr < in.MinPSNR || ssim < in.MinSSIM {
 			problems = append(problems, fmt.Sprintf("case %q: PSNR %.2f dB, SSIM %.4f against diffusers' pixels (want >= %.1f dB and >= %.3f)", c.Name, psnr, ssim, in.MinPSNR, in.MinSSIM))
 		}
+		if withLatents {
+			d, problem := latentDiff(ctx, in, c, ans.PNG)
+			f.LatentMaxDiff = d
+			if problem != "" {
+				problems = append(problems, fmt.Sprintf("case %q: %s", c.Name, problem))
+			}
+		}
+		figs[c.Name] = f
 	}
 	if len(problems) > 0 {
 		return figs, fmt.Errorf("image parity: %s", strings.Join(problems, "; "))
@@ -161,8 +231,42 @@ func CheckImageParity(ctx context.Context, in ImageInput) (map[string][2]float64
 	return figs, nil
 }
 
-// NativePNG runs `qual generate-image` on the bundle and returns the PNG it wrote.
-func NativePNG(ctx context.Context, qualBin, bundlePath string, r ImageRequest) ([]byte, error) {
+// latentDiff compares the served final latents of case c with diffusers' last step.
+func latentDiff(ctx context.Context, in ImageInput, c ImageGoldenCase, served []byte) (float64, string) {
+	if len(c.StepsLatents) == 0 {
+		if in.MaxLatentDiff == 0 {
+			return math.NaN(), "" // reported where the golden has latents; nothing to report here
+		}
+		return math.NaN(), "the golden holds no steps_latents"
+	}
+	raw, err := base64.StdEncoding.DecodeString(c.StepsLatents[len(c.StepsLatents)-1].Latents)
+	if err != nil {
+		return math.NaN(), fmt.Sprintf("golden latents: %v", err)
+	}
+	want := decodeF32LE(raw)
+	got, shape, sum, err := in.API.ImageLatents(ctx, c.body(in.API.Model))
+	if err != nil {
+		return math.NaN(), err.Error()
+	}
+	if s := sha256.Sum256(served); sum != hex.EncodeToString(s[:]) {
+		return math.NaN(), "the latents' run made another PNG than the served one (sha256 differs): they do not describe the served image"
+	}
+	if len(got) != len(want) {
+		return math.NaN(), fmt.Sprintf("served latents of shape %v (%d values), diffusers' %v (%d)", shape, len(got), c.LatentShape, len(want))
+	}
+	d := 0.0
+	for i := range got {
+		d = math.Max(d, math.Abs(float64(got[i])-float64(want[i])))
+	}
+	if in.MaxLatentDiff > 0 && !(d <= in.MaxLatentDiff) {
+		return d, fmt.Sprintf("final latents max|diff| %.3g against diffusers' (want <= %g)", d, in.MaxLatentDiff)
+	}
+	return d, ""
+}
+
+// NativePNG runs `qual generate-image` on the bundle (on device; empty: its default, cpu) and
+// returns the PNG it wrote.
+func NativePNG(ctx context.Context, qualBin, bundlePath, device string, r ImageRequest) ([]byte, error) {
 	dir, err := os.MkdirTemp("", "mq-native-image-")
 	if err != nil {
 		return nil, err
@@ -172,6 +276,9 @@ func NativePNG(ctx context.Context, qualBin, bundlePath string, r ImageRequest) 
 	cmd := exec.CommandContext(ctx, qualBin, "generate-image", "--bundle", bundlePath, "--prompt", r.Prompt,
 		"--size", fmt.Sprintf("%dx%d", r.Width, r.Height), "--steps", strconv.Itoa(r.Steps),
 		"--guidance", strconv.FormatFloat(r.Guidance, 'g', -1, 64), "--seed", strconv.FormatInt(r.Seed, 10), "--out", out)
+	if device != "" {
+		cmd.Args = append(cmd.Args, "--device", device)
+	}
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("qual generate-image: %w\n%s", err, b)
 	}
@@ -191,7 +298,7 @@ func CheckImageNative(ctx context.Context, in ImageInput) error {
 		if err != nil {
 			return fmt.Errorf("served vs native: case %q: %w", c.Name, err)
 		}
-		nat, err := NativePNG(ctx, in.QualBin, in.Bundle, c.ImageRequest)
+		nat, err := NativePNG(ctx, in.QualBin, in.Bundle, in.Device, c.ImageRequest)
 		if err != nil {
 			return fmt.Errorf("served vs native: case %q: %w", c.Name, err)
 		}
@@ -366,7 +473,7 @@ func (s *Suite) ImageInput() ImageInput {
 	}
 	golden, err := LoadImageGolden(filepath.Join(s.State.RepoRoot, "fixtures", "golden", fixture+".json"))
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	return ImageInput{API: s.API, Golden: golden, Bundle: s.State.Bundle, QualBin: filepath.Join(binDir(s.State.RepoRoot), "qual")}
+	return ImageInput{API: s.API, Golden: golden, Bundle: s.State.Bundle, Device: s.State.Device, QualBin: filepath.Join(binDir(s.State.RepoRoot), "qual")}
 }
 
 // ImageGates declares the image gates with their labels (family files call it in Qualify).
@@ -375,7 +482,7 @@ func ImageGates(ctx context.Context, input func() ImageInput) {
 	ginkgo.It("serves images within PSNR and SSIM of diffusers' on the golden cases", labels(GateParity), func(sctx ginkgo.SpecContext) {
 		figs, err := CheckImageParity(sctx, input())
 		for name, f := range figs {
-			ginkgo.AddReportEntry("image parity "+name, fmt.Sprintf("PSNR %.2f dB, SSIM %.6f", f[0], f[1]))
+			ginkgo.AddReportEntry("image parity "+name, f.String())
 		}
 		gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	})

@@ -3,6 +3,7 @@ package spec
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/load"
 	"github.com/modelqual/modelqual/qual/manifest"
@@ -28,8 +30,11 @@ type LoadInput struct {
 	// and the SLOs.
 	Profile manifest.Profile
 	// Tokenizer cuts synthetic prompts of the profile's input length and counts output tokens
-	// on the client side.
+	// on the client side (text endpoints).
 	Tokenizer *tokenizer.Tokenizer
+	// InputFile is the profile's input_file resolved (endpoint images: the requests and their
+	// controls; fingerprinted with the rest).
+	InputFile string
 	// OutDir receives one AIPerf-compatible run directory per sweep point.
 	OutDir string
 	// RequestTimeout bounds each request (the manifest's server.request_timeout).
@@ -84,7 +89,7 @@ func CheckLoad(ctx context.Context, in LoadInput) (*LoadResult, error) {
 	switch {
 	case in.Endpoint == nil:
 		return nil, fmt.Errorf("%s: LoadInput.Endpoint is nil; pass the suite's endpoint", fn)
-	case in.Tokenizer == nil:
+	case in.Tokenizer == nil && p.Endpoint != "images":
 		return nil, fmt.Errorf("%s: LoadInput.Tokenizer is nil", fn)
 	case in.OutDir == "":
 		return nil, fmt.Errorf("%s: LoadInput.OutDir is empty", fn)
@@ -96,6 +101,9 @@ func CheckLoad(ctx context.Context, in LoadInput) (*LoadResult, error) {
 	percentileSLOs, goodputSLOs, err := splitSLOs(p.SLO)
 	if err != nil {
 		return nil, fmt.Errorf("%s: profile %q: %w", fn, p.Name, err)
+	}
+	if p.Endpoint == "images" {
+		return checkImageLoad(ctx, in, percentileSLOs)
 	}
 	prompts, err := load.Synthetic(in.Tokenizer, load.SyntheticOptions{Count: 64, Mean: p.InputTokensMean, Stddev: p.InputTokensStddev, Seed: 1})
 	if err != nil {
@@ -282,4 +290,124 @@ func splitSLOs(m map[string]string) ([]percentileSLO, string, error) {
 		gates = append(gates, percentileSLO{spec: k + ": " + v, tag: tag, stat: sm[2], limitMs: float64(d) / 1e6})
 	}
 	return gates, strings.Join(goodput, ","), nil
+}
+
+// checkImageLoad is CheckLoad for endpoint images (/v1/images/generations): the input file's
+// requests with their controls through qual/load.ProfileImages (warmup apart, records joined by
+// request ID, served PNG sha256 equal to the server record's, fingerprints before and after),
+// and for every point zero errors, zero unmatched IDs, the profile's warmup and request
+// counts, and the percentile SLOs on HTTP latency (http_pNN / latency_pNN).
+func checkImageLoad(ctx context.Context, in LoadInput, slos []percentileSLO) (*LoadResult, error) {
+	p := in.Profile
+	if in.InputFile == "" {
+		return nil, fmt.Errorf("spec.CheckLoad: profile %q: endpoint images needs LoadInput.InputFile (the manifest's input_file)", p.Name)
+	}
+	fp := in.Fingerprint
+	fp.Inputs = append([]string{in.InputFile}, fp.Inputs...) // ProfileImages reads Inputs[0]
+	dir := filepath.Join(in.OutDir, p.Name)
+	// GPU telemetry over the whole profile (ProfileImages has no per-point sampler): on a GPU
+	// run it is required, as for the text profiles.
+	sampler, err := gpu.StartSampler(in.GPUIndices, 0, in.RequireGPU)
+	if err != nil {
+		return nil, fmt.Errorf("load gate: profile %q: %w", p.Name, err)
+	}
+	points, perr := load.ProfileImages(ctx, load.ProfileInput{
+		Endpoint: in.Endpoint,
+		Load: load.Config{Requests: p.Requests, Duration: p.Duration.Duration, Warmup: p.Warmup,
+			RequestTimeout: in.RequestTimeout},
+		Concurrencies: p.Concurrency,
+		RequestRates:  p.RequestRate,
+		OutDir:        dir,
+		Name:          p.Name,
+		Fingerprint:   fp,
+	}, io.Discard)
+	tel := sampler.Stop()
+	res := &LoadResult{Dirs: []string{dir}}
+	var problems []string
+	if perr != nil {
+		problems = append(problems, perr.Error())
+	}
+	if in.RequireGPU {
+		figs, problem := imageGPUFigures(p.Name, tel, points)
+		res.Figures = append(res.Figures, figs...)
+		if problem != "" {
+			problems = append(problems, problem)
+		}
+	}
+	if len(points) == 0 && perr == nil {
+		problems = append(problems, "the profile ran no sweep point")
+	}
+	for _, pt := range points {
+		label := fmt.Sprintf("concurrency=%d", pt.Concurrency)
+		if pt.Concurrency == 0 {
+			label = "request_rate=" + strconv.FormatFloat(pt.RequestRate, 'f', -1, 64)
+		}
+		if pt.Errors > 0 {
+			problems = append(problems, fmt.Sprintf("%s: %d of %d requests failed", label, pt.Errors, pt.Requests))
+		}
+		if pt.UnmatchedIDs > 0 || pt.SHAMismatches > 0 {
+			problems = append(problems, fmt.Sprintf("%s: %d requests without a server record, %d PNG sha256 mismatches", label, pt.UnmatchedIDs, pt.SHAMismatches))
+		}
+		if pt.WarmupRequests != p.Warmup {
+			problems = append(problems, fmt.Sprintf("%s: %d warmup requests, the profile asks for %d", label, pt.WarmupRequests, p.Warmup))
+		}
+		if p.Requests > 0 && p.Duration.Duration == 0 && pt.Requests != p.Requests {
+			problems = append(problems, fmt.Sprintf("%s: %d requests measured, the profile asks for %d", label, pt.Requests, p.Requests))
+		}
+		add := func(name string, v float64, unit string) {
+			res.Figures = append(res.Figures, Figure{Profile: p.Name, Point: label, Name: name, Value: v, Unit: unit})
+		}
+		add(reports.TagRequestThroughput+".avg", pt.ImagesPerSec, "requests/sec") // one image a request: images/s, qual qualify's Requests/s column
+		add(reports.TagHTTPLatency+".p50", pt.HTTPLatencyMs.P50, "ms")
+		add(reports.TagHTTPLatency+".p99", pt.HTTPLatencyMs.P99, "ms")
+		add(reports.TagTaskWallTime+".p50", pt.NativeTaskMs.P50, "ms")
+		add("mq_png_encode.p50", pt.PNGEncodeMs.P50, "ms")
+		add("mq_png_bytes.avg", pt.PNGBytes.Avg, "bytes")
+		for _, s := range slos {
+			if s.tag != reports.TagHTTPLatency && s.tag != reports.TagRequestLatency {
+				problems = append(problems, fmt.Sprintf("%s: SLO %s: an image profile measures request latency only (http_pNN, latency_pNN)", label, s.spec))
+				continue
+			}
+			d := pt.HTTPLatencyMs
+			v, ok := map[string]float64{"p50": d.P50, "p90": d.P90, "p99": d.P99, "avg": d.Avg}[s.stat]
+			switch {
+			case !ok:
+				problems = append(problems, fmt.Sprintf("%s: SLO %s: an image profile reports avg, p50, p90 and p99 only", label, s.spec))
+			case v > s.limitMs:
+				problems = append(problems, fmt.Sprintf("%s: SLO %s missed: %s.%s is %.3g ms", label, s.spec, s.tag, s.stat, v))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return res, fmt.Errorf("load gate: profile %q:\n  %s", p.Name, strings.Join(problems, "\n  "))
+	}
+	return res, nil
+}
+
+// imageGPUFigures turns an image profile's go-nvml telemetry (all its points, warmup included)
+// into figures: memory high-water, utilization, power, energy and joules per image.
+func imageGPUFigures(profile string, tel gpu.Telemetry, points []load.ImagePoint) ([]Figure, string) {
+	if !tel.Available || len(tel.Devices) == 0 {
+		return nil, "GPU telemetry unavailable on a GPU run: " + tel.Reason
+	}
+	images := 0
+	for _, pt := range points {
+		images += pt.Requests - pt.Errors + pt.WarmupRequests
+	}
+	var hw uint64
+	var util, power float64
+	for _, d := range tel.Devices {
+		hw = max(hw, d.MemoryHighWaterBytes)
+		util += d.UtilizationAvg / float64(len(tel.Devices))
+		power += d.PowerAvgW
+	}
+	fig := func(name string, v float64, unit string) Figure {
+		return Figure{Profile: profile, Point: "all points", Name: name, Value: v, Unit: unit}
+	}
+	figs := []Figure{fig("gpu.memory_high_water", float64(hw)/(1<<20), "MiB"), fig("gpu.utilization_avg", util, "%"),
+		fig("gpu.power_avg", power, "W"), fig("gpu.energy", tel.EnergyJ, "J")}
+	if images > 0 {
+		figs = append(figs, fig("gpu.joules_per_image", tel.EnergyJ/float64(images), "J/image"))
+	}
+	return figs, ""
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,6 +36,10 @@ type VisionInput struct {
 	Tokenizer *tokenizer.Tokenizer
 	// MaxContext is the served context, for the overflow refusal.
 	MaxContext int
+	// Tolerance bounds |served - transformers| over the first step's top-20 logits of every
+	// corpus image (the family's max_abs_logit_diff), read through /mq/v1/logits with the same
+	// one-image message; a server without that route gets the greedy check only.
+	Tolerance float64
 }
 
 func (in VisionInput) check(fn string) error {
@@ -45,6 +50,8 @@ func (in VisionInput) check(fn string) error {
 		return fmt.Errorf("%s: VisionInput.Golden is nil", fn)
 	case in.Tokenizer == nil:
 		return fmt.Errorf("%s: VisionInput.Tokenizer is nil", fn)
+	case !(in.Tolerance > 0):
+		return fmt.Errorf("%s: VisionInput.Tolerance %v must be positive (the family's max_abs_logit_diff)", fn, in.Tolerance)
 	}
 	return nil
 }
@@ -76,17 +83,27 @@ type VisionRow struct {
 	ImageTokens         int
 	PromptTokens        int
 	Match               bool
-	Detail              string
+	// MaxDiff is max |served - transformers| over the first step's top-20 logits; NaN when
+	// the server has no /mq/v1/logits.
+	MaxDiff float64
+	Detail  string
 }
 
 // CheckVisionCorpus is VisionCorpusParity's core: for every golden image, the chat route
 // with the image and the golden prompt returns transformers' 32 greedy tokens (as text) and
 // reports transformers' prompt token count (the template rendered and the placeholder expanded
-// to the image's tokens). It returns the per-image table.
+// to the image's tokens), and, where the server has /mq/v1/logits, the first step's logits of
+// the same message are within in.Tolerance of transformers' top 20 (greedy tokens alone let a
+// defect that moves logits but not the argmax of a tiny model through). It returns the
+// per-image table.
 func CheckVisionCorpus(ctx context.Context, in VisionInput) ([]VisionRow, error) {
 	const fn = "spec.CheckVisionCorpus"
 	if err := in.check(fn); err != nil {
 		return nil, err
+	}
+	withLogits, err := in.API.HasRoute(ctx, "POST", "/mq/v1/logits")
+	if err != nil {
+		return nil, fmt.Errorf("%s: probe /mq/v1/logits: %w", fn, err)
 	}
 	var rows []VisionRow
 	pass := 0
@@ -95,7 +112,11 @@ func CheckVisionCorpus(ctx context.Context, in VisionInput) ([]VisionRow, error)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", fn, err)
 		}
-		r := VisionRow{Name: e.Name, Size: fmt.Sprintf("%dx%d", e.Width, e.Height), Resized: fmt.Sprintf("%dx%d", e.ResizedWidth, e.ResizedHeight), ImageTokens: e.ImageTokens}
+		r := VisionRow{Name: e.Name, Size: fmt.Sprintf("%dx%d", e.Width, e.Height), Resized: fmt.Sprintf("%dx%d", e.ResizedWidth, e.ResizedHeight), ImageTokens: e.ImageTokens, MaxDiff: math.NaN()}
+		logitsDetail := ""
+		if withLogits {
+			r.MaxDiff, logitsDetail = firstStepDiff(ctx, in, e, url)
+		}
 		ans, err := in.API.Complete(ctx, "/v1/chat/completions", map[string]any{
 			"messages": []any{ImageMessage(url, e.Prompt)}, "max_tokens": len(e.GreedyIDs), "temperature": 0, "ignore_eos": true,
 		})
@@ -109,6 +130,10 @@ func CheckVisionCorpus(ctx context.Context, in VisionInput) ([]VisionRow, error)
 				r.Detail = fmt.Sprintf("prompt tokens %d, transformers %d", ans.PromptTokens, len(e.PromptIDs))
 			case ans.Text != want:
 				r.Detail = fmt.Sprintf("answer %q, transformers %q", truncate(ans.Text), truncate(want))
+			case logitsDetail != "":
+				r.Detail = logitsDetail
+			case r.MaxDiff > in.Tolerance:
+				r.Detail = fmt.Sprintf("first-step logits max |diff| %.3g over the bound %g", r.MaxDiff, in.Tolerance)
 			default:
 				r.Match = true
 				pass++
@@ -128,6 +153,30 @@ func CheckVisionCorpus(ctx context.Context, in VisionInput) ([]VisionRow, error)
 	return rows, nil
 }
 
+// firstStepDiff asks /mq/v1/logits for the golden message's logits and returns max |diff|
+// over transformers' first-step top 20, or a detail saying why it could not.
+func firstStepDiff(ctx context.Context, in VisionInput, e fixtures.VisionEntry, url string) (float64, string) {
+	if len(e.FirstTop20IDs) == 0 || len(e.FirstTop20IDs) != len(e.FirstTop20Logits) {
+		return math.NaN(), "the golden has no first-step top-20 logits"
+	}
+	data, vocab, positions, err := in.API.LogitsChat(ctx, []any{ImageMessage(url, e.Prompt)})
+	if err != nil {
+		return math.NaN(), "logits: " + err.Error()
+	}
+	if positions != len(e.PromptIDs) {
+		return math.NaN(), fmt.Sprintf("logits over %d positions, transformers' prompt has %d", positions, len(e.PromptIDs))
+	}
+	last := (positions - 1) * vocab
+	worst := 0.0
+	for j, id := range e.FirstTop20IDs {
+		if int(id) >= vocab {
+			return math.NaN(), fmt.Sprintf("golden token %d is beyond the served vocabulary %d", id, vocab)
+		}
+		worst = math.Max(worst, math.Abs(float64(data[last+int(id)])-e.FirstTop20Logits[j]))
+	}
+	return worst, ""
+}
+
 func truncate(s string) string {
 	if len(s) > 60 {
 		return s[:60] + "..."
@@ -138,10 +187,14 @@ func truncate(s string) string {
 // VisionTable renders the corpus table.
 func VisionTable(rows []VisionRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-20s %-10s %-10s %-7s %-7s %s\n", "image", "size", "resized", "tokens", "prompt", "match")
+	fmt.Fprintf(&b, "%-20s %-10s %-10s %-7s %-7s %-6s %s\n", "image", "size", "resized", "tokens", "prompt", "match", "max|diff|")
 	n := 0
 	for _, r := range rows {
-		fmt.Fprintf(&b, "%-20s %-10s %-10s %-7d %-7d %v\n", r.Name, r.Size, r.Resized, r.ImageTokens, r.PromptTokens, r.Match)
+		d := "n/a" // the server has no /mq/v1/logits, or it failed (the row's detail says)
+		if !math.IsNaN(r.MaxDiff) {
+			d = fmt.Sprintf("%.3g", r.MaxDiff)
+		}
+		fmt.Fprintf(&b, "%-20s %-10s %-10s %-7d %-7d %-6v %s\n", r.Name, r.Size, r.Resized, r.ImageTokens, r.PromptTokens, r.Match, d)
 		if r.Match {
 			n++
 		}
@@ -312,7 +365,7 @@ func ImageFingerprints(root string, g *fixtures.VisionGolden) (map[string]string
 // the image corpus fingerprinted before and after), image sensitivity, streaming equal to
 // non-streaming for an image request, and the refusal contract.
 func VisionGates(ctx context.Context, input func() VisionInput) {
-	ginkgo.It("answers with one image as transformers does on the image corpus (greedy tokens, prompt tokens), image files unchanged", Gate(GateParity), Task(TaskVision), Task(TaskChat), func(sctx ginkgo.SpecContext) {
+	ginkgo.It("answers with one image as transformers does on the image corpus (greedy tokens, prompt tokens, first-step logits), image files unchanged", Gate(GateParity), Task(TaskVision), Task(TaskChat), func(sctx ginkgo.SpecContext) {
 		c, cancel := specContext(ctx, sctx)
 		defer cancel()
 		in := input()

@@ -8,8 +8,9 @@ import (
 	"fmt"
 	"image"
 	"image/color"
-	"image/jpeg"
 	"image/png"
+
+	"github.com/modelqual/modelqual/server/vision/internal/ljpeg"
 )
 
 // Image is a decoded image converted to 8-bit RGB, with what a request record keeps of it.
@@ -65,7 +66,7 @@ func Decode(data []byte, mime string, maxPixels int) (*Image, error) {
 	if format == "png" {
 		cfg, err = png.DecodeConfig(bytes.NewReader(data))
 	} else {
-		cfg, err = jpeg.DecodeConfig(bytes.NewReader(data))
+		cfg, err = ljpeg.DecodeConfig(bytes.NewReader(data))
 	}
 	if err != nil {
 		return nil, bad("the %s header does not decode: %v", format, err)
@@ -81,12 +82,19 @@ func Decode(data []byte, mime string, maxPixels int) (*Image, error) {
 	if format == "png" {
 		im, err = png.Decode(bytes.NewReader(data))
 	} else {
-		im, err = jpeg.Decode(bytes.NewReader(data))
+		im, err = ljpeg.Decode(bytes.NewReader(data))
 	}
 	if err != nil {
 		return nil, bad("the %s data does not decode: %v", format, err)
 	}
-	rgb := ToRGB(im)
+	var rgb []uint8
+	if ycc, ok := im.(*image.YCbCr); ok {
+		// A colour JPEG: the planes come from libjpeg-turbo's IDCT (package ljpeg); upsample
+		// and convert as libjpeg-turbo does, so the pixels are Pillow's to the bit.
+		rgb = libjpegRGB(ycc)
+	} else {
+		rgb = ToRGB(im)
+	}
 	b := im.Bounds()
 	bs, ps := sha256.Sum256(data), sha256.Sum256(rgb)
 	return &Image{Format: format, Width: b.Dx(), Height: b.Dy(), RGB: rgb,
@@ -128,7 +136,7 @@ func ToRGB(im image.Image) []uint8 {
 				put(c.R, c.G, c.B, c.A)
 			}
 		}
-	case *image.YCbCr: // JPEG colour
+	case *image.YCbCr: // Go's conversion; Decode converts JPEG planes with libjpegRGB instead
 		for y := b.Min.Y; y < b.Max.Y; y++ {
 			for x := b.Min.X; x < b.Max.X; x++ {
 				yi, ci := m.YOffset(x, y), m.COffset(x, y)

@@ -37,9 +37,8 @@ func openTiny(t *testing.T) *native.Engine {
 	return e
 }
 
-// pixelsFor returns the processor's pixel values for a golden entry: from the Go decoder, or for
-// a JPEG whose Go decoding differs from Pillow's, from Pillow's decoded pixels when the golden
-// run returned them (so the model is compared on the model's input, not the decoder's).
+// pixelsFor returns the processor's pixel values for a golden entry, decoded by Decode (whose
+// pixels TestProcessorParity holds equal to Pillow's, JPEG included).
 func pixelsFor(t *testing.T, root string, cfg *Config, name, image, rgbSHA string) (*Result, string) {
 	data, err := os.ReadFile(filepath.Join(root, image))
 	if err != nil {
@@ -49,19 +48,14 @@ func pixelsFor(t *testing.T, root string, cfg *Config, name, image, rgbSHA strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := "go"
-	rgb := im.RGB
 	if im.PixelsSHA256 != rgbSHA {
-		src = "go decoder (differs from Pillow)"
-		if pil := readPNG(t, filepath.Join(root, "fixtures", "golden", "qwen3vl-tiny", name+".decoded.png")); pil != nil {
-			rgb, src = pil, "pillow pixels"
-		}
+		t.Fatalf("%s: decoded pixels differ from Pillow's (see TestProcessorParity)", name)
 	}
-	r, err := cfg.Preprocess(rgb, im.Width, im.Height)
+	r, err := cfg.Preprocess(im.RGB, im.Width, im.Height)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r, src
+	return r, im.Format
 }
 
 // TestNativeCorpusParity runs the native qwen3vl engine (CPU, fp32) on the 10-image corpus and
@@ -71,7 +65,7 @@ func TestNativeCorpusParity(t *testing.T) {
 	root, g, cfg := loadGolden(t)
 	e := openTiny(t)
 	V := e.Info().VocabSize
-	rows := []string{fmt.Sprintf("%-18s %-9s %-7s %-6s %-5s %-10s %s", "image", "size", "resized", "tokens", "match", "max|diff|", "pixels")}
+	rows := []string{fmt.Sprintf("%-18s %-9s %-7s %-6s %-5s %-10s %s", "image", "size", "resized", "tokens", "match", "max|diff|", "format")}
 	pass := 0
 	for _, ge := range g.Entries {
 		r, src := pixelsFor(t, root, cfg, ge.Name, ge.Image, ge.RGBSHA256)
@@ -107,11 +101,7 @@ func TestNativeCorpusParity(t *testing.T) {
 				worst = math.Max(worst, math.Abs(float64(lg[pos*V+int(tok)])-st.Top5Logits[j]))
 			}
 		}
-		// The logit bound holds where the model's input is transformers' input; where Go's JPEG
-		// decoder gave other pixels (and the golden run returned no Pillow pixels) only the
-		// greedy tokens are held, and the decoder's effect is printed.
-		decoderGap := strings.HasPrefix(src, "go decoder")
-		ok := match && (worst <= logitTolerance || decoderGap)
+		ok := match && worst <= logitTolerance
 		if ok {
 			pass++
 		} else {

@@ -22,6 +22,8 @@ type ImageRequest struct {
 	Steps    int     `json:"steps"`
 	Guidance float32 `json:"guidance"`
 	Seed     uint64  `json:"seed"`
+	// Latents asks for the final latents too (the /mq/v1/image_latents introspection route).
+	Latents bool `json:"latents,omitempty"`
 }
 
 // ImageAnswer is the worker's account of one generation; PNG follows it in the frame.
@@ -30,7 +32,11 @@ type ImageAnswer struct {
 	Err        string `json:"err,omitempty"`
 	PipelineNs int64  `json:"pipeline_ns"` // the native pipeline call alone
 	EncodeNs   int64  `json:"encode_ns"`   // PNG encoding
-	PNG        []byte `json:"-"`           // aliases the frame payload: valid until the Reader's next call
+	// Latents are the final latents (before the VAE), when the request asked for them;
+	// LatentShape is their [channels, height, width].
+	Latents     []float32 `json:"latents,omitempty"`
+	LatentShape []int     `json:"latent_shape,omitempty"`
+	PNG         []byte    `json:"-"` // aliases the frame payload: valid until the Reader's next call
 }
 
 // Image buffers an Image request.

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/modelqual/modelqual/native"
@@ -17,7 +18,7 @@ type ImageEngine interface {
 // `qual generate-image` uses, so both give the same bytes for the same controls.
 func (n *nativeEngine) Image(r wire.ImageRequest) wire.ImageAnswer {
 	res, err := n.e.GenerateImage(native.ImageRequest{Prompt: r.Prompt, Negative: r.Negative, Width: r.Width, Height: r.Height,
-		Steps: r.Steps, Guidance: r.Guidance, Seed: r.Seed}, false)
+		Steps: r.Steps, Guidance: r.Guidance, Seed: r.Seed}, r.Latents)
 	if err != nil {
 		return wire.ImageAnswer{Err: err.Error()}
 	}
@@ -26,7 +27,21 @@ func (n *nativeEngine) Image(r wire.ImageRequest) wire.ImageAnswer {
 	if err != nil {
 		return wire.ImageAnswer{Err: err.Error()}
 	}
-	return wire.ImageAnswer{PipelineNs: res.PipelineTime.Nanoseconds(), EncodeNs: time.Since(t0).Nanoseconds(), PNG: png}
+	a := wire.ImageAnswer{PipelineNs: res.PipelineTime.Nanoseconds(), EncodeNs: time.Since(t0).Nanoseconds(), PNG: png}
+	if r.Latents {
+		// The trace holds the initial noise and every step's latents; the last are the ones
+		// the VAE decodes.
+		spec, err := n.e.ImageSpec()
+		if err != nil {
+			return wire.ImageAnswer{Err: err.Error()}
+		}
+		c, h, w := spec.LatentChannels, r.Height/spec.VAEScale, r.Width/spec.VAEScale
+		if c*h*w == 0 || len(res.Latents) < c*h*w {
+			return wire.ImageAnswer{Err: fmt.Sprintf("the pipeline traced %d latent values, want at least %dx%dx%d", len(res.Latents), c, h, w)}
+		}
+		a.Latents, a.LatentShape = res.Latents[len(res.Latents)-c*h*w:], []int{c, h, w}
+	}
+	return a
 }
 
 // image answers one Image command on the loop's goroutine (an image engine has no token

@@ -74,6 +74,11 @@ func (n *nativeEngine) AddImage(prompt []int32, im *wire.ImageInput, s wire.Samp
 	return uint64(id), err
 }
 
+// LogitsImage is Logits with one image (a vision-language family).
+func (n *nativeEngine) LogitsImage(ids []int32, im *wire.ImageInput) ([]float32, error) {
+	return n.e.LogitsImage(ids, &native.Image{Pixels: im.Pixels, Grid: [3]int{int(im.Grid[0]), int(im.Grid[1]), int(im.Grid[2])}})
+}
+
 func (n *nativeEngine) Cancel(seq uint64) { n.e.Cancel(native.SeqID(seq)) }
 
 func (n *nativeEngine) Step(fn func(Event)) (int, error) {

@@ -50,6 +50,11 @@ type VisionEngine interface {
 	AddImage(prompt []int32, im *wire.ImageInput, s wire.Sampling) (seq uint64, err error)
 }
 
+// VisionLogitsEngine is a VisionEngine whose logits route takes the image too.
+type VisionLogitsEngine interface {
+	LogitsImage(ids []int32, im *wire.ImageInput) ([]float32, error)
+}
+
 type command struct {
 	typ    uint8
 	id     uint64
@@ -178,6 +183,8 @@ func readCommands(in io.Reader, cmds chan<- command, readErr chan<- error) {
 			c.id, err = wire.DecodeCancel(p)
 		case wire.TypeLogits:
 			c.id, c.prompt, err = wire.DecodeLogits(p, nil)
+		case wire.TypeLogitsImage:
+			c.id, c.prompt, c.pixels, err = wire.DecodeLogitsImage(p, nil)
 		case wire.TypeAck:
 			c.id, err = wire.DecodeCancel(p)
 		case wire.TypeImage:
@@ -210,8 +217,16 @@ func (l *loop) handle(c command) {
 		if seq, ok := l.byID[c.id]; ok {
 			l.eng.Cancel(seq)
 		}
-	case wire.TypeLogits:
-		logits, err := l.eng.Logits(c.prompt)
+	case wire.TypeLogits, wire.TypeLogitsImage:
+		var logits []float32
+		var err error
+		if c.pixels == nil {
+			logits, err = l.eng.Logits(c.prompt)
+		} else if ve, ok := l.eng.(VisionLogitsEngine); ok {
+			logits, err = ve.LogitsImage(c.prompt, c.pixels)
+		} else {
+			err = errors.New("this engine does not take images")
+		}
 		if err != nil {
 			l.out.LogitsResult(c.id, l.info.VocabSize, 0, nil, err.Error())
 			return

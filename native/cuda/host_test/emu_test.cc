@@ -1181,7 +1181,7 @@ static void decode_attn_case(const char *prec, int nh) {
                             : qkv_post_kernel<T, false, 4>;
       emu_launch(dim3(Tn, (nh + 2 * nkv + 7) / 8), dim3(256), [&, post] {
         post(qkv.data(), pos.data(), slot.data(), nh, nkv, D, qn.data(), kn.data(), eps, inv.data(), qscale,
-             qbuf.data(), kc.data(), vc.data(), maxctx, tab.data());
+             qbuf.data(), kc.data(), vc.data(), maxctx, tab.data(), (const int *)nullptr, (const int *)nullptr);
       });
       if (path == 2) q2 = qbuf;
       emu_launch(dim3(Tn, nkv), dim3(ATT_THREADS), [&] {
@@ -1245,6 +1245,102 @@ static void decode_attn_products(const char *prec) {
   decode_attn_case<T, 8>(prec, 16);
 }
 
+// vision_products: qwen3vl's kernels (vision_kernels.cuh) and the rotary offsets it adds to
+// qkv_post_kernel, against double-precision references: the image's bidirectional attention
+// (37 patches, 2 heads of 16: one full 32-key tile and a partial one) and (72 patches, 1 head of
+// 64); the M-RoPE rows (frequency j from axis 1 where j % 3 == 1 and j < 3 s1, axis 2 where
+// j % 3 == 2 and j < 3 s2, else axis 0) made past max_ctx; image rows replacing and DeepStack
+// features added to the residual; and qkv_post_kernel's q rotated at the position plus the
+// slot's rope delta (sdelta) and at a token's own row (rrow) equal to the plain kernel's at that
+// position (same bits).
+static void vision_products() {
+  std::mt19937 r(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (auto [N, heads, hd] : {std::tuple<int, int, int>{37, 2, 16}, {72, 1, 64}}) {
+    const int vh = heads * hd;
+    std::vector<float> qkv((size_t)N * 3 * vh), out((size_t)N * vh, NAN);
+    for (auto &x : qkv) x = 2.f * u(r);
+    const float scale = 1.f / sqrtf((float)hd);
+    emu_launch(dim3((N + VA_WARPS - 1) / VA_WARPS, heads), dim3(VA_WARPS * 32),
+               [&] { vis_attn_kernel<64>(qkv.data(), N, heads, hd, scale, out.data()); });
+    double worst = 0;
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < N; ++i) {
+        std::vector<double> sc(N);
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j < N; ++j) {
+          double d = 0;
+          for (int e = 0; e < hd; ++e) d += (double)qkv[(size_t)i * 3 * vh + h * hd + e] * qkv[(size_t)j * 3 * vh + vh + h * hd + e];
+          sc[j] = d * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        for (auto &v : sc) sum += (v = std::exp(v - mx));
+        for (int e = 0; e < hd; ++e) {
+          double o = 0;
+          for (int j = 0; j < N; ++j) o += sc[j] / sum * qkv[(size_t)j * 3 * vh + 2 * vh + h * hd + e];
+          worst = std::max(worst, std::fabs(o - out[(size_t)i * vh + h * hd + e]));
+        }
+      }
+    check(worst < 1e-5, "vis_attn_kernel " + std::to_string(N) + " patches, " + std::to_string(heads) + "x" +
+                            std::to_string(hd) + ": max|d| " + std::to_string(worst));
+  }
+  {  // M-RoPE rows
+    const int half = 8, max_ctx = 16, Tn = 3, s1 = 3, s2 = 2;
+    std::vector<float> inv(half);
+    for (int j = 0; j < half; ++j) inv[j] = 1.0f / powf(1e4f, (float)(2 * j) / (2.f * half));
+    std::vector<float2> tab((size_t)(max_ctx + Tn) * half, make_float2(NAN, NAN));
+    emu_launch(dim3(1), dim3(256), [&] { rope_table_kernel(inv.data(), half, max_ctx, tab.data()); });
+    const std::vector<int> rrow = {5, max_ctx + 1, 7}, pos3 = {5, 5, 5, 4, 9, 2, 7, 7, 7};
+    emu_launch(dim3(Tn), dim3(128), [&] { mrope_rows_kernel(tab.data(), half, max_ctx, rrow.data(), pos3.data(), s1, s2); });
+    bool ok = true;
+    for (int j = 0; j < half; ++j) {
+      const int a = (j % 3 == 1 && j < 3 * s1) ? 1 : (j % 3 == 2 && j < 3 * s2) ? 2 : 0;
+      const float2 want = tab[(size_t)pos3[3 + a] * half + j], got = tab[(size_t)(max_ctx + 1) * half + j];
+      ok = ok && want.x == got.x && want.y == got.y;
+    }
+    ok = ok && std::isnan(tab[(size_t)max_ctx * half].x) && std::isnan(tab[(size_t)(max_ctx + 2) * half].x);
+    check(ok, "mrope_rows_kernel: the image token's row takes each frequency from its axis; text tokens' rows untouched");
+  }
+  {  // image rows and DeepStack
+    const int H = 40, Tn = 3, n_img = 2;
+    std::vector<float> res((size_t)Tn * H), res0, dev((size_t)3 * n_img * H);
+    for (auto &x : res) x = u(r);
+    for (auto &x : dev) x = u(r);
+    res0 = res;
+    const std::vector<const float *> src = {nullptr, dev.data() + H, nullptr};
+    const std::vector<int> stride = {0, n_img * H, 0};
+    emu_launch(dim3(Tn), dim3(256), [&] { img_rows_kernel(res.data(), H, src.data(), stride.data(), -1); });
+    emu_launch(dim3(Tn), dim3(256), [&] { img_rows_kernel(res.data(), H, src.data(), stride.data(), 1); });
+    bool ok = true;
+    for (int c = 0; c < H; ++c) {
+      ok = ok && res[c] == res0[c] && res[2 * H + c] == res0[2 * H + c];
+      ok = ok && res[H + c] == dev[H + c] + dev[(size_t)2 * n_img * H + H + c];
+    }
+    check(ok, "img_rows_kernel: the image token's row replaced, then DeepStack feature 1 added; text rows untouched");
+  }
+  {  // qkv_post_kernel's rotary offsets
+    const int nh = 2, nkv = 1, D = 32, maxctx = 32, W = (nh + 2 * nkv) * D, delta = -5;
+    std::vector<float> qkv(W), qn(D, 1.f), kn(D, 1.f), inv(D / 2);
+    for (auto &x : qkv) x = u(r);
+    for (int j = 0; j < D / 2; ++j) inv[j] = 1.0f / powf(1e6f, (float)(2 * j) / (float)D);
+    std::vector<float2> tab((size_t)maxctx * D / 2);
+    emu_launch(dim3(1), dim3(256), [&] { rope_table_kernel(inv.data(), D / 2, maxctx, tab.data()); });
+    auto q_at = [&](int p, const int *rrow, const int *sdelta) {
+      std::vector<float> q((size_t)nh * D), kc((size_t)maxctx * nkv * D), vc(kc.size());
+      const int pos = p, sl = 0;
+      emu_launch(dim3(1, 1), dim3(256), [&] {
+        qkv_post_kernel<float, true>(qkv.data(), &pos, &sl, nh, nkv, D, qn.data(), kn.data(), 1e-6f, inv.data(), 1.f,
+                                     q.data(), kc.data(), vc.data(), maxctx, tab.data(), rrow, sdelta);
+      });
+      return q;
+    };
+    const int row = 20 + delta;
+    check(q_at(20, nullptr, &delta) == q_at(row, nullptr, nullptr) && q_at(20, &row, nullptr) == q_at(row, nullptr, nullptr) &&
+              q_at(20, nullptr, nullptr) != q_at(row, nullptr, nullptr),
+          "qkv_post_kernel: q at position 20 with rope delta -5 (sdelta) or row 15 (rrow) is q at 15");
+  }
+}
+
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
   assert(f2h(1.0f) == 0x3C00 && f2h(65504.f) == 0x7BFF && f2h(1e-7f) == 0x0002 && f2h(0.1f) == 0x2E66);
@@ -1270,6 +1366,7 @@ int main() {
     run_family("qwen3", QCFG_G5, q5, "bf16", 0.25, 256);
   }
   if (want("gpt2", "bf16")) run_family("gpt2", GCFG, g, "bf16", 0.25, 128);
+  if (want("vision", "fp32")) vision_products();
   printf("launches %d, gemms %d, graph replays %d\n", n_launch, n_gemm, n_replay);
   printf("%d passed, %d failed\n", failures == 0 ? 1 : 0, failures);
   return failures ? 1 : 0;

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"flag"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/modelqual/modelqual/native"
 	"github.com/modelqual/modelqual/native/bundle"
@@ -23,13 +25,15 @@ func init() {
 
 const generateImageUsage = `Usage:
   qual generate-image --bundle FILE --prompt TEXT --size WxH --steps N --guidance G --seed S
-                      --out FILE.png [--negative-prompt TEXT] [--threads N]
+                      --out FILE.png [--negative-prompt TEXT] [--device cpu|cuda] [--repeat N] [--threads N]
 
 Runs the bundle's text-to-image pipeline in-process through package native (the prompt is
 formatted and tokenized as the pipeline does: its chat template, then its tokenizer), writes the
 image as a PNG and prints
   sha256 <hex>  bytes <n>  size <W>x<H>  native_task_ms <t>
-where native_task_ms is the pipeline call alone (text encoder to pixels). The server's
+where native_task_ms is the pipeline call alone (text encoder to pixels); with --repeat N the
+pipeline runs N times on the open engine and each run after the first (the warmup) prints its
+native_task_ms, then images_per_s over them. The server's
 /v1/images/generations answers the same PNG bytes for the same controls.
 
 Flags:
@@ -59,6 +63,8 @@ func generateImageMain(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Int64("seed", -1, "seed of the initial noise, as torch.Generator(\"cpu\").manual_seed (required)")
 	out := fs.String("out", "", "write the PNG to `FILE` (required)")
 	threads := fs.Int("threads", 0, "CPU threads (0 = all cores)")
+	device := fs.String("device", "cpu", "cpu, or cuda (the pipeline on the GPU in bf16; loads libmodelqual_cuda.so, see make cuda)")
+	repeat := fs.Int("repeat", 1, "run the pipeline N times on the open engine (the first is the warmup) and print each run's native_task_ms")
 	if err := fs.Parse(args); err != nil {
 		return bundleFlagExit(err)
 	}
@@ -106,14 +112,34 @@ func generateImageMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail("%v", err)
 	}
-	e, err := native.Open(b, native.Params{Threads: *threads, MaxBatch: 1})
+	if *repeat < 1 {
+		return fail("--repeat must be >= 1")
+	}
+	e, err := native.Open(b, native.Params{Device: *device, Threads: *threads, MaxBatch: 1})
 	if err != nil {
 		return fail("%v", err)
 	}
 	defer e.Close()
-	res, err := e.GenerateImage(native.ImageRequest{Prompt: pids, Negative: nids, Width: w, Height: h, Steps: *steps, Guidance: float32(*guidance), Seed: uint64(*seed)}, false)
+	req := native.ImageRequest{Prompt: pids, Negative: nids, Width: w, Height: h, Steps: *steps, Guidance: float32(*guidance), Seed: uint64(*seed)}
+	res, err := e.GenerateImage(req, false)
 	if err != nil {
 		return fail("%v", err)
+	}
+	if *repeat > 1 {
+		// Timed runs after the first (warmup): each must give the first run's pixels.
+		var total time.Duration
+		for i := 2; i <= *repeat; i++ {
+			r, err := e.GenerateImage(req, false)
+			if err != nil {
+				return fail("run %d: %v", i, err)
+			}
+			if !bytes.Equal(r.RGB, res.RGB) {
+				return fail("run %d gave other pixels than run 1: the pipeline is not deterministic", i)
+			}
+			total += r.PipelineTime
+			fmt.Fprintf(stdout, "run %d native_task_ms %.1f\n", i, float64(r.PipelineTime.Microseconds())/1000)
+		}
+		fmt.Fprintf(stdout, "images_per_s %.4f  over %d runs after the warmup\n", float64(*repeat-1)/total.Seconds(), *repeat-1)
 	}
 	pngBytes, err := native.EncodePNG(res.RGB, w, h)
 	if err != nil {

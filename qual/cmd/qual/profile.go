@@ -38,6 +38,7 @@ const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
          [--output-tokens N [--output-tokens-stddev S]] [--slo ttft:200ms,...] [--seed S] --out DIR
          [--image-dir D | --image-width-mean W --image-height-mean H [--image-format png|jpeg]]
+         [--image-fraction F]
 
 Profiles a server the way AIPerf does and writes one run directory per sweep point under
 --out: profile_export.jsonl, profile_export_aiperf.json/.csv, summary.json, summary.md,
@@ -55,8 +56,10 @@ refused unless --overwrite is given, so a run is never replaced silently.
 
 With --image-dir or --image-width-mean/--image-height-mean (chat only) every request carries
 one image as a data: URL content part; a vision-language qual-server's records then hold each
-image's token count and preprocessing time (record field vision). Run once with and once
-without the image flags to compare TTFT.
+image's token count and preprocessing time (record field vision); the summary reports them
+(mq_image_tokens, mq_image_preprocess) and TTFT split by image (mq_ttft_with_image,
+mq_ttft_without_image). --image-fraction F gives an image to that fraction of the requests
+only, spread evenly, so one run compares TTFT with and without an image.
 
 Flags:
 `
@@ -118,6 +121,7 @@ func runProfile(args []string) int {
 	fs.IntVar(&img.WidthStddev, "image-width-stddev", 0, "chat: synthetic image width standard deviation")
 	fs.IntVar(&img.HeightStddev, "image-height-stddev", 0, "chat: synthetic image height standard deviation")
 	fs.StringVar(&img.Format, "image-format", "png", "chat: synthetic image format, png or jpeg")
+	fs.Float64Var(&img.Fraction, "image-fraction", 1, "chat, with the image flags: the fraction (0 < F <= 1) of requests that carry an image; the rest are text-only, for TTFT with and without image in one run")
 	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -263,6 +267,9 @@ func runProfile(args []string) int {
 	if err == nil && img.Enabled() { // one image per chat request (qual/load/vision.go)
 		if *endpoint != client.Chat {
 			return bad("image flags need --endpoint chat")
+		}
+		if !(img.Fraction > 0 && img.Fraction <= 1) {
+			return bad("--image-fraction %v must be in (0, 1]", img.Fraction)
 		}
 		img.Seed = promptSeed
 		prompts, err = load.WithImages(prompts, img)

@@ -1,0 +1,385 @@
+// vision.cuh: the qwen3vl family's device side (included by backend.cu after its products).
+//
+// Why here and not a second backend: Qwen3-VL's language model is the Qwen3 decoder that
+// backend.cu already runs (run_tokens); what the family adds is an image encoder that runs once
+// per request, three hooks into that decoder and 3-axis rotary positions. So the decoder is
+// reused as it is (prefill chunks, decode graphs, sampling), and this file holds only:
+//   - the vision tower (transformers 5.17's Qwen3VLVisionModel): patch embedding (Conv3d with
+//     kernel = stride = [temporal 2, 16, 16], a linear map of the processor's flattened patches)
+//     plus learned positions bilinearly interpolated on the host (fast_pos_embed_interpolate),
+//     blocks (LayerNorm, fused qkv, 2-D rotary over head_dim/2 by (row, column), full
+//     bidirectional attention over the image's patches, proj; LayerNorm, fc1,
+//     gelu_pytorch_tanh, fc2), the 2x2 merger (LayerNorm per patch, four patches side by side,
+//     fc1, exact GELU, fc2) and the DeepStack mergers (LayerNorm over the four patches) after the
+//     blocks in deepstack_visual_indexes. Products through gemm() (cuBLAS, the weights at the
+//     compute precision, fp32 accumulation); the residual stream, norms, rotary and softmax fp32.
+//   - the decoder hooks (run_tokens): image rows replace the placeholder tokens' embeddings,
+//     DeepStack feature k is added to those rows after decoder layer k, and the rotary rows of
+//     image tokens are made per token from their (t, h, w) positions (interleaved M-RoPE) in the
+//     rows past max_ctx of mqb_model::rope_tab; later tokens rotate at position + rope delta
+//     (get_rope_index), per slot (mqb_model::sdelta), in decode graphs too.
+// The positions and the image-token check follow native/models/qwen3vl.cc (the CPU family),
+// which transformers' goldens test; the GPU parity gate (families/qwen3vl, label gpu) tests this.
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+namespace mqcuda {
+
+// vis_buf returns workspace i of at least bytes (grown, never shrunk; the vision tower's
+// activations are sized by the largest image seen).
+inline void *vis_buf(mqb_model &m, int i, size_t bytes) {
+  auto &b = m.vis.ws[i];
+  if (b.second < bytes) {
+    if (b.first) ck(cudaFree(b.first), "cudaFree");
+    b.first = nullptr;
+    ck(cudaMalloc(&b.first, bytes), fmt("cudaMalloc of %zu bytes (vision)", bytes).c_str());
+    b.second = bytes;
+  }
+  return b.first;
+}
+
+// vis_load reads the vision tower's tensors ("model.visual." less the "model." TensorMap strips).
+void vis_load(mqb_model &m, const TensorMap &tm) {
+  Vis &v = m.vis;
+  const int64_t vh = v.vh, M = (int64_t)v.vh * v.merge * v.merge, K = 3LL * v.tp * v.p * v.p, E = m.c.H;
+  const std::string pre = "visual.";
+  const mqb_tensor *pw = tm.need(pre + "patch_embed.proj.weight", {vh, 3, v.tp, (int64_t)v.p * v.p});
+  // The Conv3d weight [vh, 3, tp, p, p] (stored [vh, 3, tp, p*p]) is, row by row, the linear map
+  // of a flattened patch.
+  mqb_tensor flat = *pw;
+  flat.ndim = 2;
+  flat.shape[0] = vh;
+  flat.shape[1] = K;
+  v.pe_w = upload_matrix(m, {{&flat, vh, false}}, K);
+  v.pe_b = upload_f32(m, {tm.need(pre + "patch_embed.proj.bias", {vh})});
+  v.pos = upload_f32(m, {tm.need(pre + "pos_embed.weight", {(int64_t)v.npos, vh})});
+  for (int l = 0; l < v.depth; ++l) {
+    const std::string b = fmt("%sblocks.%d.", pre.c_str(), l);
+    VisBlock B;
+    B.n1w = upload_f32(m, {tm.need(b + "norm1.weight", {vh})});
+    B.n1b = upload_f32(m, {tm.need(b + "norm1.bias", {vh})});
+    B.n2w = upload_f32(m, {tm.need(b + "norm2.weight", {vh})});
+    B.n2b = upload_f32(m, {tm.need(b + "norm2.bias", {vh})});
+    B.qkv_w = upload_matrix(m, {{tm.need(b + "attn.qkv.weight", {3 * vh, vh}), 3 * vh, false}}, vh);
+    B.qkv_b = upload_f32(m, {tm.need(b + "attn.qkv.bias", {3 * vh})});
+    B.proj_w = upload_matrix(m, {{tm.need(b + "attn.proj.weight", {vh, vh}), vh, false}}, vh);
+    B.proj_b = upload_f32(m, {tm.need(b + "attn.proj.bias", {vh})});
+    B.fc1_w = upload_matrix(m, {{tm.need(b + "mlp.linear_fc1.weight", {(int64_t)v.vi, vh}), v.vi, false}}, vh);
+    B.fc1_b = upload_f32(m, {tm.need(b + "mlp.linear_fc1.bias", {(int64_t)v.vi})});
+    B.fc2_w = upload_matrix(m, {{tm.need(b + "mlp.linear_fc2.weight", {vh, (int64_t)v.vi}), vh, false}}, v.vi);
+    B.fc2_b = upload_f32(m, {tm.need(b + "mlp.linear_fc2.bias", {vh})});
+    v.blocks.push_back(B);
+  }
+  auto merger = [&](const std::string &p, int64_t nwidth) {
+    VisMerger g;
+    g.nw = upload_f32(m, {tm.need(p + "norm.weight", {nwidth})});
+    g.nb = upload_f32(m, {tm.need(p + "norm.bias", {nwidth})});
+    g.fc1_w = upload_matrix(m, {{tm.need(p + "linear_fc1.weight", {M, M}), M, false}}, M);
+    g.fc1_b = upload_f32(m, {tm.need(p + "linear_fc1.bias", {M})});
+    g.fc2_w = upload_matrix(m, {{tm.need(p + "linear_fc2.weight", {E, M}), E, false}}, M);
+    g.fc2_b = upload_f32(m, {tm.need(p + "linear_fc2.bias", {E})});
+    g.post = nwidth == M;
+    return g;
+  };
+  v.merger = merger(pre + "merger.", vh);
+  for (size_t k = 0; k < v.deep.size(); ++k) v.deep_mergers.push_back(merger(fmt("%sdeepstack_merger_list.%zu.", pre.c_str(), k), M));
+  const int hd = v.vh / v.heads, dim = hd / 2;
+  for (int j = 0; j < dim / 2; ++j) v.vinv.push_back((float)(1.0 / std::pow(10000.0, (double)(float)(2 * j) / dim)));
+}
+
+// vis_linear: out[B, N] (+)= X[B, K] W^T + bias (cuBLAS through gemm; X and W in T).
+template <typename T>
+void vis_linear(mqb_model &m, const char *role, const void *X, int B, int K, const void *W, int N, const float *bias,
+                float *out, bool acc) {
+  gemm<T>(m, role, static_cast<const T *>(W), static_cast<const T *>(X), B, K, N, out, acc);
+  const int total = B * N;
+  launch(m, add_bias_kernel, dim3(std::min((total + 255) / 256, m.sms * 8)), dim3(256), 0, out, bias, N, total);
+}
+
+template <typename T>
+void vis_act(mqb_model &m, const float *x, size_t n, int act, T *y) {
+  launch(m, vis_act_kernel<T>, dim3((unsigned)std::min<size_t>((n + 255) / 256, (size_t)m.sms * 16)), dim3(256), 0, x,
+         n, act, y);
+}
+
+// vis_merge runs merger g over x [N, vh] (N a multiple of 4, each 2x2 block's patches
+// consecutive) into out [N / 4, E].
+template <typename T>
+void vis_merge(mqb_model &m, const VisMerger &g, const float *x, int N, float *out) {
+  const Vis &v = m.vis;
+  const int M = v.vh * v.merge * v.merge, R = N / (v.merge * v.merge);
+  T *xt = static_cast<T *>(vis_buf(m, 5, sizeof(T) * (size_t)N * v.vh));
+  float *mu = static_cast<float *>(vis_buf(m, 6, sizeof(float) * (size_t)R * M));
+  if (g.post) launch(m, vis_ln_kernel<T>, dim3(R), dim3(256), 0, x, M, (const float *)g.nw, (const float *)g.nb, 1e-6f, xt);
+  else launch(m, vis_ln_kernel<T>, dim3(N), dim3(256), 0, x, v.vh, (const float *)g.nw, (const float *)g.nb, 1e-6f, xt);
+  vis_linear<T>(m, "v.merger_fc1", xt, R, M, g.fc1_w, M, g.fc1_b, mu, false);
+  vis_act<T>(m, mu, (size_t)R * M, 2, xt);
+  vis_linear<T>(m, "v.merger_fc2", xt, R, M, g.fc2_w, m.c.H, g.fc2_b, out, false);
+}
+
+// vis_encode runs the vision tower over image im into im.dev: [1 + deepstack][tokens][E] fp32
+// (the merged embeddings, then each DeepStack feature).
+template <typename T>
+void vis_encode(mqb_model &m, SlotImage &im) {
+  const Vis &v = m.vis;
+  const int gh = im.gh, gw = im.gw, N = gh * gw, K = 3 * v.tp * v.p * v.p, vh = v.vh, mg = v.merge;
+  const int hd = vh / v.heads, half = hd / 2, quarter = hd / 4, E = m.c.H;
+  const size_t need = sizeof(float) * (size_t)(1 + v.deep.size()) * im.n_img * E;
+  if (im.dev_bytes < need) {
+    if (im.dev) ck(cudaFree(im.dev), "cudaFree");
+    im.dev = nullptr;
+    ck(cudaMalloc(reinterpret_cast<void **>(&im.dev), need), "cudaMalloc (image embeddings)");
+    im.dev_bytes = need;
+  }
+  // Host: the patches in T, the interpolated positions' corners and weights, the 2-D rotary.
+  std::vector<unsigned char> px((size_t)N * K * sizeof(T));
+  for (size_t i = 0; i < (size_t)N * K; ++i) {
+    if (std::is_same<T, float>::value) memcpy(px.data() + i * 4, &im.pixels[i], 4);
+    else {
+      uint16_t h = std::is_same<T, __nv_bfloat16>::value ? f2bf(im.pixels[i]) : f2h(im.pixels[i]);
+      memcpy(px.data() + i * 2, &h, 2);
+    }
+  }
+  auto lin = [&](int n) {  // torch.linspace(0, side - 1, n) in float32
+    std::vector<float> r(n, 0.f);
+    if (n == 1) return r;
+    const float end = (float)(v.side - 1), step = end / (float)(n - 1);
+    for (int i = 0; i < n; ++i) r[i] = i < n / 2 ? step * (float)i : end - step * (float)(n - 1 - i);
+    return r;
+  };
+  const std::vector<float> hs = lin(gh), ws = lin(gw);
+  std::vector<int> idx((size_t)N * 4);
+  std::vector<float> wt((size_t)N * 4);
+  std::vector<float2> cs((size_t)N * half);
+  for (int i = 0, bh = 0; bh < gh / mg; ++bh)
+    for (int bw = 0; bw < gw / mg; ++bw)
+      for (int mh = 0; mh < mg; ++mh)
+        for (int mw = 0; mw < mg; ++mw, ++i) {
+          const int r = bh * mg + mh, c = bw * mg + mw;
+          const float hv = hs[r], wv = ws[c];
+          const int hf = (int)hv, wf = (int)wv, hc = std::min(hf + 1, v.side - 1), wc = std::min(wf + 1, v.side - 1);
+          const float dh = hv - (float)hf, dw = wv - (float)wf;
+          const float w4[4] = {(1 - dh) * (1 - dw), (1 - dh) * dw, dh * (1 - dw), dh * dw};
+          const int i4[4] = {hf * v.side + wf, hf * v.side + wc, hc * v.side + wf, hc * v.side + wc};
+          for (int q = 0; q < 4; ++q) idx[(size_t)i * 4 + q] = i4[q], wt[(size_t)i * 4 + q] = w4[q];
+          for (int j = 0; j < half; ++j) {
+            const float ang = j < quarter ? (float)r * v.vinv[j] : (float)c * v.vinv[j - quarter];
+            cs[(size_t)i * half + j] = make_float2((float)std::cos((double)ang), (float)std::sin((double)ang));
+          }
+        }
+  const int W = std::max(std::max(K, v.vi), vh * mg * mg);
+  T *xin = static_cast<T *>(vis_buf(m, 0, sizeof(T) * (size_t)N * W));
+  float *x = static_cast<float *>(vis_buf(m, 1, sizeof(float) * (size_t)N * vh));
+  float *qkv = static_cast<float *>(vis_buf(m, 2, sizeof(float) * (size_t)N * std::max(3 * vh, v.vi)));
+  float *att = static_cast<float *>(vis_buf(m, 3, sizeof(float) * (size_t)N * vh));
+  unsigned char *aux = static_cast<unsigned char *>(
+      vis_buf(m, 4, (size_t)N * (4 * sizeof(int) + 4 * sizeof(float) + half * sizeof(float2))));
+  int *d_idx = reinterpret_cast<int *>(aux);
+  float *d_wt = reinterpret_cast<float *>(aux + (size_t)N * 4 * sizeof(int));
+  float2 *d_cs = reinterpret_cast<float2 *>(aux + (size_t)N * 4 * (sizeof(int) + sizeof(float)));
+  ck(cudaMemcpyAsync(xin, px.data(), px.size(), cudaMemcpyHostToDevice, m.stream), "image upload");
+  ck(cudaMemcpyAsync(d_idx, idx.data(), idx.size() * sizeof(int), cudaMemcpyHostToDevice, m.stream), "image upload");
+  ck(cudaMemcpyAsync(d_wt, wt.data(), wt.size() * sizeof(float), cudaMemcpyHostToDevice, m.stream), "image upload");
+  ck(cudaMemcpyAsync(d_cs, cs.data(), cs.size() * sizeof(float2), cudaMemcpyHostToDevice, m.stream), "image upload");
+  m.label = "vision";
+  vis_linear<T>(m, "v.patch", xin, N, K, v.pe_w, vh, v.pe_b, x, false);
+  launch(m, vis_pos_kernel, dim3(N), dim3(256), 0, x, vh, (const float *)v.pos, (const int *)d_idx, (const float *)d_wt);
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const dim3 agrid((N + VA_WARPS - 1) / VA_WARPS, v.heads);
+  for (int l = 0; l < v.depth; ++l) {
+    const VisBlock &B = v.blocks[l];
+    launch(m, vis_ln_kernel<T>, dim3(N), dim3(256), 0, (const float *)x, vh, (const float *)B.n1w, (const float *)B.n1b,
+           1e-6f, xin);
+    vis_linear<T>(m, "v.qkv", xin, N, vh, B.qkv_w, 3 * vh, B.qkv_b, qkv, false);
+    launch(m, vis_rope_kernel, dim3(N), dim3(256), 0, qkv, v.heads, hd, (const float2 *)d_cs);
+    if (hd <= 64) launch(m, vis_attn_kernel<64>, agrid, dim3(VA_WARPS * 32), 0, (const float *)qkv, N, v.heads, hd, scale, att);
+    else launch(m, vis_attn_kernel<128>, agrid, dim3(VA_WARPS * 32), 0, (const float *)qkv, N, v.heads, hd, scale, att);
+    vis_act<T>(m, att, (size_t)N * vh, 0, xin);
+    vis_linear<T>(m, "v.proj", xin, N, vh, B.proj_w, vh, B.proj_b, x, true);
+    launch(m, vis_ln_kernel<T>, dim3(N), dim3(256), 0, (const float *)x, vh, (const float *)B.n2w, (const float *)B.n2b,
+           1e-6f, xin);
+    vis_linear<T>(m, "v.fc1", xin, N, vh, B.fc1_w, v.vi, B.fc1_b, qkv, false);
+    vis_act<T>(m, qkv, (size_t)N * v.vi, 1, xin);
+    vis_linear<T>(m, "v.fc2", xin, N, v.vi, B.fc2_w, vh, B.fc2_b, x, true);
+    for (size_t k = 0; k < v.deep.size(); ++k)
+      if (v.deep[k] == l) vis_merge<T>(m, v.deep_mergers[k], x, N, im.dev + (1 + k) * (size_t)im.n_img * E);
+  }
+  vis_merge<T>(m, v.merger, x, N, im.dev);
+  ck(cudaGetLastError(), "vision tower");
+  im.encoded = true;
+}
+
+void vis_encode_dispatch(mqb_model &m, SlotImage &im) {
+  switch (m.dt) {
+    case DT_BF16: vis_encode<__nv_bfloat16>(m, im); break;
+    case DT_F16: vis_encode<__half>(m, im); break;
+    default: vis_encode<float>(m, im); break;
+  }
+}
+
+// vis_open reads the tower's hyper-parameters (the runtime's qwen3vl resolve step names them)
+// and allocates the per-slot and per-chunk state.
+void vis_open(mqb_model &m, const mqb_model_params *p) {
+  auto num = [&](const std::string &k) -> int {
+    for (int i = 0; i < p->n_hparams; ++i)
+      if (p->hparams[i].key && k == p->hparams[i].key && !p->hparams[i].str) return (int)p->hparams[i].value;
+    throw Fail(fmt("cuda backend: hyper-parameter %s is missing; the runtime's qwen3vl resolve step must set it", k.c_str()));
+  };
+  Vis &v = m.vis;
+  v.vh = num("vision_hidden_size");
+  v.depth = num("vision_depth");
+  v.heads = num("vision_num_heads");
+  v.vi = num("vision_intermediate_size");
+  v.p = num("vision_patch_size");
+  v.tp = num("vision_temporal_patch_size");
+  v.merge = num("vision_merge_size");
+  v.npos = num("vision_num_position_embeddings");
+  v.side = (int)std::lround(std::sqrt((double)v.npos));
+  v.image_token = num("image_token_id");
+  for (int k = 0, n = num("vision_deepstack_count"); k < n; ++k) v.deep.push_back(num(fmt("vision_deepstack_%d", k)));
+  v.s1 = m.c.mrope[1];
+  v.s2 = m.c.mrope[2];
+  v.drop_deepstack = fault("qwen3vl.drop_deepstack");
+  const int hd = v.vh / v.heads;
+  if (v.vh % v.heads || hd % 4 || hd > 128)
+    throw Fail(fmt("cuda backend: vision head_dim %d must be a multiple of 4 and at most 128", hd));
+  if ((int)v.deep.size() > m.c.L) throw Fail("cuda backend: more DeepStack features than decoder layers");
+  v.slot.resize(m.slots);
+  v.sdelta_h.assign(m.slots, 0);
+  v.sdelta = static_cast<int *>(m.dmalloc(sizeof(int) * m.slots));
+  ck(cudaMemset(v.sdelta, 0, sizeof(int) * m.slots), "cudaMemset(sdelta)");
+  v.src = static_cast<const float **>(m.dmalloc(sizeof(float *) * m.Tcap));
+  v.stride = static_cast<int *>(m.dmalloc(sizeof(int) * m.Tcap));
+  v.rrow = static_cast<int *>(m.dmalloc(sizeof(int) * m.Tcap));
+  v.pos3 = static_cast<int *>(m.dmalloc(sizeof(int) * 3 * m.Tcap));
+}
+
+// vis_in_prompt: slot holds an image whose prompt reaches past position p (forward then runs
+// the step as a prefill chunk, where the image rows are made).
+bool vis_in_prompt(mqb_model &m, int slot, int p) {
+  if (!m.c.vision) return false;
+  std::lock_guard<std::mutex> g(m.vis.mu);
+  const SlotImage &s = m.vis.slot[slot];
+  return s.live && p < s.prompt_len;
+}
+
+// set_image checks an image against its prompt and stores it for slot (host side only: the
+// tower runs in the first forward step that reaches the image, on the thread driving the
+// model). The positions are get_rope_index's for one image (native/models/qwen3vl.cc).
+void set_image(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, int gt, int gh, int gw,
+               const int32_t *prompt, int n) {
+  const Vis &v = m.vis;
+  if (!m.c.vision) throw Fail(fmt("cuda backend: family %s does not take images", m.c.family.c_str()));
+  if (slot < 0 || slot > m.max_batch) throw Fail(fmt("cuda backend: image slot %d outside [0, %d]", slot, m.max_batch));
+  if (!pixels || !prompt || n <= 0) throw Fail("cuda backend: set_image: NULL argument");
+  if (gt != 1) throw Fail("image: grid_t must be 1 (one image, not a video)");
+  if (gh <= 0 || gw <= 0 || gh % v.merge || gw % v.merge)
+    throw Fail(fmt("image: grid %dx%d is not a positive multiple of the merge size %d", gh, gw, v.merge));
+  const int64_t want = (int64_t)gh * gw * 3 * v.tp * v.p * v.p;
+  if (n_pixels != want) throw Fail(fmt("image: %lld pixel values, the grid needs %lld", (long long)n_pixels, (long long)want));
+  const int lh = gh / v.merge, lw = gw / v.merge, n_img = lh * lw;
+  SlotImage S;
+  S.pos3.resize((size_t)n * 3);
+  S.img_index.assign(n, -1);
+  int next = 0, seen = 0, runs = 0;
+  for (int i = 0; i < n;) {
+    if (prompt[i] != v.image_token) {
+      for (int x = 0; x < 3; ++x) S.pos3[(size_t)i * 3 + x] = next;
+      ++next, ++i;
+      continue;
+    }
+    ++runs;
+    int k = 0;
+    for (; i < n && prompt[i] == v.image_token; ++i, ++k)
+      if (k < n_img) {
+        S.pos3[(size_t)i * 3] = next;
+        S.pos3[(size_t)i * 3 + 1] = next + k / lw;
+        S.pos3[(size_t)i * 3 + 2] = next + k % lw;
+        S.img_index[i] = k;
+      }
+    seen += k;
+    next += std::max(lh, lw);
+  }
+  if (runs != 1 || seen != n_img)
+    throw Fail(fmt("image: prompt holds %d image tokens in %d runs; the image needs one run of %d", seen, runs, n_img));
+  S.pixels.assign(pixels, pixels + n_pixels);
+  S.gh = gh, S.gw = gw, S.n_img = n_img, S.prompt_len = n, S.delta = next - n;
+  std::lock_guard<std::mutex> g(m.vis.mu);
+  SlotImage &dst = m.vis.slot[slot];
+  S.dev = dst.dev, S.dev_bytes = dst.dev_bytes;  // the slot's device buffer is reused
+  dst = std::move(S);
+  dst.live = true;
+  m.vis.sdelta_h[slot] = dst.delta;
+  m.vis.sdelta_dirty = true;
+}
+
+void drop_image(mqb_model &m, int slot) {
+  if (!m.c.vision || slot < 0 || slot > m.max_batch) return;
+  std::lock_guard<std::mutex> g(m.vis.mu);
+  SlotImage &s = m.vis.slot[slot];
+  s.live = false;
+  s.encoded = false;
+  s.pixels.clear();
+  s.pixels.shrink_to_fit();
+  if (m.vis.sdelta_h[slot] != 0) {
+    m.vis.sdelta_h[slot] = 0;
+    m.vis.sdelta_dirty = true;
+  }
+}
+
+// vis_chunk_begin is called with the meta of a chunk of Tn tokens filled (token, position, slot):
+// when a token is a prompt token of a slot with an image, it runs the tower where it has not run,
+// fills the chunk's per-token image rows, rotary rows and positions, uploads them and returns
+// true (the chunk then runs eagerly: its launches differ from a graph's); else false. It also
+// uploads the per-slot rope deltas when they changed.
+bool vis_chunk_begin(mqb_model &m, int Tn) {
+  Vis &v = m.vis;
+  if (!m.c.vision) return false;
+  std::lock_guard<std::mutex> g(v.mu);
+  if (v.sdelta_dirty) {
+    ck(cudaMemcpyAsync(v.sdelta, v.sdelta_h.data(), sizeof(int) * v.sdelta_h.size(), cudaMemcpyHostToDevice, m.stream),
+       "rope delta upload");
+    ck(cudaStreamSynchronize(m.stream), "rope delta upload");  // the host vector may change after
+    v.sdelta_dirty = false;
+  }
+  bool any = false;
+  for (int t = 0; t < Tn && !any; ++t) {
+    const SlotImage &s = v.slot[m.meta_h[2 * m.Tcap + t]];
+    any = s.live && m.meta_h[m.Tcap + t] < s.prompt_len;
+  }
+  if (!any) return false;
+  v.src_h.assign(Tn, nullptr);
+  v.stride_h.assign(Tn, 0);
+  v.rrow_h.resize(Tn);
+  v.pos3_h.resize((size_t)3 * Tn);
+  for (int t = 0; t < Tn; ++t) {
+    const int p = m.meta_h[m.Tcap + t], sl = m.meta_h[2 * m.Tcap + t];
+    SlotImage &s = v.slot[sl];
+    v.rrow_h[t] = p;
+    for (int a = 0; a < 3; ++a) v.pos3_h[(size_t)t * 3 + a] = p;
+    if (!s.live) continue;
+    if (p >= s.prompt_len) {
+      v.rrow_h[t] = p + s.delta;
+      continue;
+    }
+    const int *p3 = &s.pos3[(size_t)p * 3];
+    for (int a = 0; a < 3; ++a) v.pos3_h[(size_t)t * 3 + a] = p3[a];
+    const int k = s.img_index[p];
+    if (k < 0) {
+      v.rrow_h[t] = p3[0];  // a text token: all three axes agree
+      continue;
+    }
+    if (!s.encoded) vis_encode_dispatch(m, s);
+    v.rrow_h[t] = m.max_ctx + t;
+    v.src_h[t] = s.dev + (size_t)k * m.c.H;
+    v.stride_h[t] = s.n_img * m.c.H;
+  }
+  ck(cudaMemcpyAsync(v.src, v.src_h.data(), sizeof(float *) * Tn, cudaMemcpyHostToDevice, m.stream), "image rows upload");
+  ck(cudaMemcpyAsync(v.stride, v.stride_h.data(), sizeof(int) * Tn, cudaMemcpyHostToDevice, m.stream), "image rows upload");
+  ck(cudaMemcpyAsync(v.rrow, v.rrow_h.data(), sizeof(int) * Tn, cudaMemcpyHostToDevice, m.stream), "image rows upload");
+  ck(cudaMemcpyAsync(v.pos3, v.pos3_h.data(), sizeof(int) * 3 * Tn, cudaMemcpyHostToDevice, m.stream), "image rows upload");
+  return true;
+}
+
+}  // namespace mqcuda

@@ -1,0 +1,1164 @@
+// zimage.cu: the Z-Image text-to-image pipeline on CUDA (owner: zimage family), the device side
+// of `--device cuda` for task "image" (ABI: mqb_image_* in include/mq_backend.h).
+//
+// The same pipeline as models/zimage.cc (read that file for what each stage computes and why);
+// this file only decides how it runs on the GPU:
+//  - weights are uploaded once at open: every matrix in bf16 (the bundle's stored precision; an
+//    fp32 bundle is rounded to bf16), q/k/v and the SwiGLU pair concatenated so one GEMM makes
+//    them; norm scales, biases and pad tokens in fp32;
+//  - every product is a cuBLAS GEMM with bf16 inputs and fp32 accumulation; the residual streams,
+//    norms, RoPE, softmax, GroupNorm and the scheduler stay in fp32 (diffusers' bf16 run keeps
+//    everything in bf16: ours is the more precise of the two, so the parity gap is diffusers');
+//  - attention (the DiT's joint attention, the text encoder's causal GQA attention, the VAE's
+//    single-head mid-block attention) is batched GEMM -> fp32 softmax -> batched GEMM, per head
+//    (a grouped-query head group shares its K/V through a zero batch stride);
+//  - the VAE's 3x3 convolutions are im2col (bf16, channels-last) + one GEMM, 1x1 ones a GEMM;
+//  - the host draws nothing: the runtime hands over the initial noise (torch_randn, as on CPU)
+//    and the scheduler's sigmas (computed by the same function the CPU pipeline uses), so both
+//    devices start from identical numbers; CFG and the Euler step run on the GPU.
+// Debug: MQ_ZIMAGE_TIMING=1 prints each request's text encoder, denoising and VAE times (CUDA
+// events) to stderr. MQ_ZIMAGE_DUMP=DIR writes the prompt embeddings (pe.f32), the first transformer
+// call's velocity (v0.f32) and the VAE's output (vae_out.f32, HWC) as raw little-endian floats.
+//
+// Thread safety: one model is driven by one thread at a time (the engine's worker).
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mq_backend.h"
+
+#ifdef MQB_HOST_TEST
+// Declarations the shared stub headers lack (check_syntax.sh compiles this file host-only).
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                          const void *, const void *, cudaDataType_t, int, long long, const void *,
+                                          cudaDataType_t, int, long long, const void *, void *, cudaDataType_t, int,
+                                          long long, int, cublasComputeType_t, cublasGemmAlgo_t);
+float __shfl_xor_sync(unsigned, float, int, int);
+#define KL(k, g, b, s, st) k
+#else
+#define KL(k, g, b, s, st) k<<<(g), (b), (s), (st)>>>
+#endif
+
+namespace mqzimage {
+
+typedef __nv_bfloat16 bf16;
+
+struct Fail : std::runtime_error {
+  explicit Fail(const std::string &m) : std::runtime_error(m) {}
+};
+
+void ck(cudaError_t e, const char *what) {
+  if (e != cudaSuccess) throw Fail(std::string("zimage cuda: ") + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+void cb(cublasStatus_t s, const char *what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw Fail(std::string("zimage cuda: cuBLAS ") + what + " failed with status " + std::to_string((int)s));
+}
+
+// ---- kernels ----------------------------------------------------------------------------------
+// Blocks are multiples of 32 threads; block_sum reduces over the whole block.
+
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, 32);
+  return v;
+}
+
+__device__ float block_sum(float v, float *sh) {
+  v = warp_sum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (l == 0) sh[w] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int i = 0; i < nw; i++) t += sh[i];
+  return t;
+}
+
+__device__ float block_max(float v, float *sh) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, 32));
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (l == 0) sh[w] = v;
+  __syncthreads();
+  float t = -INFINITY;
+  for (int i = 0; i < nw; i++) t = fmaxf(t, sh[i]);
+  return t;
+}
+
+__device__ float silu_d(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float tof(float x) { return x; }
+__device__ __forceinline__ float tof(bf16 x) { return __bfloat162float(x); }
+
+// rms_k: y = x * rsqrt(mean(x^2) + eps) * w [* scale] per row of D; to fp32 yf and/or bf16 yb.
+__global__ void rms_k(const float *x, int D, const float *w, const float *scale, float eps, float *yf, bf16 *yb) {
+  __shared__ float sh[32];
+  const float *xr = x + (size_t)blockIdx.x * D;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, sh);
+  const float inv = 1.0f / sqrtf(ss / D + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float v = w[i] * (xr[i] * inv);
+    if (scale) v *= scale[i];
+    if (yf) yf[(size_t)blockIdx.x * D + i] = v;
+    if (yb) yb[(size_t)blockIdx.x * D + i] = __float2bfloat16(v);
+  }
+}
+
+// rms_gate_add_k: x += gate * rmsnorm(t) * w per row (gate NULL: 1), the DiT blocks' residual.
+__global__ void rms_gate_add_k(float *x, const float *t, int D, const float *w, const float *gate, float eps) {
+  __shared__ float sh[32];
+  const float *tr = t + (size_t)blockIdx.x * D;
+  float *xr = x + (size_t)blockIdx.x * D;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += tr[i] * tr[i];
+  ss = block_sum(ss, sh);
+  const float inv = 1.0f / sqrtf(ss / D + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] += (gate ? gate[i] : 1.0f) * (w[i] * (tr[i] * inv));
+}
+
+// ln_scale_k: the final layer's LayerNorm (no affine, eps 1e-6) times (1 + sc), to bf16.
+__global__ void ln_scale_k(const float *x, int D, const float *sc, bf16 *y) {
+  __shared__ float sh[32];
+  const float *xr = x + (size_t)blockIdx.x * D;
+  float s = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) s += xr[i];
+  const float mean = block_sum(s, sh) / D;
+  float v = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
+  const float inv = 1.0f / sqrtf(block_sum(v, sh) / D + 1e-6f);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) y[(size_t)blockIdx.x * D + i] = __float2bfloat16((xr[i] - mean) * inv * (1.0f + sc[i]));
+}
+
+// qk_k: one (row, head) of a fused q|k|v row [ld] per block: per-head RMSNorm of q and k, RoPE,
+// to bf16 q [rows, H*hd], k and v [rows, Hkv*hd]. neox: rotate_half pairs (i, i+hd/2) (Qwen3);
+// else consecutive pairs (2i, 2i+1) (Z-Image's complex RoPE). cs/sn [rows, hd/2] per row.
+template <typename T>
+__global__ void qk_k(const T *qkv, int ld, int H, int Hkv, int hd, const float *nq, const float *nk, float eps,
+                     const float *cs, const float *sn, bool neox, bool norm_q, bf16 *q, bf16 *k, bf16 *v) {
+  __shared__ float sh[32];
+  __shared__ float buf[512];
+  const int r = blockIdx.x, h = blockIdx.y;  // h < H: q head; H <= h < H+Hkv: k head; then v
+  const int half = hd / 2;
+  const T *src;
+  const float *nw = nullptr;
+  bf16 *dst;
+  if (h < H) {
+    src = qkv + (size_t)r * ld + h * hd, dst = q + (size_t)r * H * hd + h * hd, nw = norm_q ? nq : nullptr;
+  } else if (h < H + Hkv) {
+    src = qkv + (size_t)r * ld + H * hd + (h - H) * hd, dst = k + (size_t)r * Hkv * hd + (h - H) * hd, nw = nk;
+  } else {
+    src = qkv + (size_t)r * ld + (H + Hkv) * hd + (h - H - Hkv) * hd;
+    dst = v + (size_t)r * Hkv * hd + (h - H - Hkv) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(tof(src[i]));
+    return;
+  }
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += tof(src[i]) * tof(src[i]);
+  ss = block_sum(ss, sh);
+  const float inv = 1.0f / sqrtf(ss / hd + eps);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = nw ? nw[i] * (tof(src[i]) * inv) : tof(src[i]);
+  __syncthreads();
+  const float *c = cs + (size_t)r * half, *s = sn + (size_t)r * half;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    if (neox) {
+      const float x1 = buf[i], x2 = buf[i + half];
+      dst[i] = __float2bfloat16(x1 * c[i] - x2 * s[i]);
+      dst[i + half] = __float2bfloat16(x2 * c[i] + x1 * s[i]);
+    } else {
+      const float a = buf[2 * i], b = buf[2 * i + 1];
+      dst[2 * i] = __float2bfloat16(a * c[i] - b * s[i]);
+      dst[2 * i + 1] = __float2bfloat16(a * s[i] + b * c[i]);
+    }
+  }
+}
+
+// softmax_k: one row of scores S [rows, n] per block: P = softmax(S * scale) in bf16; causal
+// masks columns beyond the row's position (row % qlen, keys at the same positions).
+__global__ void softmax_k(const float *S, int n, float scale, int qlen, bool causal, bf16 *P) {
+  __shared__ float sh[32];
+  const float *s = S + (size_t)blockIdx.x * n;
+  bf16 *p = P + (size_t)blockIdx.x * n;
+  const int lim = causal ? (int)(blockIdx.x % qlen) + 1 : n;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, s[j] * scale);
+  mx = block_max(mx, sh);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) sum += expf(s[j] * scale - mx);
+  sum = block_sum(sum, sh);
+  const float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) p[j] = __float2bfloat16(j < lim ? expf(s[j] * scale - mx) * inv : 0.f);
+}
+
+// swiglu_k: y[r, i] = silu(g[r, i]) * g[r, F + i] for g [rows, 2F], to bf16.
+template <typename T>
+__global__ void swiglu_k(const T *g, int F, size_t n, bf16 *y) {
+  for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) {
+    const unsigned r = (unsigned)x / (unsigned)F, i = (unsigned)x - r * (unsigned)F;  // n < 2^32 (checked by the caller)
+    y[x] = __float2bfloat16(silu_d(tof(g[(size_t)r * 2 * F + i])) * tof(g[(size_t)r * 2 * F + F + i]));
+  }
+}
+
+__global__ void bias_k(float *y, const float *b, int N, size_t n) {
+  for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) y[x] += b[(unsigned)x % (unsigned)N];
+}
+
+__global__ void add_k(float *y, const float *a, size_t n) {
+  for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) y[x] += a[x];
+}
+
+__global__ void copy_k(float *y, const float *x, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = x[i];
+}
+
+__global__ void to_bf16_k(const float *x, bf16 *y, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = __float2bfloat16(x[i]);
+}
+
+__global__ void silu_bf16_k(const float *x, bf16 *y, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = __float2bfloat16(silu_d(x[i]));
+}
+
+// embed_k: rows of a bf16 embedding table, to fp32.
+__global__ void embed_k(const bf16 *tab, const int *ids, int E, float *h) {
+  for (int i = threadIdx.x; i < E; i += blockDim.x) h[(size_t)blockIdx.x * E + i] = __bfloat162float(tab[(size_t)ids[blockIdx.x] * E + i]);
+}
+
+// copy_rows_k: rows [from, to) of x [., D] = row vector v (the pad tokens).
+__global__ void fill_rows_k(float *x, int D, const float *v) {
+  for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)blockIdx.x * D + i] = v[i];
+}
+
+// tfreq_k: the timestep's sinusoidal embedding [cos | sin] (freq 256), as the CPU pipeline.
+__global__ void tfreq_k(float tt, int half, bf16 *out) {
+  const float neg_log = (float)(-9.210340371976184);  // -log(10000) as the CPU's (float)(-std::log(10000.0))
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float f = expf(neg_log * (float)i / (float)half);
+    const float a = tt * f;
+    out[i] = __float2bfloat16(cosf(a));
+    out[half + i] = __float2bfloat16(sinf(a));
+  }
+}
+
+// mod_k: per block the adaLN outputs [4D] -> 1 + scale_msa, tanh(gate_msa), 1 + scale_mlp,
+// tanh(gate_mlp); n blocks' vectors back to back.
+__global__ void mod_k(float *m, int D, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int part = (i / D) % 4;
+    m[i] = (part == 0 || part == 2) ? 1.0f + m[i] : tanhf(m[i]);
+  }
+}
+
+// patchify_k: latents [C, h, w] -> 2x2 patches [nimg, 4C], feature (ph*2 + pw)*C + c, bf16.
+__global__ void patchify_k(const float *lat, int C, int h, int w, bf16 *out) {
+  const int wt = w / 2, P = 4 * C;
+  const int n = (h / 2) * wt * P;
+  for (int x = blockIdx.x * blockDim.x + threadIdx.x; x < n; x += gridDim.x * blockDim.x) {
+    const int tok = x / P, f = x % P, c = f % C, pp = f / C, ph = pp / 2, pw = pp % 2;
+    const int y0 = tok / wt, x0 = tok % wt;
+    out[x] = __float2bfloat16(lat[((size_t)c * h + (y0 * 2 + ph)) * w + (x0 * 2 + pw)]);
+  }
+}
+
+__global__ void unpatchify_k(const float *po, int C, int h, int w, float *out) {
+  const int wt = w / 2, P = 4 * C;
+  const int n = (h / 2) * wt * P;
+  for (int x = blockIdx.x * blockDim.x + threadIdx.x; x < n; x += gridDim.x * blockDim.x) {
+    const int tok = x / P, f = x % P, c = f % C, pp = f / C, ph = pp / 2, pw = pp % 2;
+    const int y0 = tok / wt, x0 = tok % wt;
+    out[((size_t)c * h + (y0 * 2 + ph)) * w + (x0 * 2 + pw)] = po[x];
+  }
+}
+
+// split3_k: rows q|k|v [rows, 3C] fp32 -> q, k, v [rows, C] bf16.
+__global__ void split3_k(const float *qkv, int C, size_t n, bf16 *q, bf16 *k, bf16 *v) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const size_t r = i / (3 * C);
+    const int c = (int)(i % (3 * C)), part = c / C;
+    bf16 *d = part == 0 ? q : part == 1 ? k : v;
+    d[r * C + c % C] = __float2bfloat16(qkv[i]);
+  }
+}
+
+// step_k: v = pos + g*(pos - neg) (cfg), lat += dt * -v (the flow-match Euler step).
+__global__ void step_k(float *lat, const float *pos, const float *neg, float g, float dt, int n, bool cfg) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const float v = cfg ? pos[i] + g * (pos[i] - neg[i]) : pos[i];
+    lat[i] = lat[i] + dt * -v;
+  }
+}
+
+// vae_in_k: z [C, h, w] / scaling + shift -> channels-last [h*w, C].
+__global__ void vae_in_k(const float *z, int C, int hw, float scaling, float shift, float *x) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < C * hw; i += gridDim.x * blockDim.x) {
+    const int c = i / hw, p = i % hw;
+    x[(size_t)p * C + c] = z[i] / scaling + shift;
+  }
+}
+
+// im2col_k: x [h*w, Cin] fp32 -> col [h*w, Cin*9] bf16, column (c*3 + ky)*3 + kx, zero padding 1.
+__global__ void im2col_k(const float *x, int h, int w, int Cin, bf16 *col) {
+  const size_t K = (size_t)Cin * 9, n = (size_t)h * w * K;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const unsigned p = (unsigned)i / (unsigned)K;
+    const int kk = (int)((unsigned)i - p * (unsigned)K), c = kk / 9, ky = (kk % 9) / 3, kx = kk % 3;
+    const int yy = (int)(p / (unsigned)w) + ky - 1, xx = (int)(p % (unsigned)w) + kx - 1;
+    col[i] = __float2bfloat16((yy < 0 || yy >= h || xx < 0 || xx >= w) ? 0.f : x[((size_t)yy * w + xx) * Cin + c]);
+  }
+}
+
+// gn_stats_k: per group and block, partial sums of x and x^2 over [n, C] (groups of C/G
+// channels) to part[(g * gridDim.x + block) * 2]; gn_sum_k adds them in a fixed order, so the
+// statistics (and the pixels) are the same on every run.
+__global__ void gn_stats_k(const float *x, int n, int C, int G, double *part) {
+  __shared__ float sh[32];
+  const int g = blockIdx.y, per = C / G;
+  const size_t cnt = (size_t)n * per;
+  float s = 0.f, ss = 0.f;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < cnt; i += (size_t)gridDim.x * blockDim.x) {
+    const float v = x[(size_t)((unsigned)i / (unsigned)per) * C + g * per + (unsigned)i % (unsigned)per];
+    s += v, ss += v * v;
+  }
+  s = block_sum(s, sh);
+  ss = block_sum(ss, sh);
+  if (threadIdx.x == 0) {
+    part[((size_t)g * gridDim.x + blockIdx.x) * 2] = (double)s;
+    part[((size_t)g * gridDim.x + blockIdx.x) * 2 + 1] = (double)ss;
+  }
+}
+
+__global__ void gn_sum_k(const double *part, int chunks, int G, double *stats) {
+  for (int g = threadIdx.x; g < G; g += blockDim.x) {
+    double s = 0, ss = 0;
+    for (int c = 0; c < chunks; c++) s += part[((size_t)g * chunks + c) * 2], ss += part[((size_t)g * chunks + c) * 2 + 1];
+    stats[2 * g] = s, stats[2 * g + 1] = ss;
+  }
+}
+
+// gn_apply_k: (x - mean) * rstd * gamma + beta [then SiLU], in place or to y (eps 1e-6).
+__global__ void gn_apply_k(const float *x, size_t n, int C, int G, const double *stats, const float *gamma,
+                           const float *beta, bool act, float *y) {
+  const int per = C / G;
+  const double cnt = (double)(n / C) * per;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const int c = (int)((unsigned)i % (unsigned)C), g = c / per;
+    const double mean = stats[2 * g] / cnt, var = fmax(0.0, stats[2 * g + 1] / cnt - mean * mean);
+    const float inv = (float)(1.0 / sqrt(var + 1e-6)), m = (float)mean;
+    float v = (x[i] - m) * inv * gamma[c] + beta[c];
+    if (act) v = silu_d(v);
+    y[i] = v;
+  }
+}
+
+// up2_k: nearest 2x upsample of [h*w, C] to [2h*2w, C].
+__global__ void up2_k(const float *x, int h, int w, int C, float *y) {
+  const size_t n = (size_t)4 * h * w * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const unsigned p = (unsigned)i / (unsigned)C;
+    const int c = (int)((unsigned)i - p * (unsigned)C), yy = (int)(p / (unsigned)(2 * w)), xx = (int)(p % (unsigned)(2 * w));
+    y[i] = x[((size_t)(yy / 2) * w + xx / 2) * C + c];
+  }
+}
+
+// pixels_k: the VAE's [-1, 1] output -> clamp(x/2 + 1/2, 0, 1) floats and 8-bit (half to even).
+__global__ void pixels_k(const float *x, size_t n, float *img, unsigned char *rgb) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float v = fminf(1.0f, fmaxf(0.0f, x[i] * 0.5f + 0.5f));
+    img[i] = v;
+    rgb[i] = (unsigned char)rintf(v * 255.0f);
+  }
+}
+
+// ---- the model --------------------------------------------------------------------------------
+
+struct Lin {  // y = x W^T (+ b): W [N, K] bf16
+  bf16 *w = nullptr;
+  float *b = nullptr;
+  int N = 0, K = 0;
+};
+
+struct DitBlock {
+  Lin qkv, o, w13, w2, mod;
+  float *nq, *nk, *an1, *an2, *fn1, *fn2;
+};
+
+struct TeLayer {
+  Lin qkv, o, gu, down;
+  float *in_ln, *qn, *kn, *post_ln;
+};
+
+struct Conv {
+  Lin l;  // [out, in*k*k]
+  int in = 0, out = 0, k = 0;
+};
+struct GNorm {
+  float *g = nullptr, *b = nullptr;
+};
+struct Resnet {
+  GNorm n1, n2;
+  Conv c1, c2, sc;
+};
+
+class Model {
+ public:
+  Model(const mqb_model_params *p) {
+    for (int i = 0; i < p->n_hparams; i++) hp_[p->hparams[i].key] = p->hparams[i].value;
+    for (int i = 0; i < p->n_tensors; i++) t_[p->tensors[i].name] = &p->tensors[i];
+    max_ctx_ = p->max_context;
+    ck(cudaSetDevice(p->device_index), "cudaSetDevice");
+    ck(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cb(cublasCreate(&blas_), "create");
+    cb(cublasSetStream(blas_, st_), "set stream");
+    load();
+    ck(cudaStreamSynchronize(st_), "upload");
+  }
+  ~Model() {
+    for (void *q : allocs_) cudaFree(q);
+    for (auto &kv : scratch_) cudaFree(kv.second.first);
+    if (blas_) cublasDestroy(blas_);
+    if (st_) cudaStreamDestroy(st_);
+  }
+
+  void generate(const mqb_image_args *a);
+
+ private:
+  // ---- hyper-parameters and weights ----
+  double hv(const std::string &k) const {
+    auto it = hp_.find(k);
+    if (it == hp_.end()) throw Fail("zimage cuda: hyper-parameter " + k + " missing; rebuild the bundle");
+    return it->second;
+  }
+  int hi(const std::string &k) const { return (int)hv(k); }
+
+  const mqb_tensor *tensor(const std::string &name, int64_t numel) const {
+    auto it = t_.find(name);
+    if (it == t_.end()) throw Fail("zimage cuda: tensor " + name + " missing from the bundle");
+    int64_t n = 1;
+    for (int i = 0; i < it->second->ndim; i++) n *= it->second->shape[i];
+    if (n != numel) throw Fail("zimage cuda: tensor " + name + " has " + std::to_string(n) + " elements, want " + std::to_string(numel));
+    return it->second;
+  }
+  static float elem(const mqb_tensor *t, int64_t i) {
+    if (t->dtype == MQB_DTYPE_F32) return ((const float *)t->data)[i];
+    const uint16_t b = ((const uint16_t *)t->data)[i];
+    uint32_t u;
+    if (t->dtype == MQB_DTYPE_BF16) {
+      u = (uint32_t)b << 16;
+    } else {  // IEEE half
+      const uint32_t s = (uint32_t)(b & 0x8000) << 16, e = (b >> 10) & 0x1f, m = b & 0x3ff;
+      if (e == 0) {
+        float f = std::ldexp((float)m, -24);
+        return s ? -f : f;
+      }
+      u = s | (e == 31 ? (0xffu << 23) | (m << 13) : ((e + 112) << 23) | (m << 13));
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static uint16_t to_bf16_bits(float f) {  // round to nearest even
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+  }
+  template <typename T>
+  T *dalloc(size_t n) {
+    void *q = nullptr;
+    ck(cudaMalloc(&q, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc (weights)");
+    allocs_.push_back(q);
+    return (T *)q;
+  }
+  // f32: a vector tensor (norm scale, bias, pad token) to fp32 on the device.
+  float *f32(const std::string &name, int64_t numel) {
+    const mqb_tensor *t = tensor(name, numel);
+    std::vector<float> h(numel);
+    for (int64_t i = 0; i < numel; i++) h[i] = elem(t, i);
+    float *d = dalloc<float>(numel);
+    ck(cudaMemcpy(d, h.data(), sizeof(float) * numel, cudaMemcpyHostToDevice), "upload");
+    return d;
+  }
+  // mat: the row-concatenation of matrices [n_i, K] to one bf16 [sum n_i, K] on the device.
+  Lin mat(const std::vector<std::string> &names, const std::vector<int> &rows, int K, const std::vector<std::string> &biases = {}) {
+    Lin l;
+    l.K = K;
+    for (int r : rows) l.N += r;
+    std::vector<uint16_t> h((size_t)l.N * K);
+    size_t off = 0;
+    for (size_t i = 0; i < names.size(); i++) {
+      const int64_t n = (int64_t)rows[i] * K;
+      const mqb_tensor *t = tensor(names[i], n);
+      if (t->dtype == MQB_DTYPE_BF16) {
+        std::memcpy(&h[off], t->data, 2 * n);
+      } else {
+        for (int64_t j = 0; j < n; j++) h[off + j] = to_bf16_bits(elem(t, j));
+      }
+      off += n;
+    }
+    l.w = dalloc<bf16>(h.size());
+    ck(cudaMemcpy(l.w, h.data(), 2 * h.size(), cudaMemcpyHostToDevice), "upload");
+    if (!biases.empty()) {
+      std::vector<float> b;
+      for (size_t i = 0; i < biases.size(); i++) {
+        const mqb_tensor *t = tensor(biases[i], rows[i]);
+        for (int j = 0; j < rows[i]; j++) b.push_back(elem(t, j));
+      }
+      l.b = dalloc<float>(b.size());
+      ck(cudaMemcpy(l.b, b.data(), 4 * b.size(), cudaMemcpyHostToDevice), "upload");
+    }
+    return l;
+  }
+  Lin mat1(const std::string &name, int N, int K, bool bias) {
+    return mat({name + ".weight"}, {N}, K, bias ? std::vector<std::string>{name + ".bias"} : std::vector<std::string>{});
+  }
+  Conv conv(const std::string &p, int out, int in, int k) {
+    Conv c;
+    c.l = mat1(p, out, in * k * k, true);
+    c.in = in, c.out = out, c.k = k;
+    return c;
+  }
+  GNorm gnorm(const std::string &p, int c) { return GNorm{f32(p + ".weight", c), f32(p + ".bias", c)}; }
+  Resnet resnet(const std::string &p, int in, int out) {
+    Resnet r;
+    r.n1 = gnorm(p + "norm1", in);
+    r.c1 = conv(p + "conv1", out, in, 3);
+    r.n2 = gnorm(p + "norm2", out);
+    r.c2 = conv(p + "conv2", out, out, 3);
+    if (in != out) r.sc = conv(p + "conv_shortcut", out, in, 1);
+    return r;
+  }
+
+  void load();
+
+  // ---- scratch: named device buffers grown on demand ----
+  template <typename T>
+  T *buf(const std::string &name, size_t n) {
+    auto &e = scratch_[name];
+    if (e.second < n * sizeof(T)) {
+      if (e.first) {
+        ck(cudaStreamSynchronize(st_), "sync");
+        cudaFree(e.first);
+        e.first = nullptr;
+      }
+      ck(cudaMalloc(&e.first, n * sizeof(T)), ("cudaMalloc scratch " + name).c_str());
+      e.second = n * sizeof(T);
+    }
+    return (T *)e.first;
+  }
+
+  // ---- products ----
+  // gemm: row-major C[M, N] (ldc) = A[M, K] (lda) x B^T (B [N, K], ldb; transB) or x B (B [K, N]),
+  // bf16 inputs, fp32 accumulation, C in fp32 or bf16; batched over `batch` with strides.
+  void gemm(const bf16 *A, int lda, long long sA, const bf16 *B, int ldb, long long sB, bool transB, void *C, bool cbf16, int ldc,
+            long long sC, int M, int N, int K, int batch = 1) {
+    const float one = 1.f, zero = 0.f;
+    const cudaDataType_t ct = cbf16 ? CUDA_R_16BF : CUDA_R_32F;
+    cb(cublasGemmStridedBatchedEx(blas_, transB ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, ldb, sB, A,
+                                  CUDA_R_16BF, lda, sA, &zero, C, ct, ldc, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+       "gemm");
+  }
+  // linear: y [M, N] fp32 = x [M, K] bf16 W^T + b.
+  void linear(const bf16 *x, int M, const Lin &l, float *y) {
+    gemm(x, l.K, 0, l.w, l.K, 0, true, y, false, l.N, 0, M, l.N, l.K);
+    if (l.b) KL(bias_k, grid((size_t)M * l.N), 256, 0, st_)(y, l.b, l.N, (size_t)M * l.N);
+  }
+  // grid: blocks for n elements; the element-wise kernels divide indices in 32 bits.
+  static int grid(size_t n) {
+    if (n >= (1ull << 32)) throw Fail("zimage cuda: a tensor of " + std::to_string(n) + " elements exceeds the kernels' 32-bit indexing");
+    return (int)std::min<size_t>((n + 255) / 256, 65535);
+  }
+
+  // attention: q [L, H*hd], k and v [Lk, Hkv*hd] (bf16) -> o [L, H*hd] bf16; scale 1/sqrt(hd).
+  void attention(const bf16 *q, const bf16 *k, const bf16 *v, int L, int Lk, int H, int Hkv, int hd, bool causal, bf16 *o) {
+    const int rep = H / Hkv;
+    float *S = buf<float>("att_s", (size_t)H * L * Lk);
+    bf16 *P = buf<bf16>("att_p", (size_t)H * L * Lk);
+    for (int g = 0; g < Hkv; g++)  // the rep query heads of KV head g share its K (stride 0)
+      gemm(q + (size_t)g * rep * hd, H * hd, hd, k + (size_t)g * hd, Hkv * hd, 0, true, S + (size_t)g * rep * L * Lk, false, Lk,
+           (long long)L * Lk, L, Lk, hd, rep);
+    KL(softmax_k, H * L, 256, 0, st_)(S, Lk, 1.0f / sqrtf((float)hd), L, causal, P);
+    for (int g = 0; g < Hkv; g++)
+      gemm(P + (size_t)g * rep * L * Lk, Lk, (long long)L * Lk, v + (size_t)g * hd, Hkv * hd, 0, false, o + (size_t)g * rep * hd, true,
+           H * hd, hd, L, hd, Lk, rep);
+  }
+
+  void encode(const int32_t *ids, int n, float *out);
+  void dit_block(const DitBlock &b, float *x, int L, const float *cs, const float *sn, const float *mod,
+                 const std::vector<std::pair<int, int>> &segs);
+  void dit_forward(const float *lat, int h, int w, float t, int nb, const float *const *capf, const int *ncap, float *const *out,
+                   bool first);
+  void rope_tables(int Lx, int nb, const int *Lc, int wt, int nimg);
+  void conv2d(const Conv &c, const float *x, int h, int w, float *y);
+  void group_norm(const float *x, int n, int C, const GNorm &g, bool act, float *y);
+  void run_resnet(const Resnet &r, float *&x, int h, int w);
+  void decode(const float *z, int h, int w, float *out);
+  void dump(const char *name, const float *d, size_t n);
+
+  std::map<std::string, double> hp_;
+  std::map<std::string, const mqb_tensor *> t_;
+  std::vector<void *> allocs_;
+  std::map<std::string, std::pair<void *, size_t>> scratch_;
+  cudaStream_t st_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  int max_ctx_ = 0;
+  // text encoder
+  int E_, teH_, teKv_, tehd_, teI_, teLayers_;
+  float te_eps_;
+  bf16 *embed_ = nullptr;
+  std::vector<TeLayer> te_;
+  float *te_cos_ = nullptr, *te_sin_ = nullptr;
+  // transformer
+  int D_, H_, hd_, C_, cap_, ffn_, ada_, axes_lens_[3];
+  float eps_, t_scale_;
+  Lin x_emb_, final_, final_mod_, t0_, t2_, cap_emb_;
+  float *cap_norm_, *x_pad_, *cap_pad_;
+  std::vector<DitBlock> noise_, context_, layers_;
+  std::vector<int> freq_axis_;
+  std::vector<double> freq_;
+  float *cosv_ = nullptr, *sinv_ = nullptr;  // the current RoPE tables (rope_tables)
+  std::map<std::tuple<int, int, int, int>, std::pair<float *, float *>> rope_cache_;
+  // vae
+  std::vector<int> ch_;
+  int groups_, latent_;
+  bool attn_;
+  float scaling_, shift_factor_;
+  Conv post_quant_, conv_in_, conv_out_;
+  Resnet mid_[2];
+  GNorm attn_norm_, norm_out_;
+  Lin attn_qkv_, attn_o_;
+  struct Up {
+    std::vector<Resnet> res;
+    Conv up;
+  };
+  std::vector<Up> up_;
+  bool dumped_ = false;
+  float last_t_ = NAN;  // the t of the modulation vectors in "mods" and "t_sc"
+};
+
+void Model::load() {
+  // Text encoder: layers 0..L-2 (transformers' hidden_states[-2] is the output of layer L-2).
+  const std::string te = "text_encoder.";
+  E_ = hi(te + "hidden_size"), teH_ = hi(te + "num_heads"), teKv_ = hi(te + "num_kv_heads"), tehd_ = hi(te + "head_dim");
+  teI_ = hi(te + "intermediate_size"), teLayers_ = hi(te + "num_layers") - 1;
+  te_eps_ = (float)hv(te + "norm_eps");
+  const bool tbias = hv(te + "attention_bias") != 0;
+  const int V = hi(te + "vocab_size"), qd = teH_ * tehd_, kvd = teKv_ * tehd_;
+  if (teH_ % teKv_ != 0) throw Fail("zimage cuda: text_encoder num_heads is not a multiple of num_kv_heads");
+  if (tehd_ > 512 || hi("transformer.dim") / hi("transformer.n_heads") > 512) throw Fail("zimage cuda: head_dim above 512 is not implemented");
+  {
+    Lin e = mat1("text_encoder.embed_tokens", V, E_, false);
+    embed_ = e.w;
+  }
+  for (int l = 0; l < teLayers_; l++) {
+    const std::string p = "text_encoder.layers." + std::to_string(l) + ".";
+    TeLayer L;
+    std::vector<std::string> qb;
+    if (tbias) qb = {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"};
+    L.qkv = mat({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"}, {qd, kvd, kvd}, E_, qb);
+    L.o = mat1(p + "self_attn.o_proj", E_, qd, tbias);
+    L.gu = mat({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {teI_, teI_}, E_);
+    L.down = mat1(p + "mlp.down_proj", E_, teI_, false);
+    L.in_ln = f32(p + "input_layernorm.weight", E_);
+    L.post_ln = f32(p + "post_attention_layernorm.weight", E_);
+    L.qn = f32(p + "self_attn.q_norm.weight", tehd_);
+    L.kn = f32(p + "self_attn.k_norm.weight", tehd_);
+    te_.push_back(L);
+  }
+  {  // RoPE tables as Qwen3Decoder computes them (float angle, cos/sin in double).
+    const int half = tehd_ / 2;
+    const double theta = hv(te + "rope_theta");
+    std::vector<float> c((size_t)max_ctx_ * half), s((size_t)max_ctx_ * half);
+    for (int i = 0; i < half; i++) {
+      const float inv = (float)(1.0 / std::pow(theta, (double)(float)(2 * i) / (double)tehd_));
+      for (int q = 0; q < max_ctx_; q++) {
+        const float ang = (float)q * inv;
+        c[(size_t)q * half + i] = (float)std::cos((double)ang);
+        s[(size_t)q * half + i] = (float)std::sin((double)ang);
+      }
+    }
+    te_cos_ = dalloc<float>(c.size());
+    te_sin_ = dalloc<float>(s.size());
+    ck(cudaMemcpy(te_cos_, c.data(), 4 * c.size(), cudaMemcpyHostToDevice), "upload");
+    ck(cudaMemcpy(te_sin_, s.data(), 4 * s.size(), cudaMemcpyHostToDevice), "upload");
+  }
+
+  // Transformer.
+  const std::string t = "transformer.";
+  D_ = hi(t + "dim"), H_ = hi(t + "n_heads"), hd_ = D_ / H_, C_ = hi(t + "in_channels"), cap_ = hi(t + "cap_feat_dim");
+  eps_ = (float)hv(t + "norm_eps"), t_scale_ = (float)hv(t + "t_scale");
+  ffn_ = (int)((double)D_ / 3 * 8), ada_ = std::min(D_, 256);
+  const int P = 4 * C_;
+  x_emb_ = mat1(t + "all_x_embedder.2-1", D_, P, true);
+  final_ = mat1(t + "all_final_layer.2-1.linear", P, D_, true);
+  final_mod_ = mat1(t + "all_final_layer.2-1.adaLN_modulation.1", D_, ada_, true);
+  t0_ = mat1(t + "t_embedder.mlp.0", 1024, 256, true);
+  t2_ = mat1(t + "t_embedder.mlp.2", ada_, 1024, true);
+  cap_norm_ = f32(t + "cap_embedder.0.weight", cap_);
+  cap_emb_ = mat1(t + "cap_embedder.1", D_, cap_, true);
+  x_pad_ = f32(t + "x_pad_token", D_);
+  cap_pad_ = f32(t + "cap_pad_token", D_);
+  auto block = [&](const std::string &p, bool modulated) {
+    DitBlock b;
+    b.qkv = mat({p + "attention.to_q.weight", p + "attention.to_k.weight", p + "attention.to_v.weight"}, {D_, D_, D_}, D_);
+    b.o = mat1(p + "attention.to_out.0", D_, D_, false);
+    b.w13 = mat({p + "feed_forward.w1.weight", p + "feed_forward.w3.weight"}, {ffn_, ffn_}, D_);
+    b.w2 = mat1(p + "feed_forward.w2", D_, ffn_, false);
+    b.nq = f32(p + "attention.norm_q.weight", hd_);
+    b.nk = f32(p + "attention.norm_k.weight", hd_);
+    b.an1 = f32(p + "attention_norm1.weight", D_);
+    b.an2 = f32(p + "attention_norm2.weight", D_);
+    b.fn1 = f32(p + "ffn_norm1.weight", D_);
+    b.fn2 = f32(p + "ffn_norm2.weight", D_);
+    if (modulated) b.mod = mat1(p + "adaLN_modulation.0", 4 * D_, ada_, true);
+    return b;
+  };
+  const int R = hi(t + "n_refiner_layers"), N = hi(t + "n_layers");
+  for (int i = 0; i < R; i++) noise_.push_back(block(t + "noise_refiner." + std::to_string(i) + ".", true));
+  for (int i = 0; i < R; i++) context_.push_back(block(t + "context_refiner." + std::to_string(i) + ".", false));
+  for (int i = 0; i < N; i++) layers_.push_back(block(t + "layers." + std::to_string(i) + ".", true));
+  const double theta = hv(t + "rope_theta");
+  int sum = 0;
+  for (int a = 0; a < 3; a++) {
+    const int d = hi(t + "axes_dims." + std::to_string(a));
+    axes_lens_[a] = hi(t + "axes_lens." + std::to_string(a));
+    for (int k = 0; k < d / 2; k++) {
+      freq_axis_.push_back(a);
+      freq_.push_back(1.0 / std::pow(theta, (double)(2 * k) / (double)d));
+    }
+    sum += d;
+  }
+  if (sum != hd_) throw Fail("zimage cuda: transformer axes_dims do not sum to the head dim");
+
+  // VAE decoder.
+  const int nb = hi("vae.n_blocks");
+  for (int i = 0; i < nb; i++) ch_.push_back(hi("vae.block_out_channels." + std::to_string(i)));
+  groups_ = hi("vae.norm_num_groups"), latent_ = hi("vae.latent_channels");
+  const int layers = hi("vae.layers_per_block");
+  attn_ = hv("vae.mid_block_add_attention") != 0;
+  scaling_ = (float)hv("vae.scaling_factor"), shift_factor_ = (float)hv("vae.shift_factor");
+  const std::string d = "vae.decoder.";
+  const int last = ch_.back();
+  if (hv("vae.use_post_quant_conv") != 0) post_quant_ = conv("vae.post_quant_conv", latent_, latent_, 1);
+  conv_in_ = conv(d + "conv_in", last, latent_, 3);
+  mid_[0] = resnet(d + "mid_block.resnets.0.", last, last);
+  mid_[1] = resnet(d + "mid_block.resnets.1.", last, last);
+  if (attn_) {
+    const std::string a = d + "mid_block.attentions.0.";
+    attn_norm_ = gnorm(a + "group_norm", last);
+    attn_qkv_ = mat({a + "to_q.weight", a + "to_k.weight", a + "to_v.weight"}, {last, last, last}, last,
+                    {a + "to_q.bias", a + "to_k.bias", a + "to_v.bias"});
+    attn_o_ = mat1(a + "to_out.0", last, last, true);
+  }
+  int prev = last;
+  for (int i = 0; i < nb; i++) {
+    const int c = ch_[nb - 1 - i];
+    Up u;
+    for (int j = 0; j < layers + 1; j++)
+      u.res.push_back(resnet(d + "up_blocks." + std::to_string(i) + ".resnets." + std::to_string(j) + ".", j == 0 ? prev : c, c));
+    if (i < nb - 1) u.up = conv(d + "up_blocks." + std::to_string(i) + ".upsamplers.0.conv", c, c, 3);
+    up_.push_back(u);
+    prev = c;
+  }
+  norm_out_ = gnorm(d + "conv_norm_out", ch_[0]);
+  conv_out_ = conv(d + "conv_out", 3, ch_[0], 3);
+}
+
+void Model::dump(const char *name, const float *d, size_t n) {
+  const char *dir = getenv("MQ_ZIMAGE_DUMP");
+  if (!dir || !*dir || dumped_) return;
+  std::vector<float> h(n);
+  ck(cudaMemcpyAsync(h.data(), d, 4 * n, cudaMemcpyDeviceToHost, st_), "dump");
+  ck(cudaStreamSynchronize(st_), "dump");
+  FILE *f = fopen((std::string(dir) + "/" + name).c_str(), "wb");
+  if (f) {
+    fwrite(h.data(), 4, n, f);
+    fclose(f);
+  }
+}
+
+// encode: hidden_states[-2] of the text encoder for ids -> out [n, E] fp32 (device).
+void Model::encode(const int32_t *ids, int n, float *h) {
+  const int qd = teH_ * tehd_, kvd = teKv_ * tehd_;
+  int *dids = buf<int>("te_ids", n);
+  ck(cudaMemcpyAsync(dids, ids, 4 * n, cudaMemcpyHostToDevice, st_), "ids");
+  KL(embed_k, n, 256, 0, st_)(embed_, dids, E_, h);
+  bf16 *a = buf<bf16>("te_a", (size_t)n * std::max(E_, qd));
+  float *qkv = buf<float>("te_qkv", (size_t)n * (qd + 2 * kvd));
+  bf16 *q = buf<bf16>("te_q", (size_t)n * qd), *k = buf<bf16>("te_k", (size_t)n * kvd), *v = buf<bf16>("te_v", (size_t)n * kvd);
+  bf16 *o = buf<bf16>("te_o", (size_t)n * qd);
+  float *tmp = buf<float>("te_t", (size_t)n * E_);
+  float *g = buf<float>("te_g", (size_t)n * 2 * teI_);
+  bf16 *u = buf<bf16>("te_u", (size_t)n * teI_);
+  const size_t nE = (size_t)n * E_;
+  for (const TeLayer &L : te_) {
+    KL(rms_k, n, 256, 0, st_)(h, E_, L.in_ln, nullptr, te_eps_, nullptr, a);
+    linear(a, n, L.qkv, qkv);
+    KL(qk_k, dim3(n, teH_ + 2 * teKv_), 64, 0, st_)(qkv, qd + 2 * kvd, teH_, teKv_, tehd_, L.qn, L.kn, te_eps_, te_cos_, te_sin_, true,
+                                                    true, q, k, v);
+    attention(q, k, v, n, n, teH_, teKv_, tehd_, true, o);
+    linear(o, n, L.o, tmp);
+    KL(add_k, grid(nE), 256, 0, st_)(h, tmp, nE);
+    KL(rms_k, n, 256, 0, st_)(h, E_, L.post_ln, nullptr, te_eps_, nullptr, a);
+    linear(a, n, L.gu, g);
+    KL(swiglu_k, grid((size_t)n * teI_), 256, 0, st_)(g, teI_, (size_t)n * teI_, u);
+    linear(u, n, L.down, tmp);
+    KL(add_k, grid(nE), 256, 0, st_)(h, tmp, nE);
+  }
+}
+
+// rope_tables: cos and sin of float32(pos[axis] * freq) per row (as the CPU pipeline) for the
+// stacked sequences of nb branches, each [Lx image rows, Lc[b] caption rows], in cosv_/sinv_;
+// kept per shape, so a request shape costs one upload.
+void Model::rope_tables(int Lx, int nb, const int *Lc, int wt, int nimg) {
+  auto &e = rope_cache_[std::make_tuple(Lx, Lc[0], nb > 1 ? Lc[1] : -1, wt)];
+  if (!e.first) {
+    int R = 0;
+    for (int b = 0; b < nb; b++) R += Lx + Lc[b];
+    const int nf = hd_ / 2;
+    std::vector<int> pos((size_t)R * 3, 0);
+    int off = 0;
+    for (int b = 0; b < nb; b++) {
+      for (int r = 0; r < nimg; r++) {
+        pos[(size_t)(off + r) * 3] = Lc[b] + 1;
+        pos[(size_t)(off + r) * 3 + 1] = r / wt;
+        pos[(size_t)(off + r) * 3 + 2] = r % wt;
+      }
+      for (int j = 0; j < Lc[b]; j++) pos[(size_t)(off + Lx + j) * 3] = 1 + j;
+      off += Lx + Lc[b];
+    }
+    std::vector<float> c((size_t)R * nf), s((size_t)R * nf);
+    for (int r = 0; r < R; r++)
+      for (int k = 0; k < nf; k++) {
+        const float ang = (float)((double)pos[(size_t)r * 3 + freq_axis_[k]] * freq_[k]);
+        c[(size_t)r * nf + k] = std::cos(ang);
+        s[(size_t)r * nf + k] = std::sin(ang);
+      }
+    e.first = dalloc<float>(c.size());
+    e.second = dalloc<float>(s.size());
+    ck(cudaMemcpy(e.first, c.data(), 4 * c.size(), cudaMemcpyHostToDevice), "rope");
+    ck(cudaMemcpy(e.second, s.data(), 4 * s.size(), cudaMemcpyHostToDevice), "rope");
+  }
+  cosv_ = e.first, sinv_ = e.second;
+}
+
+// dit_block: one transformer block in place over x [L, D] (rows of several sequences stacked:
+// every product runs once over all of them, attention within each segment {start, len});
+// mod [4D] (NULL: unmodulated). The q|k|v and w1|w3 products are kept in bf16, as diffusers'
+// bf16 run keeps them; norms, residuals and softmax stay fp32.
+void Model::dit_block(const DitBlock &b, float *x, int L, const float *cs, const float *sn, const float *mod,
+                      const std::vector<std::pair<int, int>> &segs) {
+  bf16 *a = buf<bf16>("d_a", (size_t)L * D_);
+  bf16 *qkv = buf<bf16>("d_qkv", (size_t)L * 3 * D_);
+  bf16 *q = buf<bf16>("d_q", (size_t)L * D_), *k = buf<bf16>("d_k", (size_t)L * D_), *v = buf<bf16>("d_v", (size_t)L * D_);
+  bf16 *o = buf<bf16>("d_o", (size_t)L * D_);
+  float *t = buf<float>("d_t", (size_t)L * D_);
+  bf16 *g = buf<bf16>("d_g", (size_t)L * 2 * ffn_);
+  bf16 *u = buf<bf16>("d_u", (size_t)L * ffn_);
+  KL(rms_k, L, 256, 0, st_)(x, D_, b.an1, mod ? mod : nullptr, eps_, nullptr, a);
+  gemm(a, D_, 0, b.qkv.w, D_, 0, true, qkv, true, 3 * D_, 0, L, 3 * D_, D_);
+  KL(qk_k, dim3(L, 3 * H_), 64, 0, st_)(qkv, 3 * D_, H_, H_, hd_, b.nq, b.nk, 1e-5f, cs, sn, false, true, q, k, v);
+  for (const auto &sg : segs) {
+    const size_t o0 = (size_t)sg.first * D_;
+    attention(q + o0, k + o0, v + o0, sg.second, sg.second, H_, H_, hd_, false, o + o0);
+  }
+  linear(o, L, b.o, t);
+  KL(rms_gate_add_k, L, 256, 0, st_)(x, t, D_, b.an2, mod ? mod + D_ : nullptr, eps_);
+  KL(rms_k, L, 256, 0, st_)(x, D_, b.fn1, mod ? mod + 2 * D_ : nullptr, eps_, nullptr, a);
+  gemm(a, D_, 0, b.w13.w, D_, 0, true, g, true, 2 * ffn_, 0, L, 2 * ffn_, D_);
+  KL(swiglu_k, grid((size_t)L * ffn_), 256, 0, st_)(g, ffn_, (size_t)L * ffn_, u);
+  linear(u, L, b.w2, t);
+  KL(rms_gate_add_k, L, 256, 0, st_)(x, t, D_, b.fn2, mod ? mod + 3 * D_ : nullptr, eps_);
+}
+
+// dit_forward: the velocities out[b] [C, h, w] for latents lat [C, h, w] at model time t, one
+// per caption capf[b] [ncap[b], cap] (nb 1, or 2 for a CFG pair: both sequences' rows stacked,
+// so every product runs once over the pair). Device pointers.
+void Model::dit_forward(const float *lat, int h, int w, float t, int nb, const float *const *capf, const int *ncap,
+                        float *const *out, bool first) {
+  // adaLN input and every block's modulation: the same for both branches of a CFG pair.
+  float *sc = buf<float>("t_sc", D_);
+  const int nmod = (int)(noise_.size() + layers_.size());
+  float *mods = buf<float>("mods", (size_t)nmod * 4 * D_);
+  if (t != last_t_) {
+    bf16 *fq = buf<bf16>("t_freq", 256);
+    float *mid = buf<float>("t_mid", 1024), *adaln = buf<float>("t_ada", ada_);
+    bf16 *midb = buf<bf16>("t_midb", 1024), *adab = buf<bf16>("t_adab", ada_);
+    KL(tfreq_k, 1, 128, 0, st_)(t * t_scale_, 128, fq);
+    linear(fq, 1, t0_, mid);
+    KL(silu_bf16_k, 4, 256, 0, st_)(mid, midb, 1024);
+    linear(midb, 1, t2_, adaln);
+    KL(to_bf16_k, 1, 256, 0, st_)(adaln, adab, ada_);
+    for (size_t i = 0; i < noise_.size(); i++) linear(adab, 1, noise_[i].mod, mods + i * 4 * D_);
+    for (size_t i = 0; i < layers_.size(); i++) linear(adab, 1, layers_[i].mod, mods + (noise_.size() + i) * 4 * D_);
+    KL(mod_k, grid((size_t)nmod * 4 * D_), 256, 0, st_)(mods, D_, nmod * 4 * D_);
+    // Final layer's scale: Linear(SiLU(adaln)).
+    bf16 *sab = buf<bf16>("t_sa", ada_);
+    KL(silu_bf16_k, 1, 256, 0, st_)(adaln, sab, ada_);
+    linear(sab, 1, final_mod_, sc);
+    last_t_ = t;
+  }
+
+  const int ht = h / 2, wt = w / 2, nimg = ht * wt, P = 4 * C_;
+  auto up32 = [](int n) { return (n + 31) / 32 * 32; };
+  const int Lx = up32(nimg);
+  int Lc[2] = {0, 0}, off[2] = {0, 0}, R = 0;
+  std::vector<std::pair<int, int>> segs;
+  for (int b = 0; b < nb; b++) {
+    Lc[b] = up32(ncap[b]);
+    if (Lc[b] + 1 >= axes_lens_[0]) throw Fail("prompt: " + std::to_string(ncap[b]) + " tokens exceed the transformer's position table");
+    off[b] = R;
+    segs.push_back({R, Lx + Lc[b]});
+    R += Lx + Lc[b];
+  }
+  if (ht > axes_lens_[1] || wt > axes_lens_[2]) throw Fail("size: the image is larger than the transformer's position table");
+  rope_tables(Lx, nb, Lc, wt, nimg);
+  const int nf = hd_ / 2;
+  float *seq = buf<float>("seq", (size_t)R * D_);
+  // Image tokens: embedded once; the noise refiner once when every branch gives the image rows
+  // the same positions (equal padded caption lengths), else per branch.
+  bf16 *patches = buf<bf16>("patches", (size_t)nimg * P);
+  KL(patchify_k, grid((size_t)nimg * P), 256, 0, st_)(lat, C_, h, w, patches);
+  linear(patches, nimg, x_emb_, seq);
+  if (Lx > nimg) KL(fill_rows_k, Lx - nimg, 256, 0, st_)(seq + (size_t)nimg * D_, D_, x_pad_);
+  for (int b = 0; b < nb; b++) {
+    float *xs = seq + (size_t)off[b] * D_;
+    const bool same = b > 0 && Lc[b] == Lc[0];
+    if (same) {
+      KL(copy_k, grid((size_t)Lx * D_), 256, 0, st_)(xs, seq, (size_t)Lx * D_);
+    } else {
+      if (b > 0) {
+        linear(patches, nimg, x_emb_, xs);
+        if (Lx > nimg) KL(fill_rows_k, Lx - nimg, 256, 0, st_)(xs + (size_t)nimg * D_, D_, x_pad_);
+      }
+      for (size_t i = 0; i < noise_.size(); i++)
+        dit_block(noise_[i], xs, Lx, cosv_ + (size_t)off[b] * nf, sinv_ + (size_t)off[b] * nf, mods + i * 4 * D_, {{0, Lx}});
+    }
+    // Caption tokens: RMSNorm, Linear, padded with cap_pad_token, the context refiner.
+    float *cs = xs + (size_t)Lx * D_;
+    bf16 *cn = buf<bf16>("capn", (size_t)ncap[b] * cap_);
+    KL(rms_k, ncap[b], 256, 0, st_)(capf[b], cap_, cap_norm_, nullptr, eps_, nullptr, cn);
+    linear(cn, ncap[b], cap_emb_, cs);
+    if (Lc[b] > ncap[b]) KL(fill_rows_k, Lc[b] - ncap[b], 256, 0, st_)(cs + (size_t)ncap[b] * D_, D_, cap_pad_);
+    const size_t ro = (size_t)(off[b] + Lx) * nf;
+    for (const DitBlock &blk : context_) dit_block(blk, cs, Lc[b], cosv_ + ro, sinv_ + ro, nullptr, {{0, Lc[b]}});
+  }
+  for (size_t i = 0; i < layers_.size(); i++) dit_block(layers_[i], seq, R, cosv_, sinv_, mods + (noise_.size() + i) * 4 * D_, segs);
+  bf16 *xn = buf<bf16>("xn", (size_t)nimg * D_);
+  float *po = buf<float>("po", (size_t)nimg * P);
+  for (int b = 0; b < nb; b++) {
+    KL(ln_scale_k, nimg, 256, 0, st_)(seq + (size_t)off[b] * D_, D_, sc, xn);
+    linear(xn, nimg, final_, po);
+    KL(unpatchify_k, grid((size_t)nimg * P), 256, 0, st_)(po, C_, h, w, out[b]);
+  }
+  if (first) dump("v0.f32", out[0], (size_t)C_ * h * w);
+}
+
+// conv2d: x [h*w, in] fp32 -> y [h*w, out] fp32; 3x3 through im2col, 1x1 a plain product.
+void Model::conv2d(const Conv &c, const float *x, int h, int w, float *y) {
+  const size_t n = (size_t)h * w;
+  bf16 *col = buf<bf16>("col", n * c.in * c.k * c.k);
+  if (c.k == 1)
+    KL(to_bf16_k, grid(n * c.in), 256, 0, st_)(x, col, n * c.in);
+  else
+    KL(im2col_k, grid(n * c.in * 9), 256, 0, st_)(x, h, w, c.in, col);
+  linear(col, (int)n, c.l, y);
+}
+
+void Model::group_norm(const float *x, int n, int C, const GNorm &g, bool act, float *y) {
+  const size_t per = (size_t)n * (C / groups_);
+  const int chunks = (int)std::min<size_t>(64, (per + 4095) / 4096);
+  (void)chunks;  // (the host-only syntax check drops launch configurations)
+  double *part = buf<double>("gn_part", (size_t)2 * groups_ * chunks), *stats = buf<double>("gn", 2 * groups_);
+  KL(gn_stats_k, dim3(chunks, groups_), 256, 0, st_)(x, n, C, groups_, part);
+  KL(gn_sum_k, 1, 64, 0, st_)(part, chunks, groups_, stats);
+  KL(gn_apply_k, grid((size_t)n * C), 256, 0, st_)(x, (size_t)n * C, C, groups_, stats, g.g, g.b, act, y);
+}
+
+// run_resnet: x -> GN, SiLU, conv1, GN, SiLU, conv2, + shortcut(x); x is replaced by the result.
+void Model::run_resnet(const Resnet &r, float *&x, int h, int w) {
+  const int n = h * w;
+  float *t = buf<float>("r_t", (size_t)n * std::max(r.c1.in, r.c1.out));
+  float *t2 = buf<float>("r_t2", (size_t)n * r.c1.out);
+  group_norm(x, n, r.c1.in, r.n1, true, t);
+  conv2d(r.c1, t, h, w, t2);
+  group_norm(t2, n, r.c1.out, r.n2, true, t2);
+  float *y = buf<float>(x == buf<float>("v_a", 0) ? "v_b" : "v_a", (size_t)n * r.c1.out);
+  conv2d(r.c2, t2, h, w, y);
+  if (r.sc.k) {
+    conv2d(r.sc, x, h, w, t);
+    KL(add_k, grid((size_t)n * r.c1.out), 256, 0, st_)(y, t, (size_t)n * r.c1.out);
+  } else {
+    KL(add_k, grid((size_t)n * r.c1.out), 256, 0, st_)(y, x, (size_t)n * r.c1.out);
+  }
+  x = y;
+}
+
+// decode: z [C, h, w] (raw latents) -> out [H*W, 3] (the VAE's [-1, 1] output), device.
+void Model::decode(const float *z, int h, int w, float *out) {
+  const int H = h << (ch_.size() - 1), W = w << (ch_.size() - 1);
+  const size_t big = (size_t)H * W * std::max(ch_[0], ch_.size() > 1 ? ch_[1] : ch_[0]);
+  size_t most = 0;  // the largest activation: reserve both ping-pong buffers once
+  for (size_t i = 0; i < ch_.size(); i++) most = std::max(most, ((size_t)h << i) * ((size_t)w << i) * ch_[ch_.size() - 1 - i] * 2);
+  most = std::max(most, big);
+  buf<float>("v_a", most);
+  buf<float>("v_b", most);
+  float *x = buf<float>("v_a", most);
+  float *zi = buf<float>("v_zin", (size_t)h * w * latent_);
+  KL(vae_in_k, grid((size_t)h * w * latent_), 256, 0, st_)(z, latent_, h * w, scaling_, shift_factor_, zi);
+  float *cur = zi;
+  float *pq = buf<float>("v_pq", (size_t)h * w * latent_);
+  if (post_quant_.k) {
+    conv2d(post_quant_, zi, h, w, pq);
+    cur = pq;
+  }
+  conv2d(conv_in_, cur, h, w, x);
+  run_resnet(mid_[0], x, h, w);
+  if (attn_) {
+    const int C = ch_.back(), L = h * w;
+    float *nrm = buf<float>("a_n", (size_t)L * C);
+    bf16 *nb = buf<bf16>("a_nb", (size_t)L * C);
+    float *qkv = buf<float>("a_qkv", (size_t)L * 3 * C);
+    bf16 *q = buf<bf16>("a_q", (size_t)L * C), *k = buf<bf16>("a_k", (size_t)L * C), *v = buf<bf16>("a_v", (size_t)L * C);
+    bf16 *o = buf<bf16>("a_o", (size_t)L * C);
+    float *y = buf<float>("a_y", (size_t)L * C);
+    group_norm(x, L, C, attn_norm_, false, nrm);
+    KL(to_bf16_k, grid((size_t)L * C), 256, 0, st_)(nrm, nb, (size_t)L * C);
+    linear(nb, L, attn_qkv_, qkv);
+    KL(split3_k, grid((size_t)L * 3 * C), 256, 0, st_)(qkv, C, (size_t)L * 3 * C, q, k, v);
+    attention(q, k, v, L, L, 1, 1, C, false, o);
+    linear(o, L, attn_o_, y);
+    KL(add_k, grid((size_t)L * C), 256, 0, st_)(x, y, (size_t)L * C);
+  }
+  run_resnet(mid_[1], x, h, w);
+  for (const Up &u : up_) {
+    for (const Resnet &r : u.res) run_resnet(r, x, h, w);
+    if (u.up.k) {
+      float *other = x == buf<float>("v_a", 0) ? buf<float>("v_b", 0) : buf<float>("v_a", 0);
+      KL(up2_k, grid((size_t)4 * h * w * u.up.in), 256, 0, st_)(x, h, w, u.up.in, other);
+      h *= 2, w *= 2;
+      conv2d(u.up, other, h, w, x);
+    }
+  }
+  float *t = buf<float>("r_t", (size_t)h * w * ch_[0]);
+  group_norm(x, h * w, ch_[0], norm_out_, true, t);
+  conv2d(conv_out_, t, h, w, out);
+}
+
+void Model::generate(const mqb_image_args *a) {
+  const int s = 1 << (ch_.size() - 1), h = a->height / s, w = a->width / s, n = C_ * h * w;
+  const bool cfg = a->negative != nullptr && a->n_negative > 0;
+  const char *tenv = getenv("MQ_ZIMAGE_TIMING");
+  const bool timing = tenv && *tenv && std::string(tenv) != "0";
+  cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};
+  if (timing)
+    for (auto &e : ev) {
+      ck(cudaEventCreate(&e), "event");
+    }
+  if (timing) ck(cudaEventRecord(ev[0], st_), "event");
+  // 1. Text embeddings.
+  float *pe = buf<float>("pe", (size_t)a->n_prompt * E_);
+  encode(a->prompt, a->n_prompt, pe);
+  dump("pe.f32", pe, (size_t)a->n_prompt * E_);
+  float *ne = nullptr;
+  if (cfg) {
+    ne = buf<float>("ne", (size_t)a->n_negative * E_);
+    encode(a->negative, a->n_negative, ne);
+  }
+  if (timing) ck(cudaEventRecord(ev[1], st_), "event");
+  // 2. Latents (the runtime's torch-identical noise).
+  float *lat = buf<float>("lat", n), *pos = buf<float>("vpos", n), *neg = buf<float>("vneg", n);
+  ck(cudaMemcpyAsync(lat, a->noise, 4 * (size_t)n, cudaMemcpyHostToDevice, st_), "noise");
+  // 3-4. Denoising.
+  for (int i = 0; i < a->steps; i++) {
+    const float timestep = a->sigmas[i] * 1000.0f;
+    const float t = (1000.0f - timestep) / 1000.0f;
+    const float *capf[2] = {pe, ne};
+    const int ncap[2] = {a->n_prompt, a->n_negative};
+    float *const outs[2] = {pos, neg};
+    dit_forward(lat, h, w, t, cfg ? 2 : 1, capf, ncap, outs, i == 0);
+    KL(step_k, grid(n), 256, 0, st_)(lat, pos, neg, a->guidance, a->sigmas[i + 1] - a->sigmas[i], n, cfg);
+    if (a->latents) ck(cudaMemcpyAsync(a->latents + (size_t)(i + 1) * n, lat, 4 * (size_t)n, cudaMemcpyDeviceToHost, st_), "latents");
+  }
+  if (timing) ck(cudaEventRecord(ev[2], st_), "event");
+  // 5. Decode.
+  const size_t px = (size_t)a->width * a->height * 3;
+  float *img = buf<float>("img", px), *imgf = buf<float>("imgf", px);
+  unsigned char *rgb = buf<unsigned char>("rgb", px);
+  decode(lat, h, w, img);
+  dump("vae_out.f32", img, px);
+  dumped_ = true;
+  KL(pixels_k, grid(px), 256, 0, st_)(img, px, imgf, rgb);
+  ck(cudaMemcpyAsync(a->rgb, rgb, px, cudaMemcpyDeviceToHost, st_), "pixels");
+  if (a->image) ck(cudaMemcpyAsync(a->image, imgf, 4 * px, cudaMemcpyDeviceToHost, st_), "image");
+  if (timing) ck(cudaEventRecord(ev[3], st_), "event");
+  ck(cudaStreamSynchronize(st_), "generate");
+  ck(cudaGetLastError(), "kernels");
+  if (timing) {
+    float ms[3];
+    for (int i = 0; i < 3; i++) ck(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "event");
+    fprintf(stderr, "zimage cuda: text encoder %.1f ms, denoising %.1f ms (%d steps, %s), VAE decode %.1f ms\n", ms[0], ms[1], a->steps,
+            cfg ? "CFG pairs stacked" : "no guidance", ms[2]);
+    for (auto &e : ev) cudaEventDestroy(e);
+  }
+}
+
+void fail_msg(char *err, size_t n, const char *m) {
+  if (err && n) snprintf(err, n, "%s", m);
+}
+
+}  // namespace mqzimage
+
+struct mqb_image {
+  mqzimage::Model *m;
+};
+
+extern "C" {
+
+int mqb_image_open(const mqb_model_params *p, mqb_image **out, char *err, size_t errlen) {
+  *out = nullptr;
+  if (p->abi_version != MQB_ABI_VERSION) {
+    mqzimage::fail_msg(err, errlen, "zimage cuda: ABI version mismatch; rebuild with make cuda");
+    return 1;
+  }
+  if (std::string(p->family) != "zimage") {
+    mqzimage::fail_msg(err, errlen, (std::string("zimage cuda: family ") + p->family + " is not a text-to-image family of this library").c_str());
+    return 1;
+  }
+  try {
+    *out = new mqb_image{new mqzimage::Model(p)};
+  } catch (const std::exception &e) {
+    mqzimage::fail_msg(err, errlen, e.what());
+    return 1;
+  }
+  return 0;
+}
+
+int mqb_image_generate(mqb_image *m, const mqb_image_args *a, char *err, size_t errlen) {
+  try {
+    m->m->generate(a);
+  } catch (const std::exception &e) {
+    mqzimage::fail_msg(err, errlen, e.what());
+    return 1;
+  }
+  return 0;
+}
+
+void mqb_image_close(mqb_image *m) {
+  if (!m) return;
+  delete m->m;
+  delete m;
+}
+
+}  // extern "C"
