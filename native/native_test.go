@@ -3,6 +3,8 @@ package native
 import (
 	"errors"
 	"math"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -391,36 +393,33 @@ func testSeededSampling(t *testing.T, dev string) {
 	}
 }
 
-// eosPrompt finds a prompt whose greedy next token is EOS. With tied embeddings a prompt ending
-// in a token tends to predict that token again, so prompts [x, EOS] are tried for x = 0, 1, ...
-// (the fixtures' random weights have no other way to reach EOS).
-func eosPrompt(t *testing.T, e *Engine) []int32 {
+// eosPrompt returns a prompt whose greedy next token is an end-of-sequence id, and that id:
+// a prompt of the fixture's EOS golden (fixtures/golden/<fixture>-eos.json, found by
+// search_eos_prompts.py and decoded by transformers) extended by the greedy tokens transformers
+// chose before it reached the id. The fixtures' random weights reach EOS only from such
+// searched prompts.
+func eosPrompt(t *testing.T, e *Engine, fixture string) ([]int32, int32) {
 	t.Helper()
-	eos := e.Info().EOSIDs
-	if len(eos) == 0 {
-		t.Fatal("fixture has no EOS id")
+	g, err := fixtures.LoadGolden(filepath.Join("..", "fixtures", "golden", fixture+"-eos.json"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	V := e.Info().VocabSize
-	for x := int32(0); x < 20000; x++ {
-		p := []int32{x, eos[0]}
-		lg, err := e.Logits(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if argmax(lg[V:]) == eos[0] {
-			return p
+	for _, p := range g.Prompts {
+		for k, tok := range p.GreedyIDs {
+			if slices.Contains(e.Info().EOSIDs, tok) {
+				return append(append([]int32{}, p.PromptIDs...), p.GreedyIDs[:k]...), tok
+			}
 		}
 	}
-	t.Fatal("no prompt [x, EOS] with x < 20000 predicts EOS greedily; extend eosPrompt's search")
-	return nil
+	t.Fatalf("no prompt of the %s EOS golden reaches an end-of-sequence id %v; rerun fixtures/golden/search_eos_prompts.py", fixture, e.Info().EOSIDs)
+	return nil, 0
 }
 
 func TestEOSStopAndIgnore(t *testing.T) {
 	for _, name := range []string{fixtures.Qwen3Tiny, fixtures.GPT2Tiny} {
 		t.Run(name, func(t *testing.T) {
 			e := openEngine(t, name, Params{})
-			p := eosPrompt(t, e)
-			eos := e.Info().EOSIDs[0]
+			p, eos := eosPrompt(t, e, name)
 			r := generate(t, e, p, Sampling{MaxNewTokens: 8})
 			if r.reason != FinishStop || len(r.tokens) != 1 || r.tokens[0] != eos || r.timing.OutputTokens != 1 {
 				t.Fatalf("stop on EOS: got tokens %v reason %q output %d; want [%d] stop 1", r.tokens, r.reason, r.timing.OutputTokens, eos)

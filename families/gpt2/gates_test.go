@@ -14,6 +14,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.GoldenParity(ctx, suite.GoldenInput)
 	spec.LogprobsParity(ctx, suite.LogprobsInput)
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(false) })
+	spec.NaturalEOS(ctx, suite.EOSInput)
 	spec.ContextContract(ctx, suite.ContextInput)
 	spec.StopStrings(ctx, suite.StopInput)
 	spec.TokenizerParity(ctx, func() spec.TokenizerInput { return suite.TokenizerInput("gpt2") })

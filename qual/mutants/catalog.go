@@ -74,4 +74,9 @@ var Catalog = []Mutant{
 		Old: "if g.lp != nil && len(g.lp.pending) > 0 && !g.s.faults.dropFinalLogprobs {", New: "if false {"},
 	{Name: "include_stop_str_in_output ignored (the stop string dropped anyway)", Family: "gpt2", File: "server/stop.go", Gates: "parity",
 		Old: "		if m.include {\n", New: "		if false {\n"},
+	// gpt2's natural-EOS gate (fixtures/golden/gpt2-tiny-eos.json, prompts searched so the
+	// retuned gpt2-tiny reaches 50256 on its own) must bite too.
+	{Name: "EOS ignored by the engine, seen by gpt2's gate", Family: "gpt2", File: "native/engine.cc", Gates: "parity",
+		Old: "if (!q->s.ignore_eos && std::find(e->eos.begin(), e->eos.end(), tok) != e->eos.end())",
+		New: "if (q->s.ignore_eos && std::find(e->eos.begin(), e->eos.end(), tok) != e->eos.end())"},
 }
