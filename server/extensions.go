@@ -302,6 +302,5 @@ func (s *Server) handleLogits(q *reqState) {
 	q.rec.FinishReason = "length"
 	q.status = http.StatusOK
 	q.w.Header().Set("Content-Type", "application/json")
-	q.w.WriteHeader(http.StatusOK)
-	_, _ = q.w.Write(b)
+	q.writeBody(http.StatusOK, b)
 }

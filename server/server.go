@@ -789,10 +789,28 @@ func (q *reqState) writeJSON(status int, v any) {
 		return
 	}
 	q.status = status
-	q.armWrite()
 	q.w.Header().Set("Content-Type", "application/json")
+	q.writeBody(status, b)
+}
+
+// writeChunk is how much of a large body goes to the client between two --write-timeout
+// deadlines.
+const writeChunk = 1 << 20
+
+// writeBody writes b in writeChunk pieces, re-arming --write-timeout before each: the timeout
+// cuts a client that stops reading, not one that reads a large answer (a /mq/v1/logits of a
+// long prompt is hundreds of MB) more slowly than the whole body could cross in one deadline.
+func (q *reqState) writeBody(status int, b []byte) {
+	q.armWrite()
 	q.w.WriteHeader(status)
-	_, _ = q.w.Write(b)
+	for len(b) > 0 {
+		n := min(len(b), writeChunk)
+		q.armWrite()
+		if _, err := q.w.Write(b[:n]); err != nil {
+			return
+		}
+		b = b[n:]
+	}
 }
 
 // readBody reads the request body within --max-body (413 past it) and --body-timeout (408

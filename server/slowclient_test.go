@@ -546,3 +546,51 @@ func TestRecordsFailLoudly(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeBodyReadSlowly: a /mq/v1/logits answer far larger than one --write-timeout can carry
+// to a client that reads at a steady pace arrives whole (the deadline is re-armed per chunk),
+// and the next request on a fresh connection answers. Before writeBody, the body went in one
+// Write under one deadline and a slow reader of a long prompt's logits was cut mid-body.
+func TestLargeBodyReadSlowly(t *testing.T) {
+	s := startServer(t, qwenBundle(t), "--write-timeout", "300ms")
+	ids := make([]string, 24)
+	for i := range ids {
+		ids[i] = fmt.Sprint(100 + i)
+	}
+	body := `{"prompt_token_ids":[` + strings.Join(ids, ",") + `]}`
+	c := s.rawConn(t, 64<<10)
+	fmt.Fprintf(c, "POST /mq/v1/logits HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReaderSize(c, 64<<10), nil)
+	if err != nil {
+		t.Fatalf("read the response head: %v", err)
+	}
+	// 24 positions x 151,936 float32s, base64: about 19.4 MB, read 512 KiB every 50 ms (about
+	// 1.9 s in all, six times the write timeout; each 1 MiB chunk crosses in about 100 ms).
+	var got []byte
+	buf := make([]byte, 512<<10)
+	for {
+		n, err := io.ReadFull(resp.Body, buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("after %d bytes: %v", len(got), err)
+			}
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var out struct {
+		VocabSize int    `json:"vocab_size"`
+		Positions int    `json:"positions"`
+		Data      string `json:"data"`
+	}
+	if err := json.Unmarshal(got, &out); err != nil {
+		t.Fatalf("the body was cut: %d bytes that do not parse (%v)", len(got), err)
+	}
+	if want := 4 * out.VocabSize * out.Positions; out.Positions != len(ids) || len(out.Data) != (want+2)/3*4 {
+		t.Fatalf("logits body: %d positions, %d base64 bytes (want %d positions, %d bytes)", out.Positions, len(out.Data), len(ids), (want+2)/3*4)
+	}
+	if st, _, b := s.post("/mq/v1/logits", `{"prompt_token_ids":[9707]}`); st != 200 {
+		t.Fatalf("the next request: %d %.200s", st, b)
+	}
+}
