@@ -212,15 +212,18 @@ func TestHalfPrecisionBundlesOnCPU(t *testing.T) {
 		}
 		e.Close()
 		b.Close()
-		var maxd float64
+		var maxd, maxl float64
 		for i := range lh {
 			maxd = math.Max(maxd, math.Abs(float64(lh[i]-lf[i])))
+			maxl = math.Max(maxl, math.Abs(float64(lf[i])))
 		}
-		// Weights N(0, 0.02²) rounded to 8 (bf16) or 11 (fp16) significant bits move these
-		// logits by about 1e-4..1e-3; a bundle read as the wrong dtype moves them by far more
-		// or gives NaN.
-		if !(maxd > 0 && maxd < 5e-3) {
-			t.Errorf("%s: max |logit - fp32 logit| = %g, want rounding-sized (0, 5e-3)", prec, maxd)
+		// Weights rounded to 8 (bf16) or 11 (fp16) significant bits move the logits (up to
+		// ~12 on the retuned qwen3-tiny) by about 1 % (bf16: 0.15 measured) or 0.15 % (fp16:
+		// 0.017) of their largest magnitude; a bundle read as the wrong dtype moves them by far
+		// more or gives NaN.
+		bound := map[string]float64{"bf16": 0.03, "fp16": 0.004}[prec] * maxl
+		if !(maxd > 0 && maxd < bound) {
+			t.Errorf("%s: max |logit - fp32 logit| = %g, want rounding-sized (0, %.3g) with logits up to %.3g", prec, maxd, bound, maxl)
 		}
 	}
 }

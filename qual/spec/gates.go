@@ -197,7 +197,7 @@ func (s *Suite) GoldenInput() GoldenInput {
 		// The golden is transformers in float32; a bf16 engine drifts from it within the gpu
 		// tolerance and may take another greedy path after a while.
 		t := s.Threshold()
-		in.Tolerance, in.MaxSteps = t.MaxAbsLogitDiff, t.GreedySteps
+		in.Tolerance, in.MaxSteps, in.TieMargin = t.MaxAbsLogitDiff, t.GreedySteps, t.GreedyTieMargin
 	}
 	return in
 }

@@ -29,7 +29,15 @@ func (s *Suite) EOSInput() EOSInput {
 
 // StopInput is the stop-string gate's input: the fixture's transformers golden.
 func (s *Suite) StopInput() StopInput {
-	return StopInput{API: s.API, Path: GoldenPath(s.State.RepoRoot, s.goldenFixture()), Tokenizer: s.Tokenizer}
+	return StopInput{API: s.API, Path: GoldenPath(s.State.RepoRoot, s.goldenFixture()), Tokenizer: s.Tokenizer, TieMargin: s.tieMargin()}
+}
+
+// tieMargin is the GPU thresholds' greedy_tie_margin on a cuda run, else 0 (exact).
+func (s *Suite) tieMargin() float64 {
+	if s.State.Device != "cuda" {
+		return 0
+	}
+	return s.Threshold().GreedyTieMargin
 }
 
 // ChatUsageInput is the chat usage gate's input: the renderings under key of
@@ -42,7 +50,7 @@ func (s *Suite) ChatUsageInput(file, key string) ChatUsageInput {
 
 // ConcurrentInput is the concurrency gate's input: the whole corpus, 16 requests in flight.
 func (s *Suite) ConcurrentInput() ConcurrentInput {
-	return ConcurrentInput{API: s.API, Tokenizer: s.Tokenizer, Corpus: s.Corpus, Requests: 16, MaxTokens: 32}
+	return ConcurrentInput{API: s.API, Tokenizer: s.Tokenizer, Corpus: s.Corpus, Requests: 16, MaxTokens: 32, TieMargin: s.tieMargin()}
 }
 
 // FailureRecordsInput starts a second server of the suite's bundle with a 100 ms request
