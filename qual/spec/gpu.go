@@ -171,6 +171,14 @@ func gpuFigures(profile, label string, pt load.PointResult) ([]Figure, string) {
 		}
 	}
 	tel.PerToken(outTokens)
+	return append(telemetryFigures(profile, label, tel),
+		Figure{Profile: profile, Point: label, Name: "gpu.joules_per_output_token", Value: tel.JoulesPerOutputToken, Unit: "J/token"}), ""
+}
+
+// telemetryFigures are the figures every GPU profile reports from its go-nvml telemetry:
+// memory high-water (the largest device's), utilization (the devices' mean), power (summed)
+// and energy.
+func telemetryFigures(profile, point string, tel gpu.Telemetry) []Figure {
 	var hw uint64
 	var util, power float64
 	for _, d := range tel.Devices {
@@ -179,13 +187,12 @@ func gpuFigures(profile, label string, pt load.PointResult) ([]Figure, string) {
 		power += d.PowerAvgW
 	}
 	fig := func(name string, v float64, unit string) Figure {
-		return Figure{Profile: profile, Point: label, Name: name, Value: v, Unit: unit}
+		return Figure{Profile: profile, Point: point, Name: name, Value: v, Unit: unit}
 	}
 	return []Figure{
 		fig("gpu.memory_high_water", float64(hw)/(1<<20), "MiB"),
 		fig("gpu.utilization_avg", util, "%"),
 		fig("gpu.power_avg", power, "W"),
 		fig("gpu.energy", tel.EnergyJ, "J"),
-		fig("gpu.joules_per_output_token", tel.JoulesPerOutputToken, "J/token"),
-	}, ""
+	}
 }

@@ -394,20 +394,9 @@ func imageGPUFigures(profile string, tel gpu.Telemetry, points []load.ImagePoint
 	for _, pt := range points {
 		images += pt.Requests - pt.Errors + pt.WarmupRequests
 	}
-	var hw uint64
-	var util, power float64
-	for _, d := range tel.Devices {
-		hw = max(hw, d.MemoryHighWaterBytes)
-		util += d.UtilizationAvg / float64(len(tel.Devices))
-		power += d.PowerAvgW
-	}
-	fig := func(name string, v float64, unit string) Figure {
-		return Figure{Profile: profile, Point: "all points", Name: name, Value: v, Unit: unit}
-	}
-	figs := []Figure{fig("gpu.memory_high_water", float64(hw)/(1<<20), "MiB"), fig("gpu.utilization_avg", util, "%"),
-		fig("gpu.power_avg", power, "W"), fig("gpu.energy", tel.EnergyJ, "J")}
+	figs := telemetryFigures(profile, "all points", tel)
 	if images > 0 {
-		figs = append(figs, fig("gpu.joules_per_image", tel.EnergyJ/float64(images), "J/image"))
+		figs = append(figs, Figure{Profile: profile, Point: "all points", Name: "gpu.joules_per_image", Value: tel.EnergyJ / float64(images), Unit: "J/image"})
 	}
 	return figs, ""
 }
