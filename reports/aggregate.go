@@ -431,6 +431,9 @@ type Target struct {
 	BundleSHA256 string `json:"bundle_sha256,omitempty"`
 	Commit       string `json:"commit"`
 	Dirty        bool   `json:"dirty,omitempty"`
+	// Pacer says how the client kept an open loop's schedule (its clock and the scheduling
+	// policy of its thread), which the schedule-lateness figures depend on; empty otherwise.
+	Pacer string `json:"pacer,omitempty"`
 }
 
 // EngineSteps sums a server's engine steps by kind: "prefill" steps prefilled at least one

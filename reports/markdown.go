@@ -46,6 +46,9 @@ func Markdown(s *Summary) string {
 			commit += " (dirty tree)"
 		}
 		fmt.Fprintf(&b, "Server: %s at %s, model `%s`; bundle: %s; commit %s.\n\n", orUnknown(t.Server), orUnknown(t.URL), t.Model, bundle, commit)
+		if t.Pacer != "" {
+			fmt.Fprintf(&b, "Schedule kept by the client's pacer: %s.\n\n", t.Pacer)
+		}
 	}
 	if len(p.Shards) > 1 {
 		if p.ShardGapSec > 0 {

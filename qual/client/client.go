@@ -264,20 +264,54 @@ type Pending struct {
 	// sent: Begin wrote the request on conn (raw transport on Linux); the answer is read by the
 	// transport's epoll reader and Wait only waits for it.
 	sent     bool
+	prepared bool // Prepare registered conn with the reader; Send writes the request
+	early    bool // StartNs was stamped before the connection was taken (Begin)
 	conn     *rawConn
 	reused   bool
 	cancelT  *time.Timer
 	beginErr error // a failed write of a sent request
 }
 
-// Begin starts req: on the raw transport with the epoll reader (plain http:// on Linux) it takes
-// a pooled connection, stamps StartNs and writes the request before it returns, so a caller
-// pacing a schedule (qual/load's open loop) puts the request on the wire itself at the
-// scheduled instant, and Wait on another goroutine only collects the answer. On the other paths
-// (https through net/http, platforms without epoll) Begin only checks the request, and Wait
-// sends it. Begin never blocks for long: a request larger than the socket's send buffer has
-// its rest written by Wait.
+// Begin starts req: Prepare, then Send. On the raw transport with the epoll reader (plain
+// http:// on Linux) the request is on the wire when Begin returns, and Wait on another goroutine
+// only collects the answer; on the other paths (https through net/http, platforms without
+// epoll) Begin only checks the request, and Wait sends it. Begin never blocks for long: a request
+// larger than the socket's send buffer has its rest written by Wait. StartNs is stamped before a
+// dial when no idle connection was left, so a connection opened for the request counts in its
+// latency.
 func (c *Client) Begin(ctx context.Context, epoch time.Time, req *Request, resp *Response, p *Pending) {
+	c.prepare(ctx, epoch, req, resp, p, true)
+	p.Send()
+}
+
+// Prepare does everything Begin does short of writing the request: it checks the request,
+// takes a pooled connection (dialling one when none is idle), lays out the request's bytes and
+// registers the connection with the reader. Send then only stamps StartNs and writes, so a
+// caller pacing a schedule (qual/load's open loop) prepares the next request while it waits for
+// that request's instant and what lies between the instant and the first byte on the wire is
+// one write. A dial made by Prepare happened before the request's start and is not part of its
+// latency. A prepared request is either sent (Send, then Wait) or released (Discard).
+func (c *Client) Prepare(ctx context.Context, epoch time.Time, req *Request, resp *Response, p *Pending) {
+	c.prepare(ctx, epoch, req, resp, p, false)
+}
+
+// Send writes a request that Prepare readied (on the raw transport; elsewhere Wait sends it).
+func (p *Pending) Send() {
+	if p.err == nil && p.prepared {
+		p.c.st.sendPrepared(p)
+	}
+}
+
+// Discard releases a prepared request that will not be sent (the run ended before its time):
+// its connection goes back to the pool and its contexts are released. No record is made of it.
+func (p *Pending) Discard() {
+	if p.err == nil && p.prepared {
+		p.c.st.discard(p)
+	}
+	p.release()
+}
+
+func (c *Client) prepare(ctx context.Context, epoch time.Time, req *Request, resp *Response, p *Pending, early bool) {
 	*p = Pending{c: c, ctx: ctx, epoch: epoch, req: req, resp: resp}
 	resp.Reset()
 	resp.RequestID = req.ID
@@ -304,14 +338,13 @@ func (c *Client) Begin(ctx context.Context, epoch time.Time, req *Request, resp 
 		p.err = resp.Err
 		return
 	}
-	if c.timeout > 0 {
-		p.ctx, p.cancels[0] = context.WithTimeout(p.ctx, c.timeout)
-	}
+	// The timeout's context is made when the start is stamped (stamp), so that it counts from
+	// the request's start whatever time passed between Prepare and Send.
 	if req.CancelAfter > 0 {
 		p.ctx, p.cancels[1] = context.WithCancel(p.ctx)
 	}
 	if c.st != nil && c.st.ep != nil {
-		c.st.begin(p)
+		c.st.prepare(p, early)
 	}
 }
 
@@ -322,6 +355,10 @@ func (c *Client) Begin(ctx context.Context, epoch time.Time, req *Request, resp 
 func (p *Pending) stamp() {
 	p.resp.StartNs = int64(time.Since(p.epoch))
 	p.resp.StartUnixNs = p.epoch.UnixNano() + p.resp.StartNs
+	if p.c.timeout > 0 && p.cancels[0] == nil {
+		// Below the planned cancellation's context, whose end it inherits.
+		p.ctx, p.cancels[0] = context.WithTimeout(p.ctx, p.c.timeout)
+	}
 	if p.cancels[1] != nil && p.cancelT == nil {
 		// Armed after the start is stamped, so the delay is measured from StartNs.
 		p.cancelT = time.AfterFunc(p.req.CancelAfter, p.cancels[1])
@@ -330,16 +367,10 @@ func (p *Pending) stamp() {
 
 // Wait completes the request that Begin started and returns resp.Err (nil on success).
 func (p *Pending) Wait() error {
-	defer func() {
-		if p.cancelT != nil {
-			p.cancelT.Stop()
-		}
-		for _, f := range p.cancels {
-			if f != nil {
-				f()
-			}
-		}
-	}()
+	defer p.release()
+	if p.prepared {
+		p.Send() // prepared and never sent: sent now
+	}
 	if p.err != nil {
 		return p.err
 	}
@@ -358,9 +389,22 @@ func (p *Pending) Wait() error {
 	return c.doHTTP(p)
 }
 
+// release stops the request's timers and releases its contexts.
+func (p *Pending) release() {
+	if p.cancelT != nil {
+		p.cancelT.Stop()
+	}
+	for _, f := range p.cancels {
+		if f != nil {
+			f()
+		}
+	}
+}
+
 // doHTTP sends the request through net/http: the path of https:// and other URLs that the raw
 // transport does not serve exactly.
 func (c *Client) doHTTP(p *Pending) error {
+	p.stamp() // first: it makes the timeout's context
 	ctx, epoch, req, resp := p.ctx, p.epoch, p.req, p.resp
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+p.path, bytes.NewReader(p.body))
 	if err != nil {
@@ -384,7 +428,6 @@ func (c *Client) doHTTP(p *Pending) error {
 	if c.auth != "" {
 		h["Authorization"] = []string{c.auth}
 	}
-	p.stamp()
 	hresp, err := c.hc.Do(hreq)
 	if err != nil {
 		return c.fail(ctx, epoch, resp, err)

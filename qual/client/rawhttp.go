@@ -222,10 +222,9 @@ func (t *streamTransport) prewarm(ctx context.Context, n int) error {
 // the reader to end the response (with do's single resend on a reused connection that closed
 // before any byte of an answer); elsewhere it sends the whole request here.
 func (t *streamTransport) wait(p *Pending) error {
-	ctx := p.ctx
 	if t.ep == nil {
 		p.stamp()
-		return t.do(ctx, p.epoch, p.path, p.req, p.c.auth, p.body, p.resp)
+		return t.do(p.ctx, p.epoch, p.path, p.req, p.c.auth, p.body, p.resp)
 	}
 	return t.waitSent(p)
 }

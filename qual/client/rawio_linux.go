@@ -366,14 +366,21 @@ func (c *rawConn) readFD(closed bool) bool {
 	}
 }
 
-// begin (the epoll reader's path) takes a connection for p, registers it with the reader and
-// writes the request, all on the caller's goroutine; wait collects the answer. StartNs is
-// stamped just before the first byte is written, or before the dial when no idle connection
-// was left.
-func (t *streamTransport) begin(p *Pending) {
-	p.stamp()
+// prepare (the epoll reader's path) takes a connection for p, lays out the request and
+// registers the connection with the reader, all on the caller's goroutine; sendPrepared writes it and
+// wait collects the answer. early (Begin) stamps StartNs before a dial, so that a connection
+// opened for the request counts in its latency; otherwise (Prepare) StartNs is stamped by sendPrepared,
+// just before the first byte is written.
+func (t *streamTransport) prepare(p *Pending, early bool) {
+	p.early = early
+	if early {
+		p.stamp()
+	}
 	c, reused, err := t.get(p.ctx)
 	if err != nil {
+		if !early {
+			p.stamp() // the failed request's start: the dial that failed
+		}
 		p.beginErr = err
 		return
 	}
@@ -385,14 +392,38 @@ func (t *streamTransport) begin(p *Pending) {
 		p.beginErr = err
 		return
 	}
-	p.sent = true
-	if reused {
+	p.prepared = true
+}
+
+// sendPrepared stamps StartNs (unless Begin's early stamp stands for a new connection) and writes what
+// the socket takes of the request now; waitSent writes the rest.
+func (t *streamTransport) sendPrepared(p *Pending) {
+	p.sent, p.prepared = true, false
+	if !p.early || p.reused {
 		p.stamp()
 	}
+	c := p.conn
 	c.wpos = 0
 	if err := c.writeNow(); err != nil {
 		p.beginErr = err
 	}
+}
+
+// discard releases a prepared request that was never written: its connection goes back to the
+// pool unless the reader ended the (never asked) response first, which means that the peer
+// closed it.
+func (t *streamTransport) discard(p *Pending) {
+	p.prepared = false
+	c := p.conn
+	finished := c.stopReading()
+	t.ep.unregister(c)
+	c.resp = nil
+	p.conn = nil
+	if finished {
+		c.closeConn()
+		return
+	}
+	t.put(c)
 }
 
 // waitSent is wait for a request that begin sent through the epoll reader.

@@ -27,6 +27,10 @@ func (c *rawConn) aliveFD() bool { return false }
 
 func (c *rawConn) closeFD() {}
 
-func (*streamTransport) begin(*Pending) { panic("client: no epoll reader on this platform") }
+func (*streamTransport) prepare(*Pending, bool) { panic("client: no epoll reader on this platform") }
+
+func (*streamTransport) sendPrepared(*Pending) { panic("client: no epoll reader on this platform") }
+
+func (*streamTransport) discard(*Pending) { panic("client: no epoll reader on this platform") }
 
 func (*streamTransport) waitSent(*Pending) error { panic("client: no epoll reader on this platform") }

@@ -173,6 +173,9 @@ func TestOpenLoopScheduleAndLateness(t *testing.T) {
 	if len(res.Records) != 40 || res.Mode != "request_rate" {
 		t.Fatalf("records %d mode %s", len(res.Records), res.Mode)
 	}
+	if res.Pacer == "" {
+		t.Error("an open loop's Result.Pacer is empty; it must say how the schedule was kept")
+	}
 	for i, r := range res.Records {
 		if r.SessionNum != i {
 			t.Fatalf("record %d has session %d", i, r.SessionNum)

@@ -342,6 +342,7 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	}
 	run.InputConfig = mustJSON(aiperfInputConfig(cfg, lr, sweep, inputCfg))
 	run.Target = target(in, pres.Environment, before)
+	run.Target.Pacer = lr.Pacer
 	run.WasCancelled = ctx.Err() != nil
 	run.Environment = mustJSON(struct {
 		provenance.Environment

@@ -210,6 +210,11 @@ func TestProfileOpenLoopRecordsLateness(t *testing.T) {
 	if err := json.Unmarshal(b, &exp); err != nil || exp[reports.TagScheduleLateness] == nil {
 		t.Fatalf("aiperf json lacks %s: %v", reports.TagScheduleLateness, err)
 	}
+	// summary.md says how the schedule was kept, which the lateness figures depend on.
+	md, _ := os.ReadFile(filepath.Join(p.Dir, reports.SummaryMDFile))
+	if p.Load.Pacer == "" || !strings.Contains(string(md), "Schedule kept by the client's pacer: "+p.Load.Pacer) {
+		t.Errorf("summary.md does not name the pacer %q:\n%s", p.Load.Pacer, md)
+	}
 }
 
 func TestProfileCancellationsStillJoin(t *testing.T) {

@@ -4,8 +4,13 @@ package load
 
 import (
 	"context"
+	"os"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestSchedClockExpiryBeforeTarget: the timerfd is one-shot and its expiry is mapped from Go's
@@ -88,5 +93,54 @@ func TestPacer(t *testing.T) {
 	}
 	if r.spinUp != 130*time.Microsecond || r.spinCapped != 200*time.Microsecond || r.spinDown != pacerMinSpin {
 		t.Errorf("spin margins %v %v %v, want 130µs, 200µs (a fifth of 1 ms) and %v", r.spinUp, r.spinCapped, r.spinDown, pacerMinSpin)
+	}
+}
+
+// The pacer's thread runs in the policy it reports (SCHED_FIFO where the process may raise
+// it, the normal class otherwise), and that thread dies with the pacer's goroutine: no other
+// goroutine ever runs on a real-time thread.
+func TestPacerThreadPolicy(t *testing.T) {
+	type result struct {
+		described string
+		policy    uint32
+		err       error
+	}
+	done := make(chan result, 1)
+	go func() {
+		p := newPacer(time.Now(), time.Millisecond)
+		a, err := unix.SchedGetAttr(0, 0)
+		r := result{described: p.describe(), err: err}
+		if err == nil {
+			r.policy = a.Policy
+		}
+		done <- r
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("sched_getattr: %v", r.err)
+	}
+	fifo := r.policy == unix.SCHED_FIFO
+	if fifo != strings.Contains(r.described, "thread SCHED_FIFO") || !fifo && !strings.Contains(r.described, "SCHED_OTHER") {
+		t.Errorf("pacer describes itself as %q but its thread's policy is %d", r.described, r.policy)
+	}
+	if os.Geteuid() == 0 && !fifo {
+		t.Logf("running as root without SCHED_FIFO (capabilities dropped?): %s", r.described)
+	}
+	// Threads that run goroutines now are in the normal class.
+	for range 8 {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			a, err := unix.SchedGetAttr(0, 0)
+			done <- result{err: err, policy: func() uint32 {
+				if a == nil {
+					return 0
+				}
+				return a.Policy
+			}()}
+		}()
+		if r := <-done; r.err != nil || r.policy != unix.SCHED_NORMAL {
+			t.Fatalf("a goroutine runs on a thread of policy %d (err %v) after the pacer ended", r.policy, r.err)
+		}
 	}
 }

@@ -126,6 +126,9 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 			case t.DelayMs > 0 || timed:
 				sched = time.Since(r.epoch) + time.Duration(t.DelayMs*float64(time.Millisecond))
 			}
+			// The body is built, and the history tokenised, before the wait: none of that
+			// work lies between the turn's instant and its first byte.
+			body, inTok, err := r.turnBody(&h, t)
 			if sched > 0 && !waitUntil(sched) {
 				return
 			}
@@ -133,7 +136,6 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 			if !ok {
 				return
 			}
-			body, inTok, err := r.turnBody(&h, t)
 			if err != nil {
 				rec := records.Request{RequestID: cfg.RunID + "-" + strconv.Itoa(i), Phase: records.PhaseProfiling, SessionNum: i,
 					Error: &records.Error{Type: "InvalidRequest", Message: "build turn body: " + err.Error()}}
