@@ -170,6 +170,12 @@ func benchLateness(b *testing.B, rate float64, minRequests int, goalP99us float6
 	b.ReportMetric(100*res.ClientCPU.Seconds()/wall.Seconds(), "client-cpu-%core")
 	b.ReportMetric(float64(len(late))/wall.Seconds(), "req/s")
 	b.ReportMetric(float64(errs), "errors")
+	// 1 when the pacer's thread ran in SCHED_FIFO (see load.Result.Pacer), 0 in the normal class.
+	fifo := 0.0
+	if strings.Contains(res.Pacer, "thread SCHED_FIFO") {
+		fifo = 1
+	}
+	b.ReportMetric(fifo, "pacer-fifo")
 }
 
 func BenchmarkMemoryPerStream4096(b *testing.B) {
