@@ -14,7 +14,7 @@
 		higher = (m ~ /\/s$/)
 		ok = higher ? (v[m] + 0 >= v[u] + 0) : (v[m] + 0 <= v[u] + 0)
 		line = sprintf("%-32s %-20s %12.4g  goal %s %-10g %s", name, m, v[m], higher ? ">=" : "<=", v[u], ok ? "met" : "NOT MET")
-		if ("client-cpu-%core" in v) line = line sprintf("  (client CPU %.1f%% of a core%s)", v["client-cpu-%core"], ("pacer-fifo" in v) ? (v["pacer-fifo"] + 0 ? ", pacer SCHED_FIFO" : ", pacer in the normal class") : "")
+		if ("client-cpu-%core" in v) line = line sprintf("  (client CPU %.1f%% of a core%s)", v["client-cpu-%core"], ("pacer-class" in v) ? (v["pacer-class"] + 0 == 2 ? ", pacer SCHED_FIFO" : v["pacer-class"] + 0 == 1 ? ", pacer nice -20" : ", pacer in the normal class") : "")
 		out[++n] = line
 	}
 }

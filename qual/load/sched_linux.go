@@ -195,14 +195,21 @@ func (p *pacer) describe() string {
 // sleeps in the kernel between sends and spins at most a fifth of the gap before one (the
 // margin adapts to the wake-ups seen, and shrinks when they are prompt), so the real-time class
 // takes no more of a core than the normal class would; the kernel's real-time throttling
-// (sched_rt_runtime_us) bounds it regardless. It needs CAP_SYS_NICE (root, or a container
-// granted it); without, the pacer runs in the normal class and the run's environment says so,
-// so that a lateness figure is read with the policy it was measured under.
+// (sched_rt_runtime_us) bounds it regardless. It needs CAP_SYS_NICE and a real-time budget in
+// the process's cgroup; where SCHED_FIFO is refused the thread asks for nice -20 in the normal
+// class (a larger share and earlier wake-up preemption), and failing that runs as it is. The
+// run records which (load.Result.Pacer), so that a lateness figure is read with the policy it
+// was measured under.
 func raisePriority() string {
-	if err := unix.SchedSetAttr(0, &unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: 1}, 0); err != nil {
-		return "SCHED_OTHER (SCHED_FIFO refused: " + err.Error() + "; grant CAP_SYS_NICE for the tightest schedule)"
+	err := unix.SchedSetAttr(0, &unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: 1}, 0)
+	if err == nil {
+		return "SCHED_FIFO 1"
 	}
-	return "SCHED_FIFO 1"
+	refused := "SCHED_FIFO refused: " + err.Error()
+	if err := unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), -20); err == nil {
+		return "SCHED_OTHER nice -20 (" + refused + ")"
+	}
+	return "SCHED_OTHER (" + refused + ", nice -20 too; grant CAP_SYS_NICE for the tightest schedule)"
 }
 
 // overshoot records how late a sleep meant to end at the margin before a send woke, and

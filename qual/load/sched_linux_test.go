@@ -103,6 +103,7 @@ func TestPacerThreadPolicy(t *testing.T) {
 	type result struct {
 		described string
 		policy    uint32
+		nice      int32
 		err       error
 	}
 	done := make(chan result, 1)
@@ -111,7 +112,7 @@ func TestPacerThreadPolicy(t *testing.T) {
 		a, err := unix.SchedGetAttr(0, 0)
 		r := result{described: p.describe(), err: err}
 		if err == nil {
-			r.policy = a.Policy
+			r.policy, r.nice = a.Policy, a.Nice
 		}
 		done <- r
 	}()
@@ -123,6 +124,9 @@ func TestPacerThreadPolicy(t *testing.T) {
 	if fifo != strings.Contains(r.described, "thread SCHED_FIFO") || !fifo && !strings.Contains(r.described, "SCHED_OTHER") {
 		t.Errorf("pacer describes itself as %q but its thread's policy is %d", r.described, r.policy)
 	}
+	if strings.Contains(r.described, "nice -20 (") != (r.nice == -20) {
+		t.Errorf("pacer describes itself as %q but its thread's nice is %d", r.described, r.nice)
+	}
 	if os.Geteuid() == 0 && !fifo {
 		t.Logf("running as root without SCHED_FIFO (capabilities dropped?): %s", r.described)
 	}
@@ -131,16 +135,15 @@ func TestPacerThreadPolicy(t *testing.T) {
 		go func() {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
+			r := result{}
 			a, err := unix.SchedGetAttr(0, 0)
-			done <- result{err: err, policy: func() uint32 {
-				if a == nil {
-					return 0
-				}
-				return a.Policy
-			}()}
+			if r.err = err; err == nil {
+				r.policy, r.nice = a.Policy, a.Nice
+			}
+			done <- r
 		}()
-		if r := <-done; r.err != nil || r.policy != unix.SCHED_NORMAL {
-			t.Fatalf("a goroutine runs on a thread of policy %d (err %v) after the pacer ended", r.policy, r.err)
+		if r := <-done; r.err != nil || r.policy != unix.SCHED_NORMAL || r.nice != 0 {
+			t.Fatalf("a goroutine runs on a thread of policy %d nice %d (err %v) after the pacer ended", r.policy, r.nice, r.err)
 		}
 	}
 }
