@@ -106,11 +106,12 @@ reliability: build
 
 # The load generator's figures beside their goals (goal-* metrics): client µs per streamed
 # token at concurrency 32, non-streaming req/s, open-loop lateness p99 at 1,000 and 10,000
-# req/s and the client's CPU share of a core; three times each, as the machine is shared;
+# req/s and the client's CPU share of a core, and a trace's replay at 1,000 req/s; three times
+# each, as the machine is shared;
 # then the 10 req/s open loop against a closed loop, client and server latency apart.
 # qual/load/benchgoals.awk ends the output with a "figure vs goal" table.
 .PHONY: bench-load
 bench-load: build
-	set -o pipefail; $(GO) test -run '^$$' -bench 'ClientStreamingC32|NonStreamingRate|OpenLoopLateness|LowRateDistortion' -benchtime 1x -count 3 ./qual/load | awk -f qual/load/benchgoals.awk
+	set -o pipefail; $(GO) test -run '^$$' -bench 'ClientStreamingC32|NonStreamingRate|OpenLoopLateness|FixedScheduleLateness|LowRateDistortion' -benchtime 1x -count 3 ./qual/load | awk -f qual/load/benchgoals.awk
 
 	$(GO) test -run '^$$' -bench 'BenchmarkStreamCostC32' -benchtime 1024x -count 1 ./server/

@@ -8,6 +8,7 @@ package load_test
 //	BenchmarkOpenLoopLateness1000    lateness-p99-us   (target <= 100, Poisson arrivals)
 //	BenchmarkOpenLoopLateness10000   lateness-p99-us   (target <= 1,000), client-cpu-%core
 //	                                 (no core burnt spinning: well under 100)
+//	BenchmarkFixedScheduleLateness1000 lateness-p99-us (a trace replayed at 1,000 req/s)
 //	BenchmarkMemoryPerStream4096     KiB/stream        (target <= 64)
 //	BenchmarkLowRateDistortion       client and server latency p50, closed loop vs 10 req/s
 //
@@ -17,6 +18,7 @@ package load_test
 import (
 	"context"
 	"fmt"
+	mrand "math/rand/v2"
 	"os"
 	"runtime"
 	"sort"
@@ -179,6 +181,51 @@ func benchLateness(b *testing.B, rate float64, minRequests int, goalP99us float6
 		class = 1
 	}
 	b.ReportMetric(class, "pacer-class")
+}
+
+// BenchmarkFixedScheduleLateness1000 replays a trace (AIPerf's --fixed-schedule over
+// single-turn sessions with timestamps, as a mooncake trace is read) whose timestamps are
+// Poisson arrivals at 1,000 req/s, and reports the lateness of the sends against the trace
+// beside the open loop's goal.
+func BenchmarkFixedScheduleLateness1000(b *testing.B) {
+	ep := launchtest.Start(b, launchtest.MockBundle(b, 0), launch.WithArgs("--max-batch", "256", "--queue-depth", "8192"))
+	const rate = 1000
+	n := max(3000, b.N)
+	rng := mrand.New(mrand.NewPCG(1, 2))
+	sessions := make([]load.Session, n)
+	at := 0.0
+	for i := range sessions {
+		ts := at
+		sessions[i] = load.Session{ID: strconv.Itoa(i), Turns: []load.Turn{{Prompt: load.Prompt{Prompt: "benchmark", InputTokens: 1}, TimestampMs: &ts}}}
+		at += rng.ExpFloat64() * 1000 / rate
+	}
+	cfg := load.Config{BaseURL: ep.BaseURL, Model: ep.Model, Endpoint: client.Completions, Sessions: sessions,
+		FixedSchedule: true, OutputTokens: 1, Warmup: 64, Requests: n}
+	b.ResetTimer()
+	res, err := load.Run(context.Background(), cfg)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var late []float64
+	for _, r := range res.Records {
+		if r.Phase == "profiling" {
+			if r.Error != nil {
+				b.Fatalf("request failed: %+v", r.Error)
+			}
+			late = append(late, float64(r.LatenessNs)/1e3)
+		}
+	}
+	if len(late) != n {
+		b.Fatalf("%d of %d trace requests recorded", len(late), n)
+	}
+	sort.Float64s(late)
+	wall := time.Duration(res.ProfilingEndNs - res.ProfilingStartNs)
+	b.ReportMetric(late[len(late)/2], "lateness-p50-us")
+	b.ReportMetric(late[int(0.99*float64(len(late)-1))], "lateness-p99-us")
+	b.ReportMetric(100, "goal-lateness-p99-us")
+	b.ReportMetric(late[len(late)-1], "lateness-max-us")
+	b.ReportMetric(100*res.ClientCPU.Seconds()/wall.Seconds(), "client-cpu-%core")
 }
 
 func BenchmarkMemoryPerStream4096(b *testing.B) {

@@ -311,6 +311,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var recs []records.Request
 	if len(cfg.Sessions) > 0 {
 		recs = r.runSessions(ctx, rng, n, cancel, prog)
+		res.Pacer = r.pacer
 		if cfg.FixedSchedule {
 			res.Mode = "fixed_schedule"
 		}

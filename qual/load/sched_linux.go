@@ -4,105 +4,12 @@ package load
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"runtime"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
-
-// schedClock waits for absolute points of a run's schedule with a timerfd. Go's own timers
-// are woken by the network poller, which sleeps in whole milliseconds, so a timer can fire
-// up to a millisecond late; a timerfd set to an absolute CLOCK_MONOTONIC time makes the
-// poller return as soon as the kernel's high-resolution timer expires (tens of µs). The
-// timer is set earlyWake ahead and the last stretch is a short yielding spin (see earlyWake).
-type schedClock struct {
-	epoch     time.Time
-	monoEpoch int64 // CLOCK_MONOTONIC ns at epoch
-	fd        int
-	f         *os.File
-	// spin is how long before a start the timerfd fires, the rest being a yielding spin
-	// (earlyWake unless setSpin chose less).
-	spin time.Duration
-}
-
-// setSpin bounds the spin before each start to a tenth of the mean gap between starts
-// (and earlyWake): at 1,000 req/s 100 µs a request, at 10,000 req/s 10 µs, so the spin
-// costs about a tenth of a core whatever the rate instead of all of one when the gaps are
-// shorter than earlyWake.
-func (c *schedClock) setSpin(meanGap time.Duration) { c.spin = min(earlyWake, meanGap/10) }
-
-func newSchedClock(epoch time.Time) (*schedClock, error) {
-	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("timerfd_create: %w", err)
-	}
-	var ts unix.Timespec
-	before := time.Since(epoch)
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("clock_gettime: %w", err)
-	}
-	after := time.Since(epoch)
-	// Map the epoch onto CLOCK_MONOTONIC through readings taken around the kernel's: the
-	// mapping is off by at most half their gap (more if this goroutine was preempted between
-	// them), which is why sleep never relies on it for the final instant.
-	c := &schedClock{epoch: epoch, monoEpoch: ts.Nano() - int64(before+after)/2, fd: fd, spin: earlyWake}
-	c.f = os.NewFile(uintptr(fd), "schedule-timerfd") // non-blocking: parked in the poller
-	return c, nil
-}
-
-// earlyWake is how long before a scheduled start the timerfd fires; the rest of the wait
-// is a bounded spin that yields the processor (runtime.Gosched) on every turn. Waking from
-// the poller costs tens of µs of kernel timer slack and thread wake-up, more when the
-// server shares the cores, and that delay lands directly in the schedule's lateness; the
-// spin absorbs it. The trade-off is CPU: at most earlyWake of one core per request (at
-// 1,000 req/s, up to 20% of one core), and the spin yields to any runnable goroutine, so
-// in-flight requests are not starved. Waits shorter than earlyWake just spin. Measured on
-// the 2-core machine against the mock at 1,000 req/s: 80 µs early gave a lateness p99 of
-// 60-175 µs, 200 µs early 32-80 µs.
-const earlyWake = 200 * time.Microsecond
-
-// wait blocks until epoch+at or ctx ends (false).
-func (c *schedClock) wait(ctx context.Context, at time.Duration) bool {
-	if time.Since(c.epoch) >= at {
-		return ctx.Err() == nil
-	}
-	if wake := at - c.spin; time.Since(c.epoch) < wake {
-		if !c.sleep(ctx, wake) {
-			return false
-		}
-	}
-	for time.Since(c.epoch) < at {
-		runtimeGosched()
-	}
-	return ctx.Err() == nil
-}
-
-// sleep parks on the timerfd until epoch+at or ctx ends (false).
-func (c *schedClock) sleep(ctx context.Context, at time.Duration) bool {
-	abs := unix.NsecToTimespec(c.monoEpoch + int64(at))
-	if err := unix.TimerfdSettime(c.fd, unix.TFD_TIMER_ABSTIME, &unix.ItimerSpec{Value: abs}, nil); err != nil {
-		return sleepUntil(ctx, c.epoch, at)
-	}
-	stop := context.AfterFunc(ctx, func() {
-		// Wake the read: fire the timer now.
-		_ = unix.TimerfdSettime(c.fd, 0, &unix.ItimerSpec{Value: unix.Timespec{Nsec: 1}}, nil)
-	})
-	defer stop()
-	var buf [8]byte
-	if _, err := c.f.Read(buf[:]); err != nil {
-		return sleepUntil(ctx, c.epoch, at)
-	}
-	// The timer is one-shot: waiting for another expiry would block forever. When the clock
-	// mapping put the expiry a little before epoch+at on Go's clock, the rest is waited out
-	// there (usually a few hundred ns of spinning).
-	return sleepUntil(ctx, c.epoch, at)
-}
-
-func (c *schedClock) close() { c.f.Close() }
 
 // The pacer's early wake-up margin (the spin before each send) adapts to how late the
 // kernel's wake-ups land on this machine: it starts at pacerSpin and is set, every

@@ -13,31 +13,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestSchedClockExpiryBeforeTarget: the timerfd is one-shot and its expiry is mapped from Go's
-// clock onto CLOCK_MONOTONIC, so it can fire a little before epoch+at by Go's reading (a
-// goroutine preempted between the two clock readings makes that gap large). sleep must then
-// wait out the rest on Go's clock; waiting for a second expiry hangs the open loop for good
-// (seen as a CI run stuck in TestProfileOpenLoopRecordsLateness). The skew is planted here.
-func TestSchedClockExpiryBeforeTarget(t *testing.T) {
-	c, err := newSchedClock(time.Now())
-	if err != nil {
-		t.Skipf("no timerfd: %v", err)
-	}
-	defer c.close()
-	c.monoEpoch -= int64(5 * time.Millisecond) // the kernel expires 5 ms before Go's clock says
-	const at = 20 * time.Millisecond
-	done := make(chan bool, 1)
-	go func() { done <- c.sleep(context.Background(), at) }()
-	select {
-	case ok := <-done:
-		if !ok {
-			t.Fatal("sleep returned false without a cancelled context")
+// TestPacerClockSkew: the pacer maps Go's clock onto CLOCK_MONOTONIC for its kernel sleeps, and
+// the mapping can be off (a goroutine preempted between the two readings). Whichever way it is
+// off, wait must neither return before its target on Go's clock nor hang (a sleep that waited
+// for the kernel's idea of the target once hung the open loop for good, seen as a CI run stuck
+// in TestProfileOpenLoopRecordsLateness). The skews are planted.
+func TestPacerClockSkew(t *testing.T) {
+	for _, skew := range []time.Duration{-5 * time.Millisecond, 5 * time.Millisecond} {
+		done := make(chan time.Duration, 1)
+		go func() {
+			p := newPacer(time.Now(), time.Millisecond)
+			p.monoEpoch += int64(skew) // the kernel's sleeps end 5 ms early, or late
+			const at = 20 * time.Millisecond
+			if !p.wait(context.Background(), at) {
+				done <- -1
+				return
+			}
+			done <- time.Since(p.epoch) - at
+		}()
+		select {
+		case late := <-done:
+			if late < 0 {
+				t.Fatalf("skew %v: wait returned %v before its target (or false without a cancelled context)", skew, -late)
+			}
+			if late > time.Second {
+				t.Fatalf("skew %v: wait returned %v after its target", skew, late)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("skew %v: wait did not return", skew)
 		}
-		if got := time.Since(c.epoch); got < at {
-			t.Fatalf("sleep returned at %v, before its target %v", got, at)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("sleep did not return: it waited for a second expiry of the one-shot timerfd")
 	}
 }
 

@@ -7,19 +7,6 @@ import (
 	"time"
 )
 
-// schedClock falls back to Go timers (with a short spin) where timerfd does not exist.
-type schedClock struct{ epoch time.Time }
-
-func newSchedClock(epoch time.Time) (*schedClock, error) { return &schedClock{epoch: epoch}, nil }
-
-func (c *schedClock) wait(ctx context.Context, at time.Duration) bool {
-	return sleepUntil(ctx, c.epoch, at)
-}
-
-func (c *schedClock) close() {}
-
-func (c *schedClock) setSpin(time.Duration) {}
-
 // pacer falls back to Go timers (sleepUntil's short spin) where clock_nanosleep is not used.
 type pacer struct{ epoch time.Time }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	mrand "math/rand/v2"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -84,36 +85,30 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 		mu   sync.Mutex
 		recs []records.Request
 	)
-	// take reserves the next request number, or reports that the run is over.
-	take := func() (int, bool) {
-		if ctx.Err() != nil || deadline > 0 && time.Since(r.epoch) >= deadline {
+	// take reserves the next request number, or reports that the run is over; a timed turn
+	// is judged against the duration by its instant at, an untimed one (at 0) by now.
+	take := func(at time.Duration) (int, bool) {
+		if at == 0 {
+			at = time.Since(r.epoch)
+		}
+		if ctx.Err() != nil || deadline > 0 && at >= deadline {
 			return 0, false
 		}
 		s := int(seq.Add(1) - 1)
 		return s, n < 0 || s < n
 	}
+	var tl *timeline
+	if cfg.FixedSchedule || cfg.RequestRate > 0 || timedTurns(cfg.Sessions) {
+		tl = newTimeline(ctx, r, sessionGap(cfg), take)
+	}
 	// session plays one session; base is when its first turn is due (0: now), timed whether
-	// turns with timestamps keep to them. Each session waits on a schedule clock of its own
-	// (a timerfd on Linux), as sessions wait in parallel.
+	// turns with timestamps keep to them. Turns with an instant (a timestamp, a delay, a
+	// session start on the rate) are sent by the timeline's dispatcher; the others by the
+	// session's goroutine at once.
 	session := func(s *Session, worker string, base time.Duration, timed bool) {
-		var clock *schedClock
-		waitUntil := func(at time.Duration) bool {
-			if clock == nil {
-				c, err := newSchedClock(r.epoch)
-				if err != nil {
-					return sleepUntil(ctx, r.epoch, at)
-				}
-				clock = c
-			}
-			return clock.wait(ctx, at)
-		}
-		defer func() {
-			if clock != nil {
-				clock.close()
-			}
-		}()
 		var h history
 		var x exchange
+		tt := timedTurn{x: &x, worker: worker, sid: s.ID, cancel: cancel}
 		due := base
 		for k := range s.Turns {
 			t := &s.Turns[k]
@@ -126,17 +121,14 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 			case t.DelayMs > 0 || timed:
 				sched = time.Since(r.epoch) + time.Duration(t.DelayMs*float64(time.Millisecond))
 			}
-			// The body is built, and the history tokenised, before the wait: none of that
-			// work lies between the turn's instant and its first byte.
+			// The body is built, and the history tokenised, before the turn's instant: none
+			// of that work lies between the instant and its first byte.
 			body, inTok, err := r.turnBody(&h, t)
-			if sched > 0 && !waitUntil(sched) {
-				return
-			}
-			i, ok := take()
-			if !ok {
-				return
-			}
 			if err != nil {
+				i, ok := take(sched)
+				if !ok {
+					return
+				}
 				rec := records.Request{RequestID: cfg.RunID + "-" + strconv.Itoa(i), Phase: records.PhaseProfiling, SessionNum: i,
 					Error: &records.Error{Type: "InvalidRequest", Message: "build turn body: " + err.Error()}}
 				mu.Lock()
@@ -144,7 +136,20 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 				mu.Unlock()
 				return
 			}
-			rec := r.send(ctx, records.PhaseProfiling, "", i, body, inTok, worker, cancel, &x, s.ID, k)
+			var rec records.Request
+			if sched > 0 && tl != nil {
+				tt.at, tt.body, tt.inTok, tt.turn = sched, body, inTok, k
+				if tl.send(&tt) < 0 {
+					return
+				}
+				rec = r.end(ctx, &x)
+			} else {
+				i, ok := take(0)
+				if !ok {
+					return
+				}
+				rec = r.send(ctx, records.PhaseProfiling, "", i, body, inTok, worker, cancel, &x, s.ID, k)
+			}
 			rec.ConversationID, rec.TurnIndex = s.ID, k
 			resp := &x.resp
 			if sched > 0 {
@@ -166,19 +171,30 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 	switch {
 	case cfg.FixedSchedule:
 		sessions := cfg.Sessions
-		if n >= 0 {
-			// Only the sessions whose turns fit the request count are played, so the run
-			// does not wait out the rest of the trace.
-			turns := 0
-			for i := range sessions {
-				if turns >= n {
-					sessions = sessions[:i]
-					break
-				}
-				turns += len(sessions[i].Turns)
+		order := make([]int, len(sessions))
+		first := func(i int) time.Duration {
+			if ts := sessions[i].Turns; len(ts) > 0 && ts[0].TimestampMs != nil {
+				return time.Duration(*ts[0].TimestampMs * float64(time.Millisecond))
 			}
+			return 0
 		}
-		for i := range sessions {
+		for i := range order {
+			order[i] = i
+		}
+		sort.SliceStable(order, func(a, b int) bool { return first(order[a]) < first(order[b]) })
+		turns := 0
+		for _, i := range order {
+			// Only the sessions that start before the run's end and whose turns fit the
+			// request count are played, in the order of their first instants, so the run
+			// does not wait out the rest of the trace.
+			due := start + first(i)
+			if n >= 0 && turns >= n || deadline > 0 && due >= deadline || tl.over() {
+				break
+			}
+			if !launchBefore(ctx, r.epoch, due) {
+				break
+			}
+			turns += len(sessions[i].Turns)
 			s := &sessions[i]
 			wg.Add(1)
 			go func() {
@@ -200,7 +216,10 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 			if n >= 0 && int(seq.Load()) >= n || deadline > 0 && time.Duration(at) >= deadline {
 				break
 			}
-			if n >= 0 && i >= n {
+			if n >= 0 && i >= n || tl.over() {
+				break
+			}
+			if !launchBefore(ctx, r.epoch, time.Duration(at)) {
 				break
 			}
 			s := &cfg.Sessions[i%len(cfg.Sessions)]
@@ -231,6 +250,73 @@ func (r *run) runSessions(ctx context.Context, rng *mrand.Rand, n int, cancel fu
 		}
 	}
 	wg.Wait()
+	if tl != nil {
+		tl.close()
+		r.pacer = tl.pacer
+	}
 	sortBySeq(recs)
 	return recs
+}
+
+// sessionLead is how long before its first instant a session's goroutine is started. Starting
+// every session of a trace at once made the run's first instants wait behind thousands of new
+// goroutines building their bodies (a 5,000 req/s trace replay: 400 of its first 1,000
+// requests more than 1 ms late); started just ahead, a session has its first body built and
+// queued on the timeline by its instant.
+const sessionLead = 20 * time.Millisecond
+
+// launchBefore waits until sessionLead before epoch+due; false when ctx ended first.
+func launchBefore(ctx context.Context, epoch time.Time, due time.Duration) bool {
+	wait := due - sessionLead - time.Since(epoch)
+	if wait <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// timedTurns reports whether any turn waits for a delay (and so has an instant to keep).
+func timedTurns(sessions []Session) bool {
+	for i := range sessions {
+		for _, t := range sessions[i].Turns {
+			if t.DelayMs > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// sessionGap is the expected time between sends of a session run, which bounds the pacer's
+// spin margin: the trace's span over its timestamped turns, the rate's mean gap, or 1 ms.
+func sessionGap(cfg *Config) time.Duration {
+	if cfg.RequestRate > 0 {
+		return time.Duration(float64(time.Second) / cfg.RequestRate)
+	}
+	var lo, hi float64
+	n := 0
+	for i := range cfg.Sessions {
+		for _, t := range cfg.Sessions[i].Turns {
+			if t.TimestampMs == nil {
+				continue
+			}
+			if n == 0 || *t.TimestampMs < lo {
+				lo = *t.TimestampMs
+			}
+			if n == 0 || *t.TimestampMs > hi {
+				hi = *t.TimestampMs
+			}
+			n++
+		}
+	}
+	if cfg.FixedSchedule && n > 1 && hi > lo {
+		return time.Duration((hi - lo) / float64(n-1) * float64(time.Millisecond))
+	}
+	return time.Millisecond
 }

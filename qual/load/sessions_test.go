@@ -3,6 +3,7 @@ package load
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -195,4 +196,67 @@ func TestDatasetErrorsNameTheField(t *testing.T) {
 	if _, err := ReadDataset(writeLines(t, `{"text":"x"}`), "sharegpt", nil); err == nil || !strings.Contains(err.Error(), "mooncake_trace") {
 		t.Errorf("unknown type: %v", err)
 	}
+}
+
+// A trace longer than the run: with Duration the replay ends at the duration (sends due after
+// it are not made, and the run does not wait out the trace), with Requests after that many
+// sends, and with a cancelled context promptly; every send has its record and none is made for
+// a turn never sent. Records are numbered in the order of their instants.
+func TestFixedScheduleStopsAtDurationCountAndCancel(t *testing.T) {
+	f := newFakeServer(t, false)
+	trace := func(n int, gapMs float64) []Session {
+		ss := make([]Session, n)
+		for i := range ss {
+			ts := float64(n-1-i) * gapMs // queued in reverse order of their instants
+			ss[i] = Session{ID: fmt.Sprint(i), Turns: []Turn{{Prompt: Prompt{Prompt: "x", InputTokens: 1}, TimestampMs: &ts}}}
+		}
+		return ss
+	}
+	check := func(name string, res *Result, wantMax int, within time.Duration, took time.Duration) {
+		t.Helper()
+		if took > within {
+			t.Errorf("%s: the run took %v, want under %v (it waited out the trace?)", name, took, within)
+		}
+		if len(res.Records) == 0 || len(res.Records) > wantMax {
+			t.Errorf("%s: %d records, want 1..%d", name, len(res.Records), wantMax)
+		}
+		for i, r := range res.Records {
+			cutByRunEnd := name == "cancel" && r.Error != nil && r.Error.Type == "RunCancelled"
+			if r.SessionNum != i || r.Error != nil && !cutByRunEnd {
+				t.Fatalf("%s: record %d: number %d error %+v", name, i, r.SessionNum, r.Error)
+			}
+			if i > 0 && r.ScheduledNs < res.Records[i-1].ScheduledNs {
+				t.Fatalf("%s: record %d scheduled before record %d: numbers do not follow the instants", name, i, i-1)
+			}
+		}
+	}
+	// 200 turns 10 ms apart: a 2 s trace.
+	start := time.Now()
+	res, err := Run(context.Background(), Config{BaseURL: f.URL, Endpoint: client.Completions, Sessions: trace(200, 10),
+		FixedSchedule: true, Duration: 300 * time.Millisecond, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("duration", res, 31, time.Second, time.Since(start))
+
+	start = time.Now()
+	res, err = Run(context.Background(), Config{BaseURL: f.URL, Endpoint: client.Completions, Sessions: trace(200, 10),
+		FixedSchedule: true, Requests: 15, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("count", res, 15, time.Second, time.Since(start))
+	if len(res.Records) != 15 {
+		t.Errorf("count: %d records, want 15", len(res.Records))
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.AfterFunc(250*time.Millisecond, cancel)
+	start = time.Now()
+	res, err = Run(ctx, Config{BaseURL: f.URL, Endpoint: client.Completions, Sessions: trace(200, 10), FixedSchedule: true, Seed: 1})
+	if err == nil {
+		t.Error("a cancelled run returned no error")
+	}
+	check("cancel", res, 26, time.Second, time.Since(start))
 }
