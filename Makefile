@@ -50,7 +50,7 @@ image: build
 	./server/image/build.sh
 
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 2s -count 1 ./native/... ./server/... ./qual/... 
+	set -o pipefail; $(GO) test -run '^$$' -bench . -benchtime 2s -count 1 ./native/... ./server/... ./qual/... | awk -f qual/load/benchgoals.awk
 
 qualify: build
 	./bin/qual qualify --out $(ARTIFACTS)/qualify

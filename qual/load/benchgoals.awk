@@ -1,4 +1,4 @@
-# Summarises `go test -bench` output of qual/load's benchmarks (make bench-load): each figure
+# Summarises `go test -bench` output (make bench, make bench-load): each figure
 # that has a goal-<figure> metric beside it is printed with its goal and whether it is met.
 # Higher is better for rates (units ending in /s), lower for everything else. The raw lines
 # are kept above the summary, since a shared machine makes single runs noisy.
