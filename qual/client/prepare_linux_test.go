@@ -27,6 +27,18 @@ func prepareServer(t *testing.T, delay time.Duration) (string, *atomic.Int32, *a
 	return base, conns, &reqs
 }
 
+// prepareAfterOne completes one request on c (leaving an idle connection in its pool) and
+// prepares the request id, which takes that connection.
+func prepareAfterOne(t *testing.T, c *Client, id string) (*Response, *Pending) {
+	t.Helper()
+	resp, err := doStreamReq(t, c, "first")
+	checkThreeEvents(t, resp, err)
+	var r Response
+	var p Pending
+	c.Prepare(context.Background(), time.Now(), &Request{ID: id, Endpoint: Completions, Stream: true, Prompt: "p"}, &r, &p)
+	return &r, &p
+}
+
 // A prepared request is stamped and written by Send, not by Prepare: its StartNs is the
 // Send's instant, the server sees nothing before it, and Wait collects the answer.
 func TestPrepareSendStampsAtSend(t *testing.T) {
@@ -74,13 +86,9 @@ func TestPrepareTimeoutCountsFromSend(t *testing.T) {
 func TestPrepareDiscardReturnsConnection(t *testing.T) {
 	base, conns, reqs := prepareServer(t, 0)
 	c := newClient(t, base)
-	resp, err := doStreamReq(t, c, "first")
-	checkThreeEvents(t, resp, err)
-	var r2 Response
-	var p Pending
-	c.Prepare(context.Background(), time.Now(), &Request{ID: "dropped", Endpoint: Completions, Stream: true, Prompt: "p"}, &r2, &p)
+	_, p := prepareAfterOne(t, c, "dropped")
 	p.Discard()
-	resp, err = doStreamReq(t, c, "third")
+	resp, err := doStreamReq(t, c, "third")
 	checkThreeEvents(t, resp, err)
 	if n := reqs.Load(); n != 2 {
 		t.Errorf("the server saw %d requests, want 2 (the discarded one never sent)", n)
@@ -104,11 +112,7 @@ func TestPrepareServerClosesWhilePrepared(t *testing.T) {
 		return true
 	})
 	c := newClient(t, base)
-	resp, err := doStreamReq(t, c, "first")
-	checkThreeEvents(t, resp, err)
-	var r2 Response
-	var p Pending
-	c.Prepare(context.Background(), time.Now(), &Request{ID: "second", Endpoint: Completions, Stream: true, Prompt: "p"}, &r2, &p)
+	r2, p := prepareAfterOne(t, c, "second")
 	mu.Lock()
 	for _, cn := range open {
 		cn.Close() // the server's idle close, after the connection was taken
@@ -116,7 +120,7 @@ func TestPrepareServerClosesWhilePrepared(t *testing.T) {
 	mu.Unlock()
 	time.Sleep(20 * time.Millisecond) // the FIN arrives before the write
 	p.Send()
-	checkThreeEvents(t, &r2, p.Wait())
+	checkThreeEvents(t, r2, p.Wait())
 	if n := conns.Load(); n != 2 {
 		t.Errorf("%d connections dialled, want 2 (the closed one replaced)", n)
 	}
