@@ -500,6 +500,13 @@ func (r *run) closedLoop(ctx context.Context, phase, idPrefix string, c, n int, 
 		deadline = time.Now().Add(d)
 	}
 	out := make([][]records.Request, c)
+	if n > 0 {
+		// Each worker's share and some more, allocated before the first request (as the open
+		// loop's records are): growing by appends copies every record so far.
+		for w := range out {
+			out[w] = make([]records.Request, 0, min(n/c+n/(4*c)+1, 1<<20))
+		}
+	}
 	var wg sync.WaitGroup
 	for w := 0; w < c; w++ {
 		wg.Add(1)
