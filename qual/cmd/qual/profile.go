@@ -447,6 +447,18 @@ func printProfileSummary(w io.Writer, res *load.ProfileResult) {
 			g(reports.TagITL, "p50"), g(reports.TagHTTPMinusTask, "p50"), status, p.Dir)
 	}
 	tw.Flush()
+	// Scheduled runs: how late the sends were against their schedule, and how it was kept.
+	for _, p := range res.Points {
+		if p.Summary == nil || p.Load == nil || p.Load.Pacer == "" {
+			continue
+		}
+		p50, ok50 := p.Summary.Profiling.Stat(reports.TagScheduleLateness, "p50")
+		p99, ok99 := p.Summary.Profiling.Stat(reports.TagScheduleLateness, "p99")
+		if ok50 && ok99 {
+			fmt.Fprintf(w, "%s=%s: schedule lateness p50 %.3f ms, p99 %.3f ms (pacer: %s)\n", p.Sweep.Parameter,
+				strconv.FormatFloat(p.Sweep.Value, 'f', -1, 64), p50, p99, p.Load.Pacer)
+		}
+	}
 	for _, p := range res.Points {
 		if p.Err != nil {
 			fmt.Fprintf(w, "\n%s: %v\n", filepath.Base(p.Dir), p.Err)

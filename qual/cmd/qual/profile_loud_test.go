@@ -135,7 +135,10 @@ func TestProfileReplaysMooncakeAndMultiTurn(t *testing.T) {
 {"timestamp": 5030, "input_length": 30, "output_length": 2, "hash_ids": [1]}
 {"timestamp": 5075, "input_length": 12, "output_length": 4, "hash_ids": [2]}
 `), 0o644)
-	out, _ := profileMock(t, "--input-file", trace, "--custom-dataset-type", "mooncake_trace", "--fixed-schedule")
+	out, table := profileMock(t, "--input-file", trace, "--custom-dataset-type", "mooncake_trace", "--fixed-schedule")
+	if !strings.Contains(table, "schedule lateness p50") || !strings.Contains(table, "(pacer: ") {
+		t.Errorf("the printed summary of a trace replay does not report its lateness and pacer:\n%s", table)
+	}
 	s, err := reports.ReadSummary(filepath.Join(out, "profile-trace"))
 	if err != nil {
 		t.Fatal(err)
