@@ -66,9 +66,10 @@ func (h *turnHeap) Pop() any {
 }
 
 // leadTime is how long before a turn's instant the dispatcher commits to it (stops watching
-// for earlier turns), prepares it and sleeps the rest on the pacer (whose last heldNap is
-// held): Go's timer, which the dispatcher waits on until then, can be a millisecond late.
-const leadTime = 2*heldNap + time.Millisecond
+// for earlier turns), prepares it and sleeps the rest on the pacer (whose last millisecond,
+// heldNap on Linux, keeps its processor): Go's timer, which the dispatcher waits on until
+// then, can be a millisecond late.
+const leadTime = 3 * time.Millisecond
 
 // newTimeline starts the dispatcher; meanGap (the expected time between sends) bounds the
 // pacer's spin margin as in the open loop. close ends it once every session has returned.
