@@ -8,6 +8,7 @@ package load_test
 //	BenchmarkOpenLoopLateness1000    lateness-p99-us   (target <= 100, Poisson arrivals)
 //	BenchmarkOpenLoopLateness10000   lateness-p99-us   (target <= 1,000), client-cpu-%core
 //	                                 (no core burnt spinning: well under 100)
+//	BenchmarkOpenLoopLatenessStream1000 lateness-p99-us (target <= 100, streamed answers)
 //	BenchmarkFixedScheduleLateness1000 lateness-p99-us (a trace replayed at 1,000 req/s)
 //	BenchmarkMemoryPerStream4096     KiB/stream        (target <= 64)
 //	BenchmarkLowRateDistortion       client and server latency p50, closed loop vs 10 req/s
@@ -131,6 +132,14 @@ func BenchmarkNonStreamingRate(b *testing.B) {
 func BenchmarkOpenLoopLateness1000(b *testing.B) { benchLateness(b, 1000, 3000, 100) }
 
 func BenchmarkOpenLoopLateness10000(b *testing.B) { benchLateness(b, 10000, 30000, 1000) }
+
+// BenchmarkOpenLoopLatenessStream1000 is the 1,000 req/s open loop with streamed answers of 16
+// tokens: the same pacer and the same goal, while the client also reads every SSE event.
+func BenchmarkOpenLoopLatenessStream1000(b *testing.B) {
+	ep := launchtest.Start(b, launchtest.MockBundle(b, 0), launch.WithArgs("--max-batch", "256", "--queue-depth", "8192"))
+	runLateness(b, load.Config{BaseURL: ep.BaseURL, Model: ep.Model, Endpoint: client.Completions, Stream: true, RequestRate: 1000,
+		Prompts: []load.Prompt{{Prompt: "benchmark"}}, OutputTokens: 16, Warmup: 64, Requests: max(3000, b.N)}, 100)
+}
 
 // benchLateness runs a Poisson open loop (AIPerf's default arrivals) of non-streaming
 // requests at rate and reports the lateness of request starts against their schedule
