@@ -83,7 +83,7 @@ func runProfile(args []string) int {
 		endpoint       = fs.String("endpoint", "completions", "completions, chat, images (/v1/images/generations; --input-file lines carry prompt, size, num_inference_steps, guidance_scale, seed), or grpc (OpenEngine v1 Generate streams: with --bundle, qual-server is started with --grpc-port; with --url, give grpc://host:port of any OpenEngine server)")
 		stream         = fs.Bool("stream", false, "stream responses (SSE)")
 		concurrency    = fs.String("concurrency", "", "closed loop: comma-separated concurrencies to sweep, e.g. 1,8,32")
-		rate           = fs.String("request-rate", "", "open loop: comma-separated request rates (req/s) to sweep")
+		rate           = fs.String("request-rate", "", "open loop: comma-separated request rates (req/s) to sweep; each send's lateness against its schedule is reported, and the pacer thread asks for SCHED_FIFO (else nice -20), so grant CAP_SYS_NICE for the tightest schedule")
 		maxConc        = fs.Int("max-concurrency", 0, "open loop: cap on in-flight requests (0: none)")
 		arrival        = fs.String("arrival", "poisson", "open loop arrivals: poisson (AIPerf's default) or constant")
 		requests       = fs.Int("requests", 0, "measured requests per sweep point")
