@@ -33,8 +33,8 @@ func TestReadImageRequestsNeedsEveryControl(t *testing.T) {
 
 func TestDistPercentiles(t *testing.T) {
 	d := dist([]float64{4, 1, 3, 2, 5})
-	// numpy.percentile([1,2,3,4,5], [50, 90, 99]) = 3, 4.6, 4.96
-	if d.P50 != 3 || math.Abs(d.P90-4.6) > 1e-12 || math.Abs(d.P99-4.96) > 1e-12 || d.Avg != 3 || d.N != 5 {
+	// numpy.percentile([1,2,3,4,5], [50, 90, 95, 99]) = 3, 4.6, 4.8, 4.96
+	if d.P50 != 3 || math.Abs(d.P90-4.6) > 1e-12 || math.Abs(d.P95-4.8) > 1e-12 || math.Abs(d.P99-4.96) > 1e-12 || d.Avg != 3 || d.N != 5 {
 		t.Errorf("%+v", d)
 	}
 }

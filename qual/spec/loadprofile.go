@@ -359,6 +359,7 @@ func checkImageLoad(ctx context.Context, in LoadInput, slos []percentileSLO) (*L
 		}
 		add(reports.TagRequestThroughput+".avg", pt.ImagesPerSec, "requests/sec") // one image a request: images/s, qual qualify's Requests/s column
 		add(reports.TagHTTPLatency+".p50", pt.HTTPLatencyMs.P50, "ms")
+		add(reports.TagHTTPLatency+".p95", pt.HTTPLatencyMs.P95, "ms")
 		add(reports.TagHTTPLatency+".p99", pt.HTTPLatencyMs.P99, "ms")
 		add(reports.TagTaskWallTime+".p50", pt.NativeTaskMs.P50, "ms")
 		add("mq_png_encode.p50", pt.PNGEncodeMs.P50, "ms")
@@ -369,10 +370,10 @@ func checkImageLoad(ctx context.Context, in LoadInput, slos []percentileSLO) (*L
 				continue
 			}
 			d := pt.HTTPLatencyMs
-			v, ok := map[string]float64{"p50": d.P50, "p90": d.P90, "p99": d.P99, "avg": d.Avg}[s.stat]
+			v, ok := map[string]float64{"p50": d.P50, "p90": d.P90, "p95": d.P95, "p99": d.P99, "avg": d.Avg}[s.stat]
 			switch {
 			case !ok:
-				problems = append(problems, fmt.Sprintf("%s: SLO %s: an image profile reports avg, p50, p90 and p99 only", label, s.spec))
+				problems = append(problems, fmt.Sprintf("%s: SLO %s: an image profile reports avg, p50, p90, p95 and p99 only", label, s.spec))
 			case v > s.limitMs:
 				problems = append(problems, fmt.Sprintf("%s: SLO %s missed: %s.%s is %.3g ms", label, s.spec, s.tag, s.stat, v))
 			}
