@@ -68,7 +68,7 @@ func TestPrepareSendStampsAtSend(t *testing.T) {
 // prepared long before its instant is not cut short by the wait.
 func TestPrepareTimeoutCountsFromSend(t *testing.T) {
 	base, _, _ := prepareServer(t, 40*time.Millisecond)
-	c, err := New(Options{BaseURL: base, Model: "m", Timeout: 150 * time.Millisecond})
+	c, err := New(Options{BaseURL: base, Model: "m", Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestPrepareTimeoutCountsFromSend(t *testing.T) {
 	var resp Response
 	var p Pending
 	c.Prepare(context.Background(), time.Now(), &Request{ID: "t", Endpoint: Completions, Stream: true, Prompt: "p"}, &resp, &p)
-	time.Sleep(200 * time.Millisecond) // longer than the timeout
+	time.Sleep(1200 * time.Millisecond) // longer than the timeout
 	p.Send()
 	checkThreeEvents(t, &resp, p.Wait())
 }
