@@ -66,13 +66,22 @@ func (g *grpcServer) generate(ctx context.Context, req *oe.GenerateRequest, opts
 	if err != nil {
 		return r, err
 	}
+	return r, collect(st, &r, nil)
+}
+
+// collect reads st's events into r until the stream ends, or until stop (when given) reports
+// true after an event.
+func collect(st grpc.ServerStreamingClient[oe.GenerateResponse], r *genResult, stop func() bool) error {
 	for {
+		if stop != nil && stop() {
+			return nil
+		}
 		ev, err := st.Recv()
 		if err == io.EOF {
-			return r, nil
+			return nil
 		}
 		if err != nil {
-			return r, err
+			return err
 		}
 		r.ids[ev.GetRequestId()] = true
 		if r.finished != nil || r.engErr != nil {
@@ -438,14 +447,24 @@ func TestGRPCCancelAbortDeadlineDrain(t *testing.T) {
 	}
 	eventually(t, "the timed-out stream's slot to be free", 5*time.Second, func() bool { return running() == 0 })
 
-	done := make(chan genResult, 1)
-	go func() { r, _ := g.generate(ctx, long("to-abort")); done <- r }()
-	eventually(t, "the stream to run", 5*time.Second, func() bool { return running() == 1 })
+	// Aborted once a token has streamed (an abort before the first decode step rightly ends
+	// the stream with no tokens, which is not what this case checks).
+	ast, err := g.inf.Generate(ctx, long("to-abort"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := genResult{ids: map[string]bool{}}
+	if err := collect(ast, &r, func() bool { return r.deltas > 0 }); err != nil || r.deltas == 0 {
+		t.Fatalf("to-abort: no token before the abort (%v)", err)
+	}
 	ab, err := g.ctl.Abort(ctx, &oe.AbortRequest{Target: &oe.AbortRequest_RequestId{RequestId: "to-abort"}})
 	if err != nil || ab.GetStatus() != oe.AbortStatus_ABORT_STATUS_ABORTED {
 		t.Fatalf("Abort: %v %v", ab, err)
 	}
-	r := <-done
+	if err := collect(ast, &r, nil); err != nil {
+		t.Fatalf("to-abort after the abort: %v", err)
+	}
+	done := make(chan genResult, 1)
 	if r.finished.GetReason() != oe.FinishReason_FINISH_REASON_CANCELLED || r.usage == nil || r.usage.CompletionTokens == 0 {
 		t.Errorf("aborted stream ended %+v", r)
 	}
