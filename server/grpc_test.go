@@ -474,8 +474,19 @@ func TestGRPCCancelAbortDeadlineDrain(t *testing.T) {
 	}
 	eventually(t, "the aborted stream's slot to be free", 5*time.Second, func() bool { return running() == 0 })
 
-	go func() { r, _ := g.generate(ctx, long("to-drain")); done <- r }()
-	eventually(t, "the stream to run", 5*time.Second, func() bool { return running() == 1 })
+	// Drained once a token has streamed, for the same reason.
+	dst, err := g.inf.Generate(ctx, long("to-drain"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := genResult{ids: map[string]bool{}}
+	if err := collect(dst, &rd, func() bool { return rd.deltas > 0 }); err != nil || rd.deltas == 0 {
+		t.Fatalf("to-drain: no token before SIGTERM (%v)", err)
+	}
+	go func() {
+		_ = collect(dst, &rd, nil)
+		done <- rd
+	}()
 	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
