@@ -106,6 +106,21 @@ func collect(st grpc.ServerStreamingClient[oe.GenerateResponse], r *genResult, s
 	}
 }
 
+// firstToken starts req as a stream and reads it until its first token has arrived, so that
+// what the test does next (an abort, a drain) finds a stream under way with output.
+func firstToken(t *testing.T, g *grpcServer, req *oe.GenerateRequest) (grpc.ServerStreamingClient[oe.GenerateResponse], *genResult) {
+	t.Helper()
+	st, err := g.inf.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &genResult{ids: map[string]bool{}}
+	if err := collect(st, r, func() bool { return r.deltas > 0 }); err != nil || r.deltas == 0 {
+		t.Fatalf("%s: no token arrived (%v)", req.GetRequestId(), err)
+	}
+	return st, r
+}
+
 func textReq(prompt string, maxTok uint32) *oe.GenerateRequest {
 	temp := 0.0
 	return &oe.GenerateRequest{Input: &oe.GenerateRequest_Prompt{Prompt: prompt},
@@ -449,22 +464,14 @@ func TestGRPCCancelAbortDeadlineDrain(t *testing.T) {
 
 	// Aborted once a token has streamed (an abort before the first decode step rightly ends
 	// the stream with no tokens, which is not what this case checks).
-	ast, err := g.inf.Generate(ctx, long("to-abort"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := genResult{ids: map[string]bool{}}
-	if err := collect(ast, &r, func() bool { return r.deltas > 0 }); err != nil || r.deltas == 0 {
-		t.Fatalf("to-abort: no token before the abort (%v)", err)
-	}
+	ast, r := firstToken(t, g, long("to-abort"))
 	ab, err := g.ctl.Abort(ctx, &oe.AbortRequest{Target: &oe.AbortRequest_RequestId{RequestId: "to-abort"}})
 	if err != nil || ab.GetStatus() != oe.AbortStatus_ABORT_STATUS_ABORTED {
 		t.Fatalf("Abort: %v %v", ab, err)
 	}
-	if err := collect(ast, &r, nil); err != nil {
+	if err := collect(ast, r, nil); err != nil {
 		t.Fatalf("to-abort after the abort: %v", err)
 	}
-	done := make(chan genResult, 1)
 	if r.finished.GetReason() != oe.FinishReason_FINISH_REASON_CANCELLED || r.usage == nil || r.usage.CompletionTokens == 0 {
 		t.Errorf("aborted stream ended %+v", r)
 	}
@@ -475,17 +482,11 @@ func TestGRPCCancelAbortDeadlineDrain(t *testing.T) {
 	eventually(t, "the aborted stream's slot to be free", 5*time.Second, func() bool { return running() == 0 })
 
 	// Drained once a token has streamed, for the same reason.
-	dst, err := g.inf.Generate(ctx, long("to-drain"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rd := genResult{ids: map[string]bool{}}
-	if err := collect(dst, &rd, func() bool { return rd.deltas > 0 }); err != nil || rd.deltas == 0 {
-		t.Fatalf("to-drain: no token before SIGTERM (%v)", err)
-	}
+	dst, rd := firstToken(t, g, long("to-drain"))
+	done := make(chan genResult, 1)
 	go func() {
-		_ = collect(dst, &rd, nil)
-		done <- rd
+		_ = collect(dst, rd, nil)
+		done <- *rd
 	}()
 	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -494,9 +495,9 @@ func TestGRPCCancelAbortDeadlineDrain(t *testing.T) {
 		_, err := g.generate(ctx, textReq("x", 2))
 		return status.Code(err) == codes.Unavailable
 	})
-	r = <-done
-	if r.engErr.GetCode() != oe.ErrorCode_ERROR_CODE_DRAINING || !r.engErr.GetRetryable() || r.text == "" {
-		t.Errorf("drained stream ended %+v", r)
+	dr := <-done
+	if dr.engErr.GetCode() != oe.ErrorCode_ERROR_CODE_DRAINING || !dr.engErr.GetRetryable() || dr.text == "" {
+		t.Errorf("drained stream ended %+v", dr)
 	}
 	<-g.exited
 	byID := map[string]serverRecord{}

@@ -367,10 +367,10 @@ func (c *rawConn) readFD(closed bool) bool {
 }
 
 // prepare (the epoll reader's path) takes a connection for p, lays out the request and
-// registers the connection with the reader, all on the caller's goroutine; sendPrepared writes it and
-// wait collects the answer. early (Begin) stamps StartNs before a dial, so that a connection
-// opened for the request counts in its latency; otherwise (Prepare) StartNs is stamped by sendPrepared,
-// just before the first byte is written.
+// registers the connection with the reader, all on the caller's goroutine; sendPrepared writes
+// it and wait collects the answer. early (Begin) stamps StartNs before a dial, so that a
+// connection opened for the request counts in its latency; otherwise (Prepare) StartNs is
+// stamped by sendPrepared, just before the first byte is written.
 func (t *streamTransport) prepare(p *Pending, early bool) {
 	p.early = early
 	if early {
@@ -395,8 +395,8 @@ func (t *streamTransport) prepare(p *Pending, early bool) {
 	p.prepared = true
 }
 
-// sendPrepared stamps StartNs (unless Begin's early stamp stands for a new connection) and writes what
-// the socket takes of the request now; waitSent writes the rest.
+// sendPrepared stamps StartNs (unless Begin's early stamp stands for a new connection) and
+// writes what the socket takes of the request now; waitSent writes the rest.
 func (t *streamTransport) sendPrepared(p *Pending) {
 	p.sent, p.prepared = true, false
 	if !p.early || p.reused {

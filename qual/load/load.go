@@ -311,16 +311,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var recs []records.Request
 	if len(cfg.Sessions) > 0 {
 		recs = r.runSessions(ctx, rng, n, cancel, prog)
-		res.Pacer = r.pacer
 		if cfg.FixedSchedule {
 			res.Mode = "fixed_schedule"
 		}
 	} else if cfg.RequestRate > 0 {
 		recs = r.openLoop(ctx, rng, n, cancel, prog)
-		res.Pacer = r.pacer
 	} else {
 		recs = r.closedLoop(ctx, records.PhaseProfiling, "", cfg.Concurrency, n, cfg.Duration, cancel, prog)
 	}
+	res.Pacer = r.pacer // set by the open loop and the sessions' timeline, empty otherwise
 	res.ProfilingEndNs = int64(time.Since(r.epoch))
 	res.ClientCPU = cpuTime() - cpu0
 	cfg.phase(records.PhaseProfiling, false)

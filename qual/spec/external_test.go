@@ -25,12 +25,7 @@ import (
 // ignores the `n` control that qual-server refuses.
 func otherServer(t *testing.T, target string) *httptest.Server {
 	t.Helper()
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httputil.NewSingleHostReverseProxy(u)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return fronting(t, target, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
 		if strings.HasPrefix(r.URL.Path, "/mq/") || r.URL.Path == "/tokenize" || r.URL.Path == "/detokenize" {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusNotFound)
@@ -48,7 +43,19 @@ func otherServer(t *testing.T, target string) *httptest.Server {
 			r.ContentLength = int64(len(raw))
 		}
 		proxy.ServeHTTP(w, r)
-	}))
+	})
+}
+
+// fronting starts an HTTP server in front of target whose handler gets each request and a
+// reverse proxy to target, to pass it on or answer it itself.
+func fronting(t *testing.T, target string, handle func(w http.ResponseWriter, r *http.Request, proxy http.Handler)) *httptest.Server {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handle(w, r, proxy) }))
 	t.Cleanup(srv.Close)
 	return srv
 }
@@ -122,12 +129,7 @@ func TestExternalServerWithoutOurRoutes(t *testing.T) {
 // noLogprobsServer refuses `logprobs` with a 400, as a server without them does.
 func noLogprobsServer(t *testing.T, target string) *httptest.Server {
 	t.Helper()
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httputil.NewSingleHostReverseProxy(u)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return fronting(t, target, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
 		raw, _ := io.ReadAll(r.Body)
 		if bytes.Contains(raw, []byte(`"logprobs"`)) {
 			w.Header().Set("Content-Type", "application/json")
@@ -137,7 +139,5 @@ func noLogprobsServer(t *testing.T, target string) *httptest.Server {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(raw))
 		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
+	})
 }

@@ -495,19 +495,29 @@ func DecodeLogits(p []byte, ids []int32) (uint64, []int32, error) {
 
 // Deltas iterates a Deltas payload without allocating: fn gets every (request, token) pair.
 func Deltas(p []byte, fn func(id uint64, tok int32)) error {
+	recs, _, err := deltaRecords(p)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < len(recs)/12; i++ {
+		q := recs[12*i:]
+		fn(binary.LittleEndian.Uint64(q), int32(binary.LittleEndian.Uint32(q[8:])))
+	}
+	return nil
+}
+
+// deltaRecords splits a Deltas payload into its 12-byte (request, token) records and what
+// follows them (the logprobs section, when there is one).
+func deltaRecords(p []byte) (recs, rest []byte, err error) {
 	if len(p) < 4 {
-		return ErrShort
+		return nil, nil, ErrShort
 	}
 	n := int(binary.LittleEndian.Uint32(p))
 	p = p[4:]
 	if len(p) < 12*n {
-		return ErrShort
+		return nil, nil, ErrShort
 	}
-	for i := 0; i < n; i++ {
-		q := p[12*i:]
-		fn(binary.LittleEndian.Uint64(q), int32(binary.LittleEndian.Uint32(q[8:])))
-	}
-	return nil
+	return p[:12*n], p[12*n:], nil
 }
 
 // lpFixed is the size of a logprobs entry before its candidates.
@@ -516,15 +526,11 @@ const lpFixed = 4 + 4 + 4 + 1
 // DeltasLogprobs is Deltas with each token's logprobs (nil for a token without); a frame
 // without a logprobs section costs what Deltas does.
 func DeltasLogprobs(p []byte, fn func(id uint64, tok int32, lp *Logprobs)) error {
-	if len(p) < 4 {
-		return ErrShort
+	recs, sec, err := deltaRecords(p)
+	if err != nil {
+		return err
 	}
-	n := int(binary.LittleEndian.Uint32(p))
-	p = p[4:]
-	if len(p) < 12*n {
-		return ErrShort
-	}
-	recs, sec := p[:12*n], p[12*n:]
+	n := len(recs) / 12
 	m, next := 0, -1 // entries left, and the record index of the next one
 	if len(sec) >= 4 {
 		m = int(binary.LittleEndian.Uint32(sec))
