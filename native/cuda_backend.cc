@@ -200,19 +200,17 @@ class Cuda : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_zimage_cuda(void *lib, const mq_engine_params &p, const HParams &hp, int max_context);  // models/zimage.cc
-
 std::unique_ptr<Backend> make_cuda(const mq_engine_params &p, const Family &family, const HParams &hp, int n_slots,
                                    int max_context) {
-  if (family.task == "image") {  // text-to-image: the library's mqb_image_* entry points
-    if (family.name != "zimage")
+  if (family.task == "image") {  // text-to-image: the family's pipeline through the library's mqb_image_* entry points
+    if (!family.cuda_image)
       throw Error(MQ_ERR_LOAD, "device cuda: family " + family.name + " has no CUDA implementation; serve it with --device cpu");
     std::string tried;
     void *lib = open_lib(&tried);
     if (!lib)
       throw Error(MQ_ERR_LOAD, std::string("device cuda: cannot load ") + kLib + ": " + tried +
                                    "; build it with make cuda (or set MODELQUAL_CUDA_LIB to its path)");
-    return make_zimage_cuda(lib, p, hp, max_context);
+    return family.cuda_image(lib, p, hp, max_context);
   }
   return std::unique_ptr<Backend>(new Cuda(p, family, hp, n_slots, max_context));
 }

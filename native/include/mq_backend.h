@@ -111,7 +111,8 @@ int mqb_set_image(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pix
                   int32_t grid_h, int32_t grid_w, const int32_t *prompt, int32_t n, char *err,
                   size_t errlen);
 
-/* Text-to-image models (task "image"; cuda/zimage.cu). Symbols beside the text entry points:
+/* Text-to-image models (task "image"; the family's native/models/<family>.cu, opened by name
+ * through the registry). Symbols beside the text entry points:
  * the runtime resolves them only for an image family. The runtime validates the request, draws
  * the initial noise (torch-identical, as the CPU pipeline) and computes the scheduler's sigmas,
  * so both devices start from the same numbers; the library runs the text encoder, the denoising

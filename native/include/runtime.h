@@ -244,6 +244,10 @@ struct Family {
   std::function<std::unique_ptr<Backend>(const ModelArgs &)> make;  // the CPU model
   // threads: how many CPU threads the model's forward pass uses (0: the engine's n_threads).
   int threads = 0;
+  // cuda_image: an image family's pipeline on the GPU, driven through the loaded CUDA library's
+  // mqb_image_* entry points (cuda_backend.cc opens the library); empty: no GPU pipeline.
+  std::function<std::unique_ptr<Backend>(void *cuda_lib, const mq_engine_params &, const HParams &, int max_context)>
+      cuda_image;
 };
 
 // ImageBackend is a text-to-image model (task "image"): one call turns prompt token ids and the

@@ -880,11 +880,11 @@ class ZImageCuda : public ImageBackend {
 }  // namespace
 
 // make_zimage_cuda: the pipeline on the GPU through the loaded CUDA library (cuda_backend.cc
-// opens it and calls this for family zimage).
+// opens it and calls the family's cuda_image with it).
 std::unique_ptr<Backend> make_zimage_cuda(void *lib, const mq_engine_params &p, const HParams &hp, int max_context) {
   return std::unique_ptr<Backend>(new ZImageCuda(lib, p, hp, max_context));
 }
 
-MQ_REGISTER_FAMILY(Family{"zimage", "image", {"ZImagePipeline"}, resolve_zimage, make_zimage});
+MQ_REGISTER_FAMILY(Family{"zimage", "image", {"ZImagePipeline"}, resolve_zimage, make_zimage, 0, make_zimage_cuda});
 
 }  // namespace mq

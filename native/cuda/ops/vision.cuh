@@ -1,5 +1,10 @@
-// vision_kernels.cuh: the qwen3vl family's kernels (vision.cuh says why; included by backend.cu
-// before run_tokens, which launches the decoder hooks).
+// vision.cuh: a vision tower's kernels (LayerNorm into T, activations, learned positions
+// interpolated, 2-D rotary, bidirectional attention over an image's patches) and the decoder hooks that
+// put image rows into the residual and make per-token M-RoPE rows.
+#pragma once
+#include "device.cuh"
+
+namespace mqcuda {
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
@@ -39,7 +44,7 @@ __global__ void vis_act_kernel(const float *__restrict__ x, size_t n, int act, T
 }
 
 // vis_pos_kernel: x[i, c] += sum over the 4 corners q of pos[idx[i, q], c] * wt[i, q].
-__global__ void vis_pos_kernel(float *__restrict__ x, int C, const float *__restrict__ pos,
+static __global__ void vis_pos_kernel(float *__restrict__ x, int C, const float *__restrict__ pos,
                                const int *__restrict__ idx, const float *__restrict__ wt) {
   pdl_wait();  // launched programmatically (launch): the previous kernel's output is read
   pdl_trigger();
@@ -53,7 +58,7 @@ __global__ void vis_pos_kernel(float *__restrict__ x, int C, const float *__rest
 
 // vis_rope_kernel: 2-D rotary (rotate_half over head_dim hd, half = hd/2 frequencies whose
 // (cos, sin) per patch are cs[i, j]) of q and k of every head, in place in qkv [N, 3, heads, hd].
-__global__ void vis_rope_kernel(float *__restrict__ qkv, int heads, int hd, const float2 *__restrict__ cs) {
+static __global__ void vis_rope_kernel(float *__restrict__ qkv, int heads, int hd, const float2 *__restrict__ cs) {
   pdl_wait();  // launched programmatically (launch): the previous kernel's output is read
   pdl_trigger();
   const int i = blockIdx.x, half = hd / 2, vh = heads * hd;
@@ -132,7 +137,7 @@ __global__ void __launch_bounds__(VA_WARPS * 32) vis_attn_kernel(const float *__
 // img_rows_kernel: the image tokens' rows of the residual: src[t] (NULL: a text token) is the
 // merged image embedding the token takes; with level >= 0 DeepStack feature `level` (stride[t]
 // floats further per level) is added instead.
-__global__ void img_rows_kernel(float *__restrict__ res, int H, const float *const *__restrict__ src,
+static __global__ void img_rows_kernel(float *__restrict__ res, int H, const float *const *__restrict__ src,
                                 const int *__restrict__ stride, int level) {
   pdl_wait();
   pdl_trigger();
@@ -151,7 +156,7 @@ __global__ void img_rows_kernel(float *__restrict__ res, int H, const float *con
 // of tab: frequency j takes position axis a(j) of pos3[t] (interleaved M-RoPE, as transformers'
 // apply_interleaved_mrope: axis 1 where j % 3 == 1 and j < 3 s1, axis 2 where j % 3 == 2 and
 // j < 3 s2, else axis 0), copied from that position's row (the same fp32 cos/sin bits).
-__global__ void mrope_rows_kernel(float2 *__restrict__ tab, int half, int max_ctx, const int *__restrict__ rrow,
+static __global__ void mrope_rows_kernel(float2 *__restrict__ tab, int half, int max_ctx, const int *__restrict__ rrow,
                                   const int *__restrict__ pos3, int s1, int s2) {
   pdl_wait();
   pdl_trigger();
@@ -163,3 +168,4 @@ __global__ void mrope_rows_kernel(float2 *__restrict__ tab, int half, int max_ct
   }
 }
 
+}  // namespace mqcuda

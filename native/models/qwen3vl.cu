@@ -1,7 +1,8 @@
-// vision.cuh: the qwen3vl family's device side (included by backend.cu after its products).
+// models/qwen3vl.cu: Qwen3VLForConditionalGeneration on CUDA (owner: qwen3vl family), the GPU side
+// of models/qwen3vl.cc.
 //
 // Why here and not a second backend: Qwen3-VL's language model is the Qwen3 decoder that
-// backend.cu already runs (run_tokens); what the family adds is an image encoder that runs once
+// the core already runs (decoder.cuh: run_tokens; qwen3.cu names its tensors); what the family adds is an image encoder that runs once
 // per request, three hooks into that decoder and 3-axis rotary positions. So the decoder is
 // reused as it is (prefill chunks, decode graphs, sampling), and this file holds only:
 //   - the vision tower (transformers 5.17's Qwen3VLVisionModel): patch embedding (Conv3d with
@@ -13,23 +14,84 @@
 //     fc1, exact GELU, fc2) and the DeepStack mergers (LayerNorm over the four patches) after the
 //     blocks in deepstack_visual_indexes. Products through gemm() (cuBLAS, the weights at the
 //     compute precision, fp32 accumulation); the residual stream, norms, rotary and softmax fp32.
-//   - the decoder hooks (run_tokens): image rows replace the placeholder tokens' embeddings,
+//   - the decoder hooks (CudaFamily: chunk_begin, embed_rows, after_layer): image rows replace the placeholder tokens' embeddings,
 //     DeepStack feature k is added to those rows after decoder layer k, and the rotary rows of
 //     image tokens are made per token from their (t, h, w) positions (interleaved M-RoPE) in the
 //     rows past max_ctx of mqb_model::rope_tab; later tokens rotate at position + rope delta
-//     (get_rope_index), per slot (mqb_model::sdelta), in decode graphs too.
+//     (get_rope_index), per slot (mqb_model::rope_delta), in decode graphs too.
 // The positions and the image-token check follow native/models/qwen3vl.cc (the CPU family),
 // which transformers' goldens test; the GPU parity gate (families/qwen3vl, label gpu) tests this.
+//
+// Faults (MODELQUAL_FAULTS; the CPU runtime's names): qwen3vl.drop_deepstack skips the DeepStack
+// additions, qwen3vl.rope_theta_x10 and qwen3vl.drop_q_norm are the decoder's (qwen3.cu).
+#include "../cuda/ops/linear.cuh"
+#include "../cuda/ops/vision.cuh"
+#include "qwen3.cuh"
 
-// ---------------------------------------------------------------------------------------------
-// Host side
+#include <mutex>
 
 namespace mqcuda {
+namespace qwen3vl {
+namespace {
+
+// The vision tower's weights, the per-slot images and the chunk's image rows (m.fstate).
+struct VisBlock {
+  void *qkv_w = nullptr, *proj_w = nullptr, *fc1_w = nullptr, *fc2_w = nullptr;  // T, [out, in]
+  float *qkv_b = nullptr, *proj_b = nullptr, *fc1_b = nullptr, *fc2_b = nullptr;
+  float *n1w = nullptr, *n1b = nullptr, *n2w = nullptr, *n2b = nullptr;
+};
+struct VisMerger {
+  float *nw = nullptr, *nb = nullptr, *fc1_b = nullptr, *fc2_b = nullptr;
+  void *fc1_w = nullptr, *fc2_w = nullptr;
+  bool post = false;  // LayerNorm over the four merged patches (DeepStack) rather than per patch
+};
+struct SlotImage {
+  bool live = false, encoded = false;
+  std::vector<float> pixels;             // the processor's patches [gh * gw, 3 * tp * p * p]
+  int gh = 0, gw = 0, n_img = 0, prompt_len = 0, delta = 0;
+  std::vector<int32_t> pos3;             // per prompt position: (t, h, w)
+  std::vector<int> img_index;            // per prompt position: image token index or -1
+  float *dev = nullptr;                  // [1 + deepstack][n_img][E]: embeddings, DeepStack features
+  size_t dev_bytes = 0;
+};
+struct Vis {
+  int vh = 0, depth = 0, heads = 0, vi = 0, p = 0, tp = 0, merge = 0, npos = 0, side = 0, image_token = 0;
+  int s1 = 0, s2 = 0;                    // mrope_section h, w
+  std::vector<int> deep;                 // deepstack_visual_indexes
+  bool drop_deepstack = false;           // fault qwen3vl.drop_deepstack
+  void *pe_w = nullptr;
+  float *pe_b = nullptr, *pos = nullptr;
+  std::vector<VisBlock> blocks;
+  VisMerger merger;
+  std::vector<VisMerger> deep_mergers;
+  std::vector<float> vinv;               // the vision rotary's inverse frequencies
+  std::mutex mu;                         // slot and sdelta_h: set_image may run beside a step
+  std::vector<SlotImage> slot;           // per KV slot (the scratch slot's last)
+  std::vector<int> sdelta_h;             // per slot: rope delta (get_rope_index), mirrored in sdelta
+  bool sdelta_dirty = false;
+  int *sdelta = nullptr;                 // device [slots]
+  // the chunk being run (vis_chunk_begin): per token the image row (NULL: none), its DeepStack
+  // stride, its rotary row, its (t, h, w); device arrays of Tcap, host staging
+  const float **src = nullptr;
+  int *stride = nullptr, *rrow = nullptr, *pos3 = nullptr;
+  std::vector<const float *> src_h;
+  std::vector<int> stride_h, rrow_h, pos3_h;
+  std::pair<void *, size_t> ws[8] = {};  // the tower's activations (vis_buf)
+  ~Vis() {
+    for (auto &s : slot)
+      if (s.dev) cudaFree(s.dev);
+    for (auto &b : ws)
+      if (b.first) cudaFree(b.first);
+  }
+};
+
+inline Vis &vis(mqb_model &m) { return *static_cast<Vis *>(m.fstate.get()); }
+
 
 // vis_buf returns workspace i of at least bytes (grown, never shrunk; the vision tower's
 // activations are sized by the largest image seen).
 inline void *vis_buf(mqb_model &m, int i, size_t bytes) {
-  auto &b = m.vis.ws[i];
+  auto &b = vis(m).ws[i];
   if (b.second < bytes) {
     if (b.first) ck(cudaFree(b.first), "cudaFree");
     b.first = nullptr;
@@ -41,7 +103,7 @@ inline void *vis_buf(mqb_model &m, int i, size_t bytes) {
 
 // vis_load reads the vision tower's tensors ("model.visual." less the "model." TensorMap strips).
 void vis_load(mqb_model &m, const TensorMap &tm) {
-  Vis &v = m.vis;
+  Vis &v = vis(m);
   const int64_t vh = v.vh, M = (int64_t)v.vh * v.merge * v.merge, K = 3LL * v.tp * v.p * v.p, E = m.c.H;
   const std::string pre = "visual.";
   const mqb_tensor *pw = tm.need(pre + "patch_embed.proj.weight", {vh, 3, v.tp, (int64_t)v.p * v.p});
@@ -107,7 +169,7 @@ void vis_act(mqb_model &m, const float *x, size_t n, int act, T *y) {
 // consecutive) into out [N / 4, E].
 template <typename T>
 void vis_merge(mqb_model &m, const VisMerger &g, const float *x, int N, float *out) {
-  const Vis &v = m.vis;
+  const Vis &v = vis(m);
   const int M = v.vh * v.merge * v.merge, R = N / (v.merge * v.merge);
   T *xt = static_cast<T *>(vis_buf(m, 5, sizeof(T) * (size_t)N * v.vh));
   float *mu = static_cast<float *>(vis_buf(m, 6, sizeof(float) * (size_t)R * M));
@@ -122,7 +184,7 @@ void vis_merge(mqb_model &m, const VisMerger &g, const float *x, int N, float *o
 // (the merged embeddings, then each DeepStack feature).
 template <typename T>
 void vis_encode(mqb_model &m, SlotImage &im) {
-  const Vis &v = m.vis;
+  const Vis &v = vis(m);
   const int gh = im.gh, gw = im.gw, N = gh * gw, K = 3 * v.tp * v.p * v.p, vh = v.vh, mg = v.merge;
   const int hd = vh / v.heads, half = hd / 2, quarter = hd / 4, E = m.c.H;
   const size_t need = sizeof(float) * (size_t)(1 + v.deep.size()) * im.n_img * E;
@@ -226,7 +288,8 @@ void vis_open(mqb_model &m, const mqb_model_params *p) {
       if (p->hparams[i].key && k == p->hparams[i].key && !p->hparams[i].str) return (int)p->hparams[i].value;
     throw Fail(fmt("cuda backend: hyper-parameter %s is missing; the runtime's qwen3vl resolve step must set it", k.c_str()));
   };
-  Vis &v = m.vis;
+  m.fstate = std::make_shared<Vis>();
+  Vis &v = vis(m);
   v.vh = num("vision_hidden_size");
   v.depth = num("vision_depth");
   v.heads = num("vision_num_heads");
@@ -238,8 +301,8 @@ void vis_open(mqb_model &m, const mqb_model_params *p) {
   v.side = (int)std::lround(std::sqrt((double)v.npos));
   v.image_token = num("image_token_id");
   for (int k = 0, n = num("vision_deepstack_count"); k < n; ++k) v.deep.push_back(num(fmt("vision_deepstack_%d", k)));
-  v.s1 = m.c.mrope[1];
-  v.s2 = m.c.mrope[2];
+  v.s1 = num("mrope_section_h");
+  v.s2 = num("mrope_section_w");
   v.drop_deepstack = fault("qwen3vl.drop_deepstack");
   const int hd = v.vh / v.heads;
   if (v.vh % v.heads || hd % 4 || hd > 128)
@@ -258,9 +321,8 @@ void vis_open(mqb_model &m, const mqb_model_params *p) {
 // vis_in_prompt: slot holds an image whose prompt reaches past position p (forward then runs
 // the step as a prefill chunk, where the image rows are made).
 bool vis_in_prompt(mqb_model &m, int slot, int p) {
-  if (!m.c.vision) return false;
-  std::lock_guard<std::mutex> g(m.vis.mu);
-  const SlotImage &s = m.vis.slot[slot];
+  std::lock_guard<std::mutex> g(vis(m).mu);
+  const SlotImage &s = vis(m).slot[slot];
   return s.live && p < s.prompt_len;
 }
 
@@ -269,8 +331,7 @@ bool vis_in_prompt(mqb_model &m, int slot, int p) {
 // model). The positions are get_rope_index's for one image (native/models/qwen3vl.cc).
 void set_image(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, int gt, int gh, int gw,
                const int32_t *prompt, int n) {
-  const Vis &v = m.vis;
-  if (!m.c.vision) throw Fail(fmt("cuda backend: family %s does not take images", m.c.family.c_str()));
+  const Vis &v = vis(m);
   if (slot < 0 || slot > m.max_batch) throw Fail(fmt("cuda backend: image slot %d outside [0, %d]", slot, m.max_batch));
   if (!pixels || !prompt || n <= 0) throw Fail("cuda backend: set_image: NULL argument");
   if (gt != 1) throw Fail("image: grid_t must be 1 (one image, not a video)");
@@ -305,26 +366,26 @@ void set_image(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, in
     throw Fail(fmt("image: prompt holds %d image tokens in %d runs; the image needs one run of %d", seen, runs, n_img));
   S.pixels.assign(pixels, pixels + n_pixels);
   S.gh = gh, S.gw = gw, S.n_img = n_img, S.prompt_len = n, S.delta = next - n;
-  std::lock_guard<std::mutex> g(m.vis.mu);
-  SlotImage &dst = m.vis.slot[slot];
+  std::lock_guard<std::mutex> g(vis(m).mu);
+  SlotImage &dst = vis(m).slot[slot];
   S.dev = dst.dev, S.dev_bytes = dst.dev_bytes;  // the slot's device buffer is reused
   dst = std::move(S);
   dst.live = true;
-  m.vis.sdelta_h[slot] = dst.delta;
-  m.vis.sdelta_dirty = true;
+  vis(m).sdelta_h[slot] = dst.delta;
+  vis(m).sdelta_dirty = true;
 }
 
 void drop_image(mqb_model &m, int slot) {
-  if (!m.c.vision || slot < 0 || slot > m.max_batch) return;
-  std::lock_guard<std::mutex> g(m.vis.mu);
-  SlotImage &s = m.vis.slot[slot];
+  if (slot < 0 || slot > m.max_batch) return;
+  std::lock_guard<std::mutex> g(vis(m).mu);
+  SlotImage &s = vis(m).slot[slot];
   s.live = false;
   s.encoded = false;
   s.pixels.clear();
   s.pixels.shrink_to_fit();
-  if (m.vis.sdelta_h[slot] != 0) {
-    m.vis.sdelta_h[slot] = 0;
-    m.vis.sdelta_dirty = true;
+  if (vis(m).sdelta_h[slot] != 0) {
+    vis(m).sdelta_h[slot] = 0;
+    vis(m).sdelta_dirty = true;
   }
 }
 
@@ -334,8 +395,7 @@ void drop_image(mqb_model &m, int slot) {
 // true (the chunk then runs eagerly: its launches differ from a graph's); else false. It also
 // uploads the per-slot rope deltas when they changed.
 bool vis_chunk_begin(mqb_model &m, int Tn) {
-  Vis &v = m.vis;
-  if (!m.c.vision) return false;
+  Vis &v = vis(m);
   std::lock_guard<std::mutex> g(v.mu);
   if (v.sdelta_dirty) {
     ck(cudaMemcpyAsync(v.sdelta, v.sdelta_h.data(), sizeof(int) * v.sdelta_h.size(), cudaMemcpyHostToDevice, m.stream),
@@ -382,4 +442,63 @@ bool vis_chunk_begin(mqb_model &m, int Tn) {
   return true;
 }
 
+// configure: the Qwen3 decoder, its rotary table with per-token rows for image tokens, and the
+// mrope_section checked (t + h + w = head_dim / 2).
+void configure(Cfg &c, const HParams &hp) {
+  qwen3::configure(c, "qwen3vl");
+  c.token_rope = true;
+  const int t = (int)hp.num("mrope_section_t"), h = (int)hp.num("mrope_section_h"), w = (int)hp.num("mrope_section_w");
+  if (t + h + w != c.D / 2) throw Fail(fmt("cuda backend: mrope_section must sum to head_dim/2 = %d", c.D / 2));
+}
+
+void load(mqb_model &m, const TensorMap &tm) {
+  qwen3::load_decoder(m, tm, "language_model.", "qwen3vl");
+  vis_load(m, tm);
+  m.rope_delta = vis(m).sdelta;
+}
+
+// chunk_begin: vis_chunk_begin, and the chunk's rotary rows for the decoder.
+bool chunk_begin(mqb_model &m, int Tn) {
+  if (!vis_chunk_begin(m, Tn)) return false;
+  m.rope_rows = vis(m).rrow;
+  return true;
+}
+
+// embed_rows: the image tokens take the image's rows and their own M-RoPE rows.
+void embed_rows(mqb_model &m, int Tn) {
+  Vis &v = vis(m);
+  const Cfg &c = m.c;
+  m.label = "image_rows";
+  launch(m, img_rows_kernel, dim3(Tn), dim3(256), 0, m.res, c.H, (const float *const *)v.src, (const int *)v.stride, -1);
+  m.label = "mrope_rows";
+  launch(m, mrope_rows_kernel, dim3(Tn), dim3(128), 0, m.rope_tab, c.D / 2, m.max_ctx, (const int *)v.rrow,
+         (const int *)v.pos3, v.s1, v.s2);
+}
+
+// after_layer: DeepStack feature l added to the image tokens' rows after decoder layer l.
+void after_layer(mqb_model &m, int l, int Tn) {
+  Vis &v = vis(m);
+  if (v.drop_deepstack || l >= (int)v.deep.size()) return;
+  m.label = "deepstack";
+  launch(m, img_rows_kernel, dim3(Tn), dim3(256), 0, m.res, m.c.H, (const float *const *)v.src, (const int *)v.stride, l);
+}
+
+bool in_prompt(mqb_model &m, int slot, int p) { return vis_in_prompt(m, slot, p); }
+
+MQB_REGISTER_FAMILY([] {
+  CudaFamily f{"qwen3vl"};
+  f.configure = configure;
+  f.open = vis_open;
+  f.load = load;
+  f.chunk_begin = chunk_begin;
+  f.embed_rows = embed_rows;
+  f.after_layer = after_layer;
+  f.in_prompt = in_prompt;
+  f.set_image = set_image;
+  f.slot_reset = drop_image;
+  return f;
+}());
+
+}  // namespace
+}  // namespace qwen3vl
 }  // namespace mqcuda

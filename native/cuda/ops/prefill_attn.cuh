@@ -21,6 +21,10 @@
 // accumulators of two n8 tiles are already an A fragment's layout) and V through ldmatrix .trans.
 // Rows are finished by 1 / sum. Padded shared-memory rows (D + 8 elements) keep ldmatrix's eight
 // rows on different banks.
+#pragma once
+#include "tile.cuh"
+
+namespace mqcuda {
 
 namespace pa {
 
@@ -223,3 +227,5 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
 }
 
 }  // namespace pa
+
+}  // namespace mqcuda

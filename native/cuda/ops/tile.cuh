@@ -1,4 +1,4 @@
-// skinny.cuh: out[B, N] (+)= X[B, K] W[N, K]^T for 1..32 rows in bf16/fp16 (fp32 accumulation),
+// tile.cuh: out[B, N] (+)= X[B, K] W[N, K]^T for 1..32 rows in bf16/fp16 (fp32 accumulation),
 // the layers' decode products (by default up to 16 rows: see the measurements below). Included
 // by backend.cu (also in the CPU emulation, which computes the mma fragments in emu_test.cc);
 // the host side is skinny_cfg / tile_cfg / skinny_linear / tile_fused there. The mma.sync
@@ -29,6 +29,10 @@
 // its input and the SwiGLU of gate/up itself (TileFuse), beat this kernel at 5-8 rows by 17 %
 // and the fused GEMV at 1-4: it takes every batch up to 16 since, and this kernel runs only with
 // debug sk_max_b > 0.
+#pragma once
+#include "prep.cuh"
+
+namespace mqcuda {
 
 namespace sk {
 
@@ -756,3 +760,5 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 }  // namespace sk
+
+}  // namespace mqcuda

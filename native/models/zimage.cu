@@ -16,9 +16,6 @@
 //  - the host draws nothing: the runtime hands over the initial noise (torch_randn, as on CPU)
 //    and the scheduler's sigmas (computed by the same function the CPU pipeline uses), so both
 //    devices start from identical numbers; CFG and the Euler step run on the GPU.
-// Debug: MQ_ZIMAGE_TIMING=1 prints each request's text encoder, denoising and VAE times (CUDA
-// events) to stderr. MQ_ZIMAGE_DUMP=DIR writes the prompt embeddings (pe.f32), the first transformer
-// call's velocity (v0.f32) and the VAE's output (vae_out.f32, HWC) as raw little-endian floats.
 //
 // Thread safety: one model is driven by one thread at a time (the engine's worker).
 #include <cublas_v2.h>
@@ -40,21 +37,13 @@
 
 #include "mq_backend.h"
 
-#ifdef MQB_HOST_TEST
-// Declarations the shared stub headers lack (check_syntax.sh compiles this file host-only).
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                                          const void *, const void *, cudaDataType_t, int, long long, const void *,
-                                          cudaDataType_t, int, long long, const void *, void *, cudaDataType_t, int,
-                                          long long, int, cublasComputeType_t, cublasGemmAlgo_t);
-float __shfl_xor_sync(unsigned, float, int, int);
-#define KL(k, g, b, s, st) k
-#else
-#define KL(k, g, b, s, st) k<<<(g), (b), (s), (st)>>>
-#endif
+#include "../cuda/model.cuh"
+#include "../cuda/ops/im2col.cuh"
+#include "../cuda/ops/image_attention.cuh"
+#include "../cuda/ops/image_elementwise.cuh"
+#include "../cuda/ops/image_norm.cuh"
 
 namespace mqzimage {
-
-typedef __nv_bfloat16 bf16;
 
 struct Fail : std::runtime_error {
   explicit Fail(const std::string &m) : std::runtime_error(m) {}
@@ -67,319 +56,7 @@ void cb(cublasStatus_t s, const char *what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Fail(std::string("zimage cuda: cuBLAS ") + what + " failed with status " + std::to_string((int)s));
 }
 
-// ---- kernels ----------------------------------------------------------------------------------
-// Blocks are multiples of 32 threads; block_sum reduces over the whole block.
-
-__device__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, 32);
-  return v;
-}
-
-__device__ float block_sum(float v, float *sh) {
-  v = warp_sum(v);
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-  __syncthreads();
-  if (l == 0) sh[w] = v;
-  __syncthreads();
-  float t = 0.f;
-  for (int i = 0; i < nw; i++) t += sh[i];
-  return t;
-}
-
-__device__ float block_max(float v, float *sh) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, 32));
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-  __syncthreads();
-  if (l == 0) sh[w] = v;
-  __syncthreads();
-  float t = -INFINITY;
-  for (int i = 0; i < nw; i++) t = fmaxf(t, sh[i]);
-  return t;
-}
-
-__device__ float silu_d(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float tof(float x) { return x; }
-__device__ __forceinline__ float tof(bf16 x) { return __bfloat162float(x); }
-
-// rms_k: y = x * rsqrt(mean(x^2) + eps) * w [* scale] per row of D; to fp32 yf and/or bf16 yb.
-__global__ void rms_k(const float *x, int D, const float *w, const float *scale, float eps, float *yf, bf16 *yb) {
-  __shared__ float sh[32];
-  const float *xr = x + (size_t)blockIdx.x * D;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss, sh);
-  const float inv = 1.0f / sqrtf(ss / D + eps);
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    float v = w[i] * (xr[i] * inv);
-    if (scale) v *= scale[i];
-    if (yf) yf[(size_t)blockIdx.x * D + i] = v;
-    if (yb) yb[(size_t)blockIdx.x * D + i] = __float2bfloat16(v);
-  }
-}
-
-// rms_gate_add_k: x += gate * rmsnorm(t) * w per row (gate NULL: 1), the DiT blocks' residual.
-__global__ void rms_gate_add_k(float *x, const float *t, int D, const float *w, const float *gate, float eps) {
-  __shared__ float sh[32];
-  const float *tr = t + (size_t)blockIdx.x * D;
-  float *xr = x + (size_t)blockIdx.x * D;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += tr[i] * tr[i];
-  ss = block_sum(ss, sh);
-  const float inv = 1.0f / sqrtf(ss / D + eps);
-  for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] += (gate ? gate[i] : 1.0f) * (w[i] * (tr[i] * inv));
-}
-
-// ln_scale_k: the final layer's LayerNorm (no affine, eps 1e-6) times (1 + sc), to bf16.
-__global__ void ln_scale_k(const float *x, int D, const float *sc, bf16 *y) {
-  __shared__ float sh[32];
-  const float *xr = x + (size_t)blockIdx.x * D;
-  float s = 0.f;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) s += xr[i];
-  const float mean = block_sum(s, sh) / D;
-  float v = 0.f;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
-  const float inv = 1.0f / sqrtf(block_sum(v, sh) / D + 1e-6f);
-  for (int i = threadIdx.x; i < D; i += blockDim.x) y[(size_t)blockIdx.x * D + i] = __float2bfloat16((xr[i] - mean) * inv * (1.0f + sc[i]));
-}
-
-// qk_k: one (row, head) of a fused q|k|v row [ld] per block: per-head RMSNorm of q and k, RoPE,
-// to bf16 q [rows, H*hd], k and v [rows, Hkv*hd]. neox: rotate_half pairs (i, i+hd/2) (Qwen3);
-// else consecutive pairs (2i, 2i+1) (Z-Image's complex RoPE). cs/sn [rows, hd/2] per row.
-template <typename T>
-__global__ void qk_k(const T *qkv, int ld, int H, int Hkv, int hd, const float *nq, const float *nk, float eps,
-                     const float *cs, const float *sn, bool neox, bool norm_q, bf16 *q, bf16 *k, bf16 *v) {
-  __shared__ float sh[32];
-  __shared__ float buf[512];
-  const int r = blockIdx.x, h = blockIdx.y;  // h < H: q head; H <= h < H+Hkv: k head; then v
-  const int half = hd / 2;
-  const T *src;
-  const float *nw = nullptr;
-  bf16 *dst;
-  if (h < H) {
-    src = qkv + (size_t)r * ld + h * hd, dst = q + (size_t)r * H * hd + h * hd, nw = norm_q ? nq : nullptr;
-  } else if (h < H + Hkv) {
-    src = qkv + (size_t)r * ld + H * hd + (h - H) * hd, dst = k + (size_t)r * Hkv * hd + (h - H) * hd, nw = nk;
-  } else {
-    src = qkv + (size_t)r * ld + (H + Hkv) * hd + (h - H - Hkv) * hd;
-    dst = v + (size_t)r * Hkv * hd + (h - H - Hkv) * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(tof(src[i]));
-    return;
-  }
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += tof(src[i]) * tof(src[i]);
-  ss = block_sum(ss, sh);
-  const float inv = 1.0f / sqrtf(ss / hd + eps);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = nw ? nw[i] * (tof(src[i]) * inv) : tof(src[i]);
-  __syncthreads();
-  const float *c = cs + (size_t)r * half, *s = sn + (size_t)r * half;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    if (neox) {
-      const float x1 = buf[i], x2 = buf[i + half];
-      dst[i] = __float2bfloat16(x1 * c[i] - x2 * s[i]);
-      dst[i + half] = __float2bfloat16(x2 * c[i] + x1 * s[i]);
-    } else {
-      const float a = buf[2 * i], b = buf[2 * i + 1];
-      dst[2 * i] = __float2bfloat16(a * c[i] - b * s[i]);
-      dst[2 * i + 1] = __float2bfloat16(a * s[i] + b * c[i]);
-    }
-  }
-}
-
-// softmax_k: one row of scores S [rows, n] per block: P = softmax(S * scale) in bf16; causal
-// masks columns beyond the row's position (row % qlen, keys at the same positions).
-__global__ void softmax_k(const float *S, int n, float scale, int qlen, bool causal, bf16 *P) {
-  __shared__ float sh[32];
-  const float *s = S + (size_t)blockIdx.x * n;
-  bf16 *p = P + (size_t)blockIdx.x * n;
-  const int lim = causal ? (int)(blockIdx.x % qlen) + 1 : n;
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, s[j] * scale);
-  mx = block_max(mx, sh);
-  float sum = 0.f;
-  for (int j = threadIdx.x; j < lim; j += blockDim.x) sum += expf(s[j] * scale - mx);
-  sum = block_sum(sum, sh);
-  const float inv = 1.0f / sum;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) p[j] = __float2bfloat16(j < lim ? expf(s[j] * scale - mx) * inv : 0.f);
-}
-
-// swiglu_k: y[r, i] = silu(g[r, i]) * g[r, F + i] for g [rows, 2F], to bf16.
-template <typename T>
-__global__ void swiglu_k(const T *g, int F, size_t n, bf16 *y) {
-  for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) {
-    const unsigned r = (unsigned)x / (unsigned)F, i = (unsigned)x - r * (unsigned)F;  // n < 2^32 (checked by the caller)
-    y[x] = __float2bfloat16(silu_d(tof(g[(size_t)r * 2 * F + i])) * tof(g[(size_t)r * 2 * F + F + i]));
-  }
-}
-
-__global__ void bias_k(float *y, const float *b, int N, size_t n) {
-  for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) y[x] += b[(unsigned)x % (unsigned)N];
-}
-
-__global__ void add_k(float *y, const float *a, size_t n) {
-  for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) y[x] += a[x];
-}
-
-__global__ void copy_k(float *y, const float *x, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = x[i];
-}
-
-__global__ void to_bf16_k(const float *x, bf16 *y, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = __float2bfloat16(x[i]);
-}
-
-__global__ void silu_bf16_k(const float *x, bf16 *y, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = __float2bfloat16(silu_d(x[i]));
-}
-
-// embed_k: rows of a bf16 embedding table, to fp32.
-__global__ void embed_k(const bf16 *tab, const int *ids, int E, float *h) {
-  for (int i = threadIdx.x; i < E; i += blockDim.x) h[(size_t)blockIdx.x * E + i] = __bfloat162float(tab[(size_t)ids[blockIdx.x] * E + i]);
-}
-
-// copy_rows_k: rows [from, to) of x [., D] = row vector v (the pad tokens).
-__global__ void fill_rows_k(float *x, int D, const float *v) {
-  for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)blockIdx.x * D + i] = v[i];
-}
-
-// tfreq_k: the timestep's sinusoidal embedding [cos | sin] (freq 256), as the CPU pipeline.
-__global__ void tfreq_k(float tt, int half, bf16 *out) {
-  const float neg_log = (float)(-9.210340371976184);  // -log(10000) as the CPU's (float)(-std::log(10000.0))
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float f = expf(neg_log * (float)i / (float)half);
-    const float a = tt * f;
-    out[i] = __float2bfloat16(cosf(a));
-    out[half + i] = __float2bfloat16(sinf(a));
-  }
-}
-
-// mod_k: per block the adaLN outputs [4D] -> 1 + scale_msa, tanh(gate_msa), 1 + scale_mlp,
-// tanh(gate_mlp); n blocks' vectors back to back.
-__global__ void mod_k(float *m, int D, int n) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const int part = (i / D) % 4;
-    m[i] = (part == 0 || part == 2) ? 1.0f + m[i] : tanhf(m[i]);
-  }
-}
-
-// patchify_k: latents [C, h, w] -> 2x2 patches [nimg, 4C], feature (ph*2 + pw)*C + c, bf16.
-__global__ void patchify_k(const float *lat, int C, int h, int w, bf16 *out) {
-  const int wt = w / 2, P = 4 * C;
-  const int n = (h / 2) * wt * P;
-  for (int x = blockIdx.x * blockDim.x + threadIdx.x; x < n; x += gridDim.x * blockDim.x) {
-    const int tok = x / P, f = x % P, c = f % C, pp = f / C, ph = pp / 2, pw = pp % 2;
-    const int y0 = tok / wt, x0 = tok % wt;
-    out[x] = __float2bfloat16(lat[((size_t)c * h + (y0 * 2 + ph)) * w + (x0 * 2 + pw)]);
-  }
-}
-
-__global__ void unpatchify_k(const float *po, int C, int h, int w, float *out) {
-  const int wt = w / 2, P = 4 * C;
-  const int n = (h / 2) * wt * P;
-  for (int x = blockIdx.x * blockDim.x + threadIdx.x; x < n; x += gridDim.x * blockDim.x) {
-    const int tok = x / P, f = x % P, c = f % C, pp = f / C, ph = pp / 2, pw = pp % 2;
-    const int y0 = tok / wt, x0 = tok % wt;
-    out[((size_t)c * h + (y0 * 2 + ph)) * w + (x0 * 2 + pw)] = po[x];
-  }
-}
-
-// split3_k: rows q|k|v [rows, 3C] fp32 -> q, k, v [rows, C] bf16.
-__global__ void split3_k(const float *qkv, int C, size_t n, bf16 *q, bf16 *k, bf16 *v) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const size_t r = i / (3 * C);
-    const int c = (int)(i % (3 * C)), part = c / C;
-    bf16 *d = part == 0 ? q : part == 1 ? k : v;
-    d[r * C + c % C] = __float2bfloat16(qkv[i]);
-  }
-}
-
-// step_k: v = pos + g*(pos - neg) (cfg), lat += dt * -v (the flow-match Euler step).
-__global__ void step_k(float *lat, const float *pos, const float *neg, float g, float dt, int n, bool cfg) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const float v = cfg ? pos[i] + g * (pos[i] - neg[i]) : pos[i];
-    lat[i] = lat[i] + dt * -v;
-  }
-}
-
-// vae_in_k: z [C, h, w] / scaling + shift -> channels-last [h*w, C].
-__global__ void vae_in_k(const float *z, int C, int hw, float scaling, float shift, float *x) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < C * hw; i += gridDim.x * blockDim.x) {
-    const int c = i / hw, p = i % hw;
-    x[(size_t)p * C + c] = z[i] / scaling + shift;
-  }
-}
-
-// im2col_k: x [h*w, Cin] fp32 -> col [h*w, Cin*9] bf16, column (c*3 + ky)*3 + kx, zero padding 1.
-__global__ void im2col_k(const float *x, int h, int w, int Cin, bf16 *col) {
-  const size_t K = (size_t)Cin * 9, n = (size_t)h * w * K;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const unsigned p = (unsigned)i / (unsigned)K;
-    const int kk = (int)((unsigned)i - p * (unsigned)K), c = kk / 9, ky = (kk % 9) / 3, kx = kk % 3;
-    const int yy = (int)(p / (unsigned)w) + ky - 1, xx = (int)(p % (unsigned)w) + kx - 1;
-    col[i] = __float2bfloat16((yy < 0 || yy >= h || xx < 0 || xx >= w) ? 0.f : x[((size_t)yy * w + xx) * Cin + c]);
-  }
-}
-
-// gn_stats_k: per group and block, partial sums of x and x^2 over [n, C] (groups of C/G
-// channels) to part[(g * gridDim.x + block) * 2]; gn_sum_k adds them in a fixed order, so the
-// statistics (and the pixels) are the same on every run.
-__global__ void gn_stats_k(const float *x, int n, int C, int G, double *part) {
-  __shared__ float sh[32];
-  const int g = blockIdx.y, per = C / G;
-  const size_t cnt = (size_t)n * per;
-  float s = 0.f, ss = 0.f;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < cnt; i += (size_t)gridDim.x * blockDim.x) {
-    const float v = x[(size_t)((unsigned)i / (unsigned)per) * C + g * per + (unsigned)i % (unsigned)per];
-    s += v, ss += v * v;
-  }
-  s = block_sum(s, sh);
-  ss = block_sum(ss, sh);
-  if (threadIdx.x == 0) {
-    part[((size_t)g * gridDim.x + blockIdx.x) * 2] = (double)s;
-    part[((size_t)g * gridDim.x + blockIdx.x) * 2 + 1] = (double)ss;
-  }
-}
-
-__global__ void gn_sum_k(const double *part, int chunks, int G, double *stats) {
-  for (int g = threadIdx.x; g < G; g += blockDim.x) {
-    double s = 0, ss = 0;
-    for (int c = 0; c < chunks; c++) s += part[((size_t)g * chunks + c) * 2], ss += part[((size_t)g * chunks + c) * 2 + 1];
-    stats[2 * g] = s, stats[2 * g + 1] = ss;
-  }
-}
-
-// gn_apply_k: (x - mean) * rstd * gamma + beta [then SiLU], in place or to y (eps 1e-6).
-__global__ void gn_apply_k(const float *x, size_t n, int C, int G, const double *stats, const float *gamma,
-                           const float *beta, bool act, float *y) {
-  const int per = C / G;
-  const double cnt = (double)(n / C) * per;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const int c = (int)((unsigned)i % (unsigned)C), g = c / per;
-    const double mean = stats[2 * g] / cnt, var = fmax(0.0, stats[2 * g + 1] / cnt - mean * mean);
-    const float inv = (float)(1.0 / sqrt(var + 1e-6)), m = (float)mean;
-    float v = (x[i] - m) * inv * gamma[c] + beta[c];
-    if (act) v = silu_d(v);
-    y[i] = v;
-  }
-}
-
-// up2_k: nearest 2x upsample of [h*w, C] to [2h*2w, C].
-__global__ void up2_k(const float *x, int h, int w, int C, float *y) {
-  const size_t n = (size_t)4 * h * w * C;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const unsigned p = (unsigned)i / (unsigned)C;
-    const int c = (int)((unsigned)i - p * (unsigned)C), yy = (int)(p / (unsigned)(2 * w)), xx = (int)(p % (unsigned)(2 * w));
-    y[i] = x[((size_t)(yy / 2) * w + xx / 2) * C + c];
-  }
-}
-
-// pixels_k: the VAE's [-1, 1] output -> clamp(x/2 + 1/2, 0, 1) floats and 8-bit (half to even).
-__global__ void pixels_k(const float *x, size_t n, float *img, unsigned char *rgb) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const float v = fminf(1.0f, fmaxf(0.0f, x[i] * 0.5f + 0.5f));
-    img[i] = v;
-    rgb[i] = (unsigned char)rintf(v * 255.0f);
-  }
-}
+using namespace mqcuda::img;
 
 // ---- the model --------------------------------------------------------------------------------
 
@@ -597,14 +274,13 @@ class Model {
   void encode(const int32_t *ids, int n, float *out);
   void dit_block(const DitBlock &b, float *x, int L, const float *cs, const float *sn, const float *mod,
                  const std::vector<std::pair<int, int>> &segs);
-  void dit_forward(const float *lat, int h, int w, float t, int nb, const float *const *capf, const int *ncap, float *const *out,
-                   bool first);
+  void dit_forward(const float *lat, int h, int w, float t, int nb, const float *const *capf, const int *ncap,
+                   float *const *out);
   void rope_tables(int Lx, int nb, const int *Lc, int wt, int nimg);
   void conv2d(const Conv &c, const float *x, int h, int w, float *y);
   void group_norm(const float *x, int n, int C, const GNorm &g, bool act, float *y);
   void run_resnet(const Resnet &r, float *&x, int h, int w);
   void decode(const float *z, int h, int w, float *out);
-  void dump(const char *name, const float *d, size_t n);
 
   std::map<std::string, double> hp_;
   std::map<std::string, const mqb_tensor *> t_;
@@ -643,7 +319,6 @@ class Model {
     Conv up;
   };
   std::vector<Up> up_;
-  bool dumped_ = false;
   float last_t_ = NAN;  // the t of the modulation vectors in "mods" and "t_sc"
 };
 
@@ -775,19 +450,6 @@ void Model::load() {
   conv_out_ = conv(d + "conv_out", 3, ch_[0], 3);
 }
 
-void Model::dump(const char *name, const float *d, size_t n) {
-  const char *dir = getenv("MQ_ZIMAGE_DUMP");
-  if (!dir || !*dir || dumped_) return;
-  std::vector<float> h(n);
-  ck(cudaMemcpyAsync(h.data(), d, 4 * n, cudaMemcpyDeviceToHost, st_), "dump");
-  ck(cudaStreamSynchronize(st_), "dump");
-  FILE *f = fopen((std::string(dir) + "/" + name).c_str(), "wb");
-  if (f) {
-    fwrite(h.data(), 4, n, f);
-    fclose(f);
-  }
-}
-
 // encode: hidden_states[-2] of the text encoder for ids -> out [n, E] fp32 (device).
 void Model::encode(const int32_t *ids, int n, float *h) {
   const int qd = teH_ * tehd_, kvd = teKv_ * tehd_;
@@ -886,7 +548,7 @@ void Model::dit_block(const DitBlock &b, float *x, int L, const float *cs, const
 // per caption capf[b] [ncap[b], cap] (nb 1, or 2 for a CFG pair: both sequences' rows stacked,
 // so every product runs once over the pair). Device pointers.
 void Model::dit_forward(const float *lat, int h, int w, float t, int nb, const float *const *capf, const int *ncap,
-                        float *const *out, bool first) {
+                        float *const *out) {
   // adaLN input and every block's modulation: the same for both branches of a CFG pair.
   float *sc = buf<float>("t_sc", D_);
   const int nmod = (int)(noise_.size() + layers_.size());
@@ -962,7 +624,6 @@ void Model::dit_forward(const float *lat, int h, int w, float t, int nb, const f
     linear(xn, nimg, final_, po);
     KL(unpatchify_k, grid((size_t)nimg * P), 256, 0, st_)(po, C_, h, w, out[b]);
   }
-  if (first) dump("v0.f32", out[0], (size_t)C_ * h * w);
 }
 
 // conv2d: x [h*w, in] fp32 -> y [h*w, out] fp32; 3x3 through im2col, 1x1 a plain product.
@@ -1059,24 +720,14 @@ void Model::decode(const float *z, int h, int w, float *out) {
 void Model::generate(const mqb_image_args *a) {
   const int s = 1 << (ch_.size() - 1), h = a->height / s, w = a->width / s, n = C_ * h * w;
   const bool cfg = a->negative != nullptr && a->n_negative > 0;
-  const char *tenv = getenv("MQ_ZIMAGE_TIMING");
-  const bool timing = tenv && *tenv && std::string(tenv) != "0";
-  cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};
-  if (timing)
-    for (auto &e : ev) {
-      ck(cudaEventCreate(&e), "event");
-    }
-  if (timing) ck(cudaEventRecord(ev[0], st_), "event");
   // 1. Text embeddings.
   float *pe = buf<float>("pe", (size_t)a->n_prompt * E_);
   encode(a->prompt, a->n_prompt, pe);
-  dump("pe.f32", pe, (size_t)a->n_prompt * E_);
   float *ne = nullptr;
   if (cfg) {
     ne = buf<float>("ne", (size_t)a->n_negative * E_);
     encode(a->negative, a->n_negative, ne);
   }
-  if (timing) ck(cudaEventRecord(ev[1], st_), "event");
   // 2. Latents (the runtime's torch-identical noise).
   float *lat = buf<float>("lat", n), *pos = buf<float>("vpos", n), *neg = buf<float>("vneg", n);
   ck(cudaMemcpyAsync(lat, a->noise, 4 * (size_t)n, cudaMemcpyHostToDevice, st_), "noise");
@@ -1087,78 +738,33 @@ void Model::generate(const mqb_image_args *a) {
     const float *capf[2] = {pe, ne};
     const int ncap[2] = {a->n_prompt, a->n_negative};
     float *const outs[2] = {pos, neg};
-    dit_forward(lat, h, w, t, cfg ? 2 : 1, capf, ncap, outs, i == 0);
+    dit_forward(lat, h, w, t, cfg ? 2 : 1, capf, ncap, outs);
     KL(step_k, grid(n), 256, 0, st_)(lat, pos, neg, a->guidance, a->sigmas[i + 1] - a->sigmas[i], n, cfg);
     if (a->latents) ck(cudaMemcpyAsync(a->latents + (size_t)(i + 1) * n, lat, 4 * (size_t)n, cudaMemcpyDeviceToHost, st_), "latents");
   }
-  if (timing) ck(cudaEventRecord(ev[2], st_), "event");
   // 5. Decode.
   const size_t px = (size_t)a->width * a->height * 3;
   float *img = buf<float>("img", px), *imgf = buf<float>("imgf", px);
   unsigned char *rgb = buf<unsigned char>("rgb", px);
   decode(lat, h, w, img);
-  dump("vae_out.f32", img, px);
-  dumped_ = true;
   KL(pixels_k, grid(px), 256, 0, st_)(img, px, imgf, rgb);
   ck(cudaMemcpyAsync(a->rgb, rgb, px, cudaMemcpyDeviceToHost, st_), "pixels");
   if (a->image) ck(cudaMemcpyAsync(a->image, imgf, 4 * px, cudaMemcpyDeviceToHost, st_), "image");
-  if (timing) ck(cudaEventRecord(ev[3], st_), "event");
   ck(cudaStreamSynchronize(st_), "generate");
   ck(cudaGetLastError(), "kernels");
-  if (timing) {
-    float ms[3];
-    for (int i = 0; i < 3; i++) ck(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "event");
-    fprintf(stderr, "zimage cuda: text encoder %.1f ms, denoising %.1f ms (%d steps, %s), VAE decode %.1f ms\n", ms[0], ms[1], a->steps,
-            cfg ? "CFG pairs stacked" : "no guidance", ms[2]);
-    for (auto &e : ev) cudaEventDestroy(e);
-  }
 }
 
-void fail_msg(char *err, size_t n, const char *m) {
-  if (err && n) snprintf(err, n, "%s", m);
-}
+// The pipeline's registration: the core's mqb_image_* entry points open it by family name.
+void *image_open(const mqb_model_params *p) { return new Model(p); }
+void image_generate(void *m, const mqb_image_args *a) { static_cast<Model *>(m)->generate(a); }
+void image_close(void *m) { delete static_cast<Model *>(m); }
+
+MQB_REGISTER_FAMILY([] {
+  mqcuda::CudaFamily f{"zimage"};
+  f.image_open = image_open;
+  f.image_generate = image_generate;
+  f.image_close = image_close;
+  return f;
+}());
 
 }  // namespace mqzimage
-
-struct mqb_image {
-  mqzimage::Model *m;
-};
-
-extern "C" {
-
-int mqb_image_open(const mqb_model_params *p, mqb_image **out, char *err, size_t errlen) {
-  *out = nullptr;
-  if (p->abi_version != MQB_ABI_VERSION) {
-    mqzimage::fail_msg(err, errlen, "zimage cuda: ABI version mismatch; rebuild with make cuda");
-    return 1;
-  }
-  if (std::string(p->family) != "zimage") {
-    mqzimage::fail_msg(err, errlen, (std::string("zimage cuda: family ") + p->family + " is not a text-to-image family of this library").c_str());
-    return 1;
-  }
-  try {
-    *out = new mqb_image{new mqzimage::Model(p)};
-  } catch (const std::exception &e) {
-    mqzimage::fail_msg(err, errlen, e.what());
-    return 1;
-  }
-  return 0;
-}
-
-int mqb_image_generate(mqb_image *m, const mqb_image_args *a, char *err, size_t errlen) {
-  try {
-    m->m->generate(a);
-  } catch (const std::exception &e) {
-    mqzimage::fail_msg(err, errlen, e.what());
-    return 1;
-  }
-  return 0;
-}
-
-void mqb_image_close(mqb_image *m) {
-  if (!m) return;
-  delete m->m;
-  delete m;
-}
-
-}  // extern "C"
