@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/modelqual/modelqual/fixtures"
-	"github.com/modelqual/modelqual/native/bundle"
 )
 
 // recordingTokenizer renders a chat as "TEMPLATE(role:content|gen|kwargs)" and encodes text as
@@ -33,24 +32,10 @@ func (r *recordingTokenizer) Encode(text string) []int32 {
 	return ids
 }
 
-func headerOf(t *testing.T, fixture string) *bundle.Header {
-	t.Helper()
-	path, err := fixtures.Bundle(fixtures.DefaultCacheDir(), fixture)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := bundle.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b.Header()
-}
-
 // The zimage family declares ZImagePipeline's rule (chat template, generation prompt,
 // enable_thinking=True) in its resolve step; IDs applies exactly that.
 func TestImagePromptIsWhatTheFamilyDeclares(t *testing.T) {
-	h := headerOf(t, fixtures.ZImageTiny)
+	h := testBundle(t, fixtures.ZImageTiny).Header()
 	rule, err := ImagePromptFor(h.Family, h.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +67,7 @@ func TestImagePromptIsWhatTheFamilyDeclares(t *testing.T) {
 
 // A family that declares no prompt rule is refused, naming the key and where to declare it.
 func TestImagePromptForRefusesAFamilyWithoutARule(t *testing.T) {
-	h := headerOf(t, fixtures.Qwen3Tiny)
+	h := testBundle(t, fixtures.Qwen3Tiny).Header()
 	_, err := ImagePromptFor(h.Family, h.Config)
 	if err == nil || !strings.Contains(err.Error(), "declares no prompt.format") || !strings.Contains(err.Error(), "native/models/qwen3.cc") {
 		t.Fatalf("ImagePromptFor(qwen3) = %v, want an error saying qwen3 declares no prompt.format in native/models/qwen3.cc", err)
