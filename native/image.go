@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"image"
@@ -43,8 +44,8 @@ type ImageSpec struct {
 }
 
 // ImageRequest is one text-to-image generation. Prompt and Negative are token ids of the
-// prompts as the pipeline formats them (the tokenizer's chat template); Negative is used only
-// when Guidance > 0.
+// prompts as the pipeline formats them (ImagePrompt.IDs); Negative is used only when
+// Guidance > 0.
 type ImageRequest struct {
 	Prompt, Negative []int32
 	Width, Height    int
@@ -150,20 +151,69 @@ func EncodePNG(rgb []byte, width, height int) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// PromptTokenizer is what ImagePromptIDs needs of a tokenizer (server/tokenizer.Tokenizer).
+// PromptTokenizer is what ImagePrompt.IDs needs of a tokenizer (server/tokenizer.Tokenizer).
 type PromptTokenizer interface {
 	ApplyChatTemplate(msgs []map[string]any, addGenerationPrompt bool, kwargs map[string]any) (string, error)
 	Encode(text string) []int32
 }
 
-// ImagePromptIDs formats a prompt as ZImagePipeline's _encode_prompt does before its text
-// encoder: one user turn through the checkpoint's chat template with the generation prompt and
-// enable_thinking=True, then tokenized. The CLI and the server both call it, so the same prompt
-// gives the same ids (and image) on both paths.
-func ImagePromptIDs(tok PromptTokenizer, prompt string) ([]int32, error) {
-	text, err := tok.ApplyChatTemplate([]map[string]any{{"role": "user", "content": prompt}}, true, map[string]any{"enable_thinking": true})
+// The prompt formats a text-to-image family may declare (its resolve step's "prompt.format").
+const (
+	// PromptChatTemplate: one user turn through the checkpoint's chat template, with the
+	// generation prompt and the family's "prompt.chat_template_kwargs" (a JSON object).
+	PromptChatTemplate = "chat_template"
+	// PromptPlain: the prompt text as it is.
+	PromptPlain = "plain"
+)
+
+// ImagePrompt is how a text-to-image family formats a prompt before its text encoder. The family
+// declares it in its resolve step (native/models/<family>.cc), since it is a rule of the
+// upstream pipeline, not of this runtime; the CLI and the server both apply it through IDs, so
+// the same prompt gives the same ids (and image) on both paths.
+type ImagePrompt struct {
+	Family string // the declaring family, for error messages
+	// Format is PromptChatTemplate or PromptPlain.
+	Format string
+	// TemplateKwargs are the chat template's extra variables (PromptChatTemplate only).
+	TemplateKwargs map[string]any
+}
+
+// ImagePromptFor reads the prompt rule family declares for config (the bundle header's Family
+// and Config). A family that declares none, or an unknown format, is an error naming the key.
+func ImagePromptFor(family string, config json.RawMessage) (ImagePrompt, error) {
+	hp, err := Resolve(family, config)
 	if err != nil {
-		return nil, fmt.Errorf("prompt: %w", err)
+		return ImagePrompt{}, err
 	}
-	return tok.Encode(text), nil
+	p := ImagePrompt{Family: family}
+	p.Format, _ = hp["prompt.format"].(string)
+	switch p.Format {
+	case PromptPlain:
+	case PromptChatTemplate:
+		if kw, ok := hp["prompt.chat_template_kwargs"].(string); ok && kw != "" {
+			if err := json.Unmarshal([]byte(kw), &p.TemplateKwargs); err != nil {
+				return ImagePrompt{}, fmt.Errorf("family %s: prompt.chat_template_kwargs %q is not a JSON object: %v", family, kw, err)
+			}
+		}
+	case "":
+		return ImagePrompt{}, fmt.Errorf("family %s declares no prompt.format: its resolve step (native/models/%s.cc) must set it to %q or %q", family, family, PromptChatTemplate, PromptPlain)
+	default:
+		return ImagePrompt{}, fmt.Errorf("family %s: prompt.format %q is not %q or %q", family, p.Format, PromptChatTemplate, PromptPlain)
+	}
+	return p, nil
+}
+
+// IDs formats prompt by the family's rule and tokenizes it.
+func (p ImagePrompt) IDs(tok PromptTokenizer, prompt string) ([]int32, error) {
+	switch p.Format {
+	case PromptPlain:
+		return tok.Encode(prompt), nil
+	case PromptChatTemplate:
+		text, err := tok.ApplyChatTemplate([]map[string]any{{"role": "user", "content": prompt}}, true, p.TemplateKwargs)
+		if err != nil {
+			return nil, fmt.Errorf("prompt: %w", err)
+		}
+		return tok.Encode(text), nil
+	}
+	return nil, fmt.Errorf("prompt: family %s's prompt format %q is unknown (make the rule with native.ImagePromptFor)", p.Family, p.Format)
 }

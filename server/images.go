@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/modelqual/modelqual/native"
 	"github.com/modelqual/modelqual/server/record"
 	"github.com/modelqual/modelqual/server/wire"
 )
@@ -227,7 +226,7 @@ func (s *Server) parseImageRequest(body []byte, g imageGeometry) (wire.ImageRequ
 		return r, "", badRequest("prompt", "`prompt` must be a string")
 	}
 	var err error
-	if r.Prompt, err = native.ImagePromptIDs(s.tok, prompt); err != nil {
+	if r.Prompt, err = s.imagePrompt.IDs(s.tok, prompt); err != nil {
 		return r, "", badRequest("prompt", "%v", err)
 	}
 	if len(r.Prompt) > s.info.MaxContext {
@@ -244,7 +243,7 @@ func (s *Server) parseImageRequest(body []byte, g imageGeometry) (wire.ImageRequ
 			return r, "", badRequest("negative_prompt", "`negative_prompt` must be a string")
 		}
 	}
-	if r.Negative, err = native.ImagePromptIDs(s.tok, negative); err != nil {
+	if r.Negative, err = s.imagePrompt.IDs(s.tok, negative); err != nil {
 		return r, "", badRequest("negative_prompt", "%v", err)
 	}
 	if len(r.Negative) > s.info.MaxContext {

@@ -6,18 +6,35 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelqual/modelqual/fixtures"
+	"github.com/modelqual/modelqual/native"
+	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/server/tokenizer"
 	"github.com/modelqual/modelqual/server/wire"
 )
 
 // imageTestServer is just enough of a Server for parseImageRequest: the Qwen3 tokenizer (with
-// its chat template), a 512-token text-encoder context and the zimage size grid.
+// its chat template), the prompt rule the zimage family declares for zimage-tiny, a 512-token
+// text-encoder context and the zimage size grid.
 func imageTestServer(t testing.TB) (*Server, imageGeometry) {
 	tok, err := tokenizer.Load(filepath.Join("..", "fixtures", "tokenizers", "qwen3"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Server{cfg: Config{ModelName: "zimage"}, tok: tok, info: wire.Info{MaxContext: 512}},
+	path, err := fixtures.Bundle("", fixtures.ZImageTiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bundle.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	rule, err := native.ImagePromptFor(b.Header().Family, b.Header().Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Server{cfg: Config{ModelName: "zimage"}, tok: tok, imagePrompt: rule, info: wire.Info{MaxContext: 512}},
 		imageGeometry{task: "image", multiple: 16, max: 2048, negativePrompt: true}
 }
 

@@ -39,6 +39,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/modelqual/modelqual/native"
 	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/server/cpuset"
 	"github.com/modelqual/modelqual/server/tokenizer"
@@ -135,6 +136,8 @@ type Server struct {
 	info    wire.Info
 	eos     map[int32]bool
 	created int64
+
+	imagePrompt native.ImagePrompt // how the family formats a text encoder's prompt (task "image")
 
 	httpSrv    *http.Server
 	grpc       *grpcFrontend // nil without --grpc-port
@@ -373,6 +376,11 @@ func (s *Server) loadFrontend() (fileReads, error) {
 		return fileReads{}, fmt.Errorf("qual-server: tokenizer of bundle %s: %w", s.cfg.Bundle, err)
 	}
 	s.tok = t
+	if h.Task == "image" {
+		if s.imagePrompt, err = native.ImagePromptFor(h.Family, h.Config); err != nil {
+			return fileReads{}, fmt.Errorf("qual-server: bundle %s: %w", s.cfg.Bundle, err)
+		}
+	}
 	if h.Task == "vision" {
 		if s.vision, err = newVisionState(h.Config, section); err != nil {
 			return fileReads{}, fmt.Errorf("qual-server: bundle %s: %w", s.cfg.Bundle, err)

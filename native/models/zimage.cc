@@ -3,7 +3,7 @@
 //
 // Pipeline (diffusers pipelines/z_image/pipeline_z_image.py at 58eb52c0):
 //  1. text encoder: the prompt, formatted by the tokenizer's chat template (user turn, generation
-//     prompt, enable_thinking), through the Qwen3 decoder (the shared Qwen3Decoder, tensors
+//     prompt, enable_thinking; declared by resolve_zimage as prompt.*, applied in Go), through the Qwen3 decoder (the shared Qwen3Decoder, tensors
 //     "text_encoder.*"); the embeddings are transformers' hidden_states[-2], the residual stream
 //     after layer L-2, without the final norm. With guidance > 0 the negative prompt ("" by
 //     default, formatted the same way) is encoded too.
@@ -730,6 +730,11 @@ void resolve_zimage(const Config &c, HParams &hp) {
   for (const auto &kv : te.numbers()) hp.set("text_encoder." + kv.first, kv.second);
   hp.set("vocab_size", te.f("vocab_size"));
   hp.set("max_positions", std::min(512.0, te.f("max_positions")));  // diffusers' max_sequence_length
+  // The text encoder's prompt, as ZImagePipeline._encode_prompt formats it: one user turn through
+  // the tokenizer's chat template with the generation prompt and enable_thinking=True. The Go side
+  // (native.ImagePromptFor) applies what a family declares here, for the CLI and the server alike.
+  hp.set_string("prompt.format", "chat_template");
+  hp.set_string("prompt.chat_template_kwargs", "{\"enable_thinking\": true}");
 
   const Config t = c.sub("transformer");
   const int64_t dim = t.positive("dim"), heads = t.positive("n_heads");

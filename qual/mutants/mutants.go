@@ -5,8 +5,9 @@
 // such defects; the campaign shows which spec catches each one and which defects no gate
 // sees (`qual mutants`, `make mutants`).
 //
-// A defect is a source edit (an exact text replaced once in one file), not a runtime fault
-// switch, so what is tested is what a reviewer would miss in a diff.
+// A defect is a source edit (an exact text replaced once in one file), so what is tested is
+// what a reviewer would miss in a diff, or one of the planted faults the runtime and the server
+// define (MODELQUAL_FAULTS), each declared by the family whose gate must catch it.
 package mutants
 
 import (
@@ -31,23 +32,39 @@ type Mutant struct {
 	Name string
 	// Family is the family suite whose premerge gate must catch it.
 	Family string
-	// File is the edited file, relative to the repository root.
+	// File is the edited file (for a Fault: the file that reads it), relative to the
+	// repository root.
 	File string
 	// Old is text that occurs exactly once in File; New replaces it.
 	Old, New string
+	// Fault, instead of Old and New, plants the defect through MODELQUAL_FAULTS: the name of a
+	// fault switch (family.fault_name; engine.* and server.* for the shared engine and server).
+	Fault string
 	// Gates narrows the premerge gate run for this defect to the gates that concern it (a
 	// label expression such as "parity" or "load"), so a campaign of 25 defects fits in an
 	// hour on two cores; empty runs the whole premerge gate. Options.Full ignores it.
 	Gates string
 }
 
+// where names the planted file, and the fault for a Fault entry, for the campaign's output.
+func (m Mutant) where() string {
+	if m.Fault != "" {
+		return m.File + " (MODELQUAL_FAULTS=" + m.Fault + ")"
+	}
+	return m.File
+}
+
 // Apply plants m in the repository copy at root. It fails when Old does not occur exactly
-// once: the catalog entry went stale with the source and must be updated.
+// once: the catalog entry went stale with the source and must be updated. A Fault entry edits
+// nothing (the campaign sets MODELQUAL_FAULTS); Apply checks that File still reads the fault.
 func Apply(root string, m Mutant) error {
 	path := filepath.Join(root, filepath.FromSlash(m.File))
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("mutant %q: %w", m.Name, err)
+	}
+	if m.Fault != "" {
+		return checkFault(m, b)
 	}
 	if n := bytes.Count(b, []byte(m.Old)); n != 1 {
 		return fmt.Errorf("mutant %q: the text to replace occurs %d times in %s, want exactly once: update the catalog entry (qual/mutants/catalog.go) to the current source", m.Name, n, m.File)
@@ -57,6 +74,27 @@ func Apply(root string, m Mutant) error {
 	}
 	return os.WriteFile(path, bytes.Replace(b, []byte(m.Old), []byte(m.New), 1), 0o644)
 }
+
+// checkFault checks that a Fault entry is well formed and that its file (src) reads the fault:
+// by its whole name, or, where the name is composed at run time (the shared Qwen3 decoder's
+// <prefix>.drop_q_norm), by its last part.
+func checkFault(m Mutant, src []byte) error {
+	if m.Old != "" || m.New != "" {
+		return fmt.Errorf("mutant %q: give either Fault or Old and New, not both", m.Name)
+	}
+	if !faultName.MatchString(m.Fault) {
+		return fmt.Errorf("mutant %q: fault %q is not a name like family.fault_name", m.Name, m.Fault)
+	}
+	last := m.Fault[strings.LastIndex(m.Fault, "."):]
+	if !bytes.Contains(src, []byte(`"`+m.Fault+`"`)) && !bytes.Contains(src, []byte(`"`+last+`"`)) {
+		return fmt.Errorf("mutant %q: %s does not read fault %s: update the catalog entry (qual/mutants/catalog_%s.go) to the current source", m.Name, m.File, m.Fault, m.Family)
+	}
+	return nil
+}
+
+// faultName is what a planted fault's name looks like: family.fault_name (a family's prefix
+// may have more parts, e.g. zimage.text_encoder.drop_q_norm).
+var faultName = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9_]*)+$`)
 
 // CopyTree copies the files git tracks in the repository at src (their working-tree
 // content, so uncommitted edits are included) to dst, and commits them there in a fresh git
@@ -199,7 +237,7 @@ func Run(ctx context.Context, catalog []Mutant, opt Options) ([]Result, error) {
 		case r.Caught:
 			status = "caught by " + strings.Join(r.By, "; ")
 		}
-		fmt.Fprintf(opt.Log, "mutants: [%d/%d] %s (%s, %.0fs): %s\n", i+1, len(catalog), m.Name, m.File, r.Duration.Seconds(), status)
+		fmt.Fprintf(opt.Log, "mutants: [%d/%d] %s (%s, %.0fs): %s\n", i+1, len(catalog), m.Name, m.where(), r.Duration.Seconds(), status)
 		out = append(out, r)
 	}
 	return out, nil
@@ -236,7 +274,7 @@ func runOne(ctx context.Context, m Mutant, opt Options) Result {
 	// -trimpath keeps build cache keys free of the copy's folder, so only what the mutant
 	// changed is rebuilt; the fixture and bundle cache is the campaign's own.
 	cmd.Env = append(os.Environ(), "GOFLAGS=-trimpath", "MODELQUAL_CACHE="+filepath.Join(opt.Work, "cache"),
-		"MODELQUAL_BIN="+filepath.Join(dir, "bin"), "MODELQUAL_ARTIFACTS="+filepath.Join(dir, "artifacts"), "MODELQUAL_FAULTS=")
+		"MODELQUAL_BIN="+filepath.Join(dir, "bin"), "MODELQUAL_ARTIFACTS="+filepath.Join(dir, "artifacts"), "MODELQUAL_FAULTS="+m.Fault)
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	runErr := cmd.Run()
@@ -322,7 +360,7 @@ func Table(rs []Result) string {
 			res, by = "caught", strings.Join(r.By, "<br>")
 			caught++
 		}
-		fmt.Fprintf(&b, "| %d | %s | `%s` | %s | %s |\n", i+1, r.Mutant.Name, r.Mutant.File, res, by)
+		fmt.Fprintf(&b, "| %d | %s | `%s` | %s | %s |\n", i+1, r.Mutant.Name, r.Mutant.where(), res, by)
 	}
 	fmt.Fprintf(&b, "\n%d of %d defects caught.\n", caught, len(rs))
 	return b.String()

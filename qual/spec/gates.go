@@ -11,6 +11,7 @@ import (
 
 	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/provenance"
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 // The reusable gates. Each is called inside a family's Describe, takes an input getter that
@@ -244,16 +245,11 @@ func (s *Suite) LoadInput(name string) LoadInput {
 
 func (s *Suite) fingerprint() provenance.Spec {
 	fp := provenance.Spec{Bundle: s.State.Bundle, Inputs: []string{s.CorpusPath}, TokenizerDir: s.State.Checkpoint}
-	if s.State.Launcher != "external" && !truthy(EnvNoSourceFingerprint) {
+	if s.State.Launcher != "external" && !envconfig.NoSourceFinger.Bool() {
 		fp.SourceRoot = s.State.RepoRoot
 		fp.Exclude = []string{s.State.Artifacts}
 	}
 	return fp
-}
-
-func truthy(env string) bool {
-	v := strings.ToLower(lookupEnv(env))
-	return v == "1" || v == "true" || v == "yes"
 }
 
 // passGate fails the calling spec with the gate's own error text as the failure message, so

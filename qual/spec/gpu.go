@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/load"
 	"github.com/modelqual/modelqual/qual/manifest"
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 // GPU runs: when a run selects the gpu specs alone (`ginkgo --label-filter=gpu`, or
@@ -22,22 +22,18 @@ import (
 // its own GPU set; the gpu specs then run the CPU gates against it with thresholds.yaml's gpu
 // tolerances. Where no GPU is present (no NVIDIA driver, NVML reports none) nothing is built
 // or started and every gpu spec skips, saying why.
-const (
-	// EnvGPU forces the GPU run on ("1") or off ("0") whatever the label filter says.
-	EnvGPU = "MODELQUAL_GPU"
-	// EnvGPUs restricts the GPUs the run may use: "all" (default) or a comma-separated list
-	// of NVML indices or UUIDs. The list is split among the parallel processes
-	// (gpu.ForProcess): with at least as many GPUs as processes each gets a disjoint set.
-	EnvGPUs = "MODELQUAL_GPUS"
-	// EnvGPUPrecision is the precision of the GPU bundle: bf16 (default) or fp16.
-	EnvGPUPrecision = "MODELQUAL_GPU_PRECISION"
-)
+//
+// Three variables (server/envconfig) steer it: MODELQUAL_GPU forces the GPU run on ("1") or off
+// ("0") whatever the label filter says; MODELQUAL_GPUS restricts the GPUs the run may use ("all"
+// or empty: every one; else a comma-separated list of NVML indices or UUIDs), split among the
+// parallel processes (gpu.ForProcess) so that with at least as many GPUs as processes each gets a
+// disjoint set; MODELQUAL_GPU_PRECISION is the precision of the GPU bundle (bf16, fp16 or fp32).
 
 // gpuRun reports whether this run qualifies the family on GPUs: MODELQUAL_GPU when set,
 // else whether the label filter selects the family's gpu specs and none of its CPU ones (so
 // `--label-filter=premerge` and a plain `go test` keep the CPU server).
 func (s *Suite) gpuRun() bool {
-	switch strings.ToLower(os.Getenv(EnvGPU)) {
+	switch strings.ToLower(setValue(envconfig.GPU)) {
 	case "1", "true", "yes":
 		return true
 	case "0", "false", "no":
@@ -77,14 +73,12 @@ func labelFilterSelectsOnly(filter, label string, base []string) bool {
 
 // gpuPrecision is the GPU bundle's precision (MODELQUAL_GPU_PRECISION, default bf16).
 func gpuPrecision() (string, error) {
-	p := os.Getenv(EnvGPUPrecision)
+	p := envconfig.GPUPrecision.Get()
 	switch p {
-	case "":
-		return "bf16", nil
 	case "bf16", "fp16", "fp32":
 		return p, nil
 	}
-	return "", fmt.Errorf("spec: %s=%q: use bf16, fp16 or fp32", EnvGPUPrecision, p)
+	return "", fmt.Errorf("spec: %s=%q: use bf16, fp16 or fp32", envconfig.GPUPrecision.Name, p)
 }
 
 // buildManifest is the manifest the suite's bundle is built and checked against: the
@@ -103,9 +97,9 @@ func (s *Suite) buildManifest(st State) *manifest.Manifest {
 // processGPUs is this Ginkgo process's GPU set: the run's GPUs (MODELQUAL_GPUS) split by
 // GinkgoParallelProcess() among the run's processes.
 func processGPUs() ([]gpu.Device, error) {
-	devs, err := gpu.Select(gpu.Inspect(), os.Getenv(EnvGPUs))
+	devs, err := gpu.Select(gpu.Inspect(), envconfig.GPUs.Get())
 	if err != nil {
-		return nil, fmt.Errorf("spec: GPUs for this run (%s=%q): %w", EnvGPUs, os.Getenv(EnvGPUs), err)
+		return nil, fmt.Errorf("spec: GPUs for this run (%s=%q): %w", envconfig.GPUs.Name, envconfig.GPUs.Get(), err)
 	}
 	cfg, _ := ginkgo.GinkgoConfiguration()
 	set := gpu.ForProcess(devs, ginkgo.GinkgoParallelProcess(), cfg.ParallelTotal)
@@ -125,7 +119,7 @@ func (s *Suite) RequireGPU() {
 		ginkgo.Skip("no GPU: " + s.State.GPUSkip)
 	case s.State.Device != "cuda":
 		ginkgo.Skip(fmt.Sprintf("needs the suite's server on a GPU; this run's server is on %s (select the gpu specs alone with --label-filter=gpu, or set %s=1)",
-			orDefault(s.State.Device, "cpu"), EnvGPU))
+			orDefault(s.State.Device, "cpu"), envconfig.GPU.Name))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/modelqual/modelqual/qual/manifest"
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 // Only a filter that selects gpu specs alone turns the suite into a GPU run; premerge (the
@@ -49,7 +50,7 @@ func TestGPURunBuildAndThresholds(t *testing.T) {
 	if got := s.Threshold(); got.MaxAbsLogitDiff != 0.05 || got.GreedySteps != 16 {
 		t.Fatalf("GPU run thresholds %+v, want the gpu section", got)
 	}
-	t.Setenv(EnvGPUPrecision, "int4")
+	t.Setenv(envconfig.GPUPrecision.Name, "int4")
 	if _, err := gpuPrecision(); err == nil {
 		t.Fatal("an unknown precision must be refused")
 	}

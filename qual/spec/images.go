@@ -147,7 +147,7 @@ func (f ImageFigures) String() string {
 func LoadImageGolden(path string) ([]ImageGoldenCase, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("image golden: %w (make it with fixtures/golden/make_zimage_golden.py)", err)
+		return nil, fmt.Errorf("image golden: %w (the family's script under fixtures/golden/, make_<family>_golden.py, makes it)", err)
 	}
 	var g struct {
 		Cases []ImageGoldenCase `json:"cases"`

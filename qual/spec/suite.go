@@ -26,34 +26,30 @@ import (
 	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/manifest"
+	"github.com/modelqual/modelqual/server/envconfig"
 	"github.com/modelqual/modelqual/server/tokenizer"
 )
 
-// Environment variables that steer a suite (flags cannot reach a suite run by `ginkgo -r`).
-const (
-	// EnvLauncher picks the launcher: process (default), container or external.
-	EnvLauncher = "MODELQUAL_LAUNCHER"
-	// EnvExternalURL is the server to qualify with the external launcher (implies it).
-	EnvExternalURL = "MODELQUAL_EXTERNAL_URL"
-	// EnvExternalModel is the model name to send to an external server (default: the family).
-	EnvExternalModel = "MODELQUAL_EXTERNAL_MODEL"
-	// EnvAPIKey is sent as a bearer token to an external server.
-	EnvAPIKey = "MODELQUAL_API_KEY"
-	// EnvArtifacts is the folder receiving each family's artifacts (default <repo>/artifacts/specs).
-	EnvArtifacts = "MODELQUAL_ARTIFACTS"
-	// EnvHubCache is the Hugging Face hub cache of a real (non-fixture) checkpoint.
-	EnvHubCache = "MODELQUAL_HUB_CACHE"
-	// EnvNoSourceFingerprint=1 leaves the source tree out of the load gates' fingerprints
-	// (for development while files are being edited; CI never sets it).
-	EnvNoSourceFingerprint = "MODELQUAL_NO_SOURCE_FINGERPRINT"
-)
+// The environment variables that steer a suite (flags cannot reach a suite run by `ginkgo -r`)
+// are declared, with their defaults and descriptions, in server/envconfig: MODELQUAL_LAUNCHER,
+// MODELQUAL_EXTERNAL_URL, MODELQUAL_EXTERNAL_MODEL, MODELQUAL_API_KEY, MODELQUAL_ARTIFACTS,
+// MODELQUAL_HUB_CACHE, MODELQUAL_NO_SOURCE_FINGERPRINT, MODELQUAL_BIN, MODELQUAL_FAULTS and the
+// GPU ones of gpu.go.
+
+// setValue is v's value as set, "" when unset: for the variables whose empty value means
+// "decide from the run" (the launcher from the label filter, the artifact folder from the
+// checkout), which envconfig's default would hide.
+func setValue(v envconfig.Var) string {
+	s, _ := v.Lookup()
+	return s
+}
 
 // Test-binary flags, for runs that prefer flags to the environment:
 // ginkgo ./families/qwen -- -modelqual.launcher=external -modelqual.url=http://host:8000.
 // A flag wins over its environment variable.
 var (
-	launcherFlag = flag.String("modelqual.launcher", "", "launcher of the suite's server: process, container or external (env "+EnvLauncher+")")
-	urlFlag      = flag.String("modelqual.url", "", "server to qualify with the external launcher (env "+EnvExternalURL+")")
+	launcherFlag = flag.String("modelqual.launcher", "", "launcher of the suite's server: process, container or external (env "+envconfig.Launcher.Name+")")
+	urlFlag      = flag.String("modelqual.url", "", "server to qualify with the external launcher (env "+envconfig.ExternalURL.Name+")")
 )
 
 // SuiteInput configures a family suite.
@@ -191,7 +187,7 @@ func externalURL() string {
 	if *urlFlag != "" {
 		return *urlFlag
 	}
-	return os.Getenv(EnvExternalURL)
+	return envconfig.ExternalURL.Get()
 }
 
 // launcherKind picks the launcher: -modelqual.launcher or MODELQUAL_LAUNCHER, else external
@@ -200,14 +196,14 @@ func externalURL() string {
 func launcherKind() (string, error) {
 	k := *launcherFlag
 	if k == "" {
-		k = os.Getenv(EnvLauncher)
+		k = setValue(envconfig.Launcher)
 	}
 	if k != "" {
 		switch k {
 		case "process", "container", "external":
 			return k, nil
 		}
-		return "", fmt.Errorf("launcher %q (from -modelqual.launcher or %s): use process, container or external", k, EnvLauncher)
+		return "", fmt.Errorf("launcher %q (from -modelqual.launcher or %s): use process, container or external", k, envconfig.Launcher.Name)
 	}
 	if externalURL() != "" {
 		return "external", nil
@@ -242,7 +238,7 @@ func (s *Suite) prepare(ctx context.Context) (State, error) {
 	if st.Launcher, err = launcherKind(); err != nil {
 		return st, err
 	}
-	base := os.Getenv(EnvArtifacts)
+	base := setValue(envconfig.Artifacts)
 	if base == "" {
 		base = filepath.Join(root, "artifacts", "specs")
 	}
@@ -273,12 +269,12 @@ func (s *Suite) prepare(ctx context.Context) (State, error) {
 	case "external":
 		st.BaseURL = externalURL()
 		if st.BaseURL == "" {
-			return st, fmt.Errorf("spec: the external launcher needs -modelqual.url or %s=http://host:port", EnvExternalURL)
+			return st, fmt.Errorf("spec: the external launcher needs -modelqual.url or %s=http://host:port", envconfig.ExternalURL.Name)
 		}
-		if m := os.Getenv(EnvExternalModel); m != "" {
+		if m := envconfig.ExternalModel.Get(); m != "" {
 			st.Model = m
 		}
-		st.APIKey = os.Getenv(EnvAPIKey)
+		st.APIKey = envconfig.APIKey.Get()
 		opts = append(opts, launch.WithURL(st.BaseURL), launch.WithModel(st.Model), launch.WithAPIKey(st.APIKey))
 	default:
 		if err := BuildBinaries(ctx, root, binDir(root)); err != nil {
@@ -320,7 +316,7 @@ func (s *Suite) serverOptions(runDir string) []launch.Option {
 	if s.Manifest.Build.MaxBatch > 0 {
 		opts = append(opts, launch.WithArgs("--max-batch", strconv.Itoa(s.Manifest.Build.MaxBatch)))
 	}
-	if f := os.Getenv("MODELQUAL_FAULTS"); f != "" {
+	if f := envconfig.Faults.Get(); f != "" {
 		opts = append(opts, launch.WithFaults(f))
 	}
 	return opts
@@ -434,9 +430,9 @@ func (s *Suite) checkpoint(cache string) (dir, rev string, err error) {
 		}
 		return dir, rev, nil
 	}
-	hub := os.Getenv(EnvHubCache)
+	hub := envconfig.HubCache.Get()
 	if hub == "" {
-		hub = os.Getenv("HF_HUB_CACHE")
+		hub = envconfig.HFHubCache.Get()
 	}
 	if hub == "" {
 		home, _ := os.UserHomeDir()
@@ -444,7 +440,7 @@ func (s *Suite) checkpoint(cache string) (dir, rev string, err error) {
 	}
 	dir, rev, err = bundle.ResolveHubCache(hub, c.ID, c.Revision)
 	if err != nil {
-		return "", "", fmt.Errorf("spec: checkpoint %s@%s from hub cache %s (set %s): %w", c.ID, c.Revision, hub, EnvHubCache, err)
+		return "", "", fmt.Errorf("spec: checkpoint %s@%s from hub cache %s (set %s): %w", c.ID, c.Revision, hub, envconfig.HubCache.Name, err)
 	}
 	return dir, rev, nil
 }
@@ -551,7 +547,7 @@ func bundleKey(m *manifest.Manifest, revision string) (string, error) {
 }
 
 func binDir(root string) string {
-	if d := os.Getenv("MODELQUAL_BIN"); d != "" {
+	if d := envconfig.Bin.Get(); d != "" {
 		return d
 	}
 	return filepath.Join(root, "bin")
@@ -606,8 +602,6 @@ func lockFile(path string) (func(), error) {
 	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
 }
 
-func lookupEnv(k string) string { return os.Getenv(k) }
-
 // StartServer starts a second server of the suite's bundle with extra environment (such as
 // MODELQUAL_FAULTS=qwen3.drop_q_norm, planting a defect to prove a gate bites) and returns an
 // API for it and its endpoint; it is stopped when the calling spec ends. It needs a bundle, so
@@ -648,7 +642,7 @@ func (s *Suite) StartServerArgs(ctx context.Context, args []string, env ...strin
 func (s *Suite) RequireLauncher(kind string) {
 	if s.State.Launcher != kind {
 		ginkgo.Skip(fmt.Sprintf("needs the %s launcher; this run's server came from the %s launcher (select container specs alone with --label-filter=container, or set %s)",
-			kind, s.State.Launcher, EnvLauncher))
+			kind, s.State.Launcher, envconfig.Launcher.Name))
 	}
 }
 

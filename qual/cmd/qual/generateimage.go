@@ -104,11 +104,15 @@ func generateImageMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail("tokenizer of %s: %v", *bundlePath, err)
 	}
-	pids, err := native.ImagePromptIDs(tok, *prompt)
+	rule, err := native.ImagePromptFor(b.Header().Family, b.Header().Config)
 	if err != nil {
 		return fail("%v", err)
 	}
-	nids, err := native.ImagePromptIDs(tok, *negative)
+	pids, err := rule.IDs(tok, *prompt)
+	if err != nil {
+		return fail("%v", err)
+	}
+	nids, err := rule.IDs(tok, *negative)
 	if err != nil {
 		return fail("%v", err)
 	}
