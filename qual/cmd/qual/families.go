@@ -27,8 +27,12 @@ func familiesMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, "Usage: qual families [--json]\n\nLists the native model families this binary serves (each native/models/<family>.cc registers\nitself): name, task, and the checkpoint architectures it accepts.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		return bundleFlagExit(err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "qual families: unexpected arguments %q; it takes flags only (see --help)\n", fs.Args())
+		return 2
 	}
 	fams := native.Families()
 	if *asJSON {

@@ -123,7 +123,7 @@ func runProfile(args []string) int {
 	fs.StringVar(&img.Format, "image-format", "png", "chat: synthetic image format, png or jpeg")
 	fs.Float64Var(&img.Fraction, "image-fraction", 1, "chat, with the image flags: the fraction (0 < F <= 1) of requests that carry an image; the rest are text-only, for TTFT with and without image in one run")
 	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

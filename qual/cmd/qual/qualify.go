@@ -101,7 +101,7 @@ func runQualify(args []string) int {
 		timeout  = fs.Duration("timeout", 60*time.Minute, "timeout of each family's run")
 		verbose  = fs.Bool("v", false, "stream Ginkgo's output instead of writing it to logs/<family>.log only")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -134,7 +134,7 @@ func runQualify(args []string) int {
 	}
 	root, err := fixtures.RepoRoot()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "qual qualify: %v\n", err)
+		fmt.Fprintln(os.Stderr, needCheckout("qualify", "it runs the Ginkgo specs of the checkout's families/ with its Go toolchain", err))
 		return 1
 	}
 	known, err := discoverFamilies(root)

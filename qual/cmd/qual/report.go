@@ -63,7 +63,7 @@ func reportMain(args []string, stdout, stderr io.Writer) int {
 
 // parseFlags parses fs; ok is false when the caller must return code (0 for --help).
 func parseFlags(fs *flag.FlagSet, args []string) (code int, ok bool) {
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		return bundleFlagExit(err), false
 	}
 	return 0, true
