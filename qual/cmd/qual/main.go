@@ -99,8 +99,8 @@ const checkoutURL = "https://github.com/modelqual/modelqual"
 // needCheckout is the error of a subcommand that works on a modelqual checkout (its families,
 // fixtures data, Go sources) run outside one: what it needs, why, and what to do.
 func needCheckout(cmd, why string, err error) string {
-	return fmt.Sprintf("qual %s: %s, so it runs inside a modelqual checkout (%v); cd into one, or git clone %s; "+
-		"the binaries alone serve, profile, generate and report: qual-server, qual profile --bundle FILE, qual generate, qual report",
+	return fmt.Sprintf("qual %s needs a modelqual checkout: %s (%v). cd into one, or git clone %s. "+
+		"Without one, the binaries serve, profile, generate and report: qual-server, qual profile --bundle FILE, qual generate, qual report.",
 		cmd, why, err, checkoutURL)
 }
 

@@ -61,7 +61,7 @@ func runMutants(args []string) int {
 	}
 	root, err := fixtures.RepoRoot()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, needCheckout("mutants", "it plants defects in a copy of the checkout's sources and runs their gates", err))
+		fmt.Fprintln(os.Stderr, needCheckout("mutants", "it plants defects in a copy of its sources and runs their gates", err))
 		return 2
 	}
 	dir := *work
