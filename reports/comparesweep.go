@@ -266,7 +266,7 @@ func WriteSweepComparison(w io.Writer, sc *SweepComparison, wide bool) error {
 			if len(p.Rows) > 0 {
 				level = p.Rows[0].Level
 			}
-			how = fmt.Sprintf("%d base and %d candidate runs, %s%% intervals over runs (family-wise)", len(p.BaseRuns), len(p.CandRuns), fmtRatio(level*100))
+			how = fmt.Sprintf("%d base and %d candidate runs, %s%% intervals over runs (family-wise)", len(p.BaseRuns), len(p.CandRuns), strconv.FormatFloat(level*100, 'g', 4, 64))
 		} else if p.Note == "" {
 			withinRun = true
 		}

@@ -20,7 +20,7 @@ func keyedRun(t *testing.T, seed uint64, scale float64, conc int, inputMean, bun
 		"loadgen":  map[string]any{"concurrency": conc, "request_count": 60},
 		"input":    map[string]any{"random_seed": seed},
 		"mq_config": map[string]string{"input-tokens-mean": inputMean, "input-tokens-stddev": "0", "output-tokens": "16",
-			"requests": "60", "seed": "0", "out": "/tmp/x"},
+			"requests": "60", "seed": "0", "out": "/tmp/x", "image-format": "png", "image-width-mean": "0"},
 		"mq_point": map[string]any{"parameter": "concurrency", "value": conc},
 	})
 	if err != nil {
@@ -52,7 +52,7 @@ func TestRunKey(t *testing.T) {
 			t.Errorf("key field %s = %q (recorded %v), want %q; key: %s", name, got, ok, want, k)
 		}
 	}
-	for _, name := range []string{"url", "requests", "seed"} {
+	for _, name := range []string{"url", "requests", "seed", "image_format"} {
 		if v, ok := k.Get(name); ok {
 			t.Errorf("key holds %s=%q; a process launch's URL and the measurement settings are not configuration", name, v)
 		}

@@ -181,6 +181,14 @@ func RunKey(run *Run) ConfigKey {
 		}
 	}
 
+	// Image settings matter only where requests carried images.
+	if w := vals["image_width_mean"]; vals["image_dir"] == "" && (w == "" || w == "0") {
+		for name := range vals {
+			if strings.HasPrefix(name, "image_") {
+				delete(vals, name)
+			}
+		}
+	}
 	var k ConfigKey
 	for _, name := range keyOrder {
 		if v, ok := vals[name]; ok {

@@ -111,7 +111,7 @@ func runProfile(args []string) int {
 		apiKey         = fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "bearer token for the server")
 		faults         = fs.String("faults", os.Getenv("MODELQUAL_FAULTS"), "MODELQUAL_FAULTS passed to a launched server")
 		sourceRoot     = fs.String("source-root", "", "source tree to fingerprint (default: the repository around the working directory; \"none\" to skip)")
-		noProgress     = fs.Bool("no-progress", false, "do not print progress")
+		noProgress     = fs.Bool("no-progress", false, "do not print progress on stderr (each sweep point as it starts, with the sweep's ETA, and the load generator's bar)")
 		maxErrorRate   = fs.Float64("max-error-rate", -1, "fail a point whose measured requests failed in a larger fraction (0..1; default: fail only when none succeeded)")
 		overwrite      = fs.Bool("overwrite", false, "replace the runs already in --out")
 		repeat         = fs.Int("repeat", 1, "run every sweep point N times (run directories ...-rep1..N) so qual report compare can separate a change from run-to-run variance")
