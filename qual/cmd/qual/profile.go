@@ -136,7 +136,7 @@ func runProfile(args []string) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		return bad("unexpected arguments %q; see --help", fs.Args())
+		return bad("unexpected arguments %q: qual profile takes flags only (the output folder is --out DIR); see --help", fs.Args())
 	}
 	if (*url == "") == (*bundlePath == "") {
 		return bad("pass exactly one of --url (an external server) and --bundle (start qual-server)")
