@@ -115,3 +115,21 @@ bench-load: build
 	set -o pipefail; $(GO) test -run '^$$' -bench 'ClientStreamingC32|NonStreamingRate|OpenLoopLateness|FixedScheduleLateness|LowRateDistortion' -benchtime 1x -count 3 ./qual/load | awk -f qual/load/benchgoals.awk
 
 	$(GO) test -run '^$$' -bench 'BenchmarkStreamCostC32' -benchtime 1024x -count 1 ./server/
+
+# A release archive for machines with no checkout: qual, qual-server (and the CUDA library
+# when make cuda built it) in one bin/ folder, where qual finds the qual-server beside it and
+# qual-server the CUDA library; with the README, the fixtures' provenance notes and the Go
+# modules the binaries are built from (go version -m), as
+# $(ARTIFACTS)/dist/modelqual-<git describe>-<os>-<arch>.tar.gz.
+DIST ?= $(ARTIFACTS)/dist
+DIST_NAME = modelqual-$(shell git describe --always --dirty 2>/dev/null || echo dev)-$(shell $(GO) env GOOS)-$(shell $(GO) env GOARCH)
+.PHONY: dist
+dist: build
+	rm -rf $(DIST)/$(DIST_NAME) && mkdir -p $(DIST)/$(DIST_NAME)/bin
+	cp bin/qual bin/qual-server $(DIST)/$(DIST_NAME)/bin/
+	if [ -f native/cuda/build/libmodelqual_cuda.so ]; then cp native/cuda/build/libmodelqual_cuda.so $(DIST)/$(DIST_NAME)/bin/; fi
+	cp README.md $(DIST)/$(DIST_NAME)/
+	cp fixtures/PROVENANCE.md $(DIST)/$(DIST_NAME)/FIXTURES-PROVENANCE.md
+	$(GO) version -m bin/qual bin/qual-server > $(DIST)/$(DIST_NAME)/MODULES.txt
+	tar -C $(DIST) -czf $(DIST)/$(DIST_NAME).tar.gz $(DIST_NAME)
+	@echo $(DIST)/$(DIST_NAME).tar.gz

@@ -2,13 +2,11 @@ package reports
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
-	"text/tabwriter"
 
 	"gonum.org/v1/gonum/stat"
 )
@@ -247,40 +245,16 @@ func nanSlice(n int) []float64 {
 	return s
 }
 
-// WriteComparison prints a comparison of one run a side. A verdict marks intervals that
-// exclude 1, "better" or "worse (within run)" by the metric's direction: the interval
-// resamples requests, so it cannot see run-to-run variance, and the table ends saying so
-// (CompareRuns compares repeats).
+// WriteComparison prints a comparison of one run a side (Compare) as WriteSweepComparison
+// prints one point. A verdict marks intervals that exclude 1, "better" or "worse (within
+// run)" by the metric's direction: the interval resamples requests, so it cannot see
+// run-to-run variance, and the table ends saying so (CompareRuns compares repeats).
 func WriteComparison(w io.Writer, baseName, candName string, cmps []Comparison) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "metric\tstat\tbase: %s\tcandidate: %s\tratio\t95%% CI (requests)\tverdict\t\n", baseName, candName)
+	p := PointComparison{Point: "-", BaseRuns: []string{baseName}, CandRuns: []string{candName}}
 	for _, c := range cmps {
-		ci, verdict := "-", ""
-		if c.HasCI {
-			ci = fmt.Sprintf("[%.3f, %.3f]", c.Lo, c.Hi)
-			switch {
-			case c.Lo > 1:
-				verdict = pick(c.LargerIsBetter, "better", "worse") + " (within run)"
-			case c.Hi < 1:
-				verdict = pick(c.LargerIsBetter, "worse", "better") + " (within run)"
-			default:
-				verdict = "same"
-			}
-		}
-		r := "n/a"
-		if !math.IsNaN(c.Ratio) {
-			r = fmt.Sprintf("%.3f", c.Ratio)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", MetricLabel(c.Tag, c.Unit), c.Stat,
-			two(c.Base), two(c.Cand), r, ci, verdict)
+		p.Rows = append(p.Rows, RunComparison{Comparison: c, Verdict: withinRunVerdict(c)})
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	_, err := io.WriteString(w, "\nOne run a side: the intervals resample requests and cannot see run-to-run variance, which\n"+
-		"is usually larger (two runs of one config often differ beyond them). Compare repeats before\n"+
-		"trusting a verdict: qual profile --repeat N, then qual report compare BASE1,BASE2,... CAND1,CAND2,...\n")
-	return err
+	return WriteSweepComparison(w, &SweepComparison{Points: []PointComparison{p}}, false)
 }
 
 func pick(cond bool, a, b string) string {

@@ -2,10 +2,9 @@ package reports
 
 import (
 	"fmt"
-	"io"
 	"math"
+	"slices"
 	"strings"
-	"text/tabwriter"
 
 	"gonum.org/v1/gonum/stat/distuv"
 )
@@ -20,8 +19,24 @@ type RunComparison struct {
 	BaseRuns []float64 `json:"base_runs"` // the statistic in each base run
 	CandRuns []float64 `json:"candidate_runs"`
 	Level    float64   `json:"level"`   // family-wise confidence of the interval
-	Verdict  string    `json:"verdict"` // "no change", "better", "worse"; "" when no interval
+	Verdict  string    `json:"verdict"` // "no change", "better", "worse", VerdictTooFewRuns; "" when no interval
+	// RunsNeeded, with VerdictTooFewRuns, is about how many runs a side would resolve the
+	// change seen (or a 5 % change, when the one seen is smaller) at the same level, from
+	// the runs' own spread; 0 when that is more than maxRunsNeeded.
+	RunsNeeded int `json:"runs_needed,omitempty"`
 }
+
+// VerdictTooFewRuns is the verdict of a statistic whose interval contains 1 and is wider
+// on both sides than any ratio of a candidate run to a base run: too few runs to say
+// "no change" or anything else.
+const VerdictTooFewRuns = "too few runs"
+
+// maxRunsNeeded bounds the search of RunsNeeded: beyond it, repeats are not the remedy.
+const maxRunsNeeded = 1000
+
+// resolvableChange is the smallest relative change RunsNeeded is computed for when the
+// change seen is smaller (or none): 5 %, below the run-to-run spread of most servers.
+var resolvableChange = math.Log(1.05)
 
 // CompareRunsOptions tunes CompareRuns.
 type CompareRunsOptions struct {
@@ -92,6 +107,12 @@ func CompareRuns(base, cand []*Run, opt CompareRunsOptions) ([]RunComparison, er
 				rc.Verdict = pick(m.LargerIsBetter, "better", "worse")
 			case hi < 1:
 				rc.Verdict = pick(m.LargerIsBetter, "worse", "better")
+			case beyondData(b, c, lo, hi):
+				// The t quantile of too few runs, not the runs' spread, set this width: no
+				// verdict, and no interval that claims more than the runs show.
+				rc.Lo, rc.Hi, rc.HasCI = 0, 0, false
+				rc.Verdict = VerdictTooFewRuns
+				rc.RunsNeeded = runsNeeded(b, c, alpha)
 			default:
 				rc.Verdict = "no change"
 			}
@@ -178,26 +199,40 @@ func welchLogRatio(b, c []float64, alpha float64) (lo, hi float64, ok bool) {
 	return math.Exp(d - q*se), math.Exp(d + q*se), true
 }
 
-// WriteRunComparison prints a CompareRuns table; the columns name the runs they average.
-func WriteRunComparison(w io.Writer, baseLabel, candLabel string, cmps []RunComparison) error {
-	level := 0.95
-	if len(cmps) > 0 {
-		level = cmps[0].Level
+// beyondData says whether the interval [lo, hi] reaches past every ratio of a candidate
+// run's value to a base run's value on both sides. All values are positive (welchLogRatio
+// gave an interval).
+func beyondData(b, c []float64, lo, hi float64) bool {
+	if lo == hi {
+		return false
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "metric\tstat\tbase: %s\tcandidate: %s\tratio\t%g%% CI (over runs, family-wise)\tverdict\t\n", baseLabel, candLabel, level*100)
-	for _, c := range cmps {
-		ci := "-"
-		if c.HasCI {
-			ci = fmt.Sprintf("[%.3f, %.3f]", c.Lo, c.Hi)
+	return lo < slices.Min(c)/slices.Max(b) && hi > slices.Max(c)/slices.Min(b)
+}
+
+// runsNeeded is the smallest number of runs a side for which Welch's interval, with the
+// pooled spread of the log values seen, would be narrower than the change seen (or
+// resolvableChange): t(1 − alpha/2, 2n − 2) · s · √(2/n) < max(|d|, resolvableChange).
+// 0 when more than maxRunsNeeded would be needed.
+func runsNeeded(b, c []float64, alpha float64) int {
+	lb, lc := logs(b), logs(c)
+	d := math.Abs(meanOf(lc) - meanOf(lb))
+	s2 := (float64(len(lb)-1)*sampleVar(lb) + float64(len(lc)-1)*sampleVar(lc)) / float64(len(lb)+len(lc)-2)
+	e := max(d, resolvableChange)
+	for n := 2; n <= maxRunsNeeded; n++ {
+		q := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(2*n - 2)}.Quantile(1 - alpha/2)
+		if q*math.Sqrt(s2*2/float64(n)) < e {
+			return n
 		}
-		r := "n/a"
-		if !math.IsNaN(c.Ratio) {
-			r = fmt.Sprintf("%.3f", c.Ratio)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", MetricLabel(c.Tag, c.Unit), c.Stat, two(c.Base), two(c.Cand), r, ci, c.Verdict)
 	}
-	return tw.Flush()
+	return 0
+}
+
+func logs(x []float64) []float64 {
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = math.Log(v)
+	}
+	return out
 }
 
 // GroupLabel names a group of runs for a compare column: the one run's name, or how many

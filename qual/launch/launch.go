@@ -86,8 +86,8 @@ type Options struct {
 	StartupTimeout time.Duration
 	// StopTimeout is how long Stop waits after SIGTERM before SIGKILL; default 10s.
 	StopTimeout time.Duration
-	// ServerBin is the qual-server binary; default $MODELQUAL_BIN/qual-server, where
-	// MODELQUAL_BIN defaults to <repo>/bin.
+	// ServerBin is the qual-server binary; default ServerBin(): next to the running
+	// executable, else in $MODELQUAL_BIN, else on PATH, else <repo>/bin.
 	ServerBin string
 	// ExtraArgs are appended to the server flags (e.g. --workers 2, --max-batch 64).
 	ExtraArgs []string

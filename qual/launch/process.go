@@ -22,22 +22,49 @@ import (
 	"github.com/modelqual/modelqual/qual/gpu"
 )
 
-// ProcessLauncher starts bin/qual-server as a child process on a free loopback port.
+// ProcessLauncher starts qual-server (ServerBin) as a child process on a free loopback port.
 type ProcessLauncher struct{ opts []Option }
 
 // Process returns the default launcher: a local qual-server process.
 func Process(opts ...Option) *ProcessLauncher { return &ProcessLauncher{opts: opts} }
 
-// ServerBin resolves the qual-server binary: $MODELQUAL_BIN/qual-server, else
-// <repo>/bin/qual-server found by walking up from the working directory to go.mod.
+// ServerBin resolves the qual-server binary: the one next to the running executable (an
+// installed or unpacked qual and qual-server sit together: make build, go install, make
+// dist), else $MODELQUAL_BIN/qual-server, else qual-server on PATH, else <repo>/bin/qual-server
+// of the checkout around the working directory (go test, go run). When none exists it
+// returns the first place looked, and Start's error lists them all (ServerBinCandidates).
 func ServerBin() string {
+	cands := ServerBinCandidates()
+	for _, c := range cands {
+		if st, err := os.Stat(c); err == nil && !st.IsDir() {
+			return c
+		}
+	}
+	if len(cands) == 0 {
+		return "qual-server"
+	}
+	return cands[0]
+}
+
+// ServerBinCandidates lists where ServerBin looks, in order.
+func ServerBinCandidates() []string {
+	var out []string
+	if exe, err := os.Executable(); err == nil {
+		if real, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = real
+		}
+		out = append(out, filepath.Join(filepath.Dir(exe), "qual-server"))
+	}
 	if d := os.Getenv("MODELQUAL_BIN"); d != "" {
-		return filepath.Join(d, "qual-server")
+		out = append(out, filepath.Join(d, "qual-server"))
+	}
+	if p, err := exec.LookPath("qual-server"); err == nil {
+		out = append(out, p)
 	}
 	if root, err := fixtures.RepoRoot(); err == nil {
-		return filepath.Join(root, "bin", "qual-server")
+		out = append(out, filepath.Join(root, "bin", "qual-server"))
 	}
-	return filepath.Join("bin", "qual-server")
+	return out
 }
 
 // freePort asks the kernel for an unused loopback port. Another process could take it
@@ -66,7 +93,11 @@ func (p *ProcessLauncher) Start(ctx context.Context) (*Endpoint, error) {
 		bin = ServerBin()
 	}
 	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("launch process: server binary %s: %w; run make build (or set MODELQUAL_BIN)", bin, err)
+		where := bin
+		if o.ServerBin == "" {
+			where = strings.Join(ServerBinCandidates(), ", ")
+		}
+		return nil, fmt.Errorf("launch process: no qual-server binary (looked at %s: %w); put qual-server next to qual (make build, make dist), set MODELQUAL_BIN to its folder, or add it to PATH", where, err)
 	}
 	var gpuEnv []string
 	if gpus := normalizeGPUs(o.GPUs); len(gpus) > 0 {

@@ -25,7 +25,7 @@ func (n *fixtureNames) Set(v string) error { *n = append(*n, v); return nil }
 func fixturesMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("qual fixtures", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cache := fs.String("cache", "", "modelqual cache `DIR` (default $MODELQUAL_CACHE, else <repo>/.cache/modelqual); snapshots go to DIR/hub")
+	cache := fs.String("cache", "", "modelqual cache `DIR` (default $MODELQUAL_CACHE, else <repo>/.cache/modelqual inside a checkout, else the user cache directory); snapshots go to DIR/hub")
 	withBundle := fs.Bool("bundle", false, "also build (or reuse) a bundle of each fixture at its precision (cpu backend)")
 	var names fixtureNames
 	fs.Var(&names, "name", fmt.Sprintf("fixture to generate (repeatable; default %s and %s; known: %s)",
@@ -36,7 +36,7 @@ func fixturesMain(args []string, stdout, stderr io.Writer) int {
 			"a JSON array of {name, model, hub_cache, snapshot_dir, revision[, bundle_path]}.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		return bundleFlagExit(err)
 	}
 	if fs.NArg() > 0 {
@@ -54,6 +54,11 @@ func fixturesMain(args []string, stdout, stderr io.Writer) int {
 	for _, n := range names {
 		snap, rev, err := fixtures.Ensure(dir, n)
 		if err != nil {
+			if _, rerr := fixtures.RepoRoot(); rerr != nil {
+				// The fixtures' tokenizers and goldens are files of the checkout's fixtures/.
+				fmt.Fprintln(stderr, needCheckout("fixtures", fmt.Sprintf("fixture %s is generated from the tokenizers and data of its fixtures/ folder, which the binary does not carry", n), rerr))
+				return 1
+			}
 			fmt.Fprintf(stderr, "qual fixtures: %v\n", err)
 			return 1
 		}

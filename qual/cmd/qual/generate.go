@@ -74,7 +74,7 @@ func generateMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, generateUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

@@ -65,8 +65,12 @@ func generateImageMain(args []string, stdout, stderr io.Writer) int {
 	threads := fs.Int("threads", 0, "CPU threads (0 = all cores)")
 	device := fs.String("device", "cpu", "cpu, or cuda (the pipeline on the GPU in bf16; loads libmodelqual_cuda.so, see make cuda)")
 	repeat := fs.Int("repeat", 1, "run the pipeline N times on the open engine (the first is the warmup) and print each run's native_task_ms")
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		return bundleFlagExit(err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "qual generate-image: unexpected arguments %q; the prompt goes in --prompt (see --help)\n", fs.Args())
+		return 2
 	}
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "qual generate-image: "+format+"\n", a...)

@@ -46,7 +46,11 @@ func runMutants(args []string) int {
 	list := fs.Bool("list", false, "list the catalog and exit")
 	out := fs.String("out", "", "also write the table to this file")
 	timeout := fs.Duration("timeout", 20*time.Minute, "limit of one defect's gate run")
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
+		return bundleFlagExit(err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "qual mutants: unexpected arguments %q; it takes flags only (see --help)\n", fs.Args())
 		return 2
 	}
 	if *list {
@@ -57,7 +61,7 @@ func runMutants(args []string) int {
 	}
 	root, err := fixtures.RepoRoot()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "qual mutants:", err)
+		fmt.Fprintln(os.Stderr, needCheckout("mutants", "it plants defects in a copy of its sources and runs their gates", err))
 		return 2
 	}
 	dir := *work

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/load"
 	"github.com/modelqual/modelqual/qual/provenance"
+	"github.com/modelqual/modelqual/qual/records"
 	"github.com/modelqual/modelqual/reports"
 	"github.com/modelqual/modelqual/server/tokenizer"
 )
@@ -109,7 +111,7 @@ func runProfile(args []string) int {
 		apiKey         = fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "bearer token for the server")
 		faults         = fs.String("faults", os.Getenv("MODELQUAL_FAULTS"), "MODELQUAL_FAULTS passed to a launched server")
 		sourceRoot     = fs.String("source-root", "", "source tree to fingerprint (default: the repository around the working directory; \"none\" to skip)")
-		noProgress     = fs.Bool("no-progress", false, "do not print progress")
+		noProgress     = fs.Bool("no-progress", false, "do not print progress on stderr (each sweep point as it starts, with the sweep's ETA, and the load generator's bar)")
 		maxErrorRate   = fs.Float64("max-error-rate", -1, "fail a point whose measured requests failed in a larger fraction (0..1; default: fail only when none succeeded)")
 		overwrite      = fs.Bool("overwrite", false, "replace the runs already in --out")
 		repeat         = fs.Int("repeat", 1, "run every sweep point N times (run directories ...-rep1..N) so qual report compare can separate a change from run-to-run variance")
@@ -123,7 +125,7 @@ func runProfile(args []string) int {
 	fs.StringVar(&img.Format, "image-format", "png", "chat: synthetic image format, png or jpeg")
 	fs.Float64Var(&img.Fraction, "image-fraction", 1, "chat, with the image flags: the fraction (0 < F <= 1) of requests that carry an image; the rest are text-only, for TTFT with and without image in one run")
 	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -134,7 +136,7 @@ func runProfile(args []string) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		return bad("unexpected arguments %q; see --help", fs.Args())
+		return bad("unexpected arguments %q: qual profile takes flags only (the output folder is --out DIR); see --help", fs.Args())
 	}
 	if (*url == "") == (*bundlePath == "") {
 		return bad("pass exactly one of --url (an external server) and --bundle (start qual-server)")
@@ -356,6 +358,10 @@ func runProfile(args []string) int {
 	if *maxErrorRate >= 0 {
 		in.MaxErrorRate = maxErrorRate
 	}
+	if progress != nil && *endpoint != load.EndpointImages {
+		sp := newSweepProgress(progress, sweepLabels(concs, rates, *fixedSchedule, *repeat), *duration)
+		in.Load.OnPhase = sp.onPhase
+	}
 	if *endpoint == load.EndpointImages {
 		if _, err := load.ProfileImages(ctx, in, os.Stdout); err != nil {
 			return profileFail("%v", err)
@@ -539,3 +545,93 @@ func (m *profileMultiFlag) Set(v string) error { *m = append(*m, v); return nil 
 type grpcEndpoint struct{ ep *launch.Endpoint }
 
 func (g grpcEndpoint) Start(context.Context) (*launch.Endpoint, error) { return g.ep, nil }
+
+// sweepLabels names the sweep points in the order load.Profile runs them: each
+// concurrency, then each rate, or the trace; each repeated in place.
+func sweepLabels(concs []int, rates []float64, trace bool, repeat int) []string {
+	var base []string
+	for _, c := range concs {
+		base = append(base, "concurrency="+strconv.Itoa(c))
+	}
+	for _, r := range rates {
+		base = append(base, "request_rate="+strconv.FormatFloat(r, 'f', -1, 64))
+	}
+	if trace {
+		base = append(base, "trace")
+	}
+	if repeat <= 1 {
+		return base
+	}
+	var out []string
+	for _, b := range base {
+		for k := 1; k <= repeat; k++ {
+			out = append(out, fmt.Sprintf("%s, repeat %d/%d", b, k, repeat))
+		}
+	}
+	return out
+}
+
+// sweepProgress announces each sweep point on the progress writer as it starts (qual/load's
+// bar then shows the point's own phases): which point of how many, and the sweep's time left,
+// estimated from the points done (or from --duration before the first is done).
+type sweepProgress struct {
+	w        io.Writer
+	tty      bool
+	labels   []string
+	duration time.Duration
+	mu       sync.Mutex
+	between  bool // before the first point, or after a point's profiling phase ended
+	finished int
+	started  time.Time
+	spent    time.Duration // wall time of the finished points
+}
+
+func newSweepProgress(w io.Writer, labels []string, duration time.Duration) *sweepProgress {
+	s := &sweepProgress{w: w, labels: labels, duration: duration, between: true}
+	if f, ok := w.(*os.File); ok {
+		st, err := f.Stat()
+		s.tty = err == nil && st.Mode()&os.ModeCharDevice != 0
+	}
+	return s
+}
+
+// onPhase is load.Config.OnPhase: a point's first phase start begins it, its profiling
+// phase's end ends it.
+func (s *sweepProgress) onPhase(phase string, start bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	switch {
+	case start && s.between:
+		s.between, s.started = false, now
+		label := "?"
+		if s.finished < len(s.labels) {
+			label = s.labels[s.finished]
+		}
+		line := fmt.Sprintf("point %d/%d: %s", s.finished+1, len(s.labels), label)
+		if eta := s.eta(); eta > 0 {
+			line += ", sweep ETA ~" + eta.Round(time.Second).String()
+		}
+		if s.tty {
+			line = "\r\033[K" + line // over a bar the load generator may have drawn
+		}
+		fmt.Fprintln(s.w, line)
+	case !start && phase == records.PhaseProfiling:
+		s.between = true
+		s.finished++
+		s.spent += now.Sub(s.started)
+	}
+}
+
+// eta is the time left for the points not finished: their count times the mean wall time of
+// the finished ones, or times --duration before any finished; 0 when unknown.
+func (s *sweepProgress) eta() time.Duration {
+	left := time.Duration(len(s.labels) - s.finished)
+	switch {
+	case s.finished > 0:
+		return s.spent / time.Duration(s.finished) * left
+	case s.duration > 0:
+		return s.duration * left
+	}
+	return 0
+}

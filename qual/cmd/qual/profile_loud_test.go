@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -189,7 +190,7 @@ func TestProfileRepeatFeedsCompare(t *testing.T) {
 	if code := reportMain([]string{"compare", base, cand}, &out, &errb); code != 0 {
 		t.Fatalf("compare exit %d: %s", code, errb.String())
 	}
-	if !strings.Contains(out.String(), "base: 2 runs") || !strings.Contains(out.String(), "candidate: 2 runs") || !strings.Contains(out.String(), "over runs") {
+	if !regexp.MustCompile(`base:\s+2 runs`).MatchString(out.String()) || !strings.Contains(out.String(), "candidate: 2 runs") || !strings.Contains(out.String(), "over runs") {
 		t.Errorf("compare of repeats:\n%s", out.String())
 	}
 }

@@ -49,7 +49,8 @@ Flags:
 
 // familyResult is one family's outcome for the table.
 type familyResult struct {
-	Family       string             `json:"family"`
+	Family       string             `json:"family"` // the runtime registry's name (qual families)
+	Folder       string             `json:"folder"` // where its specs are: families/<folder>
 	Checkpoint   string             `json:"checkpoint"`
 	Precision    string             `json:"precision"`
 	MaxContext   int                `json:"max_context"`
@@ -91,7 +92,7 @@ func runQualify(args []string) int {
 		fs.PrintDefaults()
 	}
 	var (
-		families = fs.String("family", "", "comma-separated families to qualify (default: every families/<f> with a manifest.yaml)")
+		families = fs.String("family", "", "comma-separated families to qualify, by any of their names: the registry's (qual families: qwen3), the folder (qwen), the fixture (qwen3-tiny) or an architecture (Qwen3ForCausalLM); default: every families/<f> with a manifest.yaml")
 		launcher = fs.String("launcher", "process", "process, container or external")
 		url      = fs.String("url", "", "base URL of the server to qualify (external launcher)")
 		model    = fs.String("model", "", "model name to send to an external server (default: the family name)")
@@ -101,7 +102,7 @@ func runQualify(args []string) int {
 		timeout  = fs.Duration("timeout", 60*time.Minute, "timeout of each family's run")
 		verbose  = fs.Bool("v", false, "stream Ginkgo's output instead of writing it to logs/<family>.log only")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -134,10 +135,10 @@ func runQualify(args []string) int {
 	}
 	root, err := fixtures.RepoRoot()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "qual qualify: %v\n", err)
+		fmt.Fprintln(os.Stderr, needCheckout("qualify", "it runs the Ginkgo specs of its families/ with the Go toolchain", err))
 		return 1
 	}
-	known, err := discoverFamilies(root)
+	known, err := familyNames(root)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "qual qualify: %v\n", err)
 		return 1
@@ -146,12 +147,12 @@ func runQualify(args []string) int {
 	if *families != "" {
 		selected = nil
 		for _, f := range strings.Split(*families, ",") {
-			f = strings.TrimSpace(f)
-			if !slices.Contains(known, f) {
-				fmt.Fprintf(os.Stderr, "qual qualify: --family %q: unknown family; known: %s\n", f, strings.Join(known, ", "))
+			n, ok := resolveFamily(known, strings.TrimSpace(f))
+			if !ok {
+				fmt.Fprintf(os.Stderr, "qual qualify: --family %q: unknown family; known: %s\n", strings.TrimSpace(f), describeFamilies(known))
 				return 2
 			}
-			selected = append(selected, f)
+			selected = append(selected, n)
 		}
 	}
 	outDir, err := filepath.Abs(*out)
@@ -171,7 +172,7 @@ func runQualify(args []string) int {
 	start := time.Now()
 	var results []familyResult
 	for _, f := range selected {
-		fmt.Fprintf(os.Stderr, "qual qualify: %s: running specs (label filter %q, launcher %s)...\n", f, *filter, *launcher)
+		fmt.Fprintf(os.Stderr, "qual qualify: %s: running specs of families/%s (label filter %q, launcher %s)...\n", f.Canonical, f.Folder, *filter, *launcher)
 		r := qualifyFamily(ctx, root, outDir, f, qualifyOptions{launcher: *launcher, url: *url, model: *model,
 			filter: *filter, procs: *procs, timeout: *timeout, verbose: *verbose})
 		results = append(results, r)
@@ -202,9 +203,11 @@ type qualifyOptions struct {
 	verbose                      bool
 }
 
-func qualifyFamily(ctx context.Context, root, outDir, family string, o qualifyOptions) familyResult {
+func qualifyFamily(ctx context.Context, root, outDir string, name familyName, o qualifyOptions) familyResult {
+	family := name.Folder
 	r := familyResult{
-		Family:      family,
+		Family:      name.Canonical,
+		Folder:      "families/" + name.Folder,
 		JSONReport:  filepath.Join(outDir, "reports", family+".json"),
 		JUnitReport: filepath.Join(outDir, "reports", family+".xml"),
 		Log:         filepath.Join(outDir, "logs", family+".log"),
@@ -422,22 +425,4 @@ func list(xs []string) string {
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
 	return s
-}
-
-// discoverFamilies lists the families/<f> folders that hold a manifest.yaml.
-func discoverFamilies(root string) ([]string, error) {
-	folders, err := manifest.Discover(root)
-	if err != nil {
-		return nil, fmt.Errorf("list families: %w", err)
-	}
-	var out []string
-	for _, f := range folders {
-		if f.HasManifest {
-			out = append(out, f.Name)
-		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("no family folders with a manifest.yaml under %s", filepath.Join(root, "families"))
-	}
-	return out, nil
 }

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/onsi/ginkgo/v2/types"
+
+	"github.com/modelqual/modelqual/fixtures"
 )
 
 // TestReadGinkgoReport feeds readGinkgoReport a Ginkgo JSON report as the family suites write
@@ -56,5 +60,39 @@ func TestReadGinkgoReport(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestFamilyNames: a family is found by any of its names (the registry's, the folder, the
+// fixture, an architecture) and printed by the registry's, as qual families lists it.
+func TestFamilyNames(t *testing.T) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := familyNames(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, alias := range []string{"qwen3", "qwen", "qwen3-tiny", "Qwen3ForCausalLM", "QWEN3"} {
+		n, ok := resolveFamily(names, alias)
+		if !ok || n.Canonical != "qwen3" || n.Folder != "qwen" {
+			t.Errorf("--family %s: %+v %v, want qwen3 in families/qwen", alias, n, ok)
+		}
+	}
+	if _, ok := resolveFamily(names, "llama"); ok {
+		t.Error("an unknown family resolved")
+	}
+	var out, errb bytes.Buffer
+	if code := familiesMain(nil, &out, &errb); code != 0 || !regexp.MustCompile(`(?m)^qwen3\s+text\s+Qwen3ForCausalLM\s+families/qwen\s+qwen, qwen3-tiny$`).MatchString(out.String()) {
+		t.Errorf("qual families (exit %d):\n%s%s", code, out.String(), errb.String())
+	}
+	errOut := captureStderr(t, func() {
+		if code := runQualify([]string{"--family", "llama"}); code != 2 {
+			t.Errorf("qualify --family llama: exit %d, want 2", code)
+		}
+	})
+	if !strings.Contains(errOut, "qwen3 (also qwen, qwen3-tiny, Qwen3ForCausalLM)") {
+		t.Errorf("unknown family error does not list the names: %s", errOut)
 	}
 }

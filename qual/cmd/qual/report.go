@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -22,9 +23,11 @@ func init() {
 const reportUsage = `Usage:
   qual report show DIR                 print a run's summary.md
   qual report compare [flags] BASE CAND
-                                       per-metric ratio CAND/BASE with its interval; BASE and CAND
-                                       may each list repeats (A1,A2,A3 or a folder of runs), and a
-                                       change is then called only beyond run-to-run variance
+                                       per-metric ratio CAND/BASE with its interval, sweep point by
+                                       sweep point; BASE and CAND may each hold repeats (A1,A2,A3
+                                       or a folder of runs), and a change is then called only
+                                       beyond run-to-run variance; different configurations are
+                                       never pooled
   qual report merge --out DIR [flags] RUN...
                                        join runs made on several machines into one run directory
   qual report sweep --out DIR RUN...   plot throughput and p99 latency against the swept parameter
@@ -60,7 +63,7 @@ func reportMain(args []string, stdout, stderr io.Writer) int {
 
 // parseFlags parses fs; ok is false when the caller must return code (0 for --help).
 func parseFlags(fs *flag.FlagSet, args []string) (code int, ok bool) {
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		return bundleFlagExit(err), false
 	}
 	return 0, true
@@ -104,26 +107,44 @@ func reportCompare(args []string, stdout, stderr io.Writer) int {
 	iters := fs.Int("iterations", 1000, "bootstrap resamples (one run a side)")
 	seed := fs.Uint64("seed", 1, "bootstrap seed; the same seed and runs always give the same intervals")
 	stats := fs.String("stats", "avg,p50,p99", "comma-separated statistics compared per metric (avg, min, max, std, p1..p99)")
-	level := fs.Float64("level", 0.95, "repeats: family-wise confidence over all statistics compared")
-	asJSON := fs.Bool("json", false, "print the comparisons as JSON instead of a table")
+	level := fs.Float64("level", 0.95, "repeats: family-wise confidence over all statistics of a point")
+	asJSON := fs.Bool("json", false, "print the comparisons as JSON instead of tables")
+	wide := fs.Bool("wide", false, "print full metric and run names, the configuration key and every run's value (lines longer than 120 columns)")
+	ignore := fs.String("ignore", "", "comma-separated configuration fields allowed to differ (e.g. concurrency to compare concurrency 1 with 4; bundle to pool runs of two bundles as repeats); fields: "+strings.Join(reports.KeyFieldNames(), ", "))
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: qual report compare [flags] BASE CAND\n\n"+
-			"BASE and CAND are run directories, each side either one run or repeats of one configuration:\n"+
-			"a comma-separated list (a1,a2,a3) or a folder whose subfolders are runs (qual profile --repeat N\n"+
-			"--out F for one sweep point).\n\n"+
-			"With at least 2 runs a side, every statistic is computed per run and the runs are the\n"+
-			"observations: the ratio of the means with Welch's t interval on the log values, at a\n"+
-			"family-wise --level over all statistics (Bonferroni), and a verdict (better, worse, no change)\n"+
-			"only where that interval excludes 1. Two groups of one config say no change.\n\n"+
-			"With one run a side, the interval is a bootstrap over requests, which cannot see run-to-run\n"+
-			"variance; its verdicts are marked (within run).\n\n")
+		fmt.Fprint(stderr, `Usage: qual report compare [flags] BASE CAND
+
+BASE and CAND are each a run directory, a comma-separated list of them (a1,a2,a3), or a folder
+whose subfolders are runs (the --out of qual profile: a sweep, repeats, or both).
+
+Every run carries a configuration key computed from what it recorded: the load (endpoint,
+stream, concurrency or request rate, input and output lengths, ...) and the server (model,
+bundle digest, server flags). Runs of one side with the same key are repeats; runs of other
+loads are other sweep points, compared point by point with the other side's run of the same
+load. Runs of one load but different servers are not pooled: the error names the field.
+Base and candidate may differ in the server (that is what they compare, shown as "differs");
+they must match in the load unless --ignore names the field.
+
+With at least 2 runs a side, every statistic is computed per run and the runs are the
+observations: the ratio of the means with Welch's t interval on the log values, at a
+family-wise --level over the statistics of the point (Bonferroni), and a verdict (better,
+worse, no change) where the interval says so. Where too few runs make the interval wider
+than any ratio of a candidate run to a base run, no interval is printed and the verdict says
+how many runs a side would resolve the change seen (or a 5 % change).
+
+With one run a side, the interval is a bootstrap over requests, which cannot see run-to-run
+variance; its verdicts are marked (within run).
+
+Ratios and intervals have three significant digits; lines fit 120 columns (--wide for all).
+
+`)
 		fs.PrintDefaults()
 	}
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
 	if fs.NArg() != 2 {
-		fs.Usage()
+		fmt.Fprintf(stderr, "qual report compare: want BASE and CAND, got %d arguments; see --help\n", fs.NArg())
 		return 2
 	}
 	var st []string
@@ -138,6 +159,17 @@ func reportCompare(args []string, stdout, stderr io.Writer) int {
 		}
 		st = append(st, s)
 	}
+	var ign []string
+	for _, f := range strings.Split(*ignore, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if !slices.Contains(reports.KeyFieldNames(), f) {
+			fmt.Fprintf(stderr, "qual report compare: --ignore: unknown field %q; fields: %s\n", f, strings.Join(reports.KeyFieldNames(), ", "))
+			return 2
+		}
+		ign = append(ign, f)
+	}
 	bases, bnames, err := readRunGroup(fs.Arg(0))
 	if err != nil {
 		fmt.Fprintf(stderr, "qual report compare: base: %v\n", err)
@@ -148,34 +180,26 @@ func reportCompare(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "qual report compare: candidate: %v\n", err)
 		return 1
 	}
-	if len(bases) > 1 || len(cands) > 1 {
-		cmps, err := reports.CompareRuns(bases, cands, reports.CompareRunsOptions{Stats: st, Level: *level})
-		if err != nil {
-			fmt.Fprintf(stderr, "qual report compare: %v\n", err)
-			return 1
-		}
-		if *asJSON {
-			return writeJSONOut(stdout, stderr, cmps)
-		}
-		if err := reports.WriteRunComparison(stdout, reports.GroupLabel(bnames), reports.GroupLabel(cnames), cmps); err != nil {
-			fmt.Fprintf(stderr, "qual report compare: %v\n", err)
-			return 1
-		}
-		return 0
-	}
-	cmps := reports.Compare(bases[0], cands[0], reports.CompareOptions{Iterations: *iters, Seed: *seed, Stats: st})
-	if len(cmps) == 0 {
-		fmt.Fprintf(stderr, "qual report compare: %s and %s share no metric with valid profiling requests\n", fs.Arg(0), fs.Arg(1))
-		return 1
-	}
-	if *asJSON {
-		return writeJSONOut(stdout, stderr, cmps)
-	}
-	if err := reports.WriteComparison(stdout, bnames[0], cnames[0], cmps); err != nil {
+	sc, err := reports.CompareSweep(reports.CompareSide{Runs: bases, Names: bnames}, reports.CompareSide{Runs: cands, Names: cnames},
+		reports.CompareSweepOptions{Stats: st, Level: *level, Iterations: *iters, Seed: *seed, Ignore: ign})
+	if err != nil {
 		fmt.Fprintf(stderr, "qual report compare: %v\n", err)
 		return 1
 	}
-	return 0
+	if *asJSON {
+		return writeJSONOut(stdout, stderr, sc)
+	}
+	if err := reports.WriteSweepComparison(stdout, sc, *wide); err != nil {
+		fmt.Fprintf(stderr, "qual report compare: %v\n", err)
+		return 1
+	}
+	for _, p := range sc.Points {
+		if len(p.Rows) > 0 {
+			return 0
+		}
+	}
+	fmt.Fprintf(stderr, "qual report compare: no point of %s and %s could be compared (see above)\n", fs.Arg(0), fs.Arg(1))
+	return 1
 }
 
 func writeJSONOut(stdout, stderr io.Writer, v any) int {

@@ -48,20 +48,25 @@ func TestReportCompareShowMergeSweep(t *testing.T) {
 	writeReportRun(t, base, 60, 1, 1)
 	writeReportRun(t, cand, 60, 3, 4)
 
-	out, errs, code := runReport(t, "compare", "--json", "--iterations", "200", base, cand)
+	// Concurrency 1 against 4 is not one configuration: refused, naming the field.
+	_, errs, code := runReport(t, "compare", base, cand)
+	if code != 1 || !strings.Contains(errs, "concurrency 1 vs 4") || !strings.Contains(errs, "--ignore concurrency") {
+		t.Errorf("compare of concurrency 1 with 4: exit %d, %s", code, errs)
+	}
+	out, errs, code := runReport(t, "compare", "--json", "--iterations", "200", "--ignore", "concurrency", base, cand)
 	if code != 0 {
 		t.Fatalf("compare exit %d: %s", code, errs)
 	}
-	var cmps []reports.Comparison
-	if err := json.Unmarshal([]byte(out), &cmps); err != nil {
-		t.Fatalf("compare --json output does not parse: %v\n%s", err, out)
+	var sc reports.SweepComparison
+	if err := json.Unmarshal([]byte(out), &sc); err != nil || len(sc.Points) != 1 {
+		t.Fatalf("compare --json output does not parse into one point: %v\n%s", err, out)
 	}
-	c, ok := reports.FindComparison(cmps, reports.TagRequestLatency, "p50")
+	c, ok := findCompareRow(sc.Points[0].Rows, reports.TagRequestLatency, "p50")
 	if !ok || c.Ratio < 3-1e-9 || c.Ratio > 3+1e-9 || c.Lo > 3 || c.Hi < 3 {
 		t.Errorf("request latency p50 comparison = %+v, want ratio 3 inside its interval", c)
 	}
-	out, _, code = runReport(t, "compare", base, cand)
-	if code != 0 || !strings.Contains(out, "Request Latency (ms)") || !strings.Contains(out, "worse") {
+	out, _, code = runReport(t, "compare", "--ignore", "concurrency", base, cand)
+	if code != 0 || !strings.Contains(out, "Request Latency (ms)") || !strings.Contains(out, "worse") || !strings.Contains(out, "differs:   concurrency 1 vs 4") {
 		t.Errorf("compare table (exit %d):\n%s", code, out)
 	}
 
@@ -110,6 +115,59 @@ func TestReportCompareShowMergeSweep(t *testing.T) {
 	}
 }
 
+func findCompareRow(rows []reports.RunComparison, tag, stat string) (reports.RunComparison, bool) {
+	for _, r := range rows {
+		if r.Tag == tag && r.Stat == stat {
+			return r, true
+		}
+	}
+	return reports.RunComparison{}, false
+}
+
+// TestReportCompareSweeps: two concurrency sweeps given as folders are compared point by
+// point. The old compare took a folder's runs as repeats of one configuration, pooled
+// concurrency 1 with 4 and printed "no change" with an interval of [0.000, 1.07e154].
+func TestReportCompareSweeps(t *testing.T) {
+	root := t.TempDir()
+	for _, c := range []struct {
+		side  string
+		conc  float64
+		scale int64
+	}{{"base", 1, 1}, {"base", 4, 2}, {"cand", 1, 3}, {"cand", 4, 6}} {
+		for k := 1; k <= 2; k++ { // with repeats
+			writeReportRun(t, filepath.Join(root, c.side+"-rep", fmt.Sprintf("profile-c%v-rep%d", c.conc, k)), 30, c.scale, c.conc)
+		}
+		writeReportRun(t, filepath.Join(root, c.side, fmt.Sprintf("profile-c%v", c.conc)), 30, c.scale, c.conc)
+	}
+	for _, dirs := range [][2]string{{"base", "cand"}, {"base-rep", "cand-rep"}} {
+		out, errs, code := runReport(t, "compare", "--iterations", "200", filepath.Join(root, dirs[0]), filepath.Join(root, dirs[1]))
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", dirs, code, errs)
+		}
+		if !strings.Contains(out, "== concurrency=1:") || !strings.Contains(out, "== concurrency=4:") {
+			t.Errorf("%v: not compared point by point:\n%s", dirs, out)
+		}
+		if strings.Contains(out, "e+") || strings.Contains(out, "[0, ") {
+			t.Errorf("%v: a pooled interval or verdict:\n%s", dirs, out)
+		}
+		lat := 0
+		for _, l := range strings.Split(out, "\n") {
+			if len([]rune(l)) > 120 {
+				t.Errorf("%v: line of %d columns: %s", dirs, len([]rune(l)), l)
+			}
+			if strings.HasPrefix(l, "Request Latency (ms)") {
+				lat++
+				if !strings.Contains(l, " 3.00 ") || !strings.Contains(l, "worse") {
+					t.Errorf("%v: latency 3x not called worse: %s", dirs, l)
+				}
+			}
+		}
+		if lat != 6 { // avg, p50, p99 at two points
+			t.Errorf("%v: %d request latency rows, want 6:\n%s", dirs, lat, out)
+		}
+	}
+}
+
 // TestReportCompareRepeats: groups of repeats, given as a comma list or as a folder of runs,
 // are compared over runs; the columns name the groups.
 func TestReportCompareRepeats(t *testing.T) {
@@ -126,7 +184,7 @@ func TestReportCompareRepeats(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	if !strings.Contains(out, "base: 3 runs") || !strings.Contains(out, "candidate: 3 runs") || !strings.Contains(out, "over runs") {
+	if !strings.Contains(out, "base:      3 runs") || !strings.Contains(out, "candidate: 3 runs") || !strings.Contains(out, "over runs") {
 		t.Errorf("columns do not name the groups:\n%s", out)
 	}
 	for _, l := range strings.Split(out, "\n") {

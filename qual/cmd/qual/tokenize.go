@@ -62,7 +62,7 @@ func tokenizeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 		fmt.Fprint(stderr, tokenizeUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
