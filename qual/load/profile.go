@@ -3,16 +3,20 @@ package load
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/metrics"
@@ -80,9 +84,12 @@ type PointResult struct {
 
 // ProfileResult is a whole sweep.
 type ProfileResult struct {
-	Points      []PointResult
-	Environment provenance.Environment
-	GPU         gpu.Inventory
+	Points []PointResult
+	// BundleDigest identifies the bundle served (empty when the server does not say and no
+	// bundle file was given); every point's summary records it as target.bundle_digest.
+	BundleDigest string
+	Environment  provenance.Environment
+	GPU          gpu.Inventory
 }
 
 // Err joins the points' errors.
@@ -98,12 +105,14 @@ func (r *ProfileResult) Err() error {
 
 // Artifact file names written next to the reports' exports in each run directory.
 const (
-	ClientRecordsFile      = "client_records.jsonl"
-	ServerRecordsFile      = "server_records.jsonl"
-	JoinedRecordsFile      = "joined_records.jsonl"
-	FingerprintsBeforeFile = "fingerprints_before.json"
-	FingerprintsAfterFile  = "fingerprints_after.json"
-	EnvironmentFile        = "environment.json"
+	ClientRecordsFile = "client_records.jsonl"
+	ServerRecordsFile = "server_records.jsonl"
+	JoinedRecordsFile = "joined_records.jsonl"
+	EnvironmentFile   = "environment.json"
+	// ProvenanceFile holds the fingerprints taken before and after the point (written with
+	// "before" alone when the point starts, so a run that dies keeps them); summary.json
+	// refers to it rather than carrying a copy.
+	ProvenanceFile = reports.ProvenanceFile
 )
 
 // Profile runs every sweep point of in and writes its run directory: the raw client and
@@ -192,6 +201,13 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	if in.MaxErrorRate != nil && (*in.MaxErrorRate < 0 || *in.MaxErrorRate > 1) {
 		return res, fmt.Errorf("load.Profile: ProfileInput.MaxErrorRate %v must be within [0, 1]", *in.MaxErrorRate)
 	}
+	// Every point gets its own seed, base + its index in sweep order (repeats included), so
+	// points differ yet the whole sweep repeats from the base alone; both are recorded.
+	base := in.Load.Seed
+	if base == 0 {
+		base = newSeed()
+	}
+	res.BundleDigest = servedBundleDigest(ctx, in.Endpoint.BaseURL, in.Load.APIKey, in.Fingerprint.Bundle)
 	for i, p := range points {
 		cfg := in.Load
 		switch p.sweep.Parameter {
@@ -200,10 +216,8 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 		case "request_rate":
 			cfg.RequestRate = p.sweep.Value
 		}
-		if cfg.Seed != 0 {
-			cfg.Seed += uint64(i) // distinct but reproducible per point
-		}
-		pr := profilePoint(ctx, in, cfg, p.sweep, filepath.Join(out, p.dir), slos, res)
+		cfg.Seed = base + uint64(i)
+		pr := profilePoint(ctx, in, cfg, p.sweep, filepath.Join(out, p.dir), slos, base, res)
 		res.Points = append(res.Points, pr)
 		if ctx.Err() != nil {
 			break
@@ -212,7 +226,7 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	return res, res.Err()
 }
 
-func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep reports.SweepPoint, dir string, slos []reports.SLO, pres *ProfileResult) PointResult {
+func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep reports.SweepPoint, dir string, slos []reports.SLO, baseSeed uint64, pres *ProfileResult) PointResult {
 	pr := PointResult{Dir: dir, Sweep: sweep}
 	fail := func(err error) {
 		if err != nil {
@@ -228,7 +242,7 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 		pr.Err = err
 		return pr
 	}
-	fail(writeJSON(filepath.Join(dir, FingerprintsBeforeFile), before))
+	fail(writeJSON(filepath.Join(dir, ProvenanceFile), provenanceDoc{Before: before}))
 	// The watcher re-stats the fingerprinted files every second while the point runs, so a file
 	// changed and changed back (A to B to A) is caught, which before/after alone cannot see.
 	watch := provenance.Watch(before, time.Second)
@@ -304,12 +318,14 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	watching = false
 	fail(watch.Stop())
 	after, err := provenance.Take(ctx, in.Fingerprint)
-	if err != nil {
-		fail(err)
-	} else {
-		fail(writeJSON(filepath.Join(dir, FingerprintsAfterFile), after))
-		fail(provenance.Compare(before, after))
+	fail(err)
+	var changed error
+	if err == nil {
+		changed = provenance.Compare(before, after)
+		fail(changed)
 	}
+	provRef, err := writeProvenance(dir, before, after, changed)
+	fail(err)
 	copyLogs(in.Endpoint.LogPaths, dir)
 
 	// Exports through package reports.
@@ -340,15 +356,16 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 		StartTime: time.Unix(0, lr.StartUnixNs),
 		EndTime:   time.Unix(0, lr.StartUnixNs+lr.ProfilingEndNs),
 	}
-	run.InputConfig = mustJSON(aiperfInputConfig(cfg, lr, sweep, inputCfg))
-	run.Target = target(in, pres.Environment, before)
+	run.InputConfig = mustJSON(aiperfInputConfig(cfg, lr, sweep, baseSeed, inputCfg))
+	run.Target = target(in, pres.Environment, pres.BundleDigest)
 	run.Target.Pacer = lr.Pacer
 	run.WasCancelled = ctx.Err() != nil
 	run.Environment = mustJSON(struct {
 		provenance.Environment
 		GPU gpu.Inventory `json:"gpu"`
 	}{pres.Environment, pres.GPU})
-	run.Provenance = mustJSON(map[string]any{"before": before, "after": after})
+	run.Provenance = provRef
+	run.Seed = &reports.SeedUse{Base: baseSeed, Used: lr.Seed}
 	run.GPUTelemetry = mustJSON(tel)
 	if stepsOK {
 		run.EngineSteps, err = stepsEnd.Since(stepsStart)
@@ -417,11 +434,11 @@ func RefuseExistingRun(dir string) error {
 	return fmt.Errorf("%s already holds a run (%s, ...); pass a new --out or --name, or --overwrite to replace it", dir, ents[0].Name())
 }
 
-// target names the server, URL, model, bundle (with its sha256 from the fingerprints taken
-// before the point) and source commit for summary.md.
-func target(in ProfileInput, env provenance.Environment, fp *provenance.Fingerprints) *reports.Target {
+// target names the server, URL, model, bundle (with its digest) and source commit for
+// summary.md.
+func target(in ProfileInput, env provenance.Environment, digest string) *reports.Target {
 	t := &reports.Target{URL: in.Endpoint.BaseURL, Model: in.Load.Model, Bundle: in.Fingerprint.Bundle,
-		Commit: env.SourceRevision, Dirty: env.Dirty}
+		BundleDigest: digest, Commit: env.SourceRevision, Dirty: env.Dirty}
 	switch in.Endpoint.Kind {
 	case "external":
 		t.Server = "external"
@@ -430,23 +447,84 @@ func target(in ProfileInput, env provenance.Environment, fp *provenance.Fingerpr
 	default:
 		t.Server = "qual-server (" + in.Endpoint.Kind + ")"
 	}
-	if t.Bundle != "" && fp != nil {
-		abs, _ := filepath.Abs(t.Bundle)
-		for _, f := range fp.Files {
-			if f.Path == t.Bundle || f.Path == abs || f.Role == "bundle" {
-				t.BundleSHA256 = f.SHA256
-				break
+	return t
+}
+
+// servedBundleDigest is the digest of the bundle a server serves: what a qual-server answers
+// at /mq/v1/bundle (the bundle it verified and logged), else, given the bundle's path, the
+// file's own digest (bundle.Open verifies it); "" when neither says.
+func servedBundleDigest(ctx context.Context, baseURL, apiKey, path string) string {
+	if baseURL != "" && !strings.HasPrefix(baseURL, "grpc://") {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/mq/v1/bundle", nil)
+		if err == nil {
+			if apiKey != "" {
+				req.Header.Set("Authorization", "Bearer "+apiKey)
+			}
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				var b struct {
+					Digest string `json:"bundle_digest"`
+				}
+				ok := resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&b) == nil && b.Digest != ""
+				resp.Body.Close()
+				if ok {
+					return b.Digest
+				}
 			}
 		}
 	}
-	return t
+	if path == "" {
+		return ""
+	}
+	b, err := bundle.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer b.Close()
+	return b.Digest()
+}
+
+// provenanceDoc is provenance.json: the fingerprints before and after a point and, when a
+// fingerprinted file changed, what changed.
+type provenanceDoc struct {
+	Before  *provenance.Fingerprints `json:"before"`
+	After   *provenance.Fingerprints `json:"after,omitempty"`
+	Changed string                   `json:"changed,omitempty"`
+}
+
+// writeProvenance writes provenance.json into dir and returns summary.json's provenance
+// field: a reference to the file (its name and sha256), how many files were fingerprinted
+// and whether they all held, so summary.json stays small while the fingerprints are kept.
+func writeProvenance(dir string, before, after *provenance.Fingerprints, changed error) (json.RawMessage, error) {
+	doc := provenanceDoc{Before: before, After: after}
+	if changed != nil {
+		doc.Changed = changed.Error()
+	}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("write %s: %w", ProvenanceFile, err)
+	}
+	b = append(b, '\n')
+	if err := os.WriteFile(filepath.Join(dir, ProvenanceFile), b, 0o644); err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(b)
+	files := 0
+	if before != nil {
+		files = len(before.Files)
+	}
+	return mustJSON(map[string]any{"file": ProvenanceFile, "sha256": hex.EncodeToString(sum[:]), "files": files,
+		"unchanged": after != nil && changed == nil}), nil
 }
 
 // aiperfInputConfig is the exports' input_config in AIPerf's UserConfig layout (endpoint,
 // loadgen, input sections with AIPerf's field names), so scripts reading AIPerf's
 // input_config.endpoint.model_names or input_config.loadgen.concurrency read ours; the full
 // settings this run was made with follow under mq_config, the sweep point under mq_point.
-func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full any) map[string]any {
+// input.random_seed is the seed this point used; input.mq_base_seed the sweep's, from which
+// it was derived (so mq_config's seed, the flag as given, is the base).
+func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, baseSeed uint64, full any) map[string]any {
 	endpointType := cfg.Endpoint
 	loadgen := map[string]any{
 		"request_count":        cfg.Requests,
@@ -468,7 +546,7 @@ func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full an
 		loadgen["request_cancellation_rate"] = cfg.CancelRate * 100 // AIPerf: percent
 		loadgen["request_cancellation_delay"] = cfg.CancelDelay.Seconds()
 	}
-	input := map[string]any{"random_seed": lr.Seed, "fixed_schedule": cfg.FixedSchedule}
+	input := map[string]any{"random_seed": lr.Seed, "mq_base_seed": baseSeed, "fixed_schedule": cfg.FixedSchedule}
 	if len(cfg.Sessions) > 0 {
 		input["conversation_num"] = len(cfg.Sessions)
 	}

@@ -62,7 +62,7 @@ func TestProfileAgainstMockJoinsEveryID(t *testing.T) {
 	for _, p := range res.Points {
 		for _, f := range []string{reports.ProfileExportJSONL, reports.AIPerfJSONFile, reports.AIPerfCSVFile, reports.SummaryJSONFile,
 			reports.SummaryMDFile, load.ClientRecordsFile, load.ServerRecordsFile, load.JoinedRecordsFile,
-			load.FingerprintsBeforeFile, load.FingerprintsAfterFile, load.EnvironmentFile, "server.stderr.log"} {
+			load.ProvenanceFile, load.EnvironmentFile, "server.stderr.log"} {
 			if _, err := os.Stat(filepath.Join(p.Dir, f)); err != nil {
 				t.Errorf("%s: %v", filepath.Base(p.Dir), err)
 			}
