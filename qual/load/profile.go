@@ -88,6 +88,10 @@ type ProfileResult struct {
 	// BundleDigest identifies the bundle served (empty when the server does not say and no
 	// bundle file was given); every point's summary records it as target.bundle_digest.
 	BundleDigest string
+	// SweepPlots are the sweep's plots (throughput and p99 latency against the swept value,
+	// throughput against latency), written into <OutDir>/<Name>-sweep when it has two points
+	// or more.
+	SweepPlots []string
 	Environment  provenance.Environment
 	GPU          gpu.Inventory
 }
@@ -192,8 +196,12 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 		points = reps
 	}
 	if !in.Overwrite {
+		dirs := []string{filepath.Join(out, in.Name+SweepDirSuffix)}
 		for _, p := range points {
-			if err := RefuseExistingRun(filepath.Join(out, p.dir)); err != nil {
+			dirs = append(dirs, filepath.Join(out, p.dir))
+		}
+		for _, d := range dirs {
+			if err := RefuseExistingRun(d); err != nil {
 				return res, fmt.Errorf("load.Profile: %w", err)
 			}
 		}
@@ -223,7 +231,39 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 			break
 		}
 	}
+	if err := plotSweep(filepath.Join(out, in.Name+SweepDirSuffix), res); err != nil {
+		return res, errors.Join(res.Err(), err)
+	}
 	return res, res.Err()
+}
+
+// SweepDirSuffix names the folder beside a sweep's run directories (<Name>-sweep) that holds
+// its sweep plots (reports.PlotSweep), written when the sweep has two points or more.
+const SweepDirSuffix = "-sweep"
+
+// plotSweep writes the sweep plots of res's points that have a summary into dir and lists
+// them in res.SweepPlots; a sweep of fewer than two such points has nothing to plot.
+func plotSweep(dir string, res *ProfileResult) error {
+	var sums []*reports.Summary
+	for _, p := range res.Points {
+		if p.Summary != nil && p.Summary.Sweep != nil && p.Summary.Sweep.Parameter != "fixed_schedule" {
+			sums = append(sums, p.Summary)
+		}
+	}
+	if len(sums) < 2 {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("sweep plots: %w", err)
+	}
+	names, err := reports.PlotSweep(dir, sums)
+	for _, n := range names {
+		res.SweepPlots = append(res.SweepPlots, filepath.Join(dir, n))
+	}
+	if err != nil {
+		return fmt.Errorf("sweep plots in %s: %w", dir, err)
+	}
+	return nil
 }
 
 func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep reports.SweepPoint, dir string, slos []reports.SLO, baseSeed uint64, pres *ProfileResult) PointResult {
