@@ -91,9 +91,9 @@ type ProfileResult struct {
 	// SweepPlots are the sweep's plots (throughput and p99 latency against the swept value,
 	// throughput against latency), written into <OutDir>/<Name>-sweep when it has two points
 	// or more.
-	SweepPlots []string
-	Environment  provenance.Environment
-	GPU          gpu.Inventory
+	SweepPlots  []string
+	Environment provenance.Environment
+	GPU         gpu.Inventory
 }
 
 // Err joins the points' errors.
