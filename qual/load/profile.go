@@ -241,12 +241,15 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 // its sweep plots (reports.PlotSweep), written when the sweep has two points or more.
 const SweepDirSuffix = "-sweep"
 
-// plotSweep writes the sweep plots of res's points that have a summary into dir and lists
-// them in res.SweepPlots; a sweep of fewer than two such points has nothing to plot.
+// plotSweep writes the sweep plots of res's points that have valid requests into dir and
+// lists them in res.SweepPlots; a sweep of fewer than two such points has nothing to plot.
 func plotSweep(dir string, res *ProfileResult) error {
 	var sums []*reports.Summary
 	for _, p := range res.Points {
-		if p.Summary != nil && p.Summary.Sweep != nil && p.Summary.Sweep.Parameter != "fixed_schedule" {
+		if p.Summary == nil || p.Summary.Sweep == nil || p.Summary.Sweep.Parameter == "fixed_schedule" {
+			continue
+		}
+		if _, ok := p.Summary.Profiling.Metrics[reports.TagRequestLatency]; ok { // a point with no valid request has nothing to plot
 			sums = append(sums, p.Summary)
 		}
 	}
