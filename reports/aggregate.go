@@ -213,6 +213,7 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 		errISL                 float64
 		haveErrISL             bool
 		haveBytes              bool
+		haveOSL                bool                                 // token figures apply (not to image generation)
 		startMin, endMax       int64 = math.MaxInt64, math.MinInt64 // all requests
 		vStart, vEnd           int64 = math.MaxInt64, math.MinInt64 // valid requests
 		errs                         = map[[2]string]*ErrorGroup{}
@@ -278,6 +279,7 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 		}
 		if v, ok := r.Value(TagOutputSequenceLength); ok {
 			outTokens += v
+			haveOSL = true
 		}
 		if v, ok := r.Value(TagOutputTokenCount); ok {
 			outCount += v
@@ -333,10 +335,12 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 	if haveErrISL {
 		setWhole(TagTotalErrorISL, int64(math.Round(errISL)))
 	}
-	if valid > 0 {
+	if valid > 0 && haveOSL {
 		setWhole(TagTotalOutputTokens, int64(math.Round(outCount)))
 		setWhole(TagTotalOSL, int64(math.Round(outTokens)))
 		setWhole(TagTotalISL, int64(math.Round(inTokens)))
+	}
+	if valid > 0 {
 		setWhole(TagMinRequestTimestamp, vStart)
 		setWhole(TagMaxResponseTimestamp, vEnd)
 	}
@@ -346,7 +350,9 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 	}
 	if valid > 0 && durSec > 0 {
 		set(TagBenchmarkDuration, durSec)
-		set(TagOutputTokenThroughput, outTokens/durSec)
+		if haveOSL {
+			set(TagOutputTokenThroughput, outTokens/durSec)
+		}
 		set(TagRequestThroughput, float64(valid)/durSec)
 		if len(slos) > 0 {
 			set(TagGoodput, float64(good)/durSec)
@@ -436,7 +442,11 @@ type Run struct {
 	// kilobytes for a source tree.
 	Provenance json.RawMessage `json:"provenance,omitempty"`
 	// Seed is the random seed the run used and the base seed of its sweep.
-	Seed         *SeedUse        `json:"seed,omitempty"`
+	Seed *SeedUse `json:"seed,omitempty"`
+	// Notes are what a reader must know to read the figures right (e.g. that no server
+	// records could be joined, so the run holds client-side metrics only); summary.md shows
+	// them under the heading.
+	Notes        []string        `json:"notes,omitempty"`
 	GPUTelemetry json.RawMessage `json:"gpu_telemetry,omitempty"`
 	// EngineSteps are the server's engine steps during the profiling phase, where it reports
 	// them (qual-server's /metrics); nil otherwise.

@@ -42,8 +42,14 @@ func Markdown(s *Summary) string {
 		fmt.Fprintf(&b, ", merged from %d shards", len(s.Shards))
 	}
 	b.WriteString(".\n\n")
+	for _, n := range s.Notes {
+		fmt.Fprintf(&b, "Note: %s.\n\n", mdEscape(n))
+	}
 	if t := s.Target; t != nil {
 		bundle := "none (external server)"
+		if t.BundleDigest != "" {
+			bundle = fmt.Sprintf("bundle_digest `%s` (as the server reports it)", t.BundleDigest)
+		}
 		if t.Bundle != "" {
 			bundle = fmt.Sprintf("`%s` bundle_digest `%s`", t.Bundle, orUnknown(t.BundleDigest))
 		}

@@ -91,7 +91,10 @@ type ProfileResult struct {
 	// SweepPlots are the sweep's plots (throughput and p99 latency against the swept value,
 	// throughput against latency), written into <OutDir>/<Name>-sweep when it has two points
 	// or more.
-	SweepPlots  []string
+	SweepPlots []string
+	// Notes are what a reader must know to read the figures right (each point's summary
+	// carries them too), e.g. NoServerRecordsNote.
+	Notes       []string
 	Environment provenance.Environment
 	GPU         gpu.Inventory
 }
@@ -132,6 +135,10 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	if in.OutDir == "" {
 		return nil, errors.New("load.Profile: ProfileInput.OutDir is empty")
 	}
+	if in.Load.Endpoint == EndpointImages {
+		res, _, err := profileImages(ctx, in)
+		return res, err
+	}
 	if in.Load.FixedSchedule {
 		if len(in.Concurrencies) > 0 || len(in.RequestRates) > 0 {
 			return nil, errors.New("load.Profile: a fixed schedule (Load.FixedSchedule) sends at the trace's timestamps; leave ProfileInput.Concurrencies and RequestRates empty")
@@ -169,42 +176,9 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 			return res, err
 		}
 	}
-	type point struct {
-		sweep reports.SweepPoint
-		dir   string
-	}
-	var points []point
-	for _, c := range in.Concurrencies {
-		points = append(points, point{reports.SweepPoint{Parameter: "concurrency", Value: float64(c)}, fmt.Sprintf("%s-c%d", in.Name, c)})
-	}
-	for _, r := range in.RequestRates {
-		points = append(points, point{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
-	}
-	if in.Load.FixedSchedule {
-		points = append(points, point{reports.SweepPoint{Parameter: "fixed_schedule", Value: 1}, in.Name + "-trace"})
-	}
-	if in.Repeat < 0 {
-		return res, fmt.Errorf("load.Profile: ProfileInput.Repeat %d must not be negative", in.Repeat)
-	}
-	if in.Repeat > 1 {
-		var reps []point
-		for _, p := range points {
-			for k := 1; k <= in.Repeat; k++ {
-				reps = append(reps, point{p.sweep, fmt.Sprintf("%s-rep%d", p.dir, k)})
-			}
-		}
-		points = reps
-	}
-	if !in.Overwrite {
-		dirs := []string{filepath.Join(out, in.Name+SweepDirSuffix)}
-		for _, p := range points {
-			dirs = append(dirs, filepath.Join(out, p.dir))
-		}
-		for _, d := range dirs {
-			if err := RefuseExistingRun(d); err != nil {
-				return res, fmt.Errorf("load.Profile: %w", err)
-			}
-		}
+	points, err := sweepPlan(in, out)
+	if err != nil {
+		return res, fmt.Errorf("load.Profile: %w", err)
 	}
 	if in.MaxErrorRate != nil && (*in.MaxErrorRate < 0 || *in.MaxErrorRate > 1) {
 		return res, fmt.Errorf("load.Profile: ProfileInput.MaxErrorRate %v must be within [0, 1]", *in.MaxErrorRate)
@@ -216,6 +190,9 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 		base = newSeed()
 	}
 	res.BundleDigest = servedBundleDigest(ctx, in.Endpoint.BaseURL, in.Load.APIKey, in.Fingerprint.Bundle)
+	if in.Endpoint.RecordsPath == "" {
+		res.Notes = append(res.Notes, NoServerRecordsNote)
+	}
 	for i, p := range points {
 		cfg := in.Load
 		switch p.sweep.Parameter {
@@ -225,7 +202,7 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 			cfg.RequestRate = p.sweep.Value
 		}
 		cfg.Seed = base + uint64(i)
-		pr := profilePoint(ctx, in, cfg, p.sweep, filepath.Join(out, p.dir), slos, base, res)
+		pr := profilePoint(ctx, in, cfg, p.sweep, p.dir, slos, base, res)
 		res.Points = append(res.Points, pr)
 		if ctx.Err() != nil {
 			break
@@ -235,6 +212,55 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 		return res, errors.Join(res.Err(), err)
 	}
 	return res, res.Err()
+}
+
+// sweepPoint is one run of a sweep: its point and its run directory.
+type sweepPoint struct {
+	sweep reports.SweepPoint
+	dir   string
+}
+
+// sweepPlan lists the runs of a profile in order (each concurrency, then each rate, or the
+// trace; each repeated in.Repeat times) with their run directories under out, refusing
+// directories that already hold a run unless in.Overwrite.
+func sweepPlan(in ProfileInput, out string) ([]sweepPoint, error) {
+	var points []sweepPoint
+	for _, c := range in.Concurrencies {
+		points = append(points, sweepPoint{reports.SweepPoint{Parameter: "concurrency", Value: float64(c)}, fmt.Sprintf("%s-c%d", in.Name, c)})
+	}
+	for _, r := range in.RequestRates {
+		points = append(points, sweepPoint{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
+	}
+	if in.Load.FixedSchedule {
+		points = append(points, sweepPoint{reports.SweepPoint{Parameter: "fixed_schedule", Value: 1}, in.Name + "-trace"})
+	}
+	if in.Repeat < 0 {
+		return nil, fmt.Errorf("ProfileInput.Repeat %d must not be negative", in.Repeat)
+	}
+	if in.Repeat > 1 {
+		var reps []sweepPoint
+		for _, p := range points {
+			for k := 1; k <= in.Repeat; k++ {
+				reps = append(reps, sweepPoint{p.sweep, fmt.Sprintf("%s-rep%d", p.dir, k)})
+			}
+		}
+		points = reps
+	}
+	for i := range points {
+		points[i].dir = filepath.Join(out, points[i].dir)
+	}
+	if !in.Overwrite {
+		dirs := []string{filepath.Join(out, in.Name+SweepDirSuffix)}
+		for _, p := range points {
+			dirs = append(dirs, p.dir)
+		}
+		for _, d := range dirs {
+			if err := RefuseExistingRun(d); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return points, nil
 }
 
 // SweepDirSuffix names the folder beside a sweep's run directories (<Name>-sweep) that holds
@@ -409,6 +435,7 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	}{pres.Environment, pres.GPU})
 	run.Provenance = provRef
 	run.Seed = &reports.SeedUse{Base: baseSeed, Used: lr.Seed}
+	run.Notes = pres.Notes
 	run.GPUTelemetry = mustJSON(tel)
 	if stepsOK {
 		run.EngineSteps, err = stepsEnd.Since(stepsStart)
@@ -658,9 +685,17 @@ func waitServerRecords(ctx context.Context, path string, offset int64, cl []reco
 	}
 }
 
-// readServerFrom decodes complete JSONL lines after offset (a last line still being written
-// is left for the next read).
+// readServerFrom decodes the load routes' records (completions, chat, gRPC Generate) in
+// complete JSONL lines after offset.
 func readServerFrom(path string, offset int64) ([]records.Server, error) {
+	return readRecordsFrom(path, offset, func(s *records.Server) bool {
+		return s.Route == "/v1/completions" || s.Route == "/v1/chat/completions" || s.Route == grpcGenerateRoute
+	})
+}
+
+// readRecordsFrom decodes complete JSONL lines after offset (a last line still being written
+// is left for the next read) and keeps the records keep accepts.
+func readRecordsFrom(path string, offset int64, keep func(*records.Server) bool) ([]records.Server, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -686,9 +721,9 @@ func readServerFrom(path string, offset int64) ([]records.Server, error) {
 		return sv, fmt.Errorf("read server records %s (from byte %d): %w", path, offset, err)
 	}
 	var out []records.Server
-	for _, s := range sv {
-		if s.Route == "/v1/completions" || s.Route == "/v1/chat/completions" || s.Route == grpcGenerateRoute {
-			out = append(out, s)
+	for i := range sv {
+		if keep(&sv[i]) {
+			out = append(out, sv[i])
 		}
 	}
 	return out, nil

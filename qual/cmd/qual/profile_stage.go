@@ -23,6 +23,9 @@ func profileFinish(stage *load.Stage, res *load.ProfileResult, runErr error, cod
 		for _, p := range res.SweepPlots {
 			fmt.Fprintf(os.Stdout, "sweep plot: %s\n", p)
 		}
+		for _, n := range res.Notes {
+			fmt.Fprintf(os.Stdout, "note: %s\n", n)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "qual profile: %v\n", err)
