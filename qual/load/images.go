@@ -254,16 +254,17 @@ func imagePoint(ctx context.Context, in ProfileInput, cfg Config, sp sweepPoint,
 			pr.Err = errors.Join(pr.Err, err)
 		}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		pr.Err = fmt.Errorf("create run directory: %w", err)
-		return pr, ip
-	}
-	before, err := provenance.Take(ctx, in.Fingerprint)
+	before, watch, err := pointStart(ctx, in.Fingerprint, dir)
 	if err != nil {
 		pr.Err = err
 		return pr, ip
 	}
-	fail(writeJSON(filepath.Join(dir, ProvenanceFile), provenanceDoc{Before: before}))
+	watching := true
+	defer func() {
+		if watching {
+			_ = watch.Stop()
+		}
+	}()
 	env := struct {
 		provenance.Environment
 		GPU gpu.Inventory `json:"gpu"`
@@ -352,14 +353,9 @@ func imagePoint(ctx context.Context, in ProfileInput, cfg Config, sp sweepPoint,
 			fail(fmt.Errorf("%d server records of %s match no client request", serverOnly, imagesRoute))
 		}
 	}
-	after, err := provenance.Take(ctx, in.Fingerprint)
-	fail(err)
-	var changed error
-	if err == nil {
-		changed = provenance.Compare(before, after)
-		fail(changed)
-	}
-	provRef, err := writeProvenance(dir, before, after, changed)
+	watching = false
+	fail(watch.Stop())
+	provRef, err := provenanceAfter(ctx, in.Fingerprint, dir, before)
 	fail(err)
 	copyLogs(in.Endpoint.LogPaths, dir)
 

@@ -302,19 +302,11 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 			pr.Err = errors.Join(pr.Err, err)
 		}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		pr.Err = fmt.Errorf("create run directory: %w", err)
-		return pr
-	}
-	before, err := provenance.Take(ctx, in.Fingerprint)
+	before, watch, err := pointStart(ctx, in.Fingerprint, dir)
 	if err != nil {
 		pr.Err = err
 		return pr
 	}
-	fail(writeJSON(filepath.Join(dir, ProvenanceFile), provenanceDoc{Before: before}))
-	// The watcher re-stats the fingerprinted files every second while the point runs, so a file
-	// changed and changed back (A to B to A) is caught, which before/after alone cannot see.
-	watch := provenance.Watch(before, time.Second)
 	watching := true
 	defer func() {
 		if watching {
@@ -386,14 +378,7 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 
 	watching = false
 	fail(watch.Stop())
-	after, err := provenance.Take(ctx, in.Fingerprint)
-	fail(err)
-	var changed error
-	if err == nil {
-		changed = provenance.Compare(before, after)
-		fail(changed)
-	}
-	provRef, err := writeProvenance(dir, before, after, changed)
+	provRef, err := provenanceAfter(ctx, in.Fingerprint, dir, before)
 	fail(err)
 	copyLogs(in.Endpoint.LogPaths, dir)
 
@@ -553,6 +538,37 @@ func servedBundleDigest(ctx context.Context, baseURL, apiKey, path string) strin
 	}
 	defer b.Close()
 	return b.Digest()
+}
+
+// pointStart prepares a point's run directory: it creates it, takes the fingerprints before
+// (written to provenance.json at once, so a run that dies keeps them) and starts the watcher,
+// which re-stats the fingerprinted files every second while the point runs, so that a file
+// changed and changed back (A to B to A), which before/after alone cannot see, is caught.
+func pointStart(ctx context.Context, spec provenance.Spec, dir string) (*provenance.Fingerprints, *provenance.Watcher, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("create run directory: %w", err)
+	}
+	before, err := provenance.Take(ctx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := writeJSON(filepath.Join(dir, ProvenanceFile), provenanceDoc{Before: before}); err != nil {
+		return nil, nil, err
+	}
+	return before, provenance.Watch(before, time.Second), nil
+}
+
+// provenanceAfter takes the fingerprints after a point, writes provenance.json with those
+// before, and returns summary.json's reference to it; the error says what changed (or could
+// not be fingerprinted or written), the reference is returned whatever it says.
+func provenanceAfter(ctx context.Context, spec provenance.Spec, dir string, before *provenance.Fingerprints) (json.RawMessage, error) {
+	after, err := provenance.Take(ctx, spec)
+	var changed error
+	if err == nil {
+		changed = provenance.Compare(before, after)
+	}
+	ref, werr := writeProvenance(dir, before, after, changed)
+	return ref, errors.Join(err, changed, werr)
 }
 
 // provenanceDoc is provenance.json: the fingerprints before and after a point and, when a
