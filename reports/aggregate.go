@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"time"
 )
 
@@ -51,13 +52,21 @@ type MetricStats struct {
 	Unit string
 	Avg  float64
 	Dist *Distribution // nil for run-level values
+	// Whole is a whole-number run-level value held exactly (counts, token sums, epoch-ns
+	// timestamps): a float64 holds integers exactly only up to 2^53, and a timestamp in
+	// nanoseconds is about 1.8e18, so Avg alone would round it by up to 256 ns.
+	Whole *int64
 }
 
 // MarshalJSON writes the AIPerf layout with keys in AIPerf's order.
 func (m MetricStats) MarshalJSON() ([]byte, error) {
 	var b bytes.Buffer
 	u, _ := json.Marshal(m.Unit)
-	fmt.Fprintf(&b, `{"unit":%s,"avg":%s`, u, formatFloat(m.Avg))
+	avg := formatFloat(m.Avg)
+	if m.Whole != nil {
+		avg = strconv.FormatInt(*m.Whole, 10)
+	}
+	fmt.Fprintf(&b, `{"unit":%s,"avg":%s`, u, avg)
 	if d := m.Dist; d != nil {
 		ps := d.percentileFields()
 		for i, p := range Percentiles {
@@ -70,17 +79,30 @@ func (m MetricStats) MarshalJSON() ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// UnmarshalJSON reads what MarshalJSON writes; an object with p50 is a distribution.
+// UnmarshalJSON reads what MarshalJSON writes; an object with p50 is a distribution, and a
+// run-level avg written as an integer literal is read exactly into Whole.
 func (m *MetricStats) UnmarshalJSON(data []byte) error {
 	var raw struct {
-		Unit string   `json:"unit"`
-		Avg  float64  `json:"avg"`
-		P50  *float64 `json:"p50"`
+		Unit string      `json:"unit"`
+		Avg  json.Number `json:"avg"`
+		P50  *float64    `json:"p50"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return err
 	}
-	*m = MetricStats{Unit: raw.Unit, Avg: raw.Avg}
+	*m = MetricStats{Unit: raw.Unit}
+	if raw.Avg != "" {
+		avg, err := raw.Avg.Float64()
+		if err != nil {
+			return fmt.Errorf("metric avg %s: %w", raw.Avg, err)
+		}
+		m.Avg = avg
+		if raw.P50 == nil {
+			if w, err := strconv.ParseInt(string(raw.Avg), 10, 64); err == nil {
+				m.Whole = &w
+			}
+		}
+	}
 	if raw.P50 != nil {
 		var d Distribution
 		if err := json.Unmarshal(data, &d); err != nil {
@@ -191,6 +213,7 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 		errISL                 float64
 		haveErrISL             bool
 		haveBytes              bool
+		haveOSL                bool                                 // token figures apply (not to image generation)
 		startMin, endMax       int64 = math.MaxInt64, math.MinInt64 // all requests
 		vStart, vEnd           int64 = math.MaxInt64, math.MinInt64 // valid requests
 		errs                         = map[[2]string]*ErrorGroup{}
@@ -256,6 +279,7 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 		}
 		if v, ok := r.Value(TagOutputSequenceLength); ok {
 			outTokens += v
+			haveOSL = true
 		}
 		if v, ok := r.Value(TagOutputTokenCount); ok {
 			outCount += v
@@ -298,20 +322,27 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 		m, _ := LookupMetric(tag)
 		ps.Metrics[tag] = MetricStats{Unit: m.Unit, Avg: v}
 	}
-	set(TagRequestCount, float64(valid))
-	set(TagErrorRequestCount, float64(ps.Requests-valid))
+	// setWhole records a whole-number value exactly (Whole) beside its float64 (Avg).
+	setWhole := func(tag string, v int64) {
+		m, _ := LookupMetric(tag)
+		ps.Metrics[tag] = MetricStats{Unit: m.Unit, Avg: float64(v), Whole: &v}
+	}
+	setWhole(TagRequestCount, int64(valid))
+	setWhole(TagErrorRequestCount, int64(ps.Requests-valid))
 	if cancelled > 0 {
-		set(TagCancelledRequestCount, float64(cancelled))
+		setWhole(TagCancelledRequestCount, int64(cancelled))
 	}
 	if haveErrISL {
-		set(TagTotalErrorISL, errISL)
+		setWhole(TagTotalErrorISL, int64(math.Round(errISL)))
+	}
+	if valid > 0 && haveOSL {
+		setWhole(TagTotalOutputTokens, int64(math.Round(outCount)))
+		setWhole(TagTotalOSL, int64(math.Round(outTokens)))
+		setWhole(TagTotalISL, int64(math.Round(inTokens)))
 	}
 	if valid > 0 {
-		set(TagTotalOutputTokens, outCount)
-		set(TagTotalOSL, outTokens)
-		set(TagTotalISL, inTokens)
-		set(TagMinRequestTimestamp, float64(vStart))
-		set(TagMaxResponseTimestamp, float64(vEnd))
+		setWhole(TagMinRequestTimestamp, vStart)
+		setWhole(TagMaxResponseTimestamp, vEnd)
 	}
 	durSec := float64(vEnd-vStart) / 1e9
 	if len(shards) > 1 {
@@ -319,14 +350,16 @@ func Aggregate(recs []ExportRecord, phase string, slos []SLO, cost *ServingCost)
 	}
 	if valid > 0 && durSec > 0 {
 		set(TagBenchmarkDuration, durSec)
-		set(TagOutputTokenThroughput, outTokens/durSec)
+		if haveOSL {
+			set(TagOutputTokenThroughput, outTokens/durSec)
+		}
 		set(TagRequestThroughput, float64(valid)/durSec)
 		if len(slos) > 0 {
 			set(TagGoodput, float64(good)/durSec)
 		}
 	}
 	if len(slos) > 0 {
-		set(TagGoodRequestCount, float64(good))
+		setWhole(TagGoodRequestCount, int64(good))
 	}
 	if outTokens > 0 {
 		if haveBytes {
@@ -397,14 +430,23 @@ type SweepPoint struct {
 // statistics are derived from it. The JSON blobs are opaque to this package and copied
 // verbatim into the exports (InputConfig into profile_export_aiperf.json's input_config).
 type Run struct {
-	Name         string          `json:"name"`
-	Records      []ExportRecord  `json:"-"`
-	SLOs         []SLO           `json:"slos,omitempty"`
-	Cost         *ServingCost    `json:"serving_cost,omitempty"`
-	Sweep        *SweepPoint     `json:"sweep,omitempty"`
-	InputConfig  json.RawMessage `json:"input_config,omitempty"`
-	Environment  json.RawMessage `json:"environment,omitempty"`
-	Provenance   json.RawMessage `json:"provenance,omitempty"`
+	Name        string          `json:"name"`
+	Records     []ExportRecord  `json:"-"`
+	SLOs        []SLO           `json:"slos,omitempty"`
+	Cost        *ServingCost    `json:"serving_cost,omitempty"`
+	Sweep       *SweepPoint     `json:"sweep,omitempty"`
+	InputConfig json.RawMessage `json:"input_config,omitempty"`
+	Environment json.RawMessage `json:"environment,omitempty"`
+	// Provenance refers to the run's provenance file (ProvenanceFile beside summary.json:
+	// {"file", "sha256", ...}) rather than holding the fingerprints, which run to hundreds of
+	// kilobytes for a source tree.
+	Provenance json.RawMessage `json:"provenance,omitempty"`
+	// Seed is the random seed the run used and the base seed of its sweep.
+	Seed *SeedUse `json:"seed,omitempty"`
+	// Notes are what a reader must know to read the figures right (e.g. that no server
+	// records could be joined, so the run holds client-side metrics only); summary.md shows
+	// them under the heading.
+	Notes        []string        `json:"notes,omitempty"`
 	GPUTelemetry json.RawMessage `json:"gpu_telemetry,omitempty"`
 	// EngineSteps are the server's engine steps during the profiling phase, where it reports
 	// them (qual-server's /metrics); nil otherwise.
@@ -421,14 +463,25 @@ type Run struct {
 	WasCancelled bool `json:"was_cancelled"`
 }
 
+// SeedUse records the seeds of one run of a sweep: Used drove the run's random choices (arrival
+// gaps, cancellations), Base is the sweep's seed (the --seed given, or the one picked), from
+// which each point's is derived as Base + the point's 0-based index in sweep order.
+type SeedUse struct {
+	Base uint64 `json:"base"`
+	Used uint64 `json:"used"`
+}
+
 // Target is what a run measured and with which code: the server (its launcher and flags),
-// the URL and model, the bundle served and its sha256, and the source commit of the harness.
+// the URL and model, the bundle served and its digest, and the source commit of the harness.
 type Target struct {
-	Server       string `json:"server"` // "qual-server (process)", "external", ...
-	URL          string `json:"url"`
-	Model        string `json:"model"`
-	Bundle       string `json:"bundle,omitempty"`
-	BundleSHA256 string `json:"bundle_sha256,omitempty"`
+	Server string `json:"server"` // "qual-server (process)", "external", ...
+	URL    string `json:"url"`
+	Model  string `json:"model"`
+	Bundle string `json:"bundle,omitempty"`
+	// BundleDigest identifies the bundle served: its digest (native/bundle's Bundle.Digest),
+	// the identity qual-server logs and serves at /mq/v1/bundle and qualification suites
+	// record as bundle_digest, so one name and one value mean "this bundle" everywhere.
+	BundleDigest string `json:"bundle_digest,omitempty"`
 	Commit       string `json:"commit"`
 	Dirty        bool   `json:"dirty,omitempty"`
 	// Pacer says how the client kept an open loop's schedule (its clock and the scheduling

@@ -152,6 +152,15 @@ func whole(v float64, integer bool) string {
 	return two(v)
 }
 
+// scalar writes a run-level value: exactly when it is held as a whole number (Whole), as an
+// integer for whole-number metrics, else with two decimals.
+func scalar(tag string, m MetricStats) string {
+	if m.Whole != nil {
+		return strconv.FormatInt(*m.Whole, 10)
+	}
+	return whole(m.Avg, IntegerMetric(tag))
+}
+
 // WriteAIPerfCSV writes profile_export_aiperf.csv as AIPerf's CSV exporter does: the
 // distributions of per-request metrics, a blank line, then Metric,Value rows for run-level
 // values; each section sorted by metric tag; numbers with two decimals except whole-number
@@ -185,7 +194,7 @@ func WriteAIPerfCSV(w io.Writer, ps *PhaseStats) error {
 	cw.Write([]string{"Metric", "Value"})
 	for _, tag := range scalars {
 		m := ps.Metrics[tag]
-		cw.Write([]string{MetricLabel(tag, m.Unit), whole(m.Avg, IntegerMetric(tag))})
+		cw.Write([]string{MetricLabel(tag, m.Unit), scalar(tag, m)})
 	}
 	cw.Flush()
 	return cw.Error()

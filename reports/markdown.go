@@ -32,14 +32,26 @@ func Markdown(s *Summary) string {
 	if s.Sweep != nil {
 		fmt.Fprintf(&b, ", %s %g", s.Sweep.Parameter, s.Sweep.Value)
 	}
+	if s.Seed != nil {
+		fmt.Fprintf(&b, ", seed %d", s.Seed.Used)
+		if s.Seed.Base != s.Seed.Used {
+			fmt.Fprintf(&b, " (the sweep's seed %d + this point's index %d)", s.Seed.Base, s.Seed.Used-s.Seed.Base)
+		}
+	}
 	if len(s.Shards) > 0 {
 		fmt.Fprintf(&b, ", merged from %d shards", len(s.Shards))
 	}
 	b.WriteString(".\n\n")
+	for _, n := range s.Notes {
+		fmt.Fprintf(&b, "Note: %s.\n\n", mdEscape(n))
+	}
 	if t := s.Target; t != nil {
 		bundle := "none (external server)"
+		if t.BundleDigest != "" {
+			bundle = fmt.Sprintf("bundle_digest `%s` (as the server reports it)", t.BundleDigest)
+		}
 		if t.Bundle != "" {
-			bundle = fmt.Sprintf("`%s` sha256 `%s`", t.Bundle, orUnknown(t.BundleSHA256))
+			bundle = fmt.Sprintf("`%s` bundle_digest `%s`", t.Bundle, orUnknown(t.BundleDigest))
 		}
 		commit := orUnknown(t.Commit)
 		if t.Dirty {
@@ -73,15 +85,17 @@ func Markdown(s *Summary) string {
 			scalars = append(scalars, tag)
 			continue
 		}
-		d := m.Dist
+		// Whole-number metrics (token lengths, byte counts) have whole min and max; their
+		// mean, percentiles (interpolated) and spread keep two decimals, as in the CSV.
+		d, in := m.Dist, IntegerMetric(tag)
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", MetricLabel(tag, m.Unit),
-			two(d.Avg), two(d.P50), two(d.P90), two(d.P99), two(d.Min), two(d.Max), two(d.Std))
+			two(d.Avg), two(d.P50), two(d.P90), two(d.P99), whole(d.Min, in), whole(d.Max, in), two(d.Std))
 	}
 	if len(scalars) > 0 {
 		b.WriteString("\n| Metric | Value |\n|---|--:|\n")
 		for _, tag := range scalars {
 			m := p.Metrics[tag]
-			fmt.Fprintf(&b, "| %s | %s |\n", MetricLabel(tag, m.Unit), two(m.Avg))
+			fmt.Fprintf(&b, "| %s | %s |\n", MetricLabel(tag, m.Unit), scalar(tag, m))
 		}
 	}
 	if len(s.SLOs) > 0 {

@@ -287,11 +287,11 @@ func TestPlotsArePNG(t *testing.T) {
 	for _, n := range names {
 		decodePNG(t, filepath.Join(root, n))
 	}
-	if len(names) != 2 {
+	if len(names) != 3 {
 		t.Errorf("PlotSweep wrote %v", names)
 	}
 	if out := os.Getenv("MQ_KEEP_PLOTS"); out != "" { // for looking at the plots by eye
-		for _, p := range []string{"c1/" + LatencyCDFPNG, "c1/" + TTFTHistogramPNG, SweepThroughputPNG, SweepP99LatencyPNG} {
+		for _, p := range []string{"c1/" + LatencyCDFPNG, "c1/" + TTFTHistogramPNG, SweepThroughputPNG, SweepP99LatencyPNG, SweepTradeoffPNG} {
 			b, _ := os.ReadFile(filepath.Join(root, p))
 			os.WriteFile(filepath.Join(out, strings.ReplaceAll(p, "/", "_")), b, 0o644)
 		}

@@ -18,6 +18,9 @@ const (
 	AIPerfCSVFile      = "profile_export_aiperf.csv"
 	SummaryJSONFile    = "summary.json"
 	SummaryMDFile      = "summary.md"
+	// ProvenanceFile holds what a run's provenance blob describes (for qual profile: the
+	// fingerprints taken before and after); summary.json's provenance field refers to it.
+	ProvenanceFile = "provenance.json"
 )
 
 // WriteRun writes a run directory: profile_export.jsonl, profile_export_aiperf.json and .csv,
@@ -54,7 +57,7 @@ func WriteRun(dir string, run *Run) (*Summary, error) {
 	if err := os.WriteFile(filepath.Join(dir, SummaryMDFile), []byte(Markdown(s)), 0o644); err != nil {
 		return s, err
 	}
-	if _, err := PlotRun(dir, run.Records); err != nil {
+	if _, err := PlotRunOf(dir, run); err != nil {
 		return s, fmt.Errorf("write plots in %s: %w", dir, err)
 	}
 	return s, nil

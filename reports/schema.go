@@ -41,6 +41,9 @@ const (
 	TagMinRequestTimestamp   = "min_request_timestamp"  // epoch ns of the first valid request's start
 	TagMaxResponseTimestamp  = "max_response_timestamp" // epoch ns of the last valid request's last response
 	TagGoodRequestCount      = "good_request_count"     // requests meeting every SLO
+	TagNumImages             = "num_images"             // per request: images it carried or produced
+	TagImageThroughput       = "image_throughput"       // per request: num_images / request latency
+	TagImageLatency          = "image_latency"          // per request: request latency / num_images
 
 	// Per request, ours.
 	TagHTTPLatency        = "mq_http_latency"                  // end of the HTTP body − request start
@@ -58,6 +61,8 @@ const (
 	TagImagePreprocess    = "mq_image_preprocess"              // vision chat: image decode + preprocessing, apart from the engine
 	TagTTFTWithImage      = "mq_ttft_with_image"               // TTFT of the requests that carried an image
 	TagTTFTWithoutImage   = "mq_ttft_without_image"            // TTFT of the text-only requests of a run that has images
+	TagPNGBytes           = "mq_png_bytes"                     // image generation: the PNG's bytes as received
+	TagPNGEncode          = "mq_png_encode_time"               // image generation: the server's PNG encode, apart from the task
 
 	// Per run, ours.
 	TagCancelledRequestCount = "mq_cancelled_request_count"
@@ -106,6 +111,11 @@ var Metrics = []Metric{
 	{TagImagePreprocess, "MQ Image Preprocessing Time", "ms", true, false},
 	{TagTTFTWithImage, "MQ Time to First Token With Image", "ms", true, false},
 	{TagTTFTWithoutImage, "MQ Time to First Token Without Image", "ms", true, false},
+	{TagNumImages, "Number of Images", "images", true, true},
+	{TagImageThroughput, "Image Throughput", "images/sec", true, true},
+	{TagImageLatency, "Image Latency", "ms/image", true, false},
+	{TagPNGBytes, "MQ PNG Bytes", "bytes", true, false},
+	{TagPNGEncode, "MQ PNG Encode Time", "ms", true, false},
 
 	{TagOutputTokenThroughput, "Output Token Throughput", "tokens/sec", false, true},
 	{TagRequestThroughput, "Request Throughput", "requests/sec", false, true},
@@ -136,7 +146,7 @@ var integerTags = map[string]bool{
 	TagTotalOutputTokens: true, TagTotalOSL: true, TagTotalISL: true, TagTotalErrorISL: true,
 	TagMinRequestTimestamp: true, TagMaxResponseTimestamp: true, TagCancelledRequestCount: true,
 	TagOutputLengthClient: true, TagInputLengthServer: true, TagResponseBytes: true,
-	TagImageTokens: true,
+	TagImageTokens: true, TagNumImages: true, TagPNGBytes: true,
 }
 
 // IntegerMetric reports whether tag's values are whole numbers.

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -21,7 +20,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/provenance"
+	"github.com/modelqual/modelqual/qual/records"
+	"github.com/modelqual/modelqual/reports"
 )
 
 // EndpointImages is `qual profile --endpoint images`: POST /v1/images/generations.
@@ -83,6 +85,7 @@ type imageClientRecord struct {
 	Warmup      bool    `json:"warmup"`
 	Input       int     `json:"input_index"`
 	StartUnixNs int64   `json:"start_unix_ns"`
+	AckNs       int64   `json:"ack_ns,omitempty"` // request start to the response's headers
 	LatencyNs   int64   `json:"latency_ns"`
 	Status      int     `json:"status"`
 	Error       string  `json:"error,omitempty"`
@@ -94,44 +97,19 @@ type imageClientRecord struct {
 	Seed        int64   `json:"seed"`
 }
 
-// imageServerRecord is what the join reads of qual-server's record of an image request.
-type imageServerRecord struct {
-	RequestID  string `json:"request_id"`
-	Route      string `json:"route"`
-	Status     int    `json:"status"`
-	TaskWallNs int64  `json:"task_wall_ns"`
-	Image      *struct {
-		PNGSHA256   string `json:"png_sha256"`
-		PNGBytes    int64  `json:"png_bytes"`
-		PNGEncodeNs int64  `json:"png_encode_ns"`
-	} `json:"image"`
-}
-
 // Dist is a distribution's summary in milliseconds (or plain units for bytes).
 type Dist struct {
 	Avg, Min, Max, P50, P90, P95, P99 float64
 	N                                 int
 }
 
+// dist summarizes v with the reports' statistics (METRICS.md: numpy's linear percentiles).
 func dist(v []float64) Dist {
-	if len(v) == 0 {
+	d, ok := reports.Describe(v)
+	if !ok {
 		return Dist{}
 	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	q := func(p float64) float64 { // linear interpolation between closest ranks (numpy's default)
-		x := p * float64(len(s)-1)
-		i := int(math.Floor(x))
-		if i+1 >= len(s) {
-			return s[len(s)-1]
-		}
-		return s[i] + (x-float64(i))*(s[i+1]-s[i])
-	}
-	sum := 0.0
-	for _, x := range s {
-		sum += x
-	}
-	return Dist{Avg: sum / float64(len(s)), Min: s[0], Max: s[len(s)-1], P50: q(0.5), P90: q(0.9), P95: q(0.95), P99: q(0.99), N: len(s)}
+	return Dist{Avg: d.Avg, Min: d.Min, Max: d.Max, P50: d.P50, P90: d.P90, P95: d.P95, P99: d.P99, N: d.Count}
 }
 
 // ImagePoint is one sweep point's figures.
@@ -152,178 +130,204 @@ type ImagePoint struct {
 	SHAMismatches  int     `json:"png_sha256_mismatches"`
 }
 
-// ProfileImages profiles /v1/images/generations: per sweep point, warmup requests (marked
-// X-Warmup: 1, reported apart), then a closed loop at each concurrency or an open loop at each
-// request rate over the input file's requests in order; client records are joined to the
-// server's by request ID (every request exactly one record either way), the served PNG's
-// sha256 is checked against the server record's, and the fingerprints taken before the run
-// must hold after it. Requests come from the fingerprinted input file (in.Fingerprint.Inputs[0]).
+// imagesRoute is the route image requests go to, and the route of their server records.
+const imagesRoute = "/v1/images/generations"
+
+// NoServerRecordsNote is printed and written into summary.md when the server's records cannot
+// be read (a server given by URL): the run then reports what the client measured, as AIPerf
+// does, without the server-side figures.
+const NoServerRecordsNote = "no server records to join (the server was given by URL, so its records are not readable here): client-side metrics only, as AIPerf reports them; the server-side figures (task wall time, HTTP minus task, queue wait, PNG encode, image tokens) are absent"
+
+// ProfileImages profiles /v1/images/generations as Profile profiles text (Profile calls it for
+// Load.Endpoint "images"): per sweep point, warmup requests (marked X-Warmup: 1, reported
+// apart) that run the image pipeline end to end, then a closed loop at each concurrency or an
+// open loop at each request rate over the input file's requests in order, each point written
+// to its own run directory in the text layout (profile_export.jsonl, AIPerf's
+// profile_export_aiperf.json and .csv with its image metrics num_images, image_throughput and
+// image_latency, summary.json and .md, plots, client and server records, provenance.json),
+// and the sweep's plots beside them. Where the server's records can be read, client records
+// are joined to them by request ID (every request exactly one record either way) and the
+// served PNG's sha256 is checked against the server record's; against a server given by URL
+// the run is client-side only, with NoServerRecordsNote. The fingerprints taken before each
+// point must hold after it. Requests come from the fingerprinted input file
+// (in.Fingerprint.Inputs[0]). The point figures are printed to out as a table.
 func ProfileImages(ctx context.Context, in ProfileInput, out io.Writer) ([]ImagePoint, error) {
+	res, points, err := profileImages(ctx, in)
+	if out != nil {
+		printImageSummary(out, points)
+		if res != nil {
+			for _, n := range res.Notes {
+				fmt.Fprintf(out, "\nnote: %s\n", n)
+			}
+		}
+	}
+	return points, err
+}
+
+func profileImages(ctx context.Context, in ProfileInput) (*ProfileResult, []ImagePoint, error) {
 	if len(in.Fingerprint.Inputs) == 0 {
-		return nil, errors.New("profile images: pass --input-file F: JSONL lines of {\"prompt\", \"size\", \"num_inference_steps\", \"guidance_scale\", \"seed\"}")
+		return nil, nil, errors.New("profile images: pass --input-file F: JSONL lines of {\"prompt\", \"size\", \"num_inference_steps\", \"guidance_scale\", \"seed\"}")
 	}
 	reqs, err := ReadImageRequests(in.Fingerprint.Inputs[0])
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if in.Endpoint == nil || in.Endpoint.RecordsPath == "" {
-		return nil, errors.New("profile images: the server's records are needed to join by request ID; profile a server started with --bundle (or one whose records this launcher knows)")
+	if in.Endpoint == nil {
+		return nil, nil, errors.New("profile images: ProfileInput.Endpoint is nil; start a server with a launch.Launcher first")
 	}
 	if (len(in.Concurrencies) == 0) == (len(in.RequestRates) == 0) {
-		return nil, errors.New("profile images: pass exactly one of --concurrency and --request-rate")
+		return nil, nil, errors.New("profile images: pass exactly one of --concurrency and --request-rate")
 	}
-	name := in.Name
-	if name == "" {
-		name = "profile"
+	if in.MaxErrorRate != nil && (*in.MaxErrorRate < 0 || *in.MaxErrorRate > 1) {
+		return nil, nil, fmt.Errorf("profile images: ProfileInput.MaxErrorRate %v must be within [0, 1]", *in.MaxErrorRate)
 	}
-	// Only the records written from now on are this run's: a server that answered other
-	// requests before (a qualification suite's gates) has their records in the file already.
-	recOffset := fileSize(in.Endpoint.RecordsPath)
-	fp := in.Fingerprint
-	fp.Exclude = append(fp.Exclude, in.OutDir)
-	before, err := provenance.Take(ctx, fp)
+	if in.Name == "" {
+		in.Name = "profile"
+	}
+	if in.RecordsWait <= 0 {
+		in.RecordsWait = 5 * time.Second
+	}
+	if in.Load.Model == "" {
+		in.Load.Model = in.Endpoint.Model
+	}
+	in.Load.Endpoint = EndpointImages
+	out, err := filepath.Abs(in.OutDir)
 	if err != nil {
-		return nil, fmt.Errorf("profile images: fingerprints before: %w", err)
+		return nil, nil, fmt.Errorf("profile images: out dir: %w", err)
+	}
+	in.Fingerprint.Exclude = append(in.Fingerprint.Exclude, out)
+	plan, err := sweepPlan(in, out)
+	if err != nil {
+		return nil, nil, fmt.Errorf("profile images: %w", err)
+	}
+	res := &ProfileResult{
+		Environment: provenance.Env(ctx, in.Fingerprint.SourceRoot, in.Endpoint.Kind, in.Endpoint.Args, in.Endpoint.Env),
+		GPU:         gpu.Inspect(),
+	}
+	if in.RequireGPU {
+		if err := gpu.Require(res.GPU); err != nil {
+			return res, nil, err
+		}
+	}
+	res.BundleDigest = servedBundleDigest(ctx, in.Endpoint.BaseURL, in.Load.APIKey, in.Fingerprint.Bundle)
+	if in.Endpoint.RecordsPath == "" {
+		res.Notes = append(res.Notes, NoServerRecordsNote)
+	}
+	base := in.Load.Seed
+	if base == 0 {
+		base = newSeed()
 	}
 	client := &http.Client{Timeout: in.Load.RequestTimeout}
-	base := strings.TrimRight(in.Endpoint.BaseURL, "/")
 	var points []ImagePoint
-	var all []imageClientRecord
-	type sweep struct {
-		conc int
-		rate float64
-	}
-	var sweeps []sweep
-	for _, c := range in.Concurrencies {
-		sweeps = append(sweeps, sweep{conc: c})
-	}
-	for _, r := range in.RequestRates {
-		sweeps = append(sweeps, sweep{rate: r})
-	}
-	for si, sw := range sweeps {
-		p := ImagePoint{Concurrency: sw.conc, RequestRate: sw.rate}
-		if sw.conc > 0 {
-			p.Name = fmt.Sprintf("%s-c%d", name, sw.conc)
+	for i, sp := range plan {
+		cfg := in.Load
+		if sp.sweep.Parameter == "concurrency" {
+			cfg.Concurrency = int(sp.sweep.Value)
 		} else {
-			p.Name = fmt.Sprintf("%s-r%g", name, sw.rate)
+			cfg.RequestRate = sp.sweep.Value
 		}
-		send := func(i int, warm bool) imageClientRecord {
-			r := reqs[i%len(reqs)]
-			id := fmt.Sprintf("%s-%s-%d", p.Name, map[bool]string{true: "w", false: "m"}[warm], i)
-			return sendImage(ctx, client, base, in.Endpoint.Model, in.Load.APIKey, id, i%len(reqs), r, warm)
-		}
-		for i := 0; i < in.Load.Warmup; i++ {
-			rec := send(i, true)
-			all = append(all, rec)
-			p.WarmupRequests++
-		}
-		var mu sync.Mutex
-		var recs []imageClientRecord
-		t0 := time.Now()
-		deadline := time.Time{}
-		if in.Load.Duration > 0 {
-			deadline = t0.Add(in.Load.Duration)
-		}
-		more := func(i int) bool {
-			if in.Load.Requests > 0 && i >= in.Load.Requests {
-				return false
-			}
-			return deadline.IsZero() || time.Now().Before(deadline)
-		}
-		if sw.conc > 0 {
-			next := 0
-			var wg sync.WaitGroup
-			for w := 0; w < sw.conc; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for ctx.Err() == nil {
-						mu.Lock()
-						i := next
-						ok := more(i)
-						next++
-						mu.Unlock()
-						if !ok {
-							return
-						}
-						rec := send(i, false)
-						mu.Lock()
-						recs = append(recs, rec)
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
-		} else {
-			rng := rand.New(rand.NewPCG(in.Load.Seed+uint64(si), 0x696d616765))
-			sem := make(chan struct{}, max(1, in.Load.MaxConcurrency))
-			if in.Load.MaxConcurrency <= 0 {
-				sem = make(chan struct{}, 1<<16)
-			}
-			var wg sync.WaitGroup
-			at := t0
-			for i := 0; more(i) && ctx.Err() == nil; i++ {
-				gap := 1 / sw.rate
-				if in.Load.Arrival != "constant" {
-					gap = rng.ExpFloat64() / sw.rate
-				}
-				at = at.Add(time.Duration(gap * float64(time.Second)))
-				time.Sleep(time.Until(at))
-				sem <- struct{}{}
-				wg.Add(1)
-				go func(i int) {
-					defer wg.Done()
-					rec := send(i, false)
-					<-sem
-					mu.Lock()
-					recs = append(recs, rec)
-					mu.Unlock()
-				}(i)
-			}
-			wg.Wait()
-		}
-		wall := time.Since(t0)
-		p.WallSeconds = wall.Seconds()
-		var lat, bytesV []float64
-		for _, r := range recs {
-			p.Requests++
-			if r.Status != http.StatusOK {
-				p.Errors++
-				continue
-			}
-			lat = append(lat, float64(r.LatencyNs)/1e6)
-			bytesV = append(bytesV, float64(r.PNGBytes))
-		}
-		p.ImagesPerSec = float64(len(lat)) / wall.Seconds()
-		p.HTTPLatencyMs, p.PNGBytes = dist(lat), dist(bytesV)
-		all = append(all, recs...)
-		points = append(points, p)
+		cfg.Seed = base + uint64(i)
+		pr, ip := imagePoint(ctx, in, cfg, sp, reqs, client, base, res)
+		res.Points = append(res.Points, pr)
+		points = append(points, ip)
 		if in.Load.Progress != nil {
-			fmt.Fprintf(in.Load.Progress, "profile images: %s: %d requests, %d errors, %.3f images/s\n", p.Name, p.Requests, p.Errors, p.ImagesPerSec)
+			fmt.Fprintf(in.Load.Progress, "profile images: %s: %d requests, %d errors, %.3f images/s\n", ip.Name, ip.Requests, ip.Errors, ip.ImagesPerSec)
+		}
+		if ctx.Err() != nil {
+			break
 		}
 	}
-	// Join with the server's records (written as each request ends; wait for the last).
-	server, err := waitImageRecords(in.Endpoint.RecordsPath, recOffset, all, in.RecordsWait)
+	if err := plotSweep(filepath.Join(out, in.Name+SweepDirSuffix), res); err != nil {
+		return res, points, errors.Join(res.Err(), err)
+	}
+	return res, points, res.Err()
+}
+
+// imagePoint runs and writes one sweep point of an image profile.
+func imagePoint(ctx context.Context, in ProfileInput, cfg Config, sp sweepPoint, reqs []ImageRequest, hc *http.Client, baseSeed uint64, pres *ProfileResult) (PointResult, ImagePoint) {
+	dir := sp.dir
+	name := filepath.Base(dir)
+	pr := PointResult{Dir: dir, Sweep: sp.sweep}
+	ip := ImagePoint{Name: name, Concurrency: cfg.Concurrency, RequestRate: cfg.RequestRate}
+	fail := func(err error) {
+		if err != nil {
+			pr.Err = errors.Join(pr.Err, err)
+		}
+	}
+	before, watch, err := pointStart(ctx, in.Fingerprint, dir)
 	if err != nil {
-		return points, err
+		pr.Err = err
+		return pr, ip
 	}
-	byID := map[string]imageServerRecord{}
-	for _, s := range server {
-		byID[s.RequestID] = s
+	watching := true
+	defer func() {
+		if watching {
+			_ = watch.Stop()
+		}
+	}()
+	env := struct {
+		provenance.Environment
+		GPU gpu.Inventory `json:"gpu"`
+	}{pres.Environment, pres.GPU}
+	fail(writeJSON(filepath.Join(dir, EnvironmentFile), env))
+	// Only the records written from now on are this point's: a server that answered other
+	// requests before (a qualification suite's gates, earlier points) has theirs in the file.
+	recOffset := fileSize(in.Endpoint.RecordsPath)
+	sampler, err := gpu.StartSampler(in.GPUIndices, 0, in.RequireGPU)
+	if err != nil {
+		pr.Err = err
+		return pr, ip
 	}
-	clientIDs := map[string]bool{}
-	var problems []string
-	for pi := range points {
-		p := &points[pi]
+	base := strings.TrimRight(in.Endpoint.BaseURL, "/")
+	send := func(i int, warm bool) imageClientRecord {
+		r := reqs[i%len(reqs)]
+		id := fmt.Sprintf("%s-%s-%d", name, map[bool]string{true: "w", false: "m"}[warm], i)
+		return sendImage(ctx, hc, base, cfg.Model, cfg.APIKey, id, i%len(reqs), r, warm)
+	}
+	// Warmup: whole image requests through the server's pipeline (text encoder, denoising
+	// steps, VAE decode, PNG encode), so the first measured request finds it warm.
+	var all []imageClientRecord
+	for i := 0; i < cfg.Warmup && ctx.Err() == nil; i++ {
+		all = append(all, send(i, true))
+		ip.WarmupRequests++
+	}
+	recs, t0, wall := runImageLoop(ctx, cfg, send)
+	tel := sampler.Stop()
+	all = append(all, recs...)
+	ip.WallSeconds = wall.Seconds()
+	var lat, pngBytes []float64
+	for _, r := range recs {
+		ip.Requests++
+		if r.Status != http.StatusOK {
+			ip.Errors++
+			continue
+		}
+		lat = append(lat, float64(r.LatencyNs)/1e6)
+		pngBytes = append(pngBytes, float64(r.PNGBytes))
+	}
+	if wall > 0 {
+		ip.ImagesPerSec = float64(len(lat)) / wall.Seconds()
+	}
+	ip.HTTPLatencyMs, ip.PNGBytes = dist(lat), dist(pngBytes)
+	fail(writeJSONL(filepath.Join(dir, ClientRecordsFile), all))
+
+	// Join with the server's records of this point, where they can be read.
+	var byID map[string]records.Server
+	if in.Endpoint.RecordsPath != "" {
+		server, err := waitImageRecords(ctx, in.Endpoint.RecordsPath, recOffset, all, in.RecordsWait)
+		fail(err)
+		fail(records.WriteJSONL(filepath.Join(dir, ServerRecordsFile), server))
+		byID = map[string]records.Server{}
+		for _, s := range server {
+			byID[s.RequestID] = s
+		}
+		clientIDs := map[string]bool{}
 		var native, enc []float64
 		for _, c := range all {
-			if !strings.HasPrefix(c.RequestID, p.Name+"-") {
-				continue
-			}
 			clientIDs[c.RequestID] = true
 			s, ok := byID[c.RequestID]
 			if !ok {
-				p.UnmatchedIDs++
+				ip.UnmatchedIDs++
 				continue
 			}
 			if c.Warmup || c.Status != http.StatusOK || s.Image == nil {
@@ -332,50 +336,211 @@ func ProfileImages(ctx context.Context, in ProfileInput, out io.Writer) ([]Image
 			native = append(native, float64(s.TaskWallNs)/1e6)
 			enc = append(enc, float64(s.Image.PNGEncodeNs)/1e6)
 			if s.Image.PNGSHA256 != c.PNGSHA256 {
-				p.SHAMismatches++
+				ip.SHAMismatches++
 			}
 		}
-		p.NativeTaskMs, p.PNGEncodeMs = dist(native), dist(enc)
-		if p.UnmatchedIDs > 0 || p.SHAMismatches > 0 {
-			problems = append(problems, fmt.Sprintf("%s: %d client requests without a server record, %d PNGs whose sha256 differs from the server's record", p.Name, p.UnmatchedIDs, p.SHAMismatches))
+		ip.NativeTaskMs, ip.PNGEncodeMs = dist(native), dist(enc)
+		if ip.UnmatchedIDs > 0 || ip.SHAMismatches > 0 {
+			fail(fmt.Errorf("%d client requests without a server record, %d PNGs whose sha256 differs from the server's record", ip.UnmatchedIDs, ip.SHAMismatches))
 		}
-		if p.Requests > 0 && p.Errors == p.Requests {
-			problems = append(problems, fmt.Sprintf("%s: 0 of %d requests succeeded", p.Name, p.Requests))
-		} else if in.MaxErrorRate != nil && p.Requests > 0 && float64(p.Errors)/float64(p.Requests) > *in.MaxErrorRate {
-			problems = append(problems, fmt.Sprintf("%s: %d of %d requests failed (max error rate %v)", p.Name, p.Errors, p.Requests, *in.MaxErrorRate))
+		serverOnly := 0
+		for _, s := range server {
+			if !clientIDs[s.RequestID] {
+				serverOnly++
+			}
 		}
-	}
-	serverOnly := 0
-	for _, s := range server {
-		if !clientIDs[s.RequestID] {
-			serverOnly++
+		if serverOnly > 0 {
+			fail(fmt.Errorf("%d server records of %s match no client request", serverOnly, imagesRoute))
 		}
 	}
-	if serverOnly > 0 {
-		problems = append(problems, fmt.Sprintf("%d server records of %s match no client request", serverOnly, "/v1/images/generations"))
+	watching = false
+	fail(watch.Stop())
+	provRef, err := provenanceAfter(ctx, in.Fingerprint, dir, before)
+	fail(err)
+	copyLogs(in.Endpoint.LogPaths, dir)
+
+	// The run directory, written as a text run's is.
+	exp := imageExport(all, byID)
+	seed := cfg.Seed
+	lr := &Result{Seed: seed}
+	inputCfg := in.InputConfig
+	if inputCfg == nil {
+		inputCfg = map[string]any{"endpoint": EndpointImages, "concurrency": cfg.Concurrency, "request_rate": cfg.RequestRate,
+			"arrival": cfg.Arrival, "max_concurrency": cfg.MaxConcurrency, "requests": cfg.Requests, "duration": cfg.Duration.String(),
+			"warmup": cfg.Warmup, "input_file": in.Fingerprint.Inputs[0], "model": cfg.Model, "url": in.Endpoint.BaseURL, "seed": seed}
 	}
-	after, err := provenance.Take(ctx, fp)
-	if err != nil {
-		return points, fmt.Errorf("profile images: fingerprints after: %w", err)
+	ic := aiperfInputConfig(cfg, lr, sp.sweep, baseSeed, inputCfg)
+	ic["endpoint"].(map[string]any)["type"] = "image_generation"
+	ic["endpoint"].(map[string]any)["url"] = in.Endpoint.BaseURL
+	ic["input"].(map[string]any)["file"] = in.Fingerprint.Inputs[0]
+	tel.PerToken(0)
+	run := &reports.Run{
+		Name:         name,
+		Records:      exp,
+		Sweep:        &sp.sweep,
+		InputConfig:  mustJSON(ic),
+		Environment:  mustJSON(env),
+		Provenance:   provRef,
+		GPUTelemetry: mustJSON(tel),
+		StartTime:    t0,
+		EndTime:      t0.Add(wall),
+		Seed:         &reports.SeedUse{Base: baseSeed, Used: seed},
+		Notes:        pres.Notes,
+		WasCancelled: ctx.Err() != nil,
 	}
-	if err := provenance.Compare(before, after); err != nil {
-		problems = append(problems, err.Error())
+	run.Target = target(in, pres.Environment, pres.BundleDigest)
+	sum, err := reports.WriteRun(dir, run)
+	fail(err)
+	pr.Summary = sum
+	if ip.Requests > 0 && ip.Errors == ip.Requests {
+		fail(fmt.Errorf("0 of %d requests succeeded against %s (first: %s)", ip.Requests, in.Endpoint.BaseURL, firstImageError(recs)))
+	} else if in.MaxErrorRate != nil && ip.Requests > 0 && float64(ip.Errors)/float64(ip.Requests) > *in.MaxErrorRate {
+		fail(fmt.Errorf("%d of %d requests failed (max error rate %v; first: %s)", ip.Errors, ip.Requests, *in.MaxErrorRate, firstImageError(recs)))
 	}
-	if err := writeImageRun(in.OutDir, points, all, server, before, after); err != nil {
-		return points, err
+	return pr, ip
+}
+
+// runImageLoop sends the measured requests of a point: a closed loop of cfg.Concurrency
+// workers, or an open loop at cfg.RequestRate (Poisson or constant gaps from cfg.Seed, at most
+// cfg.MaxConcurrency in flight), until cfg.Requests were sent or cfg.Duration passed. It
+// returns the records, the loop's start and its wall time.
+func runImageLoop(ctx context.Context, cfg Config, send func(int, bool) imageClientRecord) ([]imageClientRecord, time.Time, time.Duration) {
+	var mu sync.Mutex
+	var recs []imageClientRecord
+	t0 := time.Now()
+	deadline := time.Time{}
+	if cfg.Duration > 0 {
+		deadline = t0.Add(cfg.Duration)
 	}
-	printImageSummary(out, points)
-	if len(problems) > 0 {
-		return points, fmt.Errorf("profile images: %s", strings.Join(problems, "; "))
+	more := func(i int) bool {
+		if cfg.Requests > 0 && i >= cfg.Requests {
+			return false
+		}
+		return deadline.IsZero() || time.Now().Before(deadline)
 	}
-	return points, nil
+	var wg sync.WaitGroup
+	if cfg.Concurrency > 0 {
+		next := 0
+		for w := 0; w < cfg.Concurrency; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					mu.Lock()
+					i := next
+					ok := more(i)
+					next++
+					mu.Unlock()
+					if !ok {
+						return
+					}
+					rec := send(i, false)
+					mu.Lock()
+					recs = append(recs, rec)
+					mu.Unlock()
+				}
+			}()
+		}
+	} else {
+		rng := rand.New(rand.NewPCG(cfg.Seed, 0x696d616765))
+		sem := make(chan struct{}, 1<<16)
+		if cfg.MaxConcurrency > 0 {
+			sem = make(chan struct{}, cfg.MaxConcurrency)
+		}
+		at := t0
+		for i := 0; more(i) && ctx.Err() == nil; i++ {
+			gap := 1 / cfg.RequestRate
+			if cfg.Arrival != "constant" {
+				gap = rng.ExpFloat64() / cfg.RequestRate
+			}
+			at = at.Add(time.Duration(gap * float64(time.Second)))
+			time.Sleep(time.Until(at))
+			sem <- struct{}{}
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				rec := send(i, false)
+				<-sem
+				mu.Lock()
+				recs = append(recs, rec)
+				mu.Unlock()
+			}(i)
+		}
+	}
+	wg.Wait()
+	sort.Slice(recs, func(i, j int) bool { return recs[i].StartUnixNs < recs[j].StartUnixNs })
+	return recs, t0, time.Since(t0)
+}
+
+// imageExport turns image requests (warmup and measured) into profile_export.jsonl records:
+// request latency (also as mq_http_latency: the end of the body), AIPerf's image metrics
+// (num_images 1, image_throughput in images/sec, image_latency in ms/image), the PNG's bytes,
+// and, joined by request ID where server records were read, the task wall time, HTTP − task,
+// queue wait and PNG encode time.
+func imageExport(recs []imageClientRecord, server map[string]records.Server) []reports.ExportRecord {
+	out := make([]reports.ExportRecord, 0, len(recs))
+	for i, c := range recs {
+		phase := reports.PhaseProfiling
+		if c.Warmup {
+			phase = reports.PhaseWarmup
+		}
+		end := c.StartUnixNs + c.LatencyNs
+		ack := end
+		if c.AckNs > 0 {
+			ack = c.StartUnixNs + c.AckNs
+		}
+		e := reports.ExportRecord{
+			Metadata: reports.RecordMetadata{SessionNum: i, XRequestID: c.RequestID, XCorrelationID: c.RequestID,
+				RequestStartNs: c.StartUnixNs, RequestAckNs: ack, RequestEndNs: end, WorkerID: "images",
+				RecordProcessorID: "qual/load", BenchmarkPhase: phase},
+			Metrics: map[string]reports.MetricValue{},
+		}
+		if c.Status != http.StatusOK {
+			typ := "http_error"
+			if c.Status == 0 {
+				typ = "no_response"
+			}
+			e.Error = &reports.ErrorDetails{Code: c.Status, Type: typ, Message: c.Error}
+			out = append(out, e)
+			continue
+		}
+		latMs := float64(c.LatencyNs) / 1e6
+		e.Metrics[reports.TagRequestLatency] = reports.Scalar(latMs, "ms")
+		e.Metrics[reports.TagHTTPLatency] = reports.Scalar(latMs, "ms")
+		e.Metrics[reports.TagNumImages] = reports.Scalar(1, "images")
+		if c.LatencyNs > 0 {
+			e.Metrics[reports.TagImageThroughput] = reports.Scalar(1e9/float64(c.LatencyNs), "images/sec")
+		}
+		e.Metrics[reports.TagImageLatency] = reports.Scalar(latMs, "ms/image")
+		e.Metrics[reports.TagPNGBytes] = reports.Scalar(float64(c.PNGBytes), "bytes")
+		if s, ok := server[c.RequestID]; ok {
+			e.Metrics[reports.TagTaskWallTime] = reports.Scalar(float64(s.TaskWallNs)/1e6, "ms")
+			e.Metrics[reports.TagHTTPMinusTask] = reports.Scalar(float64(c.LatencyNs-s.TaskWallNs)/1e6, "ms")
+			e.Metrics[reports.TagQueueWait] = reports.Scalar(float64(s.QueueWaitNs)/1e6, "ms")
+			e.Metrics[reports.TagServerHTTPLatency] = reports.Scalar(float64(s.HTTPLatencyNs)/1e6, "ms")
+			if s.Image != nil {
+				e.Metrics[reports.TagPNGEncode] = reports.Scalar(float64(s.Image.PNGEncodeNs)/1e6, "ms")
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func firstImageError(recs []imageClientRecord) string {
+	for _, r := range recs {
+		if r.Status != http.StatusOK {
+			return fmt.Sprintf("%d %s", r.Status, r.Error)
+		}
+	}
+	return "none"
 }
 
 func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id string, idx int, r ImageRequest, warm bool) imageClientRecord {
 	rec := imageClientRecord{RequestID: id, Warmup: warm, Input: idx, Size: r.Size, Steps: *r.Steps, Guidance: *r.Guidance, Seed: *r.Seed}
 	body, _ := json.Marshal(map[string]any{"model": model, "prompt": r.Prompt, "size": r.Size, "num_inference_steps": *r.Steps,
-		"guidance_scale": *r.Guidance, "seed": *r.Seed})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/images/generations", bytes.NewReader(body))
+		"guidance_scale": *r.Guidance, "seed": *r.Seed, "response_format": "b64_json"})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+imagesRoute, bytes.NewReader(body))
 	if err != nil {
 		rec.Error = err.Error()
 		return rec
@@ -395,6 +560,7 @@ func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id stri
 		rec.LatencyNs, rec.Error = time.Since(t0).Nanoseconds(), err.Error()
 		return rec
 	}
+	rec.AckNs = time.Since(t0).Nanoseconds()
 	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	rec.LatencyNs, rec.Status = time.Since(t0).Nanoseconds(), resp.StatusCode
@@ -425,92 +591,42 @@ func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id stri
 	return rec
 }
 
-// waitImageRecords reads the server's image records until every client request has one or
-// wait (default 5 s) passes.
-func waitImageRecords(path string, offset int64, client []imageClientRecord, wait time.Duration) ([]imageServerRecord, error) {
-	if wait <= 0 {
-		wait = 5 * time.Second
-	}
+// waitImageRecords reads the server's image records written after offset until every client
+// request has one or wait passes.
+func waitImageRecords(ctx context.Context, path string, offset int64, client []imageClientRecord, wait time.Duration) ([]records.Server, error) {
 	want := map[string]bool{}
 	for _, c := range client {
 		want[c.RequestID] = true
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		b, err := os.ReadFile(path)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("profile images: server records: %w", err)
+		sv, err := readRecordsFrom(path, offset, func(s *records.Server) bool { return s.Route == imagesRoute })
+		if err != nil {
+			return sv, fmt.Errorf("profile images: server records: %w", err)
 		}
-		if offset > 0 && offset <= int64(len(b)) {
-			b = b[offset:]
-		}
-		var out []imageServerRecord
 		found := 0
-		for _, line := range bytes.Split(b, []byte("\n")) {
-			var r imageServerRecord
-			if len(bytes.TrimSpace(line)) == 0 || json.Unmarshal(line, &r) != nil || r.Route != "/v1/images/generations" {
-				continue
-			}
-			out = append(out, r)
-			if want[r.RequestID] {
+		for _, s := range sv {
+			if want[s.RequestID] {
 				found++
 			}
 		}
-		if found >= len(want) || time.Now().After(deadline) {
-			return out, nil
+		if found >= len(want) || time.Now().After(deadline) || ctx.Err() != nil {
+			return sv, nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-// writeImageRun writes summary.json, summary.md, the client records and the server records
-// under dir, and profile_export_aiperf.json with the fields AIPerf has for this workload
-// (request_latency in ms, request_throughput in requests/s, request_count, error_request_count).
-func writeImageRun(dir string, points []ImagePoint, client []imageClientRecord, server []imageServerRecord, before, after *provenance.Fingerprints) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("profile images: %w", err)
-	}
-	write := func(name string, v any) error {
-		b, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return err
+// writeJSONL writes one JSON line per element of v.
+func writeJSONL[T any](path string, v []T) error {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	for i := range v {
+		if err := enc.Encode(&v[i]); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
 		}
-		return os.WriteFile(filepath.Join(dir, name), append(b, '\n'), 0o644)
 	}
-	if err := write("summary.json", map[string]any{"endpoint": EndpointImages, "points": points, "fingerprints_before": before, "fingerprints_after": after}); err != nil {
-		return fmt.Errorf("profile images: %w", err)
-	}
-	var exports []map[string]any
-	for _, p := range points {
-		m := func(d Dist, unit string) map[string]any {
-			return map[string]any{"unit": unit, "avg": d.Avg, "min": d.Min, "max": d.Max, "p50": d.P50, "p90": d.P90, "p95": d.P95, "p99": d.P99}
-		}
-		exports = append(exports, map[string]any{"name": p.Name, "request_latency": m(p.HTTPLatencyMs, "ms"),
-			"request_throughput":  map[string]any{"unit": "requests/sec", "avg": p.ImagesPerSec},
-			"request_count":       map[string]any{"unit": "requests", "avg": p.Requests - p.Errors},
-			"error_request_count": map[string]any{"unit": "requests", "avg": p.Errors}})
-	}
-	if err := write("profile_export_aiperf.json", exports); err != nil {
-		return fmt.Errorf("profile images: %w", err)
-	}
-	var cl, sv bytes.Buffer
-	for _, c := range client {
-		b, _ := json.Marshal(c)
-		cl.Write(append(b, '\n'))
-	}
-	for _, s := range server {
-		b, _ := json.Marshal(s)
-		sv.Write(append(b, '\n'))
-	}
-	if err := os.WriteFile(filepath.Join(dir, "client_records.jsonl"), cl.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("profile images: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "server_records.jsonl"), sv.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("profile images: %w", err)
-	}
-	var md bytes.Buffer
-	printImageSummary(&md, points)
-	return os.WriteFile(filepath.Join(dir, "summary.md"), md.Bytes(), 0o644)
+	return os.WriteFile(path, b.Bytes(), 0o644)
 }
 
 func printImageSummary(w io.Writer, points []ImagePoint) {

@@ -12,6 +12,7 @@ package load
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -189,6 +190,13 @@ type run struct {
 	pacer  string // the open loop's pacer (Result.Pacer)
 }
 
+// newSeed picks a random nonzero seed (0 means "pick one").
+func newSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) | 1
+}
+
 // Run performs one load run and returns every request's record. The error reports a
 // configuration problem or a cancelled context; failed requests are recorded, not returned
 // as errors (the caller's gate decides what failures mean).
@@ -197,10 +205,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	if cfg.Seed == 0 {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		cfg.Seed = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-			uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56 | 1
+		cfg.Seed = newSeed()
 	}
 	if cfg.RunID == "" {
 		var b [4]byte

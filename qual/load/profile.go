@@ -3,16 +3,20 @@ package load
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/metrics"
@@ -80,7 +84,17 @@ type PointResult struct {
 
 // ProfileResult is a whole sweep.
 type ProfileResult struct {
-	Points      []PointResult
+	Points []PointResult
+	// BundleDigest identifies the bundle served (empty when the server does not say and no
+	// bundle file was given); every point's summary records it as target.bundle_digest.
+	BundleDigest string
+	// SweepPlots are the sweep's plots (throughput and p99 latency against the swept value,
+	// throughput against latency), written into <OutDir>/<Name>-sweep when it has two points
+	// or more.
+	SweepPlots []string
+	// Notes are what a reader must know to read the figures right (each point's summary
+	// carries them too), e.g. NoServerRecordsNote.
+	Notes       []string
 	Environment provenance.Environment
 	GPU         gpu.Inventory
 }
@@ -98,12 +112,14 @@ func (r *ProfileResult) Err() error {
 
 // Artifact file names written next to the reports' exports in each run directory.
 const (
-	ClientRecordsFile      = "client_records.jsonl"
-	ServerRecordsFile      = "server_records.jsonl"
-	JoinedRecordsFile      = "joined_records.jsonl"
-	FingerprintsBeforeFile = "fingerprints_before.json"
-	FingerprintsAfterFile  = "fingerprints_after.json"
-	EnvironmentFile        = "environment.json"
+	ClientRecordsFile = "client_records.jsonl"
+	ServerRecordsFile = "server_records.jsonl"
+	JoinedRecordsFile = "joined_records.jsonl"
+	EnvironmentFile   = "environment.json"
+	// ProvenanceFile holds the fingerprints taken before and after the point (written with
+	// "before" alone when the point starts, so a run that dies keeps them); summary.json
+	// refers to it rather than carrying a copy.
+	ProvenanceFile = reports.ProvenanceFile
 )
 
 // Profile runs every sweep point of in and writes its run directory: the raw client and
@@ -118,6 +134,10 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	}
 	if in.OutDir == "" {
 		return nil, errors.New("load.Profile: ProfileInput.OutDir is empty")
+	}
+	if in.Load.Endpoint == EndpointImages {
+		res, _, err := profileImages(ctx, in)
+		return res, err
 	}
 	if in.Load.FixedSchedule {
 		if len(in.Concurrencies) > 0 || len(in.RequestRates) > 0 {
@@ -156,41 +176,22 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 			return res, err
 		}
 	}
-	type point struct {
-		sweep reports.SweepPoint
-		dir   string
-	}
-	var points []point
-	for _, c := range in.Concurrencies {
-		points = append(points, point{reports.SweepPoint{Parameter: "concurrency", Value: float64(c)}, fmt.Sprintf("%s-c%d", in.Name, c)})
-	}
-	for _, r := range in.RequestRates {
-		points = append(points, point{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
-	}
-	if in.Load.FixedSchedule {
-		points = append(points, point{reports.SweepPoint{Parameter: "fixed_schedule", Value: 1}, in.Name + "-trace"})
-	}
-	if in.Repeat < 0 {
-		return res, fmt.Errorf("load.Profile: ProfileInput.Repeat %d must not be negative", in.Repeat)
-	}
-	if in.Repeat > 1 {
-		var reps []point
-		for _, p := range points {
-			for k := 1; k <= in.Repeat; k++ {
-				reps = append(reps, point{p.sweep, fmt.Sprintf("%s-rep%d", p.dir, k)})
-			}
-		}
-		points = reps
-	}
-	if !in.Overwrite {
-		for _, p := range points {
-			if err := RefuseExistingRun(filepath.Join(out, p.dir)); err != nil {
-				return res, fmt.Errorf("load.Profile: %w", err)
-			}
-		}
+	points, err := sweepPlan(in, out)
+	if err != nil {
+		return res, fmt.Errorf("load.Profile: %w", err)
 	}
 	if in.MaxErrorRate != nil && (*in.MaxErrorRate < 0 || *in.MaxErrorRate > 1) {
 		return res, fmt.Errorf("load.Profile: ProfileInput.MaxErrorRate %v must be within [0, 1]", *in.MaxErrorRate)
+	}
+	// Every point gets its own seed, base + its index in sweep order (repeats included), so
+	// points differ yet the whole sweep repeats from the base alone; both are recorded.
+	base := in.Load.Seed
+	if base == 0 {
+		base = newSeed()
+	}
+	res.BundleDigest = servedBundleDigest(ctx, in.Endpoint.BaseURL, in.Load.APIKey, in.Fingerprint.Bundle)
+	if in.Endpoint.RecordsPath == "" {
+		res.Notes = append(res.Notes, NoServerRecordsNote)
 	}
 	for i, p := range points {
 		cfg := in.Load
@@ -200,38 +201,112 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 		case "request_rate":
 			cfg.RequestRate = p.sweep.Value
 		}
-		if cfg.Seed != 0 {
-			cfg.Seed += uint64(i) // distinct but reproducible per point
-		}
-		pr := profilePoint(ctx, in, cfg, p.sweep, filepath.Join(out, p.dir), slos, res)
+		cfg.Seed = base + uint64(i)
+		pr := profilePoint(ctx, in, cfg, p.sweep, p.dir, slos, base, res)
 		res.Points = append(res.Points, pr)
 		if ctx.Err() != nil {
 			break
 		}
 	}
+	if err := plotSweep(filepath.Join(out, in.Name+SweepDirSuffix), res); err != nil {
+		return res, errors.Join(res.Err(), err)
+	}
 	return res, res.Err()
 }
 
-func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep reports.SweepPoint, dir string, slos []reports.SLO, pres *ProfileResult) PointResult {
+// sweepPoint is one run of a sweep: its point and its run directory.
+type sweepPoint struct {
+	sweep reports.SweepPoint
+	dir   string
+}
+
+// sweepPlan lists the runs of a profile in order (each concurrency, then each rate, or the
+// trace; each repeated in.Repeat times) with their run directories under out, refusing
+// directories that already hold a run unless in.Overwrite.
+func sweepPlan(in ProfileInput, out string) ([]sweepPoint, error) {
+	var points []sweepPoint
+	for _, c := range in.Concurrencies {
+		points = append(points, sweepPoint{reports.SweepPoint{Parameter: "concurrency", Value: float64(c)}, fmt.Sprintf("%s-c%d", in.Name, c)})
+	}
+	for _, r := range in.RequestRates {
+		points = append(points, sweepPoint{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
+	}
+	if in.Load.FixedSchedule {
+		points = append(points, sweepPoint{reports.SweepPoint{Parameter: "fixed_schedule", Value: 1}, in.Name + "-trace"})
+	}
+	if in.Repeat < 0 {
+		return nil, fmt.Errorf("ProfileInput.Repeat %d must not be negative", in.Repeat)
+	}
+	if in.Repeat > 1 {
+		var reps []sweepPoint
+		for _, p := range points {
+			for k := 1; k <= in.Repeat; k++ {
+				reps = append(reps, sweepPoint{p.sweep, fmt.Sprintf("%s-rep%d", p.dir, k)})
+			}
+		}
+		points = reps
+	}
+	for i := range points {
+		points[i].dir = filepath.Join(out, points[i].dir)
+	}
+	if !in.Overwrite {
+		dirs := []string{filepath.Join(out, in.Name+SweepDirSuffix)}
+		for _, p := range points {
+			dirs = append(dirs, p.dir)
+		}
+		for _, d := range dirs {
+			if err := RefuseExistingRun(d); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return points, nil
+}
+
+// SweepDirSuffix names the folder beside a sweep's run directories (<Name>-sweep) that holds
+// its sweep plots (reports.PlotSweep), written when the sweep has two points or more.
+const SweepDirSuffix = "-sweep"
+
+// plotSweep writes the sweep plots of res's points that have valid requests into dir and
+// lists them in res.SweepPlots; a sweep of fewer than two such points has nothing to plot.
+func plotSweep(dir string, res *ProfileResult) error {
+	var sums []*reports.Summary
+	for _, p := range res.Points {
+		if p.Summary == nil || p.Summary.Sweep == nil || p.Summary.Sweep.Parameter == "fixed_schedule" {
+			continue
+		}
+		if _, ok := p.Summary.Profiling.Metrics[reports.TagRequestLatency]; ok { // a point with no valid request has nothing to plot
+			sums = append(sums, p.Summary)
+		}
+	}
+	if len(sums) < 2 {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("sweep plots: %w", err)
+	}
+	names, err := reports.PlotSweep(dir, sums)
+	for _, n := range names {
+		res.SweepPlots = append(res.SweepPlots, filepath.Join(dir, n))
+	}
+	if err != nil {
+		return fmt.Errorf("sweep plots in %s: %w", dir, err)
+	}
+	return nil
+}
+
+func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep reports.SweepPoint, dir string, slos []reports.SLO, baseSeed uint64, pres *ProfileResult) PointResult {
 	pr := PointResult{Dir: dir, Sweep: sweep}
 	fail := func(err error) {
 		if err != nil {
 			pr.Err = errors.Join(pr.Err, err)
 		}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		pr.Err = fmt.Errorf("create run directory: %w", err)
-		return pr
-	}
-	before, err := provenance.Take(ctx, in.Fingerprint)
+	before, watch, err := pointStart(ctx, in.Fingerprint, dir)
 	if err != nil {
 		pr.Err = err
 		return pr
 	}
-	fail(writeJSON(filepath.Join(dir, FingerprintsBeforeFile), before))
-	// The watcher re-stats the fingerprinted files every second while the point runs, so a file
-	// changed and changed back (A to B to A) is caught, which before/after alone cannot see.
-	watch := provenance.Watch(before, time.Second)
 	watching := true
 	defer func() {
 		if watching {
@@ -303,13 +378,8 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 
 	watching = false
 	fail(watch.Stop())
-	after, err := provenance.Take(ctx, in.Fingerprint)
-	if err != nil {
-		fail(err)
-	} else {
-		fail(writeJSON(filepath.Join(dir, FingerprintsAfterFile), after))
-		fail(provenance.Compare(before, after))
-	}
+	provRef, err := provenanceAfter(ctx, in.Fingerprint, dir, before)
+	fail(err)
 	copyLogs(in.Endpoint.LogPaths, dir)
 
 	// Exports through package reports.
@@ -340,15 +410,17 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 		StartTime: time.Unix(0, lr.StartUnixNs),
 		EndTime:   time.Unix(0, lr.StartUnixNs+lr.ProfilingEndNs),
 	}
-	run.InputConfig = mustJSON(aiperfInputConfig(cfg, lr, sweep, inputCfg))
-	run.Target = target(in, pres.Environment, before)
+	run.InputConfig = mustJSON(aiperfInputConfig(cfg, lr, sweep, baseSeed, inputCfg))
+	run.Target = target(in, pres.Environment, pres.BundleDigest)
 	run.Target.Pacer = lr.Pacer
 	run.WasCancelled = ctx.Err() != nil
 	run.Environment = mustJSON(struct {
 		provenance.Environment
 		GPU gpu.Inventory `json:"gpu"`
 	}{pres.Environment, pres.GPU})
-	run.Provenance = mustJSON(map[string]any{"before": before, "after": after})
+	run.Provenance = provRef
+	run.Seed = &reports.SeedUse{Base: baseSeed, Used: lr.Seed}
+	run.Notes = pres.Notes
 	run.GPUTelemetry = mustJSON(tel)
 	if stepsOK {
 		run.EngineSteps, err = stepsEnd.Since(stepsStart)
@@ -417,11 +489,11 @@ func RefuseExistingRun(dir string) error {
 	return fmt.Errorf("%s already holds a run (%s, ...); pass a new --out or --name, or --overwrite to replace it", dir, ents[0].Name())
 }
 
-// target names the server, URL, model, bundle (with its sha256 from the fingerprints taken
-// before the point) and source commit for summary.md.
-func target(in ProfileInput, env provenance.Environment, fp *provenance.Fingerprints) *reports.Target {
+// target names the server, URL, model, bundle (with its digest) and source commit for
+// summary.md.
+func target(in ProfileInput, env provenance.Environment, digest string) *reports.Target {
 	t := &reports.Target{URL: in.Endpoint.BaseURL, Model: in.Load.Model, Bundle: in.Fingerprint.Bundle,
-		Commit: env.SourceRevision, Dirty: env.Dirty}
+		BundleDigest: digest, Commit: env.SourceRevision, Dirty: env.Dirty}
 	switch in.Endpoint.Kind {
 	case "external":
 		t.Server = "external"
@@ -430,23 +502,115 @@ func target(in ProfileInput, env provenance.Environment, fp *provenance.Fingerpr
 	default:
 		t.Server = "qual-server (" + in.Endpoint.Kind + ")"
 	}
-	if t.Bundle != "" && fp != nil {
-		abs, _ := filepath.Abs(t.Bundle)
-		for _, f := range fp.Files {
-			if f.Path == t.Bundle || f.Path == abs || f.Role == "bundle" {
-				t.BundleSHA256 = f.SHA256
-				break
+	return t
+}
+
+// servedBundleDigest is the digest of the bundle a server serves: what a qual-server answers
+// at /mq/v1/bundle (the bundle it verified and logged), else, given the bundle's path, the
+// file's own digest (bundle.Open verifies it); "" when neither says.
+func servedBundleDigest(ctx context.Context, baseURL, apiKey, path string) string {
+	if baseURL != "" && !strings.HasPrefix(baseURL, "grpc://") {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/mq/v1/bundle", nil)
+		if err == nil {
+			if apiKey != "" {
+				req.Header.Set("Authorization", "Bearer "+apiKey)
+			}
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				var b struct {
+					Digest string `json:"bundle_digest"`
+				}
+				ok := resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&b) == nil && b.Digest != ""
+				resp.Body.Close()
+				if ok {
+					return b.Digest
+				}
 			}
 		}
 	}
-	return t
+	if path == "" {
+		return ""
+	}
+	b, err := bundle.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer b.Close()
+	return b.Digest()
+}
+
+// pointStart prepares a point's run directory: it creates it, takes the fingerprints before
+// (written to provenance.json at once, so a run that dies keeps them) and starts the watcher,
+// which re-stats the fingerprinted files every second while the point runs, so that a file
+// changed and changed back (A to B to A), which before/after alone cannot see, is caught.
+func pointStart(ctx context.Context, spec provenance.Spec, dir string) (*provenance.Fingerprints, *provenance.Watcher, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("create run directory: %w", err)
+	}
+	before, err := provenance.Take(ctx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := writeJSON(filepath.Join(dir, ProvenanceFile), provenanceDoc{Before: before}); err != nil {
+		return nil, nil, err
+	}
+	return before, provenance.Watch(before, time.Second), nil
+}
+
+// provenanceAfter takes the fingerprints after a point, writes provenance.json with those
+// before, and returns summary.json's reference to it; the error says what changed (or could
+// not be fingerprinted or written), the reference is returned whatever it says.
+func provenanceAfter(ctx context.Context, spec provenance.Spec, dir string, before *provenance.Fingerprints) (json.RawMessage, error) {
+	after, err := provenance.Take(ctx, spec)
+	var changed error
+	if err == nil {
+		changed = provenance.Compare(before, after)
+	}
+	ref, werr := writeProvenance(dir, before, after, changed)
+	return ref, errors.Join(err, changed, werr)
+}
+
+// provenanceDoc is provenance.json: the fingerprints before and after a point and, when a
+// fingerprinted file changed, what changed.
+type provenanceDoc struct {
+	Before  *provenance.Fingerprints `json:"before"`
+	After   *provenance.Fingerprints `json:"after,omitempty"`
+	Changed string                   `json:"changed,omitempty"`
+}
+
+// writeProvenance writes provenance.json into dir and returns summary.json's provenance
+// field: a reference to the file (its name and sha256), how many files were fingerprinted
+// and whether they all held, so summary.json stays small while the fingerprints are kept.
+func writeProvenance(dir string, before, after *provenance.Fingerprints, changed error) (json.RawMessage, error) {
+	doc := provenanceDoc{Before: before, After: after}
+	if changed != nil {
+		doc.Changed = changed.Error()
+	}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("write %s: %w", ProvenanceFile, err)
+	}
+	b = append(b, '\n')
+	if err := os.WriteFile(filepath.Join(dir, ProvenanceFile), b, 0o644); err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(b)
+	files := 0
+	if before != nil {
+		files = len(before.Files)
+	}
+	return mustJSON(map[string]any{"file": ProvenanceFile, "sha256": hex.EncodeToString(sum[:]), "files": files,
+		"unchanged": after != nil && changed == nil}), nil
 }
 
 // aiperfInputConfig is the exports' input_config in AIPerf's UserConfig layout (endpoint,
 // loadgen, input sections with AIPerf's field names), so scripts reading AIPerf's
 // input_config.endpoint.model_names or input_config.loadgen.concurrency read ours; the full
 // settings this run was made with follow under mq_config, the sweep point under mq_point.
-func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full any) map[string]any {
+// input.random_seed is the seed this point used; input.mq_base_seed the sweep's, from which
+// it was derived (so mq_config's seed, the flag as given, is the base).
+func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, baseSeed uint64, full any) map[string]any {
 	endpointType := cfg.Endpoint
 	loadgen := map[string]any{
 		"request_count":        cfg.Requests,
@@ -468,7 +632,7 @@ func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, full an
 		loadgen["request_cancellation_rate"] = cfg.CancelRate * 100 // AIPerf: percent
 		loadgen["request_cancellation_delay"] = cfg.CancelDelay.Seconds()
 	}
-	input := map[string]any{"random_seed": lr.Seed, "fixed_schedule": cfg.FixedSchedule}
+	input := map[string]any{"random_seed": lr.Seed, "mq_base_seed": baseSeed, "fixed_schedule": cfg.FixedSchedule}
 	if len(cfg.Sessions) > 0 {
 		input["conversation_num"] = len(cfg.Sessions)
 	}
@@ -537,9 +701,17 @@ func waitServerRecords(ctx context.Context, path string, offset int64, cl []reco
 	}
 }
 
-// readServerFrom decodes complete JSONL lines after offset (a last line still being written
-// is left for the next read).
+// readServerFrom decodes the load routes' records (completions, chat, gRPC Generate) in
+// complete JSONL lines after offset.
 func readServerFrom(path string, offset int64) ([]records.Server, error) {
+	return readRecordsFrom(path, offset, func(s *records.Server) bool {
+		return s.Route == "/v1/completions" || s.Route == "/v1/chat/completions" || s.Route == grpcGenerateRoute
+	})
+}
+
+// readRecordsFrom decodes complete JSONL lines after offset (a last line still being written
+// is left for the next read) and keeps the records keep accepts.
+func readRecordsFrom(path string, offset int64, keep func(*records.Server) bool) ([]records.Server, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -565,9 +737,9 @@ func readServerFrom(path string, offset int64) ([]records.Server, error) {
 		return sv, fmt.Errorf("read server records %s (from byte %d): %w", path, offset, err)
 	}
 	var out []records.Server
-	for _, s := range sv {
-		if s.Route == "/v1/completions" || s.Route == "/v1/chat/completions" || s.Route == grpcGenerateRoute {
-			out = append(out, s)
+	for i := range sv {
+		if keep(&sv[i]) {
+			out = append(out, sv[i])
 		}
 	}
 	return out, nil

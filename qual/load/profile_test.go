@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	mqbundle "github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/qual/client"
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/launch/launchtest"
@@ -62,7 +63,7 @@ func TestProfileAgainstMockJoinsEveryID(t *testing.T) {
 	for _, p := range res.Points {
 		for _, f := range []string{reports.ProfileExportJSONL, reports.AIPerfJSONFile, reports.AIPerfCSVFile, reports.SummaryJSONFile,
 			reports.SummaryMDFile, load.ClientRecordsFile, load.ServerRecordsFile, load.JoinedRecordsFile,
-			load.FingerprintsBeforeFile, load.FingerprintsAfterFile, load.EnvironmentFile, "server.stderr.log"} {
+			load.ProvenanceFile, load.EnvironmentFile, "server.stderr.log"} {
 			if _, err := os.Stat(filepath.Join(p.Dir, f)); err != nil {
 				t.Errorf("%s: %v", filepath.Base(p.Dir), err)
 			}
@@ -101,16 +102,74 @@ func TestProfileAgainstMockJoinsEveryID(t *testing.T) {
 			}
 		}
 	}
-	// summary.md names the server, URL, model, the bundle's sha256 and the commit.
-	bb, err := os.ReadFile(bundle)
+	// summary.md names the server, URL, model, the bundle's digest (the identity the server
+	// logs) and the commit.
+	b, err := mqbundle.Open(bundle)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := sha256.Sum256(bb)
+	digest := b.Digest()
+	b.Close()
+	if res.BundleDigest != digest {
+		t.Errorf("ProfileResult.BundleDigest = %q, want the bundle's digest %s", res.BundleDigest, digest)
+	}
 	md, _ := os.ReadFile(filepath.Join(res.Points[0].Dir, reports.SummaryMDFile))
-	for _, want := range []string{"qual-server (process)", ep.BaseURL, "`" + ep.Model + "`", hex.EncodeToString(sum[:]), "commit "} {
+	for _, want := range []string{"qual-server (process)", ep.BaseURL, "`" + ep.Model + "`", "bundle_digest `" + digest + "`", "commit "} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("summary.md does not name %q:\n%s", want, md)
+		}
+	}
+	// Seeds: each point records the seed it used (the base 9 + its index) and the base, in
+	// summary.json and in profile_export_aiperf.json's input_config.
+	for i, p := range res.Points {
+		if p.Load.Seed != 9+uint64(i) || p.Summary.Seed == nil || p.Summary.Seed.Used != p.Load.Seed || p.Summary.Seed.Base != 9 {
+			t.Errorf("%s: ran with seed %d, summary records %+v; want used %d, base 9", filepath.Base(p.Dir), p.Load.Seed, p.Summary.Seed, 9+i)
+		}
+		var a struct {
+			InputConfig struct {
+				Input struct {
+					Seed uint64 `json:"random_seed"`
+					Base uint64 `json:"mq_base_seed"`
+				} `json:"input"`
+			} `json:"input_config"`
+		}
+		ab, _ := os.ReadFile(filepath.Join(p.Dir, reports.AIPerfJSONFile))
+		if err := json.Unmarshal(ab, &a); err != nil || a.InputConfig.Input.Seed != p.Load.Seed || a.InputConfig.Input.Base != 9 {
+			t.Errorf("%s: input_config.input %+v (%v), want random_seed %d, mq_base_seed 9", filepath.Base(p.Dir), a.InputConfig.Input, err, p.Load.Seed)
+		}
+		// Provenance lives in provenance.json; summary.json refers to it by name and sha256.
+		pb, err := os.ReadFile(filepath.Join(p.Dir, load.ProvenanceFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var prov struct {
+			Before, After *provenance.Fingerprints
+		}
+		if err := json.Unmarshal(pb, &prov); err != nil || prov.Before == nil || prov.After == nil || len(prov.After.Files) == 0 {
+			t.Errorf("%s: provenance.json holds %+v (%v), want the fingerprints before and after", filepath.Base(p.Dir), prov, err)
+		}
+		ps := sha256.Sum256(pb)
+		var ref struct {
+			File, SHA256 string
+			Unchanged    bool
+		}
+		if err := json.Unmarshal(p.Summary.Provenance, &ref); err != nil || ref.File != load.ProvenanceFile || ref.SHA256 != hex.EncodeToString(ps[:]) || !ref.Unchanged {
+			t.Errorf("%s: summary.json provenance = %s, want a reference to provenance.json with its sha256", filepath.Base(p.Dir), p.Summary.Provenance)
+		}
+		if st, _ := os.Stat(filepath.Join(p.Dir, reports.SummaryJSONFile)); st == nil || st.Size() > 64<<10 {
+			t.Errorf("%s: summary.json is %v bytes; the provenance belongs in provenance.json", filepath.Base(p.Dir), st.Size())
+		}
+	}
+	// The sweep's plots are written at its end, beside the run directories.
+	if len(res.SweepPlots) != 3 {
+		t.Errorf("sweep plots %v, want 3", res.SweepPlots)
+	}
+	for _, f := range res.SweepPlots {
+		if filepath.Dir(f) != filepath.Join(out, "profile"+load.SweepDirSuffix) {
+			t.Errorf("sweep plot %s is not in %s", f, filepath.Join(out, "profile"+load.SweepDirSuffix))
+		}
+		if st, err := os.Stat(f); err != nil || st.Size() == 0 {
+			t.Errorf("sweep plot %s: %v", f, err)
 		}
 	}
 	if res.Environment.GoVersion == "" || res.GPU.Available && len(res.GPU.Devices) == 0 {

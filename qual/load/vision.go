@@ -49,7 +49,11 @@ func WithImages(prompts []Prompt, o ImageOptions) ([]Prompt, error) {
 	}
 	out := make([]Prompt, len(prompts))
 	for i, p := range prompts {
-		if f := o.Fraction; f > 0 && f < 1 && math.Floor(float64(i+1)*f) == math.Floor(float64(i)*f) {
+		// Prompt i carries an image when ⌊i·f⌋ steps past ⌊(i−1)·f⌋: a fraction f of the
+		// prompts, spread evenly, the first among them, so that the warmup (which sends the
+		// first prompts) runs the vision encoder and image preprocessing before anything is
+		// measured, and with two warmup requests or more the text-only path too.
+		if f := o.Fraction; f > 0 && f < 1 && math.Floor(float64(i)*f) == math.Floor(float64(i-1)*f) {
 			out[i] = p // text-only
 			continue
 		}

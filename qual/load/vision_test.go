@@ -63,8 +63,21 @@ func TestWithImagesFraction(t *testing.T) {
 			t.Errorf("text-only prompt %d changed: %+v", i, p)
 		}
 	}
-	if fmt.Sprint(with) != "[false true false true]" {
-		t.Errorf("prompts with an image: %v, want every other one", with)
+	// The first prompt carries an image: the warmup sends the first prompts, so it runs the
+	// vision encoder before anything is measured (and the text path with its second request).
+	if fmt.Sprint(with) != "[true false true false]" {
+		t.Errorf("prompts with an image: %v, want every other one, the first among them", with)
+	}
+	ps, err = WithImages(append(in, in...), ImageOptions{WidthMean: 8, HeightMean: 8, Format: "png", Seed: 1, Fraction: 0.25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	with = with[:0]
+	for _, p := range ps {
+		with = append(with, len(p.Messages) > 0)
+	}
+	if fmt.Sprint(with) != "[true false false false true false false false]" {
+		t.Errorf("fraction 0.25: prompts with an image: %v, want one in four, the first among them", with)
 	}
 	if _, err := WithImages(in, ImageOptions{WidthMean: 8, HeightMean: 8, Format: "png", Fraction: 1.5}); err == nil {
 		t.Error("fraction 1.5 accepted")
