@@ -51,6 +51,9 @@ type Mismatch struct {
 	Records []string
 	// Why says more when the values alone do not.
 	Why string
+	// group gathers the per-request mismatches of one figure ("profile_export.jsonl
+	// time_to_first_token"), which Err reports once with their count and requests.
+	group string
 }
 
 func (m Mismatch) String() string {
@@ -86,19 +89,43 @@ type Report struct {
 	noted map[string]bool
 }
 
-// Err is nil when every figure agreed, else an error listing the mismatches.
+// Err is nil when every figure agreed, else an error listing the mismatches: the run-level
+// figures first, then each per-request figure once, with how many requests differ, the first
+// of them and their IDs.
 func (r *Report) Err() error {
 	if len(r.Mismatches) == 0 {
 		return nil
 	}
-	const shown = 40
-	lines := make([]string, 0, min(len(r.Mismatches), shown)+1)
-	for i, m := range r.Mismatches {
-		if i == shown {
-			lines = append(lines, fmt.Sprintf("... and %d more", len(r.Mismatches)-shown))
-			break
+	var lines []string
+	groups := map[string][]Mismatch{}
+	var order []string
+	for _, m := range r.Mismatches {
+		if m.group == "" {
+			lines = append(lines, m.String())
+			continue
 		}
-		lines = append(lines, m.String())
+		if _, ok := groups[m.group]; !ok {
+			order = append(order, m.group)
+		}
+		groups[m.group] = append(groups[m.group], m)
+	}
+	for _, g := range order {
+		ms := groups[g]
+		if len(ms) == 1 {
+			lines = append(lines, ms[0].String())
+			continue
+		}
+		first := ms[0]
+		var ids []string
+		for _, m := range ms {
+			ids = append(ids, m.Records...)
+		}
+		first.Records = ids
+		lines = append(lines, fmt.Sprintf("%s: %d requests differ, the first: %s", g, len(ms), first.String()))
+	}
+	const shown = 40
+	if len(lines) > shown {
+		lines = append(lines[:shown], fmt.Sprintf("... and %d more", len(lines)-shown))
 	}
 	return fmt.Errorf("%s: %d of %d reported figures differ from their recomputation from %s (or records disagree with responses):\n  %s",
 		r.Dir, len(r.Mismatches), r.Checked, clientRecordsFile, strings.Join(lines, "\n  "))

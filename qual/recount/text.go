@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // Phases of a run (metadata.benchmark_phase).
@@ -336,22 +337,28 @@ func verifyText(dir string, sum *summaryJSON, rep *Report) error {
 	warm := aggregate(reqs, phaseWarmup, nil, nil)
 
 	diff := checkExportJSONL(filepath.Join(dir, exportJSONLFile), reqs, rep)
-	comparePhase(rep, summaryFile+" profiling", sum.Profiling, prof, diff)
-	comparePhase(rep, summaryFile+" warmup", sum.Warmup, warm, diff)
+	comparePhase(rep, summaryFile+" profiling", sum.Profiling, prof, diff[phaseProfiling])
+	comparePhase(rep, summaryFile+" warmup", sum.Warmup, warm, diff[phaseWarmup])
 
 	am, aerrs, err := readAIPerfJSON(filepath.Join(dir, aiperfJSONFile))
 	if err != nil {
 		return err
 	}
-	comparePhase(rep, aiperfJSONFile, &phaseJSON{Metrics: am, Errors: aerrs}, prof, diff)
-	return checkCSV(filepath.Join(dir, aiperfCSVFile), prof, diff, rep)
+	comparePhase(rep, aiperfJSONFile, &phaseJSON{Metrics: am, Errors: aerrs}, prof, diff[phaseProfiling])
+	return checkCSV(filepath.Join(dir, aiperfCSVFile), prof, diff[phaseProfiling], rep)
 }
 
 // checkExportJSONL compares profile_export.jsonl, line by line, with the recomputed
-// requests, and returns for each tag the requests whose exported value differs ("@phase" for
-// those whose phase or validity differs).
-func checkExportJSONL(path string, reqs []request, rep *Report) map[string][]string {
-	diff := map[string][]string{}
+// requests, and returns, by phase and tag, the requests whose exported value differs ("@phase"
+// for those whose phase or validity differs).
+func checkExportJSONL(path string, reqs []request, rep *Report) map[string]map[string][]string {
+	diff := map[string]map[string][]string{phaseProfiling: {}, phaseWarmup: {}}
+	mark := func(phase, tag, id string) {
+		if diff[phase] == nil {
+			diff[phase] = map[string][]string{}
+		}
+		diff[phase][tag] = append(diff[phase][tag], id)
+	}
 	lines, err := readJSONL[exportLine](path)
 	if err != nil {
 		rep.add(Mismatch{Figure: exportJSONLFile, Reported: "unreadable", Recomputed: fmt.Sprintf("%d requests", len(reqs)), Why: err.Error()})
@@ -363,9 +370,11 @@ func checkExportJSONL(path string, reqs []request, rep *Report) map[string][]str
 	}
 	seen := map[string]bool{}
 	unknown := map[string]bool{}
-	bad := func(id, what, reported, recomputed string, tag string) {
-		diff[tag] = append(diff[tag], id)
-		rep.add(Mismatch{Figure: fmt.Sprintf("%s %s %s", exportJSONLFile, id, what), Reported: reported, Recomputed: recomputed, Records: []string{id}})
+	bad := func(r *request, what, reported, recomputed string, tag string) {
+		id := r.id
+		mark(r.phase, tag, id)
+		rep.add(Mismatch{Figure: fmt.Sprintf("%s %s %s", exportJSONLFile, id, what), Reported: reported, Recomputed: recomputed,
+			Records: []string{id}, group: exportJSONLFile + " " + what})
 	}
 	for i := range lines {
 		l := &lines[i]
@@ -389,36 +398,38 @@ func checkExportJSONL(path string, reqs []request, rep *Report) map[string][]str
 		}{{"request_start_ns", md.RequestStartNs, r.startNs}, {"request_ack_ns", md.RequestAckNs, r.ackNs}, {"request_end_ns", md.RequestEndNs, r.httpEndNs}} {
 			rep.Checked++
 			if f.got != f.want {
-				bad(id, "metadata."+f.name, strconv.FormatInt(f.got, 10), strconv.FormatInt(f.want, 10), "@phase")
+				bad(r, "metadata."+f.name, strconv.FormatInt(f.got, 10), strconv.FormatInt(f.want, 10), "@phase")
 			}
 		}
 		rep.Checked += 3
 		if md.BenchmarkPhase != r.phase {
-			bad(id, "metadata.benchmark_phase", md.BenchmarkPhase, r.phase, "@phase")
+			bad(r, "metadata.benchmark_phase", md.BenchmarkPhase, r.phase, "@phase")
+			mark(md.BenchmarkPhase, "@phase", id)
 		}
 		if (l.Error != nil) != r.failed {
-			bad(id, "error", strconv.FormatBool(l.Error != nil), strconv.FormatBool(r.failed), "@phase")
+			bad(r, "error", strconv.FormatBool(l.Error != nil), strconv.FormatBool(r.failed), "@phase")
 		} else if l.Error != nil && (l.Error.Code != r.errCode || l.Error.Type != r.errType) {
-			bad(id, "error code and type", fmt.Sprintf("%d %s", l.Error.Code, l.Error.Type), fmt.Sprintf("%d %s", r.errCode, r.errType), "@phase")
+			bad(r, "error code and type", fmt.Sprintf("%d %s", l.Error.Code, l.Error.Type), fmt.Sprintf("%d %s", r.errCode, r.errType), "@phase")
 		}
 		if md.WasCancelled != r.clientCx {
-			bad(id, "metadata.was_cancelled", strconv.FormatBool(md.WasCancelled), strconv.FormatBool(r.clientCx), "@phase")
+			bad(r, "metadata.was_cancelled", strconv.FormatBool(md.WasCancelled), strconv.FormatBool(r.clientCx), "@phase")
 		}
-		for tag, want := range r.vals {
+		for _, tag := range sortedKeys(r.vals) {
+			want := r.vals[tag]
 			rep.Checked++
 			m, ok := l.Metrics[tag]
 			if !ok {
-				bad(id, tag, "absent", num(want), tag)
+				bad(r, tag, "absent", num(want), tag)
 				continue
 			}
 			v, _, isList, err := exportValue(m.Value)
 			switch {
 			case err != nil || isList:
-				bad(id, tag, string(m.Value), num(want), tag)
+				bad(r, tag, string(m.Value), num(want), tag)
 			case !agree(v, want, 0):
-				bad(id, tag, num(v), num(want), tag)
+				bad(r, tag, num(v), num(want), tag)
 			case m.Unit != known[tag].unit:
-				bad(id, tag+" unit", m.Unit, known[tag].unit, tag)
+				bad(r, tag+" unit", m.Unit, known[tag].unit, tag)
 			}
 		}
 		if r.icl != nil {
@@ -427,13 +438,13 @@ func checkExportJSONL(path string, reqs []request, rep *Report) map[string][]str
 			_, list, isList, err := exportValue(m.Value)
 			switch {
 			case !ok:
-				bad(id, tagICL, "absent", fmt.Sprintf("%d gaps", len(r.icl)), tagICL)
+				bad(r, tagICL, "absent", fmt.Sprintf("%d gaps", len(r.icl)), tagICL)
 			case err != nil || !isList || len(list) != len(r.icl):
-				bad(id, tagICL, string(m.Value), fmt.Sprint(r.icl), tagICL)
+				bad(r, tagICL, string(m.Value), fmt.Sprint(r.icl), tagICL)
 			default:
 				for k := range list {
 					if !agree(list[k], r.icl[k], 0) {
-						bad(id, fmt.Sprintf("%s[%d]", tagICL, k), num(list[k]), num(r.icl[k]), tagICL)
+						bad(r, fmt.Sprintf("%s[%d]", tagICL, k), num(list[k]), num(r.icl[k]), tagICL)
 						break
 					}
 				}
@@ -445,7 +456,7 @@ func checkExportJSONL(path string, reqs []request, rep *Report) map[string][]str
 			case mine || tag == tagICL && r.icl != nil:
 			case known[tag].header != "":
 				rep.Checked++
-				bad(id, tag, "present", "absent", tag)
+				bad(r, tag, "present", "absent", tag)
 			case !unknown[tag]:
 				unknown[tag] = true
 				rep.note("%s: metric %q is not one this check knows; not verified", exportJSONLFile, tag)
@@ -457,7 +468,7 @@ func checkExportJSONL(path string, reqs []request, rep *Report) map[string][]str
 			rep.Checked++
 			rep.add(Mismatch{Figure: exportJSONLFile + " request " + reqs[i].id, Reported: "absent", Recomputed: "present",
 				Why: "a recorded request has no line", Records: []string{reqs[i].id}})
-			diff["@phase"] = append(diff["@phase"], reqs[i].id)
+			mark(reqs[i].phase, "@phase", reqs[i].id)
 		}
 	}
 	return diff
@@ -501,6 +512,7 @@ func comparePhase(rep *Report, where string, got *phaseJSON, want phaseCalc, dif
 			if unit != known[tag].unit {
 				rep.add(Mismatch{Figure: fmt.Sprintf("%s %s unit", where, tag), Reported: unit, Recomputed: known[tag].unit})
 			}
+			var differ []statDiff
 			for _, st := range distStats {
 				w, _ := d.stat(st)
 				g, ok := vals[st]
@@ -514,8 +526,11 @@ func comparePhase(rep *Report, where string, got *phaseJSON, want phaseCalc, dif
 					scale = 0
 				}
 				if !agree(g, w, scale) {
-					rep.add(distMismatch(where, tag, st, g, w, d, diff))
+					differ = append(differ, statDiff{st, num(g), w})
 				}
+			}
+			if len(differ) > 0 {
+				rep.add(distMismatch(where, tag, differ, d, diff))
 			}
 			continue
 		}
@@ -538,13 +553,15 @@ func comparePhase(rep *Report, where string, got *phaseJSON, want phaseCalc, dif
 		}
 		rep.noteOnce("%s: metric %q is not one this check knows; not verified", where, tag)
 	}
-	for tag, d := range want.dists {
+	for _, tag := range sortedKeys(want.dists) {
+		d := want.dists[tag]
 		if _, ok := got.Metrics[tag]; !ok {
 			rep.Checked++
 			rep.add(Mismatch{Figure: fmt.Sprintf("%s %s", where, tag), Reported: "absent", Recomputed: fmt.Sprintf("a distribution over %d values", d.n)})
 		}
 	}
-	for tag, w := range want.scalars {
+	for _, tag := range sortedKeys(want.scalars) {
+		w := want.scalars[tag]
 		if _, ok := got.Metrics[tag]; !ok {
 			rep.Checked++
 			rep.add(Mismatch{Figure: fmt.Sprintf("%s %s", where, tag), Reported: "absent", Recomputed: num(w)})
@@ -572,16 +589,42 @@ func sameCounts(a, b map[string]int) bool {
 	return true
 }
 
-// distMismatch describes a distribution statistic that differs, naming the requests whose
-// exported value differs, or else the requests the statistic rests on.
-func distMismatch(where, tag, st string, got, want float64, d dist, diff map[string][]string) Mismatch {
-	m := Mismatch{Figure: fmt.Sprintf("%s %s.%s", where, tag, st), Reported: num(got), Recomputed: num(want)}
+// statDiff is one statistic of a distribution that differs: as reported, and recomputed.
+type statDiff struct {
+	stat, reported string
+	recomputed     float64
+}
+
+// distMismatch describes the statistics of one distribution that differ, naming the
+// requests whose exported value differs, or else the requests the statistic rests on.
+func distMismatch(where, tag string, differ []statDiff, d dist, diff map[string][]string) Mismatch {
+	m := Mismatch{Figure: fmt.Sprintf("%s %s.%s", where, tag, differ[0].stat), Reported: differ[0].reported, Recomputed: num(differ[0].recomputed)}
+	if len(differ) > 1 {
+		// Three statistics say enough: the headline ones first.
+		var got, want []string
+		for _, pass := range []func(string) bool{
+			func(st string) bool { return st == "avg" || st == "p50" || st == "p99" },
+			func(st string) bool { return st != "avg" && st != "p50" && st != "p99" },
+		} {
+			for _, x := range differ {
+				if pass(x.stat) && len(got) < 3 {
+					got = append(got, x.stat+" "+x.reported)
+					want = append(want, x.stat+" "+num(x.recomputed))
+				}
+			}
+		}
+		if len(differ) > 3 {
+			got, want = append(got, "..."), append(want, "...")
+		}
+		m.Figure = fmt.Sprintf("%s %s (%d of %d statistics)", where, tag, len(differ), len(distStats))
+		m.Reported, m.Recomputed = strings.Join(got, ", "), strings.Join(want, ", ")
+	}
 	if ids := append(append([]string(nil), diff[tag]...), diff["@phase"]...); len(ids) > 0 {
 		m.Records, m.Why = ids, "these requests' exported values differ from their records"
 		return m
 	}
 	m.Why = "every request's exported value agrees with its record: the statistic itself is miscomputed"
-	if ids := d.statRecords(st); ids != nil {
+	if ids := d.statRecords(differ[0].stat); ids != nil && len(differ) == 1 {
 		m.Records = ids
 		m.Why += "; it rests on these requests"
 	} else {
@@ -641,17 +684,20 @@ func checkCSV(path string, prof phaseCalc, diff map[string][]string, rep *Report
 			rep.add(Mismatch{Figure: aiperfCSVFile + " " + label, Reported: "present", Recomputed: "absent", Records: diff[tag]})
 			continue
 		}
-		for col, c := range row {
+		var differ []statDiff
+		for _, col := range distStats {
+			c, in := row[col]
 			w, ok := d.stat(col)
-			if !ok {
+			if !in || !ok {
 				continue
 			}
 			rep.Checked++
 			if !within(c, w, d.magnitude) {
-				m := distMismatch(aiperfCSVFile, tag, col, c.v, w, d, diff)
-				m.Reported = c.text
-				rep.add(m)
+				differ = append(differ, statDiff{col, c.text, w})
 			}
+		}
+		if len(differ) > 0 {
+			rep.add(distMismatch(aiperfCSVFile, tag, differ, d, diff))
 		}
 	}
 	for label, c := range scalars {
@@ -685,4 +731,13 @@ func checkCSV(path string, prof phaseCalc, diff map[string][]string, rep *Report
 		}
 	}
 	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
