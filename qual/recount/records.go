@@ -84,8 +84,7 @@ func field(rep *Report, s *serverRecord, id, key string, record, client any) {
 	rep.Checked++
 	if fmt.Sprint(record) != fmt.Sprint(client) {
 		rep.add(Mismatch{Figure: fmt.Sprintf("%s %s %s", serverRecordsFile, id, name), Reported: fmt.Sprint(record),
-			Recomputed: fmt.Sprint(client), Why: "the server's record differs from what the client received", Records: []string{id},
-			group: serverRecordsFile + " " + name})
+			Recomputed: fmt.Sprint(client), Records: []string{id}, group: serverRecordsFile + " " + name, response: true})
 	}
 }
 

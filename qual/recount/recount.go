@@ -54,10 +54,16 @@ type Mismatch struct {
 	// group gathers the per-request mismatches of one figure ("profile_export.jsonl
 	// time_to_first_token"), which Err reports once with their count and requests.
 	group string
+	// response marks a server record compared with the client's response (Reported is the
+	// record's value, Recomputed what the client received).
+	response bool
 }
 
 func (m Mismatch) String() string {
 	s := fmt.Sprintf("%s: reported %s, the records give %s", m.Figure, m.Reported, m.Recomputed)
+	if m.response {
+		s = fmt.Sprintf("%s: the server's record says %s, the client received %s", m.Figure, m.Reported, m.Recomputed)
+	}
 	if m.Why != "" {
 		s += " (" + m.Why + ")"
 	}

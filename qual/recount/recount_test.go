@@ -245,7 +245,7 @@ func TestVerifyChecksServerRecordsAgainstResponses(t *testing.T) {
 	editLine(t, filepath.Join(dir, serverRecordsFile), `"request_id":"5b5ba060-5"`, func(v map[string]any) {
 		v["output_tokens"] = json.Number(strconv.Itoa(mustInt(t, v["output_tokens"]) + 1))
 	})
-	wantAll(t, mustFail(t, dir), "server_records.jsonl 5b5ba060-5 output_tokens (usage.completion_tokens): reported 17, the records give 16")
+	wantAll(t, mustFail(t, dir), "server_records.jsonl 5b5ba060-5 output_tokens (usage.completion_tokens): the server's record says 17, the client received 16")
 
 	// A request with no record, and one with two.
 	dir = copyRun(t, "chat-rate")
@@ -280,7 +280,7 @@ func TestVerifyImages(t *testing.T) {
 	editLine(t, filepath.Join(dir, serverRecordsFile), `"request_id":"img-c1-m-2"`, func(v map[string]any) {
 		v["image"].(map[string]any)["png_bytes"] = json.Number("1")
 	})
-	wantAll(t, mustFail(t, dir), "server_records.jsonl img-c1-m-2 image.png_bytes: reported 1, the records give 15531")
+	wantAll(t, mustFail(t, dir), "server_records.jsonl img-c1-m-2 image.png_bytes: the server's record says 1, the client received 15531")
 }
 
 // TestRecountStandsApart: the recomputation imports the standard library only, never the
