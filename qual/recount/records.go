@@ -14,6 +14,18 @@ var routes = map[string]string{
 	"grpc":        "/openengine.v1.Inference/Generate",
 }
 
+// requestIDs lists the request IDs of client records, in order.
+func requestIDs[T interface{ requestID() string }](recs []T) []string {
+	ids := make([]string, len(recs))
+	for i := range recs {
+		ids[i] = recs[i].requestID()
+	}
+	return ids
+}
+
+func (c clientRecord) requestID() string      { return c.RequestID }
+func (c imageClientRecord) requestID() string { return c.RequestID }
+
 // matchRecords checks that every client request has exactly one server record and every
 // server record one client request; it returns the server record of each client ID that
 // has exactly one.
@@ -93,11 +105,7 @@ func field(rep *Report, s *serverRecord, id, key string, record, client any) {
 // status, and for every request that succeeded, the usage the client received (prompt and
 // completion tokens) and the finish reason.
 func checkTextRecords(client []clientRecord, server []serverRecord, rep *Report) {
-	ids := make([]string, len(client))
-	for i := range client {
-		ids[i] = client[i].RequestID
-	}
-	sv := matchRecords(ids, server, rep)
+	sv := matchRecords(requestIDs(client), server, rep)
 	for i := range client {
 		c := &client[i]
 		s := sv[c.RequestID]
@@ -148,11 +156,7 @@ type imageClientRecord struct {
 // count and sha256 (the record's output and image fields both) and the controls it was asked
 // with.
 func checkImageRecords(client []imageClientRecord, server []serverRecord, rep *Report) {
-	ids := make([]string, len(client))
-	for i := range client {
-		ids[i] = client[i].RequestID
-	}
-	sv := matchRecords(ids, server, rep)
+	sv := matchRecords(requestIDs(client), server, rep)
 	for i := range client {
 		c := &client[i]
 		s := sv[c.RequestID]

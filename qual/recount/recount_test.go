@@ -301,3 +301,45 @@ func TestRecountStandsApart(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyHoldsWholeNumbersExactly: a report that writes a timestamp as an integer literal
+// is held to the exact nanosecond (or to the float64 nearest it, which a float64 report
+// writes), not to float64's 256 ns at 1.8e18.
+func TestVerifyHoldsWholeNumbersExactly(t *testing.T) {
+	client, err := readJSONL[clientRecord](filepath.Join("testdata", "stream-cancel", clientRecordsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs []request
+	for i := range client {
+		reqs = append(reqs, recompute(&client[i], nil, false, false))
+	}
+	exact := aggregate(reqs, phaseProfiling, nil, nil).wholes[tagMinStart]
+	for _, c := range []struct {
+		lit  string
+		pass bool
+	}{
+		{strconv.FormatInt(exact, 10), true},
+		{strconv.FormatInt(int64(float64(exact)), 10), true},
+		{strconv.FormatInt(exact+1, 10), exact+1 == int64(float64(exact))},
+		{strconv.FormatInt(exact+300, 10), false},
+	} {
+		dir := copyRun(t, "stream-cancel")
+		path := filepath.Join(dir, summaryFile)
+		b, _ := os.ReadFile(path)
+		s := string(b)
+		i := strings.Index(s, `"min_request_timestamp": {`)
+		j := strings.Index(s[i:], `"avg": `) + i + len(`"avg": `)
+		k := strings.IndexAny(s[j:], ",\n}") + j
+		if err := os.WriteFile(path, []byte(s[:j]+c.lit+s[k:]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Verify(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rep.Err() == nil; got != c.pass {
+			t.Errorf("min_request_timestamp %s (exact %d): passes %v, want %v: %v", c.lit, exact, got, c.pass, rep.Err())
+		}
+	}
+}

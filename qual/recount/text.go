@@ -1,6 +1,7 @@
 package recount
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -156,7 +157,10 @@ type phaseCalc struct {
 	startNs, endNs int64
 	dists          map[string]dist
 	scalars        map[string]float64
-	errors         map[string]int // "code type" → count
+	// wholes are the whole-number figures (counts, token sums, epoch-ns timestamps) held
+	// exactly, for reports that write them exactly.
+	wholes map[string]int64
+	errors map[string]int // "code type" → count
 	// window names the requests bounding the benchmark window (first send, last response).
 	window []string
 }
@@ -167,7 +171,10 @@ type phaseCalc struct {
 // Σ output tokens / duration, request throughput = valid requests / duration, goodput =
 // requests meeting every SLO / duration, errors counted by code and type.
 func aggregate(reqs []request, phase string, slos []slo, cost *costInput) phaseCalc {
-	pc := phaseCalc{dists: map[string]dist{}, scalars: map[string]float64{}, errors: map[string]int{}}
+	pc := phaseCalc{dists: map[string]dist{}, scalars: map[string]float64{}, wholes: map[string]int64{}, errors: map[string]int{}}
+	whole := func(tag string, v int64) {
+		pc.wholes[tag], pc.scalars[tag] = v, float64(v)
+	}
 	samples := map[string][]sample{}
 	var valid, good, cancelled, failed int
 	var outTok, outCount, inTok, errISL, respBytes float64
@@ -234,20 +241,20 @@ func aggregate(reqs []request, phase string, slos []slo, cost *costInput) phaseC
 		return pc
 	}
 	pc.window = nonEmpty(firstID, lastID)
-	pc.scalars[tagReqCount] = float64(valid)
-	pc.scalars[tagErrCount] = float64(failed)
+	whole(tagReqCount, int64(valid))
+	whole(tagErrCount, int64(failed))
 	if cancelled > 0 {
-		pc.scalars[tagCancelled] = float64(cancelled)
+		whole(tagCancelled, int64(cancelled))
 	}
 	if failed > 0 {
-		pc.scalars[tagTotalErrISL] = errISL
+		whole(tagTotalErrISL, int64(errISL))
 	}
 	if valid > 0 {
-		pc.scalars[tagTotalOut] = outCount
-		pc.scalars[tagTotalOSL] = outTok
-		pc.scalars[tagTotalISL] = inTok
-		pc.scalars[tagMinStart] = float64(vStart)
-		pc.scalars[tagMaxEnd] = float64(vEnd)
+		whole(tagTotalOut, int64(outCount))
+		whole(tagTotalOSL, int64(outTok))
+		whole(tagTotalISL, int64(inTok))
+		whole(tagMinStart, vStart)
+		whole(tagMaxEnd, vEnd)
 		if dur := float64(vEnd-vStart) / 1e9; dur > 0 {
 			pc.scalars[tagDuration] = dur
 			pc.scalars[tagOutTput] = outTok / dur
@@ -258,7 +265,7 @@ func aggregate(reqs []request, phase string, slos []slo, cost *costInput) phaseC
 		}
 	}
 	if len(slos) > 0 {
-		pc.scalars[tagGoodCount] = float64(good)
+		whole(tagGoodCount, int64(good))
 	}
 	if outTok > 0 {
 		if haveBytes {
@@ -542,6 +549,18 @@ func comparePhase(rep *Report, where string, got *phaseJSON, want phaseCalc, dif
 			g, ok := vals["avg"]
 			if !ok || !agree(g, w, 0) {
 				rep.add(scalarMismatch(where, tag, vals, ok, w, want, diff))
+			} else if exact, isWhole := want.wholes[tag]; isWhole {
+				// A report that writes a whole number as an integer literal is held to it
+				// exactly (an epoch-ns timestamp is beyond float64's 2^53), or to the float64
+				// nearest to it for a report that held it as a float64.
+				var lit json.Number
+				if json.Unmarshal(got.Metrics[tag]["avg"], &lit) == nil {
+					if n, err := lit.Int64(); err == nil && n != exact && n != int64(float64(exact)) {
+						m := scalarMismatch(where, tag, vals, ok, w, want, diff)
+						m.Reported, m.Recomputed = lit.String(), strconv.FormatInt(exact, 10)
+						rep.add(m)
+					}
+				}
 			}
 			continue
 		}
