@@ -21,4 +21,5 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)
 	spec.GRPCParity(ctx, suite.GRPCParityInput)
+	spec.RecordsMatchResponses(ctx, suite.RecordCheckInput)
 })

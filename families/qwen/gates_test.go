@@ -26,4 +26,5 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)
 	spec.ChatPromptTokens(ctx, func() spec.ChatUsageInput { return suite.ChatUsageInput("qwen3-chat-usage.json", "qwen3_chat") })
 	spec.GRPCParity(ctx, suite.GRPCParityInput)
+	spec.RecordsMatchResponses(ctx, suite.RecordCheckInput)
 })

@@ -22,4 +22,5 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 			Tolerance: suite.Threshold().MaxAbsLogitDiff}
 	})
 	spec.ContextContract(ctx, suite.ContextInput)
+	spec.RecordsMatchResponses(ctx, suite.RecordCheckInput)
 })

@@ -12,4 +12,5 @@ import (
 var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.BundleProvenance(ctx, suite.ProvenanceInput)
 	spec.ImageGates(ctx, imageInput)
+	spec.RecordsMatchResponses(ctx, suite.RecordCheckInput)
 })

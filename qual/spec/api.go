@@ -261,6 +261,9 @@ type Answer struct {
 	// Logprobs are the answer's per-token logprobs (a stream's concatenated over its chunks),
 	// read from either OpenAI shape; nil when the server sent none (logprobs null).
 	Logprobs []TokenLogprob
+	// ID is the response's id (a stream's first event's); RequestID is the X-Request-Id the
+	// server answered with.
+	ID, RequestID string
 }
 
 // TokenLogprob is one output token's logprob as an OpenAI answer gives it: its text, its
@@ -348,6 +351,7 @@ type usage struct {
 }
 
 type completionBody struct {
+	ID      string   `json:"id"`
 	Choices []choice `json:"choices"`
 	Usage   *usage   `json:"usage"`
 }
@@ -374,7 +378,7 @@ func (a *API) CompleteID(ctx context.Context, route, id string, body map[string]
 		return nil, err
 	}
 	defer resp.Body.Close()
-	ans := &Answer{}
+	ans := &Answer{RequestID: resp.Header.Get("X-Request-Id")}
 	if s, _ := b["stream"].(bool); !s {
 		var cb completionBody
 		if err := json.NewDecoder(resp.Body).Decode(&cb); err != nil {
@@ -383,7 +387,7 @@ func (a *API) CompleteID(ctx context.Context, route, id string, body map[string]
 		if len(cb.Choices) != 1 {
 			return nil, fmt.Errorf("POST %s: %d choices, want 1", route, len(cb.Choices))
 		}
-		ans.Text = cb.Choices[0].content()
+		ans.Text, ans.ID = cb.Choices[0].content(), cb.ID
 		if cb.Choices[0].FinishReason != nil {
 			ans.FinishReason = *cb.Choices[0].FinishReason
 		}
@@ -422,6 +426,9 @@ func (a *API) CompleteID(ctx context.Context, route, id string, body map[string]
 		}
 		if ev.Error != nil {
 			return ans, fmt.Errorf("POST %s: error event in stream: %s: %s", route, ev.Error.Type, ev.Error.Message)
+		}
+		if ans.ID == "" {
+			ans.ID = ev.ID
 		}
 		for _, c := range ev.Choices {
 			if d := c.content(); d != "" {

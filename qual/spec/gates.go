@@ -129,6 +129,9 @@ func LoadProfile(ctx context.Context, name string, input func() LoadInput, decor
 			if len(res.Dirs) > 0 {
 				ginkgo.AddReportEntry("run directories", strings.Join(res.Dirs, "\n"), ginkgo.ReportEntryVisibilityFailureOrVerbose)
 			}
+			if len(res.Verified) > 0 {
+				ginkgo.AddReportEntry("figures recomputed from the raw records", strings.Join(res.Verified, "\n"))
+			}
 		}
 		passGate(err)
 	})

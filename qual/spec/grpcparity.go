@@ -78,6 +78,12 @@ func GenerateGRPC(ctx context.Context, conn *grpc.ClientConn, model, prompt stri
 		}
 		req.Input = &oe.GenerateRequest_TokenIds{TokenIds: &oe.TokenIds{Ids: u}}
 	}
+	return GenerateGRPCRequest(ctx, conn, req, topN)
+}
+
+// GenerateGRPCRequest streams one Generate of req and reads it as GenerateGRPC does (topN >= 0:
+// the request asked for output logprobs).
+func GenerateGRPCRequest(ctx context.Context, conn *grpc.ClientConn, req *oe.GenerateRequest, topN int) (*GRPCAnswer, error) {
 	st, err := oe.NewInferenceClient(conn).Generate(ctx, req)
 	if err != nil {
 		return nil, err
@@ -305,24 +311,8 @@ func (s *Suite) GRPCParityInput() GRPCParityInput {
 	if s.State.Bundle == "" || s.State.Launcher != "process" || s.State.Device == "cuda" {
 		ginkgo.Skip(fmt.Sprintf("spec: the gRPC parity gate starts its own CPU server of the suite's bundle; this run uses the %s launcher", s.State.Launcher))
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	// The suite's server settings (MODELQUAL_FAULTS included, so a planted server fault such
-	// as server.grpc_cumulative_deltas reaches this server too).
-	opts := append(s.serverOptions(filepath.Join(s.State.Artifacts, "servers", "grpc-parity")),
-		launch.WithBundle(s.State.Bundle), launch.WithModel(s.State.Model),
-		launch.WithServerBin(filepath.Join(binDir(s.State.RepoRoot), "qual-server")),
-		launch.WithArgs("--grpc-port", strconv.Itoa(port)))
-	l := launch.Process(opts...)
-	ep, err := l.Start(context.Background())
-	if ep != nil {
-		ginkgo.DeferCleanup(func(ctx context.Context) error { return ep.Stop(ctx) }, ginkgo.NodeTimeout(time.Minute))
-	}
-	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "start a server with --grpc-port")
-	in := GRPCParityInput{API: NewAPI(ep.BaseURL, ep.Model, "", s.Manifest.Server.RequestTimeout.Duration),
-		GRPCAddr: fmt.Sprintf("127.0.0.1:%d", port), Corpus: s.Corpus, MaxTokens: 2 * s.Threshold().GreedySteps}
+	api, addr, _ := s.startGRPCServer("grpc-parity")
+	in := GRPCParityInput{API: api, GRPCAddr: addr, Corpus: s.Corpus, MaxTokens: 2 * s.Threshold().GreedySteps}
 	eosPath := filepath.Join(s.State.RepoRoot, "fixtures", "golden", s.goldenFixture()+"-eos.json")
 	if _, err := os.Stat(eosPath); err == nil {
 		g, err := LoadEOSGolden(eosPath)
@@ -332,4 +322,27 @@ func (s *Suite) GRPCParityInput() GRPCParityInput {
 		}
 	}
 	return in
+}
+
+// startGRPCServer starts a CPU server of the suite's bundle with --grpc-port for the calling
+// spec (stopped when it ends), with the suite's server settings (MODELQUAL_FAULTS included, so
+// a planted server fault such as server.grpc_cumulative_deltas reaches this server too), and
+// returns its HTTP API, its gRPC address and its endpoint (whose records file it writes).
+func (s *Suite) startGRPCServer(name string) (*API, string, *launch.Endpoint) {
+	ginkgo.GinkgoHelper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	opts := append(s.serverOptions(filepath.Join(s.State.Artifacts, "servers", name)),
+		launch.WithBundle(s.State.Bundle), launch.WithModel(s.State.Model),
+		launch.WithServerBin(filepath.Join(binDir(s.State.RepoRoot), "qual-server")),
+		launch.WithArgs("--grpc-port", strconv.Itoa(port)))
+	l := launch.Process(opts...)
+	ep, err := l.Start(context.Background())
+	if ep != nil {
+		ginkgo.DeferCleanup(func(ctx context.Context) error { return ep.Stop(ctx) }, ginkgo.NodeTimeout(time.Minute))
+	}
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "start a server with --grpc-port")
+	return NewAPI(ep.BaseURL, ep.Model, "", s.Manifest.Server.RequestTimeout.Duration), fmt.Sprintf("127.0.0.1:%d", port), ep
 }

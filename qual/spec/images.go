@@ -13,6 +13,7 @@ import (
 	"image"
 	"image/png"
 	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,13 +53,28 @@ type ImageAnswer struct {
 
 // GenerateImage posts body to /v1/images/generations and returns the first image's PNG.
 func (a *API) GenerateImage(ctx context.Context, body map[string]any) (*ImageAnswer, error) {
+	return a.GenerateImageID(ctx, "", body)
+}
+
+// GenerateImageID is GenerateImage with the request's X-Request-Id set to id (none when
+// empty), so a gate can find the request's server record.
+func (a *API) GenerateImageID(ctx context.Context, id string, body map[string]any) (*ImageAnswer, error) {
 	var out struct {
 		Data []struct {
 			B64 string `json:"b64_json"`
 		} `json:"data"`
 	}
-	if err := a.getJSON(ctx, "POST", "/v1/images/generations", body, &out); err != nil {
+	var hdr http.Header
+	if id != "" {
+		hdr = http.Header{"X-Request-Id": {id}}
+	}
+	resp, err := a.doHeader(ctx, http.MethodPost, "/v1/images/generations", body, hdr)
+	if err != nil {
 		return nil, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("POST /v1/images/generations: decode response: %w", err)
 	}
 	if len(out.Data) == 0 {
 		return nil, errors.New("/v1/images/generations: the response holds no image")

@@ -66,6 +66,9 @@ type LoadResult struct {
 	Figures []Figure
 	// Dirs are the run directories, one per sweep point.
 	Dirs []string
+	// Verified says, per run directory, how many reported figures qual/recount recomputed
+	// from the raw client records and whether they all agreed.
+	Verified []string
 }
 
 // headline lists the figures every load gate reports: HTTP latency and TTFT percentiles,
@@ -175,6 +178,8 @@ func CheckLoad(ctx context.Context, in LoadInput) (*LoadResult, error) {
 			}
 		}
 	}
+	verified, bad := verifyRuns(res.Dirs) // every figure recomputed apart (verify.go)
+	res.Verified, problems = verified, append(problems, bad...)
 	if len(problems) > 0 {
 		return res, fmt.Errorf("load gate: profile %q:\n  %s", p.Name, strings.Join(problems, "\n  "))
 	}
@@ -379,6 +384,8 @@ func checkImageLoad(ctx context.Context, in LoadInput, slos []percentileSLO) (*L
 			}
 		}
 	}
+	verified, bad := verifyRuns(res.Dirs) // every figure recomputed apart (verify.go)
+	res.Verified, problems = verified, append(problems, bad...)
 	if len(problems) > 0 {
 		return res, fmt.Errorf("load gate: profile %q:\n  %s", p.Name, strings.Join(problems, "\n  "))
 	}

@@ -56,6 +56,8 @@ func reportMain(args []string, stdout, stderr io.Writer) int {
 		return reportMerge(args[1:], stdout, stderr)
 	case "sweep":
 		return reportSweep(args[1:], stdout, stderr)
+	case "verify": // every figure recomputed from the raw records (verify.go)
+		return reportVerify(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "qual report: unknown subcommand %q; want show, compare, merge or sweep\n", args[0])
 	return 2
