@@ -19,6 +19,10 @@ type tokenizerConfig struct {
 	CLSToken                  specialTokenField   `json:"cls_token"`
 	MaskToken                 specialTokenField   `json:"mask_token"`
 	AdditionalSpecialTokens   []specialTokenField `json:"additional_special_tokens"`
+	// AddBOSToken and AddEOSToken, when either is present, make transformers rebuild the
+	// post-processor as [bos] $A [eos] (TokenizersBackend.update_post_processor).
+	AddBOSToken *bool `json:"add_bos_token"`
+	AddEOSToken *bool `json:"add_eos_token"`
 }
 
 // specialTokenField accepts the three shapes transformers writes for a special token: null,
