@@ -175,6 +175,7 @@ func build(data []byte) (*Tokenizer, error) {
 			t.special[*a.ID] = true
 		}
 	}
+	t.addedTokens = added
 	if t.addedVocab, err = newAddedVocabulary(added, t.normalizer); err != nil {
 		return nil, err
 	}

@@ -157,16 +157,30 @@ func (t *Tokenizer) configPostProcessor() (*postProcessor, error) {
 	return &postProcessor{steps: [][]templatePiece{tmpl}}, nil
 }
 
-// EncodeWithSpecialTokens returns the ids of HF's tokenizer.encode(text) (add_special_tokens
-// True): Encode's ids with the BOS/EOS the post-processor adds (tokenizer.json's, or the one
-// transformers builds from add_bos_token/add_eos_token in tokenizer_config.json), truncated
-// and padded when tokenizer.json declares truncation and fixed-length padding.
+// EncodeWithSpecialTokens returns the ids of transformers' tokenizer.encode(text)
+// (add_special_tokens=True, no padding, no truncation): Encode's ids with the BOS/EOS the
+// post-processor adds (tokenizer.json's, or the one transformers builds from add_bos_token /
+// add_eos_token in tokenizer_config.json). transformers turns off the padding and truncation a
+// tokenizer.json declares unless the call asks for them; EncodeDeclared applies them.
 func (t *Tokenizer) EncodeWithSpecialTokens(text string) ([]int32, error) {
 	if t.post.err != nil {
 		return nil, t.post.err
 	}
-	ids := t.Encode(text)
-	added := len(t.post.apply(nil))
+	return t.post.apply(t.Encode(text)), nil
+}
+
+// EncodeDeclared is the tokenizers library's Tokenizer.encode(text, add_special_tokens): the
+// truncation and padding tokenizer.json declares are applied (truncation keeps room for the
+// special tokens), and mask is the attention mask (1 for real tokens, 0 for padding).
+func (t *Tokenizer) EncodeDeclared(text string, addSpecialTokens bool) (ids, mask []int32, err error) {
+	ids = t.Encode(text)
+	added := 0
+	if addSpecialTokens {
+		if t.post.err != nil {
+			return nil, nil, t.post.err
+		}
+		added = len(t.post.apply(nil))
+	}
 	if tr := t.truncation; tr != nil && len(ids)+added > tr.maxLength {
 		keep := max(tr.maxLength-added, 0)
 		if tr.left {
@@ -175,11 +189,26 @@ func (t *Tokenizer) EncodeWithSpecialTokens(text string) ([]int32, error) {
 			ids = ids[:keep]
 		}
 	}
-	ids = t.post.apply(ids)
+	if addSpecialTokens {
+		ids = t.post.apply(ids)
+	}
+	real := len(ids)
 	if pd := t.padding; pd != nil {
 		ids = pd.pad(ids)
 	}
-	return ids, nil
+	mask = make([]int32, len(ids))
+	for i := range mask {
+		mask[i] = 1
+	}
+	if pd := t.padding; pd != nil && len(ids) > real {
+		pads := len(ids) - real
+		if pd.left {
+			clear(mask[:pads])
+		} else {
+			clear(mask[real:])
+		}
+	}
+	return ids, mask, nil
 }
 
 // truncation is tokenizer.json's "truncation" for a single sequence.

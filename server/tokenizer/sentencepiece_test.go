@@ -459,13 +459,22 @@ func TestUnigramPadTruncate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for text, want := range map[string][]int32{"a": {3, 1, 0, 0}, "a b": {3, 4, 1, 0}, "a b a b": {3, 4, 3, 1}, "": {1, 0, 0, 0}} {
-		got, err := tok.EncodeWithSpecialTokens(text)
+		got, mask, err := tok.EncodeDeclared(text, true)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Equal(got, want) {
-			t.Errorf("EncodeWithSpecialTokens(%q) = %v, want %v", text, got, want)
+			t.Errorf("EncodeDeclared(%q) = %v, want %v", text, got, want)
 		}
+		for i, id := range got {
+			if (mask[i] == 0) != (id == 0) {
+				t.Errorf("EncodeDeclared(%q) mask %v for ids %v", text, mask, got)
+			}
+		}
+	}
+	// transformers pads and truncates only when asked.
+	if got, _ := tok.EncodeWithSpecialTokens("a b a b"); !slices.Equal(got, []int32{3, 4, 3, 4, 1}) {
+		t.Errorf("EncodeWithSpecialTokens = %v", got)
 	}
 	if got := tok.DecodeSkipSpecial([]int32{3, 4, 1, 0}); got != "a b" {
 		t.Errorf("DecodeSkipSpecial = %q", got)
@@ -520,6 +529,30 @@ func TestSentencePieceStream(t *testing.T) {
 			if got, want := streamChecked(t, tok, ids, false), tok.Decode(ids); got != want {
 				t.Errorf("%s: stream of %v = %q, Decode = %q", layout, ids, got, want)
 			}
+		}
+	}
+}
+
+func TestTokenizerClassLlama(t *testing.T) {
+	// transformers 5's LlamaTokenizer rebuilds the pipeline: Metaspace(first) unless legacy,
+	// whatever layout tokenizer.json has.
+	for _, tc := range []struct {
+		config string
+		want   []string
+	}{
+		{``, []string{"▁hi", "<s>", "▁the"}}, // tokenizer.json as written (Prepend+Replace)
+		{`{"tokenizer_class": "LlamaTokenizer"}`, []string{"▁hi", "<s>", "t", "he"}},
+		{`{"tokenizer_class": "LlamaTokenizerFast", "legacy": true}`, []string{"▁hi", "<s>", "▁the"}},
+		{`{"tokenizer_class": "LlamaTokenizer", "add_prefix_space": false}`, []string{"h", "i", "<s>", "t", "he"}},
+		{`{"tokenizer_class": "PreTrainedTokenizerFast"}`, []string{"▁hi", "<s>", "▁the"}},
+	} {
+		tok := spTiny(t, "llama", tc.config)
+		if got := pieces(tok, tok.Encode("hi<s>the")); !slices.Equal(got, tc.want) {
+			t.Errorf("config %s: %q, want %q", tc.config, got, tc.want)
+		}
+		ids := tok.Encode("hi the")
+		if got := tok.Decode(ids); got != "hi the" {
+			t.Errorf("config %s: Decode = %q", tc.config, got)
 		}
 	}
 }

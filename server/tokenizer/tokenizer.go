@@ -34,15 +34,16 @@ import (
 // Tokenizer is a loaded byte-level BPE tokenizer plus the parts of tokenizer_config.json that
 // change what users see (chat template, special tokens, decode clean-up).
 type Tokenizer struct {
-	addedVocab *addedVocabulary
-	normalizer normalizer // nil when tokenizer.json has none
-	pre        []preTokenizer
-	positional bool // a pre-tokenizer depends on where its piece starts (Metaspace "first")
-	model      tokenModel
-	decoder    decoder
-	post       *postProcessor
-	padding    *padding
-	truncation *truncation
+	addedVocab  *addedVocabulary
+	addedTokens []addedTokenJSON // as in tokenizer.json, to rebuild addedVocab for another normalizer
+	normalizer  normalizer       // nil when tokenizer.json has none
+	pre         []preTokenizer
+	positional  bool // a pre-tokenizer depends on where its piece starts (Metaspace "first")
+	model       tokenModel
+	decoder     decoder
+	post        *postProcessor
+	padding     *padding
+	truncation  *truncation
 
 	// idToToken maps every id (model vocab and added tokens) to its token string; "" for
 	// ids that exist in neither (holes are skipped by Decode, as HF does).
@@ -125,6 +126,9 @@ func FromBytes(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 		return nil, err
 	} else if pp != nil {
 		t.post = pp
+	}
+	if err := t.applyTokenizerClass(); err != nil {
+		return nil, err
 	}
 	if cfg.ChatTemplate != nil {
 		ct, err := newChatTemplate(cfg.ChatTemplate, &cfg)
