@@ -33,7 +33,7 @@ func benchEncode(b *testing.B, name string, text string, fresh bool) {
 	n := 0
 	for b.Loop() {
 		if fresh {
-			tok.model.cache.init()
+			tok.model.(*bpeModel).cache.init()
 		}
 		tok.Encode(text)
 		n++

@@ -9,8 +9,9 @@ import (
 	"unicode/utf8"
 )
 
-// bpeModel is tokenizers' BPE model restricted to what byte-level tokenizers use: merges with
-// ranks, optional ignore_merges, optional unk token, no dropout and no subword affixes.
+// bpeModel is tokenizers' BPE model without dropout and subword affixes: merges with ranks,
+// optional ignore_merges, optional unk token (fused or not), and either byte-level symbols or
+// SentencePiece-style characters with byte_fallback.
 type bpeModel struct {
 	vocab     map[string]int32
 	idToToken []string
@@ -20,12 +21,24 @@ type bpeModel struct {
 	unkID        int32 // -1: none; unknown characters are then dropped, as tokenizers does
 	fuseUnk      bool
 
+	// byteFallback: a character missing from the vocabulary becomes the <0xXX> tokens of its
+	// UTF-8 bytes (fallbackIDs; -1 when the vocab lacks one, and then the character is unknown).
+	byteFallback bool
+	fallbackIDs  [256]int32
+
 	// byteLevel: words arrive as raw bytes and each byte's initial symbol is the vocab id of
 	// its ByteLevel character (byteIDs; -1 when the vocab lacks it).
 	byteLevel bool
 	byteIDs   [256]int32
 
 	cache wordCache
+}
+
+func (m *bpeModel) tokens() []string { return m.idToToken }
+
+func (m *bpeModel) tokenID(tok string) (int32, bool) {
+	id, ok := m.vocab[tok]
+	return id, ok
 }
 
 func newBPEModel(vocab map[string]int32, idToToken []string, ignoreMerges bool) *bpeModel {
@@ -121,32 +134,21 @@ func (m *bpeModel) mergeWord(word string, out []int32) []int32 {
 	}
 	var stack [64]int32
 	syms := stack[:0]
-	prevUnk := false
-	push := func(id int32, known bool) {
-		if !known {
-			if m.unkID < 0 {
-				return
-			}
-			if m.fuseUnk && prevUnk {
-				return
-			}
-			id = m.unkID
-		}
-		prevUnk = !known
-		syms = append(syms, id)
-	}
 	if m.byteLevel {
+		prevUnk := false
 		for i := 0; i < len(word); i++ {
 			id := m.byteIDs[word[i]]
-			push(id, id >= 0)
+			if id < 0 {
+				if m.unkID < 0 || (m.fuseUnk && prevUnk) {
+					continue
+				}
+				id = m.unkID
+			}
+			prevUnk = id == m.unkID && m.byteIDs[word[i]] < 0
+			syms = append(syms, id)
 		}
 	} else {
-		for i := 0; i < len(word); {
-			_, n := utf8.DecodeRuneInString(word[i:])
-			id, ok := m.vocab[word[i:i+n]]
-			push(id, ok)
-			i += n
-		}
+		syms = m.charSymbols(word, syms)
 	}
 	if len(syms) < 2 {
 		return append(out, syms...)
@@ -157,6 +159,82 @@ func (m *bpeModel) mergeWord(word string, out []int32) []int32 {
 		syms = m.mergeHeap(syms)
 	}
 	return append(out, syms...)
+}
+
+// charSymbols is tokenizers' BPE merge_word before merging, for character models: each
+// character's vocab id; else, with byte_fallback, the ids of its <0xXX> byte tokens; else the
+// unk token, held back while unknown characters follow so that fuse_unk can join them (and, as
+// in tokenizers, byte-fallback characters in between do not release it).
+func (m *bpeModel) charSymbols(word string, syms []int32) []int32 {
+	pendingUnk := false
+	for i := 0; i < len(word); {
+		_, n := utf8.DecodeRuneInString(word[i:])
+		ch := word[i : i+n]
+		i += n
+		if id, ok := m.vocab[ch]; ok {
+			if pendingUnk {
+				syms = append(syms, m.unkID)
+				pendingUnk = false
+			}
+			syms = append(syms, id)
+			continue
+		}
+		if m.byteFallback && m.fallbackAll(ch) {
+			for j := 0; j < len(ch); j++ {
+				syms = append(syms, m.fallbackIDs[ch[j]])
+			}
+			continue
+		}
+		if m.unkID < 0 {
+			continue
+		}
+		if pendingUnk && !m.fuseUnk {
+			syms = append(syms, m.unkID)
+		}
+		pendingUnk = true
+	}
+	if pendingUnk {
+		syms = append(syms, m.unkID)
+	}
+	return syms
+}
+
+func (m *bpeModel) fallbackAll(ch string) bool {
+	for j := 0; j < len(ch); j++ {
+		if m.fallbackIDs[ch[j]] < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// byteFallbackToken is the vocabulary entry of one byte in byte_fallback models ("<0x0A>").
+func byteFallbackToken(b byte) string {
+	const hex = "0123456789ABCDEF"
+	return string([]byte{'<', '0', 'x', hex[b>>4], hex[b&15], '>'})
+}
+
+// byteFallbackValue parses a "<0xXX>" token as tokenizers' ByteFallback decoder does (six
+// bytes, hex digits of either case).
+func byteFallbackValue(tok string) (byte, bool) {
+	if len(tok) != 6 || tok[:3] != "<0x" || tok[5] != '>' {
+		return 0, false
+	}
+	hi, ok1 := hexDigit(tok[3])
+	lo, ok2 := hexDigit(tok[4])
+	return hi<<4 | lo, ok1 && ok2
+}
+
+func hexDigit(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	case c >= 'A' && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
 }
 
 const noMerge = int32(1<<31 - 1)

@@ -19,6 +19,16 @@ type tokenizerConfig struct {
 	CLSToken                  specialTokenField   `json:"cls_token"`
 	MaskToken                 specialTokenField   `json:"mask_token"`
 	AdditionalSpecialTokens   []specialTokenField `json:"additional_special_tokens"`
+	// AddBOSToken and AddEOSToken, when either is present, make transformers rebuild the
+	// post-processor as [bos] $A [eos] (TokenizersBackend.update_post_processor).
+	AddBOSToken *bool `json:"add_bos_token"`
+	AddEOSToken *bool `json:"add_eos_token"`
+	// TokenizerClass picks the transformers class, which for some SentencePiece tokenizers
+	// rebuilds the pipeline around tokenizer.json's vocabulary (see tokenizerclass.go), with
+	// AddPrefixSpace and Legacy as its options.
+	TokenizerClass string `json:"tokenizer_class"`
+	AddPrefixSpace *bool  `json:"add_prefix_space"`
+	Legacy         *bool  `json:"legacy"`
 }
 
 // specialTokenField accepts the three shapes transformers writes for a special token: null,

@@ -1,14 +1,13 @@
 package tokenizer
 
 import (
-	"encoding/json"
-	"fmt"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // encode runs tokenizers' pipeline: added tokens on the raw text, then per remaining piece the
-// normalizer, added tokens with normalized=true, the pre-tokenizers and the BPE model.
+// normalizer, added tokens with normalized=true, the pre-tokenizers and the model.
 func (t *Tokenizer) encode(text string, out []int32) []int32 {
 	if out == nil {
 		out = make([]int32, 0, len(text)/3+1)
@@ -20,87 +19,69 @@ func (t *Tokenizer) encode(text string, out []int32) []int32 {
 	}
 	emitID := func(id int32) { out = append(out, id) }
 	word := func(w string) { out = t.model.tokenizeWord(w, out) }
+	// atStart: the piece being split begins the original text (Metaspace "first" prepends
+	// only there). Pieces are substrings of what they were cut from, so a piece begins its
+	// parent exactly when it shares its first byte's address.
+	var atStart bool
 	pretok := func(piece string) {
-		switch len(t.pre) {
-		case 0:
+		switch {
+		case len(t.pre) == 0:
 			word(piece)
-		case 1:
+		case len(t.pre) == 1 && !t.positional:
 			t.pre[0].split(piece, word)
 		default:
-			preSeq(t.pre).split(piece, word)
+			preSeq(t.pre).splitAt(0, piece, atStart, word)
 		}
 	}
 	t.addedVocab.raw.split(text, func(piece string) {
+		rawStart := unsafe.StringData(piece) == unsafe.StringData(text)
 		if t.normalizer != nil {
 			piece = t.normalizer.normalize(piece)
 		}
-		t.addedVocab.normalized.split(piece, pretok, emitID)
+		normalized := piece
+		t.addedVocab.normalized.split(piece, func(p string) {
+			atStart = rawStart && unsafe.StringData(p) == unsafe.StringData(normalized)
+			pretok(p)
+		}, emitID)
 	}, emitID)
 	return out
 }
 
-// decoder turns token strings back into text.
-type decoder interface {
-	// appendToken appends the bytes token contributes; first is true for the first token.
-	appendToken(dst []byte, tok string, first bool) []byte
+// tokenOf is the token string of id for decoding; ok=false for ids without a token and, when
+// skipSpecial, for special added tokens (what skip_special_tokens=True drops).
+func (t *Tokenizer) tokenOf(id int32, skipSpecial bool) (string, bool) {
+	if id < 0 || int(id) >= len(t.idToToken) || t.idToToken[id] == "" {
+		return "", false
+	}
+	if skipSpecial && t.special[id] {
+		return "", false
+	}
+	return t.idToToken[id], true
 }
 
-// byteLevelDecoder is tokenizers' ByteLevel decoder.
-type byteLevelDecoder struct{}
-
-func (byteLevelDecoder) appendToken(dst []byte, tok string, _ bool) []byte {
-	return appendTokenBytes(dst, tok)
-}
-
-// joinDecoder is what tokenizers does without a decoder: tokens joined by single spaces.
-type joinDecoder struct{}
-
-func (joinDecoder) appendToken(dst []byte, tok string, first bool) []byte {
-	if !first {
-		dst = append(dst, ' ')
+// appendID appends the bytes one id decodes to on its own (not as the sequence's first token):
+// a byte-fallback token's byte, a byte-level token's bytes, otherwise the decoder's text.
+func (t *Tokenizer) appendID(dst []byte, id int32) []byte {
+	tok, ok := t.tokenOf(id, false)
+	if !ok {
+		return dst
 	}
-	return append(dst, tok...)
-}
-
-func parseDecoder(raw []byte) (decoder, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return joinDecoder{}, nil
-	}
-	var d struct {
-		Type     string            `json:"type"`
-		Decoders []json.RawMessage `json:"decoders"`
-	}
-	if err := json.Unmarshal(raw, &d); err != nil {
-		return nil, fmt.Errorf("tokenizer.json: decoder: %w", err)
-	}
-	switch d.Type {
-	case "ByteLevel":
-		return byteLevelDecoder{}, nil
-	case "Sequence":
-		if len(d.Decoders) == 1 {
-			return parseDecoder(d.Decoders[0])
+	if c, isChain := t.decoder.(*chainDecoder); isChain && c.byteFallback {
+		if b, ok := byteFallbackValue(tok); ok {
+			return append(dst, b)
 		}
 	}
-	return nil, fmt.Errorf("tokenizer.json: unknown decoder type %q; supported: ByteLevel (or a Sequence holding only it)", d.Type)
+	return t.decoder.appendTokens(dst, []string{tok}, &decodeState{})
 }
 
-func (t *Tokenizer) decodeBytes(dst []byte, ids []int32, first bool) ([]byte, bool) {
+func (t *Tokenizer) decode(ids []int32, skipSpecial bool) string {
+	toks := make([]string, 0, len(ids))
 	for _, id := range ids {
-		dst, first = t.appendID(dst, id, first)
+		if tok, ok := t.tokenOf(id, skipSpecial); ok {
+			toks = append(toks, tok)
+		}
 	}
-	return dst, first
-}
-
-// appendID appends the raw bytes of one id; ids without a token add nothing.
-func (t *Tokenizer) appendID(dst []byte, id int32, first bool) ([]byte, bool) {
-	if id < 0 || int(id) >= len(t.idToToken) || t.idToToken[id] == "" {
-		return dst, first
-	}
-	return t.decoder.appendToken(dst, t.idToToken[id], first), false
-}
-
-func (t *Tokenizer) decode(ids []int32) string {
-	raw, _ := t.decodeBytes(make([]byte, 0, len(ids)*4), ids, true)
+	raw := t.decoder.appendTokens(make([]byte, 0, len(ids)*4), toks, &decodeState{first: true, final: true})
 	s := string(appendLossy(make([]byte, 0, len(raw)), raw))
 	if t.cleanUpSpaces {
 		s = cleanUpTokenization(s)
@@ -119,20 +100,31 @@ func cleanUpTokenization(s string) string {
 }
 
 // StreamDecoder turns ids into text one id at a time for streaming responses. It holds back
-// the bytes of a character split across ids until it is complete, so every string it returns
-// is valid UTF-8, and the concatenation of everything Add and Flush return equals
-// Tokenizer.Decode of all the ids (clean_up_tokenization_spaces excepted: it is not applied
-// while streaming because it looks across token boundaries). Not safe for concurrent use.
+// what the next id may still change — the bytes of a character split across byte-level ids,
+// a run of byte-fallback ids that may continue — so every string it returns is valid UTF-8,
+// and the concatenation of everything Add and Flush return equals Tokenizer.Decode of all the
+// ids (DecodeSkipSpecial with SkipSpecialTokens; clean_up_tokenization_spaces excepted: it is
+// not applied while streaming because it looks across token boundaries). Not safe for
+// concurrent use.
 type StreamDecoder struct {
-	t       *Tokenizer
-	pending []byte
-	first   bool
-	out     []byte
+	t           *Tokenizer
+	skipSpecial bool
+	window      []string // tokens not yet decoded
+	st          decodeState
+	pending     []byte // decoded bytes not yet returned (an incomplete character)
+	out         []byte
 }
 
 // NewStreamDecoder starts an incremental decode of one sequence.
 func (t *Tokenizer) NewStreamDecoder() *StreamDecoder {
-	return &StreamDecoder{t: t, first: true}
+	return &StreamDecoder{t: t, st: decodeState{first: true}}
+}
+
+// SkipSpecialTokens makes the stream drop special tokens, as DecodeSkipSpecial does; call it
+// before the first Add. It returns d.
+func (d *StreamDecoder) SkipSpecialTokens() *StreamDecoder {
+	d.skipSpecial = true
+	return d
 }
 
 // Add appends one id and returns the text that is now final ("" while a character is
@@ -144,7 +136,15 @@ func (d *StreamDecoder) Add(id int32) string {
 // AddBytes is Add without a string per token, for the streaming hot path: the returned text
 // (empty while a character is incomplete) is valid until the next call on d.
 func (d *StreamDecoder) AddBytes(id int32) []byte {
-	d.pending, d.first = d.t.appendID(d.pending, id, d.first)
+	tok, ok := d.t.tokenOf(id, d.skipSpecial)
+	if !ok {
+		return nil
+	}
+	d.window = append(d.window, tok)
+	if d.t.decoder.holdAfter(tok) {
+		return nil
+	}
+	d.decodeWindow(false)
 	keep := incompleteTail(d.pending)
 	ready := d.pending[:len(d.pending)-keep]
 	if len(ready) == 0 {
@@ -156,11 +156,22 @@ func (d *StreamDecoder) AddBytes(id int32) []byte {
 	return d.out
 }
 
+func (d *StreamDecoder) decodeWindow(final bool) {
+	if len(d.window) == 0 {
+		return
+	}
+	d.st.final = final
+	d.pending = d.t.decoder.appendTokens(d.pending, d.window, &d.st)
+	d.window = d.window[:0]
+	d.st.first = false
+}
+
 // Flush returns whatever is held back (as U+FFFD for an incomplete character, as Decode
 // would render it) and resets the decoder for reuse.
 func (d *StreamDecoder) Flush() string {
+	d.decodeWindow(true)
 	s := string(appendLossy(nil, d.pending))
 	d.pending = d.pending[:0]
-	d.first = true
+	d.st = decodeState{first: true}
 	return s
 }

@@ -21,6 +21,7 @@ type addedTokenJSON struct {
 // modelOptions are the scalar fields of tokenizer.json's "model" object.
 type modelOptions struct {
 	Type                    string   `json:"type"`
+	UnkID                   *int     `json:"unk_id"` // Unigram
 	Dropout                 *float64 `json:"dropout"`
 	UnkToken                *string  `json:"unk_token"`
 	ContinuingSubwordPrefix *string  `json:"continuing_subword_prefix"`
@@ -38,10 +39,11 @@ func build(data []byte) (*Tokenizer, error) {
 	}
 	s := &jsonScanner{b: data}
 	var (
-		added                   []addedTokenJSON
-		normRaw, preRaw, decRaw []byte
-		m                       *bpeModel
-		haveModel               bool
+		added                     []addedTokenJSON
+		normRaw, preRaw, decRaw   []byte
+		postRaw, padRaw, truncRaw []byte
+		m                         tokenModel
+		haveModel                 bool
 	)
 	err := s.object(func(key []byte) error {
 		switch string(key) {
@@ -67,6 +69,18 @@ func build(data []byte) (*Tokenizer, error) {
 			raw, err := s.skipValue()
 			decRaw = raw
 			return err
+		case "post_processor":
+			raw, err := s.skipValue()
+			postRaw = raw
+			return err
+		case "padding":
+			raw, err := s.skipValue()
+			padRaw = raw
+			return err
+		case "truncation":
+			raw, err := s.skipValue()
+			truncRaw = raw
+			return err
 		case "model":
 			haveModel = true
 			var err error
@@ -91,6 +105,7 @@ func build(data []byte) (*Tokenizer, error) {
 	}
 
 	t := &Tokenizer{model: m, special: map[int32]bool{}}
+	bpe, _ := m.(*bpeModel)
 	if t.normalizer, err = parseNormalizer(normRaw); err != nil {
 		return nil, err
 	}
@@ -102,7 +117,10 @@ func build(data []byte) (*Tokenizer, error) {
 	pre := t.pre[:0]
 	for _, p := range t.pre {
 		if bl, ok := p.(*byteLevelPre); ok {
-			m.byteLevel = true
+			if bpe == nil {
+				return nil, errors.New("tokenizer.json: a ByteLevel pre-tokenizer needs a BPE model; this file pairs it with model.type Unigram")
+			}
+			bpe.byteLevel = true
 			if !bl.addPrefixSpace && !bl.useRegex {
 				continue
 			}
@@ -110,17 +128,26 @@ func build(data []byte) (*Tokenizer, error) {
 		pre = append(pre, p)
 	}
 	t.pre = pre
+	for _, p := range t.pre {
+		if ms, ok := p.(*metaspacePre); ok && ms.scheme == prependFirst {
+			t.positional = true
+		}
+	}
 	if t.decoder, err = parseDecoder(decRaw); err != nil {
 		return nil, err
 	}
-	if m.byteLevel {
-		if err := m.initByteIDs(); err != nil {
+	if bpe != nil && bpe.byteLevel {
+		if bpe.byteFallback {
+			return nil, errors.New("tokenizer.json: model.byte_fallback=true with a ByteLevel pre-tokenizer: byte-level BPE has no unknown bytes to fall back from; this file is inconsistent")
+		}
+		if err := bpe.initByteIDs(); err != nil {
 			return nil, err
 		}
 	}
 
 	// Id tables: model vocab first, then added tokens (which may reuse a vocab id or add new ones).
-	maxID := int32(len(m.idToToken)) - 1
+	modelTokens := m.tokens()
+	maxID := int32(len(modelTokens)) - 1
 	for i, a := range added {
 		if a.ID == nil {
 			return nil, fmt.Errorf("tokenizer.json: added_tokens[%d] (%q) has no id", i, a.Content)
@@ -139,7 +166,7 @@ func build(data []byte) (*Tokenizer, error) {
 		return nil, fmt.Errorf("tokenizer.json: token id %d is implausibly large (over 16M); the file is corrupt", maxID)
 	}
 	t.idToToken = make([]string, maxID+1)
-	copy(t.idToToken, m.idToToken)
+	copy(t.idToToken, modelTokens)
 	t.tokenToID = make(map[string]int32, len(added))
 	for _, a := range added {
 		t.idToToken[*a.ID] = a.Content
@@ -148,15 +175,26 @@ func build(data []byte) (*Tokenizer, error) {
 			t.special[*a.ID] = true
 		}
 	}
+	t.addedTokens = added
 	if t.addedVocab, err = newAddedVocabulary(added, t.normalizer); err != nil {
+		return nil, err
+	}
+	if t.post, err = parsePostProcessor(postRaw, t); err != nil {
+		return nil, err
+	}
+	if t.padding, err = parsePadding(padRaw); err != nil {
+		return nil, err
+	}
+	if t.truncation, err = parseTruncation(truncRaw); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// parseModel reads the "model" object. Only BPE is supported: it is what every byte-level
-// tokenizer we serve (GPT-2, Qwen, Llama 3, Mistral's tekken-style) uses.
-func parseModel(s *jsonScanner) (*bpeModel, error) {
+// parseModel reads the "model" object: BPE (byte-level as GPT-2, Qwen and Llama 3 use it, or
+// SentencePiece-style with byte_fallback as Llama 2, TinyLlama and Mistral use it) or Unigram
+// (T5, converted SentencePiece unigram models).
+func parseModel(s *jsonScanner) (tokenModel, error) {
 	var (
 		opts        modelOptions
 		vocab       map[string]int32
@@ -165,6 +203,7 @@ func parseModel(s *jsonScanner) (*bpeModel, error) {
 		haveVocab   bool
 		haveMerges  bool
 		rules       []mergeRule
+		unigramRaw  []byte
 	)
 	if s.peek() == 'n' {
 		return nil, errors.New("tokenizer.json: \"model\" is null")
@@ -174,6 +213,11 @@ func parseModel(s *jsonScanner) (*bpeModel, error) {
 		switch string(key) {
 		case "vocab":
 			haveVocab = true
+			if s.peek() == '[' { // Unigram: [["piece", score], ...]
+				var err error
+				unigramRaw, err = s.skipValue()
+				return err
+			}
 			var err error
 			vocab, idToToken, err = parseVocab(s)
 			return err
@@ -206,8 +250,17 @@ func parseModel(s *jsonScanner) (*bpeModel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer.json: model: %w", err)
 	}
+	if opts.Type == "Unigram" {
+		if !haveVocab || unigramRaw == nil {
+			return nil, errors.New("tokenizer.json: a Unigram model needs model.vocab as a list of [piece, score] pairs")
+		}
+		return newUnigramModel(unigramRaw, opts)
+	}
 	if opts.Type != "" && opts.Type != "BPE" {
-		return nil, fmt.Errorf("tokenizer.json: model.type %q is not supported; only byte-level BPE tokenizers (type \"BPE\") are", opts.Type)
+		return nil, fmt.Errorf("tokenizer.json: model.type %q is not supported; supported: BPE (byte-level or SentencePiece-style with byte_fallback) and Unigram", opts.Type)
+	}
+	if unigramRaw != nil {
+		return nil, errors.New("tokenizer.json: model.vocab is a list, as Unigram models store it, but model.type is BPE; a BPE vocab is an object {\"token\": id}")
 	}
 	if !haveVocab {
 		return nil, errors.New("tokenizer.json: missing model.vocab")
@@ -224,10 +277,17 @@ func parseModel(s *jsonScanner) (*bpeModel, error) {
 	if p := opts.EndOfWordSuffix; p != nil && *p != "" {
 		return nil, fmt.Errorf("tokenizer.json: model.end_of_word_suffix %q is not supported by this byte-level BPE implementation", *p)
 	}
-	if opts.ByteFallback {
-		return nil, errors.New("tokenizer.json: model.byte_fallback=true is not supported (SentencePiece-style BPE); only byte-level BPE is")
-	}
 	m := newBPEModel(vocab, idToToken, opts.IgnoreMerges)
+	if opts.ByteFallback {
+		m.byteFallback = true
+		for b := 0; b < 256; b++ {
+			id, ok := vocab[byteFallbackToken(byte(b))]
+			if !ok {
+				id = -1
+			}
+			m.fallbackIDs[b] = id
+		}
+	}
 	if opts.UnkToken != nil {
 		id, ok := vocab[*opts.UnkToken]
 		if !ok {

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -9,7 +10,8 @@ import (
 )
 
 // normalizer is one tokenizers normalizer. Byte-level BPE checkpoints use at most NFC (Qwen)
-// or nothing (GPT-2); the Unicode forms, Lowercase and Sequence cover the common others.
+// or nothing (GPT-2); SentencePiece-style ones Prepend and Replace (Llama 2) or Precompiled,
+// NFKC and Replace (T5).
 type normalizer interface {
 	normalize(s string) string
 }
@@ -43,6 +45,12 @@ func parseNormalizer(raw []byte) (normalizer, error) {
 	var head struct {
 		Type        string            `json:"type"`
 		Normalizers []json.RawMessage `json:"normalizers"`
+		Prepend     *string           `json:"prepend"`
+		Pattern     *patternJSON      `json:"pattern"`
+		Content     *string           `json:"content"`
+		Charsmap    *string           `json:"precompiled_charsmap"`
+		StripLeft   bool              `json:"strip_left"`
+		StripRight  bool              `json:"strip_right"`
 	}
 	if err := json.Unmarshal(raw, &head); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: normalizer: %w", err)
@@ -58,6 +66,27 @@ func parseNormalizer(raw []byte) (normalizer, error) {
 		return unicodeForm{norm.NFKD}, nil
 	case "Lowercase":
 		return lowercase{}, nil
+	case "Prepend":
+		if head.Prepend == nil {
+			return nil, errors.New("tokenizer.json: normalizer Prepend needs \"prepend\"")
+		}
+		return prependNormalizer{*head.Prepend}, nil
+	case "Replace":
+		f, err := replacePattern(head.Pattern, "normalizer")
+		if err != nil {
+			return nil, err
+		}
+		if head.Content == nil {
+			return nil, errors.New("tokenizer.json: normalizer Replace needs \"content\"")
+		}
+		return replaceNormalizer{f, *head.Content}, nil
+	case "Strip":
+		return stripNormalizer{left: head.StripLeft, right: head.StripRight}, nil
+	case "Precompiled":
+		if head.Charsmap == nil {
+			return nil, errors.New("tokenizer.json: normalizer Precompiled needs \"precompiled_charsmap\" (base64)")
+		}
+		return newPrecompiled(*head.Charsmap)
 	case "Sequence":
 		var seq normalizerSeq
 		for i, r := range head.Normalizers {
@@ -74,6 +103,6 @@ func parseNormalizer(raw []byte) (normalizer, error) {
 		}
 		return seq, nil
 	default:
-		return nil, fmt.Errorf("tokenizer.json: unknown normalizer type %q; supported: NFC, NFD, NFKC, NFKD, Lowercase, Sequence", head.Type)
+		return nil, fmt.Errorf("tokenizer.json: unknown normalizer type %q; supported: NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip, Precompiled, Sequence", head.Type)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/dlclark/regexp2/v2"
 )
@@ -187,8 +188,11 @@ type preTokenizerJSON struct {
 	Pattern        *patternJSON      `json:"pattern"`
 	Behavior       string            `json:"behavior"`
 	Invert         bool              `json:"invert"`
-	AddPrefixSpace bool              `json:"add_prefix_space"`
+	AddPrefixSpace *bool             `json:"add_prefix_space"`
 	UseRegex       *bool             `json:"use_regex"`
+	Replacement    *string           `json:"replacement"`
+	PrependScheme  *string           `json:"prepend_scheme"`
+	SplitWords     *bool             `json:"split"`
 }
 
 type patternJSON struct {
@@ -251,9 +255,25 @@ func appendPreTokenizer(raw []byte, where string, out *[]preTokenizer) error {
 		if p.UseRegex != nil {
 			useRegex = *p.UseRegex
 		}
-		*out = append(*out, &byteLevelPre{addPrefixSpace: p.AddPrefixSpace, useRegex: useRegex, re: gpt2Scanner{}})
+		*out = append(*out, &byteLevelPre{addPrefixSpace: p.AddPrefixSpace != nil && *p.AddPrefixSpace, useRegex: useRegex, re: gpt2Scanner{}})
+	case "Metaspace":
+		repl := "▁"
+		if p.Replacement != nil {
+			if utf8.RuneCountInString(*p.Replacement) != 1 {
+				return fmt.Errorf("tokenizer.json: %s: Metaspace replacement %q must be one character", where, *p.Replacement)
+			}
+			repl = *p.Replacement
+		}
+		ps, err := parsePrependScheme(p.PrependScheme, p.AddPrefixSpace, where)
+		if err != nil {
+			return err
+		}
+		split := p.SplitWords == nil || *p.SplitWords
+		*out = append(*out, &metaspacePre{repl: repl, scheme: ps, splitWords: split})
+	case "WhitespaceSplit":
+		*out = append(*out, whitespaceSplitPre{})
 	default:
-		return fmt.Errorf("tokenizer.json: %s: unknown pre-tokenizer type %q; supported: Sequence, Split, ByteLevel", where, p.Type)
+		return fmt.Errorf("tokenizer.json: %s: unknown pre-tokenizer type %q; supported: Sequence, Split, ByteLevel, Metaspace, WhitespaceSplit", where, p.Type)
 	}
 	return nil
 }
@@ -261,6 +281,9 @@ func appendPreTokenizer(raw []byte, where string, out *[]preTokenizer) error {
 type literalFinder string
 
 func (l literalFinder) findAll(s string, fn func(start, end int)) {
+	if l == "" {
+		return
+	}
 	for i := 0; i <= len(s); {
 		j := strings.Index(s[i:], string(l))
 		if j < 0 {

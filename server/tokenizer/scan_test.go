@@ -83,7 +83,7 @@ func FuzzScanners(f *testing.F) {
 func TestMergeHeapMatchesSmall(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, name := range []string{"gpt2", "qwen3"} {
-		m := fixtureTokenizer(t, name).model
+		m := fixtureTokenizer(t, name).model.(*bpeModel)
 		for i := 0; i < 2000; i++ {
 			s := randomText(r, 1+r.IntN(40))
 			var syms []int32

@@ -34,11 +34,16 @@ import (
 // Tokenizer is a loaded byte-level BPE tokenizer plus the parts of tokenizer_config.json that
 // change what users see (chat template, special tokens, decode clean-up).
 type Tokenizer struct {
-	addedVocab *addedVocabulary
-	normalizer normalizer // nil when tokenizer.json has none
-	pre        []preTokenizer
-	model      *bpeModel
-	decoder    decoder
+	addedVocab  *addedVocabulary
+	addedTokens []addedTokenJSON // as in tokenizer.json, to rebuild addedVocab for another normalizer
+	normalizer  normalizer       // nil when tokenizer.json has none
+	pre         []preTokenizer
+	positional  bool // a pre-tokenizer depends on where its piece starts (Metaspace "first")
+	model       tokenModel
+	decoder     decoder
+	post        *postProcessor
+	padding     *padding
+	truncation  *truncation
 
 	// idToToken maps every id (model vocab and added tokens) to its token string; "" for
 	// ids that exist in neither (holes are skipped by Decode, as HF does).
@@ -117,6 +122,14 @@ func FromBytes(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	if cfg.CleanUpTokenizationSpaces != nil {
 		t.cleanUpSpaces = *cfg.CleanUpTokenizationSpaces
 	}
+	if pp, err := t.configPostProcessor(); err != nil {
+		return nil, err
+	} else if pp != nil {
+		t.post = pp
+	}
+	if err := t.applyTokenizerClass(); err != nil {
+		return nil, err
+	}
 	if cfg.ChatTemplate != nil {
 		ct, err := newChatTemplate(cfg.ChatTemplate, &cfg)
 		if err != nil {
@@ -138,7 +151,13 @@ func (t *Tokenizer) Encode(text string) []int32 {
 // vocabulary are skipped, as HF does; invalid UTF-8 produced by splitting a character across
 // ids becomes U+FFFD exactly as Rust's String::from_utf8_lossy does.
 func (t *Tokenizer) Decode(ids []int32) string {
-	return t.decode(ids)
+	return t.decode(ids, false)
+}
+
+// DecodeSkipSpecial returns HF's tokenizer.decode(ids, skip_special_tokens=True): Decode
+// without the added tokens marked special.
+func (t *Tokenizer) DecodeSkipSpecial(ids []int32) string {
+	return t.decode(ids, true)
 }
 
 // VocabSize is len(tokenizer) in transformers: the highest token id plus one, counting added
@@ -162,8 +181,7 @@ func (t *Tokenizer) TokenString(id int32) (string, bool) {
 // which may be part of a UTF-8 character; an added token's text), as OpenAI's logprobs
 // `bytes` report them; nothing for an id without a token.
 func (t *Tokenizer) TokenBytes(dst []byte, id int32) []byte {
-	dst, _ = t.appendID(dst, id, false)
-	return dst
+	return t.appendID(dst, id)
 }
 
 // SpecialID returns the id of a token given by its exact string, looking at added tokens
@@ -173,8 +191,7 @@ func (t *Tokenizer) SpecialID(tok string) (int32, bool) {
 	if id, ok := t.tokenToID[tok]; ok {
 		return id, true
 	}
-	id, ok := t.model.vocab[tok]
-	return id, ok
+	return t.model.tokenID(tok)
 }
 
 // IsSpecial reports whether id is an added token marked "special" in tokenizer.json (what
