@@ -190,3 +190,21 @@ func TestSweepPlotsLogAxis(t *testing.T) {
 		t.Errorf("sweep plot titles name %q, want the sweep's name and endpoint", got)
 	}
 }
+
+// TestMergeKeepsNotes: a shard's note (e.g. client-side metrics only) holds for the merged
+// figures, once however many shards carry it.
+func TestMergeKeepsNotes(t *testing.T) {
+	recs, _ := oddStartRecords()
+	a := &Run{Name: "a", Records: recs, Notes: []string{"client-side metrics only"}}
+	b := &Run{Name: "b", Records: recs, Notes: []string{"client-side metrics only"}}
+	m, err := Merge([]*Run{a, b}, []string{"a", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Notes) != 1 || m.Notes[0] != "client-side metrics only" {
+		t.Errorf("merged notes %q, want the shards' one note once", m.Notes)
+	}
+	if md := Markdown(Summarize(m)); !strings.Contains(md, "Note: client-side metrics only.") {
+		t.Errorf("merged summary.md lacks the note:\n%s", md)
+	}
+}
