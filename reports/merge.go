@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 )
 
@@ -62,6 +63,11 @@ func Merge(runs []*Run, shardIDs []string) (*Run, error) {
 			cost.WorkerCPUNs += r.Cost.WorkerCPUNs
 			cost.ClientCPUNs += r.Cost.ClientCPUNs
 			cost.EngineTokensPerSec += r.Cost.EngineTokensPerSec
+		}
+		for _, n := range r.Notes { // a shard's caveat holds for the merged figures too
+			if !slices.Contains(out.Notes, n) {
+				out.Notes = append(out.Notes, n)
+			}
 		}
 		addBlob(env, id, r.Environment)
 		addBlob(prov, id, r.Provenance)

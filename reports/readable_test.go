@@ -81,9 +81,6 @@ func TestMarkdownIntegersAsIntegers(t *testing.T) {
 	if !strings.Contains(md, "| Output Sequence Length (tokens) | 16.00 | 16.00 | 16.00 | 16.00 | 16 | 16 | 0.00 |") {
 		t.Errorf("summary.md's output sequence length row is not min/max whole:\n%s", md)
 	}
-	if strings.Contains(md, ".00 |\n") && strings.Contains(md, "| Request Count | "+strconv.Itoa(int(n))+".00") {
-		t.Errorf("summary.md prints a count with decimals")
-	}
 }
 
 // TestSummaryNamesSeedAndDigest: the seed used and the sweep's base seed, and the bundle's
@@ -188,5 +185,23 @@ func TestSweepPlotsLogAxis(t *testing.T) {
 	}
 	if got := sweepAbout(sums); !strings.HasPrefix(got, "profile: completions, streamed") {
 		t.Errorf("sweep plot titles name %q, want the sweep's name and endpoint", got)
+	}
+}
+
+// TestMergeKeepsNotes: a shard's note (e.g. client-side metrics only) holds for the merged
+// figures, once however many shards carry it.
+func TestMergeKeepsNotes(t *testing.T) {
+	recs, _ := oddStartRecords()
+	a := &Run{Name: "a", Records: recs, Notes: []string{"client-side metrics only"}}
+	b := &Run{Name: "b", Records: recs, Notes: []string{"client-side metrics only"}}
+	m, err := Merge([]*Run{a, b}, []string{"a", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Notes) != 1 || m.Notes[0] != "client-side metrics only" {
+		t.Errorf("merged notes %q, want the shards' one note once", m.Notes)
+	}
+	if md := Markdown(Summarize(m)); !strings.Contains(md, "Note: client-side metrics only.") {
+		t.Errorf("merged summary.md lacks the note:\n%s", md)
 	}
 }
