@@ -53,8 +53,19 @@ The run fails (exit 1) when a client request has no server record or the reverse
 a fingerprinted file (bundle, inputs, tokenizer, source tree) changed during the run, when
 no measured request of a point succeeded ("0 of N requests succeeded"), or when more failed
 than --max-error-rate allows; the raw records are kept either way. A --url where nothing
-accepts connections fails within 5 s, naming it. An --out folder that already holds files is
-refused unless --overwrite is given, so a run is never replaced silently.
+accepts connections fails within 5 s, naming it. A run is written into a temporary folder
+beside --out (OUT.partial-*) and renamed to --out when it ends; a failed run is kept as
+OUT.failed-<UTC time> with a FAILED file saying why, so the next run into --out is not
+blocked. An --out folder that already holds a run is refused unless --overwrite is given
+(which replaces it once the new run has ended well), so a run is never replaced silently.
+Against a server given by --url, whose records cannot be read, the figures are the client's
+(as AIPerf's are), and a note says so. A sweep of two points or more also writes its plots
+(throughput and p99 latency against the swept value on a log axis, throughput against
+latency) into --out/NAME-sweep.
+
+With --endpoint images, the --input-file's requests are profiled in the same layout, with
+AIPerf's image metrics (num_images, image_throughput, image_latency) and, from a qual-server's
+records, task time and PNG encode time.
 
 With --image-dir or --image-width-mean/--image-height-mean (chat only) every request carries
 one image as a data: URL content part; a vision-language qual-server's records then hold each
@@ -66,7 +77,7 @@ only, spread evenly, so one run compares TTFT with and without an image.
 Flags:
 `
 
-func runProfile(args []string) int {
+func runProfile(args []string) (code int) {
 	fs := flag.NewFlagSet("profile", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), profileUsage)
@@ -101,7 +112,7 @@ func runProfile(args []string) int {
 		outTokens      = fs.Int("output-tokens", 0, "output length: max_tokens with ignore_eos (0: server default); the mean with --output-tokens-stddev; an input file's per-line output_length takes precedence")
 		outStd         = fs.Int("output-tokens-stddev", 0, "output length standard deviation: each prompt gets its own length, drawn from a normal distribution around --output-tokens (so requests do not all finish together)")
 		slo            = fs.String("slo", "", "goodput SLOs, e.g. ttft:200ms,itl:20ms,request_latency:1s")
-		seed           = fs.Uint64("seed", 0, "random seed (0: pick one; the seed used is recorded)")
+		seed           = fs.Uint64("seed", 0, "random seed of prompts, arrivals and cancellations (0: pick one); summary.json records it as seed.base and each point's own, base + the point's index in sweep order, as seed.used")
 		out            = fs.String("out", "", "output folder (one run directory per sweep point)")
 		name           = fs.String("name", "profile", "run directory name prefix")
 		cancelRate     = fs.Float64("cancel-rate", 0, "fraction of measured requests to cancel (0..1)")
@@ -209,16 +220,18 @@ func runProfile(args []string) int {
 	if *maxErrorRate > 1 {
 		return bad("--max-error-rate %v must be within [0, 1]", *maxErrorRate)
 	}
-	if !*overwrite {
-		if err := load.RefuseExistingRun(*out); err != nil {
-			return bad("--out: %v", err)
-		}
-	}
 	if *url != "" {
 		if err := profileReachable(*url, 5*time.Second); err != nil {
 			return profileFail("%v", err)
 		}
 	}
+	stage, err := load.StageRun(*out, *overwrite)
+	if err != nil {
+		return bad("--out: %v", err)
+	}
+	var res *load.ProfileResult
+	var runErr error
+	defer func() { code = profileFinish(stage, res, runErr, code) }()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -248,7 +261,7 @@ func runProfile(args []string) int {
 	}
 	var sessions []load.Session
 	if *endpoint == load.EndpointImages {
-		// Requests and their controls come from --input-file (load.ProfileImages).
+		// Requests and their controls come from --input-file (load.Profile reads it).
 	} else if *datasetType != "" {
 		var ds *load.Dataset
 		ds, err = load.ReadDataset(*inputFile, *datasetType, ltok)
@@ -283,10 +296,7 @@ func runProfile(args []string) int {
 		return profileFail("%v", err)
 	}
 
-	runDir, err := filepath.Abs(*out)
-	if err != nil {
-		return profileFail("--out: %v", err)
-	}
+	runDir := stage.Dir
 	opts := []launch.Option{launch.WithModel(*model), launch.WithRunDir(filepath.Join(runDir, "server")),
 		launch.WithStartupTimeout(*startupTimeout), launch.WithArgs(serverArgs...), launch.WithFaults(*faults),
 		launch.WithAPIKey(*apiKey), launch.WithImage(*image), launch.WithMemoryLimit(*ctrMemory), launch.WithPidsLimit(*ctrPids)}
@@ -340,7 +350,7 @@ func runProfile(args []string) int {
 			BaseURL: grpcURL, APIKey: *apiKey, Endpoint: *endpoint, Stream: *stream, MaxConcurrency: *maxConc, Arrival: *arrival,
 			Requests: *requests, Duration: *duration, Warmup: *warmup, Prompts: prompts, OutputTokens: *outTokens,
 			Sessions: sessions, FixedSchedule: *fixedSchedule,
-			CancelRate: *cancelRate, CancelDelay: *cancelDelay, Seed: *seed, Tokenizer: ltok,
+			CancelRate: *cancelRate, CancelDelay: *cancelDelay, Seed: promptSeed, Tokenizer: ltok,
 			RequestTimeout: *requestTimeout, Progress: progress,
 		},
 		Concurrencies: concs,
@@ -358,22 +368,13 @@ func runProfile(args []string) int {
 	if *maxErrorRate >= 0 {
 		in.MaxErrorRate = maxErrorRate
 	}
-	if progress != nil && *endpoint != load.EndpointImages {
+	if progress != nil {
 		sp := newSweepProgress(progress, sweepLabels(concs, rates, *fixedSchedule, *repeat), *duration)
 		in.Load.OnPhase = sp.onPhase
 	}
-	if *endpoint == load.EndpointImages {
-		if _, err := load.ProfileImages(ctx, in, os.Stdout); err != nil {
-			return profileFail("%v", err)
-		}
-		return 0
-	}
-	res, perr := load.Profile(ctx, in)
-	if res != nil {
-		printProfileSummary(os.Stdout, res)
-	}
-	if perr != nil {
-		return profileFail("%v", perr)
+	res, runErr = load.Profile(ctx, in)
+	if runErr != nil {
+		return profileFail("%v", runErr)
 	}
 	return 0
 }
