@@ -556,3 +556,26 @@ func TestTokenizerClassLlama(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadChatTemplateJinja(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("tokenizer.json", string(spTinyJSON(t, "llama")))
+	write("tokenizer_config.json", `{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "config {{ messages[0].content }}"}`)
+	write("chat_template.jinja", "{{ bos_token }}[INST] {{ messages[0]['content'] }} [/INST]")
+	tok, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tok.ApplyChatTemplate([]Message{{"role": "user", "content": "hi"}}, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != "<s>[INST] hi [/INST]" {
+		t.Errorf("chat_template.jinja not used: %q", got)
+	}
+}
