@@ -109,17 +109,7 @@ const maxCachedWord = 64
 
 // tokenizeWord appends the ids of one pre-tokenized word to out.
 func (m *bpeModel) tokenizeWord(word string, out []int32) []int32 {
-	if len(word) <= maxCachedWord {
-		if ids, ok := m.cache.get(word); ok {
-			return append(out, ids...)
-		}
-	}
-	start := len(out)
-	out = m.mergeWord(word, out)
-	if len(word) <= maxCachedWord {
-		m.cache.put(word, out[start:])
-	}
-	return out
+	return m.cache.tokenize(word, out, m.mergeWord)
 }
 
 func (m *bpeModel) mergeWord(word string, out []int32) []int32 {
@@ -411,6 +401,22 @@ const cacheMaxEntries = 1 << 16
 func (c *wordCache) init() {
 	c.m.Clear()
 	c.n.Store(0)
+}
+
+// tokenize appends the ids of word: from the cache, or from f (then cached when the word is
+// short enough to be worth keeping).
+func (c *wordCache) tokenize(word string, out []int32, f func(string, []int32) []int32) []int32 {
+	if len(word) <= maxCachedWord {
+		if ids, ok := c.get(word); ok {
+			return append(out, ids...)
+		}
+	}
+	start := len(out)
+	out = f(word, out)
+	if len(word) <= maxCachedWord {
+		c.put(word, out[start:])
+	}
+	return out
 }
 
 func (c *wordCache) get(word string) ([]int32, bool) {

@@ -44,6 +44,8 @@ func FuzzLoad(f *testing.F) {
 		`{"pre_tokenizer":{"type":"Split","pattern":{"Regex":"(?!"},"behavior":"Isolated"},"model":{"vocab":{},"merges":[]}}`,
 		`{"model":{"vocab":{"a":0},"merges":["a"]}}`,
 		`[`, `{"model":`, `{"model":{"vocab":{"\ud800":0},"merges":[]}}`,
+		`{"model":{"type":"Unigram","unk_id":0,"vocab":[["<unk>",0],["a",-1],["<0x62>",-2]],"byte_fallback":true},"normalizer":{"type":"Precompiled","precompiled_charsmap":"CAAAAAEAAAACAAAA"},"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"WhitespaceSplit"},{"type":"Metaspace","replacement":"▁","prepend_scheme":"first","split":true}]}}`,
+		`{"model":{"type":"BPE","byte_fallback":true,"fuse_unk":true,"unk_token":"<unk>","vocab":{"<unk>":0,"<0x61>":1,"▁":2},"merges":[]},"normalizer":{"type":"Sequence","normalizers":[{"type":"Prepend","prepend":"▁"},{"type":"Replace","pattern":{"String":" "},"content":"▁"}]},"decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":1}]},"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>"}},{"Sequence":{"id":"A"}}],"special_tokens":{"<s>":{"ids":[0]}}},"padding":{"strategy":{"Fixed":5},"pad_id":0},"truncation":{"max_length":3}}`,
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
@@ -57,6 +59,14 @@ func FuzzLoad(f *testing.F) {
 		ids := tok.Encode("ab <x> héllo")
 		tok.Decode(ids)
 		tok.Decode([]int32{-1, 0, 1 << 30})
+		if ids, err := tok.EncodeWithSpecialTokens(" a  b "); err == nil {
+			d := tok.NewStreamDecoder()
+			for _, id := range ids {
+				d.Add(id)
+			}
+			d.Flush()
+		}
+		tok.EncodeDeclared("a b", true)
 	})
 }
 

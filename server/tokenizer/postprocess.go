@@ -247,6 +247,10 @@ type padding struct {
 	left     bool
 }
 
+// maxPadLength bounds declared padding lengths: far above any model's context, low enough
+// that a corrupt file cannot make every encode allocate gigabytes.
+const maxPadLength = 1 << 20
+
 func parsePadding(raw []byte) (*padding, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
@@ -262,6 +266,9 @@ func parsePadding(raw []byte) (*padding, error) {
 	}
 	p := &padding{padID: j.PadID, left: j.Direction == "Left"}
 	if j.PadToMultipleOf != nil {
+		if *j.PadToMultipleOf < 0 || *j.PadToMultipleOf > maxPadLength {
+			return nil, fmt.Errorf("tokenizer.json: padding.pad_to_multiple_of %d is outside 0..%d", *j.PadToMultipleOf, maxPadLength)
+		}
 		p.multiple = *j.PadToMultipleOf
 	}
 	var fixed struct {
@@ -270,10 +277,10 @@ func parsePadding(raw []byte) (*padding, error) {
 	var name string
 	switch {
 	case json.Unmarshal(j.Strategy, &name) == nil && name == "BatchLongest":
-	case json.Unmarshal(j.Strategy, &fixed) == nil && fixed.Fixed != nil && *fixed.Fixed >= 0:
+	case json.Unmarshal(j.Strategy, &fixed) == nil && fixed.Fixed != nil && *fixed.Fixed >= 0 && *fixed.Fixed <= maxPadLength:
 		p.length = *fixed.Fixed
 	default:
-		return nil, fmt.Errorf("tokenizer.json: padding.strategy %s: want \"BatchLongest\" or {\"Fixed\": n}", truncateForError(j.Strategy))
+		return nil, fmt.Errorf("tokenizer.json: padding.strategy %s: want \"BatchLongest\" or {\"Fixed\": n} with 0 <= n <= %d", truncateForError(j.Strategy), maxPadLength)
 	}
 	return p, nil
 }

@@ -178,8 +178,8 @@ func isGraphemeControl(r rune) bool {
 		return true
 	case r == 0x200C || r == 0x200D:
 		return false
-	case unicode.Is(unicode.Prepended_Concatenation_Mark, r):
-		return false
+	case unicode.Is(unicode.Prepended_Concatenation_Mark, r), unicode.Is(unicode.Other_Grapheme_Extend, r):
+		return false // Prepend, or Extend (the tag characters are Cf)
 	}
 	return unicode.In(r, unicode.Cc, unicode.Zl, unicode.Zp, unicode.Cf)
 }

@@ -556,3 +556,55 @@ func TestTokenizerClassLlama(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadChatTemplateJinja(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("tokenizer.json", string(spTinyJSON(t, "llama")))
+	write("tokenizer_config.json", `{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "config {{ messages[0].content }}"}`)
+	write("chat_template.jinja", "{{ bos_token }}[INST] {{ messages[0]['content'] }} [/INST]")
+	tok, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tok.ApplyChatTemplate([]Message{{"role": "user", "content": "hi"}}, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != "<s>[INST] hi [/INST]" {
+		t.Errorf("chat_template.jinja not used: %q", got)
+	}
+}
+
+func TestStripAfterFuseStream(t *testing.T) {
+	// A Strip after Fuse cuts the start and end of the whole text, however the stream splits
+	// it: start 2 spans two tokens here, and stop 1 holds the text back until Flush.
+	for _, tc := range []struct {
+		start, stop int
+		ids         []int32
+		want        string
+	}{
+		{2, 0, []int32{0, 1}, "a"},
+		{2, 0, []int32{0, 0, 1}, " a"},
+		{1, 0, []int32{2, 0, 1}, "b  a"},
+		{0, 1, []int32{1, 0}, " a"},
+		{1, 1, []int32{0, 1, 0, 2}, " a b"},
+	} {
+		doc := fmt.Sprintf(`{"model":{"type":"BPE","vocab":{"▁":0,"▁a":1,"b":2},"merges":[]},
+			"decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},{"type":"Fuse"},{"type":"Strip","content":" ","start":%d,"stop":%d}]}}`, tc.start, tc.stop)
+		tok, err := FromBytes([]byte(doc), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tok.Decode(tc.ids); got != tc.want {
+			t.Errorf("Strip(%d, %d) Decode(%v) = %q, want %q", tc.start, tc.stop, tc.ids, got, tc.want)
+		}
+		if got := streamChecked(t, tok, tc.ids, false); got != tc.want {
+			t.Errorf("Strip(%d, %d) stream of %v = %q, want %q", tc.start, tc.stop, tc.ids, got, tc.want)
+		}
+	}
+}

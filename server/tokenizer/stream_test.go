@@ -4,7 +4,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -12,21 +11,7 @@ import (
 // streamAll feeds ids one at a time and checks that every delta is valid UTF-8.
 func streamAll(t *testing.T, tok *Tokenizer, ids []int32) string {
 	t.Helper()
-	d := tok.NewStreamDecoder()
-	var sb strings.Builder
-	for i, id := range ids {
-		delta := d.Add(id)
-		if !utf8.ValidString(delta) {
-			t.Fatalf("delta %d (id %d) is not valid UTF-8: %q", i, id, delta)
-		}
-		sb.WriteString(delta)
-	}
-	tail := d.Flush()
-	if !utf8.ValidString(tail) {
-		t.Fatalf("Flush is not valid UTF-8: %q", tail)
-	}
-	sb.WriteString(tail)
-	return sb.String()
+	return streamChecked(t, tok, ids, false)
 }
 
 func TestStreamDecoderGolden(t *testing.T) {

@@ -1,20 +1,28 @@
 // Package tokenizer loads Hugging Face tokenizer.json / tokenizer_config.json files and
-// reproduces the `tokenizers` library's byte-level BPE pipeline (added tokens, normalizer,
-// pre-tokenizer, BPE model, ByteLevel decoder) and transformers' chat-template rendering,
-// so that the server and the harness count and produce exactly the ids the checkpoint's own
-// Python tokenizer would. fixtures/golden/tokenizer_golden.json (transformers 5.17,
-// tokenizers 0.23.2) is the reference the tests hold it to.
+// reproduces the `tokenizers` library's pipeline (added tokens, normalizer, pre-tokenizer,
+// model, post-processor, decoder) and transformers' chat-template rendering, so that the
+// server and the harness count and produce exactly the ids the checkpoint's own Python
+// tokenizer would. fixtures/golden/tokenizer_golden.json (byte-level BPE) and
+// fixtures/golden/sp_tokenizer_golden.json (SentencePiece-style BPE and Unigram), both from
+// transformers 5.17 and tokenizers 0.23, are the references the tests hold it to.
 //
-// A Tokenizer is immutable after Load and safe for concurrent use; the per-word BPE cache is
+// A Tokenizer is immutable after Load and safe for concurrent use; the per-word caches are
 // internally synchronized.
 //
-// Supported tokenizer.json parts: model BPE (merges as "a b" or ["a", "b"], ignore_merges,
-// unk_token); normalizers NFC, NFD, NFKC, NFKD, Lowercase, Sequence; pre-tokenizers
-// Sequence, Split (Regex or String pattern, every behavior, invert) and ByteLevel; decoder
-// ByteLevel (or none). Anything else is refused at load with an error naming it.
-// post_processor is ignored because Encode never adds special tokens, and offsets
-// (trim_offsets) are not computed. The GPT-2, Qwen2/3 and Llama 3 split regexes run on
-// hand-written scanners checked against regexp2 (scan_test.go); other regexes run on regexp2.
+// Supported tokenizer.json parts: models BPE (merges as "a b" or ["a", "b"], ignore_merges,
+// unk_token, fuse_unk, byte_fallback) and Unigram (Viterbi over the piece scores, unk fused,
+// byte_fallback); normalizers NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip,
+// Precompiled (SentencePiece charsmaps) and Sequence; pre-tokenizers Sequence, Split (Regex or
+// String pattern, every behavior, invert), ByteLevel, Metaspace (prepend_scheme always, first,
+// never; split) and WhitespaceSplit; decoders ByteLevel, Replace, ByteFallback, Fuse, Strip,
+// Metaspace and Sequence; post-processors TemplateProcessing (single), RobertaProcessing,
+// BertProcessing, ByteLevel and Sequence; padding and truncation. Anything else is refused at
+// load with an error naming it (an unknown post-processor only when encoding with special
+// tokens). tokenizer_config.json's add_bos_token/add_eos_token and the rebuild that
+// transformers 5's LlamaTokenizer and T5Tokenizer classes make of the pipeline are applied as
+// transformers applies them (tokenizerclass.go). Offsets (trim_offsets) are not computed. The
+// GPT-2, Qwen2/3 and Llama 3 split regexes run on hand-written scanners checked against
+// regexp2 (scan_test.go); other regexes run on regexp2.
 //
 // Known difference from transformers, outside what the golden files exercise: chat-template
 // inputs given as Go maps have no key order, so tojson writes their keys sorted where Python
@@ -31,8 +39,8 @@ import (
 	"path/filepath"
 )
 
-// Tokenizer is a loaded byte-level BPE tokenizer plus the parts of tokenizer_config.json that
-// change what users see (chat template, special tokens, decode clean-up).
+// Tokenizer is a loaded tokenizer.json plus the parts of tokenizer_config.json that change
+// what users see (chat template, special tokens, BOS/EOS, decode clean-up).
 type Tokenizer struct {
 	addedVocab  *addedVocabulary
 	addedTokens []addedTokenJSON // as in tokenizer.json, to rebuild addedVocab for another normalizer
@@ -61,9 +69,10 @@ type Tokenizer struct {
 // "content", plus anything a template reads (tool_calls, reasoning_content, ...).
 type Message = map[string]any
 
-// Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json. A missing
-// tokenizer_config.json is not an error (GPT-2 ships none); the tokenizer then has no chat
-// template and decodes without clean-up.
+// Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json and
+// dir/chat_template.jinja. A missing tokenizer_config.json is not an error (GPT-2 ships none);
+// the tokenizer then has no chat template (unless chat_template.jinja gives one) and decodes
+// without clean-up.
 func Load(dir string) (*Tokenizer, error) {
 	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
@@ -77,7 +86,17 @@ func Load(dir string) (*Tokenizer, error) {
 		}
 		cj = nil
 	}
-	t, err := FromBytes(tj, cj)
+	// transformers writes the chat template to chat_template.jinja (save_pretrained since 4.50)
+	// and, loading, lets that file win over tokenizer_config.json's chat_template.
+	jinjaPath := filepath.Join(dir, "chat_template.jinja")
+	jinja, err := os.ReadFile(jinjaPath)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("tokenizer: read %s: %w", jinjaPath, err)
+		}
+		jinja = nil
+	}
+	t, err := fromBytes(tj, cj, jinja)
 	if err != nil {
 		return nil, fmt.Errorf("%w (directory %s)", err, dir)
 	}
@@ -108,11 +127,23 @@ func FromBundle(b SectionReader) (*Tokenizer, error) {
 // FromBytes builds a Tokenizer from the contents of tokenizer.json and tokenizer_config.json
 // (which may be nil or empty). It copies what it keeps, so the inputs may be reused or unmapped.
 func FromBytes(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
+	return fromBytes(tokenizerJSON, tokenizerConfigJSON, nil)
+}
+
+// fromBytes is FromBytes with the contents of chat_template.jinja (nil when absent), which
+// replaces tokenizer_config.json's default chat template.
+func fromBytes(tokenizerJSON, tokenizerConfigJSON, chatTemplateJinja []byte) (*Tokenizer, error) {
 	var cfg tokenizerConfig
 	if len(tokenizerConfigJSON) > 0 {
 		if err := json.Unmarshal(tokenizerConfigJSON, &cfg); err != nil {
 			return nil, fmt.Errorf("tokenizer: parse tokenizer_config.json: %w", err)
 		}
+	}
+	if chatTemplateJinja != nil {
+		if cfg.ChatTemplate == nil {
+			cfg.ChatTemplate = &chatTemplateSpec{}
+		}
+		cfg.ChatTemplate.Default = string(chatTemplateJinja)
 	}
 	t, err := build(tokenizerJSON)
 	if err != nil {

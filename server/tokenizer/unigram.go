@@ -91,17 +91,7 @@ func (m *unigramModel) tokenizeWord(word string, out []int32) []int32 {
 	if word == "" {
 		return out
 	}
-	if len(word) <= maxCachedWord {
-		if ids, ok := m.cache.get(word); ok {
-			return append(out, ids...)
-		}
-	}
-	start := len(out)
-	out = m.viterbi(word, out)
-	if len(word) <= maxCachedWord {
-		m.cache.put(word, out[start:])
-	}
-	return out
+	return m.cache.tokenize(word, out, m.viterbi)
 }
 
 // pathNode is the best path ending at one byte offset: its last piece and where that piece
