@@ -33,7 +33,7 @@ import (
 // else whether the label filter selects the family's gpu specs and none of its CPU ones (so
 // `--label-filter=premerge` and a plain `go test` keep the CPU server).
 func (s *Suite) gpuRun() bool {
-	switch strings.ToLower(setValue(envconfig.GPU)) {
+	switch strings.ToLower(envconfig.GPU.Get()) {
 	case "1", "true", "yes":
 		return true
 	case "0", "false", "no":

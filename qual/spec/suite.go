@@ -36,14 +36,6 @@ import (
 // MODELQUAL_HUB_CACHE, MODELQUAL_NO_SOURCE_FINGERPRINT, MODELQUAL_BIN, MODELQUAL_FAULTS and the
 // GPU ones of gpu.go.
 
-// setValue is v's value as set, "" when unset: for the variables whose empty value means
-// "decide from the run" (the launcher from the label filter, the artifact folder from the
-// checkout), which envconfig's default would hide.
-func setValue(v envconfig.Var) string {
-	s, _ := v.Lookup()
-	return s
-}
-
 // Test-binary flags, for runs that prefer flags to the environment:
 // ginkgo ./families/qwen -- -modelqual.launcher=external -modelqual.url=http://host:8000.
 // A flag wins over its environment variable.
@@ -196,7 +188,7 @@ func externalURL() string {
 func launcherKind() (string, error) {
 	k := *launcherFlag
 	if k == "" {
-		k = setValue(envconfig.Launcher)
+		k = envconfig.Launcher.Get()
 	}
 	if k != "" {
 		switch k {
@@ -238,7 +230,7 @@ func (s *Suite) prepare(ctx context.Context) (State, error) {
 	if st.Launcher, err = launcherKind(); err != nil {
 		return st, err
 	}
-	base := setValue(envconfig.Artifacts)
+	base := envconfig.Artifacts.Get()
 	if base == "" {
 		base = filepath.Join(root, "artifacts", "specs")
 	}

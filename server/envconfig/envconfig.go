@@ -24,21 +24,21 @@ type Var struct {
 
 // The variables, by name. Keep each one's description true when its reader changes.
 var (
-	Cache = declare("MODELQUAL_CACHE", "", "folder of generated fixtures and built bundles (content-keyed); default the user cache directory's modelqual/")
+	Cache = declare("MODELQUAL_CACHE", "", "folder of generated fixtures and built bundles (content-keyed, safe to share); unset: <checkout>/.cache/modelqual inside a checkout, else the user cache directory's modelqual/")
 	Bin   = declare("MODELQUAL_BIN", "", "folder holding the qual and qual-server binaries a launcher starts; default next to the running executable, then PATH")
 
 	Faults = declare("MODELQUAL_FAULTS", "", "comma-separated planted faults (qual/mutants) for the server, its workers and the native runtime; empty in production")
 
-	Launcher       = declare("MODELQUAL_LAUNCHER", "process", "how family suites start the server: process, container or external")
+	Launcher       = declare("MODELQUAL_LAUNCHER", "", "how family suites start the server: process, container or external; unset: external when a URL is given, container when the label filter selects only container specs, else process")
 	ExternalURL    = declare("MODELQUAL_EXTERNAL_URL", "", "base URL of an already running OpenAI-compatible server to qualify (implies the external launcher)")
 	ExternalModel  = declare("MODELQUAL_EXTERNAL_MODEL", "", "model name to send to the external server; default the family's served model name")
 	APIKey         = declare("MODELQUAL_API_KEY", "", "bearer token the suites send to an external server")
-	Artifacts      = declare("MODELQUAL_ARTIFACTS", "artifacts", "folder where suites write run reports, server logs and records")
+	Artifacts      = declare("MODELQUAL_ARTIFACTS", "", "folder where family suites write run reports, server logs and records; unset: <checkout>/artifacts/specs")
 	HubCache       = declare("MODELQUAL_HUB_CACHE", "", "Hugging Face hub cache to find checkpoints in; default HF_HUB_CACHE, then the fixtures' cache")
 	HFHubCache     = declare("HF_HUB_CACHE", "", "Hugging Face's own hub cache variable, read when MODELQUAL_HUB_CACHE is unset")
 	NoSourceFinger = declare("MODELQUAL_NO_SOURCE_FINGERPRINT", "", "set to 1 to skip fingerprinting the source tree before and after a run (a runner without the checkout)")
 
-	GPU          = declare("MODELQUAL_GPU", "auto", "GPU specs: auto (run where a GPU is present), off, or require (fail without one)")
+	GPU          = declare("MODELQUAL_GPU", "", "1 (true, yes) runs a suite's GPU qualification whatever the label filter, 0 (false, no) never; unset: the label filter decides (gpu)")
 	GPUs         = declare("MODELQUAL_GPUS", "", "GPUs this process may use (indexes or UUIDs, comma-separated); default all")
 	GPUPrecision = declare("MODELQUAL_GPU_PRECISION", "bf16", "precision of the cuda bundles GPU specs build: bf16 or fp16")
 	CUDALib      = declare("MODELQUAL_CUDA_LIB", "", "path of libmodelqual_cuda.so for --device cuda (read by the native runtime); default next to the executable, then the loader's path")

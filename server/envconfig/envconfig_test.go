@@ -6,13 +6,13 @@ import (
 )
 
 func TestGetFallsBackToDefault(t *testing.T) {
-	t.Setenv(Launcher.Name, "")
-	if got := Launcher.Get(); got != "process" {
-		t.Fatalf("unset %s: got %q, want its default %q", Launcher.Name, got, "process")
+	t.Setenv(GPUPrecision.Name, "")
+	if got := GPUPrecision.Get(); got != "bf16" {
+		t.Fatalf("unset %s: got %q, want its default %q", GPUPrecision.Name, got, "bf16")
 	}
-	t.Setenv(Launcher.Name, "container")
-	if got := Launcher.Get(); got != "container" {
-		t.Fatalf("%s=container: got %q", Launcher.Name, got)
+	t.Setenv(GPUPrecision.Name, "fp16")
+	if got := GPUPrecision.Get(); got != "fp16" {
+		t.Fatalf("%s=fp16: got %q", GPUPrecision.Name, got)
 	}
 }
 
