@@ -181,7 +181,7 @@ func (s *Server) handleGenerate(q *reqState, chat bool) {
 		q.fail(aerr)
 		return
 	}
-	ids, img, aerr := s.prepareImage(q, req, ids) // vision.go: one image, placeholders expanded
+	ids, img, aerr := s.prepareImage(q, req, ids) // chat_image.go: one image, placeholders expanded
 	if aerr != nil {
 		q.fail(aerr)
 		return
