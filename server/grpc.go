@@ -29,7 +29,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +47,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/modelqual/modelqual/server/envconfig"
 	oe "github.com/modelqual/modelqual/server/openengine/v1"
 	"github.com/modelqual/modelqual/server/record"
 	"github.com/modelqual/modelqual/server/wire"
@@ -106,7 +106,7 @@ func (s *Server) startGRPC() error {
 		return fmt.Errorf("qual-server: listen on %s (--grpc-port): %w; pick another --grpc-port or stop what holds it", addr, err)
 	}
 	f := &grpcFrontend{ln: ln, health: health.NewServer(), running: map[string]context.CancelCauseFunc{},
-		cumulative: strings.Contains(os.Getenv("MODELQUAL_FAULTS"), "server.grpc_cumulative_deltas")}
+		cumulative: strings.Contains(envconfig.Faults.Get(), "server.grpc_cumulative_deltas")}
 	f.base, f.cutAll = context.WithCancelCause(context.Background())
 	f.srv = grpc.NewServer(
 		grpc.ForceServerCodecV2(frameCodec{encoding.GetCodecV2("proto")}),

@@ -148,7 +148,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 var errUnauthorized = &APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key",
-	Message: "missing or wrong API key; send Authorization: Bearer <key> with the key given to --api-key, --api-key-file or " + APIKeyEnv}
+	Message: "missing or wrong API key; send Authorization: Bearer <key> with the key given to --api-key, --api-key-file or " + apiKeyEnv}
 
 // redactedArgs is the command line with --api-key's value replaced, for /debug/pprof/cmdline.
 func redactedArgs(args []string) []string {

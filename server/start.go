@@ -21,6 +21,7 @@ import (
 
 	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/server/cpuset"
+	"github.com/modelqual/modelqual/server/envconfig"
 	"github.com/modelqual/modelqual/server/tokenizer"
 	"github.com/modelqual/modelqual/server/wire"
 )
@@ -182,7 +183,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		cfg.WorkerCPUs = all // workers inherit the frontend's mask otherwise
 	}
-	s := &Server{cfg: cfg, faults: parseFaults(os.Getenv("MODELQUAL_FAULTS")), m: newMetrics(), created: time.Now().Unix()}
+	s := &Server{cfg: cfg, faults: parseFaults(envconfig.Faults.Get()), m: newMetrics(), created: time.Now().Unix()}
 	s.drainCtx, s.drainCancel = context.WithCancel(context.Background())
 	if cfg.Records != "" {
 		rw, err := openRecords(cfg.Records, s.faults.dropRecord, s.m.recordErrors)
