@@ -2,6 +2,15 @@
 // processes that each hold one native engine (package worker, protocol in package wire),
 // with request records, Prometheus metrics and OpenAI-shaped errors.
 //
+// Where things are: this file holds the Server and one request's lifecycle (serve: decode →
+// validate → render/tokenize → admit → run → stream → record); routes.go the routing table;
+// generate.go the completions and chat routes, chat_image.go a chat request's image, images.go
+// the text-to-image route, grpc.go the OpenEngine gRPC API, extensions.go /tokenize,
+// /detokenize and /mq/v1/logits, info.go /health, /v1/models and /mq/v1/bundle; request.go
+// decodes generation bodies; pool.go is the worker pool (package worker runs in the workers,
+// package wire is their protocol); recordfile.go writes the --records file (its schema is
+// package record); start.go starts and drains the server; conns.go bounds slow clients.
+//
 // Why a frontend in its own process: the product qualified by modelqual is the whole serving
 // stack, so its cost per token must be measured and small (issue 3: ≤ 3 µs of frontend CPU per
 // streamed token), and an engine crash must fail only the requests it held. The frontend owns
@@ -20,174 +29,154 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
+	"github.com/modelqual/modelqual/server/cpuset"
 	"github.com/modelqual/modelqual/server/record"
+	"github.com/modelqual/modelqual/server/tokenizer"
+	"github.com/modelqual/modelqual/server/wire"
 )
 
-// errDrained is the cause of a request context ended by the drain deadline.
-var errDrained = errors.New("the server is shutting down and --drain-timeout passed before this request finished")
-
-// drainContext is the request's context, also ended (with cause errDrained) at the drain
-// deadline.
-func (s *Server) drainContext(ctx context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(s.drainCtx, func() { cancel(errDrained) })
-	return ctx, func() { stop(); cancel(nil) }
+// Config is qual-server's configuration; flags map one to one (see ParseFlags).
+type Config struct {
+	Bundle         string
+	ModelName      string
+	Host           string
+	Port           int
+	GRPCPort       int // --grpc-port, OpenEngine v1 gRPC: -1 off (the flag's default), 0 any free port
+	Workers        int
+	MaxBatch       int // per worker; 0: the bundle's build setting
+	QueueDepth     int
+	StartupTimeout time.Duration
+	RequestTimeout time.Duration // 0: none
+	DrainTimeout   time.Duration
+	Records        string
+	APIKey         string
+	Pprof          bool
+	Device         string
+	Threads        int
+	MaxBodyBytes   int64
+	// Slow and idle clients (conns.go): the body must arrive within BodyTimeout, each write
+	// must complete within WriteTimeout, a keep-alive connection may idle IdleTimeout, and at
+	// most MaxConns connections are open. 0 turns a timeout off.
+	BodyTimeout  time.Duration
+	WriteTimeout time.Duration
+	IdleTimeout  time.Duration
+	MaxConns     int
+	// MaxMessages and MaxChatBytes bound a chat request's messages (count, and content bytes
+	// in all); 0: no limit.
+	MaxMessages  int
+	MaxChatBytes int
+	// FrontendCPUs and WorkerCPUs place the HTTP frontend and the worker processes on CPUs of
+	// their own (--frontend-cpus, --worker-cpus; empty: wherever the kernel puts them). A
+	// worker whose set is empty while the frontend's is not runs on the CPUs the server was
+	// started with, not on the frontend's.
+	FrontendCPUs cpuset.Set
+	WorkerCPUs   cpuset.Set
+	// Exe is the binary started in worker mode; default os.Executable().
+	Exe string
 }
 
-// drainError answers a request ended by the drain deadline.
-func (s *Server) drainError() *APIError {
-	return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "drain_timeout",
-		Message: fmt.Sprintf("the server is shutting down and --drain-timeout %v passed before this request finished; retry on another server", s.cfg.DrainTimeout)}
+type faults struct {
+	swallowFinalDelta bool
+	noGenPrompt       bool
+	dropRecord        bool
+	// dropFinalLogprobs: a stream's finish chunk leaves out the logprobs of tokens that
+	// produced no text of their own (an EOS, a held stop prefix).
+	dropFinalLogprobs bool
 }
 
-// ServeHTTP routes requests. Hand-written rather than http.ServeMux so 404 and 405 carry
-// OpenAI error bodies and so the records know the route.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	path := r.URL.Path
-	rc := http.NewResponseController(w)
-	if s.cfg.WriteTimeout > 0 {
-		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-	}
-	if s.cfg.BodyTimeout > 0 && r.Body != http.NoBody {
-		// Also bounds the discard of a body the handler did not read.
-		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
-	}
-	var route string
-	var method string
-	var h func(*reqState)
-	switch path {
-	case "/health":
-		s.handleHealth(w, r)
-		return
-	case "/metrics":
-		promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
-		return
-	case "/v1/models":
-		route, method, h = path, http.MethodGet, s.handleModels
-	case "/v1/completions":
-		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleGenerate(q, false) }
-	case "/v1/chat/completions":
-		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleGenerate(q, true) }
-	case "/tokenize":
-		route, method, h = path, http.MethodPost, s.handleTokenize
-	case "/detokenize":
-		route, method, h = path, http.MethodPost, s.handleDetokenize
-	case "/mq/v1/logits":
-		route, method, h = path, http.MethodPost, s.handleLogits
-	case "/v1/images/generations":
-		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleImages(q, false) }
-	case "/mq/v1/image_latents":
-		route, method, h = path, http.MethodPost, func(q *reqState) { s.handleImages(q, true) }
-	case "/mq/v1/bundle":
-		route, method, h = path, http.MethodGet, s.handleBundle
-	default:
-		if s.cfg.Pprof && strings.HasPrefix(path, "/debug/pprof/") {
-			// Profiles, goroutine stacks and the command line are as sensitive as the API.
-			if s.cfg.APIKey != "" && !s.authorized(r) {
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusUnauthorized)
-				_, _ = w.Write(errUnauthorized.body())
-				return
-			}
-			servePprof(w, r)
-			return
-		}
-		if strings.HasPrefix(path, "/v1/models/") {
-			route, method, h = "/v1/models/{model}", http.MethodGet, s.handleModel
-			break
-		}
-		recorded := strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/mq/")
-		q := s.begin(w, r, path, recorded)
-		q.rc = rc
-		q.fail(&APIError{Status: http.StatusNotFound, Type: "not_found_error", Message: fmt.Sprintf("no route %s %s; see /v1/models, /v1/completions, /v1/chat/completions", r.Method, path)})
-		s.end(q)
-		return
-	}
-	q := s.begin(w, r, route, true)
-	q.rc = rc
-	defer s.end(q)
-	if r.Method != method {
-		w.Header().Set("Allow", method)
-		q.fail(&APIError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Message: fmt.Sprintf("%s does not accept %s; use %s", route, r.Method, method)})
-		return
-	}
-	if s.cfg.APIKey != "" && !s.authorized(r) {
-		q.fail(errUnauthorized)
-		return
-	}
-	// Counted before the state is read, so a drain that sees none admitted has none coming.
-	s.admitted.Add(1)
-	defer s.admitted.Add(-1)
-	switch s.state.Load() {
-	case stateLoading:
-		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "loading", Message: "the model is still loading; poll /health until it answers ready"})
-		return
-	case stateDraining:
-		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server is shutting down"})
-		return
-	}
-	if err := s.records.failure(); err != nil {
-		q.fail(s.recordsError(err))
-		return
-	}
-	h(q)
-}
-
-var errUnauthorized = &APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key",
-	Message: "missing or wrong API key; send Authorization: Bearer <key> with the key given to --api-key, --api-key-file or " + apiKeyEnv}
-
-// redactedArgs is the command line with --api-key's value replaced, for /debug/pprof/cmdline.
-func redactedArgs(args []string) []string {
-	out := append([]string(nil), args...)
-	for i := 0; i < len(out); i++ {
-		a := out[i]
-		for _, p := range []string{"-api-key", "--api-key"} {
-			if a == p && i+1 < len(out) {
-				out[i+1] = "REDACTED"
-				i++
-			} else if strings.HasPrefix(a, p+"=") {
-				out[i] = p + "=REDACTED"
-			}
+func parseFaults(s string) faults {
+	var f faults
+	for _, name := range strings.Split(s, ",") {
+		switch strings.TrimSpace(name) {
+		case "server.swallow_final_delta":
+			f.swallowFinalDelta = true
+		case "server.template_no_generation_prompt":
+			f.noGenPrompt = true
+		case "server.drop_record":
+			f.dropRecord = true
+		case "server.stream_drop_final_logprobs":
+			f.dropFinalLogprobs = true
 		}
 	}
-	return out
+	return f
 }
 
-func servePprof(w http.ResponseWriter, r *http.Request) {
-	switch strings.TrimPrefix(r.URL.Path, "/debug/pprof/") {
-	case "cmdline":
-		// pprof.Cmdline would serve --api-key's value.
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte(strings.Join(redactedArgs(os.Args), "\x00")))
-	case "profile":
-		pprof.Profile(w, r)
-	case "symbol":
-		pprof.Symbol(w, r)
-	case "trace":
-		pprof.Trace(w, r)
-	default:
-		pprof.Index(w, r)
-	}
+const (
+	stateLoading int32 = iota
+	stateReady
+	stateDraining
+)
+
+// Server is one running qual-server frontend.
+type Server struct {
+	cfg     Config
+	faults  faults
+	m       *metrics
+	pool    *pool
+	records *recordWriter
+
+	state   atomic.Int32
+	tok     *tokenizer.Tokenizer
+	vision  *visionState    // the image side of a vision bundle (chat_image.go); nil otherwise
+	header  json.RawMessage // the bundle header as served by /mq/v1/bundle
+	task    string          // the bundle's task: "text", "image" or "vision"
+	image   imageGeometry   // what the images route checks sizes against (task "image")
+	fileSum string          // the bundle's digest, from the start's one verification
+	info    wire.Info
+	eos     map[int32]bool
+	created int64
+
+	httpSrv    *http.Server
+	grpc       *grpcFrontend // nil without --grpc-port
+	ln         net.Listener
+	baseCancel context.CancelFunc
+	// drainCtx ends at the drain deadline; admitted counts requests past the state check.
+	drainCtx    context.Context
+	drainCancel context.CancelFunc
+	admitted    atomic.Int64
+	handlers    sync.WaitGroup
+	startedAt   time.Time
+	readyAt     time.Time
 }
 
-func (s *Server) authorized(r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.APIKey)) == 1
+// A request's lifecycle. Every generation route (completions, chat, chat with an image,
+// images) takes one path, serve:
+//
+//	decode → validate → render/tokenize (text, image) → admit → run → stream → record
+//
+// around which ServeHTTP puts what every recorded route has: begin (request ID, record,
+// metrics), the method, API key and server state checks, and end (the record written, the
+// metrics observed). A route supplies the parts that differ (route below): generate.go the
+// completions and chat routes, chat_image.go a chat request's image, images.go the
+// text-to-image route. gRPC's Generate (grpc.go) takes the same steps with its own framing and
+// status codes: beginGRPC, promptIDs, capacity, newGenTask, admit, the shared gen, end.
+
+// route is what one generation route does at each step of serve.
+type route interface {
+	// decode parses and validates the body and checks the model (and that the bundle serves
+	// this route); a refusal names the field.
+	decode(q *reqState, body []byte) *APIError
+	// prepare renders and tokenizes the prompt (processing an image), checks the context and
+	// returns the engine task.
+	prepare(q *reqState) (*task, *APIError)
+	// context bounds the task: the request's own, the drain deadline, --request-timeout.
+	context(q *reqState) (ctx context.Context, cancel func())
+	// run waits for the engine and answers, streamed or whole, filling the record.
+	run(q *reqState, t *task, ctx context.Context)
 }
 
 // reqState is one request's bookkeeping: its record, metrics labels and response writer.
@@ -244,6 +233,100 @@ func (s *Server) begin(w http.ResponseWriter, r *http.Request, route string, rec
 		rec: Record{RequestID: id, Route: route, Model: s.cfg.ModelName, StartUnixNs: now.UnixNano(), WorkerID: record.WorkerIndex(-1)}}
 	q.rec.SessionID, q.rec.Turn = sessionOf(r.Header)
 	return q
+}
+
+// serve is the one path of a generation request (see above); the record is written by end, or
+// by run before the answer's last bytes (commitRecord).
+func (s *Server) serve(q *reqState, rt route) {
+	body, ok := q.readBody()
+	if !ok {
+		return
+	}
+	if aerr := rt.decode(q, body); aerr != nil {
+		q.fail(aerr)
+		return
+	}
+	t, aerr := rt.prepare(q)
+	if aerr != nil {
+		q.fail(aerr)
+		return
+	}
+	ctx, cancel := rt.context(q)
+	defer cancel()
+	if !s.schedule(q, t, ctx) {
+		return
+	}
+	rt.run(q, t, ctx)
+}
+
+// admit runs t on a worker (pool.go), queueing it while every batch slot is busy, until ctx
+// ends; the record gets the worker and the queue wait. Its error says why t did not start.
+func (s *Server) admit(q *reqState, t *task, ctx context.Context) error {
+	err := s.pool.run(t, ctx.Done(), func() error { return context.Cause(ctx) })
+	if t.worker != nil {
+		q.rec.WorkerID = record.WorkerIndex(t.worker.index)
+	}
+	q.rec.QueueWaitNs = t.queueWait.Nanoseconds()
+	return err
+}
+
+// schedule admits t, answering 429/503/499/504 when it cannot.
+func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
+	err := s.admit(q, t, ctx)
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, errQueueFull):
+		q.fail(&APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full",
+			Message: fmt.Sprintf("every batch slot is busy and the queue is full (--queue-depth %d); retry later", s.cfg.QueueDepth)})
+	case errors.As(err, new(*NoWorkerError)):
+		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_worker",
+			Message: err.Error() + "; qual-server keeps trying to start one (see /health)"})
+	case errors.Is(err, errClosing):
+		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server is shutting down"})
+	default:
+		q.failContext(ctx)
+	}
+	return false
+}
+
+// failContext answers a request whose context ended before it could be answered.
+func (q *reqState) failContext(ctx context.Context) {
+	if errors.Is(context.Cause(ctx), errDrained) {
+		q.rec.FinishReason = "drain"
+		q.fail(q.s.drainError())
+		q.rec.ErrorType = "drain_timeout"
+		return
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		q.fail(&APIError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "request_timeout",
+			Message: fmt.Sprintf("the request did not finish within --request-timeout %v", q.s.cfg.RequestTimeout)})
+		return
+	}
+	// The client went away; nothing will read this answer (499 as nginx records it).
+	q.rec.FinishReason = "cancelled"
+	q.fail(&APIError{Status: 499, Type: "client_closed_request", Message: "the client closed the connection"})
+}
+
+// cancelWait bounds how long a handler waits for the engine to confirm a cancellation (so
+// that its record carries the engine's timings and the slot is known free).
+const cancelWait = 5 * time.Second
+
+// errDrained is the cause of a request context ended by the drain deadline.
+var errDrained = errors.New("the server is shutting down and --drain-timeout passed before this request finished")
+
+// drainContext is the request's context, also ended (with cause errDrained) at the drain
+// deadline.
+func (s *Server) drainContext(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.drainCtx, func() { cancel(errDrained) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
+// drainError answers a request ended by the drain deadline.
+func (s *Server) drainError() *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "drain_timeout",
+		Message: fmt.Sprintf("the server is shutting down and --drain-timeout %v passed before this request finished; retry on another server", s.cfg.DrainTimeout)}
 }
 
 // recordsError answers a request when the records file cannot be written.
@@ -330,6 +413,10 @@ func (q *reqState) writeBody(status int, b []byte) {
 		}
 		b = b[n:]
 	}
+}
+
+func readAllLimited(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 }
 
 // readBody reads the request body within --max-body (413 past it) and --body-timeout (408

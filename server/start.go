@@ -1,8 +1,8 @@
 package server
 
-// This file is the server's own life: its configuration, New and Start (listen, verify the
-// bundle once, load the tokenizer, start the workers) and Shutdown (drain, stop the workers,
-// close the records). One request's life is in server.go.
+// This file is the server's own life: New and Start (listen, verify the bundle once, load the
+// tokenizer, start the workers) and Shutdown (drain, stop the workers, close the records). One
+// request's life is in server.go.
 
 import (
 	"context"
@@ -14,121 +14,13 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/server/cpuset"
 	"github.com/modelqual/modelqual/server/envconfig"
 	"github.com/modelqual/modelqual/server/tokenizer"
-	"github.com/modelqual/modelqual/server/wire"
 )
-
-// Config is qual-server's configuration; flags map one to one (see ParseFlags).
-type Config struct {
-	Bundle         string
-	ModelName      string
-	Host           string
-	Port           int
-	GRPCPort       int // --grpc-port, OpenEngine v1 gRPC: -1 off (the flag's default), 0 any free port
-	Workers        int
-	MaxBatch       int // per worker; 0: the bundle's build setting
-	QueueDepth     int
-	StartupTimeout time.Duration
-	RequestTimeout time.Duration // 0: none
-	DrainTimeout   time.Duration
-	Records        string
-	APIKey         string
-	Pprof          bool
-	Device         string
-	Threads        int
-	MaxBodyBytes   int64
-	// Slow and idle clients (conns.go): the body must arrive within BodyTimeout, each write
-	// must complete within WriteTimeout, a keep-alive connection may idle IdleTimeout, and at
-	// most MaxConns connections are open. 0 turns a timeout off.
-	BodyTimeout  time.Duration
-	WriteTimeout time.Duration
-	IdleTimeout  time.Duration
-	MaxConns     int
-	// MaxMessages and MaxChatBytes bound a chat request's messages (count, and content bytes
-	// in all); 0: no limit.
-	MaxMessages  int
-	MaxChatBytes int
-	// FrontendCPUs and WorkerCPUs place the HTTP frontend and the worker processes on CPUs of
-	// their own (--frontend-cpus, --worker-cpus; empty: wherever the kernel puts them). A
-	// worker whose set is empty while the frontend's is not runs on the CPUs the server was
-	// started with, not on the frontend's.
-	FrontendCPUs cpuset.Set
-	WorkerCPUs   cpuset.Set
-	// Exe is the binary started in worker mode; default os.Executable().
-	Exe string
-}
-
-type faults struct {
-	swallowFinalDelta bool
-	noGenPrompt       bool
-	dropRecord        bool
-	// dropFinalLogprobs: a stream's finish chunk leaves out the logprobs of tokens that
-	// produced no text of their own (an EOS, a held stop prefix).
-	dropFinalLogprobs bool
-}
-
-func parseFaults(s string) faults {
-	var f faults
-	for _, name := range strings.Split(s, ",") {
-		switch strings.TrimSpace(name) {
-		case "server.swallow_final_delta":
-			f.swallowFinalDelta = true
-		case "server.template_no_generation_prompt":
-			f.noGenPrompt = true
-		case "server.drop_record":
-			f.dropRecord = true
-		case "server.stream_drop_final_logprobs":
-			f.dropFinalLogprobs = true
-		}
-	}
-	return f
-}
-
-const (
-	stateLoading int32 = iota
-	stateReady
-	stateDraining
-)
-
-// Server is one running qual-server frontend.
-type Server struct {
-	cfg     Config
-	faults  faults
-	m       *metrics
-	pool    *pool
-	records *recordWriter
-
-	state   atomic.Int32
-	tok     *tokenizer.Tokenizer
-	vision  *visionState    // the image side of a vision bundle (chat_image.go); nil otherwise
-	header  json.RawMessage // the bundle header as served by /mq/v1/bundle
-	task    string          // the bundle's task: "text", "image" or "vision"
-	image   imageGeometry   // what the images route checks sizes against (task "image")
-	fileSum string          // the bundle's digest, from the start's one verification
-	info    wire.Info
-	eos     map[int32]bool
-	created int64
-
-	httpSrv    *http.Server
-	grpc       *grpcFrontend // nil without --grpc-port
-	ln         net.Listener
-	baseCancel context.CancelFunc
-	// drainCtx ends at the drain deadline; admitted counts requests past the state check.
-	drainCtx    context.Context
-	drainCancel context.CancelFunc
-	admitted    atomic.Int64
-	handlers    sync.WaitGroup
-	startedAt   time.Time
-	readyAt     time.Time
-}
 
 // New checks cfg and opens the records file; Start does the rest.
 func New(cfg Config) (*Server, error) {
