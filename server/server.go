@@ -173,7 +173,8 @@ type route interface {
 	// prepare renders and tokenizes the prompt (processing an image), checks the context and
 	// returns the engine task.
 	prepare(q *reqState) (*task, *APIError)
-	// context bounds the task: the request's own, the drain deadline, --request-timeout.
+	// context bounds the task: the request's own context, and for text also the drain
+	// deadline and --request-timeout.
 	context(q *reqState) (ctx context.Context, cancel func())
 	// run waits for the engine and answers, streamed or whole, filling the record.
 	run(q *reqState, t *task, ctx context.Context)
