@@ -47,7 +47,7 @@ container-specs: build image
 		--output-dir=$(ARTIFACTS)/junit --junit-report=container.xml --timeout=20m ./families/...
 
 image: build
-	./server/image/build.sh
+	./server/container/build.sh
 
 bench: build
 	set -o pipefail; $(GO) test -run '^$$' -bench . -benchtime 2s -count 1 ./native/... ./server/... ./qual/... | awk -f qual/load/benchgoals.awk

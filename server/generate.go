@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/modelqual/modelqual/server/record"
-	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -16,17 +14,96 @@ import (
 	"github.com/modelqual/modelqual/server/wire"
 )
 
-func readAllLimited(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-}
-
 // DefaultCompletionMaxTokens is OpenAI's default max_tokens for /v1/completions; chat
 // defaults to the rest of the context.
 const DefaultCompletionMaxTokens = 16
 
-// cancelWait bounds how long a handler waits for the engine to confirm a cancellation (so
-// that its record carries the engine's timings and the slot is known free).
-const cancelWait = 5 * time.Second
+// textRoute is /v1/completions and /v1/chat/completions (chat), a chat request with or
+// without its one image: the parts of the request lifecycle (server.go's serve) these routes
+// have of their own.
+type textRoute struct {
+	s    *Server
+	chat bool
+	req  *GenRequest
+}
+
+// decode parses and validates the body, then checks the model name and that the bundle
+// generates text.
+func (r *textRoute) decode(q *reqState, body []byte) *APIError {
+	s := r.s
+	req, aerr := DecodeRequestLimited(body, r.chat, ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes})
+	if aerr != nil {
+		return aerr
+	}
+	q.rec.Stream = req.Stream
+	if req.Model != "" && req.Model != s.cfg.ModelName {
+		return s.unknownModel(req.Model)
+	}
+	if s.task == "image" {
+		return badRequest("model", "model %q is a text-to-image model; send POST /v1/images/generations", s.cfg.ModelName)
+	}
+	r.req = req
+	return nil
+}
+
+// prepare renders and tokenizes the prompt, processes the image (chat_image.go: one image, its
+// placeholder expanded) and checks the context.
+func (r *textRoute) prepare(q *reqState) (*task, *APIError) {
+	s, req := r.s, r.req
+	ids, aerr := s.promptIDs(q, req)
+	if aerr != nil {
+		return nil, aerr
+	}
+	ids, img, aerr := s.prepareImage(q, req, ids)
+	if aerr != nil {
+		return nil, aerr
+	}
+	maxTok, aerr := s.capacity(req, len(ids))
+	if aerr != nil {
+		return nil, aerr
+	}
+	t := s.newGenTask(req, ids, maxTok)
+	t.vision = img
+	return t, nil
+}
+
+// context ends at the drain deadline and at --request-timeout.
+func (r *textRoute) context(q *reqState) (context.Context, func()) {
+	ctx, stopDrain := r.s.drainContext(q.r.Context())
+	if r.s.cfg.RequestTimeout <= 0 {
+		return ctx, stopDrain
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.s.cfg.RequestTimeout)
+	return ctx, func() { cancel(); stopDrain() }
+}
+
+// run turns the engine's tokens into text and answers: streamed as SSE, or whole.
+func (r *textRoute) run(q *reqState, t *task, ctx context.Context) {
+	s, req := r.s, r.req
+	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(req.Stop, req.IncludeStopStr)}
+	if req.Logprobs {
+		g.lp = &lpState{}
+	}
+	if req.Stream {
+		g.stream()
+	} else {
+		g.collect()
+	}
+}
+
+// newGenTask is the engine task of a text generation request (HTTP or gRPC): its prompt and
+// sampling controls, with a fresh seed unless the request set one.
+func (s *Server) newGenTask(req *GenRequest, ids []int32, maxTok int) *task {
+	t := s.pool.newTask()
+	t.prompt = ids
+	t.samp = wire.Sampling{MaxNewTokens: uint32(maxTok), Temperature: float32(req.Temperature),
+		TopK: int32(req.TopK), TopP: float32(req.TopP), Seed: req.Seed, IgnoreEOS: req.IgnoreEOS,
+		Logprobs: req.Logprobs, TopLogprobs: uint8(req.TopLogprobs)}
+	if !req.HasSeed {
+		t.samp.Seed = t.id*0x9e3779b97f4a7c15 ^ uint64(time.Now().UnixNano())
+	}
+	return t
+}
 
 // render applies the checkpoint's chat template.
 func (s *Server) render(msgs []Message, addGen bool, kwargs map[string]any) (string, *APIError) {
@@ -155,111 +232,6 @@ func (s *Server) capacity(req *GenRequest, n int) (int, *APIError) {
 		return 0, e
 	}
 	return maxTok, nil
-}
-
-func (s *Server) handleGenerate(q *reqState, chat bool) {
-	body, ok := q.readBody()
-	if !ok {
-		return
-	}
-	req, aerr := DecodeRequestLimited(body, chat, ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes})
-	if aerr != nil {
-		q.fail(aerr)
-		return
-	}
-	q.rec.Stream = req.Stream
-	if req.Model != "" && req.Model != s.cfg.ModelName {
-		q.fail(s.unknownModel(req.Model))
-		return
-	}
-	if s.task == "image" {
-		q.fail(badRequest("model", "model %q is a text-to-image model; send POST /v1/images/generations", s.cfg.ModelName))
-		return
-	}
-	ids, aerr := s.promptIDs(q, req)
-	if aerr != nil {
-		q.fail(aerr)
-		return
-	}
-	ids, img, aerr := s.prepareImage(q, req, ids) // vision.go: one image, placeholders expanded
-	if aerr != nil {
-		q.fail(aerr)
-		return
-	}
-	maxTok, aerr := s.capacity(req, len(ids))
-	if aerr != nil {
-		q.fail(aerr)
-		return
-	}
-	t := s.pool.newTask()
-	t.prompt, t.vision = ids, img
-	t.samp = wire.Sampling{MaxNewTokens: uint32(maxTok), Temperature: float32(req.Temperature),
-		TopK: int32(req.TopK), TopP: float32(req.TopP), Seed: req.Seed, IgnoreEOS: req.IgnoreEOS,
-		Logprobs: req.Logprobs, TopLogprobs: uint8(req.TopLogprobs)}
-	if !req.HasSeed {
-		t.samp.Seed = t.id*0x9e3779b97f4a7c15 ^ uint64(time.Now().UnixNano())
-	}
-	ctx, stopDrain := s.drainContext(q.r.Context())
-	defer stopDrain()
-	if s.cfg.RequestTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)
-		defer cancel()
-	}
-	if !s.schedule(q, t, ctx) {
-		return
-	}
-	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(req.Stop, req.IncludeStopStr)}
-	if req.Logprobs {
-		g.lp = &lpState{}
-	}
-	if req.Stream {
-		g.stream()
-	} else {
-		g.collect()
-	}
-}
-
-// schedule runs t on a worker, answering 429/503/499/504 when it cannot.
-func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
-	err := s.pool.run(t, ctx.Done(), func() error { return context.Cause(ctx) })
-	if t.worker != nil {
-		q.rec.WorkerID = record.WorkerIndex(t.worker.index)
-	}
-	q.rec.QueueWaitNs = t.queueWait.Nanoseconds()
-	switch {
-	case err == nil:
-		return true
-	case errors.Is(err, errQueueFull):
-		q.fail(&APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full",
-			Message: fmt.Sprintf("every batch slot is busy and the queue is full (--queue-depth %d); retry later", s.cfg.QueueDepth)})
-	case errors.As(err, new(*NoWorkerError)):
-		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_worker",
-			Message: err.Error() + "; qual-server keeps trying to start one (see /health)"})
-	case errors.Is(err, errClosing):
-		q.fail(&APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server is shutting down"})
-	default:
-		q.failContext(ctx)
-	}
-	return false
-}
-
-// failContext answers a request whose context ended before it could be answered.
-func (q *reqState) failContext(ctx context.Context) {
-	if errors.Is(context.Cause(ctx), errDrained) {
-		q.rec.FinishReason = "drain"
-		q.fail(q.s.drainError())
-		q.rec.ErrorType = "drain_timeout"
-		return
-	}
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		q.fail(&APIError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "request_timeout",
-			Message: fmt.Sprintf("the request did not finish within --request-timeout %v", q.s.cfg.RequestTimeout)})
-		return
-	}
-	// The client went away; nothing will read this answer (499 as nginx records it).
-	q.rec.FinishReason = "cancelled"
-	q.fail(&APIError{Status: 499, Type: "client_closed_request", Message: "the client closed the connection"})
 }
 
 // gen is one generation request being turned from engine tokens into text.

@@ -29,7 +29,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +47,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/modelqual/modelqual/server/envconfig"
 	oe "github.com/modelqual/modelqual/server/openengine/v1"
 	"github.com/modelqual/modelqual/server/record"
 	"github.com/modelqual/modelqual/server/wire"
@@ -106,7 +106,7 @@ func (s *Server) startGRPC() error {
 		return fmt.Errorf("qual-server: listen on %s (--grpc-port): %w; pick another --grpc-port or stop what holds it", addr, err)
 	}
 	f := &grpcFrontend{ln: ln, health: health.NewServer(), running: map[string]context.CancelCauseFunc{},
-		cumulative: strings.Contains(os.Getenv("MODELQUAL_FAULTS"), "server.grpc_cumulative_deltas")}
+		cumulative: strings.Contains(envconfig.Faults.Get(), "server.grpc_cumulative_deltas")}
 	f.base, f.cutAll = context.WithCancelCause(context.Background())
 	f.srv = grpc.NewServer(
 		grpc.ForceServerCodecV2(frameCodec{encoding.GetCodecV2("proto")}),
@@ -677,20 +677,8 @@ func (s *Server) grpcGenerate(_ any, stream grpc.ServerStream) error {
 		defer c2()
 	}
 
-	t := s.pool.newTask()
-	t.prompt = ids
-	t.samp = wire.Sampling{MaxNewTokens: uint32(maxTok), Temperature: float32(greq.Temperature),
-		TopK: int32(greq.TopK), TopP: float32(greq.TopP), Seed: greq.Seed, IgnoreEOS: greq.IgnoreEOS,
-		Logprobs: greq.Logprobs, TopLogprobs: uint8(greq.TopLogprobs)}
-	if !greq.HasSeed {
-		t.samp.Seed = t.id*0x9e3779b97f4a7c15 ^ uint64(time.Now().UnixNano())
-	}
-	err = s.pool.run(t, gctx.Done(), func() error { return context.Cause(gctx) })
-	if t.worker != nil {
-		q.rec.WorkerID = record.WorkerIndex(t.worker.index)
-	}
-	q.rec.QueueWaitNs = t.queueWait.Nanoseconds()
-	switch {
+	t := s.newGenTask(greq, ids, maxTok)
+	switch err := s.admit(q, t, gctx); {
 	case err == nil:
 	case errors.Is(err, errQueueFull):
 		return c.fail(codes.ResourceExhausted, "every batch slot is busy and the queue is full (--queue-depth %d); retry later", s.cfg.QueueDepth)

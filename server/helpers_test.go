@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/modelqual/modelqual/fixtures"
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 // The tests run the real qual-server binary (frontend and worker processes over the native
@@ -55,7 +56,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "build qual-server: %v\n", err)
 		return 1
 	}
-	cacheDir = os.Getenv("MODELQUAL_CACHE")
+	cacheDir = envconfig.Cache.Get()
 	if cacheDir == "" {
 		cacheDir = fixtures.DefaultCacheDir()
 	}

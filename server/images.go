@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -80,39 +81,56 @@ func parseImageSize(v string) (int, int, bool) {
 	return w, h, ok && e1 == nil && e2 == nil && w > 0 && h > 0
 }
 
-// handleImages serves /v1/images/generations and, with latents, /mq/v1/image_latents: the same
+// imageRoute is /v1/images/generations and, with latents, /mq/v1/image_latents: the same
 // request, validation and pipeline, answered with the final latents (before the VAE) as float32
 // beside the PNG's sha256, so a gate can hold a served model's latents to diffusers' through
-// HTTP (the parity gate's latent max|diff|).
-func (s *Server) handleImages(q *reqState, latents bool) {
-	body, ok := q.readBody()
-	if !ok {
-		return
-	}
+// HTTP (the parity gate's latent max|diff|). These are its parts of the request lifecycle
+// (server.go's serve).
+type imageRoute struct {
+	s       *Server
+	latents bool
+	req     wire.ImageRequest
+}
+
+// decode parses and validates the body, tokenizing the prompts on the way (parseImageRequest's
+// order of refusals), once the bundle is known to draw images.
+func (r *imageRoute) decode(q *reqState, body []byte) *APIError {
+	s := r.s
 	if v := q.r.Header.Get("X-Warmup"); v == "1" || v == "true" {
 		q.rec.Warmup = true
 	}
 	g := s.image
 	if g.task != "image" {
-		q.fail(badRequest("model", "model %q serves task %q; /v1/images/generations needs a text-to-image model", s.cfg.ModelName, g.task))
-		return
+		return badRequest("model", "model %q serves task %q; /v1/images/generations needs a text-to-image model", s.cfg.ModelName, g.task)
 	}
 	req, prompt, aerr := s.parseImageRequest(body, g)
 	if aerr != nil {
-		q.fail(aerr)
-		return
+		return aerr
 	}
 	q.rec.InputTokens = len(req.Prompt)
 	q.rec.PromptSHA256, q.rec.PromptBytes = sha256Hex([]byte(prompt)), int64(len(prompt))
-	q.rec.Image = &record.ImageGen{Width: req.Width, Height: req.Height, Steps: req.Steps, Guidance: float64(req.Guidance), Seed: int64(req.Seed)}
+	r.req = req
+	return nil
+}
 
-	req.Latents = latents
-	t := s.pool.newTask()
-	t.prompt, t.image = req.Prompt, &req
-	ctx := q.r.Context()
-	if !s.schedule(q, t, ctx) {
-		return
-	}
+// prepare is the pipeline's task: the prompts were tokenized by decode.
+func (r *imageRoute) prepare(q *reqState) (*task, *APIError) {
+	req := &r.req
+	q.rec.Image = &record.ImageGen{Width: req.Width, Height: req.Height, Steps: req.Steps, Guidance: float64(req.Guidance), Seed: int64(req.Seed)}
+	req.Latents = r.latents
+	t := r.s.pool.newTask()
+	t.prompt, t.image = req.Prompt, req
+	return t, nil
+}
+
+// context is the client's: an image is not cut by the drain or --request-timeout.
+func (r *imageRoute) context(q *reqState) (context.Context, func()) {
+	return q.r.Context(), func() {}
+}
+
+// run waits for the pipeline and answers with the PNG (or the latents).
+func (r *imageRoute) run(q *reqState, t *task, ctx context.Context) {
+	req, latents := &r.req, r.latents
 	for {
 		t.mu.Lock()
 		done := t.done

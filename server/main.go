@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/modelqual/modelqual/server/cpuset"
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 // ParseFlags turns qual-server's command line into a Config. --help text is the reference
@@ -52,7 +53,7 @@ Flags:
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", 0, "cancel a request that runs longer (0: no limit); streaming clients get an error event, others 504")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may run before they are cancelled")
 	fs.StringVar(&c.Records, "records", "", "append one JSONL record per request to this file (no prompt or output text)")
-	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer KEY on API routes and /debug/pprof (not /health, /metrics); visible in ps: prefer --api-key-file or env "+APIKeyEnv)
+	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer KEY on API routes and /debug/pprof (not /health, /metrics); visible in ps: prefer --api-key-file or env "+apiKeyEnv)
 	apiKeyFile := fs.String("api-key-file", "", "read the API key from this file (one line; like --api-key)")
 	fs.BoolVar(&c.Pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ (behind the API key when one is set)")
 	fs.StringVar(&c.Device, "device", "cpu", "engine device: cpu or cuda")
@@ -90,16 +91,16 @@ Flags:
 	return c, nil
 }
 
-// APIKeyEnv is the environment variable qual-server reads its API key from when neither
-// --api-key nor --api-key-file is given. It is removed from the environment once read, so
-// worker processes never carry it.
-const APIKeyEnv = "QUAL_SERVER_API_KEY"
+// apiKeyEnv is the environment variable qual-server reads its API key from when neither
+// --api-key nor --api-key-file is given (envconfig.ServerAPIKey). It is removed from the
+// environment once read, so worker processes never carry it.
+var apiKeyEnv = envconfig.ServerAPIKey.Name
 
 // resolveAPIKey picks the API key from the flag, the file or the environment; giving more
 // than one is an error rather than a silent precedence.
 func resolveAPIKey(flagKey, file string) (string, error) {
-	envKey, envSet := os.LookupEnv(APIKeyEnv)
-	os.Unsetenv(APIKeyEnv)
+	envKey, envSet := envconfig.ServerAPIKey.Lookup()
+	os.Unsetenv(apiKeyEnv)
 	n := 0
 	for _, set := range []bool{flagKey != "", file != "", envSet} {
 		if set {
@@ -107,7 +108,7 @@ func resolveAPIKey(flagKey, file string) (string, error) {
 		}
 	}
 	if n > 1 {
-		return "", fmt.Errorf("qual-server: the API key is given more than once (--api-key, --api-key-file, %s); give it one way", APIKeyEnv)
+		return "", fmt.Errorf("qual-server: the API key is given more than once (--api-key, --api-key-file, %s); give it one way", apiKeyEnv)
 	}
 	key := flagKey
 	switch {
@@ -122,7 +123,7 @@ func resolveAPIKey(flagKey, file string) (string, error) {
 		}
 	case envSet:
 		if envKey == "" {
-			return "", fmt.Errorf("qual-server: %s is set but empty; unset it or give a key", APIKeyEnv)
+			return "", fmt.Errorf("qual-server: %s is set but empty; unset it or give a key", apiKeyEnv)
 		}
 		key = envKey
 	}
@@ -132,7 +133,7 @@ func resolveAPIKey(flagKey, file string) (string, error) {
 // Main runs qual-server until SIGTERM or SIGINT and returns the exit code.
 func Main(args []string) int {
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
-	if os.Getenv("GOGC") == "" {
+	if !envconfig.GOGC.IsSet() {
 		// The frontend's live heap is small (tokenizer, a few KB per request) and its garbage
 		// is per-request; collecting at 4× the live heap instead of 2× halves GC work on the
 		// streaming path at a cost of some megabytes.

@@ -33,7 +33,7 @@ type task struct {
 	samp   wire.Sampling
 	logits bool
 	image  *wire.ImageRequest // a text-to-image request (images.go)
-	vision *wire.ImageInput   // a vision-language chat request's one image (vision.go)
+	vision *wire.ImageInput   // a vision-language chat request's one image (chat_image.go)
 
 	worker    *workerProc
 	assigned  chan struct{} // closed when a queued task gets a slot

@@ -62,7 +62,7 @@ type GenRequest struct {
 	PromptIDs           []int32 // completions with a token-id prompt
 	HasPromptIDs        bool
 	Messages            []Message
-	Image               *ImagePart // the one image of a chat request (vision.go)
+	Image               *ImagePart // the one image of a chat request (chat_image.go)
 	ChatTemplateKwargs  map[string]any
 	AddGenerationPrompt bool
 	MaxTokens           int // 0: not set

@@ -23,7 +23,7 @@ import (
 	"github.com/testcontainers/testcontainers-go/wait"
 )
 
-// Paths and port inside the server image (server/image/build.sh).
+// Paths and port inside the server image (server/container/build.sh).
 const (
 	containerBundlePath  = "/models/bundle.mqb"
 	containerRecordsDir  = "/records"
@@ -339,7 +339,7 @@ func hostConfigModifier(bundle, recDir string, gpus []string, lim limits, loopba
 	}
 }
 
-// imageUID is the unprivileged user the server image runs as (server/image/Dockerfile).
+// imageUID is the unprivileged user the server image runs as (server/container/Dockerfile).
 const imageUID = 65532
 
 // localDaemon reports whether the Docker daemon is reached through a local unix socket, so a

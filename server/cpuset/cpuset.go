@@ -8,11 +8,12 @@ package cpuset
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 // Set is a sorted list of distinct CPU numbers.
@@ -96,7 +97,7 @@ func (s Set) String() string {
 // the same CPU, which is the wait placement is there to remove. It returns the previous value.
 func MatchGOMAXPROCS(s Set) int {
 	prev := runtime.GOMAXPROCS(0)
-	if os.Getenv("GOMAXPROCS") == "" && len(s) > 0 {
+	if !envconfig.GOMAXPROCS.IsSet() && len(s) > 0 {
 		runtime.GOMAXPROCS(len(s))
 	}
 	return prev

@@ -1,5 +1,8 @@
 package server
 
+// The --records file: one JSONL line per request, in the schema of package record (the
+// harness reads the same type back).
+
 import (
 	"bufio"
 	"crypto/sha256"

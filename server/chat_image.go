@@ -31,18 +31,19 @@ type ImagePart struct {
 
 // visionState is what a vision bundle adds to the server.
 type visionState struct {
-	cfg        *vision.Config
+	proc       vision.Processor // the checkpoint's image processor, by image_processor_type
 	imageToken int32
 }
 
-// newVisionState reads a vision bundle's processor config (its preprocessor_config.json
-// section, read by section) and image token (config.json's image_token_id).
+// newVisionState reads a vision bundle's image processor (its preprocessor_config.json section,
+// read by section, names it in image_processor_type) and image token (config.json's
+// image_token_id).
 func newVisionState(config json.RawMessage, section func(string) ([]byte, error)) (*visionState, error) {
 	pc, err := section(bundle.SectionPreprocessorConfig)
 	if err != nil {
 		return nil, fmt.Errorf("%w (a vision bundle needs the checkpoint's preprocessor_config.json)", err)
 	}
-	cfg, err := vision.ParseConfig(pc)
+	proc, err := vision.NewProcessor(pc)
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +53,7 @@ func newVisionState(config json.RawMessage, section func(string) ([]byte, error)
 	if err := json.Unmarshal(config, &c); err != nil || c.ImageTokenID == nil {
 		return nil, fmt.Errorf("vision bundle: config.json has no image_token_id")
 	}
-	return &visionState{cfg: cfg, imageToken: *c.ImageTokenID}, nil
+	return &visionState{proc: proc, imageToken: *c.ImageTokenID}, nil
 }
 
 // decodeContentParts parses a message's list content: text parts and at most one image part
@@ -164,7 +165,7 @@ func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int3
 	if err != nil {
 		return nil, nil, badRequest(req.Image.Param, "%v", err)
 	}
-	r, err := v.cfg.Preprocess(im.RGB, im.Width, im.Height)
+	r, err := v.proc.Preprocess(im.RGB, im.Width, im.Height)
 	if err != nil {
 		return nil, nil, badRequest(req.Image.Param, "%v", err)
 	}

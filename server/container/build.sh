@@ -62,7 +62,7 @@ qual:x:65532:
 GROUP
 chmod 0755 "$rootfs/records"
 
-cp "$root/server/image/Dockerfile" "$stage/Dockerfile"
+cp "$root/server/container/Dockerfile" "$stage/Dockerfile"
 rev="$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
 # BuildKit needs the buildx plugin; the classic builder builds FROM scratch just as well.
 if [[ -z "${DOCKER_BUILDKIT:-}" ]]; then

@@ -1,11 +1,3 @@
-// Package vision is the image side of the vision-language route: it decodes one image, checks it
-// before decoding (format, declared type, pixel count from the header), and turns it into the
-// model's input exactly as transformers' Qwen2-VL image processor does for Qwen3-VL (smart
-// resize to multiples of patch x merge, RGB conversion onto white, antialiased bicubic resize as
-// torchvision computes it on 8-bit images, rescale and normalise, patch layout).
-//
-// Why exact: the processor's output is the model's input; a resize that differs by one grey
-// level moves the logits, and the parity gates compare against transformers bit for bit.
 package vision
 
 import (
@@ -13,6 +5,16 @@ import (
 	"fmt"
 	"math"
 )
+
+// The Qwen2-VL image processor, as transformers' Qwen2VLImageProcessor and
+// Qwen2VLImageProcessorFast compute it for Qwen3-VL checkpoints (the qwen3vl family): smart
+// resize to multiples of patch x merge, RGB conversion onto white, antialiased bicubic resize
+// as torchvision computes it on 8-bit images, rescale and normalise, patch layout.
+
+func init() {
+	Register(func(b []byte) (Processor, error) { return ParseConfig(b) },
+		"Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast")
+}
 
 // Config is the part of preprocessor_config.json the Qwen2-VL image processor reads.
 type Config struct {
@@ -101,22 +103,6 @@ func SmartResize(height, width, factor, minPixels, maxPixels int) (int, int, err
 		w = int(math.Ceil(float64(width)*beta/f)) * factor
 	}
 	return h, w, nil
-}
-
-// Result is one image prepared for the model.
-type Result struct {
-	Width, Height               int // the RGB image's size
-	ResizedWidth, ResizedHeight int
-	// Grid is image_grid_thw: temporal, height and width in patches.
-	Grid [3]int
-	// Tokens is the number of image tokens (<|image_pad|>) the prompt carries: Grid's patches
-	// divided by merge size squared.
-	Tokens int
-	// Pixels is pixel_values: Grid[0]*Grid[1]*Grid[2] rows of 3*temporal*patch*patch floats, in
-	// the processor's patch order.
-	Pixels []float32
-	// Resized is the 8-bit resized RGB image (row-major, 3 bytes a pixel), before rescaling.
-	Resized []uint8
 }
 
 // Preprocess runs the processor on an RGB image (row-major, 3 bytes a pixel; see ToRGB).
