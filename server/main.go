@@ -27,9 +27,10 @@ func ParseFlags(args []string, errOut io.Writer) (Config, error) {
 
 Usage: qual-server --bundle FILE.mqb --model-name NAME [flags]
 
-Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-POST /v1/images/generations (text-to-image bundles), POST /tokenize, POST /detokenize,
-POST /mq/v1/logits, GET /mq/v1/bundle, GET /metrics.
+Routes: GET /health, GET /v1/models, GET /v1/models/{model}, POST /v1/completions,
+POST /v1/chat/completions, POST /v1/images/generations and POST /mq/v1/image_latents
+(text-to-image bundles), POST /tokenize, POST /detokenize, POST /mq/v1/logits,
+GET /mq/v1/bundle, GET /metrics.
 With --grpc-port: the OpenEngine API v1 (gRPC) over the same engines, records and metrics.
 SIGTERM drains: the port stays open and new requests (new connections too) get 503
 shutting_down (gRPC: UNAVAILABLE); in-flight ones may finish until --drain-timeout, then are
@@ -41,7 +42,7 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&c.Bundle, "bundle", "", "bundle file to serve (built by `qual bundle build`; required)")
+	fs.StringVar(&c.Bundle, "bundle", "", "bundle `FILE` to serve (built by qual bundle build; required)")
 	fs.StringVar(&c.ModelName, "model-name", "", "model name clients send as \"model\" and /v1/models lists (required)")
 	fs.StringVar(&c.Host, "host", "127.0.0.1", "address to listen on; 0.0.0.0 to accept remote clients (containers)")
 	fs.IntVar(&c.Port, "port", 8000, "TCP port (0: any free port, printed in the log)")
@@ -140,7 +141,15 @@ func Main(args []string) int {
 		debug.SetGCPercent(400)
 	}
 	log.SetPrefix("qual-server ")
-	cfg, err := ParseFlags(args, os.Stderr)
+	// Asked-for help goes to stdout with exit 0 (qual-server --help | less); usage after a
+	// mistake goes to stderr with exit 2.
+	usageOut := io.Writer(os.Stderr)
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			usageOut = os.Stdout
+		}
+	}
+	cfg, err := ParseFlags(args, usageOut)
 	if err != nil {
 		if err == flag.ErrHelp {
 			return 0
