@@ -21,6 +21,8 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
+
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 // Paths and port inside the server image (server/container/build.sh).
@@ -45,7 +47,7 @@ func Container(opts ...Option) *ContainerLauncher { return &ContainerLauncher{op
 // disableRyuk turns testcontainers' reaper off unless the user chose otherwise. It must run
 // before testcontainers reads its configuration (once per process).
 var disableRyuk = sync.OnceFunc(func() {
-	if _, set := os.LookupEnv("TESTCONTAINERS_RYUK_DISABLED"); !set {
+	if _, set := envconfig.TestcontainersRyukDisabled.Lookup(); !set {
 		os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
 	}
 })
@@ -57,10 +59,10 @@ var disableRyuk = sync.OnceFunc(func() {
 // same container or VM (as on CI machines that run their own dockerd): the wait would time
 // out on an address that does not answer.
 var publishLocally = sync.OnceFunc(func() {
-	if _, set := os.LookupEnv("TESTCONTAINERS_HOST_OVERRIDE"); set {
+	if _, set := envconfig.TestcontainersHostOverride.Lookup(); set {
 		return
 	}
-	if h := os.Getenv("DOCKER_HOST"); h != "" && !strings.HasPrefix(h, "unix://") {
+	if h := envconfig.DockerHost.Get(); h != "" && !strings.HasPrefix(h, "unix://") {
 		return
 	}
 	if localDockerd() {
@@ -345,7 +347,7 @@ const imageUID = 65532
 // localDaemon reports whether the Docker daemon is reached through a local unix socket, so a
 // port it publishes on 127.0.0.1 is this machine's loopback.
 func localDaemon() bool {
-	h := os.Getenv("DOCKER_HOST")
+	h := envconfig.DockerHost.Get()
 	return h == "" || strings.HasPrefix(h, "unix://")
 }
 

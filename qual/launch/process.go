@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/modelqual/modelqual/fixtures"
 	"io"
 	"net"
 	"net/http"
@@ -19,7 +18,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/modelqual/modelqual/fixtures"
 	"github.com/modelqual/modelqual/qual/gpu"
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 // ProcessLauncher starts qual-server (ServerBin) as a child process on a free loopback port.
@@ -55,7 +56,7 @@ func ServerBinCandidates() []string {
 		}
 		out = append(out, filepath.Join(filepath.Dir(exe), "qual-server"))
 	}
-	if d := os.Getenv("MODELQUAL_BIN"); d != "" {
+	if d := envconfig.Bin.Get(); d != "" {
 		out = append(out, filepath.Join(d, "qual-server"))
 	}
 	if p, err := exec.LookPath("qual-server"); err == nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/modelqual/modelqual/fixtures"
 	"io"
 	"net"
 	neturl "net/url"
@@ -19,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/modelqual/modelqual/fixtures"
 	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/qual/client"
 	"github.com/modelqual/modelqual/qual/launch"
@@ -26,6 +26,7 @@ import (
 	"github.com/modelqual/modelqual/qual/provenance"
 	"github.com/modelqual/modelqual/qual/records"
 	"github.com/modelqual/modelqual/reports"
+	"github.com/modelqual/modelqual/server/envconfig"
 	"github.com/modelqual/modelqual/server/tokenizer"
 )
 
@@ -119,8 +120,8 @@ func runProfile(args []string) (code int) {
 		cancelDelay    = fs.Duration("cancel-delay", 0, "cancel those requests this long after they start")
 		startupTimeout = fs.Duration("startup-timeout", 60*time.Second, "how long to wait for the server to be ready")
 		requestTimeout = fs.Duration("request-timeout", 0, "per-request timeout (0: none)")
-		apiKey         = fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "bearer token for the server")
-		faults         = fs.String("faults", os.Getenv("MODELQUAL_FAULTS"), "MODELQUAL_FAULTS passed to a launched server")
+		apiKey         = fs.String("api-key", envconfig.OpenAIAPIKey.Get(), "bearer token for the server")
+		faults         = fs.String("faults", envconfig.Faults.Get(), "MODELQUAL_FAULTS passed to a launched server")
 		sourceRoot     = fs.String("source-root", "", "source tree to fingerprint (default: the repository around the working directory; \"none\" to skip)")
 		noProgress     = fs.Bool("no-progress", false, "do not print progress on stderr (each sweep point as it starts, with the sweep's ETA, and the load generator's bar)")
 		maxErrorRate   = fs.Float64("max-error-rate", -1, "fail a point whose measured requests failed in a larger fraction (0..1; default: fail only when none succeeded)")

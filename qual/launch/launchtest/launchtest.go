@@ -20,6 +20,7 @@ import (
 
 	"github.com/modelqual/modelqual/fixtures"
 	"github.com/modelqual/modelqual/qual/launch"
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 var (
@@ -34,7 +35,7 @@ var (
 func ServerBin(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
-		if d := os.Getenv("MODELQUAL_BIN"); d != "" {
+		if d := envconfig.Bin.Get(); d != "" {
 			binPath = filepath.Join(d, "qual-server")
 			if _, err := os.Stat(binPath); err != nil {
 				binErr = fmt.Errorf("MODELQUAL_BIN=%s but %v; run make build", d, err)
