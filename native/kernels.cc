@@ -7,6 +7,7 @@
 // time with a shuffle tree, and tracks the argmax while the logits are still in registers.
 // Other code is plain loops that -O3 -march=x86-64-v3 vectorises.
 #include <immintrin.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -145,7 +146,32 @@ static std::string shape_str(const int64_t *s, int n) {
   return o.str();
 }
 
+Weights::~Weights() {
+  for (const auto &z : zeros_) munmap(z.first, z.second);
+}
+
+std::unique_ptr<Weights> Weights::declaring(TensorLayout *out) {
+  std::unique_ptr<Weights> w(new Weights());
+  w->declare_ = out;
+  return w;
+}
+
 const float *Weights::get(const std::string &name, std::vector<int64_t> shape) const {
+  if (declare_) {
+    // Record the read once; hand back zeros of the asked size: a private read-only anonymous
+    // mapping reads as the shared zero page, so a model of any size is declared in no memory.
+    bool seen = false;
+    for (const TensorLayout::Tensor &t : declare_->reads) seen = seen || t.name == name;
+    if (!seen) declare_->reads.push_back({name, shape});
+    size_t bytes = sizeof(float);
+    for (int64_t d : shape) bytes *= (size_t)std::max<int64_t>(d, 1);
+    for (const auto &z : zeros_)
+      if (z.second >= bytes) return static_cast<const float *>(z.first);
+    void *m = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) throw Error(MQ_ERR_INTERNAL, "declaring tensor " + name + ": cannot map " + std::to_string(bytes) + " bytes");
+    zeros_.push_back({m, bytes});
+    return static_cast<const float *>(m);
+  }
   auto it = map_.find(name);
   if (it == map_.end())
     throw Error(MQ_ERR_LOAD, "tensor " + name + " is missing from the bundle; rebuild it from a complete checkpoint");
@@ -167,6 +193,7 @@ const float *Weights::get_any(const std::vector<std::string> &names, std::vector
 }
 
 void Weights::ignore_suffix(const std::string &suffix) const {
+  if (declare_) declare_->carried.push_back("*" + suffix);
   for (const auto &kv : map_)
     if (kv.first.size() >= suffix.size() && kv.first.compare(kv.first.size() - suffix.size(), suffix.size(), suffix) == 0)
       used_[kv.first] = true;

@@ -286,4 +286,58 @@ mq_status mq::resolve_family_json(const char *family, const mq_kv *config, int32
   }
 }
 
+std::string mq::TensorLayout::json() const {
+  auto strings = [](const std::vector<std::string> &v) {
+    std::string o = "[";
+    for (size_t i = 0; i < v.size(); i++) o += (i ? "," : "") + json_string(v[i]);
+    return o + "]";
+  };
+  std::string o = "{\"tensors\":[";
+  for (size_t i = 0; i < reads.size(); i++) {
+    o += (i ? "," : "") + std::string("{\"name\":") + json_string(reads[i].name) + ",\"shape\":[";
+    for (size_t j = 0; j < reads[i].shape.size(); j++) o += (j ? "," : "") + std::to_string(reads[i].shape[j]);
+    o += "]}";
+  }
+  o += "],\"renames\":[";
+  for (size_t i = 0; i < renames.size(); i++)
+    o += (i ? "," : "") + std::string("{\"from\":") + json_string(renames[i].first) + ",\"to\":" + json_string(renames[i].second) + "}";
+  return o + "],\"carried\":" + strings(carried) + ",\"dropped\":" + strings(dropped) + "}";
+}
+
+// family_layout_json resolves the family's hyper-parameters, adds its layout rules and runs its
+// CPU model constructor over a declaring Weights: what the constructor reads is the layout.
+mq_status mq::family_layout_json(const char *family, const mq_kv *config, int32_t n, char **json_out, std::string *err) {
+  try {
+    const Family &f = find_family(family ? family : "");
+    HParams hp;
+    f.resolve(Config(config, n), hp);
+    TensorLayout l;
+    if (f.layout) f.layout(hp, l);
+    {
+      std::unique_ptr<Weights> w = Weights::declaring(&l);
+      ThreadPool pool(1);
+      ModelArgs a;
+      a.hp = &hp;
+      a.max_batch = 1;
+      a.n_slots = 2;
+      a.max_context = 16;  // what the constructors size by context (KV cache, RoPE tables) stays small
+      a.pool = &pool;
+      a.w = w.get();
+      f.make(a);
+    }
+    std::string j = l.json();
+    char *out = (char *)malloc(j.size() + 1);
+    if (!out) throw Error(MQ_ERR_INTERNAL, "out of memory");
+    memcpy(out, j.c_str(), j.size() + 1);
+    *json_out = out;
+    return MQ_OK;
+  } catch (const Error &e) {
+    *err = e.what();
+    return e.status;
+  } catch (const std::exception &e) {
+    *err = e.what();
+    return MQ_ERR_INTERNAL;
+  }
+}
+
 extern "C" void mq_free(void *p) { free(p); }

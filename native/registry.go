@@ -84,6 +84,35 @@ func Resolve(family string, config json.RawMessage) (map[string]any, error) {
 	return hp, nil
 }
 
+// Layout is the family's bundle.Layout for config: every tensor its CPU model reads with the
+// shape config implies (listed by constructing the model over no data), what it carries without
+// reading, and its layout rules (the names other checkpoint layouts give the same tensors, and
+// what the reference loader discards). A config the model refuses at open is refused here,
+// naming the key.
+func Layout(family string, config json.RawMessage) (*bundle.Layout, error) {
+	kvs, err := flattenConfig(config)
+	if err != nil {
+		return nil, err
+	}
+	ck, free := cKV(kvs)
+	defer free()
+	cf := C.CString(family)
+	defer C.free(unsafe.Pointer(cf))
+	var out *C.char
+	st, msg := call(func() C.mq_status {
+		return C.mq_family_layout(cf, ck.ptr, C.int32_t(ck.n), &out)
+	})
+	if st != C.MQ_OK {
+		return nil, fmt.Errorf("family %s: %s", family, msg)
+	}
+	defer C.mq_free(unsafe.Pointer(out))
+	var l bundle.Layout
+	if err := json.Unmarshal([]byte(C.GoString(out)), &l); err != nil {
+		return nil, fmt.Errorf("family %s: its tensor layout is not JSON: %v", family, err)
+	}
+	return &l, nil
+}
+
 // cKVs is a C array of mq_kv and the C memory behind it.
 type cKVs struct {
 	ptr *C.mq_kv
@@ -144,8 +173,9 @@ func cKV(kvs []kv) (cKVs, func()) {
 }
 
 // BundleFamily is the runtime's bundle.Resolver: the registered family that serves arch, its
-// task, and its position limit as the family's resolve step reads it from config (so a config
-// the family refuses is refused when the bundle is built, naming the key).
+// task, its position limit as the family's resolve step reads it from config (so a config the
+// family refuses is refused when the bundle is built, naming the key), and its tensor layout,
+// against which the build normalises and checks the checkpoint's tensors.
 func BundleFamily(arch string, config json.RawMessage) (bundle.Family, error) {
 	f, err := FamilyFor(arch)
 	if err != nil {
@@ -155,5 +185,9 @@ func BundleFamily(arch string, config json.RawMessage) (bundle.Family, error) {
 	if err != nil {
 		return bundle.Family{}, err
 	}
-	return bundle.Family{Name: f.Name, Task: f.Task, MaxPositions: intParam(hp, "max_positions")}, nil
+	l, err := Layout(f.Name, config)
+	if err != nil {
+		return bundle.Family{}, err
+	}
+	return bundle.Family{Name: f.Name, Task: f.Task, MaxPositions: intParam(hp, "max_positions"), Layout: l}, nil
 }

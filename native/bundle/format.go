@@ -136,9 +136,13 @@ type Provenance struct {
 	CheckpointID string            `json:"checkpoint_id"` // ORG/NAME
 	Revision     string            `json:"revision"`      // 40-hex immutable commit
 	Files        map[string]string `json:"files"`         // checkpoint file path -> sha256
-	// SkippedTensors are the checkpoint's non-float tensors (integer or boolean buffers such as
-	// causal masks and position ids), left out as "name (DTYPE)": they are not weights.
-	SkippedTensors []string      `json:"skipped_tensors,omitempty"`
+	// SkippedTensors are the checkpoint's tensors left out: non-float ones (integer or boolean
+	// buffers such as causal masks and position ids, "name (DTYPE)"), which are not weights,
+	// and those the family's layout drops as the reference loader discards them (a tied head).
+	SkippedTensors []string `json:"skipped_tensors,omitempty"`
+	// RenamedTensors are the family layout's renames applied to the checkpoint's tensor names,
+	// as `"from" -> "to" (N tensors)`: the bundle's names are the ones the family reads.
+	RenamedTensors []string      `json:"renamed_tensors,omitempty"`
 	Build          BuildSettings `json:"build"`
 	Builder        Builder       `json:"builder"`
 	BuiltAt        string        `json:"built_at"` // RFC3339
