@@ -21,7 +21,7 @@ type Layout struct {
 	Tensors []LayoutTensor `json:"tensors"`
 	// Renames apply to a tensor the family does not read under its checkpoint name: From at
 	// the start of the name becomes To, and the first rule giving a name the family reads or
-	// carries wins.
+	// carries (or drops) wins; a carried tensor no rule renames keeps its name.
 	Renames []LayoutRename `json:"renames"`
 	// Carried are patterns ('*' matches any run of characters) of tensors the bundle keeps but
 	// the family never reads (a VAE encoder a text-to-image pipeline does not run, causal-mask
@@ -106,7 +106,7 @@ func (s *source) applyLayout(dir string, fam Family) error {
 	from := map[string]stTensor{} // bundle name -> the checkpoint tensor it came from
 	for _, t := range s.tensors {
 		name, drop := t.Name, matchAny(l.Dropped, t.Name)
-		if !drop && !known(name) {
+		if _, read := want[name]; !drop && !read {
 			for _, r := range l.Renames {
 				if !strings.HasPrefix(t.Name, r.From) {
 					continue
