@@ -295,3 +295,42 @@ func TestLayoutNamesWhatIsWrong(t *testing.T) {
 		})
 	}
 }
+
+// TestLayoutDeclaresWhatTheModelReads: the layout lists what the family's constructor reads
+// for the config (an untied head and attention biases only when the config has them), its
+// carried patterns and its rules.
+func TestLayoutDeclaresWhatTheModelReads(t *testing.T) {
+	cfg := func(tied, bias bool) json.RawMessage {
+		b, _ := json.Marshal(map[string]any{"vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+			"intermediate_size": 16, "max_position_embeddings": 77, "tie_word_embeddings": tied, "attention_bias": bias})
+		return b
+	}
+	for _, c := range []struct {
+		tied, bias bool
+		n          int // embedding, 2 layers of 11 (15 with biases), norm, the head
+	}{{true, false, 1 + 2*11 + 1 + 1}, {false, false, 1 + 2*11 + 1 + 1}, {false, true, 1 + 2*15 + 1 + 1}} {
+		l, err := Layout("qwen3", cfg(c.tied, c.bias))
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := map[string][]int64{}
+		for _, x := range l.Tensors {
+			names[x.Name] = x.Shape
+		}
+		if len(l.Tensors) != c.n || !slices.Equal(names["model.layers.1.mlp.down_proj.weight"], []int64{8, 16}) || !slices.Equal(names["lm_head.weight"], []int64{10, 8}) {
+			t.Errorf("tied %v, bias %v: %d tensors, want %d: %v", c.tied, c.bias, len(l.Tensors), c.n, l.Tensors)
+		}
+		if _, ok := names["model.layers.0.self_attn.q_proj.bias"]; ok != c.bias {
+			t.Errorf("bias %v: q_proj.bias declared %v", c.bias, ok)
+		}
+		if dropped := slices.Contains(l.Dropped, "lm_head.weight"); dropped != c.tied {
+			t.Errorf("tied %v: lm_head.weight dropped %v", c.tied, dropped)
+		}
+		if !slices.Contains(l.Renames, bundle.LayoutRename{From: "", To: "model."}) {
+			t.Errorf("renames %v lack the Qwen3Model layout", l.Renames)
+		}
+	}
+	if _, err := Layout("qwen3", json.RawMessage(`{"vocab_size":10}`)); err == nil || !strings.Contains(err.Error(), "config.json: num_attention_heads is missing") {
+		t.Errorf("a config the family refuses: %v", err)
+	}
+}
