@@ -61,27 +61,11 @@ func FamilyFor(arch string) (FamilyInfo, error) {
 // its canonical hyper-parameters with defaults filled in, or the family's refusal naming the
 // config key. Every text family resolves "vocab_size" and "max_positions".
 func Resolve(family string, config json.RawMessage) (map[string]any, error) {
-	kvs, err := flattenConfig(config)
-	if err != nil {
-		return nil, err
-	}
-	ck, free := cKV(kvs)
-	defer free()
-	cf := C.CString(family)
-	defer C.free(unsafe.Pointer(cf))
-	var out *C.char
-	st, msg := call(func() C.mq_status {
-		return C.mq_family_resolve(cf, ck.ptr, C.int32_t(ck.n), &out)
-	})
-	if st != C.MQ_OK {
-		return nil, fmt.Errorf("family %s: %s", family, msg)
-	}
-	defer C.mq_free(unsafe.Pointer(out))
 	var hp map[string]any
-	if err := json.Unmarshal([]byte(C.GoString(out)), &hp); err != nil {
-		return nil, fmt.Errorf("family %s: resolved hyper-parameters are not JSON: %v", family, err)
-	}
-	return hp, nil
+	err := familyJSON(family, config, "resolved hyper-parameters", &hp, func(f *C.char, kv *C.mq_kv, n C.int32_t, out **C.char) C.mq_status {
+		return C.mq_family_resolve(f, kv, n, out)
+	})
+	return hp, err
 }
 
 // Layout is the family's bundle.Layout for config: every tensor its CPU model reads with the
@@ -90,27 +74,37 @@ func Resolve(family string, config json.RawMessage) (map[string]any, error) {
 // what the reference loader discards). A config the model refuses at open is refused here,
 // naming the key.
 func Layout(family string, config json.RawMessage) (*bundle.Layout, error) {
-	kvs, err := flattenConfig(config)
+	var l bundle.Layout
+	err := familyJSON(family, config, "tensor layout", &l, func(f *C.char, kv *C.mq_kv, n C.int32_t, out **C.char) C.mq_status {
+		return C.mq_family_layout(f, kv, n, out)
+	})
 	if err != nil {
 		return nil, err
+	}
+	return &l, nil
+}
+
+// familyJSON calls an mq_family_* function that answers JSON for family and config and decodes
+// the answer into v (what names it in errors).
+func familyJSON(family string, config json.RawMessage, what string, v any, fn func(*C.char, *C.mq_kv, C.int32_t, **C.char) C.mq_status) error {
+	kvs, err := flattenConfig(config)
+	if err != nil {
+		return err
 	}
 	ck, free := cKV(kvs)
 	defer free()
 	cf := C.CString(family)
 	defer C.free(unsafe.Pointer(cf))
 	var out *C.char
-	st, msg := call(func() C.mq_status {
-		return C.mq_family_layout(cf, ck.ptr, C.int32_t(ck.n), &out)
-	})
+	st, msg := call(func() C.mq_status { return fn(cf, ck.ptr, C.int32_t(ck.n), &out) })
 	if st != C.MQ_OK {
-		return nil, fmt.Errorf("family %s: %s", family, msg)
+		return fmt.Errorf("family %s: %s", family, msg)
 	}
 	defer C.mq_free(unsafe.Pointer(out))
-	var l bundle.Layout
-	if err := json.Unmarshal([]byte(C.GoString(out)), &l); err != nil {
-		return nil, fmt.Errorf("family %s: its tensor layout is not JSON: %v", family, err)
+	if err := json.Unmarshal([]byte(C.GoString(out)), v); err != nil {
+		return fmt.Errorf("family %s: its %s: not JSON: %v", family, what, err)
 	}
-	return &l, nil
+	return nil
 }
 
 // cKVs is a C array of mq_kv and the C memory behind it.
