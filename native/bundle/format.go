@@ -19,8 +19,10 @@
 // up to the prefix, and the bundle's Digest (the sha256 of the prefix) identifies the whole
 // file as a whole-file sha256 would, while verification hashes the chunks in parallel.
 //
-// Tensors keep their checkpoint names (a pipeline's are prefixed with their component:
-// "transformer.layers.0.attention.to_q.weight") and are stored at the build precision: F32,
+// Tensors keep their checkpoint names, or, where the family's layout says another layout names
+// them otherwise (a missing base-model prefix, a causal LM saved as a text encoder), the names
+// the family reads (a pipeline's are prefixed with their component:
+// "transformer.layers.0.attention.to_q.weight"); they are stored at the build precision: F32,
 // BF16 or F16. The CPU runtime converts what it needs at load; the CUDA backend uploads
 // tensors of its precision as they are. The bundle knows no family: the caller of Build says
 // which runtime family serves the checkpoint's architecture (Resolver).
