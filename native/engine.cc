@@ -674,6 +674,14 @@ mq_status mq_family_resolve(const char *family, const mq_kv *config, int32_t n_c
   return st == MQ_OK ? MQ_OK : fail(st, err);
 }
 
+mq_status mq_family_layout(const char *family, const mq_kv *config, int32_t n_config, char **json_out) {
+  if (!json_out) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_family_layout: json_out is NULL");
+  *json_out = nullptr;
+  std::string err;
+  mq_status st = family_layout_json(family, config, n_config, json_out, &err);
+  return st == MQ_OK ? MQ_OK : fail(st, err);
+}
+
 mq_status mq_engine_logits_image(mq_engine *e, const int32_t *ids, int32_t n, const mq_image *image, float *out) {
   if (!e || !ids || !out || !image) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_logits_image: NULL argument");
   if (n <= 0 || n > e->max_context) return fail(MQ_ERR_INVALID_ARGUMENT, "ids must hold 1 to max_context tokens");

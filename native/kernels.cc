@@ -7,6 +7,7 @@
 // time with a shuffle tree, and tracks the argmax while the logits are still in registers.
 // Other code is plain loops that -O3 -march=x86-64-v3 vectorises.
 #include <immintrin.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -145,7 +146,55 @@ static std::string shape_str(const int64_t *s, int n) {
   return o.str();
 }
 
+// The zero mappings of declaring Weights alive in the process: LMHead builds no screen over one
+// (a model constructed only to list what it reads never runs, and screening a real model's
+// head would cost seconds and gigabytes).
+static std::mutex declared_mu;
+static std::vector<std::pair<const void *, size_t>> declared_zeros;
+
+static bool declared_zero(const void *p) {
+  std::lock_guard<std::mutex> l(declared_mu);
+  for (const auto &z : declared_zeros)
+    if (p >= z.first && (const char *)p < (const char *)z.first + z.second) return true;
+  return false;
+}
+
+Weights::~Weights() {
+  std::lock_guard<std::mutex> l(declared_mu);
+  for (const auto &z : zeros_) {
+    for (size_t i = 0; i < declared_zeros.size(); i++)
+      if (declared_zeros[i].first == z.first) {
+        declared_zeros.erase(declared_zeros.begin() + i);
+        break;
+      }
+    munmap(z.first, z.second);
+  }
+}
+
+std::unique_ptr<Weights> Weights::declaring(TensorLayout *out) {
+  std::unique_ptr<Weights> w(new Weights());
+  w->declare_ = out;
+  return w;
+}
+
 const float *Weights::get(const std::string &name, std::vector<int64_t> shape) const {
+  if (declare_) {
+    // Record the read once; hand back zeros of the asked size: a private read-only anonymous
+    // mapping reads as the shared zero page, so a model of any size is declared in no memory.
+    bool seen = false;
+    for (const TensorLayout::Tensor &t : declare_->reads) seen = seen || t.name == name;
+    if (!seen) declare_->reads.push_back({name, shape});
+    size_t bytes = sizeof(float);
+    for (int64_t d : shape) bytes *= (size_t)std::max<int64_t>(d, 1);
+    for (const auto &z : zeros_)
+      if (z.second >= bytes) return static_cast<const float *>(z.first);
+    void *m = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) throw Error(MQ_ERR_INTERNAL, "declaring tensor " + name + ": cannot map " + std::to_string(bytes) + " bytes");
+    zeros_.push_back({m, bytes});
+    std::lock_guard<std::mutex> l(declared_mu);
+    declared_zeros.push_back({m, bytes});
+    return static_cast<const float *>(m);
+  }
   auto it = map_.find(name);
   if (it == map_.end())
     throw Error(MQ_ERR_LOAD, "tensor " + name + " is missing from the bundle; rebuild it from a complete checkpoint");
@@ -167,6 +216,7 @@ const float *Weights::get_any(const std::vector<std::string> &names, std::vector
 }
 
 void Weights::ignore_suffix(const std::string &suffix) const {
+  if (declare_) declare_->carried.push_back("*" + suffix);
   for (const auto &kv : map_)
     if (kv.first.size() >= suffix.size() && kv.first.compare(kv.first.size() - suffix.size(), suffix.size(), suffix) == 0)
       used_[kv.first] = true;
@@ -513,7 +563,7 @@ static void *map_anon(size_t bytes) {
 }
 
 LMHead::LMHead(const float *W, int N, int K, bool release_pages) : W_(W), N_(N), K_(K), nb_(0) {
-  if (!have_avx512() || N < 16) return;
+  if (!have_avx512() || N < 16 || declared_zero(W)) return;
   nb_ = N / 16;
   const int K4 = (K + 3) / 4;
   // K <= 32768 keeps the int32 sums (|S| <= K * 255 * 127) from overflowing.

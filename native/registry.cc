@@ -263,15 +263,14 @@ const char *mq_family_info(int32_t i) {
 
 }  // extern "C"
 
-// resolve_family_json is mq_family_resolve without the thread's last-error slot (engine.cc owns
-// it).
-mq_status mq::resolve_family_json(const char *family, const mq_kv *config, int32_t n, char **json_out,
-                                  std::string *err) {
+// family_json runs what(family, config) for a registered family and hands its JSON to the
+// caller in malloc'd memory, or its error: the shared body of the mq_family_* calls that answer
+// JSON, without the thread's last-error slot (engine.cc owns it).
+static mq_status family_json(const char *family, const mq_kv *config, int32_t n, char **json_out, std::string *err,
+                             const std::function<std::string(const Family &, const Config &)> &what) {
   try {
     const Family &f = find_family(family ? family : "");
-    HParams hp;
-    f.resolve(Config(config, n), hp);
-    std::string j = hp.json();
+    std::string j = what(f, Config(config, n));
     char *out = (char *)malloc(j.size() + 1);
     if (!out) throw Error(MQ_ERR_INTERNAL, "out of memory");
     memcpy(out, j.c_str(), j.size() + 1);
@@ -284,6 +283,55 @@ mq_status mq::resolve_family_json(const char *family, const mq_kv *config, int32
     *err = e.what();
     return MQ_ERR_INTERNAL;
   }
+}
+
+mq_status mq::resolve_family_json(const char *family, const mq_kv *config, int32_t n, char **json_out,
+                                  std::string *err) {
+  return family_json(family, config, n, json_out, err, [](const Family &f, const Config &c) {
+    HParams hp;
+    f.resolve(c, hp);
+    return hp.json();
+  });
+}
+
+std::string mq::TensorLayout::json() const {
+  auto strings = [](const std::vector<std::string> &v) {
+    std::string o = "[";
+    for (size_t i = 0; i < v.size(); i++) o += (i ? "," : "") + json_string(v[i]);
+    return o + "]";
+  };
+  std::string o = "{\"tensors\":[";
+  for (size_t i = 0; i < reads.size(); i++) {
+    o += (i ? "," : "") + std::string("{\"name\":") + json_string(reads[i].name) + ",\"shape\":[";
+    for (size_t j = 0; j < reads[i].shape.size(); j++) o += (j ? "," : "") + std::to_string(reads[i].shape[j]);
+    o += "]}";
+  }
+  o += "],\"renames\":[";
+  for (size_t i = 0; i < renames.size(); i++)
+    o += (i ? "," : "") + std::string("{\"from\":") + json_string(renames[i].first) + ",\"to\":" + json_string(renames[i].second) + "}";
+  return o + "],\"carried\":" + strings(carried) + ",\"dropped\":" + strings(dropped) + "}";
+}
+
+// family_layout_json resolves the family's hyper-parameters, adds its layout rules and runs its
+// CPU model constructor over a declaring Weights: what the constructor reads is the layout.
+mq_status mq::family_layout_json(const char *family, const mq_kv *config, int32_t n, char **json_out, std::string *err) {
+  return family_json(family, config, n, json_out, err, [](const Family &f, const Config &c) {
+    HParams hp;
+    f.resolve(c, hp);
+    TensorLayout l;
+    if (f.layout) f.layout(hp, l);
+    std::unique_ptr<Weights> w = Weights::declaring(&l);
+    ThreadPool pool(1);
+    ModelArgs a;
+    a.hp = &hp;
+    a.max_batch = 1;
+    a.n_slots = 2;
+    a.max_context = 16;  // what the constructors size by context (KV cache, RoPE tables) stays small
+    a.pool = &pool;
+    a.w = w.get();
+    f.make(a);
+    return l.json();
+  });
 }
 
 extern "C" void mq_free(void *p) { free(p); }

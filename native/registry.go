@@ -61,27 +61,50 @@ func FamilyFor(arch string) (FamilyInfo, error) {
 // its canonical hyper-parameters with defaults filled in, or the family's refusal naming the
 // config key. Every text family resolves "vocab_size" and "max_positions".
 func Resolve(family string, config json.RawMessage) (map[string]any, error) {
-	kvs, err := flattenConfig(config)
+	var hp map[string]any
+	err := familyJSON(family, config, "resolved hyper-parameters", &hp, func(f *C.char, kv *C.mq_kv, n C.int32_t, out **C.char) C.mq_status {
+		return C.mq_family_resolve(f, kv, n, out)
+	})
+	return hp, err
+}
+
+// Layout is the family's bundle.Layout for config: every tensor its CPU model reads with the
+// shape config implies (listed by constructing the model over no data), what it carries without
+// reading, and its layout rules (the names other checkpoint layouts give the same tensors, and
+// what the reference loader discards). A config the model refuses at open is refused here,
+// naming the key.
+func Layout(family string, config json.RawMessage) (*bundle.Layout, error) {
+	var l bundle.Layout
+	err := familyJSON(family, config, "tensor layout", &l, func(f *C.char, kv *C.mq_kv, n C.int32_t, out **C.char) C.mq_status {
+		return C.mq_family_layout(f, kv, n, out)
+	})
 	if err != nil {
 		return nil, err
+	}
+	return &l, nil
+}
+
+// familyJSON calls an mq_family_* function that answers JSON for family and config and decodes
+// the answer into v (what names it in errors).
+func familyJSON(family string, config json.RawMessage, what string, v any, fn func(*C.char, *C.mq_kv, C.int32_t, **C.char) C.mq_status) error {
+	kvs, err := flattenConfig(config)
+	if err != nil {
+		return err
 	}
 	ck, free := cKV(kvs)
 	defer free()
 	cf := C.CString(family)
 	defer C.free(unsafe.Pointer(cf))
 	var out *C.char
-	st, msg := call(func() C.mq_status {
-		return C.mq_family_resolve(cf, ck.ptr, C.int32_t(ck.n), &out)
-	})
+	st, msg := call(func() C.mq_status { return fn(cf, ck.ptr, C.int32_t(ck.n), &out) })
 	if st != C.MQ_OK {
-		return nil, fmt.Errorf("family %s: %s", family, msg)
+		return fmt.Errorf("family %s: %s", family, msg)
 	}
 	defer C.mq_free(unsafe.Pointer(out))
-	var hp map[string]any
-	if err := json.Unmarshal([]byte(C.GoString(out)), &hp); err != nil {
-		return nil, fmt.Errorf("family %s: resolved hyper-parameters are not JSON: %v", family, err)
+	if err := json.Unmarshal([]byte(C.GoString(out)), v); err != nil {
+		return fmt.Errorf("family %s: its %s: not JSON: %v", family, what, err)
 	}
-	return hp, nil
+	return nil
 }
 
 // cKVs is a C array of mq_kv and the C memory behind it.
@@ -144,8 +167,9 @@ func cKV(kvs []kv) (cKVs, func()) {
 }
 
 // BundleFamily is the runtime's bundle.Resolver: the registered family that serves arch, its
-// task, and its position limit as the family's resolve step reads it from config (so a config
-// the family refuses is refused when the bundle is built, naming the key).
+// task, its position limit as the family's resolve step reads it from config (so a config the
+// family refuses is refused when the bundle is built, naming the key), and its tensor layout,
+// against which the build normalises and checks the checkpoint's tensors.
 func BundleFamily(arch string, config json.RawMessage) (bundle.Family, error) {
 	f, err := FamilyFor(arch)
 	if err != nil {
@@ -155,5 +179,9 @@ func BundleFamily(arch string, config json.RawMessage) (bundle.Family, error) {
 	if err != nil {
 		return bundle.Family{}, err
 	}
-	return bundle.Family{Name: f.Name, Task: f.Task, MaxPositions: intParam(hp, "max_positions")}, nil
+	l, err := Layout(f.Name, config)
+	if err != nil {
+		return bundle.Family{}, err
+	}
+	return bundle.Family{Name: f.Name, Task: f.Task, MaxPositions: intParam(hp, "max_positions"), Layout: l}, nil
 }

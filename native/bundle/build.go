@@ -63,6 +63,12 @@ type Family struct {
 	Name         string
 	Task         string
 	MaxPositions int
+	// Layout is what the family reads (native.Layout). With it, Build renames the checkpoint's
+	// tensors to the names the family reads, leaves out what the reference loader discards, and
+	// refuses a checkpoint missing a tensor, holding one of another shape, or holding one the
+	// family never reads, so a bundle that builds opens. Without it the tensors are taken as
+	// they are named (a fixture that knows its own layout).
+	Layout *Layout
 }
 
 // Resolver maps a checkpoint's architecture (config.json's architectures[0], or a diffusers
@@ -135,6 +141,7 @@ type source struct {
 	tensors            []stTensor
 	files              map[string]string
 	skipped            []string
+	renamed            []string // the layout's renames that applied (Provenance.RenamedTensors)
 	maxContext         int
 }
 
@@ -267,6 +274,11 @@ func checkpointSource(o BuildOptions) (*source, error) {
 		return nil, fmt.Errorf("bundle: checkpoint %s: the resolver answered family %q, task %q; want a family name and one of %v", dir, fam.Name, fam.Task, Tasks)
 	}
 	s.family, s.task = fam.Name, fam.Task
+	if fam.Layout != nil {
+		if err := s.applyLayout(dir, fam); err != nil {
+			return nil, err
+		}
+	}
 	if s.tokenizer, err = read(tokDir+"tokenizer.json", true); err != nil {
 		return nil, err
 	}
@@ -402,7 +414,9 @@ func deriveGenerationConfig(config []byte) ([]byte, error) {
 }
 
 // readTensors lists the tensors of dir's model.safetensors.index.json shards (or of its
-// diffusion_pytorch_model.safetensors.index.json), or of every *.safetensors file. component
+// diffusion_pytorch_model.safetensors.index.json), or of every *.safetensors file. A tensor the
+// index puts in another shard than the one holding it, or in a shard that does not hold it, is
+// refused: the index would send a loader to the wrong file. component
 // ("" or "transformer/") prefixes file paths in provenance and, as "transformer.", the tensor
 // names.
 func (s *source) readTensors(dir, component string, read func(string, bool) ([]byte, error)) error {
@@ -418,22 +432,11 @@ func (s *source) readTensors(dir, component string, read func(string, bool) ([]b
 			break
 		}
 	}
+	var weightMap map[string]string
 	if idx != nil {
-		var ix struct {
-			WeightMap map[string]string `json:"weight_map"`
-		}
-		if err := json.Unmarshal(idx, &ix); err != nil || len(ix.WeightMap) == 0 {
-			return fmt.Errorf("bundle: checkpoint %s: the safetensors index has no weight_map", dir)
-		}
-		set := map[string]bool{}
-		for _, f := range ix.WeightMap {
-			if f != filepath.Base(f) {
-				return fmt.Errorf("bundle: checkpoint %s: the safetensors index names shard %q outside the directory", dir, f)
-			}
-			set[f] = true
-		}
-		for f := range set {
-			shards = append(shards, f)
+		var err error
+		if weightMap, shards, err = parseSafetensorsIndex(idx); err != nil {
+			return fmt.Errorf("bundle: checkpoint %s: %v", dir, err)
 		}
 	} else {
 		m, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
@@ -462,6 +465,10 @@ func (s *source) readTensors(dir, component string, read func(string, bool) ([]b
 		}
 		s.files[component+sh] = fs
 		for _, t := range ts {
+			if f, listed := weightMap[t.Name]; listed && f != sh {
+				return fmt.Errorf("bundle: checkpoint %s: shard %s holds tensor %q, which the safetensors index puts in %q; rewrite the index", dir, sh, t.Name, weightMap[t.Name])
+			}
+			delete(weightMap, t.Name)
 			if _, float := stDTypeSize[t.DType]; !float {
 				s.skipped = append(s.skipped, fmt.Sprintf("%s%s (%s)", prefix, t.Name, t.DType))
 				continue
@@ -476,6 +483,14 @@ func (s *source) readTensors(dir, component string, read func(string, bool) ([]b
 			seen[t.Name] = true
 			s.tensors = append(s.tensors, t)
 		}
+	}
+	if len(weightMap) > 0 {
+		left := make([]string, 0, len(weightMap))
+		for name := range weightMap {
+			left = append(left, name)
+		}
+		sort.Strings(left)
+		return fmt.Errorf("bundle: checkpoint %s: the safetensors index puts tensor %q in shard %s, which does not hold it (%d such tensors)", dir, left[0], weightMap[left[0]], len(left))
 	}
 	sort.Slice(s.tensors, func(i, j int) bool { return s.tensors[i].Name < s.tensors[j].Name })
 	return nil
@@ -671,6 +686,7 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 			Revision:       s.revision,
 			Files:          s.files,
 			SkippedTensors: s.skipped,
+			RenamedTensors: s.renamed,
 			Build: BuildSettings{
 				Precision:     o.Precision,
 				MaxContext:    s.maxContext,

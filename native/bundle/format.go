@@ -19,8 +19,10 @@
 // up to the prefix, and the bundle's Digest (the sha256 of the prefix) identifies the whole
 // file as a whole-file sha256 would, while verification hashes the chunks in parallel.
 //
-// Tensors keep their checkpoint names (a pipeline's are prefixed with their component:
-// "transformer.layers.0.attention.to_q.weight") and are stored at the build precision: F32,
+// Tensors keep their checkpoint names, or, where the family's layout says another layout names
+// them otherwise (a missing base-model prefix, a causal LM saved as a text encoder), the names
+// the family reads (a pipeline's are prefixed with their component:
+// "transformer.layers.0.attention.to_q.weight"); they are stored at the build precision: F32,
 // BF16 or F16. The CPU runtime converts what it needs at load; the CUDA backend uploads
 // tensors of its precision as they are. The bundle knows no family: the caller of Build says
 // which runtime family serves the checkpoint's architecture (Resolver).
@@ -136,9 +138,13 @@ type Provenance struct {
 	CheckpointID string            `json:"checkpoint_id"` // ORG/NAME
 	Revision     string            `json:"revision"`      // 40-hex immutable commit
 	Files        map[string]string `json:"files"`         // checkpoint file path -> sha256
-	// SkippedTensors are the checkpoint's non-float tensors (integer or boolean buffers such as
-	// causal masks and position ids), left out as "name (DTYPE)": they are not weights.
-	SkippedTensors []string      `json:"skipped_tensors,omitempty"`
+	// SkippedTensors are the checkpoint's tensors left out: non-float ones (integer or boolean
+	// buffers such as causal masks and position ids, "name (DTYPE)"), which are not weights,
+	// and those the family's layout drops as the reference loader discards them (a tied head).
+	SkippedTensors []string `json:"skipped_tensors,omitempty"`
+	// RenamedTensors are the family layout's renames applied to the checkpoint's tensor names,
+	// as `"from" -> "to" (N tensors)`: the bundle's names are the ones the family reads.
+	RenamedTensors []string      `json:"renamed_tensors,omitempty"`
 	Build          BuildSettings `json:"build"`
 	Builder        Builder       `json:"builder"`
 	BuiltAt        string        `json:"built_at"` // RFC3339

@@ -171,6 +171,13 @@ MQ_API const char *mq_family_info(int32_t i);
  * success *json_out is a JSON object of the canonical hyper-parameters (every text family has
  * "vocab_size" and "max_positions"); free it with mq_free. */
 MQ_API mq_status mq_family_resolve(const char *family, const mq_kv *config, int32_t n_config, char **json_out);
+
+/* The tensors a family reads for a config, for a bundle builder to check a checkpoint against
+ * before writing it: *json_out is {"tensors": [{"name", "shape"}], "renames": [{"from", "to"}],
+ * "carried": [pattern], "dropped": [pattern]} (see TensorLayout in runtime.h); free it with
+ * mq_free. The family's CPU model is constructed over no data to list what it reads, so config
+ * errors the model refuses at open are refused here too. */
+MQ_API mq_status mq_family_layout(const char *family, const mq_kv *config, int32_t n_config, char **json_out);
 MQ_API void mq_free(void *p);
 
 /* Opens an engine. The family's faults (MODELQUAL_FAULTS, comma-separated) are read once here,

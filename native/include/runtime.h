@@ -57,6 +57,30 @@ class ThreadPool {
   std::condition_variable cv_;
 };
 
+// TensorLayout is what a family reads from a bundle, for qual bundle build to normalise a
+// checkpoint's tensor names and check every tensor before it writes a bundle, so a checkpoint
+// that builds opens (mq_family_layout). reads and carried come from the family's own loading
+// code run over a declaring Weights (Weights::declaring), so they cannot drift from what the
+// engine reads; renames and dropped are the family's layout rules (Family::layout), the names
+// the reference loaders (transformers, diffusers) accept for the same tensors.
+struct TensorLayout {
+  struct Tensor {
+    std::string name;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Tensor> reads;         // every tensor the model reads, with the shape its config implies
+  std::vector<std::string> carried;  // patterns ('*' matches any run) of tensors carried but never read
+  // rename: a checkpoint tensor named from + rest, which the family does not read under that
+  // name, is the family's to + rest (the first rule giving a name the family reads wins).
+  std::vector<std::pair<std::string, std::string>> renames;
+  // dropped: patterns of tensors the reference loader discards (a tied head, a task head a base
+  // model does not have); they are left out of the bundle.
+  std::vector<std::string> dropped;
+  void rename(const std::string &from, const std::string &to) { renames.push_back({from, to}); }
+  void drop(const std::string &pattern) { dropped.push_back(pattern); }
+  std::string json() const;
+};
+
 // Weights looks tensors up by checkpoint name and checks their shapes. Tensors stored at another
 // precision (a bf16 or fp16 bundle) are converted to fp32 once, at open, because the CPU runtime
 // computes in fp32; fp32 tensors are read in place from the bundle's mapping. Every get marks its
@@ -65,7 +89,15 @@ class ThreadPool {
 class Weights {
  public:
   Weights(const mq_tensor *t, int n);
-  bool has(const std::string &name) const { return map_.count(name) != 0; }
+  ~Weights();
+  Weights(const Weights &) = delete;
+  Weights &operator=(const Weights &) = delete;
+  // declaring is a Weights holding no tensors that records into out what a model constructor
+  // reads: every get (name and shape; the data it returns reads as zeros and costs no memory),
+  // and every ignore_* as a carried pattern. has answers true, so a family's "if present"
+  // branch must read the name a canonical checkpoint uses.
+  static std::unique_ptr<Weights> declaring(TensorLayout *out);
+  bool has(const std::string &name) const { return declare_ || map_.count(name) != 0; }
   // get returns the data of name, requiring exactly the given shape.
   const float *get(const std::string &name, std::vector<int64_t> shape) const;
   // get_any accepts the first name present among the candidates.
@@ -76,6 +108,7 @@ class Weights {
   // ignore_prefix marks every tensor whose name starts with prefix as read (a pipeline
   // component part the family never runs, such as the VAE encoder of a text-to-image family).
   void ignore_prefix(const std::string &prefix) const {
+    if (declare_) declare_->carried.push_back(prefix + "*");
     for (const auto &kv : map_)
       if (kv.first.compare(0, prefix.size(), prefix) == 0) used_[kv.first] = true;
   }
@@ -94,6 +127,9 @@ class Weights {
   std::map<std::string, Entry> map_;
   std::vector<std::unique_ptr<float[]>> converted_;
   mutable std::map<std::string, bool> used_;
+  Weights() = default;
+  TensorLayout *declare_ = nullptr;                         // set by declaring()
+  mutable std::vector<std::pair<void *, size_t>> zeros_;  // declaring: read-only zero mappings
 };
 
 // Config is config.json as the caller flattened it (mq_kv): typed reads by dotted key, each
@@ -244,6 +280,9 @@ struct Family {
   std::function<std::unique_ptr<Backend>(const ModelArgs &)> make;  // the CPU model
   // threads: how many CPU threads the model's forward pass uses (0: the engine's n_threads).
   int threads = 0;
+  // layout adds the family's layout rules (TensorLayout::rename, drop) for the resolved
+  // hyper-parameters; empty when every checkpoint names the tensors as the model reads them.
+  std::function<void(const HParams &, TensorLayout &)> layout;
   // cuda_image: an image family's pipeline on the GPU, driven through the loaded CUDA library's
   // mqb_image_* entry points (cuda_backend.cc opens the library); empty: no GPU pipeline.
   std::function<std::unique_ptr<Backend>(void *cuda_lib, const mq_engine_params &, const HParams &, int max_context)>
@@ -282,6 +321,8 @@ const std::vector<Family> &families();
 // resolve_family_json resolves family's hyper-parameters from config as a JSON object
 // (mq_family_resolve without the last-error slot).
 mq_status resolve_family_json(const char *family, const mq_kv *config, int32_t n, char **json_out, std::string *err);
+// family_layout_json is mq_family_layout without the thread's last-error slot.
+mq_status family_layout_json(const char *family, const mq_kv *config, int32_t n, char **json_out, std::string *err);
 
 // fault reports whether MODELQUAL_FAULTS (comma-separated) names name: a family plants its own
 // defects ("qwen3.drop_q_norm") so the parity gates can be shown to fail.

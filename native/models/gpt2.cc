@@ -152,6 +152,15 @@ void resolve_gpt2(const Config &c, HParams &hp) {
 
 std::unique_ptr<Backend> make_gpt2(const ModelArgs &a) { return std::unique_ptr<Backend>(new Gpt2(a)); }
 
-MQ_REGISTER_FAMILY(Family{"gpt2", "text", {"GPT2LMHeadModel"}, resolve_gpt2, make_gpt2});
+// layout_gpt2: the hub's gpt2 names the tensors without base_model_prefix "transformer.",
+// save_pretrained of GPT2LMHeadModel with it; bundles carry the hub's names. GPT-2's head is
+// wte (tie_word_embeddings), so a stored lm_head.weight is dropped as transformers' tying
+// discards it.
+void layout_gpt2(const HParams &, TensorLayout &l) {
+  l.rename("transformer.", "");
+  l.drop("lm_head.weight");
+}
+
+MQ_REGISTER_FAMILY(Family{"gpt2", "text", {"GPT2LMHeadModel"}, resolve_gpt2, make_gpt2, 0, layout_gpt2});
 
 }  // namespace mq

@@ -83,6 +83,16 @@ void resolve_qwen3(const Config &c, HParams &hp) {
 
 std::unique_ptr<Backend> make_qwen3(const ModelArgs &a) { return std::unique_ptr<Backend>(new Qwen3(a)); }
 
-MQ_REGISTER_FAMILY(Family{"qwen3", "text", {"Qwen3ForCausalLM"}, resolve_qwen3, make_qwen3});
+// layout_qwen3: the checkpoint layouts transformers loads into Qwen3ForCausalLM. A Qwen3Model
+// checkpoint names the decoder without base_model_prefix "model." (transformers adds it when it
+// loads a task model from a base model's state dict); with tie_word_embeddings the head is the
+// token embedding (transformers ties lm_head.weight to it, so a stored lm_head.weight is not
+// what it computes with, and the CUDA backend ignores it too).
+void layout_qwen3(const HParams &hp, TensorLayout &l) {
+  l.rename("", "model.");
+  if (hp.b("tie_word_embeddings")) l.drop("lm_head.weight");
+}
+
+MQ_REGISTER_FAMILY(Family{"qwen3", "text", {"Qwen3ForCausalLM"}, resolve_qwen3, make_qwen3, 0, layout_qwen3});
 
 }  // namespace mq

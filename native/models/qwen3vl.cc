@@ -404,6 +404,20 @@ void resolve_qwen3vl(const Config &c, HParams &hp) {
 
 std::unique_ptr<Backend> make_qwen3vl(const ModelArgs &a) { return std::unique_ptr<Backend>(new Qwen3VL(a)); }
 
-MQ_REGISTER_FAMILY(Family{"qwen3vl", "vision", {"Qwen3VLForConditionalGeneration"}, resolve_qwen3vl, make_qwen3vl});
+// layout_qwen3vl: transformers 5 saves Qwen3VLForConditionalGeneration as "model.language_model.",
+// "model.visual." and "lm_head."; a Qwen3VLModel (base model) checkpoint has no "model."; the
+// older vision-language layouts name the decoder "language_model.model." (head
+// "language_model.lm_head.") or "model." and the tower "visual.". A tied head is the embedding.
+void layout_qwen3vl(const HParams &hp, TensorLayout &l) {
+  l.rename("language_model.model.", "model.language_model.");
+  l.rename("language_model.lm_head.", "lm_head.");
+  l.rename("language_model.", "model.language_model.");
+  l.rename("visual.", "model.visual.");
+  l.rename("model.", "model.language_model.");
+  if (hp.b("tie_word_embeddings")) l.drop("lm_head.weight");
+}
+
+MQ_REGISTER_FAMILY(Family{"qwen3vl", "vision", {"Qwen3VLForConditionalGeneration"}, resolve_qwen3vl, make_qwen3vl, 0,
+                          layout_qwen3vl});
 
 }  // namespace mq

@@ -890,6 +890,14 @@ std::unique_ptr<Backend> make_zimage_cuda(void *lib, const mq_engine_params &p, 
   return std::unique_ptr<Backend>(new ZImageCuda(lib, p, hp, max_context));
 }
 
-MQ_REGISTER_FAMILY(Family{"zimage", "image", {"ZImagePipeline"}, resolve_zimage, make_zimage, 0, make_zimage_cuda});
+// layout_zimage: diffusers loads the text encoder as Qwen3Model, from a Qwen3Model checkpoint or
+// from a Qwen3ForCausalLM one, whose "model." prefix transformers strips and whose lm_head it
+// discards (loading a base model from a task model's state dict).
+void layout_zimage(const HParams &, TensorLayout &l) {
+  l.rename("text_encoder.model.", "text_encoder.");
+  l.drop("text_encoder.lm_head.*");
+}
+
+MQ_REGISTER_FAMILY(Family{"zimage", "image", {"ZImagePipeline"}, resolve_zimage, make_zimage, 0, layout_zimage, make_zimage_cuda});
 
 }  // namespace mq

@@ -32,10 +32,15 @@ const bundleUsage = `Usage:
   qual bundle validate FILE --manifest MANIFEST
 
 build converts a Hugging Face checkpoint (config.json + *.safetensors, or a diffusers pipeline
-folder with model_index.json) into one bundle file: header, provenance, tokenizer and config
-sections, 64-byte aligned tensors stored at --precision. The runtime family that serves the
-checkpoint's architecture is taken from this binary's registry (qual families lists it), and
-the written bundle's tokenizer and chat template are loaded before it is kept. REV must be a
+folder with model_index.json; weights in one file or sharded with an index) into one bundle
+file: header, provenance, tokenizer and config sections, 64-byte aligned tensors stored at
+--precision. The runtime family that serves the checkpoint's architecture is taken from this
+binary's registry (qual families lists it). Its tensors are renamed to the names the family
+reads, as transformers and diffusers load the layouts they accept (with or without the
+base-model prefix, a tied head stored or not, a causal LM saved as a pipeline's text encoder),
+and checked: a tensor the family reads that is missing or of another shape than config.json
+implies, or one it never reads, fails the build naming the tensor, both shapes and the files
+searched. The written bundle's tokenizer and chat template are loaded before it is kept. REV must be a
 40-hex commit; with --hub-cache it defaults to what refs/main names. inspect prints the header
 and provenance as JSON after verifying every checksum. validate exits 1 naming the first field
 where the bundle differs from the manifest (family, checkpoint, revision, precision, backend,
@@ -148,7 +153,7 @@ func bundleBuild(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer b.Close()
-	return bundlePrintJSON(stdout, stderr, map[string]any{
+	res := map[string]any{
 		"bundle_path":   o.Out,
 		"bundle_digest": b.Digest(),
 		"family":        h.Family,
@@ -157,7 +162,16 @@ func bundleBuild(args []string, stdout, stderr io.Writer) int {
 		"revision":      h.Provenance.Revision,
 		"tensors":       len(h.Tensors),
 		"build":         h.Provenance.Build,
-	})
+	}
+	// What the family's layout changed, so a user sees why the bundle's names differ from the
+	// checkpoint's.
+	if r := h.Provenance.RenamedTensors; len(r) > 0 {
+		res["renamed_tensors"] = r
+	}
+	if s := h.Provenance.SkippedTensors; len(s) > 0 {
+		res["skipped_tensors"] = s
+	}
+	return bundlePrintJSON(stdout, stderr, res)
 }
 
 func bundleInspect(args []string, stdout, stderr io.Writer) int {
