@@ -214,10 +214,11 @@ func zimage(libs []string, bundlePath string, rounds, reps int) []result {
 	}
 	var out []result
 	for _, guided := range []bool{false, true} {
-		req := native.ImageRequest{Prompt: prompt, Width: size, Height: size, Steps: min(4, spec.MaxSteps), Guidance: 3.5, Seed: 42}
+		// Guidance runs with a negative prompt only (the pipeline's rule): 0 without one.
+		req := native.ImageRequest{Prompt: prompt, Width: size, Height: size, Steps: min(4, spec.MaxSteps), Seed: 42}
 		what := "images, no guidance"
 		if guided {
-			req.Negative = negative
+			req.Negative, req.Guidance = negative, 3.5
 			what = "images, CFG pair"
 		}
 		gen := func(e *native.Engine) ([]byte, float64) {
@@ -282,6 +283,9 @@ func main() {
 	var res []result
 	if *vlBundle != "" {
 		res = append(res, vl(libs, *vlBundle, *vlSnap, *vlGolden, *rounds, *steps, []int{1, 32})...)
+		for _, r := range res {
+			fmt.Printf("%s batch %d: before %.1f after %.1f %s (ratio %.3f), same %v\n", r.Family, r.Batch, r.BeforeMed, r.AfterMed, r.Unit, r.Ratio, r.Same)
+		}
 	}
 	if *zBundle != "" {
 		res = append(res, zimage(libs, *zBundle, *rounds, *reps)...)
