@@ -122,16 +122,28 @@ def load_lib(path):
                                    ctypes.c_size_t]
     lib.mqb_logits_all.restype = ctypes.c_int
     lib.mqb_slot_reset.argtypes = [ctypes.c_void_p, ctypes.c_int32]
-    lib.mqb_debug_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32]
-    lib.mqb_debug_set.restype = ctypes.c_int
-    lib.mqb_debug_profile.argtypes = [ctypes.c_void_p, C_CHARP, ctypes.c_size_t]
-    lib.mqb_debug_profile.restype = ctypes.c_int
-    lib.mqb_debug_timeline.argtypes = [ctypes.c_void_p, C_CHARP, ctypes.c_size_t]
-    lib.mqb_debug_timeline.restype = ctypes.c_int
-    lib.mqb_debug_chain.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, C_I32P, C_I32P, C_CHARP,
-                                    ctypes.c_size_t]
-    lib.mqb_debug_chain.restype = ctypes.c_int
+    # The debug entry points exist only in the lab's builds (lab/cuda/debug_abi.cu compiled in);
+    # a product build has none: lib.debug is False and the switches, profile, timeline and
+    # chained decode refuse (SwitchUnavailable, RuntimeError) while everything else runs.
+    lib.debug = hasattr(lib, "mqb_debug_set")
+    if lib.debug:
+        lib.mqb_debug_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32]
+        lib.mqb_debug_set.restype = ctypes.c_int
+        lib.mqb_debug_profile.argtypes = [ctypes.c_void_p, C_CHARP, ctypes.c_size_t]
+        lib.mqb_debug_profile.restype = ctypes.c_int
+        lib.mqb_debug_timeline.argtypes = [ctypes.c_void_p, C_CHARP, ctypes.c_size_t]
+        lib.mqb_debug_timeline.restype = ctypes.c_int
+        lib.mqb_debug_chain.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, C_I32P, C_I32P, C_CHARP,
+                                        ctypes.c_size_t]
+        lib.mqb_debug_chain.restype = ctypes.c_int
     return lib
+
+
+def need_debug(lib, what):
+    """Refuses what (a debug feature) on a product build, saying how to get a lab build."""
+    if not lib.debug:
+        raise RuntimeError("%s needs the lab's debug entry points: build the library with "
+                           "lab/cuda/debug_abi.cu (before_after.sh LAB_DEBUG=1, or cmake -DMQB_EXTRA_SOURCES=...)" % what)
 
 
 def i32arr(vals):
@@ -198,6 +210,8 @@ class Backend:
             self.m = None
 
     def set(self, key, value):
+        if not self.lib.debug:
+            raise SwitchUnavailable("%s: this build has no debug switches (a product build)" % key)
         rc = self.lib.mqb_debug_set(self.m, key.encode(), int(value))
         if rc != 0:
             raise SwitchUnavailable("mqb_debug_set %s=%s failed" % (key, value))
@@ -244,6 +258,7 @@ class Backend:
         return list(out)
 
     def profile(self):
+        need_debug(self.lib, "profile")
         buf = ctypes.create_string_buffer(1 << 16)
         self.lib.mqb_debug_profile(self.m, buf, 1 << 16)
         return json.loads(buf.value.decode())
@@ -424,6 +439,7 @@ def parity(args):
                 # (tuned by blas_pick), the others the buckets of the backend's own kernels.
                 be = Backend(lib, fam_be, cj, sd, prec, max_batch=32, max_context=1024)
                 if os.environ.get("PARITY_ATTN_SPLIT"):
+                    need_debug(lib, "PARITY_ATTN_SPLIT")
                     be.set("attn_split", int(os.environ["PARITY_ATTN_SPLIT"]))
                     entry["attn_split"] = int(os.environ["PARITY_ATTN_SPLIT"])
                 la = be.logits_all(la_ids)
@@ -437,7 +453,10 @@ def parity(args):
                                          ("batch3_nograph", [0, 1, 2]), ("batch3_megakernel", [0, 1, 2]),
                                          ("batch32", [i % 6 for i in range(32)])]:
                     if batch_name == "batch3_nograph":
-                        be.set("graphs", 0)
+                        try:
+                            be.set("graphs", 0)
+                        except SwitchUnavailable:  # a product build: graphs stay on (MQB_GRAPHS=0 is the knob)
+                            continue
                     if batch_name == "batch3_megakernel":
                         try:
                             be.set("megakernel", 1)
@@ -479,8 +498,9 @@ def parity(args):
                     runs.append(r)
                 tokens_of = {r["name"]: [s["tokens"] for s in r["seqs"]] for r in runs}
                 b3 = tokens_of["batch3"]
-                # graphs vs eager must give identical tokens
-                entry["graph_equals_eager"] = b3 == tokens_of["batch3_nograph"]
+                # graphs vs eager must give identical tokens; None: a product build (no switch to turn graphs off)
+                entry["graph_equals_eager"] = (b3 == tokens_of["batch3_nograph"]
+                                               if "batch3_nograph" in tokens_of else None)
                 # batch composition must not change a sequence's tokens much; report equality
                 entry["batch6_vs_batch3_same_tokens"] = tokens_of["batch6"][:3] == b3
                 # the megakernel (a build with -DMQB_MEGAKERNEL=ON) against the per-kernel path; None: not built
@@ -720,6 +740,7 @@ def bench_chained(be, B, prompt_len, warm, steps, V, seed):
     _, pos = prefill_and_warm(be, B, prompt_len, warm, V, seed)
     out = (ctypes.c_int32 * B)()
     t0 = time.perf_counter()
+    need_debug(be.lib, "chained decode")
     rc = be.lib.mqb_debug_chain(be.m, B, steps, i32arr([pos - 1] * B), out, be.err, 4096)
     dt = time.perf_counter() - t0
     if rc != 0:
@@ -736,6 +757,7 @@ def timeline(be, B, V, variant, opts):
     with be.switched(dict(opts, timeline=1)):
         bench_ours(be, B, 32, 8, 8, V, seed=B)
         buf = ctypes.create_string_buffer(1 << 20)
+        need_debug(be.lib, "timeline")
         rc = be.lib.mqb_debug_timeline(be.m, buf, len(buf))
     if rc != 0:
         print("TIMELINE %s unavailable" % variant, flush=True)

@@ -14,7 +14,7 @@ if ! { cmake -S native/cuda -B native/cuda/build -DCMAKE_BUILD_TYPE=Release ${MQ
   grep -E "error|Error" -A3 "$OUT/build.log" | head -60
   echo "CMAKE BUILD FAILED; trying nvcc directly"
   mkdir -p native/cuda/build
-  if ! nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -lineinfo -Inative/include native/cuda/backend.cu native/cuda/blas_pick.cc \
+  if ! nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -lineinfo -Inative/include -Inative/cuda native/cuda/backend.cu native/cuda/blas_pick.cc native/models/*.cu \
       -o native/cuda/build/libmodelqual_cuda.so -lcublas -lcublasLt -lcuda -lpthread >> "$OUT/build.log" 2>&1; then
     grep -E "error" -A3 "$OUT/build.log" | tail -60
     echo "BUILD FAILED"

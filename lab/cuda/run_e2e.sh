@@ -20,7 +20,8 @@
 # requests at each (default 48: at c32 that is mostly the first burst), E2E_OUT_STDDEV the
 # profiles' output-length spread (default none: every request asks for 64 tokens, so a closed
 # loop's requests end, and arrive again, in waves), E2E_TINY_PROFILE=0
-# the tiny model's profile, E2E_SPECS the families whose gpu specs run (default "qwen gpt2").
+# the tiny model's profile, E2E_SPECS the families whose gpu specs run (default "qwen gpt2"),
+# E2E_LIB a libmodelqual_cuda.so built already (no build here).
 set -o pipefail
 OUT=${OUT:-/tmp/mq_e2e}
 mkdir -p "$OUT"
@@ -53,12 +54,14 @@ if [ "$DEV" = cuda ]; then
   PREC=bf16
   { date -u; nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv,noheader; nvcc --version | tail -1; } 2>&1 | tee -a "$LOG"
   tb=$(date +%s)
-  if ! { cmake -S native/cuda -B native/cuda/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 &&
+  if [ -n "$E2E_LIB" ]; then  # a library built earlier in this call (issue48_gpu.sh's CMake build)
+    mkdir -p native/cuda/build && cp "$E2E_LIB" native/cuda/build/libmodelqual_cuda.so
+  elif ! { cmake -S native/cuda -B native/cuda/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 &&
          cmake --build native/cuda/build -j 16; } > "$W/build.log" 2>&1; then
     say "cmake build failed; trying nvcc directly"; grep -E "error" -A3 "$W/build.log" | head -30 | tee -a "$LOG"
     mkdir -p native/cuda/build
-    nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -Inative/include native/cuda/backend.cu \
-      -o native/cuda/build/libmodelqual_cuda.so -lcublas -lpthread >> "$W/build.log" 2>&1 ||
+    nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -Inative/include -Inative/cuda native/cuda/backend.cu \
+      native/cuda/blas_pick.cc native/models/*.cu -o native/cuda/build/libmodelqual_cuda.so -lcublas -lcublasLt -lcuda -lpthread >> "$W/build.log" 2>&1 ||
       { grep -E "error" -A3 "$W/build.log" | tail -30 | tee -a "$LOG"; say "FAIL build libmodelqual_cuda.so"; exit 1; }
   fi
   export MODELQUAL_CUDA_LIB="$ROOT/native/cuda/build/libmodelqual_cuda.so"

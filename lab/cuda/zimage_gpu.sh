@@ -5,14 +5,14 @@
 # the CPU machine: go build -trimpath -ldflags='-s -w' ./qual/cmd/qual) and diffusers-src.tar.xz
 # (`git archive 58eb52c0... src` of github.com/huggingface/diffusers, run from source, never
 # copied into the project). Steps, each logged with its time to $OUT/log.txt:
-#  1. build native/cuda/zimage.cu alone with nvcc into libz.so (the image entry points only; the
-#     product build, CMake of the whole libmodelqual_cuda.so, runs in the background and is
-#     reported at the end);
+#  1. build the core (native/cuda/backend.cu: the mqb_image_* entry points) and
+#     native/models/zimage.cu alone with nvcc into libz.so (the product build, CMake of the whole
+#     libmodelqual_cuda.so, runs in the background and is reported at the end);
 #  2. zimage-tiny (qual fixtures --name zimage-tiny --bundle): our `qual generate-image --device
 #     cuda` against diffusers' ZImagePipeline in bf16 on the same GPU, same controls, PSNR and
 #     SSIM by scikit-image; also against the stored diffusers fp32 golden PNGs and our CPU fp32
-#     pipeline; MQ_ZIMAGE_DUMP intermediates against the fp32 golden's (prompt embeddings, first
-#     velocity, VAE output);
+#     pipeline (the intermediates' comparison needed the dumps the product no longer writes:
+#     MQ_ZIMAGE_DUMP is gone with the rest of the lab's switches, so that step finds none);
 #  3. Z-Image-Turbo's sizes (lab/cuda/zimage_shape_ckpt.py: random bf16 weights), bundled at bf16:
 #     diffusers bf16 and ours at 512x512, 8 steps, guidance 3.5, one warmup then timed runs each,
 #     images/s and the ratio.
@@ -48,9 +48,10 @@ if [ "${ZS_SHAPE:-1}" = 1 ]; then
   SHAPE=$!
 fi
 tb=$(date +%s)
-nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -Inative/include native/cuda/zimage.cu -o "$W/libz.so" -lcublas > "$W/nvcc.log" 2>&1 ||
+nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -Inative/include -Inative/cuda native/cuda/backend.cu \
+  native/cuda/blas_pick.cc native/models/zimage.cu -o "$W/libz.so" -lcublas -lcublasLt -lcuda > "$W/nvcc.log" 2>&1 ||
   { grep -E "error" -A2 "$W/nvcc.log" | head -40 | tee -a "$LOG"; say "FAIL nvcc zimage.cu"; }
-say "nvcc zimage.cu: $(( $(date +%s) - tb )) s"
+say "nvcc the core and zimage.cu: $(( $(date +%s) - tb )) s"
 export MODELQUAL_CUDA_LIB=$W/libz.so
 
 

@@ -80,7 +80,7 @@ __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v)
 }
 
 // block_sum: every thread of the block must call it; red holds 32 floats of shared memory.
-__device__ float block_sum(float v, float *red) {
+static __device__ float block_sum(float v, float *red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
   v = warp_sum(v);
   __syncthreads();  // red may still be read from a previous call

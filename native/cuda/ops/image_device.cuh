@@ -29,12 +29,12 @@ typedef __nv_bfloat16 bf16;
 
 // Blocks are multiples of 32 threads; block_sum reduces over the whole block.
 
-__device__ float warp_sum(float v) {
+static __device__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, 32);
   return v;
 }
 
-__device__ float block_sum(float v, float *sh) {
+static __device__ float block_sum(float v, float *sh) {
   v = warp_sum(v);
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
   __syncthreads();
@@ -45,7 +45,7 @@ __device__ float block_sum(float v, float *sh) {
   return t;
 }
 
-__device__ float block_max(float v, float *sh) {
+static __device__ float block_max(float v, float *sh) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, 32));
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
   __syncthreads();
@@ -56,7 +56,7 @@ __device__ float block_max(float v, float *sh) {
   return t;
 }
 
-__device__ float silu_d(float x) { return x / (1.0f + expf(-x)); }
+static __device__ float silu_d(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tof(float x) { return x; }
 __device__ __forceinline__ float tof(bf16 x) { return __bfloat162float(x); }
 

@@ -18,12 +18,16 @@ func init() {
 
 const newFamilyUsage = `Usage: qual new-family NAME [--owner OWNER] [--native-family F] [--architecture A] [--task T] [--checkpoint ORG/NAME]
 
-Creates families/NAME with everything a family needs and, unless it exists, the native model
-file native/models/F.cc that registers family F for architecture A, in a state that compiles
-and whose specs are pending until the owner finishes it:
+Creates families/NAME with everything a family needs and, unless they exist, the native model
+files native/models/F.cc and native/models/F.cu that register family F for architecture A on
+the CPU and on CUDA, in a state that compiles and whose specs are pending until the owner
+finishes it:
 
   native/models/F.cc           the runtime family: resolve (config.json -> hyper-parameters) and
                                the CPU model, registered with MQ_REGISTER_FAMILY
+  native/models/F.cu           the GPU model (make cuda compiles every native/models/*.cu),
+                               registered with MQB_REGISTER_FAMILY: for task text or vision the
+                               shared decoder's shape and tensor names, for image the pipeline
 
   doc.go                       the package doc
   suite_test.go                the Ginkgo suite (RunSpecs) and, commented out, the spec.NewSuite call
@@ -36,8 +40,9 @@ and whose specs are pending until the owner finishes it:
 Then: write reference/reference.go from the architecture's definition (see
 families/qwen/reference), generate goldens, fill in the manifest and thresholds, replace the
 pending specs with the qual/spec gates (see families/qwen/*_test.go), and write the forward
-pass in native/models/F.cc (see native/models/qwen3.cc). Nothing else changes: no list, no
-dispatch table. NAME must be a lowercase Go identifier.
+pass in native/models/F.cc (see native/models/qwen3.cc) and the GPU model in native/models/F.cu
+(see native/models/qwen3.cu, qwen3vl.cu, zimage.cu). Nothing else changes: no list, no dispatch
+table. NAME must be a lowercase Go identifier.
 
 Flags:
 `
@@ -123,14 +128,19 @@ func runNewFamily(args []string) int {
 		fmt.Fprintf(os.Stderr, "qual new-family: %v\n", err)
 		return 1
 	}
-	nativeFile := filepath.Join(root, "native", "models", *native+".cc")
-	if _, err := os.Stat(nativeFile); err == nil {
-		fmt.Printf("native/models/%s.cc exists: the family reuses it\n", *native)
-	} else if err := writeTemplate(nativeFile, "native", scaffoldNative, data); err != nil {
-		fmt.Fprintf(os.Stderr, "qual new-family: %v\n", err)
-		return 1
-	} else {
-		fmt.Printf("created %s (registers family %s for %s; write its forward pass)\n", nativeFile, *native, *arch)
+	for _, nf := range []struct{ ext, text, what string }{
+		{".cc", scaffoldNative, "the CPU model"},
+		{".cu", scaffoldCUDA, "the GPU model"},
+	} {
+		nativeFile := filepath.Join(root, "native", "models", *native+nf.ext)
+		if _, err := os.Stat(nativeFile); err == nil {
+			fmt.Printf("native/models/%s%s exists: the family reuses it\n", *native, nf.ext)
+		} else if err := writeTemplate(nativeFile, "native"+nf.ext, nf.text, data); err != nil {
+			fmt.Fprintf(os.Stderr, "qual new-family: %v\n", err)
+			return 1
+		} else {
+			fmt.Printf("created %s (registers family %s for %s; write %s)\n", nativeFile, *native, *arch, nf.what)
+		}
 	}
 	fmt.Printf("created %s\nnext: go vet ./%s/... && go run github.com/onsi/ginkgo/v2/ginkgo --label-filter=%s ./%s (its specs are pending)\n",
 		target, filepath.ToSlash(rel), name, filepath.ToSlash(rel))
@@ -204,6 +214,65 @@ std::unique_ptr<Backend> make_<<.Native>>(const ModelArgs &) {
 MQ_REGISTER_FAMILY(Family{"<<.Native>>", "<<.Task>>", {"<<.Arch>>"}, resolve_<<.Native>>, make_<<.Native>>});
 
 }  // namespace mq
+`
+
+// scaffoldCUDA registers the family with the CUDA library. A text or vision family runs on the
+// shared decoder (native/cuda/decoder.cuh): configure picks its shape, load names its tensors;
+// an image family's pipeline opens through image_open. Until the owner writes them, opening the
+// family on the GPU fails and says where to write.
+const scaffoldCUDA = `// models/<<.Native>>.cu: the <<.Native>> family's GPU model (owner: <<.Owner>>), scaffolded by
+// qual new-family. It registers itself below (MQB_REGISTER_FAMILY); nothing in the CUDA core
+// names it, and make cuda compiles every native/models/*.cu.
+<<- if eq .Task "image">>
+// Write the pipeline (see zimage.cu): image_open uploads the weights, image_generate runs the
+// text encoder, the denoising loop and the decoder with the ops of native/cuda/ops.
+<<- else>>
+// Write configure (the shared decoder's shape: norm, gated MLP, rotary rows; the family's own
+// hyper-parameters and faults) and load (its tensor names, uploaded with weights.cuh); see
+// qwen3.cu, gpt2.cu<<if eq .Task "vision">> and, for the image hooks, qwen3vl.cu<<end>>.
+<<- end>>
+#include "../cuda/env.cuh"
+#include "../cuda/weights.cuh"
+
+namespace mqcuda {
+namespace family_<<.Native>> {
+namespace {
+
+<<if eq .Task "image" ->>
+void *image_open(const mqb_model_params *) {
+  throw Fail("cuda backend: family <<.Native>>: the GPU pipeline is not written yet (native/models/<<.Native>>.cu)");
+}
+void image_generate(void *, const mqb_image_args *) {}
+void image_close(void *) {}
+
+MQB_REGISTER_FAMILY([] {
+  CudaFamily f{"<<.Native>>"};
+  f.image_open = image_open;
+  f.image_generate = image_generate;
+  f.image_close = image_close;
+  return f;
+}());
+<<- else ->>
+void configure(Cfg &c, const HParams &) {
+  c.norm = PREP_RMS;
+  c.gated = true;
+}
+
+void load(mqb_model &, const TensorMap &) {
+  throw Fail("cuda backend: family <<.Native>>: the GPU model is not written yet (native/models/<<.Native>>.cu)");
+}
+
+MQB_REGISTER_FAMILY([] {
+  CudaFamily f{"<<.Native>>"};
+  f.configure = configure;
+  f.load = load;
+  return f;
+}());
+<<- end>>
+
+}  // namespace
+}  // namespace family_<<.Native>>
+}  // namespace mqcuda
 `
 
 const scaffoldDoc = `// Package <<.Name>> is the <<.Name>> family's qualification suite (scaffolded by qual

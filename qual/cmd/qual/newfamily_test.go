@@ -51,10 +51,13 @@ func TestNewFamilyCompiles(t *testing.T) {
 }
 
 // TestNewFamilyInScratchCopy is issue 36's promise, end to end in a scratch copy of the
-// checkout: `qual new-family demo` writes families/demo and native/models/demo.cc and nothing
-// else; the tree builds and vets; the new binary's registry serves the demo architecture (the
-// native file registered itself, no list edited); and the family's pending specs run. Then
-// issue 40's: editing the native file or a header rebuilds what includes it.
+// checkout: `qual new-family demo` writes families/demo, native/models/demo.cc and
+// native/models/demo.cu and nothing else; the tree builds and vets; the new binary's registry
+// serves the demo architecture (the native file registered itself, no list edited); and the
+// family's pending specs run. Issue 48's: the CUDA file compiles in the host-only build
+// (check_syntax.sh, every native/models/*.cu) and registers with the CUDA library's registry
+// (the CPU emulation of the library lists it and opens it up to the scaffold's own refusal).
+// Then issue 40's: editing the native file or a header rebuilds what includes it.
 func TestNewFamilyInScratchCopy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: builds a scratch copy of the repository")
@@ -103,13 +106,14 @@ func TestNewFamilyInScratchCopy(t *testing.T) {
 		changed = append(changed, strings.TrimSpace(l[2:]))
 	}
 	for _, c := range changed {
-		if !strings.HasPrefix(c, "families/demo/") && c != "native/models/demo.cc" {
-			t.Errorf("new-family touched %s; a family is families/demo plus native/models/demo.cc only", c)
+		if !strings.HasPrefix(c, "families/demo/") && c != "native/models/demo.cc" && c != "native/models/demo.cu" {
+			t.Errorf("new-family touched %s; a family is families/demo plus native/models/demo.cc and demo.cu only", c)
 		}
 	}
-	if !slices.Contains(changed, "native/models/demo.cc") {
-		t.Fatalf("new-family wrote no native file: %v", changed)
+	if !slices.Contains(changed, "native/models/demo.cc") || !slices.Contains(changed, "native/models/demo.cu") {
+		t.Fatalf("new-family wrote no CPU or no CUDA native file: %v", changed)
 	}
+	checkCUDAScaffold(t, copyDir, scratch, run)
 	run(copyDir, "go", "vet", "./families/demo/...", "./native/...")
 	run(copyDir, "go", "build", "-o", filepath.Join(scratch, "bin")+"/", "./qual/cmd/qual")
 	fams := run(copyDir, filepath.Join(scratch, "bin", "qual"), "families", "--json")
@@ -143,5 +147,50 @@ func TestNewFamilyInScratchCopy(t *testing.T) {
 	stale := run(copyDir, "go", "list", "-f", "{{.ImportPath}} {{.Stale}}", "./native", "./native/models")
 	if strings.Count(stale, " true") != 2 {
 		t.Fatalf("after a header edit the cgo packages are not stale (their objects would be reused):\n%s", stale)
+	}
+}
+
+// cudaRegistryProbe lists the CUDA library's families and opens the demo family's load hook,
+// compiled against the CPU emulation of the library (native/cuda/host_test/emu_cuda.h, which
+// compiles the core and the existing families' .cu files) plus the scaffolded demo.cu.
+const cudaRegistryProbe = `#include "native/cuda/host_test/emu_cuda.h"
+#include "native/models/demo.cu"
+int main() {
+  for (const char *const *f = mqb_families(); *f; ++f) printf("family %s\n", *f);
+  const mqcuda::CudaFamily *d = mqcuda::find_family("demo");
+  if (!d || !d->load) return 2;
+  mqb_model m;
+  try {
+    d->load(m, mqcuda::TensorMap(nullptr, 0));
+  } catch (const std::exception &e) {
+    printf("load: %s\n", e.what());
+  }
+  return 0;
+}
+`
+
+// checkCUDAScaffold compile-checks the scaffolded native/models/demo.cu as make cuda would
+// compile it (check_syntax.sh: g++ with the stub CUDA headers) and proves it registers.
+func checkCUDAScaffold(t *testing.T, copyDir, scratch string, run func(dir, name string, args ...string) string) {
+	t.Helper()
+	if _, err := exec.LookPath("g++"); err != nil {
+		t.Fatalf("g++ is needed to compile-check the CUDA scaffold (cgo needs it too): %v", err)
+	}
+	if out := run(copyDir, "sh", "native/cuda/check_syntax.sh"); !strings.Contains(out, "syntax ok") {
+		t.Fatalf("check_syntax.sh with the scaffolded demo.cu:\n%s", out)
+	}
+	probe := filepath.Join(scratch, "cuda_registry.cc")
+	if err := os.WriteFile(probe, []byte(cudaRegistryProbe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(scratch, "cuda_registry")
+	run(copyDir, "g++", "-std=c++20", "-O0", "-DMQB_HOST_TEST", "-Wno-unknown-pragmas", "-Wno-comment",
+		"-Inative/cuda/stub", "-Inative/include", "-I.", "-x", "c++", probe, "native/cuda/blas_pick.cc", "-o", bin, "-pthread")
+	out := run(copyDir, bin)
+	if !strings.Contains(out, "family demo\n") || !strings.Contains(out, "family qwen3\n") {
+		t.Fatalf("the CUDA library's registry lacks the demo family (or qwen3):\n%s", out)
+	}
+	if !strings.Contains(out, "family demo: the GPU model is not written yet (native/models/demo.cu)") {
+		t.Fatalf("the demo family's CUDA load hook did not run to its own refusal:\n%s", out)
 	}
 }
