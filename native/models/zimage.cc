@@ -807,7 +807,7 @@ namespace {
 
 // ZImageCuda is the pipeline with device "cuda": this side validates the request, draws the
 // seeded noise and computes the sigmas (the same functions as on CPU), and libmodelqual_cuda.so
-// (cuda/zimage.cu, through the mqb_image_* symbols) runs the rest on the GPU.
+// (native/models/zimage.cu, through the mqb_image_* symbols) runs the rest on the GPU.
 class ZImageCuda : public ImageBackend {
  public:
   ZImageCuda(void *lib, const mq_engine_params &p, const HParams &hp, int max_context) : hp_(hp), max_ctx_(max_context) {
