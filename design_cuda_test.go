@@ -204,7 +204,7 @@ func checkNoDebugEntryPoints(t *testing.T, root string) {
 			return err
 		}
 		if strings.Contains(string(b), needle) {
-			t.Errorf("%s mentions %s: the debug entry points live in lab/cuda/debug_abi.cu, compiled only into the lab's builds", rel, needle)
+			t.Errorf("%s mentions %s: the debug entry points belong to the lab (its debug_abi.cu), compiled only into the lab's builds", rel, needle)
 		}
 		return nil
 	})

@@ -31,7 +31,7 @@ func keyedRun(t *testing.T, seed uint64, scale float64, conc int, inputMean, bun
 	env, _ := json.Marshal(map[string]any{"server_kind": "process", "server_args": args})
 	return &Run{Name: "r", Records: synthRecords(60, 0, scale, seed), Sweep: &SweepPoint{Parameter: "concurrency", Value: float64(conc)},
 		InputConfig: ic, Environment: env,
-		Target: &Target{Server: "qual-server (process)", URL: "http://127.0.0.1:41234", Model: "qwen3", BundleSHA256: bundleSHA}}
+		Target: &Target{Server: "qual-server (process)", URL: "http://127.0.0.1:41234", Model: "qwen3", BundleDigest: bundleSHA}}
 }
 
 func side(runs ...*Run) CompareSide {
