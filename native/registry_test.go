@@ -135,19 +135,31 @@ func copyCheckpoint(t *testing.T, name string) (dir, rev string) {
 	return dir, rev
 }
 
-// TestOpenRefusesTensorsThatDoNotFit: the family's model reads the tensor table; a missing,
-// misshaped or foreign tensor is refused at open with the tensor's name, so a bundle that does
-// not fit its config never serves.
+// TestOpenRefusesTensorsThatDoNotFit: a checkpoint whose tensors do not fit its config is
+// refused twice over, each time naming the tensor: by the build (the family's layout check,
+// so such a checkpoint never becomes a bundle), and, for a bundle made without that check
+// (an older builder, a hand-made file), by the family's model at open, so it never serves.
 func TestOpenRefusesTensorsThatDoNotFit(t *testing.T) {
 	good := testBundle(t, fixtures.GPT2Tiny)
+	// unchecked resolves the family as BundleFamily does but without its layout: the bundle a
+	// builder that predates the check would write.
+	unchecked := func(arch string, config json.RawMessage) (bundle.Family, error) {
+		f, err := BundleFamily(arch, config)
+		f.Layout = nil
+		return f, err
+	}
 	for _, c := range []struct {
-		name string
-		edit func(cfg map[string]any)
-		want string
+		name      string
+		edit      func(cfg map[string]any)
+		want      string // from Open
+		wantBuild string // from Build with the layout check
 	}{
-		{"misshaped", func(cfg map[string]any) { cfg["n_positions"] = 2048 }, "tensor wpe.weight has shape [1024,64], config.json implies [2048,64]"},
-		{"missing layer", func(cfg map[string]any) { cfg["n_layer"] = 3 }, "tensor h.2.ln_1.weight is missing"},
-		{"foreign tensors", func(cfg map[string]any) { cfg["n_layer"] = 1 }, "tensor h.1."},
+		{"misshaped", func(cfg map[string]any) { cfg["n_positions"] = 2048 }, "tensor wpe.weight has shape [1024,64], config.json implies [2048,64]",
+			`tensor "wpe.weight": expected shape [2048 64] (from config.json), found [1024 64]`},
+		{"missing layer", func(cfg map[string]any) { cfg["n_layer"] = 3 }, "tensor h.2.ln_1.weight is missing",
+			`tensor "h.2.ln_1.weight": expected shape [64] (from config.json), found none`},
+		{"foreign tensors", func(cfg map[string]any) { cfg["n_layer"] = 1 }, "tensor h.1.",
+			`family gpt2 reads it under no name it accepts`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir, rev := copyCheckpoint(t, fixtures.GPT2Tiny)
@@ -157,7 +169,14 @@ func TestOpenRefusesTensorsThatDoNotFit(t *testing.T) {
 			b, _ := json.Marshal(cfg)
 			os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644)
 			out := filepath.Join(t.TempDir(), "x.mqb")
-			if _, err := bundle.Build(context.Background(), bundle.BuildOptions{CheckpointDir: dir, Model: "t/x", Revision: rev, Out: out, Resolve: BundleFamily, MaxContext: 64}); err != nil {
+			_, err := bundle.Build(context.Background(), bundle.BuildOptions{CheckpointDir: dir, Model: "t/x", Revision: rev, Out: out, Resolve: BundleFamily, MaxContext: 64})
+			if err == nil || !strings.Contains(err.Error(), c.wantBuild) {
+				t.Fatalf("build with the layout check: error %v, want one naming %q", err, c.wantBuild)
+			}
+			if _, err := os.Stat(out); err == nil {
+				t.Fatalf("the refused build left %s behind", out)
+			}
+			if _, err := bundle.Build(context.Background(), bundle.BuildOptions{CheckpointDir: dir, Model: "t/x", Revision: rev, Out: out, Resolve: unchecked, MaxContext: 64}); err != nil {
 				t.Fatal(err)
 			}
 			bu, err := bundle.Open(out)
