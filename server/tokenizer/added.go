@@ -37,6 +37,31 @@ func newAddedVocabulary(tokens []addedTokenJSON, n normalizer) (*addedVocabulary
 	return &addedVocabulary{raw: newTokenMatcher(raw), normalized: newTokenMatcher(normd)}, nil
 }
 
+// refreshAddedVocabulary rebuilds what depends on the added tokens and the normalizer: the
+// matcher Encode uses and the normalized token texts Decode uses.
+func (t *Tokenizer) refreshAddedVocabulary() error {
+	var err error
+	if t.addedVocab, err = newAddedVocabulary(t.addedTokens, t.normalizer); err != nil {
+		return err
+	}
+	t.addedDecodeText = nil
+	if t.normalizer == nil {
+		return nil
+	}
+	for _, a := range t.addedTokens {
+		if !a.Normalized {
+			continue
+		}
+		if n := t.normalizer.normalize(a.Content); n != a.Content {
+			if t.addedDecodeText == nil {
+				t.addedDecodeText = map[int32]string{}
+			}
+			t.addedDecodeText[*a.ID] = n
+		}
+	}
+	return nil
+}
+
 // tokenMatcher is a leftmost-longest multi-string matcher for the handful of added tokens a
 // checkpoint has (Qwen3: 26, all starting with '<'), indexed by first byte.
 type tokenMatcher struct {

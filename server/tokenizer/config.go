@@ -20,7 +20,8 @@ type tokenizerConfig struct {
 	MaskToken                 specialTokenField   `json:"mask_token"`
 	AdditionalSpecialTokens   []specialTokenField `json:"additional_special_tokens"`
 	// AddBOSToken and AddEOSToken, when either is present, make transformers rebuild the
-	// post-processor as [bos] $A [eos] (TokenizersBackend.update_post_processor).
+	// post-processor as [bos] $A [eos] (TokenizersBackend.update_post_processor); classes
+	// with their own post-processor rule (LlamaTokenizer, T5Tokenizer) ignore them.
 	AddBOSToken *bool `json:"add_bos_token"`
 	AddEOSToken *bool `json:"add_eos_token"`
 	// TokenizerClass picks the transformers class, which for some SentencePiece tokenizers

@@ -56,6 +56,9 @@ func (t *Tokenizer) tokenOf(id int32, skipSpecial bool) (string, bool) {
 	if skipSpecial && t.special[id] {
 		return "", false
 	}
+	if s, ok := t.addedDecodeText[id]; ok {
+		return s, true
+	}
 	return t.idToToken[id], true
 }
 

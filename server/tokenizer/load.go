@@ -176,7 +176,7 @@ func build(data []byte) (*Tokenizer, error) {
 		}
 	}
 	t.addedTokens = added
-	if t.addedVocab, err = newAddedVocabulary(added, t.normalizer); err != nil {
+	if err = t.refreshAddedVocabulary(); err != nil {
 		return nil, err
 	}
 	if t.post, err = parsePostProcessor(postRaw, t); err != nil {

@@ -18,9 +18,10 @@
 // Metaspace and Sequence; post-processors TemplateProcessing (single), RobertaProcessing,
 // BertProcessing, ByteLevel and Sequence; padding and truncation. Anything else is refused at
 // load with an error naming it (an unknown post-processor only when encoding with special
-// tokens). tokenizer_config.json's add_bos_token/add_eos_token and the rebuild that
-// transformers 5's LlamaTokenizer and T5Tokenizer classes make of the pipeline are applied as
-// transformers applies them (tokenizerclass.go). Offsets (trim_offsets) are not computed. The
+// tokens). tokenizer_config.json's add_bos_token/add_eos_token, its special tokens (added as
+// special tokens where tokenizer.json lacks them) and the rebuild that transformers 5's
+// LlamaTokenizer and T5Tokenizer classes make of the pipeline are applied as transformers
+// applies them (tokenizerclass.go). Offsets (trim_offsets) are not computed. The
 // GPT-2, Qwen2/3 and Llama 3 split regexes run on hand-written scanners checked against
 // regexp2 (scan_test.go); other regexes run on regexp2.
 //
@@ -59,6 +60,10 @@ type Tokenizer struct {
 	// tokenToID holds the added tokens; model.vocab the rest.
 	tokenToID map[string]int32
 	special   map[int32]bool
+	// addedDecodeText is the token text Decode gives the decoder for an added token with
+	// normalized=true: its content after the normalizer, as tokenizers does (a Llama 2
+	// Prepend("▁") normalizer makes "[INST]" decode as " [INST]").
+	addedDecodeText map[int32]string
 
 	cleanUpSpaces bool
 	chat          *chatTemplate // nil when tokenizer_config.json has no chat_template
@@ -153,12 +158,16 @@ func fromBytes(tokenizerJSON, tokenizerConfigJSON, chatTemplateJinja []byte) (*T
 	if cfg.CleanUpTokenizationSpaces != nil {
 		t.cleanUpSpaces = *cfg.CleanUpTokenizationSpaces
 	}
+	filePost := t.post
 	if pp, err := t.configPostProcessor(); err != nil {
 		return nil, err
 	} else if pp != nil {
 		t.post = pp
 	}
-	if err := t.applyTokenizerClass(); err != nil {
+	if err := t.applyTokenizerClass(filePost); err != nil {
+		return nil, err
+	}
+	if err := t.addConfigSpecialTokens(); err != nil {
 		return nil, err
 	}
 	if cfg.ChatTemplate != nil {
@@ -225,8 +234,8 @@ func (t *Tokenizer) SpecialID(tok string) (int32, bool) {
 	return t.model.tokenID(tok)
 }
 
-// IsSpecial reports whether id is an added token marked "special" in tokenizer.json (what
-// skip_special_tokens=True would drop).
+// IsSpecial reports whether id is an added token marked "special" in tokenizer.json, or a
+// special token tokenizer_config.json names (what skip_special_tokens=True would drop).
 func (t *Tokenizer) IsSpecial(id int32) bool { return t.special[id] }
 
 // EOSToken returns tokenizer_config.json's eos_token ("" when unset). Servers use it, with

@@ -11,8 +11,10 @@ import "fmt"
 // TinyLlama tokenizer.json in the legacy Prepend+Replace layout is therefore tokenized by
 // transformers 5 with a Metaspace pre-tokenizer. applyTokenizerClass reproduces that for the
 // classes below, from transformers 5.17's models/llama/tokenization_llama.py and
-// models/t5/tokenization_t5.py; other classes keep tokenizer.json's pipeline.
-func (t *Tokenizer) applyTokenizerClass() error {
+// models/t5/tokenization_t5.py; other classes keep tokenizer.json's pipeline. filePost is
+// tokenizer.json's own post-processor, before tokenizer_config.json's add_bos_token /
+// add_eos_token rebuilt it.
+func (t *Tokenizer) applyTokenizerClass(filePost *postProcessor) error {
 	switch t.config.TokenizerClass {
 	case "LlamaTokenizer", "LlamaTokenizerFast":
 		m, ok := t.model.(*bpeModel)
@@ -41,6 +43,10 @@ func (t *Tokenizer) applyTokenizerClass() error {
 			c.nStrip = 1
 		}
 		t.decoder = c
+		// LlamaTokenizer takes add_bos_token / add_eos_token as its own arguments and does not
+		// rebuild the post-processor from them: tokenizer.json's stays (transformers 5.17 adds
+		// no </s> for add_eos_token=true; fixtures/golden/sp_tokenizer_golden.json).
+		t.post = filePost
 		// BPE(vocab, merges, fuse_unk=True, byte_fallback=True): no unk token.
 		m.unkID = -1
 		m.fuseUnk = true
@@ -83,9 +89,41 @@ func (t *Tokenizer) applyTokenizerClass() error {
 	default:
 		return nil
 	}
-	var err error
-	t.addedVocab, err = newAddedVocabulary(t.addedTokens, t.normalizer)
-	return err
+	return t.refreshAddedVocabulary()
+}
+
+// addConfigSpecialTokens is what transformers' tokenizer __init__ does with the special tokens
+// tokenizer_config.json names (bos, eos, unk, sep, pad, cls, mask, additional_special_tokens):
+// one that tokenizer.json does not list as an added token is added as a special token
+// (normalized=false, no stripping), so that its text in the input is matched whole and
+// skip_special_tokens drops it. A tokenizer.json written by the tokenizers library alone
+// (T5 layouts built from a Unigram model) often lists none. A named token that is not in the
+// vocabulary either is left alone: transformers would give it a new id the model has no
+// embedding for.
+func (t *Tokenizer) addConfigSpecialTokens() error {
+	c := &t.config
+	fields := append([]specialTokenField{c.BOSToken, c.EOSToken, c.UNKToken, c.SEPToken, c.PADToken, c.CLSToken, c.MaskToken}, c.AdditionalSpecialTokens...)
+	changed := false
+	for _, f := range fields {
+		if !f.Set || f.Content == "" {
+			continue
+		}
+		if _, ok := t.tokenToID[f.Content]; ok {
+			continue
+		}
+		id, ok := t.model.tokenID(f.Content)
+		if !ok {
+			continue
+		}
+		t.addedTokens = append(t.addedTokens, addedTokenJSON{ID: &id, Content: f.Content, Special: true})
+		t.tokenToID[f.Content] = id
+		t.special[id] = true
+		changed = true
+	}
+	if !changed {
+		return nil
+	}
+	return t.refreshAddedVocabulary()
 }
 
 func findPrecompiled(n normalizer) normalizer {
