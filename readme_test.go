@@ -18,8 +18,10 @@ package modelqual_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"image/png"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -452,9 +454,21 @@ func TestREADMEQuickstart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the quickstart's server left no records: %v", err)
 	}
-	// The chat request, then the profile's warmup and measured requests of both points.
-	if n := strings.Count(string(records), "\n"); n != 1+2*(2+16) {
-		t.Errorf("records.jsonl has %d records, want %d (one chat request, then 2 points of 2 warmup and 16 requests)", n, 1+2*(2+16))
+	// The chat request, then the profile's warmup and measured requests of both points, and the
+	// profile's one GET /mq/v1/bundle (the served bundle's digest, recorded with the run).
+	routes := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(records)), "\n") {
+		var r struct {
+			Route string `json:"route"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("records.jsonl line %q: %v", line, err)
+		}
+		routes[r.Route]++
+	}
+	want := map[string]int{"/v1/chat/completions": 1 + 2*(2+16), "/mq/v1/bundle": 1}
+	if !maps.Equal(routes, want) {
+		t.Errorf("records.jsonl has %v records by route, want %v (one chat request, then 2 points of 2 warmup and 16 requests, and the profile's bundle query)", routes, want)
 	}
 	f, err := os.Open(filepath.Join(dir, "artifacts", "fox.png"))
 	if err != nil {
