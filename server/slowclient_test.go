@@ -552,7 +552,7 @@ func TestRecordsFailLoudly(t *testing.T) {
 // and the next request on a fresh connection answers. Before writeBody, the body went in one
 // Write under one deadline and a slow reader of a long prompt's logits was cut mid-body.
 func TestLargeBodyReadSlowly(t *testing.T) {
-	s := startServer(t, qwenBundle(t), "--write-timeout", "300ms")
+	s := startServer(t, qwenBundle(t), "--write-timeout", "1s")
 	ids := make([]string, 24)
 	for i := range ids {
 		ids[i] = fmt.Sprint(100 + i)
@@ -564,8 +564,10 @@ func TestLargeBodyReadSlowly(t *testing.T) {
 	if err != nil {
 		t.Fatalf("read the response head: %v", err)
 	}
-	// 24 positions x 151,936 float32s, base64: about 19.4 MB, read 512 KiB every 50 ms (about
-	// 1.9 s in all, six times the write timeout; each 1 MiB chunk crosses in about 100 ms).
+	// 24 positions x 151,936 float32s, base64: about 19.4 MB, read 512 KiB every 80 ms (about
+	// 3 s in all, three times the write timeout, so one deadline for the whole body would cut
+	// it; each 1 MiB chunk crosses in about 160 ms, a sixth of the timeout, so a loaded CI
+	// machine that delays the reader does not).
 	var got []byte
 	buf := make([]byte, 512<<10)
 	for {
@@ -577,7 +579,7 @@ func TestLargeBodyReadSlowly(t *testing.T) {
 			}
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(80 * time.Millisecond)
 	}
 	var out struct {
 		VocabSize int    `json:"vocab_size"`
