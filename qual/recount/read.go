@@ -139,7 +139,12 @@ type summaryJSON struct {
 	Endpoint string          `json:"endpoint"`
 	Points   json.RawMessage `json:"points"`
 
-	// Text layout.
+	// Text layout (image runs too, since they were moved into it: InputConfig says which).
+	InputConfig struct {
+		Endpoint struct {
+			Type string `json:"type"`
+		} `json:"endpoint"`
+	} `json:"input_config"`
 	SLOs []struct {
 		Tag            string  `json:"tag"`
 		Threshold      float64 `json:"threshold"`

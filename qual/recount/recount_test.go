@@ -343,3 +343,22 @@ func TestVerifyHoldsWholeNumbersExactly(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyImagesInTheTextLayout: an image run written per point in the text layout (a
+// zimage-tiny premerge load profile, testdata/images-textlayout) agrees; a hand-edited request
+// count and a server record whose output bytes differ from the PNG received are each named.
+func TestVerifyImagesInTheTextLayout(t *testing.T) {
+	dir := copyRun(t, "images-textlayout")
+	r, err := Verify(dir)
+	if err != nil || r.Err() != nil || r.Layout != "text (images)" {
+		t.Fatalf("Verify(unedited run) = layout %q, %v, %v; want the text (images) layout, all agreeing", r.Layout, err, r.Err())
+	}
+	editJSON(t, filepath.Join(dir, summaryFile), func(v map[string]any) {
+		v["profiling"].(map[string]any)["requests"] = json.Number("7")
+	})
+	editLine(t, filepath.Join(dir, serverRecordsFile), `"request_id":"images-closed-c1-m-1"`, func(v map[string]any) {
+		v["output_bytes"] = json.Number("1")
+	})
+	wantAll(t, mustFail(t, dir), "summary.json profiling requests: reported 7, the records give 6",
+		"server_records.jsonl images-closed-c1-m-1 output_bytes: the server's record says 1")
+}
