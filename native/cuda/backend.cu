@@ -79,7 +79,12 @@ const CudaFamily *text_family(const std::string &name) {
 // does not implement), so this backend never parses JSON; the family's configure hook sets the
 // decoder's shape and reads its own.
 Cfg cfg_from_hparams(const std::string &family, const mqb_hparam *hp, int n) {
-  const CudaFamily *f = text_family(family);
+  return cfg_from_hparams(*text_family(family), hp, n);
+}
+
+Cfg cfg_from_hparams(const CudaFamily &fam, const mqb_hparam *hp, int n) {
+  const CudaFamily *f = &fam;
+  const std::string family = fam.name;
   const HParams h{hp, n, family};
   Cfg g;
   g.family = family;
@@ -289,9 +294,12 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   if (p->abi_version != MQB_ABI_VERSION)
     throw Fail(fmt("cuda backend: ABI version %d requested, this library implements %d; rebuild with make cuda",
                    p->abi_version, MQB_ABI_VERSION));
-  const std::string family = p->family ? p->family : "";
-  m.fam = text_family(family);
-  m.c = cfg_from_hparams(family, p->hparams, p->n_hparams);
+  open_decoder(m, *text_family(p->family ? p->family : ""), p, true);
+}
+
+void open_decoder(mqb_model &m, const CudaFamily &fam, const mqb_model_params *p, bool serve) {
+  m.fam = &fam;
+  m.c = cfg_from_hparams(fam, p->hparams, p->n_hparams);
   const std::string prec = p->precision ? p->precision : "bf16";
   if (prec == "bf16") m.dt = DT_BF16;
   else if (prec == "fp16") m.dt = DT_F16;
@@ -326,7 +334,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   const Knobs kn = knobs();
   m.Tcap = std::max(m.max_batch, std::max(64, kn.tcap));
   m.Rcap = std::max(64, m.max_batch);
-  m.use_graphs = kn.graphs;
+  m.use_graphs = kn.graphs && serve;
   m.mixed_graphs = kn.graphs;
   m.use_pdl = major >= 9;
   m.attn_split = 0;
@@ -345,7 +353,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
   ckb(cublasSetWorkspace(m.blas, m.blas_ws, ws), "cublasSetWorkspace");
   ckb(cublasSetMathMode(m.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   m.blas_tune = kn.blas_tune;
-  m.warm = kn.warmup;
+  m.warm = kn.warmup && serve;
   m.blas_log = kn.blas_log;
   m.picker.reset(new blaspick::Picker(m.blas, m.stream, m.blas_ws, ws));
 
@@ -402,7 +410,7 @@ void open_model(mqb_model &m, const mqb_model_params *p) {
     default: set_kernel_attrs<float>(gm, ab); break;
   }
   ck(cudaDeviceSynchronize(), "load");
-  warm_up(m);
+  if (serve) warm_up(m);
 }
 
 // chunk_graph_key names a graphed prefill or mixed chunk's graph (run_chunk): negative, apart
@@ -652,6 +660,36 @@ void logits_all(mqb_model &m, const int32_t *ids, int32_t n, float *out) {
     ck(cudaStreamSynchronize(m.stream), "logits_all");
     prof_collect(m);
   }
+}
+
+// hidden_states: the residual stream after the model's last layer (no final norm) at every
+// position of ids, n x hidden fp32 into the device buffer out, on the scratch slot in chunks of
+// Tcap tokens; synchronous. A pipeline's text encoder (open_decoder) is this call.
+void hidden_states(mqb_model &m, const int32_t *ids, int32_t n, float *out) {
+  if (n <= 0) return;
+  if (!ids || !out) throw Fail("cuda backend: hidden_states: NULL argument");
+  if (n > m.max_ctx) throw Fail(fmt("cuda backend: hidden_states of %d tokens exceeds max_context %d", n, m.max_ctx));
+  for (int i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= m.c.V)
+      throw Fail(fmt("cuda backend: hidden_states: token %d at %d outside the vocabulary of %d", ids[i], i, m.c.V));
+  for (int s = 0; s < n; s += m.Tcap) {
+    const int cn = std::min(m.Tcap, n - s), R = std::min(cn, m.Rcap);
+    for (int j = 0; j < cn; ++j) {
+      m.meta_h[j] = ids[s + j];
+      m.meta_h[m.Tcap + j] = s + j;
+      m.meta_h[2 * m.Tcap + j] = m.scratch;
+    }
+    for (int j = 0; j < R; ++j) {
+      m.meta_h[3 * m.Tcap + j] = j;
+      set_samp(m, j, -1, nullptr, nullptr);
+    }
+    upload_meta(m);
+    m.hidden_out = out + (size_t)s * m.c.H;
+    run_dispatch(m, cn, R, false, false);
+    m.hidden_out = nullptr;
+    ck(cudaGetLastError(), "hidden_states");
+  }
+  ck(cudaStreamSynchronize(m.stream), "hidden_states");
 }
 
 }  // namespace mqcuda

@@ -129,6 +129,11 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
     linear<T>(m, "down", down_in, Tn, c.I, ly.w_down, H, ly.b_down, m.res, true, nullptr);
     if (m.rows_on && m.fam->after_layer) m.fam->after_layer(m, l, Tn);
   }
+  if (m.hidden_out) {  // hidden_states: the residual stream is the output, no norm or head
+    ck(cudaMemcpyAsync(m.hidden_out, m.res, sizeof(float) * (size_t)Tn * H, cudaMemcpyDeviceToDevice, m.stream),
+       "hidden states copy");
+    return;
+  }
   linear<T>(m, "lm_head",
             prep<T>(c.norm, m.res, nullptr, H, (const int *)m.d_rows(), m.normf_w,
                     m.normf_b, eps),

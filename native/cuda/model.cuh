@@ -291,6 +291,8 @@ struct mqb_model {
   int *meta_h = nullptr;    // pinned host mirror
   unsigned long long *keys_h = nullptr;
   std::map<int, GraphEntry> graphs;
+  // hidden_states' output for the step being run (NULL: the step ends in the LM head).
+  float *hidden_out = nullptr;
 
   // Profiling (the lab's "profile" switch): eager steps with an event after every kernel; the
   // time between consecutive events is charged to the later kernel's label.
@@ -344,6 +346,13 @@ namespace mqcuda {
 // Defined in backend.cu, for the families' files: cfg_from_hparams resolves a family's Cfg
 // (configure included); rope_setup makes RoPE's frequencies and table (load hooks call it).
 Cfg cfg_from_hparams(const std::string &family, const mqb_hparam *hp, int n);
+Cfg cfg_from_hparams(const CudaFamily &fam, const mqb_hparam *hp, int n);
 void rope_setup(mqb_model &m);
+// A pipeline's text encoder is the shared decoder: open_decoder opens m with the hooks of fam
+// (which need not be registered: a pipeline's own loader, its tensor prefix and faults), and
+// serve false skips what serving needs (warm-up, graphs); hidden_states then runs a prompt and
+// leaves the residual stream after the last loaded layer (n x hidden fp32) in a device buffer.
+void open_decoder(mqb_model &m, const CudaFamily &fam, const mqb_model_params *p, bool serve);
+void hidden_states(mqb_model &m, const int32_t *ids, int32_t n, float *out);
 
 }  // namespace mqcuda

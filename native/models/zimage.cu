@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -42,6 +43,7 @@
 #include "../cuda/ops/image_attention.cuh"
 #include "../cuda/ops/image_elementwise.cuh"
 #include "../cuda/ops/image_norm.cuh"
+#include "qwen3.cuh"
 
 namespace mqzimage {
 
@@ -71,11 +73,6 @@ struct DitBlock {
   float *nq, *nk, *an1, *an2, *fn1, *fn2;
 };
 
-struct TeLayer {
-  Lin qkv, o, gu, down;
-  float *in_ln, *qn, *kn, *post_ln;
-};
-
 struct Conv {
   Lin l;  // [out, in*k*k]
   int in = 0, out = 0, k = 0;
@@ -94,11 +91,13 @@ class Model {
     for (int i = 0; i < p->n_hparams; i++) hp_[p->hparams[i].key] = p->hparams[i].value;
     for (int i = 0; i < p->n_tensors; i++) t_[p->tensors[i].name] = &p->tensors[i];
     max_ctx_ = p->max_context;
+    p_ = p;
     ck(cudaSetDevice(p->device_index), "cudaSetDevice");
     ck(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
     cb(cublasCreate(&blas_), "create");
     cb(cublasSetStream(blas_, st_), "set stream");
     load();
+    p_ = nullptr;
     ck(cudaStreamSynchronize(st_), "upload");
   }
   ~Model() {
@@ -218,6 +217,7 @@ class Model {
   }
 
   void load();
+  void open_text_encoder();
 
   // ---- scratch: named device buffers grown on demand ----
   template <typename T>
@@ -289,12 +289,10 @@ class Model {
   cudaStream_t st_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   int max_ctx_ = 0;
-  // text encoder
-  int E_, teH_, teKv_, tehd_, teI_, teLayers_;
-  float te_eps_;
-  bf16 *embed_ = nullptr;
-  std::vector<TeLayer> te_;
-  float *te_cos_ = nullptr, *te_sin_ = nullptr;
+  const mqb_model_params *p_ = nullptr;  // the open's parameters, while load() runs
+  // text encoder: the shared Qwen3 decoder (open_text_encoder), E_ its hidden size
+  int E_ = 0;
+  std::unique_ptr<mqb_model> te_;
   // transformer
   int D_, H_, hd_, C_, cap_, ffn_, ada_, axes_lens_[3];
   float eps_, t_scale_;
@@ -323,51 +321,9 @@ class Model {
 };
 
 void Model::load() {
-  // Text encoder: layers 0..L-2 (transformers' hidden_states[-2] is the output of layer L-2).
-  const std::string te = "text_encoder.";
-  E_ = hi(te + "hidden_size"), teH_ = hi(te + "num_heads"), teKv_ = hi(te + "num_kv_heads"), tehd_ = hi(te + "head_dim");
-  teI_ = hi(te + "intermediate_size"), teLayers_ = hi(te + "num_layers") - 1;
-  te_eps_ = (float)hv(te + "norm_eps");
-  const bool tbias = hv(te + "attention_bias") != 0;
-  const int V = hi(te + "vocab_size"), qd = teH_ * tehd_, kvd = teKv_ * tehd_;
-  if (teH_ % teKv_ != 0) throw Fail("zimage cuda: text_encoder num_heads is not a multiple of num_kv_heads");
-  if (tehd_ > 512 || hi("transformer.dim") / hi("transformer.n_heads") > 512) throw Fail("zimage cuda: head_dim above 512 is not implemented");
-  {
-    Lin e = mat1("text_encoder.embed_tokens", V, E_, false);
-    embed_ = e.w;
-  }
-  for (int l = 0; l < teLayers_; l++) {
-    const std::string p = "text_encoder.layers." + std::to_string(l) + ".";
-    TeLayer L;
-    std::vector<std::string> qb;
-    if (tbias) qb = {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"};
-    L.qkv = mat({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"}, {qd, kvd, kvd}, E_, qb);
-    L.o = mat1(p + "self_attn.o_proj", E_, qd, tbias);
-    L.gu = mat({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {teI_, teI_}, E_);
-    L.down = mat1(p + "mlp.down_proj", E_, teI_, false);
-    L.in_ln = f32(p + "input_layernorm.weight", E_);
-    L.post_ln = f32(p + "post_attention_layernorm.weight", E_);
-    L.qn = f32(p + "self_attn.q_norm.weight", tehd_);
-    L.kn = f32(p + "self_attn.k_norm.weight", tehd_);
-    te_.push_back(L);
-  }
-  {  // RoPE tables as Qwen3Decoder computes them (float angle, cos/sin in double).
-    const int half = tehd_ / 2;
-    const double theta = hv(te + "rope_theta");
-    std::vector<float> c((size_t)max_ctx_ * half), s((size_t)max_ctx_ * half);
-    for (int i = 0; i < half; i++) {
-      const float inv = (float)(1.0 / std::pow(theta, (double)(float)(2 * i) / (double)tehd_));
-      for (int q = 0; q < max_ctx_; q++) {
-        const float ang = (float)q * inv;
-        c[(size_t)q * half + i] = (float)std::cos((double)ang);
-        s[(size_t)q * half + i] = (float)std::sin((double)ang);
-      }
-    }
-    te_cos_ = dalloc<float>(c.size());
-    te_sin_ = dalloc<float>(s.size());
-    ck(cudaMemcpy(te_cos_, c.data(), 4 * c.size(), cudaMemcpyHostToDevice), "upload");
-    ck(cudaMemcpy(te_sin_, s.data(), 4 * s.size(), cudaMemcpyHostToDevice), "upload");
-  }
+  open_text_encoder();
+  E_ = te_->c.H;
+  if (hi("transformer.dim") / hi("transformer.n_heads") > 512) throw Fail("zimage cuda: head_dim above 512 is not implemented");
 
   // Transformer.
   const std::string t = "transformer.";
@@ -450,34 +406,58 @@ void Model::load() {
   conv_out_ = conv(d + "conv_out", 3, ch_[0], 3);
 }
 
-// encode: hidden_states[-2] of the text encoder for ids -> out [n, E] fp32 (device).
+// encode: hidden_states[-2] of the text encoder for ids -> out [n, E] fp32 (device): the shared
+// decoder holds layers 0..L-2 (open_text_encoder), so its last residual stream is that output.
 void Model::encode(const int32_t *ids, int n, float *h) {
-  const int qd = teH_ * tehd_, kvd = teKv_ * tehd_;
-  int *dids = buf<int>("te_ids", n);
-  ck(cudaMemcpyAsync(dids, ids, 4 * n, cudaMemcpyHostToDevice, st_), "ids");
-  KL(embed_k, n, 256, 0, st_)(embed_, dids, E_, h);
-  bf16 *a = buf<bf16>("te_a", (size_t)n * std::max(E_, qd));
-  float *qkv = buf<float>("te_qkv", (size_t)n * (qd + 2 * kvd));
-  bf16 *q = buf<bf16>("te_q", (size_t)n * qd), *k = buf<bf16>("te_k", (size_t)n * kvd), *v = buf<bf16>("te_v", (size_t)n * kvd);
-  bf16 *o = buf<bf16>("te_o", (size_t)n * qd);
-  float *tmp = buf<float>("te_t", (size_t)n * E_);
-  float *g = buf<float>("te_g", (size_t)n * 2 * teI_);
-  bf16 *u = buf<bf16>("te_u", (size_t)n * teI_);
-  const size_t nE = (size_t)n * E_;
-  for (const TeLayer &L : te_) {
-    KL(rms_k, n, 256, 0, st_)(h, E_, L.in_ln, nullptr, te_eps_, nullptr, a);
-    linear(a, n, L.qkv, qkv);
-    KL(qk_k, dim3(n, teH_ + 2 * teKv_), 64, 0, st_)(qkv, qd + 2 * kvd, teH_, teKv_, tehd_, L.qn, L.kn, te_eps_, te_cos_, te_sin_, true,
-                                                    true, q, k, v);
-    attention(q, k, v, n, n, teH_, teKv_, tehd_, true, o);
-    linear(o, n, L.o, tmp);
-    KL(add_k, grid(nE), 256, 0, st_)(h, tmp, nE);
-    KL(rms_k, n, 256, 0, st_)(h, E_, L.post_ln, nullptr, te_eps_, nullptr, a);
-    linear(a, n, L.gu, g);
-    KL(swiglu_k, grid((size_t)n * teI_), 256, 0, st_)(g, teI_, (size_t)n * teI_, u);
-    linear(u, n, L.down, tmp);
-    KL(add_k, grid(nE), 256, 0, st_)(h, tmp, nE);
+  ck(cudaStreamSynchronize(st_), "encode");  // h may still be read by the previous request
+  mqcuda::hidden_states(*te_, ids, n, h);
+}
+
+// The text encoder's decoder hooks: Qwen3's (models/qwen3.cu) under the pipeline's tensor prefix,
+// with the CPU pipeline's fault names (zimage.text_encoder.rope_theta_x10, .drop_q_norm).
+const mqcuda::CudaFamily &text_encoder_family() {
+  static const mqcuda::CudaFamily f = [] {
+    mqcuda::CudaFamily t{"zimage.text_encoder"};
+    t.configure = [](mqcuda::Cfg &c, const mqcuda::HParams &) { mqcuda::qwen3::configure(c, "zimage.text_encoder"); };
+    t.load = [](mqb_model &m, const mqcuda::TensorMap &tm) {
+      mqcuda::qwen3::load_decoder(m, tm, "text_encoder.", "zimage.text_encoder");
+    };
+    return t;
+  }();
+  return f;
+}
+
+// open_text_encoder opens the shared decoder over the bundle's text_encoder.* tensors and
+// hyper-parameters, as the CPU pipeline does (models/zimage.cc): layers 0..L-2 only
+// (transformers' hidden_states[-2] is layer L-2's output), bf16 as the pipeline's products, one
+// slot of the pipeline's text length; no LM head (its table is the embeddings', never run).
+void Model::open_text_encoder() {
+  const std::string te = "text_encoder.";
+  std::vector<std::string> keys;
+  std::vector<mqb_hparam> hp;
+  for (int i = 0; i < p_->n_hparams; i++) {
+    const std::string k = p_->hparams[i].key ? p_->hparams[i].key : "";
+    if (k.compare(0, te.size(), te) == 0) keys.push_back(k.substr(te.size()));
   }
+  for (int i = 0, j = 0; i < p_->n_hparams; i++) {
+    const std::string k = p_->hparams[i].key ? p_->hparams[i].key : "";
+    if (k.compare(0, te.size(), te) != 0) continue;
+    mqb_hparam h = p_->hparams[i];
+    h.key = keys[j++].c_str();
+    if (keys[j - 1] == "num_layers") h.value -= 1;
+    if (keys[j - 1] == "tie_word_embeddings") h.value = 1;
+    hp.push_back(h);
+  }
+  if (hv(te + "num_layers") < 2) throw Fail("zimage cuda: text_encoder num_layers must be at least 2 (hidden_states[-2])");
+  mqb_model_params q = *p_;
+  q.family = "zimage.text_encoder";
+  q.hparams = hp.data();
+  q.n_hparams = (int32_t)hp.size();
+  q.precision = "bf16";
+  q.max_batch = 1;
+  te_.reset(new mqb_model());
+  te_->dev = p_->device_index;
+  mqcuda::open_decoder(*te_, text_encoder_family(), &q, false);
 }
 
 // rope_tables: cos and sin of float32(pos[axis] * freq) per row (as the CPU pipeline) for the

@@ -36,12 +36,7 @@ static __global__ void silu_bf16_k(const float *x, bf16 *y, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = __float2bfloat16(silu_d(x[i]));
 }
 
-// embed_k: rows of a bf16 embedding table, to fp32.
-static __global__ void embed_k(const bf16 *tab, const int *ids, int E, float *h) {
-  for (int i = threadIdx.x; i < E; i += blockDim.x) h[(size_t)blockIdx.x * E + i] = __bfloat162float(tab[(size_t)ids[blockIdx.x] * E + i]);
-}
-
-// copy_rows_k: rows [from, to) of x [., D] = row vector v (the pad tokens).
+// fill_rows_k: rows [from, to) of x [., D] = row vector v (the pad tokens).
 static __global__ void fill_rows_k(float *x, int D, const float *v) {
   for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)blockIdx.x * D + i] = v[i];
 }

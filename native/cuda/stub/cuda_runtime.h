@@ -51,7 +51,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t);
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t);
 cudaError_t cudaEventElapsedTime(float *, cudaEvent_t, cudaEvent_t);
 typedef struct CUgraphExec_st *cudaGraphExec_t;
-enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost };
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount, cudaDevAttrComputeCapabilityMajor };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeThreadLocal };
 enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone, cudaStreamCaptureStatusActive };
