@@ -3,9 +3,9 @@
 // MQB_EXTRA_SOURCES, or to nvcc beside the product's sources). The product library has none of
 // them: mqb_bench.py and before_after.py check for each symbol and do without it.
 //   mqb_debug_set       varies the kernel choices of a loaded model (below)
-//   mqb_debug_timeline  the last decode step's per-launch timestamps ("timeline" on)
 //   mqb_debug_chain     decode steps back to back with their tokens fed on the device
-//   mqb_debug_profile   per-kernel times of eager steps ("profile" on)
+// Per-kernel times and a decode step's timeline come from Nsight Systems (nsys profile), which
+// the GPU machine has: the product keeps no timing bookkeeping of its own.
 #include "../../native/cuda/ops/linear.cuh"
 
 using namespace mqcuda;
@@ -33,11 +33,11 @@ extern "C" {
 
 // mqb_debug_set flips one of the model's kernel choices on a loaded model, so the benchmark driver
 // compares variants without reloading weights: "graphs", "mixed_graphs", "pdl", "blas_tune",
-// "gemv_max_b", "sk_max_b" (the skinny kernel, off by default), "sk_kw", "sk_ks", "tile_max_b",
-// "tile_rt", "tile_z", "tile_pre", "fuse_max_b", "slim", "attn_cluster", "attn_push",
+// "gemv_max_b", "skinny" (0: cuBLAS instead of the tile kernel), "tile_max_b",
+// "tile_rt", "tile_z", "tile_pre", "fuse_max_b", "attn_cluster", "attn_push",
 // "tile_cluster", "tile_push", "rms_compact_b", "attn_split", "fused_attn", "pre_params",
 // "attn_lanes", "attn_flash", "prefill_flash", "prefill_tc", "prefill_one", "prep_vec",
-// "post_n", "timeline" and "profile" (mqb_model's fields say what each one chooses).
+// "post_n" (mqb_model's fields say what each one chooses).
 int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   if (!m || !key) return 1;
   std::string k = key;
@@ -56,14 +56,10 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
     if (value && !m->sk_ws) return 1;  // fp32 weights: cuBLAS only
     m->sk_on = value != 0;
   }
-  else if (k == "sk_max_b") m->sk_max_b = std::max(0, std::min(sk::MAXB, (int)value));
-  else if (k == "sk_kw") m->sk_kw = (value > 0 && value % 32 == 0 && value <= sk::GMAX * 32) ? value : 0;
-  else if (k == "sk_ks") m->sk_ks = (value == 1 || value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "tile_max_b") m->tile_max_b = std::max(0, std::min(sk::MAXB, (int)value));
   else if (k == "tile_rt") m->tile_rt = (value == 2 || value == 4 || value == 8) ? value : 0;
   else if (k == "tile_z") m->tile_z = std::max(0, (int)value);
   else if (k == "tile_pre") m->tile_pre = std::max(1, std::min(sk::TSTAGES, (int)value));
-  else if (k == "slim") m->slim = (int)value & 3;
   else if (k == "attn_cluster") m->attn_cluster = value != 0;
   else if (k == "attn_push") m->attn_push = value != 0;
   else if (k == "tile_cluster") m->tile_cluster = value != 0;
@@ -83,18 +79,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
   else if (k == "prefill_one") m->prefill_one = std::max(0, (int)value);
   else if (k == "prep_vec") m->prep_vec = value != 0;
   else if (k == "post_n") m->post_n = value != 0;
-  else if (k == "timeline") {
-    if (value && !m->tl_mem)
-      m->tl_mem = static_cast<unsigned long long *>(m->dmalloc(sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS));
-    m->tl_buf = value ? m->tl_mem : nullptr;
-  }
-  else if (k == "profile") {
-    m->prof = value != 0;
-    m->marks.clear();
-    m->evused = 0;
-    m->pacc.clear();
-    m->psteps = 0;
-  }
   else if (k == "gemv_max_b") {
     const size_t es = dt_size(m->dt);
     const int Kmax = std::max(std::max(m->c.H, m->c.I), m->c.nh * m->c.D);
@@ -103,38 +87,6 @@ int mqb_debug_set(mqb_model *m, const char *key, int32_t value) {
     m->gemv_max_b = std::max(0, gb);
   } else return 1;
   return 0;
-}
-
-// mqb_debug_timeline writes the last decode step's timeline (debug "timeline" on) as JSON:
-// {"kernels": [[label, first block start, last block start, last past-wait, last block end,
-// attention's phases q/k/v, scores, softmax, V sums (attend_flash: 0, 0, its pass)], ...]}
-// in ns from the first record's start, in launch order (0: not reached). Not part of the ABI.
-int mqb_debug_timeline(mqb_model *m, char *buf, size_t len) {
-  if (!m || !buf || len == 0 || !m->tl_buf) return 1;
-  std::vector<unsigned long long> h(TL_FIELDS * (size_t)std::max(1, m->tl_count));
-  try {
-    ck(cudaSetDevice(m->dev), "cudaSetDevice");
-    ck(cudaStreamSynchronize(m->stream), "sync");
-    ck(cudaMemcpy(h.data(), m->tl_buf, sizeof(unsigned long long) * h.size(), cudaMemcpyDeviceToHost), "timeline");
-  } catch (...) {
-    return 1;
-  }
-  unsigned long long t0 = ~0ull;
-  for (int i = 0; i < m->tl_count; ++i)
-    if (h[TL_FIELDS * i]) t0 = std::min(t0, ~h[TL_FIELDS * i]);
-  std::string out = "{\"kernels\": [";
-  for (int i = 0; i < m->tl_count; ++i) {
-    const unsigned long long *r = &h[TL_FIELDS * (size_t)i];
-    out += fmt("%s[\"%s\"", i ? ", " : "", m->tl_labels[i].c_str());
-    for (int j = 0; j < TL_FIELDS; ++j) {
-      const unsigned long long v = j == 0 ? (r[0] ? ~r[0] : 0ull) : r[j];
-      out += fmt(", %lld", v ? (long long)(v - t0) : 0ll);
-    }
-    out += "]";
-  }
-  out += "]}";
-  snprintf(buf, len, "%s", out.c_str());
-  return out.size() < len ? 0 : 1;
 }
 
 // mqb_debug_chain runs steps more greedy decode steps of the n entries of the last mqb_forward
@@ -151,8 +103,7 @@ int mqb_debug_chain(mqb_model *m, int32_t n, int32_t steps, const int32_t *start
   }
   try {
     ck(cudaSetDevice(m->dev), "cudaSetDevice");
-    if (!m->use_graphs || m->prof)
-      throw std::runtime_error("mqb_debug_chain needs graphs and no profile");
+    if (!m->use_graphs) throw std::runtime_error("mqb_debug_chain needs graphs");
     const int b = std::max(n, bucket_for(*m, n));
     for (int s = 0; s < steps; ++s) {
       int nmax = 1;
@@ -179,21 +130,6 @@ int mqb_debug_chain(mqb_model *m, int32_t n, int32_t steps, const int32_t *start
     return 1;
   }
   return 0;
-}
-
-// mqb_debug_profile writes the profile gathered since "profile" was set, as JSON
-// {"steps": n, "kernels": {"label": [total_ms, count], ...}}, into buf. Not part of the ABI.
-int mqb_debug_profile(mqb_model *m, char *buf, size_t len) {
-  if (!m || !buf || len == 0) return 1;
-  std::string out = fmt("{\"steps\": %ld, \"kernels\": {", m->psteps);
-  bool first = true;
-  for (const auto &kv : m->pacc) {
-    out += fmt("%s\"%s\": [%.6f, %ld]", first ? "" : ", ", kv.first.c_str(), kv.second.first, kv.second.second);
-    first = false;
-  }
-  out += "}}";
-  snprintf(buf, len, "%s", out.c_str());
-  return out.size() < len ? 0 : 1;
 }
 
 }  // extern "C"

@@ -123,16 +123,13 @@ def load_lib(path):
     lib.mqb_logits_all.restype = ctypes.c_int
     lib.mqb_slot_reset.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     # The debug entry points exist only in the lab's builds (lab/cuda/debug_abi.cu compiled in);
-    # a product build has none: lib.debug is False and the switches, profile, timeline and
-    # chained decode refuse (SwitchUnavailable, RuntimeError) while everything else runs.
+    # a product build has none: lib.debug is False and the switches and chained decode refuse
+    # (SwitchUnavailable, RuntimeError) while everything else runs. The per-kernel profile and the
+    # decode-step timeline left the library: run this script under `nsys profile` for them.
     lib.debug = hasattr(lib, "mqb_debug_set")
     if lib.debug:
         lib.mqb_debug_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32]
         lib.mqb_debug_set.restype = ctypes.c_int
-        lib.mqb_debug_profile.argtypes = [ctypes.c_void_p, C_CHARP, ctypes.c_size_t]
-        lib.mqb_debug_profile.restype = ctypes.c_int
-        lib.mqb_debug_timeline.argtypes = [ctypes.c_void_p, C_CHARP, ctypes.c_size_t]
-        lib.mqb_debug_timeline.restype = ctypes.c_int
         lib.mqb_debug_chain.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, C_I32P, C_I32P, C_CHARP,
                                         ctypes.c_size_t]
         lib.mqb_debug_chain.restype = ctypes.c_int
@@ -256,12 +253,6 @@ class Backend:
         if rc != 0:
             raise RuntimeError("mqb_forward_sampled: " + self.err.value.decode())
         return list(out)
-
-    def profile(self):
-        need_debug(self.lib, "profile")
-        buf = ctypes.create_string_buffer(1 << 16)
-        self.lib.mqb_debug_profile(self.m, buf, 1 << 16)
-        return json.loads(buf.value.decode())
 
     def decoder(self, n):
         """Preallocated arrays for fast decode steps of n sequences in slots 0..n-1."""
@@ -748,51 +739,6 @@ def bench_chained(be, B, prompt_len, warm, steps, V, seed):
     return B * steps / dt, dt / steps, list(out)
 
 
-def timeline(be, B, V, variant, opts):
-    """The last of a few graph-replayed decode steps, kernel by kernel (debug "timeline": the GPU's
-    global timer at each block's start, past its wait for the previous kernel and at its end).
-    Prints per kernel role the mean over layers of: launch lead (the previous kernel's end minus
-    this one's first block start: > 0 when launched early), release (this one's last block past
-    the wait minus the previous kernel's end) and work (last block end minus last past-wait)."""
-    with be.switched(dict(opts, timeline=1)):
-        bench_ours(be, B, 32, 8, 8, V, seed=B)
-        buf = ctypes.create_string_buffer(1 << 20)
-        need_debug(be.lib, "timeline")
-        rc = be.lib.mqb_debug_timeline(be.m, buf, len(buf))
-    if rc != 0:
-        print("TIMELINE %s unavailable" % variant, flush=True)
-        return None
-    ks = json.loads(buf.value.decode())["kernels"]
-    agg = {}
-    for i, (label, s0, s1, w, e, p3, p4, p5, p6) in enumerate(ks):
-        if i == 0 or not e:
-            continue
-        pe = ks[i - 1][4]
-        a = agg.setdefault(label, [0] + [0.0] * 8)
-        a[0] += 1
-        a[1] += (pe - s0) / 1e3
-        a[2] += (w - pe) / 1e3
-        a[3] += (e - w) / 1e3
-        if p6:  # attention's phases; attend_flash has one pass where attend has three (p4, p5: 0)
-            for j, (x, y) in enumerate([(w, p3), (p3, p4 or p3), (p4 or p3, p5 or p3), (p5 or p3, p6), (p6, e)]):
-                a[4 + j] += (y - x) / 1e3
-        elif p3 and p4 and p5:  # the tile kernel's: input staged, chunks multiplied, K splits summed
-            for j, (x, y) in enumerate([(w, p3), (p3, p4), (p4, p5), (p5, e)]):
-                a[4 + j] += (y - x) / 1e3
-    total = (ks[-1][4] - ks[0][1]) / 1e3 if ks else 0
-    print("TIMELINE batch %d %s: %d kernels, first start to last end %.1f us" % (B, variant, len(ks), total), flush=True)
-    for label, a in agg.items():
-        n = a[0]
-        phases = ("" if not any(a[4:]) else
-                  " (staged %.2f, chunks %.2f, splits summed %.2f, stored %.2f)" % tuple(x / n for x in a[4:8])
-                  if "tile" in label else
-                  " (q/k/v %.2f, scores %.2f, softmax %.2f, V or flash pass %.2f, merge+out %.2f)"
-                  % tuple(x / n for x in a[4:]))
-        print("TIMELINE   %-14s x%-3d launch lead %6.2f us, release %5.2f us, work %5.2f us%s"
-              % (label, n, a[1] / n, a[2] / n, a[3] / n, phases), flush=True)
-    return dict(kernels=ks, total_us=total)
-
-
 def bench_hf(model, B, prompt_len, new, V, seed):
     import torch
     g = torch.Generator().manual_seed(seed)
@@ -823,9 +769,9 @@ def switches_of(name):
 
 # The backend's switches as the bench leaves them between variants (backend.cu's defaults).
 DEFAULTS = {"pdl": 1, "graphs": 1, "mixed_graphs": 1, "gemv_max_b": 4, "attn_split": 0, "megakernel": 0, "mk_skip": 0, "fused_attn": 1,
-            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "timeline": 0, "skinny": 1, "sk_max_b": 0, "sk_kw": 0,
-            "sk_ks": 0, "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16, "tile_pre": 3, "prefill_flash": 1,
-            "prefill_tc": 1, "prefill_one": 17, "prep_vec": 1, "post_n": 1, "blas_tune": 1, "slim": 3, "attn_cluster": 1, "tile_cluster": 1, "pre_params": 1, "attn_push": 1,
+            "tc_min_b": 0, "attn_lanes": 1, "attn_flash": 1, "skinny": 1,
+            "tile_max_b": 16, "tile_rt": 0, "tile_z": 0, "fuse_max_b": 16, "tile_pre": 3, "prefill_flash": 1,
+            "prefill_tc": 1, "prefill_one": 17, "prep_vec": 1, "post_n": 1, "blas_tune": 1, "attn_cluster": 1, "tile_cluster": 1, "pre_params": 1, "attn_push": 1,
             "tile_push": 1, "rms_compact_b": 2}
 
 
@@ -932,10 +878,7 @@ def bench(args):
     # (phases with barriers, before run 30), no_attn_lanes that with one thread per scored
     # position (before run 26).
     # cublas sends the layers' products to the fused GEMV (1-4 rows) and cuBLAS instead of
-    # skinny.cuh's tile kernel (1-16 rows); sk_b32 sends batches up to 32 to the skinny kernel
-    # (and 1-4 to the GEMV),
-    # and with it sk_ksN forces N K slices per block (8 / N row tiles), sk_kwN N columns per warp
-    # slice (the default shapes come from skinny_cfg's model).
+    # tile.cuh's tile kernel (1-16 rows).
     # tile sends batches 17-32 to the tile kernel too (tile_cfg's shapes).
     # Any variant named key=value[+key=value...] (e.g. tile_max_b=32+tile_rt=4+tile_z=2) sets
     # those debug switches.
@@ -944,10 +887,7 @@ def bench(args):
     variants = [("default", {}), ("no_attn_flash", {"attn_flash": 0}), ("no_attn_lanes", {"attn_flash": 0, "attn_lanes": 0}),
                 ("unfused_attn", {"fused_attn": 0}), ("fused_always", {"fused_attn": 2}),
                 ("attn_split2", {"attn_split": 2}), ("attn_split4", {"attn_split": 4}), ("attn_split16", {"attn_split": 16}),
-                ("cublas", {"skinny": 0}), ("sk_b32", {"sk_max_b": 32}),
-                ("sk_ks1", {"sk_max_b": 32, "sk_ks": 1}), ("sk_ks2", {"sk_max_b": 32, "sk_ks": 2}),
-                ("sk_ks4", {"sk_max_b": 32, "sk_ks": 4}), ("sk_ks8", {"sk_max_b": 32, "sk_ks": 8}),
-                ("sk_kw128", {"sk_max_b": 32, "sk_kw": 128}), ("sk_kw256", {"sk_max_b": 32, "sk_kw": 256}),
+                ("cublas", {"skinny": 0}),
                 ("tile", {"tile_max_b": 32}), ("tc_products", {"tc_min_b": 1}), ("no_graphs", {"graphs": 0}), ("megakernel", {"megakernel": 1})]
     extra = {"mk_no_attn": {"megakernel": 1, "mk_skip": 1}, "mk_no_layer_gemm": {"megakernel": 1, "mk_skip": 2},
              "mk_barriers_only": {"megakernel": 1, "mk_skip": 3}}
@@ -1015,35 +955,8 @@ def bench(args):
           flush=True)
     res["ours"] = ours
 
-    # Where a graph-replayed step spends its time, kernel by kernel (debug timeline): batch 1 by
-    # default, TIMELINE_BATCHES (e.g. "1,8,32") and TIMELINE_VARIANTS (default
-    # "default,no_attn_flash"; variant names as in BENCH_VARIANTS, key=value[+...] too) otherwise.
-    tl_vars = os.environ.get("TIMELINE_VARIANTS", "default,no_attn_flash").split(",")
-    for tb in [int(b) for b in os.environ.get("TIMELINE_BATCHES", "1").split(",")]:
-        res["timeline_b%d" % tb] = {name: timeline(be, tb, V, name, switches_of(name) if "=" in name else named[name])
-                                    for name in tl_vars}
-
-    # Per-kernel breakdown: eager steps with an event after every kernel (no graph, so small
-    # kernels also carry launch gaps), charged per label; ms per decode step.
-    # PROFILE_VARIANTS (default "default"): the switches to profile under, named as bench variants
-    # (key=value[+key=value...] too); batch 32 only for all but the default.
-    prof = {}
-    for pv in os.environ.get("PROFILE_VARIANTS", "default").split(","):
-        opts = {} if pv == "default" else switches_of(pv)
-        for B in (1, 32) if pv == "default" else (32,):
-            with be.switched(opts):
-                be.set("profile", 1)
-                bench_ours(be, B, prompt_len, 2, int(os.environ.get("PROFILE_STEPS", "40")), V, seed=B)
-                p = be.profile()
-                be.set("profile", 0)
-            steps_n = max(1, p["steps"])
-            per = {k: v[0] / steps_n for k, v in p["kernels"].items()}
-            prof["b%d%s" % (B, "" if pv == "default" else "_" + pv)] = dict(steps=p["steps"], ms_per_step=per,
-                                                                              total_ms=sum(per.values()))
-            top = sorted(per.items(), key=lambda kv: -kv[1])
-            print("PROFILE batch %2d %s: %.3f ms/step in kernels (eager, %d steps incl. prefill): %s"
-                  % (B, pv, sum(per.values()), p["steps"], ", ".join("%s %.3f" % kv for kv in top)), flush=True)
-    res["profile"] = prof
+    # Where a step spends its time, kernel by kernel: `nsys profile python3 mqb_bench.py ...`
+    # (the library keeps no timing bookkeeping of its own).
 
     # bf16 parity on the big model: our logits vs transformers bf16 for one prompt, and greedy.
     g = torch.Generator().manual_seed(99)
@@ -1121,7 +1034,7 @@ def decode_only(args):
     cfg, be = shape_backend(args.lib)
     B = int(os.environ.get("DECODE_B", "1"))
     # DECODE_SKINNY=0, DECODE_TILE_MAX_B=32 etc.: the products' path and shape.
-    for key in ("skinny", "sk_max_b", "sk_ks", "sk_kw", "tile_max_b", "tile_rt", "tile_z", "fuse_max_b"):
+    for key in ("skinny", "tile_max_b", "tile_rt", "tile_z", "fuse_max_b"):
         if os.environ.get("DECODE_" + key.upper()):
             be.set(key, int(os.environ["DECODE_" + key.upper()]))
     _, step_s, _ = bench_ours(be, B, 32, 4, int(os.environ.get("DECODE_STEPS", "20")), cfg.vocab_size, seed=B)

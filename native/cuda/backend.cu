@@ -122,7 +122,6 @@ void rope_setup(mqb_model &m) {
   const int half = (int)(D / 2);
   m.rope_tab = static_cast<float2 *>(
       m.dmalloc(sizeof(float2) * (size_t)(m.max_ctx + (c.token_rope ? m.Tcap : 0)) * half));
-  m.label = "rope_table";
   launch(m, rope_table_kernel, dim3(std::min((m.max_ctx * half + 255) / 256, 1024)), dim3(256), 0,
          (const float *)m.inv_freq, half, m.max_ctx, m.rope_tab);
   ck(cudaStreamSynchronize(m.stream), "rope table");
@@ -158,12 +157,11 @@ void set_kernel_attrs(int gm, size_t att_bytes) {
   });
 }
 
-// skinny_setup turns the skinny products on for a bf16/fp16 model (unless debug "skinny" 0): the
-// workspace holds the partials of the finest K split any launch shape of the layers' products
-// can have (debug sk_kw / sk_ks included), and the kernels may use the shared memory of the
-// widest K range.
+// tile_setup turns the tile kernel's products on for a bf16/fp16 model: the workspace holds the
+// partials of any K split of the layers' products (one per 32 columns, more than tile_cfg
+// makes), and the kernel may use the shared memory of the widest K range.
 template <typename T>
-void skinny_setup(mqb_model &m) {
+void tile_setup(mqb_model &m) {
   if constexpr (!std::is_same<T, float>::value) {
     const Cfg &c = m.c;
     const int QKV = (c.nh + 2 * c.nkv) * c.D, MLP = c.mlp_width(), AO = c.nh * c.D;
@@ -178,15 +176,9 @@ void skinny_setup(mqb_model &m) {
     const int nc = (m.sk_max_n + 15) / 16;
     m.sk_cnt = static_cast<unsigned int *>(m.dmalloc(sizeof(unsigned int) * nc));
     ck(cudaMemset(m.sk_cnt, 0, sizeof(unsigned int) * nc), "cudaMemset(sk_cnt)");
-    const size_t smem = sk::smem_bytes(4, sk::KC_MAX);
-    auto attr = [&](auto k) {
-      ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-         "cudaFuncSetAttribute(skinny)");
-    };
     const size_t tsmem = sk::tile_smem_bytes(4, sk::TKR_MAX);
     for (int nb = 1; nb <= 4; ++nb)
       by_octets(nb, [&](auto o) {
-        attr(sk::skinny_kernel<T, decltype(o)::value>);
         ck(cudaFuncSetAttribute(sk::tile_kernel<T, decltype(o)::value>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)tsmem),
            "cudaFuncSetAttribute(tile)");
@@ -405,8 +397,8 @@ void open_decoder(mqb_model &m, const CudaFamily &fam, const mqb_model_params *p
   m.attn_park_fits = attn_smem(gm, c.D) + park <= sk::SMEM_SM;
   const size_t ab = attn_smem(gm, c.D) + (m.attn_park_fits ? park : 0);
   switch (m.dt) {
-    case DT_BF16: set_kernel_attrs<__nv_bfloat16>(gm, ab); skinny_setup<__nv_bfloat16>(m); break;
-    case DT_F16: set_kernel_attrs<__half>(gm, ab); skinny_setup<__half>(m); break;
+    case DT_BF16: set_kernel_attrs<__nv_bfloat16>(gm, ab); tile_setup<__nv_bfloat16>(m); break;
+    case DT_F16: set_kernel_attrs<__half>(gm, ab); tile_setup<__half>(m); break;
     default: set_kernel_attrs<float>(gm, ab); break;
   }
   ck(cudaDeviceSynchronize(), "load");
@@ -440,7 +432,7 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
   const TileGrid G{std::min(Tg, Tg / pa::BQ + Rg + 2), ones ? std::min(Tg, Rg + 2) : 0};
   m.rows_on = chunk_begin(m, Tn);  // a chunk with the family's own rows runs eagerly
   RowsOff rows_off{m.rows_on};
-  if (m.use_graphs && m.mixed_graphs && !m.prof && !m.rows_on && Tg <= std::min(CHUNK_GRAPH_MAX, m.Tcap) &&
+  if (m.use_graphs && m.mixed_graphs && !m.rows_on && Tg <= std::min(CHUNK_GRAPH_MAX, m.Tcap) &&
       Tg - Tn <= m.max_ctx) {
     for (int j = Tn; j < Tg; ++j) {
       m.meta_h[j] = 0;
@@ -461,7 +453,6 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
     ck(cudaMemcpyAsync(m.keys_h, m.keys, sizeof(unsigned long long) * R, cudaMemcpyDeviceToHost, m.stream),
        "argmax download");
   ck(cudaStreamSynchronize(m.stream), "forward");
-  prof_collect(m);
   if (ge) ge->warmed = true;
   const size_t V = m.c.V;
   for (int r = 0; r < R; ++r) {
@@ -537,7 +528,7 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
     explicit Tuning(bool &f) : on(f) { on = true; }
     ~Tuning() { on = false; }
   } tuning(m.tune_here);
-  const bool graphs = m.use_graphs && !m.prof;
+  const bool graphs = m.use_graphs;
   const int b = graphs ? std::max(n, bucket_for(m, n)) : n;
   int nmax = 1;
   for (int i = 0; i < n; ++i) nmax = std::max(nmax, start_pos[i] + 1);
@@ -552,7 +543,6 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
   }
   if (chunk_begin(m, b)) throw Fail("cuda backend: a decode step reached an image prompt");  // forward routes those
   upload_meta(m);
-  if (m.tl_buf) ck(cudaMemsetAsync(m.tl_buf, 0, sizeof(unsigned long long) * TL_FIELDS * TL_SLOTS, m.stream), "timeline reset");
   GraphEntry *ge = graphs ? &m.graphs[graph_key(b, m.step_splits)] : nullptr;
   run_graphed(m, ge, [&] { step_dispatch(m, b, logits_out != nullptr); });
   ck(cudaMemcpyAsync(m.keys_h, m.keys, sizeof(unsigned long long) * n, cudaMemcpyDeviceToHost, m.stream),
@@ -561,7 +551,6 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
     ck(cudaMemcpyAsync(logits_out, m.logits, sizeof(float) * (size_t)n * m.c.V, cudaMemcpyDeviceToHost, m.stream),
        "logits download");
   ck(cudaStreamSynchronize(m.stream), "decode step");
-  prof_collect(m);
   if (ge) ge->warmed = true;
   if (argmax_out)
     for (int i = 0; i < n; ++i) argmax_out[i] = decode_key(m.keys_h[i]);
@@ -658,7 +647,6 @@ void logits_all(mqb_model &m, const int32_t *ids, int32_t n, float *out) {
                        cudaMemcpyDeviceToHost, m.stream),
        "logits download");
     ck(cudaStreamSynchronize(m.stream), "logits_all");
-    prof_collect(m);
   }
 }
 

@@ -48,10 +48,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
   // over the chunk's tiles (cut once per chunk), the one-token tiles through attention_kernel.
   const bool tc_prefill = !decode && !std::is_same<T, float>::value && m.prefill_tc && pa::supported(c.D);
   const TileGrid grid = !tc_prefill ? TileGrid{} : tiles ? *tiles : prefill_tiles(m, Tn, ones_apart(m, R));
-  m.tl_decode = decode;
-  m.tl_next = 0;
-  mark(m, "start");
-  m.label = "embed";
   launch(m, embed_kernel<T>, dim3(Tn), dim3(256), 0, (const int *)m.d_tok(), (const int *)m.d_pos(),
          (const T *)m.emb, (const float *)m.wpe, m.res, H, want_keys ? m.keys : nullptr, R);
   // The family's own rows (an image's tokens: their embeddings and rotary rows), set up by its
@@ -62,12 +58,11 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
   for (int l = 0; l < c.L; ++l) {
     Layer &ly = m.layers[l];
     auto attention = [&]() {
-      m.label = "attention";
       if (fused) {
         const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
                             m.inv_freq, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
-                            m.tl_buf, tl_slot(m), m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0,
+                            m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0,
                             clz > 1 && m.attn_push && m.attn_park_fits ? 1 : 0, m.rope_tab, sdelta};
         const size_t dsmem_bytes = asmem + (da.push ? sizeof(float) * (size_t)clz * attn_park(gm, c.D) : 0);
         launch_gm(gm, [&](auto g) {
@@ -81,7 +76,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
         });
         return;
       }
-      m.label = "qkv_post";
       auto post = [&](auto n) {
         constexpr int N = decltype(n)::value;
         launch(m, m.pre_params ? qkv_post_kernel<T, true, N> : qkv_post_kernel<T, false, N>,
@@ -96,7 +90,6 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
         case 4: post(std::integral_constant<int, 4>{}); break;
         default: post(std::integral_constant<int, HV>{}); break;
       }
-      m.label = "attention";
       // The one-token tiles' tokens are decode-like: attend_flash, as a decode step's.
       const bool flash = decode || m.prefill_flash || tc_prefill;  // with m.attn_flash
       if (tc_prefill && grid.multi > 0) prefill_attention<T>(m, ly, grid.multi);

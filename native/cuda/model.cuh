@@ -172,13 +172,6 @@ struct mqb_model {
   // ptile_h its pinned host copy. Room for Tcap of each.
   pa::Tile *ptile = nullptr, *ptile_h = nullptr;
   std::vector<int> ones_h;  // prefill_tiles' one-token tiles, before the copy into ptile_h
-  // Debug timeline (the lab's "timeline" switch, lab/cuda/debug_abi.cu): TL_SLOTS records of TL_FIELDS timestamps, one per
-  // GEMV, tile-kernel and decode-attention launch of the last decode step's dispatch, labelled in tl_labels;
-  // tl_buf is tl_mem while on, NULL while off.
-  unsigned long long *tl_buf = nullptr, *tl_mem = nullptr;
-  bool tl_decode = false;
-  int tl_next = 0, tl_count = 0;
-  std::vector<std::string> tl_labels;
   int attn_split = 0;  // decode attention position splits (MQB_ATTN_SPLIT; 0 = enough to fill the SMs)
   int fused_attn = 1;  // decode_attn_kernel: 1 for small decode grids, 2 always, 0 never (MQB_FUSED_ATTN)
   // Parameters that do not depend on the previous kernel loaded before its wait (debug
@@ -188,15 +181,11 @@ struct mqb_model {
   // cos / sin by sincosf there.
   bool pre_params = true;
   float2 *rope_tab = nullptr;
-  // Skinny tensor-core products (skinny.cuh) for bf16/fp16 products of gemv_max_b+1..sk_max_b
-  // rows with N <= sk_max_n (the layers', not the LM head's); sk_on (unless debug
-  // "skinny" 0, cuBLAS then) also governs the tile kernel. sk_max_b is 0: the skinny kernel
-  // beat cuBLAS at batch 8 (+8 %, lab/cuda/NOTES.md) but the tile kernel with the RMSNorm and
-  // SwiGLU fused beats it at 5-8 rows by 17 %; debug "sk_max_b" (up to 32) brings it
-  // back, and sk_kw / sk_ks force a slice width / slices per block (0 = chosen by skinny_cfg).
+  // The tile kernel (tile.cuh) for bf16/fp16 products of a layer (N <= sk_max_n): sk_on is set
+  // by tile_setup (fp32 models: GEMV and cuBLAS only).
   bool sk_on = false;
-  int sk_max_b = 0, sk_max_n = 0, sk_kw = 0, sk_ks = 0;
-  // Products of sk_max_b+1..tile_max_b rows go through sk::tile_kernel (weights streamed by the
+  int sk_max_n = 0;
+  // Products of up to tile_max_b rows go through sk::tile_kernel (weights streamed by the
   // copy engine through a shared-memory pipeline) when sk_on: above gemv_max_b always, at 1..
   // gemv_max_b rows where the GEMV would have had nothing to fuse (linear). tile_max_b is 16: on
   // the H200 batch 16 decodes 7.8 % faster through it than through cuBLAS, batch 32 13 % slower
@@ -206,12 +195,6 @@ struct mqb_model {
   // Weight chunks each tile-kernel block asks for before griddepcontrol.wait (debug "tile_pre",
   // 1..sk::TSTAGES): 3. All four buffers' worth made batches 1-16 1-2 % slower.
   int tile_pre = sk::TSTAGES - 1;
-  // Kernels compiled per mode, so that a launch fetches no other mode's instructions (debug
-  // "slim", a bitmask, default 3): bit 0 the attention kernels without attend where attend_flash
-  // takes the step, bit 1 prep_kernel per PrepMode. A kernel's code is fetched cold at each
-  // launch of a layer's chain: on the H200 bit 0 made batch 1 4-5 % faster, bit 1 batch 32 0.6 %
-  // (lab/cuda/NOTES.md; the tile kernel per TileFuse mode was tried there and lost).
-  int slim = 3;
   // A fused decode step's position splits (2-8 of them) merge through distributed shared memory,
   // the splits of an item one thread-block cluster (debug "attn_cluster"; 0: partials through L2,
   // a counter and the last split's merge). On the H200 batch 1's attention took 228 us a step
@@ -238,7 +221,7 @@ struct mqb_model {
   // faster (lab/cuda/NOTES.md: o_proj's split sum 1.22 us a layer at batch 1 instead of 1.52).
   bool tile_push = true;
   // Products whose input is an RMSNorm (qkv, gate/up) go through sk::tile_kernel with the norm,
-  // and gate/up with the SwiGLU, fused (tile_fused) for sk_max_b+1..fuse_max_b rows. fuse_max_b
+  // and gate/up with the SwiGLU, fused (tile_fused) for up to fuse_max_b rows. fuse_max_b
   // is 16: on the H200 batches 12 and 16 decode 6-7 % faster so; at 24 and 32 the tile kernel,
   // fused, is 8 % slower than cuBLAS with the prep kernels (lab/cuda/NOTES.md). Debug
   // "fuse_max_b" (0: off, prep kernels and the unfused products).
@@ -294,16 +277,6 @@ struct mqb_model {
   // hidden_states' output for the step being run (NULL: the step ends in the LM head).
   float *hidden_out = nullptr;
 
-  // Profiling (the lab's "profile" switch): eager steps with an event after every kernel; the
-  // time between consecutive events is charged to the later kernel's label.
-  bool prof = false;
-  std::string label;
-  std::vector<cudaEvent_t> evpool;
-  size_t evused = 0;
-  std::vector<std::pair<std::string, cudaEvent_t>> marks;
-  std::map<std::string, std::pair<double, long>> pacc;
-  long psteps = 0;
-
   int *d_tok() const { return meta; }
   int *d_pos() const { return meta + Tcap; }
   int *d_slot() const { return meta + 2 * Tcap; }
@@ -335,7 +308,6 @@ struct mqb_model {
     if (keys_h) cudaFreeHost(keys_h);
     if (samp_temp_h) cudaFreeHost(samp_temp_h);
     if (samp_key_h) cudaFreeHost(samp_key_h);
-    for (auto e : evpool) cudaEventDestroy(e);
     fstate.reset();
     if (stream) cudaStreamDestroy(stream);
   }

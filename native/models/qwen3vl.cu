@@ -244,7 +244,6 @@ void vis_encode(mqb_model &m, SlotImage &im) {
   ck(cudaMemcpyAsync(d_idx, idx.data(), idx.size() * sizeof(int), cudaMemcpyHostToDevice, m.stream), "image upload");
   ck(cudaMemcpyAsync(d_wt, wt.data(), wt.size() * sizeof(float), cudaMemcpyHostToDevice, m.stream), "image upload");
   ck(cudaMemcpyAsync(d_cs, cs.data(), cs.size() * sizeof(float2), cudaMemcpyHostToDevice, m.stream), "image upload");
-  m.label = "vision";
   vis_linear<T>(m, "v.patch", xin, N, K, v.pe_w, vh, v.pe_b, x, false);
   launch(m, vis_pos_kernel, dim3(N), dim3(256), 0, x, vh, (const float *)v.pos, (const int *)d_idx, (const float *)d_wt);
   const float scale = 1.0f / std::sqrt((float)hd);
@@ -468,9 +467,7 @@ bool chunk_begin(mqb_model &m, int Tn) {
 void embed_rows(mqb_model &m, int Tn) {
   Vis &v = vis(m);
   const Cfg &c = m.c;
-  m.label = "image_rows";
   launch(m, img_rows_kernel, dim3(Tn), dim3(256), 0, m.res, c.H, (const float *const *)v.src, (const int *)v.stride, -1);
-  m.label = "mrope_rows";
   launch(m, mrope_rows_kernel, dim3(Tn), dim3(128), 0, m.rope_tab, c.D / 2, m.max_ctx, (const int *)v.rrow,
          (const int *)v.pos3, v.s1, v.s2);
 }
@@ -479,7 +476,6 @@ void embed_rows(mqb_model &m, int Tn) {
 void after_layer(mqb_model &m, int l, int Tn) {
   Vis &v = vis(m);
   if (v.drop_deepstack || l >= (int)v.deep.size()) return;
-  m.label = "deepstack";
   launch(m, img_rows_kernel, dim3(Tn), dim3(256), 0, m.res, m.c.H, (const float *const *)v.src, (const int *)v.stride, l);
 }
 

@@ -21,12 +21,9 @@ static void knob(mqb_model *m, const std::string &k, int v) {
   if (k == "graphs") m->use_graphs = v != 0;
   else if (k == "mixed_graphs") m->mixed_graphs = v != 0;
   else if (k == "skinny") m->sk_on = v != 0;
-  else if (k == "sk_max_b") m->sk_max_b = v;
-  else if (k == "sk_kw") m->sk_kw = v;
-  else if (k == "sk_ks") m->sk_ks = v;
   else if (k == "tile_max_b") m->tile_max_b = v;
+  else if (k == "tile_z") m->tile_z = v;
   else if (k == "fuse_max_b") m->fuse_max_b = v;
-  else if (k == "slim") m->slim = v;
   else if (k == "attn_split") m->attn_split = v;
   else if (k == "fused_attn") m->fused_attn = v;
   else if (k == "attn_lanes") m->attn_lanes = v != 0;
@@ -35,12 +32,7 @@ static void knob(mqb_model *m, const std::string &k, int v) {
   else if (k == "prefill_one") m->prefill_one = v;
   else if (k == "prep_vec") m->prep_vec = v != 0;
   else if (k == "post_n") m->post_n = v != 0;
-  else if (k == "profile") {
-    m->prof = v != 0;
-    m->marks.clear();
-    m->evused = 0;
-    m->pacc.clear();
-  } else {
+  else {
     fprintf(stderr, "emu_test: unknown knob %s\n", k.c_str());
     abort();
   }
@@ -336,13 +328,11 @@ static void run_family(const char *family, const HP &hp, Owned &o, const char *p
   // (uneven ranges, some empty at first); the default splits fill 132 SMs (up to 16). In bf16/fp16
   // the layers' products of every batch go through the tile kernel (qkv and gate/up with their
   // RMSNorm, and gate/up with the SwiGLU, fused into it; the fp32 runs take the GEMV at 1-4
-  // rows); variant 6 sends batch 6 through the skinny kernel at its finest K split (one 32-column
-  // slice per warp, partials summed by the last block), variant 7 to cuBLAS, variant 8 to the tile
-  // kernel unfused (prep kernels), variant 9 batch 3 through the fused GEMV. Variants 5 and 7 run
-  // the kernels that carry every mode's code (debug "slim" 0: prep_kernel's and the attention
-  // kernels' instances for all modes), the others those compiled per mode.
+  // rows); variant 6 sends batch 6 through the tile kernel with its K range split over two blocks
+  // (partials summed in split order), variant 7 to cuBLAS, variant 8 to the tile
+  // kernel unfused (prep kernels), variant 9 batch 3 through the fused GEMV.
   const char *vname[] = {"", "", "", " no-graph attend thread-scores", " unfused-attention",
-                         " attention-split-3 slim-0", " skinny-split-K", " cuBLAS slim-0", " tile unfused", " GEMV"};
+                         " attention-split-3", " tile-split-K", " cuBLAS", " tile unfused", " GEMV"};
   // Each variant's debug switches: the value it runs with, then the backend's default it restores.
   struct Switch {
     const char *key;
@@ -351,8 +341,8 @@ static void run_family(const char *family, const HP &hp, Owned &o, const char *p
   const std::vector<std::vector<Switch>> vsw = {
       {}, {}, {}, {{"graphs", 0, 1}, {"attn_flash", 0, 1}, {"attn_lanes", 0, 1}, {"prefill_tc", 0, 1}},
       {{"fused_attn", 0, 1}},
-      {{"attn_split", 3, 0}, {"slim", 0, 3}}, {{"sk_max_b", 8, 0}, {"sk_kw", 32, 0}, {"sk_ks", 1, 0}},
-      {{"skinny", 0, 1}, {"slim", 0, 3}},
+      {{"attn_split", 3, 0}}, {{"tile_z", 2, 0}},
+      {{"skinny", 0, 1}},
       {{"fuse_max_b", 0, 16}}, {{"tile_max_b", 0, 16}, {"fuse_max_b", 0, 16}}};
   const bool half = std::string(prec) != "fp32";
   for (int variant = 0; variant < (half ? 10 : 6); ++variant) {
@@ -410,39 +400,32 @@ static void run_family(const char *family, const HP &hp, Owned &o, const char *p
                         " prefill+decode max|d| = " + std::to_string(md));
     check(am_ok, std::string(family) + " " + prec + " argmax_out == argmax(logits_out)");
   }
-  // The skinny products against cuBLAS on one 24-row prefill (6 sequences of 4 tokens, fresh
-  // slots, so every run sees the same state): only the order of fp32 sums differs, which moves a
+  // The tile kernel against cuBLAS on one 24-row prefill (6 sequences of 4 tokens, fresh slots,
+  // so every run sees the same state): only the order of fp32 sums differs, which moves a
   // bf16/fp16 rounding of an activation now and then, so the logits agree far inside the
-  // reference tolerance; with the finest K split too, and through the tile kernel.
+  // reference tolerance; fused (RMSNorm, SwiGLU) and with its K range split over two blocks.
   if (half) {
-    knob(m, "sk_max_b", 32);  // 24 rows: the skinny kernel (off by default)
-    std::vector<int32_t> sl{0, 1, 2, 3, 4, 5}, nt(6, 4), sp(6, 0), tk = rnd_ids(24), am(6);
-    std::vector<float> sk((size_t)6 * V), split((size_t)6 * V), cub((size_t)6 * V);
-    int rc = mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), sk.data(), am.data(), err, sizeof err);
-    knob(m, "sk_kw", 32);
-    knob(m, "sk_ks", 1);
-    rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), split.data(), am.data(), err, sizeof err);
-    knob(m, "sk_kw", 0);
-    knob(m, "sk_ks", 0);
-    knob(m, "sk_max_b", 0);  // 24 rows: the tile kernel, RMSNorm and SwiGLU fused
-    knob(m, "tile_max_b", 32);
+    knob(m, "tile_max_b", 32);  // 24 rows: the tile kernel, RMSNorm and SwiGLU fused
     knob(m, "fuse_max_b", 32);
-    std::vector<float> tl((size_t)6 * V);
-    rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), tl.data(), am.data(), err, sizeof err);
+    std::vector<int32_t> sl{0, 1, 2, 3, 4, 5}, nt(6, 4), sp(6, 0), tk = rnd_ids(24), am(6);
+    std::vector<float> tl((size_t)6 * V), split((size_t)6 * V), cub((size_t)6 * V);
+    int rc = mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), tl.data(), am.data(), err, sizeof err);
+    knob(m, "tile_z", 2);
+    rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), split.data(), am.data(), err, sizeof err);
+    knob(m, "tile_z", 0);
     knob(m, "tile_max_b", 16);
     knob(m, "fuse_max_b", 16);
     knob(m, "skinny", 0);
     rc |= mqb_forward(m, 6, sl.data(), nt.data(), tk.data(), sp.data(), cub.data(), am.data(), err, sizeof err);
     knob(m, "skinny", 1);
-    double d1 = 0, d2 = 0, d3 = 0;
+    double d2 = 0, d3 = 0;
     for (size_t i = 0; i < cub.size(); ++i) {
-      d1 = std::max(d1, fabs((double)sk[i] - cub[i]));
       d2 = std::max(d2, fabs((double)split[i] - cub[i]));
       d3 = std::max(d3, fabs((double)tl[i] - cub[i]));
     }
-    check(rc == 0 && d1 < tol / 10 && d2 < tol / 10 && d3 < tol / 10,
-          std::string(family) + " " + prec + " 24-row prefill, skinny vs cuBLAS max|d| = " + std::to_string(d1) +
-              ", split-K " + std::to_string(d2) + ", tile " + std::to_string(d3));
+    check(rc == 0 && d2 < tol / 10 && d3 < tol / 10,
+          std::string(family) + " " + prec + " 24-row prefill, tile vs cuBLAS max|d| = " + std::to_string(d3) +
+              ", tile split-K " + std::to_string(d2));
   }
   // Sampling on the device (mqb_forward_sampled): temperature 0 and a vanishing temperature
   // give the argmax, equal keys give equal draws, distinct keys at a high temperature spread.
@@ -554,16 +537,6 @@ static void run_family(const char *family, const HP &hp, Owned &o, const char *p
     check(mr[0] < tol && mr[1] < tol, std::string(family) + " " + prec +
                                           " a mixed chunk against the reference: max|d| " + std::to_string(mr[0]) +
                                           ", every tile through prefill attention " + std::to_string(mr[1]));
-  }
-  if (std::string(prec) == "fp32" && std::string(family) == "qwen3") {  // profiling mode bookkeeping
-    knob(m, "profile", 1);
-    std::vector<int32_t> sl{0}, one{1}, tk{5}, ps{0}, am(1);
-    mqb_forward(m, 1, sl.data(), one.data(), tk.data(), ps.data(), nullptr, am.data(), err, sizeof err);
-    std::string kernels;
-    for (const auto &kv : m->pacc) kernels += " " + kv.first;
-    printf("profile:%s\n", kernels.c_str());
-    check(m->pacc.count("attention") && m->pacc.count("lm_head:gemv"), "profile has per-kernel entries");
-    knob(m, "profile", 0);
   }
   // blas_pick's choices for the cuBLAS products it saw (the buckets' products at load, batch 6's
   // in bucket 8 when the cuBLAS variant runs): against the emulated cuBLASLt above, each must be
@@ -858,8 +831,8 @@ static void decode_attn_case(const char *prec, int nh) {
     std::vector<unsigned> cnt(Tn * nkv, 0u);
     if (path < 2 || path == 6) {
       const DecAttn<T> a{qkv.data(), pos.data(), slot.data(), nh, nkv, D, maxctx, qn.data(), kn.data(), inv.data(), eps,
-                         qscale, kc.data(), vc.data(), out.data(), pacc.data(), pml.data(), cnt.data(), nullptr, -1,
-                         1, 1, 0, 0, tab.data()};
+                         qscale, kc.data(), vc.data(), out.data(), pacc.data(), pml.data(), cnt.data(), 1, 1, 0, 0,
+                         tab.data()};
       if (path == 0) emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true, true>(a); });
       else if (path == 6)  // head_n(128) = 4, as run_tokens launches it (post_n)
         emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true, true, 4>(a); });

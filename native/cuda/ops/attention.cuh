@@ -69,7 +69,7 @@ __host__ __device__ __forceinline__ bool flash_fits(bool flash, int D) { return 
 template <typename T, int GM>
 __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh, int D, int G,
                        float *sc, float *red, float *s_m, float *s_l, float *s_c, float *oacc,
-                       unsigned long long *tlb = nullptr, int tls = -1, bool lanes_ok = true) {
+                       bool lanes_ok = true) {
   constexpr int CH = TT<T>::CH;
   constexpr int KU = 16;  // K chunks in flight per pass (D = 128 bf16 in one pass)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -176,7 +176,6 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
       }
     }
     __syncthreads();
-    tl_mark(tlb, tls, 4);
     if (warp < G) {
       float *row = sc + warp * ATT_TILE;
       float mx = -INFINITY;
@@ -199,7 +198,6 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
       }
     }
     __syncthreads();
-    tl_mark(tlb, tls, 5);
     if (grp < ngrp) {
 #pragma unroll
       for (int j = 0; j < GM; ++j) {
@@ -238,7 +236,6 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
     }
     __syncthreads();
   }
-  tl_mark(tlb, tls, 6);
   if (grp < ngrp) {
 #pragma unroll
     for (int j = 0; j < GM; ++j)
@@ -403,19 +400,18 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
   __syncthreads();
 }
 
-// attend_either runs attend_flash or attend by flash_fits. tlb, tls and score_lanes are attend's
-// timeline slot and lane scoring; attend_flash's single pass marks phase 6. FLASH_ONLY (the launch
+// attend_either runs attend_flash or attend by flash_fits; score_lanes is attend's lane scoring.
+// FLASH_ONLY (the launch
 // checked the rule: flash_only) compiles attend_flash alone, so that the kernel carries no attend:
 // dead code too costs a launch (lab/cuda/NOTES.md: batch 1 +4 %).
 template <typename T, int GM, bool FLASH_ONLY = false>
 __device__ void attend_either(bool flash, const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi,
                               int fresh, int D, int G, float *sc, float *red, float *s_m, float *s_l, float *s_c,
-                              float *oacc, unsigned long long *tlb = nullptr, int tls = -1, bool score_lanes = true) {
+                              float *oacc, bool score_lanes = true) {
   if (FLASH_ONLY || flash_fits<T>(flash, D)) {
     attend_flash<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc);
-    tl_mark(tlb, tls, 6);
   } else if constexpr (!FLASH_ONLY) {
-    attend<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, s_c, oacc, tlb, tls, score_lanes);
+    attend<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, s_c, oacc, score_lanes);
   }
 }
 

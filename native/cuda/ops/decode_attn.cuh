@@ -16,8 +16,6 @@ struct DecAttn {
   T *out;                           // [tokens, nh D]
   float *part_acc, *part_ml;        // split partials [tokens*nkv*S][G*D], [..][G][2]
   unsigned int *cnt;                // [tokens*nkv] splits finished; zero between steps
-  unsigned long long *tlb;          // timeline records (PrepArgs::tlb), slot tls
-  int tls;
   int score_lanes;                  // attend scores a position with several lanes (debug "attn_lanes")
   int flash;                        // attend_flash instead of attend (debug "attn_flash")
   int cluster;                      // the S splits of an item are one thread-block cluster (1, 1, S)
@@ -143,7 +141,6 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
                   q ? qs + h * D : (k ? kvv : kvv + D), rope && h <= G, hp);
   }
   __syncthreads();
-  tl_mark(a.tlb, a.tls, 3);
   const size_t base = ((size_t)sl * a.maxctx * nkv + kh) * D, rs = (size_t)nkv * D;
   if (mine) {
     // The new k and v rows, CH elements (16 bytes) per thread: one short loop, where one value
@@ -161,7 +158,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     __syncthreads();
   }
   attend_either<T, GM, FLASH_ONLY>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc,
-                                   red, s_m, s_l, s_c, oacc, a.tlb, a.tls, a.score_lanes != 0);
+                                   red, s_m, s_l, s_c, oacc, a.score_lanes != 0);
   T *out = a.out + ((size_t)t * a.nh + (size_t)kh * G) * D;
   if (S == 1) {
     for (int i = tid; i < G * D; i += ATT_THREADS) out[i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
@@ -239,7 +236,6 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
 template <typename T, int GM, bool FLASH_ONLY, bool PRE = false, int N = HV>
 __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<T> a) {
   DYN_SMEM(float, dsm);
-  tl_mark(a.tlb, a.tls, 0);
   if (a.cluster && a.push && gridDim.z > 1) cluster_arrive();  // attn_item's pushed merge waits for it
   {  // the split's earlier positions (attn_item's range without the new one)
     const int p = a.pos[blockIdx.x];
@@ -251,9 +247,7 @@ __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<
   if (PRE) dec_head_pre(a, blockIdx.x, gridDim.z, blockIdx.z, threadIdx.x >> 5, hp);
   pdl_wait();
   pdl_trigger();
-  tl_mark(a.tlb, a.tls, 1);
   attn_item<T, GM, FLASH_ONLY, PRE, N>(a, blockIdx.x, blockIdx.y, gridDim.z, blockIdx.z, dsm, &hp);
-  tl_mark(a.tlb, a.tls, 2);  // after attn_item's last barrier (split 0 of a pushed merge: its thread 0's share)
 }
 
 }  // namespace mqcuda

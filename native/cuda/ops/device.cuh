@@ -1,5 +1,5 @@
 // device.cuh: device-side helpers every kernel uses: element types (TT), programmatic dependent
-// launch, warp and block reductions, dynamic shared memory, the lab timeline's marks.
+// launch, warp and block reductions, dynamic shared memory.
 #pragma once
 #include "../common.cuh"
 
@@ -98,36 +98,5 @@ static __device__ float block_sum(float v, float *red) {
 #else
 #define DYN_SMEM(T, name) extern __shared__ T name[]
 #endif
-constexpr int TL_FIELDS = 8;  // timeline values per slot (tl_mark)
-
-// gtimer is the GPU's global nanosecond timer (0 in the host emulation).
-__device__ __forceinline__ unsigned long long gtimer() {
-#if defined(__CUDA_ARCH__)
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-#else
-  return 0ull;
-#endif
-}
-
-// tl_mark records, for timeline slot s (one kernel launch), when thread 0 of each block got to
-// what: 0 block start (the first and the last block's), 1 past the wait for the previous
-// kernel, 2 block end (the last block's), 3-6 the phases of decode attention (the last block's:
-// q/k/v made, then attend's scores, softmax and V sums, or attend_flash's whole pass at 6) or 3-5
-// those of the tile kernel (input staged, chunks multiplied, K splits summed). The
-// debug timeline (the lab's, lab/cuda/debug_abi.cu) shows where a chain of dependent kernels spends its time,
-// which per-kernel events cannot: they serialise it.
-__device__ __forceinline__ void tl_mark(unsigned long long *b, int s, int what) {
-  if (!b || s < 0 || threadIdx.x != 0) return;
-  const unsigned long long t = gtimer();
-  unsigned long long *r = b + (size_t)s * TL_FIELDS;
-  if (what == 0) {
-    atomicMax(r, ~t);
-    atomicMax(r + 1, t);
-  } else {
-    atomicMax(r + what + 1, t);
-  }
-}
 
 }  // namespace mqcuda

@@ -21,7 +21,6 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nch = K / CH;
   const int gw = blockIdx.x * 8 + warp, nw = gridDim.x * 8;
-  tl_mark(a.tlb, a.tls, 0);
   if (gw < N) {  // weights do not depend on earlier kernels: start pulling them into L2 now
     const char *wr = reinterpret_cast<const char *>(W + (size_t)gw * K);
     const int bytes = K * (int)sizeof(T);
@@ -29,7 +28,6 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
   }
   pdl_wait();
   pdl_trigger();
-  tl_mark(a.tlb, a.tls, 1);
   for (int b = 0; b < B; ++b) prep_row<T>(a, b, K, xs + (size_t)b * K, red);
   __syncthreads();
   unsigned long long best[B];
@@ -86,10 +84,6 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(PrepArgs<T> a, int K, cons
 #pragma unroll
     for (int b = 0; b < B; ++b)
       if (best[b]) atomicMax(keys + b, best[b]);
-  }
-  if (a.tlb) {
-    __syncthreads();
-    tl_mark(a.tlb, a.tls, 2);
   }
 }
 

@@ -1,5 +1,5 @@
 // linear.cuh: the products of a layer (out = prep(x) W^T + bias): the choice between the fused
-// GEMV, the tile kernel (with the RMSNorm and SwiGLU fused), the skinny kernel and cuBLAS
+// GEMV, the tile kernel (with the RMSNorm and SwiGLU fused) and cuBLAS
 // (blas_pick's tuned algorithm), and the attention launches' shared rules (splits, tiles).
 #pragma once
 #include "../launch.cuh"
@@ -16,7 +16,7 @@ inline cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 template <>
 inline cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 
-// shape_time is the rough time (us) of a product launch that skinny_cfg and tile_cfg rank shapes
+// shape_time is the rough time (us) of a product launch that tile_cfg ranks shapes
 // by: the weights (weight_bytes) stream at DRAM speed over the whole GPU, the busiest SM pulls its
 // blocks' weights and staged input (sm_bytes) at one SM's share of L2 bandwidth, and a K split over
 // Z blocks adds the partials' round trips through L2 (write, count, then ceil(Z / ZU) loads).
@@ -28,37 +28,8 @@ inline double shape_time(double weight_bytes, double sm_bytes, int Z) {
 }
 
 // split_fits: the partials of a K split over Z blocks fit the workspace (always, for the shapes
-// skinny_setup sized it for; a debug-forced shape that does not is skipped).
+// tile_setup sized it for; a debug-forced shape that does not is skipped).
 inline bool split_fits(const mqb_model &m, int Z, int N) { return Z == 1 || (size_t)Z * sk::MAXB * N <= m.sk_ws_floats; }
-
-// skinny_cfg chooses the launch shape of a skinny product of B rows through W [N, K] (sk::Cfg) by
-// shape_time, each block once per wave of blocks. Ties go to the wider slice. sk_kw / sk_ks
-// (debug) restrict the shapes tried. Z = 0: no shape fits.
-inline sk::Cfg skinny_cfg(const mqb_model &m, int N, int K, int B) {
-  sk::Cfg best;
-  double best_t = 0;
-  if (N % 16 != 0 || K % 32 != 0) return best;
-  const int rows = (B + 7) / 8 * 8;
-  for (int Kw = sk::GMAX * 32; Kw >= 32; Kw -= 32) {
-    if ((m.sk_kw && Kw != m.sk_kw) || K % Kw) continue;
-    for (int KS : {1, 2, 4, 8}) {
-      const int Kc = KS * Kw;
-      if ((m.sk_ks && KS != m.sk_ks) || Kc > sk::KC_MAX || K % Kc || !split_fits(m, K / Kc, N)) continue;
-      sk::Cfg c;
-      c.RT = sk::WARPS / KS;
-      c.KS = KS;
-      c.Kw = Kw;
-      c.Z = K / Kc;
-      const int waves = (c.blocks(N) + m.sms - 1) / m.sms;
-      const double t = shape_time((double)N * K * 2, (double)(c.RT * 16 + rows) * Kc * 2 * waves, c.Z);
-      if (!best.Z || t < best_t * 0.999) {
-        best = c;
-        best_t = t;
-      }
-    }
-  }
-  return best;
-}
 
 // tile_cfg chooses sk::tile_kernel's launch shape for B rows through W [N, K] by shape_time, with
 // two blocks per SM where shared memory allows. rms: the input rows are normalized while staged
@@ -141,8 +112,6 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
                  const sk::TileFuse<T> &f0) {
   const int nb = (B + 7) / 8;
   sk::TileFuse<T> f = f0;
-  f.tlb = m.tl_buf;
-  f.tls = tl_slot(m);
   const auto &tm = tile_map(m, W, N, K, (f.act ? 8 : 16) * c.RT);
   const int clz = cluster_of(m.tile_cluster, c.Z);  // a row block's Z splits
   // tile_push: the park for the pushed partials, where it fits without costing a block per SM
@@ -158,48 +127,30 @@ void tile_launch(mqb_model &m, const sk::TCfg &c, const T *W, int N, int K, cons
 }
 
 // tile_shape: sk::tile_kernel's launch shape for a product of B rows through W [N, K] where the
-// tile kernel takes it (bf16/fp16 weights, on, above the skinny kernel's range and within its
-// own, a layer's shape that tile_cfg fits); Z = 0 where it does not.
+// tile kernel takes it (bf16/fp16 weights, on, within tile_max_b rows, a layer's shape that
+// tile_cfg fits); Z = 0 where it does not.
 inline sk::TCfg tile_shape(const mqb_model &m, int B, int N, int K) {
-  if (!m.sk_on || B <= m.sk_max_b || B > m.tile_max_b || N > m.sk_max_n) return sk::TCfg{};
+  if (!m.sk_on || B > m.tile_max_b || N > m.sk_max_n) return sk::TCfg{};
   return tile_cfg(m, N, K, B);
 }
 
-// skinny_linear runs out (+)= X W^T through skinny.cuh where it applies (bf16/fp16, on: the skinny
-// kernel up to sk_max_b rows, the tile kernel above that up to tile_max_b (tile_shape); the shape
-// fits); false: the caller uses cuBLAS.
+// tile_linear runs out (+)= X W^T through the tile kernel where it applies (tile_shape); false:
+// the caller uses cuBLAS.
 template <typename T>
-bool skinny_linear(mqb_model &m, const std::string &role, const T *X, int B, int K, const T *W, int N, float *out,
-                   bool accumulate) {
+bool tile_linear(mqb_model &m, const T *X, int B, int K, const T *W, int N, float *out, bool accumulate) {
   if constexpr (std::is_same<T, float>::value) {
     return false;
   } else {
-    if (!m.sk_on || B > std::max(m.sk_max_b, m.tile_max_b) || N > m.sk_max_n) return false;
-    const int nb = (B + 7) / 8;  // octets of input rows: the kernels' NB
-    const int acc = accumulate ? 1 : 0;
-    if (B > m.sk_max_b) {
-      const sk::TCfg c = tile_shape(m, B, N, K);
-      if (!c.Z) return false;
-      m.label = role + ":tile_rt" + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
-      tile_launch<T>(m, c, W, N, K, X, B, out, acc, sk::TileFuse<T>{});
-      return true;
-    }
-    const sk::Cfg c = skinny_cfg(m, N, K, B);
+    const sk::TCfg c = tile_shape(m, B, N, K);
     if (!c.Z) return false;
-    m.label = role + ":skinny";
-    const dim3 grid(c.row_blocks(N), c.Z);
-    const size_t smem = sk::smem_bytes(nb, c.KS * c.Kw);
-    auto go = [&](auto kernel) {
-      launch(m, kernel, grid, dim3(sk::THREADS), smem, W, N, K, X, B, out, acc, c.RT, c.KS, c.Kw, m.sk_ws, m.sk_cnt);
-    };
-    by_octets(nb, [&](auto o) { go(sk::skinny_kernel<T, decltype(o)::value>); });
+    tile_launch<T>(m, c, W, N, K, X, B, out, accumulate ? 1 : 0, sk::TileFuse<T>{});
     return true;
   }
 }
 
 // tile_fused runs a product whose input rows are the RMSNorm of the fp32 residual (qkv, gate/up)
 // through sk::tile_kernel with the norm made while the rows are staged, for the decode batches
-// of sk_max_b+1..fuse_max_b rows: no prep kernel. With act, W is [gate; up] and the kernel
+// of up to fuse_max_b rows: no prep kernel. With act, W is [gate; up] and the kernel
 // writes silu(gate) * up into act [B, N / 2] (T) instead of out, which makes the down
 // projection's input: no SwiGLU prep either. false: it does not apply (the caller runs the
 // product unfused).
@@ -209,12 +160,11 @@ bool tile_fused(mqb_model &m, const std::string &role, const PrepArgs<T> &a, int
   if constexpr (std::is_same<T, float>::value) {
     return false;
   } else {
-    if (!m.sk_on || B <= m.sk_max_b || B > m.fuse_max_b || N > m.sk_max_n || a.mode != PREP_RMS || a.rows ||
+    if (!m.sk_on || B > m.fuse_max_b || N > m.sk_max_n || a.mode != PREP_RMS || a.rows ||
         a.ld != K)
       return false;
     const sk::TCfg c = tile_cfg(m, N, K, B, true, act != nullptr);
     if (!c.Z) return false;
-    m.label = role + (act ? ":tile_rms_swiglu_rt" : ":tile_rms_rt") + std::to_string(c.RT) + "_z" + std::to_string(c.Z);
     sk::TileFuse<T> f;
     f.xr = a.src;
     f.nw = a.w;
@@ -264,12 +214,11 @@ void gemm(mqb_model &m, const std::string &r, const T *W, const T *X, int B, int
     }
   }
   m.picker->run(s, p, W, X, out);
-  mark(m, r + ":gemm");
 }
 
 // linear: out[B, N] (+)= prep(a)[B, K] · W[N, K]^T + bias, fp32 out. bf16/fp16 layer products of
-// up to tile_max_b rows run on skinny.cuh's tensor-core kernels: with the RMSNorm fused
-// (tile_fused), or with an input that needs no prep (skinny_linear); other products of small B
+// up to tile_max_b rows run on the tile kernel (tile.cuh): with the RMSNorm fused
+// (tile_fused), or with an input that needs no prep (tile_linear); other products of small B
 // use the fused GEMV kernel; larger B makes the T input with prep_kernel and runs the tile kernel
 // or cuBLAS.
 template <typename T>
@@ -285,9 +234,6 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
   // a layer's product with none of them goes to the tile kernel, which beats it at 1-4 rows on the
   // H200 (batch 1 937 against 895 tok/s, 4 3,804 against 1,836: lab/cuda/NOTES.md).
   if (B <= m.gemv_max_b && !(plain && !bias && !keys && tile_shape(m, B, N, K).Z)) {
-    m.label = r + ":gemv";
-    a.tlb = m.tl_buf;
-    a.tls = tl_slot(m);
     const int blocks = std::max(1, std::min((N + 7) / 8, m.sms * 4));
     const size_t smem = (size_t)B * K * sizeof(T);
     const int acc = accumulate ? 1 : 0;
@@ -303,15 +249,15 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
   if (plain) {
     X = a.srcT;
   } else {
-    m.label = r + ":prep";
     const bool norm = a.mode == PREP_RMS || a.mode == PREP_LN;
     // prep_vec4's rows: K, the stride and the base 4-float aligned, no row list.
-    const bool v4 = m.prep_vec && (m.slim & 2) && (a.mode == PREP_SWIGLU || a.mode == PREP_GELU) && K % 4 == 0 &&
+    const bool v4 = m.prep_vec && (a.mode == PREP_SWIGLU || a.mode == PREP_GELU) && K % 4 == 0 &&
                     a.ld % 4 == 0 && !a.rows && reinterpret_cast<uintptr_t>(a.src) % 16 == 0;
     const int blocks = norm ? B
                        : (int)std::min<int64_t>(((int64_t)B * (v4 ? K / 4 : K) + 255) / 256, (int64_t)m.sms * 8);
-    auto k = !(m.slim & 2)           ? prep_kernel<T, -1>
-             : a.mode == PREP_RMS    ? (m.pre_params ? prep_kernel<T, PREP_RMS, true> : prep_kernel<T, PREP_RMS>)
+    // One instance per mode: a kernel's code is fetched cold at each launch of a layer's chain,
+    // so no launch carries another mode's (on the H200 batch 32 0.6 % faster; lab/cuda/NOTES.md).
+    auto k = a.mode == PREP_RMS      ? (m.pre_params ? prep_kernel<T, PREP_RMS, true> : prep_kernel<T, PREP_RMS>)
              : a.mode == PREP_LN     ? prep_kernel<T, PREP_LN>
              : a.mode == PREP_SWIGLU ? (v4 ? prep_kernel<T, PREP_SWIGLU, false, true> : prep_kernel<T, PREP_SWIGLU>)
              : a.mode == PREP_GELU   ? (v4 ? prep_kernel<T, PREP_GELU, false, true> : prep_kernel<T, PREP_GELU>)
@@ -319,13 +265,11 @@ void linear(mqb_model &m, const char *role, const PrepArgs<T> &a0, int B, int K,
     launch(m, k, dim3(blocks), dim3(256), 0, a, B, K, static_cast<T *>(m.xbuf));
     X = static_cast<const T *>(m.xbuf);
   }
-  if (!skinny_linear<T>(m, r, X, B, K, W, N, out, accumulate)) gemm<T>(m, r, W, X, B, K, N, out, accumulate);
+  if (!tile_linear<T>(m, X, B, K, W, N, out, accumulate)) gemm<T>(m, r, W, X, B, K, N, out, accumulate);
   if (bias) {
-    m.label = r + ":bias";
     const int total = B * N;
     launch(m, add_bias_kernel, dim3(std::min((total + 255) / 256, m.sms * 8)), dim3(256), 0, out, bias, N, total);
   }
-  m.label = r + ":argmax";
   if (keys) launch(m, argmax_kernel, dim3(std::max(1, std::min(64, (N + 4095) / 4096)), B), dim3(256), 0,
                    (const float *)out, N, keys, samp);
 }
@@ -361,11 +305,11 @@ void launch_gm(int gm, const F &f) {
 }
 
 // flash_only: this model's attention steps with flash asked for go through attend_flash alone
-// (flash_fits), so the attention kernels' instance without attend runs them; debug "slim"
-// without bit 0: the instance with both.
+// (flash_fits), so the attention kernels' instance without attend runs them: dead code too is
+// fetched at each launch (on the H200 batch 1 4-5 % faster so; lab/cuda/NOTES.md).
 template <typename T>
 bool flash_only(const mqb_model &m, int D) {
-  return (m.slim & 1) && flash_fits<T>(m.attn_flash, D);
+  return flash_fits<T>(m.attn_flash, D);
 }
 
 // attn_splits: how many position splits decode_attn_kernel uses for a decode step of Tn tokens

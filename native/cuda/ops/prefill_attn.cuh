@@ -1,6 +1,6 @@
 // prefill_attn.cuh: causal attention of prefill and mixed steps on the tensor cores (bf16/fp16
 // KV cache, head_dim 16, 32, 64 or 128), after FlashAttention-2. Included by backend.cu after
-// skinny.cuh (sk::mma, sk::ldsm4, sk::pack2); the host side is prefill_tiles and run_tokens'
+// tile.cuh (sk::mma, sk::ldsm4, sk::pack2); the host side is prefill_tiles and run_tokens'
 // attention there. Runs in the CPU emulation too (host_test/emu_test.cc emulates mma.sync and
 // ldmatrix).
 //

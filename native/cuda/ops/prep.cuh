@@ -24,8 +24,6 @@ struct PrepArgs {
   const float *w;
   const float *bb;
   float eps;
-  unsigned long long *tlb = nullptr;  // timeline records (debug "timeline"), slot tls; NULL: none
-  int tls = -1;
 };
 
 // swiglu: silu(g) * u, qwen3's MLP activation (prep, the tile kernel's epilogue).
@@ -220,7 +218,7 @@ __device__ void prep_vec4(const PrepArgs<T> &a, int B, int K, T *out) {
 template <typename T, int M, bool PRE = false, bool V4 = false>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs<T> a, int B, int K, T *__restrict__ out) {
   __shared__ float red[32];
-  const int mode = M >= 0 ? M : a.mode;  // M = -1: every mode, read from a (debug "slim" without bit 1)
+  const int mode = M >= 0 ? M : a.mode;  // M = -1: the mode read from a
   const bool norm = mode == PREP_RMS || mode == PREP_LN;
   float wpre[PREP_REGS];
   if (PRE && norm) {

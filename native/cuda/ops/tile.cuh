@@ -1,7 +1,7 @@
 // tile.cuh: out[B, N] (+)= X[B, K] W[N, K]^T for 1..32 rows in bf16/fp16 (fp32 accumulation),
 // the layers' decode products (by default up to 16 rows: see the measurements below). Included
 // by backend.cu (also in the CPU emulation, which computes the mma fragments in emu_test.cc);
-// the host side is skinny_cfg / tile_cfg / skinny_linear / tile_fused there. The mma.sync
+// the host side is tile_cfg / tile_linear / tile_fused there. The mma.sync
 // fragment helpers here serve prefill_attn.cuh too.
 //
 // Why not cuBLAS: its products of a batch-32 step take 0.797 ms for 1.19 GB of weights (NOTES.md,
@@ -25,10 +25,10 @@
 // instructions (weights loaded word by word into the mma quads, no register moves) left
 // the time unchanged: what limits it is each block's load latency (one 8-warp block per SM, all
 // of a warp's loads issued then waited for, no pipeline), where cuBLAS runs TMA pipelines.
-// Hence backend.cu's sk_max_b of 8 until tile_kernel (below), making the RMSNorm of
-// its input and the SwiGLU of gate/up itself (TileFuse), beat this kernel at 5-8 rows by 17 %
-// and the fused GEMV at 1-4: it takes every batch up to 16 since, and this kernel runs only with
-// debug sk_max_b > 0.
+// Those figures are of a kernel holding a warp's whole weight slice in registers (the "skinny"
+// kernel of lab/cuda/NOTES.md); tile_kernel (below), making the RMSNorm of its input and the
+// SwiGLU of gate/up itself (TileFuse), beat it at 5-8 rows by 17 % and the fused GEMV at 1-4, so
+// it takes every batch up to 16.
 #pragma once
 #include "prep.cuh"
 
@@ -60,7 +60,7 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 }
 #ifdef MQB_HOST_TEST
 // The CPU emulation (host_test/emu_test.cc) computes mma.sync m16n8k16 from the warp's fragments
-// as the PTX ISA lays them out, so the skinny products (skinny.cuh) run there too.
+// as the PTX ISA lays them out, so the tile products run there too.
 void mma_emu(float c[4], const uint32_t a[4], const uint32_t b[2], bool bf16);
 template <>
 inline void mma<__nv_bfloat16>(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -104,16 +104,6 @@ struct Shape {
   int row_blocks(int N) const { return (N / 16 + RT - 1) / RT; }  // grid.x
   int blocks(int N) const { return row_blocks(N) * Z; }
 };
-
-// Cfg is one launch shape of skinny_kernel: slices of Kw columns.
-struct Cfg : Shape {
-  int Kw = 0;
-};
-
-// smem_bytes: the staged input (NB octets of rows, Kc columns plus padding) and the slice sums.
-__host__ __device__ inline size_t smem_bytes(int NB, int Kc) {
-  return (size_t)NB * 8 * (Kc + XPAD) * 2 + (size_t)WARPS * 32 * NB * 4 * sizeof(float);
-}
 
 // stage16 copies 16 bytes from global memory (written by an earlier kernel: through L2) into
 // shared memory without holding them in registers (cp.async), so a block's whole input range is
@@ -292,64 +282,10 @@ __device__ __forceinline__ void finish(float (&acc)[NB][4], bool owner, int tile
   if (split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last)) store<NB>(acc, owner, tile, lane, N, B, out, accumulate);
 }
 
-template <typename T, int NB>
-__global__ void __launch_bounds__(THREADS, 1)
-    skinny_kernel(const T *__restrict__ W, int N, int K, const T *X, int B, float *out, int accumulate, int RT,
-                  int KS, int Kw, float *ws, unsigned int *cnt) {
-  DYN_SMEM(uint4, sk_raw);
-  __shared__ unsigned int s_last;
-  const int Kc = KS * Kw, ld = Kc + XPAD;
-  T *xs = reinterpret_cast<T *>(sk_raw);
-  float *red = reinterpret_cast<float *>(xs + (size_t)NB * 8 * ld);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int NT = N / 16, tile = blockIdx.x * RT + warp / KS, ks = warp % KS;
-  const int z = blockIdx.y;
-  const bool live = tile < NT;
-  const int groups = Kw / 32;
-  uint4 wa[GMAX], wb[GMAX];
-  if (live) {
-    const T *ra = W + (size_t)(tile * 16 + g) * K + z * Kc + ks * Kw + t * 8;
-    const T *rb = ra + (size_t)8 * K;
-#pragma unroll
-    for (int j = 0; j < GMAX; ++j)
-      if (j < groups) {
-        wa[j] = __ldg(reinterpret_cast<const uint4 *>(ra + j * 32));
-        wb[j] = __ldg(reinterpret_cast<const uint4 *>(rb + j * 32));
-      }
-  }
-  pdl_wait();
-  pdl_trigger();
-  // The block's K range of every input row (rows B.. of the last octet are zero).
-  const int nc = Kc / 8;
-  for (int i = threadIdx.x; i < NB * 8 * nc; i += THREADS) {
-    const int b = i / nc, c = i - b * nc;
-    T *d = xs + (size_t)b * ld + c * 8;
-    if (b < B) stage16(d, X + (size_t)b * K + z * Kc + c * 8);
-    else *reinterpret_cast<uint4 *>(d) = make_uint4(0u, 0u, 0u, 0u);
-  }
-  stage_wait();
-  __syncthreads();
-  float acc[NB][4] = {};
-  if (live) {
-#pragma unroll
-    for (int j = 0; j < GMAX; ++j)
-      if (j < groups) {
-        const int k = ks * Kw + j * 32 + t * 8;
-#pragma unroll
-        for (int o = 0; o < NB; ++o)
-          mma2<T>(acc[o], wa[j], wb[j], *reinterpret_cast<const uint4 *>(xs + (size_t)(o * 8 + g) * ld + k));
-      }
-  }
-  add_slices<NB>(acc, red, warp, lane, ks, KS);
-  finish<NB>(acc, live && ks == 0, tile, lane, N, B, out, accumulate, ws, cnt, s_last);
-}
-
-
 // ---------------------------------------------------------------------------------------------
 // tile_kernel: the same product for 9..32 rows with the weights streamed through a pipeline.
 //
-// Why a second kernel: skinny_kernel holds a warp's whole weight slice in registers, so a block
+// Why this kernel: the skinny kernel held a warp's whole weight slice in registers, so a block
 // covers at most 128 x 384 weights and stages its 32 input rows for every such slice; at 32 rows
 // its L2 traffic was 2-4x the weight bytes and each block waited for all its loads at once
 // (lab/cuda/NOTES.md). Here a block owns RT row tiles of 16 (RT * KS = 8 warps) over a K range
@@ -360,7 +296,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 // reports its bytes on the buffer's mbarrier. The first three chunks are asked for before
 // griddepcontrol.wait: weights never depend on the previous kernel. Warp w multiplies row tile
 // w / KS over box w % KS of every chunk; slices and K splits are added in a fixed order as in
-// skinny_kernel (add_slices, finish).
+// the skinny kernel did (add_slices, finish).
 //
 // Fragments come from shared memory through ldmatrix (one instruction per 16 x 16 operand tile,
 // already in mma.sync's register order). Rows of a box are 128 bytes and the staged input's a
@@ -519,16 +455,7 @@ struct TileFuse {
   const float *nw = nullptr;
   float eps = 0.f;
   T *act = nullptr;
-  unsigned long long *tlb = nullptr;  // timeline records (debug "timeline"; tl_mark), slot tls
-  int tls = -1;
   int compact = 0;  // the RMSNorm staging's compact form (backend.cu's rms_compact_b): see tile_kernel
-};
-
-// TlEnd marks a tile-kernel block's end on the timeline (tl_mark 2) wherever the block returns.
-struct TlEnd {
-  unsigned long long *b;
-  int s;
-  __device__ ~TlEnd() { tl_mark(b, s, 2); }
 };
 
 // put_normed stores x * rstd * w, rounded to T, as elements k..k+3 (k % 4 == 0) of staged row b
@@ -568,8 +495,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   const bool live = tile < N / 16;
   // The debug timeline: start, past the wait, input staged (3), chunks multiplied (4), K splits
   // summed (5), end.
-  tl_mark(f.tlb, f.tls, 0);
-  const TlEnd tl_end{f.tlb, f.tls};
   if (cluster == 2) cluster_arrive();  // split_total's pushed sum waits for it
   // y0: the first weight row the block reads. With act its rows are two boxes of rows / 2: gate
   // rows from y0 = row0 / 2, up rows from N / 2 + y0.
@@ -598,7 +523,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = threadIdx.x * 4; i < K; i += THREADS * 4) stage16(nws + i, f.nw + i);
   pdl_wait();
   pdl_trigger();
-  tl_mark(f.tlb, f.tls, 1);
   // The block's K range of every input row (rows B.. of the last octet are zero), warp by row and
   // lane by piece.
   const int xp = Kr / 8;
@@ -690,7 +614,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
   stage_wait();
-  tl_mark(f.tlb, f.tls, 3);
   float acc[NB][4] = {};
   // This lane's ldmatrix rows: for the weights, row r = (m & 1) * 8 + i of its tile in its slice's
   // sub-tile, piece 2 st + (m >> 1) for k step st (matrices m = 0..3: a0..a3 of mma.sync); for the
@@ -725,7 +648,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
   __syncthreads();  // the chunk buffers become add_slices' scratch
-  tl_mark(f.tlb, f.tls, 4);
   float *scratch = reinterpret_cast<float *>(chunks);
   add_slices<NB>(acc, scratch, warp, lane, ks, KS);
   const bool owner = live && ks == 0;
@@ -733,7 +655,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   // (cluster 2: tile_push), or left in the chunk buffers for split 0 to read (1).
   float *park = cluster == 2 ? nws + RMS_KMAX : cluster ? scratch + PARK : nullptr;
   const bool total = split_total<NB>(acc, owner, tile, lane, N, ws, cnt, s_last, park, lt, cluster == 2 ? RT : 0);
-  tl_mark(f.tlb, f.tls, 5);
   if (!total) return;
   if (!f.act) {
     store<NB>(acc, owner, tile, lane, N, B, out, accumulate);
