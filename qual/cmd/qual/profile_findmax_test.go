@@ -202,7 +202,7 @@ func TestProfileExtraBodyRefusals(t *testing.T) {
 		{[]string{"--extra-body", `{"temperature":1}`, "--temperature", "0"}, "give it once"},
 		{[]string{"--temperature", "warm"}, "--temperature"},
 		{[]string{"--find-max"}, "--find-max needs --slo"},
-		{[]string{"--find-max", "--slo", "ttft_p99:1s", "--concurrency", "1,2"}, "one starting value"},
+		{[]string{"--find-max", "--slo", "ttft_p99:1s", "--concurrency", "1,2"}, "starts from one value"},
 		{[]string{"--find-max", "--slo", "ttft_p99x:1s"}, "--slo"},
 		{[]string{"--ramp-up", "1s", "--fixed-schedule"}, "--fixed-schedule"},
 		{[]string{"--family", "nosuch"}, `unknown family; known: `},
