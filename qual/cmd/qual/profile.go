@@ -191,7 +191,7 @@ func runProfile(args []string) (code int) {
 		return bad("unexpected arguments %q: qual profile takes flags only (the output folder is --out DIR); see --help", fs.Args())
 	}
 	if *family != "" {
-		fam, code := profileFamily(*family, *url == "" && *bundlePath == "")
+		fam, code := profileFamily(*family, *url == "" && *bundlePath == "", *url != "" && *tokDir == "")
 		if code != 0 {
 			return code
 		}
@@ -648,7 +648,7 @@ type profileFamilyFixture struct {
 
 // profileFamily resolves --family as qual qualify does (qual/cmd/qual/familynames.go); its
 // exit code is 2 for a name no family has.
-func profileFamily(s string, needBundle bool) (profileFamilyFixture, int) {
+func profileFamily(s string, needBundle, needTokenizer bool) (profileFamilyFixture, int) {
 	var f profileFamilyFixture
 	root, err := fixtures.RepoRoot()
 	if err != nil {
@@ -672,6 +672,9 @@ func profileFamily(s string, needBundle bool) (profileFamilyFixture, int) {
 		return f, 2
 	}
 	fx := m.Checkpoint.Fixture
+	if !needBundle && !needTokenizer {
+		return f, 0
+	}
 	if fx == "" {
 		if needBundle {
 			fmt.Fprintf(os.Stderr, "qual profile: --family %s names no fixture (manifest checkpoint.fixture); give --bundle or --url\n", s)
