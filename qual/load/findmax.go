@@ -290,6 +290,12 @@ func profileFindMax(ctx context.Context, in ProfileInput, out string, base uint6
 		clock.start()
 		pr := profilePoint(ctx, in, cfg, sp.sweep, sp.dir, goodput, base, res)
 		clock.finish()
+		if pr.noneSucceeded != nil && s.lo == 0 {
+			// Nothing succeeded and no lower load has: a wrong model, URL or request rather
+			// than a load too high, so the search stops with the error. Above a passing
+			// point, the same is the server giving way: a failing point.
+			pr.Err = errors.Join(pr.Err, pr.noneSucceeded)
+		}
 		jp := judgeFindMax(slos, &pr)
 		res.Points = append(res.Points, pr)
 		report.Points = append(report.Points, jp)

@@ -220,3 +220,23 @@ func TestFindMaxSearchSequence(t *testing.T) {
 		t.Errorf("sequence %v, bracket [%v, %v)", seq, s.lo, s.hi)
 	}
 }
+
+// TestFindMaxStopsWhenNothingSucceeds: a first point none of whose requests succeeded is a
+// wrong request or server, not a load too high: the search stops with the error instead of
+// halving the load in search of one that passes.
+func TestFindMaxStopsWhenNothingSucceeds(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(404)
+		io.WriteString(w, `{"error":{"message":"model m not found","type":"invalid_request_error"}}`)
+	}))
+	t.Cleanup(srv.Close)
+	res, err := Profile(context.Background(), ProfileInput{
+		Endpoint: &launch.Endpoint{BaseURL: srv.URL, Model: "m", Kind: "external"}, OutDir: t.TempDir(),
+		Load:         Config{Endpoint: client.Completions, Requests: 4, Prompts: prompts(2), Arrival: ArrivalConstant},
+		RequestRates: []float64{50},
+		FindMax:      &FindMax{SLOs: "e2e_p99:1s"},
+	})
+	if err == nil || !strings.Contains(err.Error(), "0 of 4 requests succeeded") || res.FindMax == nil || len(res.FindMax.Points) != 1 {
+		t.Fatalf("err %v, search %+v; want it stopped at the first point naming 0 of 4 succeeded", err, res.FindMax)
+	}
+}

@@ -86,8 +86,9 @@ type PointResult struct {
 	// whatever it says.
 	Err error
 	// exp are the point's export records (what profile_export.jsonl holds), which a find-max
-	// search judges.
-	exp []reports.ExportRecord
+	// search judges; noneSucceeded says, in a search, that no measured request succeeded.
+	exp           []reports.ExportRecord
+	noneSucceeded error
 }
 
 // ProfileResult is a whole sweep.
@@ -481,9 +482,12 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	pr.Summary = sum
 	pr.exp = exp
 	if in.FindMax == nil {
-		// A search's points fail by their SLOs (failed requests count as missing them), so
-		// that a load past the server's limit is an answer, not an error.
 		fail(checkSuccess(lr.Records, cfg.BaseURL, in.MaxErrorRate))
+	} else {
+		// A search's points fail by their SLOs (failed requests count as missing them), so
+		// that a load past the server's limit is an answer, not an error; the search decides
+		// what a point none of whose requests succeeded means (findmax.go).
+		pr.noneSucceeded = checkSuccess(lr.Records, cfg.BaseURL, nil)
 	}
 	return pr
 }

@@ -57,18 +57,20 @@ func checkFindMax(t *testing.T, out string) *reports.FindMax {
 }
 
 // TestProfileFindMaxOnMock: the mock engine with one batch slot serves one request at a
-// time, each for its 4 tokens' steps of 25 ms (S ≈ 100 ms), so a closed loop of C clients
-// waits behind C−1 others: request latency ≈ C·S. With its p99 at most 350 ms, C = 3
-// (≈ 300 ms) passes and C = 4 (≈ 400 ms) fails: the search (1, 2, 4, 3) answers 3.
+// time, each for its 4 tokens' steps of 50 ms (S ≈ 200 ms), so a closed loop of C clients
+// waits behind C−1 others: request latency ≈ C·S. With its p99 at most 750 ms, C = 3
+// (≈ 600 ms) passes and C = 4 (≈ 800 ms) fails: the search (1, 2, 4, 3) answers 3. C = 3
+// keeps passing while the server adds under 12.5 ms to a 50 ms step (a loaded machine adds
+// a few), and C = 4 fails whatever it adds.
 func TestProfileFindMaxOnMock(t *testing.T) {
 	t.Setenv("MODELQUAL_BIN", filepath.Dir(launchtest.ServerBin(t)))
-	bundle := launchtest.MockBundle(t, 25*time.Millisecond)
+	bundle := launchtest.MockBundle(t, 50*time.Millisecond)
 	out := filepath.Join(t.TempDir(), "out")
 	var code int
 	table := captureStdout(t, func() {
 		code = runProfile([]string{"--bundle", bundle, "--model", "mock", "--endpoint", "completions", "--stream",
 			"--server-arg=--max-batch=1", "--concurrency", "1", "--requests", "12", "--input-tokens-mean", "8",
-			"--output-tokens", "4", "--find-max", "--slo", "e2e_p99:350ms", "--find-max-points", "6",
+			"--output-tokens", "4", "--find-max", "--slo", "e2e_p99:750ms", "--find-max-points", "6",
 			"--out", out, "--no-progress", "--source-root", "none"})
 	})
 	if code != 0 {
@@ -77,7 +79,7 @@ func TestProfileFindMaxOnMock(t *testing.T) {
 	fm := checkFindMax(t, out)
 	t.Logf("%s\n%s", table, fm.Markdown())
 	if fm.Parameter != "concurrency" || fm.Answer == nil || *fm.Answer != 3 || fm.Above == nil || *fm.Above != 4 {
-		t.Errorf("%s; want 3, with 4 failing (C·S against 350 ms)", fm.Verdict)
+		t.Errorf("%s; want 3, with 4 failing (C·S against 750 ms)", fm.Verdict)
 	}
 	if !strings.Contains(table, "find-max: Max concurrency meeting the SLOs: 3") {
 		t.Errorf("printed summary lacks the answer:\n%s", table)
