@@ -240,7 +240,18 @@ func (f *FindMax) Markdown() string {
 	for i, p := range f.Points {
 		res := "pass"
 		if !p.Pass {
-			res = "FAIL: " + strings.Join(p.Failed, "; ")
+			// The missed SLOs by name (their figures are in their columns), or why the point
+			// could not be judged.
+			var missed []string
+			for j, s := range f.SLOs {
+				if j < len(p.Measured) && p.Measured[j] != nil && !s.Met(*p.Measured[j]) {
+					missed = append(missed, s.Tag+" "+s.Stat)
+				}
+			}
+			if len(missed) == 0 {
+				missed = p.Failed
+			}
+			res = "FAIL: " + strings.Join(missed, ", ")
 		}
 		fmt.Fprintf(&b, "| %d | %s | %s |", i+1, f.ValueText(p.Value), res)
 		for j, s := range f.SLOs {

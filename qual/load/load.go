@@ -651,7 +651,7 @@ func (r *run) openLoopRamped(ctx context.Context, rng *mrand.Rand, n int, cancel
 			mu.Lock()
 			recs = append(recs, rec)
 			mu.Unlock()
-			prog.add(rec.Error != nil)
+			prog.addIn(rec.Phase, rec.Error != nil)
 			idleMu.Lock()
 			idle = append(idle, s)
 			idleMu.Unlock()

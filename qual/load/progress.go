@@ -102,6 +102,21 @@ func (p *progress) setRamp(d time.Duration) {
 	p.mu.Unlock()
 }
 
+// addIn counts a request of the given record phase, unless the bar has moved on to another
+// phase (a ramp's request ending after the measured phase began).
+func (p *progress) addIn(phase string, failed bool) {
+	if p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	current := p.phase
+	p.mu.Unlock()
+	if (current == "profiling") != (phase == records.PhaseProfiling) {
+		return
+	}
+	p.add(failed)
+}
+
 func (p *progress) add(failed bool) {
 	if p.w == nil {
 		return

@@ -115,7 +115,7 @@ func (r *run) closedLoopRamped(ctx context.Context, n int, cancel func(int) (boo
 					k := int(rampNext.Add(1) - 1)
 					rec := r.one(ctx, records.PhaseWarmup, "u", cfg.Warmup+k, worker, nil, &x)
 					out[w] = append(out[w], rec)
-					prog.add(rec.Error != nil)
+					prog.addIn(rec.Phase, rec.Error != nil)
 					continue
 				}
 				mark.fire()
@@ -128,7 +128,7 @@ func (r *run) closedLoopRamped(ctx context.Context, n int, cancel func(int) (boo
 				}
 				rec := r.one(ctx, records.PhaseProfiling, "", seq, worker, cancel, &x)
 				out[w] = append(out[w], rec)
-				prog.add(rec.Error != nil)
+				prog.addIn(rec.Phase, rec.Error != nil)
 			}
 		}(w)
 	}
