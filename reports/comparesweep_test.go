@@ -229,3 +229,13 @@ func TestCompareRefusesOtherExtraBody(t *testing.T) {
 		t.Errorf("one body written two ways: %v", err)
 	}
 }
+
+func TestKeyDiffShowsTheDifference(t *testing.T) {
+	d := KeyDiff{Field: "extra_body", A: `{"seed":7,"temperature":0,"top_p":1}`, B: `{"seed":7,"temperature":1,"top_p":1}`}
+	if got := d.String(); got != `extra_body …ture":0,"top_p":1} vs …ture":1,"top_p":1}` {
+		t.Errorf("diff %q does not show where the bodies differ", got)
+	}
+	if got := (KeyDiff{Field: "concurrency", A: "1", B: "4"}).String(); got != "concurrency 1 vs 4" {
+		t.Errorf("short diff %q", got)
+	}
+}

@@ -326,7 +326,27 @@ type KeyDiff struct {
 }
 
 func (d KeyDiff) String() string {
-	return fmt.Sprintf("%s %s vs %s", d.Field, quoteEmpty(shorten(d.A, 24)), quoteEmpty(shorten(d.B, 24)))
+	a, b := aroundDifference(d.A, d.B, 24)
+	return fmt.Sprintf("%s %s vs %s", d.Field, quoteEmpty(a), quoteEmpty(b))
+}
+
+// aroundDifference shortens two values to at most n runes each, keeping where they first
+// differ in view: two long values with a common start (two extra bodies) would otherwise be
+// cut to the same text.
+func aroundDifference(a, b string, n int) (string, string) {
+	ra, rb := []rune(a), []rune(b)
+	i := 0
+	for i < len(ra) && i < len(rb) && ra[i] == rb[i] {
+		i++
+	}
+	if i < n-6 {
+		return shorten(a, n), shorten(b, n)
+	}
+	from := i - 6 // some context before the difference
+	cut := func(r []rune) string {
+		return "…" + shorten(string(r[from:]), n-1)
+	}
+	return cut(ra), cut(rb)
 }
 
 func quoteEmpty(s string) string {
