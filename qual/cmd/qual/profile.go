@@ -72,7 +72,7 @@ points meet every --slo: NAME_STAT:THRESHOLD items, NAME a metric tag or alias (
 tpot, e2e, e2el, latency, request_latency, tps, ...) and STAT p<N>, avg or max (a bare NAME
 must hold for every request); a failed request misses every SLO. It doubles the value while
 points pass (halves while they fail), then bisects between the highest passing and lowest
-failing value until they are --find-max-resolution apart (default 1 client, or 5%% of the rate),
+failing value until they are --find-max-resolution apart (default 1 client, or 5% of the rate),
 in at most --find-max-points points. Every point is a run directory as a sweep's are (its
 goodput counting the requests meeting every threshold); the search, each point's pass or
 fail with the SLO it missed, and the answer are in --out/NAME-sweep/summary.md and
