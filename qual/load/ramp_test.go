@@ -172,7 +172,8 @@ func TestClosedLoopRampAddsClients(t *testing.T) {
 	for w := 0; w < C; w++ {
 		at := time.Duration(first["worker-"+string(rune('0'+w))] - rampStart)
 		want := T * time.Duration(w) / C
-		if at < want-time.Millisecond || at > want+60*time.Millisecond {
+		// Measured from client 0's first send, itself a little late on a loaded machine.
+		if at < want-25*time.Millisecond || at > want+60*time.Millisecond {
 			t.Errorf("client %d first sent %v into the ramp, want %v", w, at, want)
 		}
 	}
