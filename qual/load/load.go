@@ -135,7 +135,9 @@ type Result struct {
 	// Epoch is the run start; records' ScheduledNs are measured from it.
 	Epoch       time.Time
 	StartUnixNs int64
-	// ProfilingStartNs and ProfilingEndNs bound the measured phase (ns since Epoch).
+	// RampStartNs is where a ramp (Config.RampUp) began, its schedule's origin (ns since
+	// Epoch; 0 without a ramp). ProfilingStartNs and ProfilingEndNs bound the measured phase.
+	RampStartNs      int64
 	ProfilingStartNs int64
 	ProfilingEndNs   int64
 	// ClientCPU is this process's user+system CPU time over the measured phase.
@@ -336,6 +338,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		prog.setPhase("ramp-up", 0)
 		prog.setRamp(cfg.RampUp)
 		rampStart := time.Since(r.epoch)
+		res.RampStartNs = int64(rampStart)
 		mark := newPhaseMark(begin, r.epoch, rampStart+cfg.RampUp)
 		if cfg.RequestRate > 0 {
 			recs = r.openLoopRamped(ctx, rng, n, cancel, prog, rampStart)

@@ -118,16 +118,17 @@ func TestOpenLoopRampSendsFollowRamp(t *testing.T) {
 			t.Fatalf("ramp request %s in phase %q, want warmup", r.RequestID, r.Phase)
 		}
 	}
-	// The ramp starts where the warmup's last request ended, at the first ramp send's
-	// schedule minus its own offset; the sends are measured from the schedule's origin,
-	// which is the measured phase's start minus T.
-	origin := float64(res.ProfilingStartNs)/1e9 - T.Seconds()
+	// The sends are measured from the ramp's start, the schedule's origin.
+	origin := float64(res.RampStartNs) / 1e9
+	if res.RampStartNs <= 0 {
+		t.Fatalf("Result.RampStartNs %d", res.RampStartNs)
+	}
 	var ts []float64
 	for _, r := range ramp {
 		sent := float64(r.StartUnixNs-res.StartUnixNs) / 1e9
 		ts = append(ts, sent-origin)
 	}
-	if d := rampKS(ts, T.Seconds()); d > 1.63/math.Sqrt(float64(len(ts)))+0.05 {
+	if d := rampKS(ts, T.Seconds()); d > 1.63/math.Sqrt(float64(len(ts))) {
 		t.Errorf("ramp sends: KS distance %.3f to (t/T)² over %d sends", d, len(ts))
 	}
 	for _, r := range measured {
@@ -152,10 +153,9 @@ func TestClosedLoopRampAddsClients(t *testing.T) {
 	}
 	first := map[string]int64{}
 	measured := 0
-	var rampStart int64 = math.MaxInt64
+	rampStart := res.StartUnixNs + res.RampStartNs
 	for _, r := range res.Records {
 		if r.Phase == records.PhaseWarmup {
-			rampStart = min(rampStart, r.StartUnixNs)
 			if _, ok := first[r.WorkerID]; !ok {
 				first[r.WorkerID] = r.StartUnixNs
 			}
@@ -172,8 +172,8 @@ func TestClosedLoopRampAddsClients(t *testing.T) {
 	for w := 0; w < C; w++ {
 		at := time.Duration(first["worker-"+string(rune('0'+w))] - rampStart)
 		want := T * time.Duration(w) / C
-		// Measured from client 0's first send, itself a little late on a loaded machine.
-		if at < want-25*time.Millisecond || at > want+60*time.Millisecond {
+		if at < want-time.Millisecond || at > want+60*time.Millisecond { // never early (wall clock, to 1 ms); late by what a loaded machine adds
+
 			t.Errorf("client %d first sent %v into the ramp, want %v", w, at, want)
 		}
 	}
