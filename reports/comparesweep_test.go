@@ -194,3 +194,48 @@ func TestFmtRatio(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareRefusesOtherExtraBody: two runs made with different extra request bodies
+// (--extra-body, --temperature) are different configurations, named by extra_body; the
+// same body written two ways is one.
+func TestCompareRefusesOtherExtraBody(t *testing.T) {
+	withBody := func(seed uint64, body string) *Run {
+		r := keyedRun(t, seed, 1, 4, "32", "abc")
+		var ic map[string]any
+		if err := json.Unmarshal(r.InputConfig, &ic); err != nil {
+			t.Fatal(err)
+		}
+		ic["mq_config"].(map[string]any)["extra_body"] = body
+		r.InputConfig, _ = json.Marshal(ic)
+		return r
+	}
+	t0 := CanonicalExtraBody(map[string]any{"temperature": json.Number("0.0"), "top_p": 1})
+	t0b := CanonicalExtraBody(map[string]any{"top_p": json.Number("1e0"), "temperature": 0})
+	t1 := CanonicalExtraBody(map[string]any{"temperature": 1})
+	if t0 != `{"temperature":0,"top_p":1}` || t0b != t0 || t1 == t0 || CanonicalExtraBody(nil) != "{}" {
+		t.Fatalf("canonical bodies %s, %s, %s", t0, t0b, t1)
+	}
+	_, err := CompareSweep(side(withBody(1, t0)), side(withBody(2, t1)), CompareSweepOptions{})
+	if err == nil || !strings.Contains(err.Error(), "extra_body") || !strings.Contains(err.Error(), "--ignore extra_body") {
+		t.Errorf("temperature 0 against 1: %v, want a refusal naming extra_body", err)
+	}
+	// Two bodies on one side are two configurations, never repeats of one: the run with a
+	// partner is compared, the other named as unpaired.
+	sc, err := CompareSweep(side(withBody(1, t0), withBody(3, t1)), side(withBody(2, t0)), CompareSweepOptions{Iterations: 100})
+	if err != nil || len(sc.Points) != 1 || len(sc.Points[0].BaseRuns) != 1 || len(sc.Unpaired) != 1 {
+		t.Errorf("two bodies on one side: %v %+v", err, sc)
+	}
+	if _, err := CompareSweep(side(withBody(1, t0)), side(withBody(2, t0b)), CompareSweepOptions{Iterations: 100}); err != nil {
+		t.Errorf("one body written two ways: %v", err)
+	}
+}
+
+func TestKeyDiffShowsTheDifference(t *testing.T) {
+	d := KeyDiff{Field: "extra_body", A: `{"seed":7,"temperature":0,"top_p":1}`, B: `{"seed":7,"temperature":1,"top_p":1}`}
+	if got := d.String(); got != `extra_body …ture":0,"top_p":1} vs …ture":1,"top_p":1}` {
+		t.Errorf("diff %q does not show where the bodies differ", got)
+	}
+	if got := (KeyDiff{Field: "concurrency", A: "1", B: "4"}).String(); got != "concurrency 1 vs 4" {
+		t.Errorf("short diff %q", got)
+	}
+}

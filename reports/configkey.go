@@ -37,7 +37,7 @@ var keyOrder = []string{
 	"input_tokens_mean", "input_tokens_stddev", "num_prompts", "prompts", "input_file", "dataset_type",
 	"output_tokens", "output_tokens_stddev", "prompt_output_tokens",
 	"image_dir", "image_width_mean", "image_height_mean", "image_width_stddev", "image_height_stddev",
-	"image_format", "image_fraction", "cancel_rate", "cancel_delay", "slo",
+	"image_format", "image_fraction", "cancel_rate", "cancel_delay", "extra_body", "slo",
 	"model", "server", "url", "bundle", "server_args", "server_env",
 }
 
@@ -57,6 +57,7 @@ var mqConfigFields = map[string]string{
 	"image-format": "image_format", "image-fraction": "image_fraction",
 	"cancel-rate": "cancel_rate", "cancel_rate": "cancel_rate",
 	"cancel-delay": "cancel_delay", "cancel_delay": "cancel_delay", "slo": "slo",
+	"extra_body": "extra_body",
 }
 
 // serverFields are the settings of the system under test.
@@ -243,6 +244,51 @@ func serverFlags(args []string) []string {
 
 func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
+// CanonicalExtraBody writes the fields a run merged into every request body (qual profile
+// --extra-body and --temperature, a spec's Config.Extra) as the configuration key compares
+// them: compact JSON with sorted keys, "{}" for none, so that the same body written two ways
+// is one configuration and a different one (another temperature) is another. A run made with
+// a different extra body is a different configuration, never a repeat.
+func CanonicalExtraBody(extra map[string]any) string {
+	if len(extra) == 0 {
+		return "{}"
+	}
+	b, err := json.Marshal(extra) // maps marshal with sorted keys
+	if err != nil {
+		return fmt.Sprintf("unencodable: %v", err)
+	}
+	// Numbers written alike (0, 0.0, 0e0) are the same setting.
+	var v any
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.UseNumber()
+	if dec.Decode(&v) == nil {
+		v = normalizeNumbers(v)
+		if nb, err := json.Marshal(v); err == nil {
+			return string(nb)
+		}
+	}
+	return string(b)
+}
+
+// normalizeNumbers rewrites JSON numbers in their shortest float form.
+func normalizeNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if f, err := x.Float64(); err == nil {
+			return json.Number(strconv.FormatFloat(f, 'g', -1, 64))
+		}
+	case map[string]any:
+		for k, e := range x {
+			x[k] = normalizeNumbers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = normalizeNumbers(e)
+		}
+	}
+	return v
+}
+
 // anyString writes a recorded setting as text; a list (per-prompt output lengths) becomes a
 // short digest, since only its identity matters for the key.
 func anyString(v any) string {
@@ -280,7 +326,27 @@ type KeyDiff struct {
 }
 
 func (d KeyDiff) String() string {
-	return fmt.Sprintf("%s %s vs %s", d.Field, quoteEmpty(shorten(d.A, 24)), quoteEmpty(shorten(d.B, 24)))
+	a, b := aroundDifference(d.A, d.B, 24)
+	return fmt.Sprintf("%s %s vs %s", d.Field, quoteEmpty(a), quoteEmpty(b))
+}
+
+// aroundDifference shortens two values to at most n runes each, keeping where they first
+// differ in view: two long values with a common start (two extra bodies) would otherwise be
+// cut to the same text.
+func aroundDifference(a, b string, n int) (string, string) {
+	ra, rb := []rune(a), []rune(b)
+	i := 0
+	for i < len(ra) && i < len(rb) && ra[i] == rb[i] {
+		i++
+	}
+	if i < n-6 {
+		return shorten(a, n), shorten(b, n)
+	}
+	from := i - 6 // some context before the difference
+	cut := func(r []rune) string {
+		return "…" + shorten(string(r[from:]), n-1)
+	}
+	return cut(ra), cut(rb)
 }
 
 func quoteEmpty(s string) string {

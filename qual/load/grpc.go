@@ -2,6 +2,7 @@ package load
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -107,6 +108,9 @@ func toFloat(v any) (float64, bool) {
 		return float64(x), true
 	case uint64:
 		return float64(x), true
+	case json.Number: // --extra-body keeps numbers as written
+		f, err := x.Float64()
+		return f, err == nil
 	}
 	return 0, false
 }

@@ -282,7 +282,7 @@ func imagePoint(ctx context.Context, in ProfileInput, cfg Config, sp sweepPoint,
 	send := func(i int, warm bool) imageClientRecord {
 		r := reqs[i%len(reqs)]
 		id := fmt.Sprintf("%s-%s-%d", name, map[bool]string{true: "w", false: "m"}[warm], i)
-		return sendImage(ctx, hc, base, cfg.Model, cfg.APIKey, id, i%len(reqs), r, warm)
+		return sendImage(ctx, hc, base, cfg.Model, cfg.APIKey, id, i%len(reqs), r, warm, cfg.Extra)
 	}
 	// Warmup: whole image requests through the server's pipeline (text encoder, denoising
 	// steps, VAE decode, PNG encode), so the first measured request finds it warm.
@@ -536,10 +536,16 @@ func firstImageError(recs []imageClientRecord) string {
 	return "none"
 }
 
-func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id string, idx int, r ImageRequest, warm bool) imageClientRecord {
+func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id string, idx int, r ImageRequest, warm bool, extra map[string]any) imageClientRecord {
 	rec := imageClientRecord{RequestID: id, Warmup: warm, Input: idx, Size: r.Size, Steps: *r.Steps, Guidance: *r.Guidance, Seed: *r.Seed}
-	body, _ := json.Marshal(map[string]any{"model": model, "prompt": r.Prompt, "size": r.Size, "num_inference_steps": *r.Steps,
-		"guidance_scale": *r.Guidance, "seed": *r.Seed, "response_format": "b64_json"})
+	fields := map[string]any{"model": model, "prompt": r.Prompt, "size": r.Size, "num_inference_steps": *r.Steps,
+		"guidance_scale": *r.Guidance, "seed": *r.Seed, "response_format": "b64_json"}
+	for k, v := range extra { // --extra-body, merged into every request as into text ones
+		if _, set := fields[k]; !set {
+			fields[k] = v
+		}
+	}
+	body, _ := json.Marshal(fields)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+imagesRoute, bytes.NewReader(body))
 	if err != nil {
 		rec.Error = err.Error()

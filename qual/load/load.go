@@ -68,6 +68,13 @@ type Config struct {
 	// Warmup requests run first (closed loop at the run's concurrency, or 1 for an open
 	// loop), are recorded with Phase "warmup", and never enter measured statistics.
 	Warmup int
+	// RampUp, after the warmup, raises the load linearly from about nothing to the point's
+	// over this long before the measured phase (ramp.go): an open loop's rate from 0 to
+	// RequestRate, a closed loop's active clients from 1 to Concurrency. Requests sent in
+	// the ramp are recorded with Phase "warmup" (IDs RunID-u<n>): AIPerf ramps within a phase
+	// and has no phase of its own for it, so a ramp kept out of the steady-state figures is
+	// its warmup ramp. The measured phase follows without a pause, at the full load.
+	RampUp time.Duration
 
 	// Prompts are cycled through in order (request i uses Prompts[i % len]).
 	Prompts []Prompt
@@ -105,7 +112,11 @@ type Config struct {
 	// RunID prefixes request IDs (default: random hex), which are RunID-w<n> / RunID-<n>.
 	RunID string
 	// Progress receives a progress bar (terminal) or plain progress lines; nil for none.
-	Progress io.Writer
+	// ProgressLabel names the point in it ("concurrency 4 (2/5)"); ProgressSweep, when set,
+	// adds what it returns (the sweep's ETA) given the point's time left (< 0: unknown).
+	Progress      io.Writer
+	ProgressLabel string
+	ProgressSweep func(pointLeft time.Duration) string
 
 	// OnPhase, when set, is called as each phase ("warmup", "profiling") starts and ends;
 	// Profile uses it to read server CPU times over the measured window only.
@@ -124,7 +135,9 @@ type Result struct {
 	// Epoch is the run start; records' ScheduledNs are measured from it.
 	Epoch       time.Time
 	StartUnixNs int64
-	// ProfilingStartNs and ProfilingEndNs bound the measured phase (ns since Epoch).
+	// RampStartNs is where a ramp (Config.RampUp) began, its schedule's origin (ns since
+	// Epoch; 0 without a ramp). ProfilingStartNs and ProfilingEndNs bound the measured phase.
+	RampStartNs      int64
 	ProfilingStartNs int64
 	ProfilingEndNs   int64
 	// ClientCPU is this process's user+system CPU time over the measured phase.
@@ -154,8 +167,10 @@ func (c *Config) Validate() error {
 		return errors.New("load.Run: Config.FixedSchedule needs Config.Sessions with timestamps (an input file with --custom-dataset-type)")
 	case c.RequestRate == 0 && c.Concurrency < 1 && !c.FixedSchedule:
 		return fmt.Errorf("load.Run: Config.Concurrency %d must be at least 1 for a closed loop (or set RequestRate)", c.Concurrency)
-	case c.Requests < 0 || c.Duration < 0 || c.Warmup < 0:
-		return errors.New("load.Run: Config.Requests, Duration and Warmup must not be negative")
+	case c.Requests < 0 || c.Duration < 0 || c.Warmup < 0 || c.RampUp < 0:
+		return errors.New("load.Run: Config.Requests, Duration, Warmup and RampUp must not be negative")
+	case c.RampUp > 0 && (len(c.Sessions) > 0 || c.FixedSchedule):
+		return errors.New("load.Run: Config.RampUp ramps prompts at a rate or concurrency; sessions and fixed schedules (--custom-dataset-type, --fixed-schedule) keep their own timing, so leave RampUp 0")
 	case c.Requests == 0 && c.Duration == 0 && len(c.Sessions) == 0:
 		return errors.New("load.Run: set Config.Requests or Config.Duration to say when the run stops")
 	case len(c.Prompts) == 0 && len(c.Sessions) == 0:
@@ -257,7 +272,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.Concurrency = cfg.MaxConcurrency
 	}
 	rng := mrand.New(mrand.NewPCG(cfg.Seed, 0x6c6f6164))
-	prog := newProgress(cfg.Progress, cfg.Warmup, cfg.Requests, cfg.Duration)
+	prog := newProgress(&cfg)
 	defer prog.stop()
 
 	r.epoch = time.Now()
@@ -309,26 +324,47 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return v, cfg.CancelDelay
 		}
 	}
-	prog.setPhase("profiling", cfg.Requests)
-	cfg.phase(records.PhaseProfiling, true)
-	cpu0 := cpuTime()
-	res.ProfilingStartNs = int64(time.Since(r.epoch))
-	var recs []records.Request
-	if len(cfg.Sessions) > 0 {
-		recs = r.runSessions(ctx, rng, n, cancel, prog)
-		if cfg.FixedSchedule {
-			res.Mode = "fixed_schedule"
+	// The measured phase starts now, or where a ramp ends (ramp.go): its start is marked once,
+	// by a timer at the ramp's end or by the first measured request, whichever comes first.
+	var cpu0 time.Duration
+	begin := func() {
+		prog.setPhase("profiling", cfg.Requests)
+		cfg.phase(records.PhaseProfiling, true)
+		cpu0 = cpuTime()
+		res.ProfilingStartNs = int64(time.Since(r.epoch))
+	}
+	var recs, ramp []records.Request
+	if cfg.RampUp > 0 {
+		prog.setPhase("ramp-up", 0)
+		prog.setRamp(cfg.RampUp)
+		rampStart := time.Since(r.epoch)
+		res.RampStartNs = int64(rampStart)
+		mark := newPhaseMark(begin, r.epoch, rampStart+cfg.RampUp)
+		if cfg.RequestRate > 0 {
+			recs = r.openLoopRamped(ctx, rng, n, cancel, prog, rampStart)
+		} else {
+			recs = r.closedLoopRamped(ctx, n, cancel, prog, rampStart, mark)
 		}
-	} else if cfg.RequestRate > 0 {
-		recs = r.openLoop(ctx, rng, n, cancel, prog)
+		mark.wait()
+		ramp, recs = splitRamp(recs)
 	} else {
-		recs = r.closedLoop(ctx, records.PhaseProfiling, "", cfg.Concurrency, n, cfg.Duration, cancel, prog)
+		begin()
+		if len(cfg.Sessions) > 0 {
+			recs = r.runSessions(ctx, rng, n, cancel, prog)
+			if cfg.FixedSchedule {
+				res.Mode = "fixed_schedule"
+			}
+		} else if cfg.RequestRate > 0 {
+			recs = r.openLoop(ctx, rng, n, cancel, prog)
+		} else {
+			recs = r.closedLoop(ctx, records.PhaseProfiling, "", cfg.Concurrency, n, cfg.Duration, cancel, prog)
+		}
 	}
 	res.Pacer = r.pacer // set by the open loop and the sessions' timeline, empty otherwise
 	res.ProfilingEndNs = int64(time.Since(r.epoch))
 	res.ClientCPU = cpuTime() - cpu0
 	cfg.phase(records.PhaseProfiling, false)
-	r.recs = append(r.recs, recs...)
+	r.recs = append(append(r.recs, ramp...), recs...)
 	res.Records = r.recs
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("load.Run: cancelled: %w", err)
@@ -550,6 +586,13 @@ func (r *run) closedLoop(ctx context.Context, phase, idPrefix string, c, n int, 
 // new one is started only when none is idle), so in-flight requests are never limited by the
 // pool.
 func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(int) (bool, time.Duration), prog *progress) []records.Request {
+	return r.openLoopRamped(ctx, rng, n, cancel, prog, -1)
+}
+
+// openLoopRamped is openLoop, after a ramp (ramp.go) from rampStart when cfg.RampUp > 0
+// (rampStart < 0: none): the ramp's sends are warmup, then n measured requests (or
+// cfg.Duration from the ramp's end) follow on the same schedule.
+func (r *run) openLoopRamped(ctx context.Context, rng *mrand.Rand, n int, cancel func(int) (bool, time.Duration), prog *progress, rampStart time.Duration) []records.Request {
 	cfg := r.cfg
 	var sem chan struct{}
 	if cfg.MaxConcurrency > 0 {
@@ -573,12 +616,20 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 	if n < 0 {
 		expect = int(cfg.RequestRate*cfg.Duration.Seconds()*1.1) + 64
 	}
+	ramp := time.Duration(0)
+	if rampStart >= 0 {
+		ramp = cfg.RampUp
+		expect += int(cfg.RequestRate*ramp.Seconds()/2*1.1) + 16
+	}
 	recs := make([]records.Request, 0, min(max(expect, 0), 1<<20))
 	runtime.GC()
 	start := time.Since(r.epoch)
+	if rampStart >= 0 {
+		start = rampStart
+	}
 	var durEnd time.Duration
 	if cfg.Duration > 0 {
-		durEnd = start + cfg.Duration
+		durEnd = start + ramp + cfg.Duration
 	}
 	var wg sync.WaitGroup
 
@@ -603,7 +654,7 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 			mu.Lock()
 			recs = append(recs, rec)
 			mu.Unlock()
-			prog.add(rec.Error != nil)
+			prog.addIn(rec.Phase, rec.Error != nil)
 			idleMu.Lock()
 			idle = append(idle, s)
 			idleMu.Unlock()
@@ -632,24 +683,26 @@ func (r *run) openLoop(ctx context.Context, rng *mrand.Rand, n int, cancel func(
 		// discarded with the timer slack the pacer set on it.
 		pc := newPacer(r.epoch, time.Duration(mean))
 		r.pacer = pc.describe()
-		at := float64(start)
-		for seq := 0; n < 0 || seq < n; seq++ {
-			if seq > 0 {
-				if cfg.Arrival == ArrivalPoisson {
-					at += rng.ExpFloat64() * mean
-				} else {
-					at += mean
-				}
-			}
-			sched := time.Duration(at)
+		sch := rampSchedule{rng: rng, poisson: cfg.Arrival == ArrivalPoisson, rate: cfg.RequestRate, start: start, ramp: ramp}
+		rampN := 0
+		for seq := 0; n < 0 || seq < n; {
+			sched, inRamp := sch.next()
 			if durEnd > 0 && sched >= durEnd {
 				break
 			}
 			// Everything but the write is done before the wait (client.Prepare).
 			s := take()
 			s.sched = sched
-			pi := seq % len(cfg.Prompts)
-			r.prepare(ctx, &s.x, records.PhaseProfiling, "", seq, r.bodies[pi], cfg.Prompts[pi].InputTokens, "scheduler", cancel, "", 0)
+			if inRamp {
+				k := cfg.Warmup + rampN
+				rampN++
+				pi := k % len(cfg.Prompts)
+				r.prepare(ctx, &s.x, records.PhaseWarmup, "u", k, r.bodies[pi], cfg.Prompts[pi].InputTokens, "scheduler", nil, "", 0)
+			} else {
+				pi := seq % len(cfg.Prompts)
+				r.prepare(ctx, &s.x, records.PhaseProfiling, "", seq, r.bodies[pi], cfg.Prompts[pi].InputTokens, "scheduler", cancel, "", 0)
+				seq++
+			}
 			ok := pc.wait(ctx, sched)
 			if ok && sem != nil {
 				select {

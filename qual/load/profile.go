@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +69,10 @@ type ProfileInput struct {
 	// Overwrite lets a point replace a run directory that already holds a run; without it
 	// Profile refuses before sending anything.
 	Overwrite bool
+	// FindMax, when set, searches for the highest rate or concurrency meeting its SLOs
+	// (findmax.go) instead of sweeping the list given; SLOs is then left empty, the search's
+	// thresholds being the points' goodput SLOs.
+	FindMax *FindMax
 }
 
 // PointResult is one sweep point.
@@ -80,6 +85,10 @@ type PointResult struct {
 	// Err is why the point failed (join, fingerprints, artifacts); artifacts are written
 	// whatever it says.
 	Err error
+	// exp are the point's export records (what profile_export.jsonl holds), which a find-max
+	// search judges; noneSucceeded says, in a search, that no measured request succeeded.
+	exp           []reports.ExportRecord
+	noneSucceeded error
 }
 
 // ProfileResult is a whole sweep.
@@ -97,6 +106,9 @@ type ProfileResult struct {
 	Notes       []string
 	Environment provenance.Environment
 	GPU         gpu.Inventory
+	// FindMax is the search's outcome when ProfileInput.FindMax asked for one (also written
+	// to <OutDir>/<Name>-sweep/summary.json and summary.md).
+	FindMax *reports.FindMax
 }
 
 // Err joins the points' errors.
@@ -139,6 +151,9 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 		res, _, err := profileImages(ctx, in)
 		return res, err
 	}
+	if in.FindMax != nil && (in.SLOs != "" || in.Load.FixedSchedule) {
+		return nil, errors.New("load.Profile: ProfileInput.FindMax carries the SLOs and searches a rate or concurrency; leave ProfileInput.SLOs empty and Load.FixedSchedule off")
+	}
 	if in.Load.FixedSchedule {
 		if len(in.Concurrencies) > 0 || len(in.RequestRates) > 0 {
 			return nil, errors.New("load.Profile: a fixed schedule (Load.FixedSchedule) sends at the trace's timestamps; leave ProfileInput.Concurrencies and RequestRates empty")
@@ -176,12 +191,14 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 			return res, err
 		}
 	}
-	points, err := sweepPlan(in, out)
-	if err != nil {
-		return res, fmt.Errorf("load.Profile: %w", err)
-	}
 	if in.MaxErrorRate != nil && (*in.MaxErrorRate < 0 || *in.MaxErrorRate > 1) {
 		return res, fmt.Errorf("load.Profile: ProfileInput.MaxErrorRate %v must be within [0, 1]", *in.MaxErrorRate)
+	}
+	var points []sweepPoint
+	if in.FindMax == nil {
+		if points, err = sweepPlan(in, out); err != nil {
+			return res, fmt.Errorf("load.Profile: %w", err)
+		}
 	}
 	// Every point gets its own seed, base + its index in sweep order (repeats included), so
 	// points differ yet the whole sweep repeats from the base alone; both are recorded.
@@ -193,16 +210,19 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	if in.Endpoint.RecordsPath == "" {
 		res.Notes = append(res.Notes, NoServerRecordsNote)
 	}
-	for i, p := range points {
-		cfg := in.Load
-		switch p.sweep.Parameter {
-		case "concurrency":
-			cfg.Concurrency, cfg.RequestRate = int(p.sweep.Value), 0
-		case "request_rate":
-			cfg.RequestRate = p.sweep.Value
+	if in.FindMax != nil {
+		if err := profileFindMax(ctx, in, out, base, res); err != nil {
+			return res, errors.Join(res.Err(), err)
 		}
-		cfg.Seed = base + uint64(i)
+		return res, res.Err()
+	}
+	clock := &sweepClock{total: len(points)}
+	for i, p := range points {
+		cfg := pointConfig(in.Load, p.sweep, base+uint64(i))
+		cfg.ProgressLabel, cfg.ProgressSweep = clock.label(pointName(p), i), clock.eta
+		clock.start()
 		pr := profilePoint(ctx, in, cfg, p.sweep, p.dir, slos, base, res)
+		clock.finish()
 		res.Points = append(res.Points, pr)
 		if ctx.Err() != nil {
 			break
@@ -214,10 +234,39 @@ func Profile(ctx context.Context, in ProfileInput) (*ProfileResult, error) {
 	return res, res.Err()
 }
 
-// sweepPoint is one run of a sweep: its point and its run directory.
+// sweepPoint is one run of a sweep: its point and its run directory, and which repeat of
+// the point it is (0: not repeated).
 type sweepPoint struct {
 	sweep reports.SweepPoint
 	dir   string
+	rep   int
+}
+
+// pointConfig is the load of one sweep point: base with the point's concurrency or rate and
+// seed.
+func pointConfig(base Config, sp reports.SweepPoint, seed uint64) Config {
+	cfg := base
+	switch sp.Parameter {
+	case "concurrency":
+		cfg.Concurrency, cfg.RequestRate = int(sp.Value), 0
+	case "request_rate":
+		cfg.RequestRate = sp.Value
+	}
+	cfg.Seed = seed
+	return cfg
+}
+
+// pointName names a point in the progress bar: "concurrency 4", "request_rate 2.5",
+// "trace", with ", repeat k" for repeats.
+func pointName(p sweepPoint) string {
+	name := "trace"
+	if p.sweep.Parameter != "fixed_schedule" {
+		name = p.sweep.Parameter + " " + strconv.FormatFloat(p.sweep.Value, 'f', -1, 64)
+	}
+	if p.rep > 0 {
+		name += ", repeat " + strconv.Itoa(p.rep)
+	}
+	return name
 }
 
 // sweepPlan lists the runs of a profile in order (each concurrency, then each rate, or the
@@ -226,13 +275,13 @@ type sweepPoint struct {
 func sweepPlan(in ProfileInput, out string) ([]sweepPoint, error) {
 	var points []sweepPoint
 	for _, c := range in.Concurrencies {
-		points = append(points, sweepPoint{reports.SweepPoint{Parameter: "concurrency", Value: float64(c)}, fmt.Sprintf("%s-c%d", in.Name, c)})
+		points = append(points, sweepPoint{sweep: reports.SweepPoint{Parameter: "concurrency", Value: float64(c)}, dir: fmt.Sprintf("%s-c%d", in.Name, c)})
 	}
 	for _, r := range in.RequestRates {
-		points = append(points, sweepPoint{reports.SweepPoint{Parameter: "request_rate", Value: r}, fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
+		points = append(points, sweepPoint{sweep: reports.SweepPoint{Parameter: "request_rate", Value: r}, dir: fmt.Sprintf("%s-r%s", in.Name, strconv.FormatFloat(r, 'f', -1, 64))})
 	}
 	if in.Load.FixedSchedule {
-		points = append(points, sweepPoint{reports.SweepPoint{Parameter: "fixed_schedule", Value: 1}, in.Name + "-trace"})
+		points = append(points, sweepPoint{sweep: reports.SweepPoint{Parameter: "fixed_schedule", Value: 1}, dir: in.Name + "-trace"})
 	}
 	if in.Repeat < 0 {
 		return nil, fmt.Errorf("ProfileInput.Repeat %d must not be negative", in.Repeat)
@@ -241,7 +290,7 @@ func sweepPlan(in ProfileInput, out string) ([]sweepPoint, error) {
 		var reps []sweepPoint
 		for _, p := range points {
 			for k := 1; k <= in.Repeat; k++ {
-				reps = append(reps, sweepPoint{p.sweep, fmt.Sprintf("%s-rep%d", p.dir, k)})
+				reps = append(reps, sweepPoint{p.sweep, fmt.Sprintf("%s-rep%d", p.dir, k), k})
 			}
 		}
 		points = reps
@@ -282,6 +331,8 @@ func plotSweep(dir string, res *ProfileResult) error {
 	if len(sums) < 2 {
 		return nil
 	}
+	// In order of the swept value: a find-max search profiles its points out of order.
+	sort.SliceStable(sums, func(i, j int) bool { return sums[i].Sweep.Value < sums[j].Sweep.Value })
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("sweep plots: %w", err)
 	}
@@ -429,7 +480,15 @@ func profilePoint(ctx context.Context, in ProfileInput, cfg Config, sweep report
 	sum, err := reports.WriteRun(dir, run)
 	fail(err)
 	pr.Summary = sum
-	fail(checkSuccess(lr.Records, cfg.BaseURL, in.MaxErrorRate))
+	pr.exp = exp
+	if in.FindMax == nil {
+		fail(checkSuccess(lr.Records, cfg.BaseURL, in.MaxErrorRate))
+	} else {
+		// A search's points fail by their SLOs (failed requests count as missing them), so
+		// that a load past the server's limit is an answer, not an error; the search decides
+		// what a point none of whose requests succeeded means (findmax.go).
+		pr.noneSucceeded = checkSuccess(lr.Records, cfg.BaseURL, nil)
+	}
 	return pr
 }
 
@@ -619,6 +678,13 @@ func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, baseSee
 	if cfg.Duration > 0 {
 		loadgen["benchmark_duration"] = cfg.Duration.Seconds()
 	}
+	if cfg.RampUp > 0 { // AIPerf's names for the ramp (seconds)
+		if cfg.RequestRate > 0 {
+			loadgen["request_rate_ramp_duration"] = cfg.RampUp.Seconds()
+		} else {
+			loadgen["concurrency_ramp_duration"] = cfg.RampUp.Seconds()
+		}
+	}
 	if cfg.RequestRate > 0 {
 		loadgen["request_rate"] = cfg.RequestRate
 		loadgen["request_rate_mode"] = cfg.Arrival
@@ -635,6 +701,9 @@ func aiperfInputConfig(cfg Config, lr *Result, sweep reports.SweepPoint, baseSee
 	input := map[string]any{"random_seed": lr.Seed, "mq_base_seed": baseSeed, "fixed_schedule": cfg.FixedSchedule}
 	if len(cfg.Sessions) > 0 {
 		input["conversation_num"] = len(cfg.Sessions)
+	}
+	if len(cfg.Extra) > 0 {
+		input["extra"] = cfg.Extra // AIPerf's input.extra: its --extra-inputs
 	}
 	return map[string]any{
 		"endpoint": map[string]any{
@@ -660,6 +729,7 @@ func describeConfig(cfg Config, lr *Result) map[string]any {
 		"requests": cfg.Requests, "duration": cfg.Duration.String(), "warmup": cfg.Warmup,
 		"prompts": len(cfg.Prompts), "output_tokens": cfg.OutputTokens, "cancel_rate": cfg.CancelRate,
 		"cancel_delay": cfg.CancelDelay.String(), "seed": lr.Seed, "model": cfg.Model, "url": cfg.BaseURL,
+		"extra_body": reports.CanonicalExtraBody(cfg.Extra), "ramp_up": cfg.RampUp.String(),
 	}
 	own, some := make([]int, len(cfg.Prompts)), false
 	for i, p := range cfg.Prompts {

@@ -82,8 +82,9 @@ func checkExportPercentiles(dir string) []string {
 	return out
 }
 
-// rawProfilingValues reads every metric value of the valid profiling requests of a
-// profile_export.jsonl, list metrics flattened.
+// rawProfilingValues reads every metric value of the profiling requests of a
+// profile_export.jsonl, list metrics flattened: the error metrics of failed requests, the
+// others of valid ones, as reports.Aggregate computes them.
 func rawProfilingValues(path string) (map[string][]float64, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -109,10 +110,16 @@ func rawProfilingValues(path string) (map[string][]float64, error) {
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
 			return nil, fmt.Errorf("percentile check: %s line %d: %w", path, n, err)
 		}
-		if rec.Metadata.Phase != "profiling" || (len(rec.Error) > 0 && string(rec.Error) != "null") {
+		if rec.Metadata.Phase != "profiling" {
 			continue
 		}
+		// A failed request enters only the error metrics (error_isl: AIPerf's input lengths
+		// of failed requests); a valid one every other metric.
+		failed := len(rec.Error) > 0 && string(rec.Error) != "null"
 		for tag, m := range rec.Metrics {
+			if failed != strings.HasPrefix(tag, "error_") {
+				continue
+			}
 			var one float64
 			var many []float64
 			switch {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -23,8 +23,8 @@ import (
 	"github.com/modelqual/modelqual/qual/client"
 	"github.com/modelqual/modelqual/qual/launch"
 	"github.com/modelqual/modelqual/qual/load"
+	"github.com/modelqual/modelqual/qual/manifest"
 	"github.com/modelqual/modelqual/qual/provenance"
-	"github.com/modelqual/modelqual/qual/records"
 	"github.com/modelqual/modelqual/reports"
 	"github.com/modelqual/modelqual/server/envconfig"
 	"github.com/modelqual/modelqual/server/tokenizer"
@@ -41,7 +41,9 @@ const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
          [--output-tokens N [--output-tokens-stddev S]] [--slo ttft:200ms,...] [--seed S] --out DIR
          [--image-dir D | --image-width-mean W --image-height-mean H [--image-format png|jpeg]]
-         [--image-fraction F]
+         [--image-fraction F] [--extra-body '{"temperature":0}'] [--temperature T] [--ramp-up D]
+         [--find-max --slo ttft_p99:200ms,itl_p99:50ms [--find-max-resolution R] [--find-max-points N]]
+   or: qual profile --family NAME ... (the family's tiny fixture bundle, model name and tokenizer)
 
 Profiles a server the way AIPerf does and writes one run directory per sweep point under
 --out: profile_export.jsonl, profile_export_aiperf.json/.csv, summary.json, summary.md,
@@ -63,6 +65,35 @@ Against a server given by --url, whose records cannot be read, the figures are t
 (as AIPerf's are), and a note says so. A sweep of two points or more also writes its plots
 (throughput and p99 latency against the swept value on a log axis, throughput against
 latency) into --out/NAME-sweep.
+
+--find-max searches, instead of sweeping, for the highest request rate (open loop, from the one
+--request-rate given) or concurrency (closed loop, from the one --concurrency given) whose
+points meet every --slo: NAME_STAT:THRESHOLD items, NAME a metric tag or alias (ttft, itl,
+tpot, e2e, e2el, latency, request_latency, tps, ...) and STAT p<N>, avg or max (a bare NAME
+must hold for every request); a failed request misses every SLO. It doubles the value while
+points pass (halves while they fail), then bisects between the highest passing and lowest
+failing value until they are --find-max-resolution apart (default 1 client, or 5% of the rate),
+in at most --find-max-points points. Every point is a run directory as a sweep's are (its
+goodput counting the requests meeting every threshold); the search, each point's pass or
+fail with the SLO it missed, and the answer are in --out/NAME-sweep/summary.md and
+summary.json, and printed.
+
+--ramp-up D raises the load linearly over D before each point's measured phase: an open
+loop's rate from 0 to the point's, a closed loop's clients from 1 to its concurrency (one
+more every D/C). As in AIPerf, where a ramp belongs to a phase and the measured figures are
+kept clean by ramping the warmup, the ramp's requests are recorded as warmup (IDs ...-u<n>)
+and reported apart from the steady state; the measured phase follows at once, at full load.
+
+--extra-body '{"temperature":0,"top_p":1}' (AIPerf's --extra-inputs) merges a JSON object into
+every request body (completions, chat, streaming, images, vision, grpc's sampling fields);
+--temperature T is shorthand for its temperature. Both are part of the run's configuration
+(summary.json input_config mq_config.extra_body), so qual report compare does not pool runs
+made with different bodies. Fields the harness sets itself (model, prompt, messages,
+max_tokens, ignore_eos, stream, stream_options) are refused: use their flags.
+
+Progress (each point's bar with its name, e.g. "concurrency 4 (2/5)", the phase's ETA inside
+the bar and the sweep's ETA after it) goes to stderr on a terminal, or anywhere with
+--progress (a line every 5 s); --no-progress silences it.
 
 With --endpoint images, the --input-file's requests are profiled in the same layout, with
 AIPerf's image metrics (num_images, image_throughput, image_latency) and, from a qual-server's
@@ -123,7 +154,16 @@ func runProfile(args []string) (code int) {
 		apiKey         = fs.String("api-key", envconfig.OpenAIAPIKey.Get(), "bearer token for the server")
 		faults         = fs.String("faults", envconfig.Faults.Get(), "MODELQUAL_FAULTS passed to a launched server")
 		sourceRoot     = fs.String("source-root", "", "source tree to fingerprint (default: the repository around the working directory; \"none\" to skip)")
-		noProgress     = fs.Bool("no-progress", false, "do not print progress on stderr (each sweep point as it starts, with the sweep's ETA, and the load generator's bar)")
+		noProgress     = fs.Bool("no-progress", false, "do not print progress on stderr")
+		progressFlag   = fs.Bool("progress", false, "print progress on stderr even when it is not a terminal (a line every 5 s)")
+		family         = fs.String("family", "", "profile a family by any of its names (qual families: qwen3; its folder qwen; its fixture qwen3-tiny; an architecture): without --url or --bundle its tiny fixture bundle is served; --model defaults to the registry's name and, with --url, --tokenizer to the fixture's")
+		extraBody      = fs.String("extra-body", "", "JSON object merged into every request body, e.g. '{\"temperature\":0}' (AIPerf's --extra-inputs)")
+		temperature    = fs.String("temperature", "", "sampling temperature sent in every request (shorthand for --extra-body '{\"temperature\":T}')")
+		rampUp         = fs.Duration("ramp-up", 0, "raise the load linearly over this long before each point's measured phase (rate from 0, clients from 1); its requests are recorded as warmup")
+		findMax        = fs.Bool("find-max", false, "search the highest --request-rate or --concurrency (one starting value) whose points meet every --slo (NAME_pN:THRESHOLD, e.g. ttft_p99:200ms,itl_p99:50ms)")
+		fmResolution   = fs.String("find-max-resolution", "", "--find-max: stop bisecting when the answer and the first failing value above it are this close: a number (req/s or clients) or a percentage of the answer (5%); default 1 client or 5%")
+		fmPoints       = fs.Int("find-max-points", 10, "--find-max: profile at most this many points")
+		fmLimit        = fs.Float64("find-max-limit", 0, "--find-max: the highest rate or concurrency to try (0: none)")
 		maxErrorRate   = fs.Float64("max-error-rate", -1, "fail a point whose measured requests failed in a larger fraction (0..1; default: fail only when none succeeded)")
 		overwrite      = fs.Bool("overwrite", false, "replace the runs already in --out")
 		repeat         = fs.Int("repeat", 1, "run every sweep point N times (run directories ...-rep1..N) so qual report compare can separate a change from run-to-run variance")
@@ -150,11 +190,30 @@ func runProfile(args []string) (code int) {
 	if fs.NArg() > 0 {
 		return bad("unexpected arguments %q: qual profile takes flags only (the output folder is --out DIR); see --help", fs.Args())
 	}
+	if *family != "" {
+		fam, code := profileFamily(*family, *url == "" && *bundlePath == "", *url != "" && *tokDir == "")
+		if code != 0 {
+			return code
+		}
+		if *bundlePath == "" && *url == "" {
+			*bundlePath = fam.bundle
+		}
+		if *model == "" {
+			*model = fam.name.Canonical
+		}
+		if *tokDir == "" && *url != "" {
+			*tokDir = fam.tokenizer
+		}
+	}
 	if (*url == "") == (*bundlePath == "") {
-		return bad("pass exactly one of --url (an external server) and --bundle (start qual-server)")
+		return bad("pass exactly one of --url (an external server) and --bundle (start qual-server), or --family F alone (its fixture bundle)")
 	}
 	if *model == "" {
 		return bad("--model is required (the model name requests carry)")
+	}
+	extra, err := profileExtraBody(*extraBody, *temperature)
+	if err != nil {
+		return bad("%v", err)
 	}
 	if *out == "" {
 		return bad("--out is required (where run directories go)")
@@ -193,6 +252,44 @@ func runProfile(args []string) (code int) {
 	}
 	if *datasetType != "" && *inputFile == "" {
 		return bad("--custom-dataset-type %s needs --input-file F", *datasetType)
+	}
+	if *rampUp < 0 {
+		return bad("--ramp-up %v must not be negative", *rampUp)
+	}
+	if *rampUp > 0 && (*fixedSchedule || *datasetType != "" || *endpoint == load.EndpointImages) {
+		return bad("--ramp-up ramps a --request-rate or --concurrency of prompts; a trace (--fixed-schedule), an AIPerf dataset (--custom-dataset-type) and --endpoint images keep their own timing")
+	}
+	var fm *load.FindMax
+	if *findMax {
+		switch {
+		case *slo == "":
+			return bad("--find-max needs --slo, e.g. --slo 'ttft_p99:200ms,itl_p99:50ms'")
+		case *fixedSchedule || *endpoint == load.EndpointImages:
+			return bad("--find-max searches a --request-rate or --concurrency of prompts; not a trace (--fixed-schedule) or --endpoint images")
+		case strings.Contains(*concurrency+*rate, ","):
+			return bad("--find-max starts from one value: give one --concurrency C or one --request-rate R (the search picks the others)")
+		case *repeat > 1:
+			return bad("--find-max profiles one point at a time; leave out --repeat")
+		case *fmPoints < 1:
+			return bad("--find-max-points %d must be at least 1", *fmPoints)
+		}
+		if _, err := load.ParseFindMaxSLOs(*slo); err != nil {
+			return bad("--slo: %v", err)
+		}
+		fm = &load.FindMax{SLOs: *slo, MaxPoints: *fmPoints, Limit: *fmLimit}
+		if r := strings.TrimSpace(*fmResolution); r != "" {
+			pct := strings.HasSuffix(r, "%")
+			v, err := strconv.ParseFloat(strings.TrimSuffix(r, "%"), 64)
+			if err != nil || v <= 0 {
+				return bad("--find-max-resolution %q: want a positive number (req/s or clients) or a percentage such as 5%%", r)
+			}
+			if pct {
+				v /= 100
+			}
+			fm.Resolution, fm.Relative = v, pct
+		}
+	} else if *fmResolution != "" || *fmLimit != 0 {
+		return bad("--find-max-resolution and --find-max-limit go with --find-max")
 	}
 	if *requests <= 0 && *duration <= 0 && *datasetType == "" {
 		return bad("pass --requests N or --duration D to say when each point stops")
@@ -341,15 +438,17 @@ func runProfile(args []string) (code int) {
 	if *inputFile != "" {
 		fp.Inputs = []string{*inputFile}
 	}
-	var progress io.Writer = os.Stderr
-	if *noProgress {
-		progress = nil
+	// Progress on a terminal, or wherever --progress asks for it (CI logs).
+	var progress io.Writer
+	if !*noProgress && (*progressFlag || load.IsTerminal(os.Stderr)) {
+		progress = os.Stderr
 	}
 	in := load.ProfileInput{
 		Endpoint: ep,
 		Load: load.Config{
 			BaseURL: grpcURL, APIKey: *apiKey, Endpoint: *endpoint, Stream: *stream, MaxConcurrency: *maxConc, Arrival: *arrival,
-			Requests: *requests, Duration: *duration, Warmup: *warmup, Prompts: prompts, OutputTokens: *outTokens,
+			Requests: *requests, Duration: *duration, Warmup: *warmup, RampUp: *rampUp, Prompts: prompts, OutputTokens: *outTokens,
+			Extra:    extra,
 			Sessions: sessions, FixedSchedule: *fixedSchedule,
 			CancelRate: *cancelRate, CancelDelay: *cancelDelay, Seed: promptSeed, Tokenizer: ltok,
 			RequestTimeout: *requestTimeout, Progress: progress,
@@ -359,8 +458,9 @@ func runProfile(args []string) (code int) {
 		OutDir:        runDir,
 		Name:          *name,
 		SLOs:          *slo,
+		FindMax:       fm,
 		Fingerprint:   fp,
-		InputConfig:   profileFlagValues(fs),
+		InputConfig:   profileInputConfig(fs, extra),
 		GPUIndices:    gpuIndices,
 		RequireGPU:    *gpus != "",
 		Overwrite:     *overwrite,
@@ -369,9 +469,8 @@ func runProfile(args []string) (code int) {
 	if *maxErrorRate >= 0 {
 		in.MaxErrorRate = maxErrorRate
 	}
-	if progress != nil {
-		sp := newSweepProgress(progress, sweepLabels(concs, rates, *fixedSchedule, *repeat), *duration)
-		in.Load.OnPhase = sp.onPhase
+	if fm != nil {
+		in.SLOs = "" // the search's objectives are the points' goodput SLOs
 	}
 	res, runErr = load.Profile(ctx, in)
 	if runErr != nil {
@@ -485,6 +584,119 @@ func profileFlagValues(fs *flag.FlagSet) map[string]string {
 	return m
 }
 
+// profileInputConfig is the run's recorded configuration (input_config's mq_config): every
+// flag as given, and extra_body, the JSON object merged into every request (--extra-body with
+// --temperature folded in, keys sorted), which the configuration key compares.
+func profileInputConfig(fs *flag.FlagSet, extra map[string]any) map[string]string {
+	m := profileFlagValues(fs)
+	m["extra_body"] = reports.CanonicalExtraBody(extra)
+	return m
+}
+
+// profileReserved are the body fields the harness sets from its own flags.
+var profileReserved = map[string]string{"model": "--model", "prompt": "the inputs", "messages": "the inputs",
+	"max_tokens": "--output-tokens", "ignore_eos": "--output-tokens", "stream": "--stream", "stream_options": "--stream"}
+
+// profileExtraBody parses --extra-body (a JSON object) and --temperature into the fields
+// merged into every request body.
+func profileExtraBody(raw, temperature string) (map[string]any, error) {
+	extra := map[string]any{}
+	if strings.TrimSpace(raw) != "" {
+		dec := json.NewDecoder(strings.NewReader(raw))
+		dec.UseNumber() // keep numbers as written (1e-3 stays 1e-3, big seeds stay exact)
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("--extra-body %q is not valid JSON (%v); give one object, e.g. '{\"temperature\":0}'", raw, err)
+		}
+		if dec.More() {
+			return nil, fmt.Errorf("--extra-body %q holds more than one JSON value; give one object, e.g. '{\"temperature\":0}'", raw)
+		}
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("--extra-body %q is JSON but not an object; give one, e.g. '{\"temperature\":0}'", raw)
+		}
+		extra = obj
+	}
+	for k := range extra {
+		if flag, ok := profileReserved[k]; ok {
+			return nil, fmt.Errorf("--extra-body sets %q, which qual profile sets itself from %s; use that instead", k, flag)
+		}
+	}
+	if temperature != "" {
+		t, err := strconv.ParseFloat(temperature, 64)
+		if err != nil || t < 0 {
+			return nil, fmt.Errorf("--temperature %q must be a number >= 0", temperature)
+		}
+		if _, both := extra["temperature"]; both {
+			return nil, errors.New("--temperature and --extra-body's \"temperature\" both set it; give it once")
+		}
+		extra["temperature"] = json.Number(temperature)
+	}
+	if len(extra) == 0 {
+		return nil, nil
+	}
+	return extra, nil
+}
+
+// profileFamilyFixture is what --family gives a profile: the family's names, its fixture's
+// bundle (built into the cache on first use, only when no server is given) and tokenizer.
+type profileFamilyFixture struct {
+	name      familyName
+	bundle    string
+	tokenizer string
+}
+
+// profileFamily resolves --family as qual qualify does (qual/cmd/qual/familynames.go); its
+// exit code is 2 for a name no family has.
+func profileFamily(s string, needBundle, needTokenizer bool) (profileFamilyFixture, int) {
+	var f profileFamilyFixture
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "qual profile: --family reads the families' manifests from a checkout: %v; give --bundle and --model instead\n", err)
+		return f, 2
+	}
+	known, err := familyNames(root)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "qual profile: --family: %v\n", err)
+		return f, 2
+	}
+	n, ok := resolveFamily(known, s)
+	if !ok {
+		fmt.Fprintf(os.Stderr, "qual profile: --family %q: unknown family; known: %s\n", s, describeFamilies(known))
+		return f, 2
+	}
+	f.name = n
+	m, err := manifest.Load(filepath.Join(root, "families", n.Folder, "manifest.yaml"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "qual profile: --family %s: %v\n", s, err)
+		return f, 2
+	}
+	fx := m.Checkpoint.Fixture
+	if !needBundle && !needTokenizer {
+		return f, 0
+	}
+	if fx == "" {
+		if needBundle {
+			fmt.Fprintf(os.Stderr, "qual profile: --family %s names no fixture (manifest checkpoint.fixture); give --bundle or --url\n", s)
+			return f, 2
+		}
+		return f, 0
+	}
+	dir, _, err := fixtures.Ensure(fixtures.DefaultCacheDir(), fx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "qual profile: --family %s: fixture %s: %v\n", s, fx, err)
+		return f, 1
+	}
+	f.tokenizer = dir
+	if needBundle {
+		if f.bundle, err = fixtures.Bundle(fixtures.DefaultCacheDir(), fx); err != nil {
+			fmt.Fprintf(os.Stderr, "qual profile: --family %s: %v\n", s, err)
+			return f, 1
+		}
+	}
+	return f, 0
+}
+
 func profileParseInts(s string) ([]int, error) {
 	if s == "" {
 		return nil, nil
@@ -547,93 +759,3 @@ func (m *profileMultiFlag) Set(v string) error { *m = append(*m, v); return nil 
 type grpcEndpoint struct{ ep *launch.Endpoint }
 
 func (g grpcEndpoint) Start(context.Context) (*launch.Endpoint, error) { return g.ep, nil }
-
-// sweepLabels names the sweep points in the order load.Profile runs them: each
-// concurrency, then each rate, or the trace; each repeated in place.
-func sweepLabels(concs []int, rates []float64, trace bool, repeat int) []string {
-	var base []string
-	for _, c := range concs {
-		base = append(base, "concurrency="+strconv.Itoa(c))
-	}
-	for _, r := range rates {
-		base = append(base, "request_rate="+strconv.FormatFloat(r, 'f', -1, 64))
-	}
-	if trace {
-		base = append(base, "trace")
-	}
-	if repeat <= 1 {
-		return base
-	}
-	var out []string
-	for _, b := range base {
-		for k := 1; k <= repeat; k++ {
-			out = append(out, fmt.Sprintf("%s, repeat %d/%d", b, k, repeat))
-		}
-	}
-	return out
-}
-
-// sweepProgress announces each sweep point on the progress writer as it starts (qual/load's
-// bar then shows the point's own phases): which point of how many, and the sweep's time left,
-// estimated from the points done (or from --duration before the first is done).
-type sweepProgress struct {
-	w        io.Writer
-	tty      bool
-	labels   []string
-	duration time.Duration
-	mu       sync.Mutex
-	between  bool // before the first point, or after a point's profiling phase ended
-	finished int
-	started  time.Time
-	spent    time.Duration // wall time of the finished points
-}
-
-func newSweepProgress(w io.Writer, labels []string, duration time.Duration) *sweepProgress {
-	s := &sweepProgress{w: w, labels: labels, duration: duration, between: true}
-	if f, ok := w.(*os.File); ok {
-		st, err := f.Stat()
-		s.tty = err == nil && st.Mode()&os.ModeCharDevice != 0
-	}
-	return s
-}
-
-// onPhase is load.Config.OnPhase: a point's first phase start begins it, its profiling
-// phase's end ends it.
-func (s *sweepProgress) onPhase(phase string, start bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	switch {
-	case start && s.between:
-		s.between, s.started = false, now
-		label := "?"
-		if s.finished < len(s.labels) {
-			label = s.labels[s.finished]
-		}
-		line := fmt.Sprintf("point %d/%d: %s", s.finished+1, len(s.labels), label)
-		if eta := s.eta(); eta > 0 {
-			line += ", sweep ETA ~" + eta.Round(time.Second).String()
-		}
-		if s.tty {
-			line = "\r\033[K" + line // over a bar the load generator may have drawn
-		}
-		fmt.Fprintln(s.w, line)
-	case !start && phase == records.PhaseProfiling:
-		s.between = true
-		s.finished++
-		s.spent += now.Sub(s.started)
-	}
-}
-
-// eta is the time left for the points not finished: their count times the mean wall time of
-// the finished ones, or times --duration before any finished; 0 when unknown.
-func (s *sweepProgress) eta() time.Duration {
-	left := time.Duration(len(s.labels) - s.finished)
-	switch {
-	case s.finished > 0:
-		return s.spent / time.Duration(s.finished) * left
-	case s.duration > 0:
-		return s.duration * left
-	}
-	return 0
-}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/modelqual/modelqual/qual/load"
 )
@@ -20,6 +21,16 @@ func profileFinish(stage *load.Stage, res *load.ProfileResult, runErr error, cod
 	if res != nil {
 		res.Rebase(stage)
 		printProfileSummary(os.Stdout, res)
+		if fm := res.FindMax; fm != nil {
+			for i, p := range fm.Points {
+				res := "pass"
+				if !p.Pass {
+					res = "FAIL: " + strings.Join(p.Failed, "; ")
+				}
+				fmt.Fprintf(os.Stdout, "find-max point %d: %s=%s %s\n", i+1, fm.Parameter, fm.ValueText(p.Value), res)
+			}
+			fmt.Fprintf(os.Stdout, "find-max: %s\n", fm.Verdict)
+		}
 		for _, p := range res.SweepPlots {
 			fmt.Fprintf(os.Stdout, "sweep plot: %s\n", p)
 		}

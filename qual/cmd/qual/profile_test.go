@@ -8,11 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/modelqual/modelqual/qual/launch/launchtest"
 	"github.com/modelqual/modelqual/qual/load"
-	"github.com/modelqual/modelqual/qual/records"
 	"github.com/modelqual/modelqual/reports"
 )
 
@@ -113,34 +111,5 @@ func TestProfileCommandRejectsBadFlags(t *testing.T) {
 		if code := runProfile(args); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
-	}
-}
-
-// TestSweepProgressNamesPoints: each point is announced as it starts, with its place in the
-// sweep and, from --duration or the points done, the sweep's time left.
-func TestSweepProgressNamesPoints(t *testing.T) {
-	labels := sweepLabels([]int{1, 4}, nil, false, 2)
-	if strings.Join(labels, "; ") != "concurrency=1, repeat 1/2; concurrency=1, repeat 2/2; concurrency=4, repeat 1/2; concurrency=4, repeat 2/2" {
-		t.Fatalf("labels %q", labels)
-	}
-	var b bytes.Buffer
-	sp := newSweepProgress(&b, labels, 10*time.Second)
-	for range labels {
-		sp.onPhase(records.PhaseWarmup, true)
-		sp.onPhase(records.PhaseWarmup, false)
-		sp.onPhase(records.PhaseProfiling, true)
-		sp.onPhase(records.PhaseProfiling, false)
-	}
-	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 4 || lines[0] != "point 1/4: concurrency=1, repeat 1/2, sweep ETA ~40s" ||
-		!strings.HasPrefix(lines[3], "point 4/4: concurrency=4, repeat 2/2, sweep ETA ~") {
-		t.Errorf("progress lines:\n%s", b.String())
-	}
-	// Without --duration there is no estimate until a point is done.
-	b.Reset()
-	sp = newSweepProgress(&b, sweepLabels(nil, []float64{2.5}, false, 1), 0)
-	sp.onPhase(records.PhaseProfiling, true)
-	if got := strings.TrimSpace(b.String()); got != "point 1/1: request_rate=2.5" {
-		t.Errorf("first point without --duration: %q", got)
 	}
 }
