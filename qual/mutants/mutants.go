@@ -49,6 +49,9 @@ type Mutant struct {
 	// catches it as a failing spec does. A defect in the harness's own numbers is often seen
 	// first, or only, by them.
 	Packages []string
+	// Tests, when set, narrows the packages' tests to those matching it (go test -run), so a
+	// campaign on two cores runs the tests that concern the defect, not a whole package.
+	Tests string
 }
 
 // where names the planted file, and the fault for a Fault entry, for the campaign's output.
@@ -274,7 +277,7 @@ func runOne(ctx context.Context, m Mutant, opt Options) Result {
 	env := append(os.Environ(), "GOFLAGS=-trimpath", "MODELQUAL_CACHE="+filepath.Join(opt.Work, "cache"),
 		"MODELQUAL_BIN="+filepath.Join(dir, "bin"), "MODELQUAL_ARTIFACTS="+filepath.Join(dir, "artifacts"), "MODELQUAL_FAULTS="+m.Fault)
 	if len(m.Packages) > 0 {
-		failed, problem := runPackages(cctx, dir, env, m.Packages, opt.Timeout)
+		failed, problem := runPackages(cctx, dir, env, m.Packages, m.Tests, opt.Timeout)
 		if problem != "" {
 			r.Problem = problem
 			return r
@@ -323,8 +326,12 @@ func runOne(ctx context.Context, m Mutant, opt Options) Result {
 // runPackages runs the unit tests of pkgs in the copy at dir and names the failed tests
 // ("pkg: TestName"); problem is set when a package did not build (the defect is then not
 // tried: a planted defect must compile).
-func runPackages(ctx context.Context, dir string, env, pkgs []string, timeout time.Duration) (failed []string, problem string) {
-	args := append([]string{"test", "-count=1", "-json", "-timeout", timeout.String()}, pkgs...)
+func runPackages(ctx context.Context, dir string, env, pkgs []string, run string, timeout time.Duration) (failed []string, problem string) {
+	args := []string{"test", "-count=1", "-json", "-timeout", timeout.String()}
+	if run != "" {
+		args = append(args, "-run", run)
+	}
+	args = append(args, pkgs...)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir, cmd.Env = dir, env
 	var out, errb bytes.Buffer
