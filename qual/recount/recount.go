@@ -14,7 +14,11 @@
 //
 // Two layouts are read: the text layout of `qual profile` (completions, chat, streaming,
 // vision chat, gRPC: client_records.jsonl, server_records.jsonl, summary.json with its
-// profiling and warmup phases, the AIPerf exports), and the image layout of `qual profile
+// profiling and warmup phases, the AIPerf exports), also written per sweep point by an image
+// profile, whose client records take the text records' format (phase, send and receive
+// times, status, error, PNG bytes, number of images) and whose figures (request and image
+// latency, image throughput, PNG bytes, counts, window, request throughput, the server-side
+// times) are recomputed the same way; and the earlier image layout of `qual profile
 // --endpoint images` (summary.json with one entry per sweep point).
 package recount
 
