@@ -55,7 +55,7 @@ func init() {
 		{Name: "server image record's PNG byte count one short", File: "server/images.go", Gates: "contract",
 			Old: "q.rec.OutputSHA256, q.rec.OutputBytes = sha256Hex(a.PNG), int64(len(a.PNG))", New: "q.rec.OutputSHA256, q.rec.OutputBytes = sha256Hex(a.PNG), int64(len(a.PNG)-1)"},
 		{Name: "image throughput exported in images per millisecond", File: "qual/load/images.go", Gates: "load",
-			Packages: []string{"./qual/load"}, Tests: "TestProfileImagesWritesTheTextLayout",
+			Packages: []string{"./qual/load"}, Tests: "TestImageExportFromRecords|TestProfileImagesWritesTheTextLayout",
 			Old: "reports.Scalar(n*1e9/float64(c.EndNs), \"images/sec\")", New: "reports.Scalar(n*1e6/float64(c.EndNs), \"images/sec\")"},
 		// The pipeline's non-model stages (planted faults of zimage.cc: one native build serves
 		// every row).
