@@ -41,6 +41,7 @@ type ImageSpec struct {
 	MaxSize         int // the largest width or height
 	MaxPromptTokens int // the text encoder's context
 	MaxSteps        int
+	TextHidden      int // width of the text encoder's embeddings (ImageResult.PromptEmbeds)
 }
 
 // ImageRequest is one text-to-image generation. Prompt and Negative are token ids of the
@@ -52,6 +53,12 @@ type ImageRequest struct {
 	Steps            int
 	Guidance         float32
 	Seed             uint64
+	// Components (CPU pipelines) also returns the text encoder's embeddings and the
+	// transformer's first outputs, for component checks against the reference's intermediates.
+	Components bool
+	// DecodeLatents (CPU pipelines), when set, runs the VAE stage alone on these latents (the
+	// decoder's input, after the pipeline's scaling and shift) and returns the decoded image.
+	DecodeLatents []float32
 }
 
 // ImageResult is the generated image and, when traced, what produced it.
@@ -60,7 +67,10 @@ type ImageResult struct {
 	RGB           []byte    // Height*Width*3, row-major
 	Image         []float32 // traced: the [0, 1] floats before rounding to 8 bits
 	Latents       []float32 // traced: (Steps+1) latent tensors, the initial noise first
-	PipelineTime  time.Duration
+	// With ImageRequest.Components: the prompt's text embeddings (len(Prompt)×TextHidden) and
+	// the transformer's first outputs (the prompt's, then with guidance the negative's).
+	PromptEmbeds, FirstVelocity []float32
+	PipelineTime                time.Duration
 }
 
 // ImageSpec reports what the engine's text-to-image model accepts; an engine of another task
@@ -73,7 +83,7 @@ func (e *Engine) ImageSpec() (ImageSpec, error) {
 	if st, msg := call(func() C.mq_status { return C.mq_engine_image_spec(e.c, &s) }); st != C.MQ_OK {
 		return ImageSpec{}, errors.New("native.ImageSpec: " + msg)
 	}
-	return ImageSpec{int(s.latent_channels), int(s.vae_scale), int(s.size_multiple), int(s.max_size), int(s.max_prompt_tokens), int(s.max_steps)}, nil
+	return ImageSpec{int(s.latent_channels), int(s.vae_scale), int(s.size_multiple), int(s.max_size), int(s.max_prompt_tokens), int(s.max_steps), int(s.text_hidden)}, nil
 }
 
 // cInts copies ids into C memory (the request struct passed to C must hold no Go pointers).
@@ -114,6 +124,22 @@ func (e *Engine) GenerateImage(r ImageRequest, trace bool) (*ImageResult, error)
 	var co C.mq_image_output
 	co.rgb = (*C.uint8_t)(C.malloc(C.size_t(px)))
 	defer C.free(unsafe.Pointer(co.rgb))
+	nz := spec.LatentChannels * (r.Height / spec.VAEScale) * (r.Width / spec.VAEScale)
+	if r.DecodeLatents != nil {
+		if len(r.DecodeLatents) != nz {
+			return nil, fmt.Errorf("native.GenerateImage: DecodeLatents has %d floats, want %d for %dx%d", len(r.DecodeLatents), nz, r.Width, r.Height)
+		}
+		cr.decode_latents = (*C.float)(C.malloc(C.size_t(4 * nz)))
+		defer C.free(unsafe.Pointer(cr.decode_latents))
+		copy(unsafe.Slice((*float32)(unsafe.Pointer(cr.decode_latents)), nz), r.DecodeLatents)
+	}
+	nemb, nvel := len(r.Prompt)*spec.TextHidden, 2*nz
+	if r.Components {
+		co.prompt_embeds = (*C.float)(C.malloc(C.size_t(4 * nemb)))
+		defer C.free(unsafe.Pointer(co.prompt_embeds))
+		co.first_velocity = (*C.float)(C.malloc(C.size_t(4 * nvel)))
+		defer C.free(unsafe.Pointer(co.first_velocity))
+	}
 	nlat := 0
 	if trace {
 		co.image = (*C.float)(C.malloc(C.size_t(4 * px)))
@@ -129,6 +155,13 @@ func (e *Engine) GenerateImage(r ImageRequest, trace bool) (*ImageResult, error)
 	if trace {
 		res.Image = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.image)), px)...)
 		res.Latents = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.latents)), nlat)...)
+	}
+	if r.Components {
+		if r.Guidance <= 0 {
+			nvel = nz // one transformer call per step without guidance
+		}
+		res.PromptEmbeds = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.prompt_embeds)), nemb)...)
+		res.FirstVelocity = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.first_velocity)), nvel)...)
 	}
 	return res, nil
 }

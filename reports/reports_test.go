@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,9 @@ import (
 
 // synthRecords makes n profiling records (plus warmup ones) whose latencies are scale times a
 // fixed random draw, so two runs made with the same seed and different scales have a known
-// ratio. Request i starts 10 ms after request i−1.
+// ratio. Request i starts 10 ms after request i−1; its body ends 2 ms after its last token
+// (the final chunk and [DONE]), so the benchmark window, which ends at send + request
+// latency, is told from one ending at the end of the body.
 func synthRecords(n, warmup int, scale float64, seed uint64) []ExportRecord {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	t0 := int64(1_800_000_000_000_000_000)
@@ -40,7 +43,7 @@ func synthRecords(n, warmup int, scale float64, seed uint64) []ExportRecord {
 		}
 		rec := ExportRecord{
 			Metadata: RecordMetadata{SessionNum: i, XRequestID: fmt.Sprintf("req-%d", i), XCorrelationID: fmt.Sprintf("req-%d", i),
-				RequestStartNs: start, RequestAckNs: start + 1_000_000, RequestEndNs: start + int64(lat*1e6), WorkerID: "w0",
+				RequestStartNs: start, RequestAckNs: start + 1_000_000, RequestEndNs: start + int64(lat*1e6) + 2_000_000, WorkerID: "w0",
 				RecordProcessorID: "test", BenchmarkPhase: phase},
 			Metrics: map[string]MetricValue{
 				TagTTFT:                 Scalar(ttft, "ms"),
@@ -223,6 +226,50 @@ func TestExportsRecomputeFromJSONL(t *testing.T) {
 	}
 	if len(want) > 0 {
 		t.Errorf("CSV lacks rows %v", want)
+	}
+	// Every statistics row's columns are the recomputation's, in the header's order.
+	for _, r := range rows[1:] {
+		for tag, vs := range vals {
+			if m, ok := LookupMetric(tag); !ok || r[0] != MetricLabel(tag, m.Unit) {
+				continue
+			}
+			d, _ := Describe(vs)
+			for k, st := range CSVHeader[1:] {
+				w, _ := d.Stat(st)
+				if got, _ := strconv.ParseFloat(r[k+1], 64); math.Abs(got-w) > 0.005+1e-9*math.Abs(w) {
+					t.Errorf("CSV %s column %s = %s, recomputed %.4f", r[0], st, r[k+1], w)
+				}
+			}
+		}
+	}
+
+	// Goodput with two SLOs counts the requests meeting both (not the last one alone).
+	slos := []SLO{{Tag: TagTTFT, Threshold: 25, Unit: "ms"}, {Tag: TagRequestLatency, Threshold: 110, Unit: "ms"}}
+	recs := synthRecords(200, 5, 1, 42)
+	good, onlyLast := 0, 0
+	for i := range recs {
+		r := &recs[i]
+		if r.Metadata.BenchmarkPhase != PhaseProfiling || r.Error != nil {
+			continue
+		}
+		ttft, _ := r.Value(TagTTFT)
+		lat, _ := r.Value(TagRequestLatency)
+		if ttft <= 25 && lat <= 110 {
+			good++
+		}
+		if lat <= 110 {
+			onlyLast++
+		}
+	}
+	if good == onlyLast {
+		t.Fatalf("the synthetic run does not tell both SLOs from the last: %d good either way", good)
+	}
+	ps := Aggregate(recs, PhaseProfiling, slos, nil)
+	if g, _ := ps.Stat(TagGoodRequestCount, "avg"); g != float64(good) {
+		t.Errorf("good_request_count = %v, want %d (requests meeting both SLOs)", g, good)
+	}
+	if g, _ := ps.Stat(TagGoodput, "avg"); math.Abs(g-float64(good)/((maxEnd-minStart)/1e9)) > 1e-6*g {
+		t.Errorf("goodput = %v, want %d / the window", g, good)
 	}
 
 	// ReadRun + Summarize reproduces summary.json exactly.

@@ -233,6 +233,7 @@ typedef struct {
   int32_t max_size;          /* largest width or height accepted */
   int32_t max_prompt_tokens; /* the text encoder's context */
   int32_t max_steps;
+  int32_t text_hidden; /* width of the text encoder's embeddings (mq_image_output.prompt_embeds) */
 } mq_image_spec;
 
 typedef struct {
@@ -243,6 +244,11 @@ typedef struct {
   int32_t width, height, steps;
   float guidance;
   uint64_t seed;
+  /* optional, CPU pipelines: the VAE stage alone. These latent_channels*(height/vae_scale)*
+   * (width/vae_scale) floats are the VAE decoder's input (the denoised latents after the
+   * pipeline's scaling and shift); text encoder, noise and denoising are skipped and the
+   * decoded image is returned. A component check against the reference's own decode. */
+  const float *decode_latents;
 } mq_image_request;
 
 typedef struct {
@@ -250,6 +256,12 @@ typedef struct {
   float *image;   /* optional: height*width*3 floats in [0, 1], before rounding to 8 bits */
   float *latents; /* optional: (steps+1) latent tensors: the initial noise, then after each step */
   int64_t pipeline_ns; /* written: wall time of the pipeline call (text encoder to decoded pixels) */
+  /* optional, CPU pipelines (a GPU pipeline refuses them), for component checks against the
+   * reference's intermediates: the text encoder's embeddings of the prompt (n_prompt*text_hidden
+   * floats), and the transformer's first call's outputs, the prompt's then, with guidance, the
+   * negative prompt's (1 or 2 latent tensors). */
+  float *prompt_embeds;
+  float *first_velocity;
 } mq_image_output;
 
 MQ_API mq_status mq_engine_image_spec(const mq_engine *e, mq_image_spec *out);

@@ -552,6 +552,7 @@ mq_image_spec zimage_spec(const HParams &hp, int max_ctx) {
   s.max_size = std::min(2048, hp.i("transformer.axes_lens.1") * s.size_multiple);
   s.max_prompt_tokens = max_ctx;
   s.max_steps = kMaxSteps;
+  s.text_hidden = hp.i("transformer.cap_feat_dim");  // checked equal to the text encoder's hidden_size
   return s;
 }
 
@@ -601,7 +602,8 @@ std::vector<float> zimage_schedule(const HParams &hp, int N, int image_seq_len) 
     const float e = (float)std::exp(image_seq_len * m + b);
     for (float &x : s) x = e / (e + (1.0f / x - 1.0f));
   } else {
-    const float shift = (float)hp.f("scheduler.shift");
+    // The zimage.scheduler_shift_ignored fault plants a misread scheduler config (shift 1).
+    const float shift = fault("zimage.scheduler_shift_ignored") ? 1.0f : (float)hp.f("scheduler.shift");
     for (float &x : s) x = shift * x / (1.0f + (shift - 1.0f) * x);
   }
   s.push_back(0.0f);
@@ -627,6 +629,11 @@ class ZImage : public ImageBackend {
     vocab_ = te_hp_.i("vocab_size");
     scaling_ = (float)hp_.f("vae.scaling_factor");
     shift_factor_ = (float)hp_.f("vae.shift_factor");
+    // Planted faults of the catalog (qual/mutants): the VAE's input scaled the wrong way, its
+    // shift factor dropped, the 8-bit pixels truncated instead of rounded.
+    if (fault("zimage.vae_scaling_inverted")) scaling_ = 1.0f / scaling_;
+    if (fault("zimage.vae_shift_dropped")) shift_factor_ = 0.0f;
+    truncate_pixels_ = fault("zimage.pixels_truncated");
     if (transformer_.channels() != hp_.i("vae.latent_channels"))
       throw Error(MQ_ERR_LOAD, "config: transformer.in_channels " + std::to_string(transformer_.channels()) +
                                    " differs from vae.latent_channels " + std::to_string(hp_.i("vae.latent_channels")));
@@ -643,15 +650,22 @@ class ZImage : public ImageBackend {
     const int64_t t0 = now_ns();
     const mq_image_spec sp = image_spec();
     const bool cfg = zimage_check(hp_, max_ctx_, r);
+    const int C = sp.latent_channels, h = r.height / sp.vae_scale, w = r.width / sp.vae_scale;
+    const size_t n = (size_t)C * h * w;
+    if (r.decode_latents) {  // the VAE stage alone (component check)
+      std::vector<float> z(r.decode_latents, r.decode_latents + n);
+      decode_to(z, r, out);
+      out->pipeline_ns = now_ns() - t0;
+      return;
+    }
 
     // 1. Text embeddings.
     std::vector<float> pe, ne;
     encode(r.prompt, r.n_prompt, pe);
     if (cfg) encode(r.negative, r.n_negative, ne);
+    if (out->prompt_embeds) std::memcpy(out->prompt_embeds, pe.data(), sizeof(float) * pe.size());
 
     // 2. Latents.
-    const int C = sp.latent_channels, h = r.height / sp.vae_scale, w = r.width / sp.vae_scale;
-    const size_t n = (size_t)C * h * w;
     std::vector<float> lat(n), pos(n), neg(n);
     torch_randn(r.seed, lat.data(), (int64_t)n);
     if (out->latents) std::memcpy(out->latents, lat.data(), sizeof(float) * n);
@@ -663,10 +677,13 @@ class ZImage : public ImageBackend {
       const float timestep = sigmas[i] * 1000.0f;
       const float t = (1000.0f - timestep) / 1000.0f;
       transformer_.forward(lat.data(), h, w, t, pe.data(), (int)(pe.size() / E), pos.data());
-      if (cfg) {
-        transformer_.forward(lat.data(), h, w, t, ne.data(), (int)(ne.size() / E), neg.data());
-        for (size_t j = 0; j < n; j++) pos[j] = pos[j] + r.guidance * (pos[j] - neg[j]);
+      if (cfg) transformer_.forward(lat.data(), h, w, t, ne.data(), (int)(ne.size() / E), neg.data());
+      if (i == 0 && out->first_velocity) {
+        std::memcpy(out->first_velocity, pos.data(), sizeof(float) * n);
+        if (cfg) std::memcpy(out->first_velocity + n, neg.data(), sizeof(float) * n);
       }
+      if (cfg)
+        for (size_t j = 0; j < n; j++) pos[j] = pos[j] + r.guidance * (pos[j] - neg[j]);
       const float dt = sigmas[i + 1] - sigmas[i];
       for (size_t j = 0; j < n; j++) lat[j] = lat[j] + dt * -pos[j];
       if (out->latents) std::memcpy(out->latents + (size_t)(i + 1) * n, lat.data(), sizeof(float) * n);
@@ -674,18 +691,25 @@ class ZImage : public ImageBackend {
 
     // 5. Decode.
     for (size_t j = 0; j < n; j++) lat[j] = lat[j] / scaling_ + shift_factor_;
-    std::vector<float> img;
-    decoder_.decode(lat.data(), h, w, img);
-    const size_t px = (size_t)r.width * r.height;
-    for (size_t p = 0; p < px * 3; p++) {
-      const float v = std::min(1.0f, std::max(0.0f, img[p] * 0.5f + 0.5f));
-      if (out->image) out->image[p] = v;
-      out->rgb[p] = (uint8_t)std::nearbyint(v * 255.0f);  // numpy's round: half to even
-    }
+    decode_to(lat, r, out);
     out->pipeline_ns = now_ns() - t0;
   }
 
  private:
+  // decode_to runs the VAE decoder on z (its input: latents after scaling and shift) and
+  // writes the [0, 1] image and its 8-bit pixels.
+  void decode_to(std::vector<float> &z, const mq_image_request &r, mq_image_output *out) {
+    const int vs = image_spec().vae_scale;
+    std::vector<float> img;
+    decoder_.decode(z.data(), r.height / vs, r.width / vs, img);
+    const size_t px = (size_t)r.width * r.height;
+    for (size_t p = 0; p < px * 3; p++) {
+      const float v = std::min(1.0f, std::max(0.0f, img[p] * 0.5f + 0.5f));
+      if (out->image) out->image[p] = v;
+      out->rgb[p] = (uint8_t)(truncate_pixels_ ? v * 255.0f : std::nearbyint(v * 255.0f));  // numpy's round: half to even
+    }
+  }
+
   static Qwen3Decoder::Options encoder_options() {
     Qwen3Decoder::Options o;
     o.prefix = "text_encoder.";
@@ -717,6 +741,7 @@ class ZImage : public ImageBackend {
   Transformer transformer_;
   Decoder decoder_;
   float scaling_ = 1, shift_factor_ = 0;
+  bool truncate_pixels_ = false;
 };
 
 }  // namespace
@@ -850,6 +875,8 @@ class ZImageCuda : public ImageBackend {
     const int64_t t0 = now_ns();
     const mq_image_spec sp = image_spec();
     const bool cfg = zimage_check(hp_, max_ctx_, r);
+    if (r.decode_latents || out->prompt_embeds || out->first_velocity)
+      throw Error(MQ_ERR_INVALID_ARGUMENT, "device cuda: the component outputs (decode_latents, prompt_embeds, first_velocity) are the CPU pipeline's");
     const int h = r.height / sp.vae_scale, w = r.width / sp.vae_scale;
     const size_t n = (size_t)sp.latent_channels * h * w;
     std::vector<float> noise(n);

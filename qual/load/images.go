@@ -79,22 +79,47 @@ func ReadImageRequests(path string) ([]ImageRequest, error) {
 	return out, nil
 }
 
-// imageClientRecord is the client's account of one image request.
+// imageClientRecord is the client's account of one image request, in the per-request format
+// of a text record (client_records.jsonl): the phase, the send as epoch ns and the response's
+// headers and end of body as ns after it, the HTTP status, the error as code and type, and
+// what was received (PNG bytes and sha256, the number of images), so that qual/recount
+// recomputes every figure of an image run from these lines alone.
 type imageClientRecord struct {
-	RequestID   string  `json:"request_id"`
-	Warmup      bool    `json:"warmup"`
-	Input       int     `json:"input_index"`
-	StartUnixNs int64   `json:"start_unix_ns"`
-	AckNs       int64   `json:"ack_ns,omitempty"` // request start to the response's headers
-	LatencyNs   int64   `json:"latency_ns"`
-	Status      int     `json:"status"`
-	Error       string  `json:"error,omitempty"`
-	PNGSHA256   string  `json:"png_sha256,omitempty"`
-	PNGBytes    int     `json:"png_bytes,omitempty"`
-	Size        string  `json:"size"`
-	Steps       int     `json:"num_inference_steps"`
-	Guidance    float64 `json:"guidance_scale"`
-	Seed        int64   `json:"seed"`
+	RequestID   string        `json:"request_id"`
+	Phase       string        `json:"phase"` // records.PhaseWarmup or records.PhaseProfiling
+	Input       int           `json:"input_index"`
+	StartUnixNs int64         `json:"start_unix_ns"`    // the send
+	AckNs       int64         `json:"ack_ns,omitempty"` // send to the response's headers
+	EndNs       int64         `json:"end_ns"`           // send to the end of the body (or the failure)
+	HTTPStatus  int           `json:"http_status"`      // 0 when no response came
+	Error       *imageFailure `json:"error,omitempty"`  // nil when an image was received
+	NumImages   int           `json:"num_images"`       // images received (the route returns one)
+	PNGSHA256   string        `json:"png_sha256,omitempty"`
+	PNGBytes    int           `json:"png_bytes,omitempty"`
+	Size        string        `json:"size"`
+	Steps       int           `json:"num_inference_steps"`
+	Guidance    float64       `json:"guidance_scale"`
+	Seed        int64         `json:"seed"`
+}
+
+// imageFailure is why a request returned no image, as the exports' error details: Code the
+// HTTP status (0 when none came or the body was not an image), Type "http_error",
+// "no_response" or "bad_response".
+type imageFailure struct {
+	Code    int    `json:"code"`
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// warm tells a warmup request.
+func (c *imageClientRecord) warm() bool { return c.Phase == records.PhaseWarmup }
+
+// ok tells a request that returned an image.
+func (c *imageClientRecord) ok() bool { return c.Error == nil }
+
+// fail records why the request returned no image.
+func (c *imageClientRecord) fail(code int, typ, msg string) {
+	c.Error = &imageFailure{Code: code, Type: typ, Message: msg}
 }
 
 // Dist is a distribution's summary in milliseconds (or plain units for bytes).
@@ -298,11 +323,11 @@ func imagePoint(ctx context.Context, in ProfileInput, cfg Config, sp sweepPoint,
 	var lat, pngBytes []float64
 	for _, r := range recs {
 		ip.Requests++
-		if r.Status != http.StatusOK {
+		if !r.ok() {
 			ip.Errors++
 			continue
 		}
-		lat = append(lat, float64(r.LatencyNs)/1e6)
+		lat = append(lat, float64(r.EndNs)/1e6)
 		pngBytes = append(pngBytes, float64(r.PNGBytes))
 	}
 	if wall > 0 {
@@ -330,7 +355,7 @@ func imagePoint(ctx context.Context, in ProfileInput, cfg Config, sp sweepPoint,
 				ip.UnmatchedIDs++
 				continue
 			}
-			if c.Warmup || c.Status != http.StatusOK || s.Image == nil {
+			if c.warm() || !c.ok() || s.Image == nil {
 				continue
 			}
 			native = append(native, float64(s.TaskWallNs)/1e6)
@@ -481,10 +506,10 @@ func imageExport(recs []imageClientRecord, server map[string]records.Server) []r
 	out := make([]reports.ExportRecord, 0, len(recs))
 	for i, c := range recs {
 		phase := reports.PhaseProfiling
-		if c.Warmup {
+		if c.warm() {
 			phase = reports.PhaseWarmup
 		}
-		end := c.StartUnixNs + c.LatencyNs
+		end := c.StartUnixNs + c.EndNs
 		ack := end
 		if c.AckNs > 0 {
 			ack = c.StartUnixNs + c.AckNs
@@ -495,27 +520,24 @@ func imageExport(recs []imageClientRecord, server map[string]records.Server) []r
 				RecordProcessorID: "qual/load", BenchmarkPhase: phase},
 			Metrics: map[string]reports.MetricValue{},
 		}
-		if c.Status != http.StatusOK {
-			typ := "http_error"
-			if c.Status == 0 {
-				typ = "no_response"
-			}
-			e.Error = &reports.ErrorDetails{Code: c.Status, Type: typ, Message: c.Error}
+		if !c.ok() {
+			e.Error = &reports.ErrorDetails{Code: c.Error.Code, Type: c.Error.Type, Message: c.Error.Message}
 			out = append(out, e)
 			continue
 		}
-		latMs := float64(c.LatencyNs) / 1e6
+		latMs := float64(c.EndNs) / 1e6
+		n := float64(c.NumImages)
 		e.Metrics[reports.TagRequestLatency] = reports.Scalar(latMs, "ms")
 		e.Metrics[reports.TagHTTPLatency] = reports.Scalar(latMs, "ms")
-		e.Metrics[reports.TagNumImages] = reports.Scalar(1, "images")
-		if c.LatencyNs > 0 {
-			e.Metrics[reports.TagImageThroughput] = reports.Scalar(1e9/float64(c.LatencyNs), "images/sec")
+		e.Metrics[reports.TagNumImages] = reports.Scalar(n, "images")
+		if c.EndNs > 0 {
+			e.Metrics[reports.TagImageThroughput] = reports.Scalar(n*1e9/float64(c.EndNs), "images/sec")
 		}
-		e.Metrics[reports.TagImageLatency] = reports.Scalar(latMs, "ms/image")
+		e.Metrics[reports.TagImageLatency] = reports.Scalar(latMs/n, "ms/image")
 		e.Metrics[reports.TagPNGBytes] = reports.Scalar(float64(c.PNGBytes), "bytes")
 		if s, ok := server[c.RequestID]; ok {
 			e.Metrics[reports.TagTaskWallTime] = reports.Scalar(float64(s.TaskWallNs)/1e6, "ms")
-			e.Metrics[reports.TagHTTPMinusTask] = reports.Scalar(float64(c.LatencyNs-s.TaskWallNs)/1e6, "ms")
+			e.Metrics[reports.TagHTTPMinusTask] = reports.Scalar(float64(c.EndNs-s.TaskWallNs)/1e6, "ms")
 			e.Metrics[reports.TagQueueWait] = reports.Scalar(float64(s.QueueWaitNs)/1e6, "ms")
 			e.Metrics[reports.TagServerHTTPLatency] = reports.Scalar(float64(s.HTTPLatencyNs)/1e6, "ms")
 			if s.Image != nil {
@@ -529,15 +551,19 @@ func imageExport(recs []imageClientRecord, server map[string]records.Server) []r
 
 func firstImageError(recs []imageClientRecord) string {
 	for _, r := range recs {
-		if r.Status != http.StatusOK {
-			return fmt.Sprintf("%d %s", r.Status, r.Error)
+		if !r.ok() {
+			return fmt.Sprintf("%d %s: %s", r.Error.Code, r.Error.Type, r.Error.Message)
 		}
 	}
 	return "none"
 }
 
 func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id string, idx int, r ImageRequest, warm bool, extra map[string]any) imageClientRecord {
-	rec := imageClientRecord{RequestID: id, Warmup: warm, Input: idx, Size: r.Size, Steps: *r.Steps, Guidance: *r.Guidance, Seed: *r.Seed}
+	phase := records.PhaseProfiling
+	if warm {
+		phase = records.PhaseWarmup
+	}
+	rec := imageClientRecord{RequestID: id, Phase: phase, Input: idx, Size: r.Size, Steps: *r.Steps, Guidance: *r.Guidance, Seed: *r.Seed}
 	fields := map[string]any{"model": model, "prompt": r.Prompt, "size": r.Size, "num_inference_steps": *r.Steps,
 		"guidance_scale": *r.Guidance, "seed": *r.Seed, "response_format": "b64_json"}
 	for k, v := range extra { // --extra-body, merged into every request as into text ones
@@ -548,7 +574,7 @@ func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id stri
 	body, _ := json.Marshal(fields)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+imagesRoute, bytes.NewReader(body))
 	if err != nil {
-		rec.Error = err.Error()
+		rec.fail(0, "no_response", err.Error())
 		return rec
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -563,19 +589,20 @@ func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id stri
 	rec.StartUnixNs = t0.UnixNano()
 	resp, err := c.Do(req)
 	if err != nil {
-		rec.LatencyNs, rec.Error = time.Since(t0).Nanoseconds(), err.Error()
+		rec.EndNs = time.Since(t0).Nanoseconds()
+		rec.fail(0, "no_response", err.Error())
 		return rec
 	}
 	rec.AckNs = time.Since(t0).Nanoseconds()
 	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	rec.LatencyNs, rec.Status = time.Since(t0).Nanoseconds(), resp.StatusCode
+	rec.EndNs, rec.HTTPStatus = time.Since(t0).Nanoseconds(), resp.StatusCode
 	if err != nil {
-		rec.Error = err.Error()
+		rec.fail(0, "no_response", err.Error())
 		return rec
 	}
 	if resp.StatusCode != http.StatusOK {
-		rec.Error = strings.TrimSpace(string(b))
+		rec.fail(resp.StatusCode, "http_error", strings.TrimSpace(string(b)))
 		return rec
 	}
 	var ans struct {
@@ -584,16 +611,16 @@ func sendImage(ctx context.Context, c *http.Client, base, model, apiKey, id stri
 		} `json:"data"`
 	}
 	if json.Unmarshal(b, &ans) != nil || len(ans.Data) != 1 {
-		rec.Status, rec.Error = 0, "the response is not one b64_json image"
+		rec.fail(0, "bad_response", "the response is not one b64_json image")
 		return rec
 	}
 	png, err := base64.StdEncoding.DecodeString(ans.Data[0].B64)
 	if err != nil {
-		rec.Status, rec.Error = 0, "b64_json: "+err.Error()
+		rec.fail(0, "bad_response", "b64_json: "+err.Error())
 		return rec
 	}
 	s := sha256.Sum256(png)
-	rec.PNGSHA256, rec.PNGBytes = hex.EncodeToString(s[:]), len(png)
+	rec.PNGSHA256, rec.PNGBytes, rec.NumImages = hex.EncodeToString(s[:]), len(png), 1
 	return rec
 }
 

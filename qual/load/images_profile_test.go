@@ -12,6 +12,7 @@ import (
 	"github.com/modelqual/modelqual/qual/launch/launchtest"
 	"github.com/modelqual/modelqual/qual/load"
 	"github.com/modelqual/modelqual/qual/provenance"
+	"github.com/modelqual/modelqual/qual/recount"
 	"github.com/modelqual/modelqual/reports"
 )
 
@@ -93,9 +94,14 @@ func TestProfileImagesWritesTheTextLayout(t *testing.T) {
 		if s.Target == nil || s.Target.BundleDigest == "" || s.Target.BundleDigest != res.BundleDigest {
 			t.Errorf("%s: target %+v lacks the bundle digest %s", filepath.Base(p.Dir), s.Target, res.BundleDigest)
 		}
+		// Every figure the point reports is recomputed apart from the raw records.
+		if rep, err := recount.Verify(p.Dir); err != nil || rep.Err() != nil || rep.Layout != "text (images)" {
+			t.Errorf("%s: recount: layout %q, %v, %v", filepath.Base(p.Dir), rep.Layout, err, rep.Err())
+		}
 	}
 
-	// The same server by URL: no records to read, so client-side metrics only, noted.
+	// The same server by URL: no records to read, so client-side metrics only, noted (and
+	// still recomputed, the server figures apart).
 	byURL := &launch.Endpoint{BaseURL: ep.BaseURL, Model: ep.Model, Kind: "external"}
 	out2 := t.TempDir()
 	res2, err := load.Profile(context.Background(), load.ProfileInput{
@@ -118,6 +124,9 @@ func TestProfileImagesWritesTheTextLayout(t *testing.T) {
 	}
 	if _, ok := m[reports.TagTaskWallTime]; ok {
 		t.Error("by URL: a task wall time without server records")
+	}
+	if rep, err := recount.Verify(dir); err != nil || rep.Err() != nil {
+		t.Errorf("by URL: recount: %v, %v", err, rep.Err())
 	}
 	md, _ := os.ReadFile(filepath.Join(dir, reports.SummaryMDFile))
 	if !strings.Contains(string(md), "client-side metrics only") {

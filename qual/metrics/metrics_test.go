@@ -125,6 +125,15 @@ func TestExportAndAggregateHandMade(t *testing.T) {
 	if !reflect.DeepEqual(codes, map[int]int{500: 1, 499: 1}) {
 		t.Errorf("errors by code = %v, want 500:1 499:1", codes)
 	}
+	// The export's timestamps are the client record's made absolute: the send, the response's
+	// headers, the end of the body (AIPerf's request_start_ns, request_ack_ns, request_end_ns).
+	for i, c := range handRun() {
+		md := recs[i].Metadata
+		if md.RequestStartNs != c.StartUnixNs || md.RequestAckNs != c.StartUnixNs+c.AckNs || md.RequestEndNs != c.StartUnixNs+c.EndNs {
+			t.Errorf("%s: exported start/ack/end %d/%d/%d, want %d/%d/%d", c.RequestID, md.RequestStartNs, md.RequestAckNs, md.RequestEndNs,
+				c.StartUnixNs, c.StartUnixNs+c.AckNs, c.StartUnixNs+c.EndNs)
+		}
+	}
 	if recs[3].Error == nil || recs[3].Error.Code != 499 || !recs[3].Metadata.WasCancelled ||
 		*recs[3].Metadata.CancellationTimeNs != t0+13*ms {
 		t.Errorf("cancelled export record = %+v %+v", recs[3].Error, recs[3].Metadata)

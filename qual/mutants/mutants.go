@@ -44,6 +44,14 @@ type Mutant struct {
 	// label expression such as "parity" or "load"), so a campaign of 25 defects fits in an
 	// hour on two cores; empty runs the whole premerge gate. Options.Full ignores it.
 	Gates string
+	// Packages are the packages of `make test` whose unit tests concern the defect (e.g.
+	// "./reports"), run in the scratch copy before the family gate; a failing test there
+	// catches it as a failing spec does. A defect in the harness's own numbers is often seen
+	// first, or only, by them.
+	Packages []string
+	// Tests, when set, narrows the packages' tests to those matching it (go test -run), so a
+	// campaign on two cores runs the tests that concern the defect, not a whole package.
+	Tests string
 }
 
 // where names the planted file, and the fault for a Fault entry, for the campaign's output.
@@ -176,6 +184,9 @@ type Options struct {
 	Keep bool
 	// Full runs the whole premerge gate for every defect, ignoring Mutant.Gates.
 	Full bool
+	// FirstCatch skips the family gate of a defect its packages' tests already caught (a
+	// cheaper campaign that still shows every defect caught).
+	FirstCatch bool
 	// Log receives progress and each gate's output tail on a miss.
 	Log io.Writer
 }
@@ -261,9 +272,24 @@ func runOne(ctx context.Context, m Mutant, opt Options) Result {
 		r.Problem = err.Error()
 		return r
 	}
-	report := filepath.Join(dir, "mutant-report.json")
 	cctx, cancel := context.WithTimeout(ctx, opt.Timeout)
 	defer cancel()
+	env := append(os.Environ(), "GOFLAGS=-trimpath", "MODELQUAL_CACHE="+filepath.Join(opt.Work, "cache"),
+		"MODELQUAL_BIN="+filepath.Join(dir, "bin"), "MODELQUAL_ARTIFACTS="+filepath.Join(dir, "artifacts"), "MODELQUAL_FAULTS="+m.Fault)
+	if len(m.Packages) > 0 {
+		failed, problem := runPackages(cctx, dir, env, m.Packages, m.Tests, opt.Timeout)
+		if problem != "" {
+			r.Problem = problem
+			return r
+		}
+		if len(failed) > 0 {
+			r.Caught, r.By = true, failed
+			if opt.FirstCatch {
+				return r
+			}
+		}
+	}
+	report := filepath.Join(dir, "mutant-report.json")
 	filter := opt.LabelFilter
 	if m.Gates != "" && !opt.Full {
 		filter = "(" + filter + ") && (" + m.Gates + ")"
@@ -273,8 +299,7 @@ func runOne(ctx context.Context, m Mutant, opt Options) Result {
 	cmd.Dir = dir
 	// -trimpath keeps build cache keys free of the copy's folder, so only what the mutant
 	// changed is rebuilt; the fixture and bundle cache is the campaign's own.
-	cmd.Env = append(os.Environ(), "GOFLAGS=-trimpath", "MODELQUAL_CACHE="+filepath.Join(opt.Work, "cache"),
-		"MODELQUAL_BIN="+filepath.Join(dir, "bin"), "MODELQUAL_ARTIFACTS="+filepath.Join(dir, "artifacts"), "MODELQUAL_FAULTS="+m.Fault)
+	cmd.Env = env
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	runErr := cmd.Run()
@@ -286,13 +311,71 @@ func runOne(ctx context.Context, m Mutant, opt Options) Result {
 	case err != nil:
 		r.Problem = err.Error()
 	case len(failed) > 0:
-		r.Caught, r.By = true, failed
+		r.Caught, r.By = true, append(r.By, failed...)
 	case runErr != nil:
 		r.Problem = fmt.Sprintf("go test failed (%v) but no spec failed: %s", runErr, tail(buf.String(), 12))
-	default:
+	case !r.Caught:
 		fmt.Fprintf(opt.Log, "mutants: %s was not caught; the gate's output ends:\n%s\n", m.Name, tail(buf.String(), 8))
 	}
+	if r.Caught {
+		r.Problem = "" // a gate that did not run cleanly does not undo a package's catch
+	}
 	return r
+}
+
+// runPackages runs the unit tests of pkgs in the copy at dir and names the failed tests
+// ("pkg: TestName"); problem is set when a package did not build (the defect is then not
+// tried: a planted defect must compile).
+func runPackages(ctx context.Context, dir string, env, pkgs []string, run string, timeout time.Duration) (failed []string, problem string) {
+	args := []string{"test", "-count=1", "-json", "-timeout", timeout.String()}
+	if run != "" {
+		args = append(args, "-run", run)
+	}
+	args = append(args, pkgs...)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir, cmd.Env = dir, env
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	runErr := cmd.Run()
+	seen := map[string]bool{}
+	pkgFailed := map[string]bool{}
+	buildFailed := false
+	dec := json.NewDecoder(&out)
+	for {
+		var ev struct {
+			Action, Package, Test, Output string
+		}
+		if err := dec.Decode(&ev); err != nil {
+			break
+		}
+		pkg := strings.TrimPrefix(ev.Package, "github.com/modelqual/modelqual/")
+		switch {
+		case ev.Action == "fail" && ev.Test != "" && !strings.Contains(ev.Test, "/"):
+			if name := pkg + ": " + ev.Test; !seen[name] {
+				seen[name] = true
+				failed = append(failed, name)
+			}
+		case ev.Action == "fail" && ev.Test == "":
+			pkgFailed[pkg] = true
+		case ev.Action == "build-fail", ev.Action == "output" && strings.Contains(ev.Output, "[build failed]"):
+			buildFailed = true
+		}
+	}
+	for pkg := range pkgFailed { // failed outside any test (TestMain, a panic, a timeout)
+		named := false
+		for _, f := range failed {
+			named = named || strings.HasPrefix(f, pkg+": ")
+		}
+		if !named {
+			failed = append(failed, pkg+": (the package's test binary)")
+		}
+	}
+	sort.Strings(failed)
+	switch {
+	case buildFailed || runErr != nil && len(failed) == 0 && errb.Len() > 0:
+		return failed, fmt.Sprintf("go test %s did not build or run (%v): %s", strings.Join(pkgs, " "), runErr, tail(errb.String()+out.String(), 12))
+	}
+	return failed, ""
 }
 
 // failedSpecs reads a Ginkgo JSON report and names each failed node: "gate: spec text".

@@ -1,12 +1,15 @@
 package mutants
 
 import (
+	"context"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelqual/modelqual/fixtures"
 )
@@ -149,5 +152,41 @@ func TestFailedSpecsReadsGinkgoReport(t *testing.T) {
 	}
 	if strings.Join(got, "|") != "SynchronizedBeforeSuite|qwen gates: stops at EOS" {
 		t.Fatalf("failedSpecs = %q", got)
+	}
+}
+
+// TestRunPackagesNamesFailedTests: an entry's packages are run with go test and each failed
+// top-level test is named "pkg: Test" (a subtest's failure by its parent); a package that does
+// not build is a problem, not a catch.
+func TestRunPackagesNamesFailedTests(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module example.com/m\n\ngo 1.22\n")
+	write("a/a_test.go", `package a
+
+import "testing"
+
+func TestGood(t *testing.T) {}
+func TestBad(t *testing.T) { t.Run("sub", func(t *testing.T) { t.Fatal("planted") }) }
+`)
+	write("b/b_test.go", "package b\n\nimport \"testing\"\n\nfunc TestB(t *testing.T) { undefined() }\n")
+	env := append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+	failed, problem := runPackages(context.Background(), dir, env, []string{"./a"}, "", time.Minute)
+	if problem != "" || !reflect.DeepEqual(failed, []string{"example.com/m/a: TestBad"}) {
+		t.Errorf("runPackages(./a) = %q, problem %q; want the one failed test named", failed, problem)
+	}
+	if failed, _ := runPackages(context.Background(), dir, env, []string{"./a"}, "TestGood", time.Minute); len(failed) != 0 {
+		t.Errorf("runPackages(./a, -run TestGood) = %q; want no failure", failed)
+	}
+	if _, problem := runPackages(context.Background(), dir, env, []string{"./b"}, "", time.Minute); problem == "" {
+		t.Error("a package that does not build gave no problem")
 	}
 }

@@ -97,16 +97,16 @@ func verifyImages(dir string, sum *summaryJSON, rep *Report) error {
 		if s == nil {
 			pc.unmatched++
 		}
-		if c.Warmup {
+		if c.warm() {
 			pc.warmup++
 			continue
 		}
 		pc.requests++
-		if c.Status != 200 {
+		if !c.ok() {
 			pc.errors++
 			continue
 		}
-		if end := c.StartUnixNs + c.LatencyNs; pc.firstID == "" {
+		if end := c.StartUnixNs + c.EndNs; pc.firstID == "" {
 			pc.first, pc.firstID, pc.last, pc.lastID = c.StartUnixNs, c.RequestID, end, c.RequestID
 		} else {
 			if c.StartUnixNs < pc.first {
@@ -116,7 +116,7 @@ func verifyImages(dir string, sum *summaryJSON, rep *Report) error {
 				pc.last, pc.lastID = end, c.RequestID
 			}
 		}
-		pc.latency = append(pc.latency, sample{ms(c.LatencyNs), c.RequestID})
+		pc.latency = append(pc.latency, sample{ms(c.EndNs), c.RequestID})
 		pc.bytes = append(pc.bytes, sample{float64(c.PNGBytes), c.RequestID})
 		if s != nil && s.Image != nil {
 			pc.native = append(pc.native, sample{ms(s.TaskWallNs), c.RequestID})

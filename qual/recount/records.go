@@ -1,6 +1,7 @@
 package recount
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -135,21 +136,97 @@ func checkTextRecords(client []clientRecord, server []serverRecord, rep *Report)
 	}
 }
 
-// imageClientRecord is one line of client_records.jsonl in the image layout.
+// imageClientRecord is one line of client_records.jsonl of an image run. Runs written since
+// image records took the text records' format give the phase, end_ns (send to the end of
+// the body), http_status, the error as code and type, and num_images; earlier ones gave a
+// warmup flag, latency_ns and status, read by the methods below alike.
 type imageClientRecord struct {
-	RequestID   string  `json:"request_id"`
-	Warmup      bool    `json:"warmup"`
-	StartUnixNs int64   `json:"start_unix_ns"`
-	LatencyNs   int64   `json:"latency_ns"`
-	Status      int     `json:"status"`
-	Error       string  `json:"error"`
-	PNGSHA256   string  `json:"png_sha256"`
-	PNGBytes    int64   `json:"png_bytes"`
-	Size        string  `json:"size"`
-	Steps       int     `json:"num_inference_steps"`
-	Guidance    float64 `json:"guidance_scale"`
-	Seed        int64   `json:"seed"`
+	RequestID   string `json:"request_id"`
+	StartUnixNs int64  `json:"start_unix_ns"`
+	AckNs       int64  `json:"ack_ns"`
+
+	Phase      string        `json:"phase"`
+	EndNs      int64         `json:"end_ns"`
+	HTTPStatus int           `json:"http_status"`
+	NumImages  int           `json:"num_images"`
+	Failure    *imageFailure `json:"-"` // "error": nil when an image was received
+
+	// The earlier format's fields.
+	Warmup    bool  `json:"warmup"`
+	LatencyNs int64 `json:"latency_ns"`
+	Status    int   `json:"status"`
+
+	PNGSHA256 string  `json:"png_sha256"`
+	PNGBytes  int64   `json:"png_bytes"`
+	Size      string  `json:"size"`
+	Steps     int     `json:"num_inference_steps"`
+	Guidance  float64 `json:"guidance_scale"`
+	Seed      int64   `json:"seed"`
+
+	legacy bool // the earlier format: its error was a message only
 }
+
+// UnmarshalJSON reads either format: "error" is an object {code, type, message} in the
+// text records' format and a string in the earlier one.
+func (c *imageClientRecord) UnmarshalJSON(b []byte) error {
+	type plain imageClientRecord
+	var aux struct {
+		*plain
+		Error json.RawMessage `json:"error"`
+	}
+	aux.plain = (*plain)(c)
+	if err := json.Unmarshal(b, &aux); err != nil {
+		return err
+	}
+	c.legacy = c.Phase == ""
+	if c.legacy {
+		c.Phase, c.EndNs, c.HTTPStatus = phaseProfiling, c.LatencyNs, c.Status
+		if c.Warmup {
+			c.Phase = phaseWarmup
+		}
+		if c.Status == 200 {
+			c.NumImages = 1
+		}
+	}
+	if len(aux.Error) > 0 && string(aux.Error) != "null" {
+		var f imageFailure
+		if err := json.Unmarshal(aux.Error, &f); err != nil {
+			var msg string
+			if json.Unmarshal(aux.Error, &msg) != nil {
+				return fmt.Errorf("error: neither an object {code, type, message} nor a string: %s", aux.Error)
+			}
+			f.Message = msg
+		}
+		if c.legacy {
+			f.Code, f.Type = c.Status, "http_error"
+			if c.Status == 0 {
+				f.Type = "no_response"
+			}
+		}
+		c.Failure = &f
+	}
+	if c.legacy && c.Status != 200 && c.Failure == nil {
+		c.Failure = &imageFailure{Code: c.Status, Type: "no_response"}
+		if c.Status != 0 {
+			c.Failure.Type = "http_error"
+		}
+	}
+	return nil
+}
+
+// imageFailure is why an image request returned none: the code (the HTTP status, 0 when no
+// response or no image came) and type the exports' error details give.
+type imageFailure struct {
+	Code    int    `json:"code"`
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// warm tells a warmup request.
+func (c *imageClientRecord) warm() bool { return c.Phase == phaseWarmup }
+
+// ok tells a request that returned an image.
+func (c *imageClientRecord) ok() bool { return c.Failure == nil }
 
 // checkImageRecords checks the image layout's server records against the client's: one
 // record per request; the status; the warmup flag; for every image received, the PNG's byte
@@ -164,11 +241,11 @@ func checkImageRecords(client []imageClientRecord, server []serverRecord, rep *R
 			continue
 		}
 		field(rep, s, c.RequestID, "route", s.Route, "/v1/images/generations")
-		field(rep, s, c.RequestID, "warmup", s.Warmup, c.Warmup)
-		if c.Status != 0 {
-			field(rep, s, c.RequestID, "status", s.Status, c.Status)
+		field(rep, s, c.RequestID, "warmup", s.Warmup, c.warm())
+		if c.HTTPStatus != 0 {
+			field(rep, s, c.RequestID, "status", s.Status, c.HTTPStatus)
 		}
-		if c.Status != 200 || c.PNGSHA256 == "" {
+		if !c.ok() || c.PNGSHA256 == "" {
 			continue
 		}
 		field(rep, s, c.RequestID, "output_sha256", s.OutputSHA256, c.PNGSHA256)

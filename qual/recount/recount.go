@@ -14,7 +14,11 @@
 //
 // Two layouts are read: the text layout of `qual profile` (completions, chat, streaming,
 // vision chat, gRPC: client_records.jsonl, server_records.jsonl, summary.json with its
-// profiling and warmup phases, the AIPerf exports), and the image layout of `qual profile
+// profiling and warmup phases, the AIPerf exports), also written per sweep point by an image
+// profile, whose client records take the text records' format (phase, send and receive
+// times, status, error, PNG bytes, number of images) and whose figures (request and image
+// latency, image throughput, PNG bytes, counts, window, request throughput, the server-side
+// times) are recomputed the same way; and the earlier image layout of `qual profile
 // --endpoint images` (summary.json with one entry per sweep point).
 package recount
 
@@ -173,14 +177,20 @@ func Verify(dir string) (*Report, error) {
 
 // verifyImagePoint checks one sweep point of an image run written in the text layout: one
 // server record per request, each equal to the image the client received (status, warmup flag,
-// PNG bytes and sha256, controls), and the phases' request counts. Its latency, PNG size and
-// images/s figures are not recomputed yet: a note says so.
+// PNG bytes and sha256, controls); and every figure the point reports, recomputed from the
+// client records (and the server records for the server-side figures) as METRICS.md defines
+// them, against profile_export.jsonl line by line, summary.json's phases, the AIPerf JSON and
+// CSV: request latency, image latency and image throughput per request, PNG bytes, the
+// number of images, the request and error counts, the benchmark window and request
+// throughput; the task wall time, HTTP − task, queue wait, server HTTP latency and PNG encode
+// time from the server's records.
 func verifyImagePoint(dir string, sum *summaryJSON, rep *Report) error {
 	client, err := readJSONL[imageClientRecord](filepath.Join(dir, clientRecordsFile))
 	if err != nil {
 		return err
 	}
 	rep.Requests = len(client)
+	var joined map[string]*serverRecord
 	svPath := filepath.Join(dir, serverRecordsFile)
 	if _, err := os.Stat(svPath); err == nil {
 		server, err := readJSONL[serverRecord](svPath)
@@ -188,33 +198,88 @@ func verifyImagePoint(dir string, sum *summaryJSON, rep *Report) error {
 			return err
 		}
 		checkImageRecords(client, server, rep)
+		count := map[string]int{}
+		for i := range server {
+			count[server[i].RequestID]++
+		}
+		joined = map[string]*serverRecord{}
+		for i := range server {
+			if count[server[i].RequestID] == 1 {
+				joined[server[i].RequestID] = &server[i]
+			}
+		}
 	} else {
-		rep.note("%s: none (an external server): the record checks are left out", serverRecordsFile)
+		rep.note("%s: none (an external server): the server figures and the record checks are left out", serverRecordsFile)
 	}
-	count := map[bool][]string{}
-	for _, c := range client {
-		count[c.Warmup] = append(count[c.Warmup], c.RequestID)
+	reqs := make([]request, len(client))
+	for i := range client {
+		reqs[i] = recomputeImage(&client[i], joined[client[i].RequestID])
 	}
-	for _, ph := range []struct {
-		name   string
-		warmup bool
-		sum    *phaseJSON
-	}{{"profiling", false, sum.Profiling}, {"warmup", true, sum.Warmup}} {
-		got := len(count[ph.warmup])
-		if ph.sum == nil && got == 0 {
-			continue
-		}
-		rep.Checked++
-		reported := "absent"
-		if ph.sum != nil && ph.sum.Requests != nil {
-			reported = strconv.Itoa(*ph.sum.Requests)
-		}
-		if reported != strconv.Itoa(got) {
-			rep.add(Mismatch{Figure: summaryFile + " " + ph.name + " requests", Reported: reported, Recomputed: strconv.Itoa(got), Records: count[ph.warmup]})
+	prof := aggregateImages(reqs, phaseProfiling)
+	warm := aggregateImages(reqs, phaseWarmup)
+	diff := checkExportJSONL(filepath.Join(dir, exportJSONLFile), reqs, rep)
+	comparePhase(rep, summaryFile+" profiling", sum.Profiling, prof, diff[phaseProfiling])
+	if sum.Warmup != nil || warm.requests > 0 {
+		comparePhase(rep, summaryFile+" warmup", sum.Warmup, warm, diff[phaseWarmup])
+	}
+	am, aerrs, err := readAIPerfJSON(filepath.Join(dir, aiperfJSONFile))
+	if err != nil {
+		return err
+	}
+	comparePhase(rep, aiperfJSONFile, &phaseJSON{Metrics: am, Errors: aerrs}, prof, diff[phaseProfiling])
+	return checkCSV(filepath.Join(dir, aiperfCSVFile), prof, diff[phaseProfiling], rep)
+}
+
+// recomputeImage derives an image request's figures from its client record (and its server
+// record, when joined): a request that returned no image has none but its error's code and
+// type; one that did has request latency = end of the body − send (also as mq_http_latency),
+// num_images, image latency = latency / images, image throughput = images / latency in
+// seconds, and the PNG's bytes; the server's record gives the task wall time, HTTP − task
+// (the client's latency minus the task), the queue wait, the server's HTTP latency and the
+// PNG encode time.
+func recomputeImage(c *imageClientRecord, sv *serverRecord) request {
+	r := request{id: c.RequestID, phase: c.Phase, vals: map[string]float64{}, startNs: c.StartUnixNs,
+		ackNs: c.StartUnixNs + c.EndNs, httpEndNs: c.StartUnixNs + c.EndNs, windowEnd: c.StartUnixNs + c.EndNs}
+	if c.AckNs > 0 {
+		r.ackNs = c.StartUnixNs + c.AckNs
+	}
+	if !c.ok() {
+		r.failed, r.errCode, r.errType = true, c.Failure.Code, c.Failure.Type
+		return r
+	}
+	n := float64(c.NumImages)
+	r.vals[tagLatency] = ms(c.EndNs)
+	r.vals[tagHTTPLatency] = ms(c.EndNs)
+	r.vals[tagNumImages] = n
+	r.vals[tagImageLatency] = ms(c.EndNs) / n
+	if c.EndNs > 0 {
+		r.vals[tagImageTput] = n / (float64(c.EndNs) / 1e9)
+	}
+	r.vals[tagPNGBytes] = float64(c.PNGBytes)
+	if sv != nil {
+		r.vals[tagTaskWall] = ms(sv.TaskWallNs)
+		r.vals[tagHTTPMinusTask] = ms(c.EndNs - sv.TaskWallNs)
+		r.vals[tagQueueWait] = ms(sv.QueueWaitNs)
+		r.vals[tagServerHTTP] = ms(sv.HTTPLatencyNs)
+		if sv.Image != nil {
+			r.vals[tagPNGEncode] = ms(sv.Image.PNGEncodeNs)
 		}
 	}
-	rep.note("image run in the text layout: its latency, PNG size and images/s figures are not recomputed yet (the records and the request counts are)")
-	return nil
+	return r
+}
+
+// aggregateImages is a phase of an image run recomputed: the text layout's aggregation
+// (distributions over the requests that returned an image, the benchmark window over them,
+// request throughput = those requests / window, errors by code and type) without the token
+// figures an image run does not define (token sums and throughput, the error input length).
+func aggregateImages(reqs []request, phase string) phaseCalc {
+	pc := aggregate(reqs, phase, nil, nil)
+	delete(pc.dists, tagErrISL)
+	for _, tag := range []string{tagTotalOut, tagTotalOSL, tagTotalISL, tagTotalErrISL, tagOutTput} {
+		delete(pc.scalars, tag)
+		delete(pc.wholes, tag)
+	}
+	return pc
 }
 
 // add records a mismatch.

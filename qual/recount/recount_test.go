@@ -345,13 +345,19 @@ func TestVerifyHoldsWholeNumbersExactly(t *testing.T) {
 }
 
 // TestVerifyImagesInTheTextLayout: an image run written per point in the text layout (a
-// zimage-tiny premerge load profile, testdata/images-textlayout) agrees; a hand-edited request
-// count and a server record whose output bytes differ from the PNG received are each named.
+// zimage-tiny premerge load profile, testdata/images-textlayout, its client records in the
+// text records' format) agrees on every figure; a hand-edited request count and a server
+// record whose output bytes differ from the PNG received are each named.
 func TestVerifyImagesInTheTextLayout(t *testing.T) {
 	dir := copyRun(t, "images-textlayout")
 	r, err := Verify(dir)
 	if err != nil || r.Err() != nil || r.Layout != "text (images)" {
 		t.Fatalf("Verify(unedited run) = layout %q, %v, %v; want the text (images) layout, all agreeing", r.Layout, err, r.Err())
+	}
+	// Six measured and one warmup request: every statistic of eleven per-request metrics in
+	// three reports and the export's lines is a check, several hundred in all.
+	if r.Checked < 500 {
+		t.Errorf("Verify checked %d figures; the image figures are not all recomputed", r.Checked)
 	}
 	editJSON(t, filepath.Join(dir, summaryFile), func(v map[string]any) {
 		v["profiling"].(map[string]any)["requests"] = json.Number("7")
@@ -361,4 +367,44 @@ func TestVerifyImagesInTheTextLayout(t *testing.T) {
 	})
 	wantAll(t, mustFail(t, dir), "summary.json profiling requests: reported 7, the records give 6",
 		"server_records.jsonl images-closed-c1-m-1 output_bytes: the server's record says 1")
+}
+
+// TestVerifyImageFigures: each image figure edited by hand in one report is named with both
+// values: image throughput's p50 in summary.json, the PNG bytes' mean in the AIPerf JSON, the
+// request throughput in the CSV, one request's image latency in profile_export.jsonl; and a
+// client record whose receive time moved makes every report disagree with it.
+func TestVerifyImageFigures(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(dir string)
+		want []string
+	}{
+		{"summary image throughput", func(dir string) {
+			editJSON(t, filepath.Join(dir, summaryFile), func(v map[string]any) {
+				v["profiling"].(map[string]any)["metrics"].(map[string]any)["image_throughput"].(map[string]any)["p50"] = json.Number("24.5")
+			})
+		}, []string{"summary.json profiling image_throughput.p50: reported 24.5, the records give 23.36615584"}},
+		{"aiperf png bytes", func(dir string) {
+			editJSON(t, filepath.Join(dir, aiperfJSONFile), func(v map[string]any) {
+				v["mq_png_bytes"].(map[string]any)["avg"] = json.Number("13000")
+			})
+		}, []string{"profile_export_aiperf.json mq_png_bytes.avg: reported 13000, the records give 12988.1666"}},
+		{"export image latency", func(dir string) {
+			editLine(t, filepath.Join(dir, exportJSONLFile), `"x_request_id":"images-closed-c1-m-0"`, func(v map[string]any) {
+				v["metrics"].(map[string]any)["image_latency"].(map[string]any)["value"] = json.Number("60")
+			})
+		}, []string{"profile_export.jsonl images-closed-c1-m-0 image_latency: reported 60", "59.160752"}},
+		{"client receive time", func(dir string) {
+			editLine(t, filepath.Join(dir, clientRecordsFile), `"request_id":"images-closed-c1-m-0"`, func(v map[string]any) {
+				v["end_ns"] = json.Number("69160752")
+			})
+		}, []string{"profile_export.jsonl images-closed-c1-m-0 request_latency: reported 59.160752, the records give 69.160752",
+			"summary.json profiling request_latency", "profile_export_aiperf.json image_throughput"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := copyRun(t, "images-textlayout")
+			tc.edit(dir)
+			wantAll(t, mustFail(t, dir), tc.want...)
+		})
+	}
 }

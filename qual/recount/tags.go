@@ -29,6 +29,11 @@ const (
 	tagImagePreprocess  = "mq_image_preprocess"
 	tagTTFTWithImage    = "mq_ttft_with_image"
 	tagTTFTWithoutImage = "mq_ttft_without_image"
+	tagNumImages        = "num_images"
+	tagImageLatency     = "image_latency"
+	tagImageTput        = "image_throughput"
+	tagPNGBytes         = "mq_png_bytes"
+	tagPNGEncode        = "mq_png_encode_time"
 
 	tagOutTput        = "output_token_throughput"
 	tagReqTput        = "request_throughput"
@@ -82,6 +87,11 @@ var known = map[string]metricInfo{
 	tagImagePreprocess:  {"MQ Image Preprocessing Time", "ms"},
 	tagTTFTWithImage:    {"MQ Time to First Token With Image", "ms"},
 	tagTTFTWithoutImage: {"MQ Time to First Token Without Image", "ms"},
+	tagNumImages:        {"Number of Images", "images"},
+	tagImageLatency:     {"Image Latency", "ms/image"},
+	tagImageTput:        {"Image Throughput", "images/sec"},
+	tagPNGBytes:         {"MQ PNG Bytes", "bytes"},
+	tagPNGEncode:        {"MQ PNG Encode Time", "ms"},
 
 	tagOutTput:        {"Output Token Throughput", "tokens/sec"},
 	tagReqTput:        {"Request Throughput", "requests/sec"},
