@@ -21,9 +21,10 @@
 // (kernels.cc: linear, rms_norm, attention) rather than copying that file.
 //
 // Faults (MODELQUAL_FAULTS, read at engine open): llama.rope_theta_x10 multiplies every inverse
-// frequency by 10^(-2i/d) as a tenfold theta would; llama.rope_unscaled uses default RoPE
-// whatever the rope type; llama.kv_head_swap pairs query heads with the wrong KV head;
-// llama.no_sliding_window attends to the whole cache. They exist to prove the gates bite.
+// frequency by 10^(-2i/d) as a tenfold theta would; llama.kv_head_swap stores KV heads 0 and 1
+// in each other's place. They exist to prove the llama-tiny gates bite; the rope types, biases
+// and the sliding window, which llama-tiny does not use, are guarded by the golden tests on
+// llama-tiny-llama3 and mistral-tiny (native/models/llama_test.go).
 #include <cmath>
 #include <cstring>
 
@@ -211,7 +212,6 @@ class Llama : public CausalLM {
     const HParams &hp = *a.hp;
     const int qd = H_ * hd_, kvd = Hkv_ * hd_;
     const bool mlp_bias = hp.b("mlp_bias");
-    if (fault("llama.no_sliding_window")) window_ = 0;
     kv_swap_ = fault("llama.kv_head_swap") && Hkv_ > 1;
     embed_ = w.get("model.embed_tokens.weight", {V_, E_});
     for (int l = 0; l < d.num_layers; l++) {
@@ -253,12 +253,10 @@ class Llama : public CausalLM {
     // cos/sin of that angle, each times the rope type's attention scaling.
     const int half = hd_ / 2;
     std::vector<float> inv(half);
-    const bool unscaled = fault("llama.rope_unscaled");
-    const std::vector<float> plain = default_inv_freq(hp_.rope_theta, hd_);
-    for (int i = 0; i < half; i++) inv[i] = unscaled ? plain[i] : (float)hp.f("rope_inv_freq." + std::to_string(i));
+    for (int i = 0; i < half; i++) inv[i] = (float)hp.f("rope_inv_freq." + std::to_string(i));
     if (fault("llama.rope_theta_x10"))
       for (int i = 0; i < half; i++) inv[i] *= (float)std::pow(10.0, -(double)(2 * i) / hd_);
-    const float scaling = unscaled ? 1.0f : (float)hp.f("rope_attention_scaling");
+    const float scaling = (float)hp.f("rope_attention_scaling");
     cos_.resize((size_t)ctx_ * half);
     sin_.resize((size_t)ctx_ * half);
     for (int p = 0; p < ctx_; p++)

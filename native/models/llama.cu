@@ -13,8 +13,8 @@
 // cache). configure refuses a window shorter than the model's context rather than computing
 // something else; such checkpoints run on the CPU runtime.
 //
-// Faults (MODELQUAL_FAULTS, read at open; the CPU runtime's names): llama.rope_theta_x10 and
-// llama.rope_unscaled change the frequencies as on the CPU. They prove the parity gates bite.
+// Faults (MODELQUAL_FAULTS, read at open; the CPU runtime's names): llama.rope_theta_x10 changes
+// the frequencies as on the CPU, to prove the parity gates bite (llama.kv_head_swap is CPU-only).
 #include <cmath>
 #include <memory>
 
@@ -35,10 +35,8 @@ void configure_llama(Cfg &c, const HParams &h) {
                    window, h.num("max_positions")));
   const int half = c.D / 2;
   c.inv_freq.resize(half);
-  const bool unscaled = fault("llama.rope_unscaled");
   for (int j = 0; j < half; ++j) {
-    const float plain = 1.0f / powf((float)c.theta, (float)(2 * j) / (float)c.D);
-    c.inv_freq[j] = unscaled ? plain : (float)h.num(fmt("rope_inv_freq.%d", j).c_str());
+    c.inv_freq[j] = (float)h.num(fmt("rope_inv_freq.%d", j).c_str());
     if (fault("llama.rope_theta_x10")) c.inv_freq[j] *= (float)std::pow(10.0, -(double)(2 * j) / c.D);
   }
 }
@@ -53,7 +51,7 @@ struct State {
 void open_llama(mqb_model &m, const mqb_model_params *p) {
   const HParams h{p->hparams, p->n_hparams, "llama"};
   auto st = std::make_shared<State>();
-  st->rope_scaling = fault("llama.rope_unscaled") ? 1.0 : h.num("rope_attention_scaling");
+  st->rope_scaling = h.num("rope_attention_scaling");
   st->mlp_bias = h.num("mlp_bias") != 0;
   m.fstate = st;
 }
