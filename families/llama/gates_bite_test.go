@@ -34,7 +34,7 @@ var _ = Describe("llama gates bite", suite.Labels(), spec.Premerge(), func() {
 		// RoPE is the identity at position 0, so the logits part from position 1 on.
 		Expect(err.Error()).To(And(
 			ContainSubstring("parity gate: 0 of 2 corpus prompts pass"),
-			MatchRegexp(`prompt "short-story" \(\d+ tokens\): .*logits beyond max_abs_logit_diff 0\.0001 from position 1 of`),
+			MatchRegexp(`prompt "short-story" \(\d+ tokens\): .*logits beyond max_abs_logit_diff 0\.0005 from position 1 of`),
 		))
 	})
 
@@ -47,7 +47,7 @@ var _ = Describe("llama gates bite", suite.Labels(), spec.Premerge(), func() {
 		// but llama-tiny's two KV heads carry different values, so outputs part at once.
 		Expect(err.Error()).To(And(
 			ContainSubstring("parity gate: 0 of 2 corpus prompts pass"),
-			MatchRegexp(`prompt "chat-system" \(\d+ tokens\): .*logits beyond max_abs_logit_diff 0\.0001 from position \d+ of`),
+			MatchRegexp(`prompt "chat-system" \(\d+ tokens\): .*logits beyond max_abs_logit_diff 0\.0005 from position \d+ of`),
 		))
 	})
 
