@@ -112,12 +112,10 @@ RopeInit rope_init(const RopeConfig &rc, int dim, int64_t max_pos) {
       f = medium ? smoothed : scaled;
     }
   } else if (rc.type == "yarn") {
-    double factor = rc.num("factor");
-    double orig = (double)max_pos;
-    if (rc.has("original_max_position_embeddings")) {
-      orig = rc.num("original_max_position_embeddings");
-      factor = (double)max_pos / orig;
-    }
+    // original_max_position_embeddings defaults to max_position_embeddings (transformers'
+    // standardize_rope_params); factor, when absent, is their ratio (DeepSeek-V3's configs).
+    const double orig = rc.num("original_max_position_embeddings", (double)max_pos);
+    const double factor = rc.has("factor") ? rc.num("factor") : (double)max_pos / orig;
     auto mscale_of = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
     const double mscale = rc.num("mscale", 0), mscale_all = rc.num("mscale_all_dim", 0);
     if (rc.has("attention_factor"))

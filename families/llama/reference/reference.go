@@ -195,8 +195,8 @@ func (c *Config) resolve() error {
 //     θ_i by a ramp over the dimensions whose number of rotations over the original context
 //     lies between beta_fast and beta_slow (dimension bounds floored and ceiled unless
 //     truncate is false), and cos/sin scaled by 0.1·ln(factor)+1 (or attention_factor, or the
-//     ratio of mscale to mscale_all_dim terms). When original_max_position_embeddings is
-//     given, factor is max_position_embeddings over it.
+//     ratio of mscale to mscale_all_dim terms). The original context defaults to
+//     max_position_embeddings; factor, when not given, is max_position_embeddings over it.
 func RotaryFrequencies(c Config) ([]float64, float64, error) {
 	r, d := c.Rope, c.HeadDim
 	base := r.RopeTheta
@@ -247,12 +247,11 @@ func RotaryFrequencies(c Config) ([]float64, float64, error) {
 		}
 		return inv, 1, nil
 	case "yarn":
-		if err := need("factor", r.Factor); err != nil {
-			return nil, 0, err
-		}
 		factor, orig := r.Factor, float64(c.MaxPositionEmbeddings)
 		if r.OriginalMaxPositionEmbeddings != 0 {
 			orig = r.OriginalMaxPositionEmbeddings
+		}
+		if factor == 0 {
 			factor = float64(c.MaxPositionEmbeddings) / orig
 		}
 		mscale := func(scale, m float64) float64 {
