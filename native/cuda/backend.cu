@@ -117,6 +117,11 @@ void rope_setup(mqb_model &m) {
   std::vector<float> inv(D / 2);
   for (int64_t j = 0; j < D / 2; ++j)
     inv[j] = 1.0f / powf((float)c.theta, (float)(2 * j) / (float)D);
+  if (!c.inv_freq.empty()) {
+    if ((int64_t)c.inv_freq.size() != D / 2)
+      throw Fail(fmt("cuda backend: %zu rotary frequencies for head_dim %d", c.inv_freq.size(), (int)D));
+    inv = c.inv_freq;
+  }
   m.inv_freq = static_cast<float *>(m.dmalloc(inv.size() * sizeof(float)));
   ck(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice), "inv_freq upload");
   const int half = (int)(D / 2);
