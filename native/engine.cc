@@ -166,6 +166,9 @@ static void log_probs(int V, const float *lg, int32_t tok, int k, bool unnormali
   for (int j = 0; j < n; j++) out.top[j] = (float)((double)lg[out.top_ids[j]] - lse);
 }
 
+// The plain sampler's candidate budget: the most tokens it weighs explicitly.
+constexpr int kCandidateBudget = 4096;
+
 struct mq_engine {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Weights> weights;
@@ -193,6 +196,7 @@ struct mq_engine {
   std::vector<SampleScratch> scratch;  // one per pool thread
   std::vector<TokenLogprobs> lp;       // per entry, for sequences that asked for logprobs
   bool fault_lp_unnormalised = false;  // MODELQUAL_FAULTS engine.logprobs_unnormalised
+  int sample_budget = kCandidateBudget;  // -1: MODELQUAL_SAMPLER=full
 };
 
 // plain_temperature says s asks for no top-k, top-p or min-p truncation over a vocabulary of V
@@ -352,8 +356,6 @@ static int collect(int V, const float *lg, float th, int budget, int32_t *out) {
   return n;
 }
 
-// The plain sampler's candidate budget: the most tokens it weighs explicitly.
-constexpr int kCandidateBudget = 4096;
 // Candidate cut-offs in units of the temperature below the top logit, widest first: a token
 // below the cut-off D has weight (relative to the top token's) below e^-D.
 static const float kCuts[] = {16, 12, 10, 8, 6, 4, 2};
@@ -506,11 +508,15 @@ static int kept_set(int V, const float *lg, const mq_sampling &s, SampleScratch 
 
 // sample draws a token from (processed) logits: the argmax at temperature 0, else temperature,
 // then top-k, top-p (nucleus) and min-p, the order transformers' generate applies them; the
-// lowest id wins ties.
+// lowest id wins ties. A negative budget weighs the whole vocabulary for a plain temperature
+// draw (MODELQUAL_SAMPLER=full: the sampler before candidates were narrowed, for comparison).
 static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, SampleScratch &sc,
                       int budget = kCandidateBudget) {
   if (!(s.temperature > 0)) return argmax(V, lg);
-  if (plain_temperature(s, V)) return sample_plain(V, lg, s.temperature, rng, sc, budget);
+  if (plain_temperature(s, V)) {
+    if (budget < 0) return sample_full(V, lg, vmax(V, lg), 1.0f / s.temperature, rng.uniform(), sc);
+    return sample_plain(V, lg, s.temperature, rng, sc, budget);
+  }
   float mx;
   const int n = kept_set(V, lg, s, sc, mx);
   const double invT = 1.0 / s.temperature;
@@ -597,6 +603,13 @@ mq_status mq_engine_open(const mq_engine_params *p, mq_engine **out) {
     e->vocab = e->be->vocab();
     e->slots.resize(e->max_batch);
     e->fault_lp_unnormalised = fault("engine.logprobs_unnormalised");
+    if (const char *v = getenv("MODELQUAL_SAMPLER")) {
+      if (std::string(v) == "full")
+        e->sample_budget = -1;
+      else if (*v)
+        return fail(MQ_ERR_INVALID_ARGUMENT, std::string("MODELQUAL_SAMPLER=") + v +
+                                                 " is not known; use full (weigh the whole vocabulary) or leave it unset");
+    }
   } catch (const Error &err) {
     return fail(err.status, err.what());
   } catch (const std::exception &err) {
@@ -843,7 +856,7 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
               if (processes(q->s, q->n_out))
                 process(lg, q->s, History{q->seen_ids, q->gen_ids, q->count, q->n_out}, e->eos.data(),
                         (int)e->eos.size(), saved);
-              e->sampled[i] = sample(e->vocab, lg, q->s, q->rng, e->scratch[t]);
+              e->sampled[i] = sample(e->vocab, lg, q->s, q->rng, e->scratch[t], e->sample_budget);
               restore(lg, saved);  // logprobs are of the model's raw distribution
             }
             if (q->s.logprobs)
