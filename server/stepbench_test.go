@@ -14,7 +14,7 @@ import (
 // with a streaming run at the API's default temperature 1; the pairs here tell streaming's
 // cost from sampling's.
 //
-// temp1-fullvocab is temperature 1 on a server whose engine weighs the whole vocabulary for
+// greedy-fulllogits is greedy on the host path (see below). temp1-fullvocab is temperature 1 on a server whose engine weighs the whole vocabulary for
 // every draw (MODELQUAL_SAMPLER=full, the sampler before candidates were narrowed), so that
 // one run gives both and their ratio.
 func BenchmarkDecodeStep(b *testing.B) {
@@ -23,6 +23,10 @@ func BenchmarkDecodeStep(b *testing.B) {
 		{"greedy", `"temperature":0`},
 		{"temp1", `"temperature":1,"seed":7`},
 		{"temp1-fullvocab", `"temperature":1,"seed":7`},
+		// Greedy through the host path (a repetition penalty that changes no argmax here): the
+		// engine computes the full fp32 logits row as for sampling, but draws nothing, so
+		// temp1 minus this is the sampler's own cost and this minus greedy the LM head's.
+		{"greedy-fulllogits", `"temperature":0,"repetition_penalty":1.000001`},
 	} {
 		s := narrowed
 		if sampling.name == "temp1-fullvocab" {
