@@ -375,10 +375,11 @@ constexpr int kNCuts = sizeof(kCuts) / sizeof(kCuts[0]);
 // (candidates through the first branch, the rest through the second), so a draw that is
 // accepted is an exact sample, whatever the number of rejections before it. Expected
 // proposals: (Z_C + V*eps) / Z, about 1 for a peaked distribution (D = 16: V*eps < 0.02) and
-// at most a few hundred cheap ones for a flat one (the cut-offs are 2 apart, so the tokens
-// above the next wider cut-off, more than the budget, hold weight against V*eps). The cost is
-// one pass for m, one or two for C, and the budget's weights: about 0.05 ms on Qwen3's
-// 151,936 tokens instead of 1 ms for all weights. After kMaxProposals rejections (never seen
+// a few hundred cheap ones at most for a flat one (the cut-offs are at most 4 apart, and the
+// tokens above the next wider cut-off, about the budget or more, hold weight against V*eps).
+// The cost is one pass for m, one for C (cut short when the widest cut-off overflows, plus an
+// eighth of a pass to estimate a narrower one), and the budget's weights, instead of the
+// weights of the whole vocabulary. After kMaxProposals rejections (never seen
 // in practice) it falls back to weighing everything, still exact.
 static int32_t sample_plain(int V, const float *lg, float T, Rng &rng, SampleScratch &sc, int budget) {
   const float mx = vmax(V, lg);
@@ -389,29 +390,32 @@ static int32_t sample_plain(int V, const float *lg, float T, Rng &rng, SampleScr
   int n = collect(V, lg, mx - kCuts[0] * T, budget, cand.data());
   float D = kCuts[0];
   if (n < 0) {
-    // Too many within the widest cut-off: count each cut-off's tokens in one pass and take
-    // the widest within the budget.
+    // Too many within the widest cut-off: estimate each narrower cut-off's count from one
+    // vector of every 8 (an eighth of a pass), then collect at the widest whose estimate fits
+    // three quarters of the budget, moving narrower while a collection overflows. Any cut-off
+    // keeps the draw exact; the estimate only picks a cheap one.
+    constexpr int S = 64;  // floats per sampled stride: one 8-float vector of each
     __m256i c[kNCuts];
     __m256 t[kNCuts];
     for (int k = 1; k < kNCuts; k++) c[k] = _mm256_setzero_si256(), t[k] = _mm256_set1_ps(mx - kCuts[k] * T);
-    int cnt[kNCuts] = {0};
-    int i = 0;
-    for (; i + 8 <= V; i += 8) {
+    for (int i = 0; i + 8 <= V; i += S) {
       const __m256 x = _mm256_loadu_ps(lg + i);
       for (int k = 1; k < kNCuts; k++)
         c[k] = _mm256_sub_epi32(c[k], _mm256_castps_si256(_mm256_cmp_ps(x, t[k], _CMP_GE_OQ)));
     }
-    for (int k = 1; k < kNCuts; k++) {
-      int32_t v[8];
-      _mm256_storeu_si256((__m256i *)v, c[k]);
-      for (int j = 0; j < 8; j++) cnt[k] += v[j];
-      for (int j = i; j < V; j++) cnt[k] += lg[j] >= mx - kCuts[k] * T;
-    }
     D = 0;
-    for (int k = 1; k < kNCuts && D == 0; k++)
-      if (cnt[k] <= budget) D = kCuts[k];
-    n = D > 0 ? collect(V, lg, mx - D * T, budget, cand.data()) : 0;
-    if (n < 0) n = 0, D = 0;  // cannot happen (the count said it fits); be safe: no candidates
+    int k = 1;
+    for (; k < kNCuts; k++) {
+      int32_t v[8], cnt = 0;
+      _mm256_storeu_si256((__m256i *)v, c[k]);
+      for (int j = 0; j < 8; j++) cnt += v[j];
+      if ((int64_t)cnt * (S / 8) <= (int64_t)budget * 3 / 4) break;
+    }
+    for (; k < kNCuts && D == 0; k++) {
+      n = collect(V, lg, mx - kCuts[k] * T, budget, cand.data());
+      if (n >= 0) D = kCuts[k];
+    }
+    if (D == 0) n = 0;  // flat: no candidates, a bound of 1 for every token
   }
   // eps bounds every non-candidate's computed weight: e^-D, widened by a margin for the
   // rounding of (l - m) * invT and of exp_neg (2e-7), so no acceptance probability exceeds 1.
@@ -1035,11 +1039,10 @@ mq_status mq_sampling_probs(int32_t vocab, const float *logits, const int32_t *p
 mq_status mq_sampling_draw(int32_t vocab, const float *logits, const mq_sampling *s, uint64_t seed,
                            int32_t candidate_budget, int32_t n, int32_t *out) {
   if (mq_status st = check_row(vocab, logits, s)) return st;
-  if (n < 0 || (n > 0 && !out) || candidate_budget < 0)
-    return fail(MQ_ERR_INVALID_ARGUMENT, "n >= 0, out and candidate_budget >= 0 are required");
+  if (n < 0 || (n > 0 && !out)) return fail(MQ_ERR_INVALID_ARGUMENT, "n >= 0 and out are required");
   Rng rng{seed};
   SampleScratch sc;
-  const int budget = candidate_budget > 0 ? candidate_budget : kCandidateBudget;
+  const int budget = candidate_budget != 0 ? std::max(candidate_budget, -1) : kCandidateBudget;
   for (int i = 0; i < n; i++) out[i] = sample(vocab, logits, *s, rng, sc, budget);
   return MQ_OK;
 }

@@ -528,8 +528,9 @@ func SamplingProbs(logits []float32, prompt, output, eos []int32, s Sampling) (p
 
 // SamplingDraw draws n tokens from one logits row with the engine's sampler (one generator
 // seeded with seed), for statistical tests against the exact distribution. budget overrides
-// the plain-temperature sampler's candidate budget (0: the engine's), so that a small
-// vocabulary exercises its rejection paths.
+// the plain-temperature sampler's candidate budget (0: the engine's; -1: weigh the whole
+// vocabulary, the sampler before candidates were narrowed), so that a small vocabulary
+// exercises its rejection paths.
 func SamplingDraw(logits []float32, s Sampling, seed uint64, budget, n int) ([]int32, error) {
 	if len(logits) == 0 || n < 1 {
 		return nil, errors.New("native.SamplingDraw: logits is empty or n < 1")

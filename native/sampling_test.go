@@ -245,7 +245,7 @@ func TestSamplerIsExact(t *testing.T) {
 	shapes["peaked"], shapes["flat"], shapes["mid"], shapes["masked"], shapes["ladder"] = peaked, flat, mid, masked, ladder
 	for name, row := range shapes {
 		for _, T := range []float64{1, 0.6} {
-			for _, budget := range []int{3, 12, 40, 0} {
+			for _, budget := range []int{3, 12, 40, 0, -1} {
 				t.Run(fmt.Sprintf("%s/T%v/budget%d", name, T, budget), func(t *testing.T) {
 					got, err := SamplingDraw(row, Sampling{Temperature: float32(T)}, 12345+uint64(budget), budget, draws)
 					if err != nil {
@@ -319,17 +319,17 @@ func TestSamplerSeedReproduces(t *testing.T) {
 }
 
 // BenchmarkSamplePlain is one plain temperature-1 draw over Qwen3's vocabulary: the narrowed
-// sampler against weighing the whole vocabulary (a budget of the vocabulary).
+// sampler against weighing the whole vocabulary (budget -1, MODELQUAL_SAMPLER=full's path).
 func BenchmarkSamplePlain(b *testing.B) {
 	for _, shape := range []struct {
 		name string
 		a, c float64
 	}{{"flat16", 16, 8}, {"peaked40", 40, 20}} {
 		row := goldenRow(5, 151936, shape.a, shape.c)
-		for _, budget := range []int{0, 151936} {
+		for _, budget := range []int{0, -1} {
 			name := shape.name + "/narrowed"
-			if budget > 0 {
-				name = shape.name + "/all-candidates"
+			if budget < 0 {
+				name = shape.name + "/fullvocab"
 			}
 			b.Run(name, func(b *testing.B) {
 				s := Sampling{Temperature: 1}

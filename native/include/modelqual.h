@@ -251,7 +251,8 @@ MQ_API mq_status mq_sampling_probs(int32_t vocab, const float *logits, const int
 /* Draws n tokens from one logits row with the engine's sampler (a fresh generator seeded with
  * seed, one draw after another), for statistical tests of the sampler against the exact
  * distribution. candidate_budget overrides the plain-temperature sampler's candidate budget
- * (0: the engine's) so a small vocabulary exercises every path. */
+ * (0: the engine's; negative: weigh the whole vocabulary, as MODELQUAL_SAMPLER=full does) so a
+ * small vocabulary exercises every path. */
 MQ_API mq_status mq_sampling_draw(int32_t vocab, const float *logits, const mq_sampling *s, uint64_t seed,
                                   int32_t candidate_budget, int32_t n, int32_t *out);
 
