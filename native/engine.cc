@@ -51,6 +51,11 @@ struct Seq {
   int32_t last = -1;
   int n_out = 0;
   int64_t added_ns = 0, first_ns = 0;
+  // The token history the penalties read (empty unless the sequence asks for one).
+  std::vector<char> seen;         // vocab entries: in the prompt or generated (repetition penalty)
+  std::vector<int32_t> seen_ids;  // the distinct ids of seen, in first-seen order
+  std::vector<int32_t> count;     // vocab entries: times generated (presence/frequency penalty)
+  std::vector<int32_t> gen_ids;   // the distinct generated ids, in first-seen order
 };
 
 }  // namespace
@@ -61,6 +66,8 @@ struct SampleScratch {
   std::vector<double> prob;
   std::vector<float> p;
   std::vector<float> block;
+  std::vector<float> vals;                      // the plain sampler's candidate logits, then weights
+  std::vector<std::pair<int32_t, float>> saved;  // logits the processors changed, to restore
 };
 
 // exp_neg returns e^x for x <= 0 to about 2e-7 relative error (x below -87 gives 0): a
@@ -159,6 +166,9 @@ static void log_probs(int V, const float *lg, int32_t tok, int k, bool unnormali
   for (int j = 0; j < n; j++) out.top[j] = (float)((double)lg[out.top_ids[j]] - lse);
 }
 
+// The plain sampler's candidate budget: the most tokens it weighs explicitly.
+constexpr int kCandidateBudget = 4096;
+
 struct mq_engine {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Weights> weights;
@@ -186,83 +196,267 @@ struct mq_engine {
   std::vector<SampleScratch> scratch;  // one per pool thread
   std::vector<TokenLogprobs> lp;       // per entry, for sequences that asked for logprobs
   bool fault_lp_unnormalised = false;  // MODELQUAL_FAULTS engine.logprobs_unnormalised
+  int sample_budget = kCandidateBudget;  // -1: MODELQUAL_SAMPLER=full
 };
 
-// plain_temperature says s asks for no top-k or top-p truncation over a vocabulary of V.
-static bool plain_temperature(const mq_sampling &s, int V) {
-  return !(s.top_k > 0 && s.top_k < V) && !(s.top_p > 0 && s.top_p < 1);
+// plain_temperature says s asks for no top-k, top-p or min-p truncation over a vocabulary of V
+// (and no logits processor): a backend that samples on the device may draw it there.
+static bool rep_on(const mq_sampling &s) { return s.repetition_penalty > 0 && s.repetition_penalty != 1; }
+static bool pf_on(const mq_sampling &s) { return s.presence_penalty != 0 || s.frequency_penalty != 0; }
+static bool truncates(const mq_sampling &s, int V) {
+  return (s.top_k > 0 && s.top_k < V) || (s.top_p > 0 && s.top_p < 1) || (s.min_p > 0 && s.min_p <= 1);
+}
+// processes says the sequence's next logits pass through a processor (a penalty, or min_tokens
+// still suppressing EOS after n_out tokens): they must reach the host, even when greedy.
+static bool processes(const mq_sampling &s, int n_out) { return rep_on(s) || pf_on(s) || n_out < s.min_tokens; }
+static bool plain_temperature(const mq_sampling &s, int V) { return !truncates(s, V); }
+
+// History is a view of a sequence's token history for the processors.
+struct History {
+  const std::vector<int32_t> &seen_ids, &gen_ids, &count;
+  int n_out;
+};
+
+// process applies the logits processors to lg in place, in transformers' order (repetition
+// penalty, then min_tokens) with OpenAI's presence/frequency penalties after the repetition
+// penalty (vLLM's order), each in fp32 as torch computes it; every value changed is saved so
+// that restore gives the raw logits back (logprobs are of the raw distribution).
+static void process(float *lg, const mq_sampling &s, const History &h, const int32_t *eos, int n_eos,
+                    std::vector<std::pair<int32_t, float>> &saved) {
+  saved.clear();
+  if (rep_on(s)) {
+    // RepetitionPenaltyLogitsProcessor: torch.where(score < 0, score * penalty, score / penalty)
+    // over every id of prompt + output (once per id, as its gather/scatter).
+    const float rp = s.repetition_penalty;
+    for (int32_t id : h.seen_ids) {
+      const float v = lg[id];
+      saved.emplace_back(id, v);
+      lg[id] = v < 0 ? v * rp : v / rp;
+    }
+  }
+  if (pf_on(s)) {
+    // OpenAI: logit -= count * frequency_penalty + (count > 0) * presence_penalty, over the
+    // generated tokens (vLLM: two fp32 subtractions in this order).
+    for (int32_t id : h.gen_ids) {
+      float v = lg[id];
+      saved.emplace_back(id, v);
+      v = v - s.frequency_penalty * (float)h.count[id];
+      v = v - s.presence_penalty;
+      lg[id] = v;
+    }
+  }
+  if (h.n_out < s.min_tokens)
+    for (int i = 0; i < n_eos; i++) {
+      saved.emplace_back(eos[i], lg[eos[i]]);
+      lg[eos[i]] = -INFINITY;
+    }
 }
 
-// sample draws a token from logits with temperature, then top-k, then top-p (nucleus), the
-// order transformers' generate applies them; the lowest id wins ties.
-static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, SampleScratch &sc) {
-  if (plain_temperature(s, V)) {
-    // Plain temperature sampling (OpenAI's default, temperature 1): one pass for the
-    // maximum, one vectorised pass for the weights, one scan for the draw; no index array.
-    // The maximum in 16 independent chains (max is exact, so the order does not matter).
-    float mx = -INFINITY;
-    {
-      // _mm256_max_ps(x, m) keeps m when x is NaN or equal, as std::max(m, x) does.
-      __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
-      int i = 0;
-      for (; i + 16 <= V; i += 16) {
-        m0 = _mm256_max_ps(_mm256_loadu_ps(lg + i), m0);
-        m1 = _mm256_max_ps(_mm256_loadu_ps(lg + i + 8), m1);
-      }
-      float m16[16];
-      _mm256_storeu_ps(m16, m0);
-      _mm256_storeu_ps(m16 + 8, m1);
-      for (int j = 0; j < 16; j++) mx = std::max(mx, m16[j]);
-      for (; i < V; i++) mx = std::max(mx, lg[i]);
-    }
-    auto &p = sc.p;
-    p.resize(V);
-    const float invT = (float)(1.0 / s.temperature);
-    // Weights in blocks of L with one sum per block: the weight loop vectorises, and the draw
-    // scans the block sums first (V/L additions) and then L weights of one block.
-    constexpr int L = 16;
-    const int nb = V / L;
-    auto &bs = sc.block;
-    bs.resize(nb);
-    // Each block's sum adds its L weights in order from 0; G blocks are summed side by side
-    // so the G dependency chains overlap (same operations, same order per block).
-    constexpr int G = 8;
-    int blk = 0;
-    for (; blk + G <= nb; blk += G) {
-      const float *x = lg + (size_t)blk * L;
-      float *w = p.data() + (size_t)blk * L;
-      exp_weights(x, w, G * L, mx, invT);
-      float acc[G];
-      for (int g = 0; g < G; g++) acc[g] = 0;
-      for (int j = 0; j < L; j++)
-        for (int g = 0; g < G; g++) acc[g] += w[g * L + j];
-      for (int g = 0; g < G; g++) bs[blk + g] = acc[g];
-    }
-    for (; blk < nb; blk++) {
-      const float *x = lg + (size_t)blk * L;
-      float *w = p.data() + (size_t)blk * L;
-      float acc = 0;
-      for (int j = 0; j < L; j++) acc += (w[j] = exp_neg((x[j] - mx) * invT));
-      bs[blk] = acc;
-    }
-    double sum = 0;
-    for (int blk = 0; blk < nb; blk++) sum += bs[blk];
-    for (int k = nb * L; k < V; k++) sum += (p[k] = exp_neg((lg[k] - mx) * invT));
-    const double u = rng.uniform() * sum;
-    double acc = 0;
-    int k = 0;
-    for (int blk = 0; blk < nb; blk++, k += L) {
-      if (u < acc + bs[blk]) break;
-      acc += bs[blk];
-    }
-    for (; k < V; k++) {
-      acc += p[k];
-      if (u < acc) return k;
-    }
-    for (k = V - 1; k >= 0; k--)  // rounding put u past the total: the last possible token
-      if (p[k] > 0) return k;
-    return 0;
+static void restore(float *lg, const std::vector<std::pair<int32_t, float>> &saved) {
+  for (auto it = saved.rbegin(); it != saved.rend(); ++it) lg[it->first] = it->second;
+}
+
+// argmax is the greedy token: the highest logit, the lowest id on ties (NaN never wins).
+static int32_t argmax(int V, const float *lg) {
+  int32_t best = 0;
+  float bv = -INFINITY;
+  bool any = false;
+  for (int i = 0; i < V; i++)
+    if (lg[i] > bv || (!any && lg[i] == bv)) bv = lg[i], best = i, any = true;
+  return best;
+}
+
+// vmax is the largest logit (NaN ignored), in 16 independent chains (max is exact, so the
+// order does not matter).
+static float vmax(int V, const float *lg) {
+  float mx = -INFINITY;
+  // _mm256_max_ps(x, m) keeps m when x is NaN or equal, as std::max(m, x) does.
+  __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+  int i = 0;
+  for (; i + 16 <= V; i += 16) {
+    m0 = _mm256_max_ps(_mm256_loadu_ps(lg + i), m0);
+    m1 = _mm256_max_ps(_mm256_loadu_ps(lg + i + 8), m1);
   }
+  float m16[16];
+  _mm256_storeu_ps(m16, m0);
+  _mm256_storeu_ps(m16 + 8, m1);
+  for (int j = 0; j < 16; j++) mx = std::max(mx, m16[j]);
+  for (; i < V; i++) mx = std::max(mx, lg[i]);
+  return mx;
+}
+
+// sample_full draws from softmax(lg / T) over the whole vocabulary: one vectorised pass for
+// the weights in blocks, one scan for the draw. Exact, about 1 ms on Qwen3's vocabulary on a
+// small VM; the fallback of sample_plain.
+static int32_t sample_full(int V, const float *lg, float mx, float invT, double u01, SampleScratch &sc) {
+  auto &p = sc.p;
+  p.resize(V);
+  // Weights in blocks of L with one sum per block: the weight loop vectorises, and the draw
+  // scans the block sums first (V/L additions) and then L weights of one block.
+  constexpr int L = 16;
+  const int nb = V / L;
+  auto &bs = sc.block;
+  bs.resize(nb);
+  constexpr int G = 8;
+  int blk = 0;
+  for (; blk + G <= nb; blk += G) {
+    const float *x = lg + (size_t)blk * L;
+    float *w = p.data() + (size_t)blk * L;
+    exp_weights(x, w, G * L, mx, invT);
+    float acc[G];
+    for (int g = 0; g < G; g++) acc[g] = 0;
+    for (int j = 0; j < L; j++)
+      for (int g = 0; g < G; g++) acc[g] += w[g * L + j];
+    for (int g = 0; g < G; g++) bs[blk + g] = acc[g];
+  }
+  for (; blk < nb; blk++) {
+    const float *x = lg + (size_t)blk * L;
+    float *w = p.data() + (size_t)blk * L;
+    float acc = 0;
+    for (int j = 0; j < L; j++) acc += (w[j] = exp_neg((x[j] - mx) * invT));
+    bs[blk] = acc;
+  }
+  double sum = 0;
+  for (int b = 0; b < nb; b++) sum += bs[b];
+  for (int k = nb * L; k < V; k++) sum += (p[k] = exp_neg((lg[k] - mx) * invT));
+  const double u = u01 * sum;
+  double acc = 0;
+  int k = 0;
+  for (int b = 0; b < nb; b++, k += L) {
+    if (u < acc + bs[b]) break;
+    acc += bs[b];
+  }
+  for (; k < V; k++) {
+    acc += p[k];
+    if (u < acc) return k;
+  }
+  for (k = V - 1; k >= 0; k--)  // rounding put u past the total: the last possible token
+    if (p[k] > 0) return k;
+  return 0;
+}
+
+// collect writes the ids i with lg[i] >= th to out in increasing order; -1 when there are
+// more than budget of them (the scan stops there).
+static int collect(int V, const float *lg, float th, int budget, int32_t *out) {
+  const __m256 vt = _mm256_set1_ps(th);
+  int n = 0, i = 0;
+  for (; i + 8 <= V; i += 8) {
+    int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(lg + i), vt, _CMP_GE_OQ));
+    while (m) {
+      if (n == budget) return -1;
+      out[n++] = i + __builtin_ctz(m);
+      m &= m - 1;
+    }
+  }
+  for (; i < V; i++)
+    if (lg[i] >= th) {
+      if (n == budget) return -1;
+      out[n++] = i;
+    }
+  return n;
+}
+
+// Candidate cut-offs in units of the temperature below the top logit, widest first: a token
+// below the cut-off D has weight (relative to the top token's) below e^-D.
+static const float kCuts[] = {16, 12, 10, 8, 6, 4, 2};
+constexpr int kNCuts = sizeof(kCuts) / sizeof(kCuts[0]);
+
+// sample_plain draws exactly from softmax(lg / T) without weighing the whole vocabulary (the
+// way llama.cpp's samplers narrow the candidates before the softmax, but exact): rejection
+// sampling with an envelope that is each candidate's own weight and a flat bound eps over the
+// whole vocabulary for the rest.
+//
+// With m the top logit and w_i = exp((l_i - m) / T) <= 1, the candidates C are the ids with
+// l_i >= m - D*T for the widest cut-off D of kCuts that keeps |C| within the budget (C empty
+// and eps = 1 when even D = 2 keeps too many: a flat distribution), so every other id has
+// w_i <= eps = e^-D. The proposal picks a candidate with weight w_i, or (total weight V*eps)
+// a uniform id j with weight eps: a candidate j is rejected, any other accepted with
+// probability w_j / eps. Each id is then accepted with probability proportional to w_i
+// (candidates through the first branch, the rest through the second), so a draw that is
+// accepted is an exact sample, whatever the number of rejections before it. Expected
+// proposals: (Z_C + V*eps) / Z, about 1 for a peaked distribution (D = 16: V*eps < 0.02) and
+// a few hundred cheap ones at most for a flat one (the cut-offs are at most 4 apart, and the
+// tokens above the next wider cut-off, about the budget or more, hold weight against V*eps).
+// The cost is one pass for m, one for C (cut short when the widest cut-off overflows, plus an
+// eighth of a pass to estimate a narrower one), and the budget's weights, instead of the
+// weights of the whole vocabulary. After kMaxProposals rejections (never seen
+// in practice) it falls back to weighing everything, still exact.
+static int32_t sample_plain(int V, const float *lg, float T, Rng &rng, SampleScratch &sc, int budget) {
+  const float mx = vmax(V, lg);
+  const float invT = 1.0f / T;
+  if (!(mx > -INFINITY)) return 0;  // no finite logit: nothing to weigh
+  auto &cand = sc.cand;
+  cand.resize(budget);
+  int n = collect(V, lg, mx - kCuts[0] * T, budget, cand.data());
+  float D = kCuts[0];
+  if (n < 0) {
+    // Too many within the widest cut-off: estimate each narrower cut-off's count from one
+    // vector of every 8 (an eighth of a pass), then collect at the widest whose estimate fits
+    // three quarters of the budget, moving narrower while a collection overflows. Any cut-off
+    // keeps the draw exact; the estimate only picks a cheap one.
+    constexpr int S = 64;  // floats per sampled stride: one 8-float vector of each
+    __m256i c[kNCuts];
+    __m256 t[kNCuts];
+    for (int k = 1; k < kNCuts; k++) c[k] = _mm256_setzero_si256(), t[k] = _mm256_set1_ps(mx - kCuts[k] * T);
+    for (int i = 0; i + 8 <= V; i += S) {
+      const __m256 x = _mm256_loadu_ps(lg + i);
+      for (int k = 1; k < kNCuts; k++)
+        c[k] = _mm256_sub_epi32(c[k], _mm256_castps_si256(_mm256_cmp_ps(x, t[k], _CMP_GE_OQ)));
+    }
+    D = 0;
+    int k = 1;
+    for (; k < kNCuts; k++) {
+      int32_t v[8], cnt = 0;
+      _mm256_storeu_si256((__m256i *)v, c[k]);
+      for (int j = 0; j < 8; j++) cnt += v[j];
+      if ((int64_t)cnt * (S / 8) <= (int64_t)budget * 3 / 4) break;
+    }
+    for (; k < kNCuts && D == 0; k++) {
+      n = collect(V, lg, mx - kCuts[k] * T, budget, cand.data());
+      if (n >= 0) D = kCuts[k];
+    }
+    if (D == 0) n = 0;  // flat: no candidates, a bound of 1 for every token
+  }
+  // eps bounds every non-candidate's computed weight: e^-D, widened by a margin for the
+  // rounding of (l - m) * invT and of exp_neg (2e-7), so no acceptance probability exceeds 1.
+  const double eps = D > 0 ? std::exp(-(double)D) * (1 + 1e-4) : 1.0;
+  auto &w = sc.vals;
+  w.resize(n + 8);
+  for (int k = 0; k < n; k++) w[k] = lg[cand[k]];
+  const int n8 = n / 8 * 8;
+  exp_weights(w.data(), w.data(), n8, mx, invT);
+  for (int k = n8; k < n; k++) w[k] = exp_neg((w[k] - mx) * invT);
+  double zc = 0;
+  for (int k = 0; k < n; k++) zc += w[k];
+  const double total = zc + (double)V * eps;
+  constexpr int kMaxProposals = 1 << 16;
+  for (int it = 0; it < kMaxProposals; it++) {
+    const double u = rng.uniform() * total;
+    if (u < zc) {
+      double acc = 0;
+      for (int k = 0; k < n; k++) {
+        acc += w[k];
+        if (u < acc) return cand[k];
+      }
+      for (int k = n - 1; k >= 0; k--)  // rounding put u past the candidates' total
+        if (w[k] > 0) return cand[k];
+    }
+    // The flat part: u - zc is uniform on [0, V*eps), so its id j is uniform over the
+    // vocabulary and its fraction uniform on [0, 1), independent of j.
+    const double r = (u - zc) / eps;
+    int32_t j = (int32_t)r;
+    if (j >= V) j = V - 1;
+    const double frac = r - j;
+    if (std::binary_search(cand.begin(), cand.begin() + n, j)) continue;
+    const float wj = exp_neg((lg[j] - mx) * invT);
+    if (frac * eps < wj) return j;
+  }
+  return sample_full(V, lg, mx, invT, rng.uniform(), sc);
+}
+
+// kept_set leaves in sc.cand[0..n) (ascending id) the tokens temperature, top-k, top-p and min-p
+// keep, in transformers' order, and returns n; mx is the top logit among them.
+static int kept_set(int V, const float *lg, const mq_sampling &s, SampleScratch &sc, float &mx_out) {
   auto &cand = sc.cand;
   auto better = [lg](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); };
   cand.resize(V);
@@ -274,6 +468,7 @@ static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, Sa
   }
   float mx = -INFINITY;
   for (int i = 0; i < n; i++) mx = std::max(mx, lg[cand[i]]);
+  mx_out = mx;
   const double invT = 1.0 / s.temperature;
   auto weight = [&](int32_t id) { return std::exp(((double)lg[id] - mx) * invT); };
   if (s.top_p > 0 && s.top_p < 1) {
@@ -299,15 +494,41 @@ static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, Sa
       }
     }
   }
+  if (s.min_p > 0 && s.min_p <= 1) {
+    // MinPLogitsWarper: probs < min_p * max(probs) are removed, i.e. weight (relative to the
+    // top token, which always stays) below min_p.
+    int keep = 0;
+    for (int i = 0; i < n; i++)
+      if (weight(cand[i]) >= s.min_p) cand[keep++] = cand[i];
+    n = keep;
+  }
   // The draw walks the kept tokens in vocabulary order, as torch.multinomial does after
-  // transformers' top-k/top-p masks. An order by logit (or nth_element's arbitrary one) would
-  // let a change in the last bits of two near-equal logits (another batch shape on a GPU)
-  // reorder the walk and move a seeded draw to another token.
+  // transformers' masks. An order by logit (or nth_element's arbitrary one) would let a change
+  // in the last bits of two near-equal logits (another batch shape on a GPU) reorder the walk
+  // and move a seeded draw to another token.
   std::sort(cand.begin(), cand.begin() + n);
+  return n;
+}
+
+// sample draws a token from (processed) logits: the argmax at temperature 0, else temperature,
+// then top-k, top-p (nucleus) and min-p, the order transformers' generate applies them; the
+// lowest id wins ties. A negative budget weighs the whole vocabulary for a plain temperature
+// draw (MODELQUAL_SAMPLER=full: the sampler before candidates were narrowed, for comparison).
+static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, SampleScratch &sc,
+                      int budget = kCandidateBudget) {
+  if (!(s.temperature > 0)) return argmax(V, lg);
+  if (plain_temperature(s, V)) {
+    if (budget < 0) return sample_full(V, lg, vmax(V, lg), 1.0f / s.temperature, rng.uniform(), sc);
+    return sample_plain(V, lg, s.temperature, rng, sc, budget);
+  }
+  float mx;
+  const int n = kept_set(V, lg, s, sc, mx);
+  const double invT = 1.0 / s.temperature;
+  auto &cand = sc.cand;
   auto &p = sc.prob;
   p.resize(n);
   double sum = 0;
-  for (int i = 0; i < n; i++) sum += (p[i] = weight(cand[i]));
+  for (int i = 0; i < n; i++) sum += (p[i] = std::exp(((double)lg[cand[i]] - mx) * invT));
   double u = rng.uniform() * sum, acc = 0;
   for (int i = 0; i < n; i++) {
     acc += p[i];
@@ -386,6 +607,13 @@ mq_status mq_engine_open(const mq_engine_params *p, mq_engine **out) {
     e->vocab = e->be->vocab();
     e->slots.resize(e->max_batch);
     e->fault_lp_unnormalised = fault("engine.logprobs_unnormalised");
+    if (const char *v = getenv("MODELQUAL_SAMPLER")) {
+      if (std::string(v) == "full")
+        e->sample_budget = -1;
+      else if (*v)
+        return fail(MQ_ERR_INVALID_ARGUMENT, std::string("MODELQUAL_SAMPLER=") + v +
+                                                 " is not known; use full (weigh the whole vocabulary) or leave it unset");
+    }
   } catch (const Error &err) {
     return fail(err.status, err.what());
   } catch (const std::exception &err) {
@@ -458,6 +686,13 @@ mq_status mq_engine_add(mq_engine *e, const int32_t *prompt, int32_t n, const mq
   if (s->top_logprobs < 0 || s->top_logprobs > MQ_MAX_TOP_LOGPROBS)
     return fail(MQ_ERR_INVALID_ARGUMENT, "top_logprobs " + std::to_string(s->top_logprobs) + " must be in 0.." +
                                              std::to_string(MQ_MAX_TOP_LOGPROBS));
+  if (!(s->repetition_penalty >= 0) || !std::isfinite(s->repetition_penalty))
+    return fail(MQ_ERR_INVALID_ARGUMENT, "repetition_penalty must be a finite number > 0 (0 or 1 = off)");
+  if (!std::isfinite(s->presence_penalty) || !std::isfinite(s->frequency_penalty))
+    return fail(MQ_ERR_INVALID_ARGUMENT, "presence_penalty and frequency_penalty must be finite numbers");
+  if (!(s->min_p >= 0 && s->min_p <= 1))
+    return fail(MQ_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1] (0 = off)");
+  if (s->min_tokens < 0) return fail(MQ_ERR_INVALID_ARGUMENT, "min_tokens must be >= 0 (0 = off)");
   int slot = -1;
   for (int i = 0; i < e->max_batch && slot < 0; i++)
     if (!e->slots[i]) slot = i;
@@ -470,6 +705,12 @@ mq_status mq_engine_add(mq_engine *e, const int32_t *prompt, int32_t n, const mq
   q->prompt.assign(prompt, prompt + n);
   q->s = *s;
   q->rng.s = s->seed;
+  if (rep_on(*s)) {
+    q->seen.assign(e->vocab, 0);
+    for (int i = 0; i < n; i++)
+      if (!q->seen[prompt[i]]) q->seen[prompt[i]] = 1, q->seen_ids.push_back(prompt[i]);
+  }
+  if (pf_on(*s)) q->count.assign(e->vocab, 0);
   q->added_ns = now_ns();
   *seq_out = q->id;
   e->slots[slot] = std::move(q);
@@ -561,8 +802,12 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
     e->on_host.assign(b.n, 0);
     bool any_host = false;
     for (int i = 0; i < b.n; i++) {
-      const mq_sampling &s = e->members[i]->s;
-      if (s.temperature > 0 && !(device_sampling && plain_temperature(s, e->vocab))) {
+      const Seq *q = e->members[i];
+      const mq_sampling &s = q->s;
+      // A sequence with a logits processor (penalties, min_tokens) is sampled on the host from
+      // its processed logits, greedy ones included (transformers applies the processors before
+      // the argmax too); so is top-k, top-p or min-p on any backend.
+      if (processes(s, q->n_out) || (s.temperature > 0 && !(device_sampling && plain_temperature(s, e->vocab)))) {
         e->on_host[i] = 1;
         any_host = true;
       }
@@ -608,9 +853,16 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
         e->pool->run([&](int t, int nt) {
           for (int i = t; i < b.n; i += nt) {
             Seq *q = e->members[i];
-            if (e->on_host[i] && !e->be->deterministic())
-              e->sampled[i] = sample(e->vocab, e->logits.data() + (size_t)i * e->vocab, q->s,
-                                     q->rng, e->scratch[t]);
+            if (e->on_host[i] && !e->be->deterministic()) {
+              float *lg = e->logits.data() + (size_t)i * e->vocab;
+              auto &saved = e->scratch[t].saved;
+              saved.clear();
+              if (processes(q->s, q->n_out))
+                process(lg, q->s, History{q->seen_ids, q->gen_ids, q->count, q->n_out}, e->eos.data(),
+                        (int)e->eos.size(), saved);
+              e->sampled[i] = sample(e->vocab, lg, q->s, q->rng, e->scratch[t], e->sample_budget);
+              restore(lg, saved);  // logprobs are of the model's raw distribution
+            }
             if (q->s.logprobs)
               log_probs(e->vocab, e->logits.data() + (size_t)i * e->vocab, e->sampled[i], q->s.top_logprobs,
                         e->fault_lp_unnormalised, e->scratch[t], e->lp[i]);
@@ -625,6 +877,8 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
         const int32_t tok = e->sampled[i];
         q->last = tok;
         q->n_out++;
+        if (tok >= 0 && tok < e->vocab && !q->seen.empty() && !q->seen[tok]) q->seen[tok] = 1, q->seen_ids.push_back(tok);
+        if (tok >= 0 && tok < e->vocab && !q->count.empty() && q->count[tok]++ == 0) q->gen_ids.push_back(tok);
         if (q->first_ns == 0) q->first_ns = t;
         mq_finish_reason r = MQ_FINISH_NONE;
         if (!q->s.ignore_eos && std::find(e->eos.begin(), e->eos.end(), tok) != e->eos.end())
@@ -732,6 +986,64 @@ mq_status mq_engine_generate_image(mq_engine *e, const mq_image_request *r, mq_i
   } catch (const std::exception &x) {
     return fail(MQ_ERR_BACKEND, std::string("generate image: ") + x.what());
   }
+  return MQ_OK;
+}
+
+static mq_status check_row(int32_t vocab, const float *logits, const mq_sampling *s) {
+  if (vocab < 1 || !logits || !s) return fail(MQ_ERR_INVALID_ARGUMENT, "vocab >= 1, logits and s are required");
+  if (!(s->temperature >= 0) || !(s->repetition_penalty >= 0) || !(s->min_p >= 0 && s->min_p <= 1) || s->top_k < 0 ||
+      !(s->top_p >= 0))
+    return fail(MQ_ERR_INVALID_ARGUMENT, "sampling controls out of range");
+  return MQ_OK;
+}
+
+mq_status mq_sampling_probs(int32_t vocab, const float *logits, const int32_t *prompt, int32_t n_prompt,
+                            const int32_t *output, int32_t n_output, const int32_t *eos_ids, int32_t n_eos,
+                            const mq_sampling *s, float *processed_out, double *probs_out) {
+  if (mq_status st = check_row(vocab, logits, s)) return st;
+  auto ok = [&](const int32_t *ids, int32_t n) {
+    for (int i = 0; i < n; i++)
+      if (ids[i] < 0 || ids[i] >= vocab) return false;
+    return true;
+  };
+  if (n_prompt < 0 || n_output < 0 || n_eos < 0 || !ok(prompt, n_prompt) || !ok(output, n_output) || !ok(eos_ids, n_eos))
+    return fail(MQ_ERR_INVALID_ARGUMENT, "token ids must be in [0, vocab)");
+  // The history as mq_engine_add and mq_engine_step build it.
+  std::vector<char> seen(vocab, 0);
+  std::vector<int32_t> seen_ids, gen_ids, count(vocab, 0);
+  for (int i = 0; i < n_prompt; i++)
+    if (!seen[prompt[i]]) seen[prompt[i]] = 1, seen_ids.push_back(prompt[i]);
+  for (int i = 0; i < n_output; i++) {
+    if (!seen[output[i]]) seen[output[i]] = 1, seen_ids.push_back(output[i]);
+    if (count[output[i]]++ == 0) gen_ids.push_back(output[i]);
+  }
+  std::vector<float> lg(logits, logits + vocab);
+  std::vector<std::pair<int32_t, float>> saved;
+  process(lg.data(), *s, History{seen_ids, gen_ids, count, n_output}, eos_ids, n_eos, saved);
+  if (processed_out) std::copy(lg.begin(), lg.end(), processed_out);
+  if (!probs_out) return MQ_OK;
+  std::fill(probs_out, probs_out + vocab, 0.0);
+  if (!(s->temperature > 0)) {
+    probs_out[argmax(vocab, lg.data())] = 1;
+    return MQ_OK;
+  }
+  SampleScratch sc;
+  float mx;
+  const int n = kept_set(vocab, lg.data(), *s, sc, mx);
+  double sum = 0;
+  for (int i = 0; i < n; i++) sum += (probs_out[sc.cand[i]] = std::exp(((double)lg[sc.cand[i]] - mx) / s->temperature));
+  for (int i = 0; i < n; i++) probs_out[sc.cand[i]] /= sum;
+  return MQ_OK;
+}
+
+mq_status mq_sampling_draw(int32_t vocab, const float *logits, const mq_sampling *s, uint64_t seed,
+                           int32_t candidate_budget, int32_t n, int32_t *out) {
+  if (mq_status st = check_row(vocab, logits, s)) return st;
+  if (n < 0 || (n > 0 && !out)) return fail(MQ_ERR_INVALID_ARGUMENT, "n >= 0 and out are required");
+  Rng rng{seed};
+  SampleScratch sc;
+  const int budget = candidate_budget != 0 ? std::max(candidate_budget, -1) : kCandidateBudget;
+  for (int i = 0; i < n; i++) out[i] = sample(vocab, logits, *s, rng, sc, budget);
   return MQ_OK;
 }
 

@@ -93,6 +93,16 @@ type Sampling struct {
 	// top-p (vLLM's default raw logprobs). Off, a greedy step never materialises the logits.
 	Logprobs    bool
 	TopLogprobs int
+	// Logits processors (applied before temperature; any of them samples on the host):
+	// RepetitionPenalty (0 or 1 = off) is transformers' over prompt + generated ids;
+	// PresencePenalty and FrequencyPenalty are OpenAI's over generated ids; MinP (0 = off) is
+	// transformers' MinPLogitsWarper; MinTokens suppresses the EOS ids until that many tokens
+	// are generated (vLLM's min_tokens).
+	RepetitionPenalty float32
+	PresencePenalty   float32
+	FrequencyPenalty  float32
+	MinP              float32
+	MinTokens         int
 }
 
 // MaxTopLogprobs is the most alternatives a token's logprobs carry (OpenAI's limit).
@@ -345,6 +355,12 @@ func (s Sampling) c() C.mq_sampling {
 		top_k:          C.int32_t(s.TopK),
 		top_p:          C.float(s.TopP),
 		seed:           C.uint64_t(s.Seed),
+
+		repetition_penalty: C.float(s.RepetitionPenalty),
+		presence_penalty:   C.float(s.PresencePenalty),
+		frequency_penalty:  C.float(s.FrequencyPenalty),
+		min_p:              C.float(s.MinP),
+		min_tokens:         C.int32_t(s.MinTokens),
 	}
 	if s.IgnoreEOS {
 		cs.ignore_eos = 1
@@ -472,4 +488,65 @@ func intParam(hp map[string]any, key string) int {
 		return int(f)
 	}
 	return 0
+}
+
+// SamplingProbs is the distribution the engine samples one logits row from, for parity tests
+// against transformers' logits processors: the logits after the processors (penalties,
+// min_tokens; before temperature) and the probabilities after temperature, top-k, top-p and
+// min-p (zero for removed tokens; one-hot at the argmax at temperature 0). prompt and output
+// are the sequence's history so far.
+func SamplingProbs(logits []float32, prompt, output, eos []int32, s Sampling) (processed []float32, probs []float64, err error) {
+	v := len(logits)
+	if v == 0 {
+		return nil, nil, errors.New("native.SamplingProbs: logits is empty")
+	}
+	processed, probs = make([]float32, v), make([]float64, v)
+	cs := s.c()
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	ptr := func(ids []int32) *C.int32_t {
+		if len(ids) == 0 {
+			return nil
+		}
+		pin.Pin(&ids[0])
+		return (*C.int32_t)(unsafe.Pointer(&ids[0]))
+	}
+	pin.Pin(&logits[0])
+	pin.Pin(&processed[0])
+	pin.Pin(&probs[0])
+	pp, op, ep := ptr(prompt), ptr(output), ptr(eos)
+	st, msg := call(func() C.mq_status {
+		return C.mq_sampling_probs(C.int32_t(v), (*C.float)(unsafe.Pointer(&logits[0])), pp, C.int32_t(len(prompt)),
+			op, C.int32_t(len(output)), ep, C.int32_t(len(eos)), &cs,
+			(*C.float)(unsafe.Pointer(&processed[0])), (*C.double)(unsafe.Pointer(&probs[0])))
+	})
+	if st != C.MQ_OK {
+		return nil, nil, errors.New("native.SamplingProbs: " + msg)
+	}
+	return processed, probs, nil
+}
+
+// SamplingDraw draws n tokens from one logits row with the engine's sampler (one generator
+// seeded with seed), for statistical tests against the exact distribution. budget overrides
+// the plain-temperature sampler's candidate budget (0: the engine's; -1: weigh the whole
+// vocabulary, the sampler before candidates were narrowed), so that a small vocabulary
+// exercises its rejection paths.
+func SamplingDraw(logits []float32, s Sampling, seed uint64, budget, n int) ([]int32, error) {
+	if len(logits) == 0 || n < 1 {
+		return nil, errors.New("native.SamplingDraw: logits is empty or n < 1")
+	}
+	out := make([]int32, n)
+	cs := s.c()
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	pin.Pin(&logits[0])
+	pin.Pin(&out[0])
+	st, msg := call(func() C.mq_status {
+		return C.mq_sampling_draw(C.int32_t(len(logits)), (*C.float)(unsafe.Pointer(&logits[0])), &cs, C.uint64_t(seed),
+			C.int32_t(budget), C.int32_t(n), (*C.int32_t)(unsafe.Pointer(&out[0])))
+	})
+	if st != C.MQ_OK {
+		return nil, errors.New("native.SamplingDraw: " + msg)
+	}
+	return out, nil
 }

@@ -22,9 +22,20 @@ const DefaultCompletionMaxTokens = 16
 // without its one image: the parts of the request lifecycle (server.go's serve) these routes
 // have of their own.
 type textRoute struct {
-	s    *Server
-	chat bool
-	req  *GenRequest
+	s     *Server
+	chat  bool
+	req   *GenRequest
+	extra []*task // choices 2..n (n > 1)
+}
+
+// choiceSeed is the seed of choice i of a request whose first choice has seed: distinct
+// choices draw distinct sequences (equal at temperature 0), and a seeded request reproduces
+// all of them.
+func choiceSeed(seed uint64, i int) uint64 {
+	z := seed + uint64(i)*0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
 }
 
 // decode parses and validates the body, then checks the model name and that the bundle
@@ -50,6 +61,8 @@ func (r *textRoute) decode(q *reqState, body []byte) *APIError {
 // placeholder expanded) and checks the context.
 func (r *textRoute) prepare(q *reqState) (*task, *APIError) {
 	s, req := r.s, r.req
+	start := time.Now()
+	defer func() { q.rec.PreprocessNs = time.Since(start).Nanoseconds() }()
 	ids, aerr := s.promptIDs(q, req)
 	if aerr != nil {
 		return nil, aerr
@@ -62,8 +75,21 @@ func (r *textRoute) prepare(q *reqState) (*task, *APIError) {
 	if aerr != nil {
 		return nil, aerr
 	}
+	if req.MinTokens > maxTok {
+		return nil, badRequest("min_tokens", "`min_tokens` (%d) exceeds the %d tokens this request may generate (max_tokens, or the context left after the prompt); lower it", req.MinTokens, maxTok)
+	}
 	t := s.newGenTask(req, ids, maxTok)
 	t.vision = img
+	// Choices 2..n: the same prompt, each its own sequence with its own seed; all the request's
+	// tasks share one notify channel so that one wait serves them all.
+	r.extra = r.extra[:0]
+	for i := 1; i < req.N; i++ {
+		x := s.newGenTask(req, ids, maxTok)
+		x.vision = img
+		x.notify = t.notify
+		x.samp.Seed = choiceSeed(t.samp.Seed, i)
+		r.extra = append(r.extra, x)
+	}
 	return t, nil
 }
 
@@ -80,15 +106,41 @@ func (r *textRoute) context(q *reqState) (context.Context, func()) {
 // run turns the engine's tokens into text and answers: streamed as SSE, or whole.
 func (r *textRoute) run(q *reqState, t *task, ctx context.Context) {
 	s, req := r.s, r.req
-	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(req.Stop, req.IncludeStopStr)}
+	g := r.newGen(q, t, ctx, 0)
+	if len(r.extra) == 0 {
+		if req.Stream {
+			g.stream()
+		} else {
+			g.collect()
+		}
+		return
+	}
+	// n > 1: the other choices are admitted after the first (each holds a batch slot; the
+	// record keeps the first's worker and queue wait).
+	gs := &genSet{gens: []*gen{g}}
+	for i, x := range r.extra {
+		if err := s.pool.run(x, ctx.Done(), func() error { return context.Cause(ctx) }); err != nil {
+			gs.abandon()
+			s.scheduleError(q, err, ctx)
+			return
+		}
+		gs.gens = append(gs.gens, r.newGen(q, x, ctx, i+1))
+	}
+	if req.Stream {
+		gs.stream()
+	} else {
+		gs.collect()
+	}
+}
+
+// newGen is the text state of one choice (index) of the request.
+func (r *textRoute) newGen(q *reqState, t *task, ctx context.Context, index int) *gen {
+	s, req := r.s, r.req
+	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(req.Stop, req.IncludeStopStr), index: index}
 	if req.Logprobs {
 		g.lp = &lpState{}
 	}
-	if req.Stream {
-		g.stream()
-	} else {
-		g.collect()
-	}
+	return g
 }
 
 // newGenTask is the engine task of a text generation request (HTTP or gRPC): its prompt and
@@ -98,7 +150,9 @@ func (s *Server) newGenTask(req *GenRequest, ids []int32, maxTok int) *task {
 	t.prompt = ids
 	t.samp = wire.Sampling{MaxNewTokens: uint32(maxTok), Temperature: float32(req.Temperature),
 		TopK: int32(req.TopK), TopP: float32(req.TopP), Seed: req.Seed, IgnoreEOS: req.IgnoreEOS,
-		Logprobs: req.Logprobs, TopLogprobs: uint8(req.TopLogprobs)}
+		Logprobs: req.Logprobs, TopLogprobs: uint8(req.TopLogprobs),
+		RepetitionPenalty: float32(req.RepetitionPenalty), PresencePenalty: float32(req.PresencePenalty),
+		FrequencyPenalty: float32(req.FrequencyPenalty), MinP: float32(req.MinP), MinTokens: int32(req.MinTokens)}
 	if !req.HasSeed {
 		t.samp.Seed = t.id*0x9e3779b97f4a7c15 ^ uint64(time.Now().UnixNano())
 	}
@@ -261,6 +315,9 @@ type gen struct {
 	firstSent              bool
 
 	lp *lpState // the request asked for logprobs (HTTP; gRPC keeps its own per delta)
+
+	index    int  // the choice's index (n > 1)
+	finished bool // genSet: the engine is done with this choice
 }
 
 // consume turns engine tokens into text: EOS tokens produce none (unless ignore_eos), an
@@ -443,30 +500,34 @@ func (g *gen) collect() {
 		g.q.fail(aerr)
 		return
 	}
-	b := make([]byte, 0, 256+2*len(g.out))
-	b = g.appendHead(b, false)
-	if g.req.Chat {
-		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
-		b = appendJSONString(b, string(g.out))
-		b = append(b, `},"logprobs":`...)
-	} else {
-		b = append(b, `,"choices":[{"index":0,"text":`...)
-		b = appendJSONString(b, string(g.out))
-		b = append(b, `,"logprobs":`...)
-	}
-	if g.lp != nil {
-		b = g.appendLogprobs(b)
-	} else {
-		b = append(b, "null"...)
-	}
-	b = append(b, `,"finish_reason":`...)
-	b = appendJSONString(b, g.finishReason())
-	b = append(b, "}]"...)
-	b = g.appendUsage(b)
-	b = append(b, '}')
 	g.q.status = http.StatusOK
 	g.q.ttft = time.Since(g.q.start) // the answer is ready; its write follows the record
 	g.fillRecord()
+	g.answer([]*gen{g})
+}
+
+// answer writes the non-streamed body of gens' choices (one per choice), usage and timings
+// from the record, once the record is committed.
+func (g *gen) answer(gens []*gen) {
+	size := 256
+	for _, x := range gens {
+		size += 2 * len(x.out)
+	}
+	b := make([]byte, 0, size)
+	b = g.appendHead(b, false)
+	b = append(b, `,"choices":[`...)
+	for i, x := range gens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = x.appendChoice(b)
+	}
+	b = append(b, ']')
+	b = g.appendUsageOf(b, len(g.t.prompt), g.q.rec.OutputTokens)
+	if g.req.Timings {
+		b = g.q.appendTimings(b)
+	}
+	b = append(b, '}')
 	if err := g.q.commitRecord(); err != nil {
 		g.q.fail(g.s.recordsError(err))
 		return
@@ -477,6 +538,29 @@ func (g *gen) collect() {
 	g.q.armWrite()
 	g.q.w.WriteHeader(http.StatusOK)
 	_, _ = g.q.w.Write(b)
+}
+
+// appendChoice appends this choice's object of a non-streamed answer.
+func (g *gen) appendChoice(b []byte) []byte {
+	b = append(b, `{"index":`...)
+	b = strconv.AppendInt(b, int64(g.index), 10)
+	if g.req.Chat {
+		b = append(b, `,"message":{"role":"assistant","content":`...)
+		b = appendJSONString(b, string(g.out))
+		b = append(b, `},"logprobs":`...)
+	} else {
+		b = append(b, `,"text":`...)
+		b = appendJSONString(b, string(g.out))
+		b = append(b, `,"logprobs":`...)
+	}
+	if g.lp != nil {
+		b = g.appendLogprobs(b)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"finish_reason":`...)
+	b = appendJSONString(b, g.finishReason())
+	return append(b, '}')
 }
 
 func (g *gen) takeAll() ([]int32, []*wire.Logprobs) {
@@ -507,12 +591,18 @@ func (g *gen) appendHead(b []byte, chunk bool) []byte {
 }
 
 func (g *gen) appendUsage(b []byte) []byte {
+	return g.appendUsageOf(b, len(g.t.prompt), g.ntok)
+}
+
+// appendUsageOf appends OpenAI's usage object: with n > 1 the prompt is counted once and the
+// completion tokens of all choices summed, as OpenAI does.
+func (g *gen) appendUsageOf(b []byte, prompt, completion int) []byte {
 	b = append(b, `,"usage":{"prompt_tokens":`...)
-	b = strconv.AppendInt(b, int64(len(g.t.prompt)), 10)
+	b = strconv.AppendInt(b, int64(prompt), 10)
 	b = append(b, `,"completion_tokens":`...)
-	b = strconv.AppendInt(b, int64(g.ntok), 10)
+	b = strconv.AppendInt(b, int64(completion), 10)
 	b = append(b, `,"total_tokens":`...)
-	b = strconv.AppendInt(b, int64(len(g.t.prompt)+g.ntok), 10)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
 	return append(b, '}')
 }
 
@@ -521,32 +611,14 @@ func (g *gen) appendUsage(b []byte) []byte {
 // reused buffer, and everything an engine step produced goes out with one write and one flush.
 func (g *gen) stream() {
 	w := g.q.w
-	g.w = w
-	g.header = g.appendHead(make([]byte, 0, 160), true)
-	g.prefix = append(append([]byte("data: "), g.header...), `,"choices":[{"index":0,`...)
-	if g.req.Chat {
-		g.prefix = append(g.prefix, `"delta":{"content":"`...)
-		g.suffix = []byte(`"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
-	} else {
-		g.prefix = append(g.prefix, `"text":"`...)
-		g.suffix = []byte(`","logprobs":null,"finish_reason":null}]}` + "\n\n")
-	}
-	if g.lp != nil {
-		// The chunk's logprobs go between the two halves of the suffix (appendChunk).
-		g.suffix = g.suffix[:len(g.suffix)-len(`null,"finish_reason":null}]}`+"\n\n")]
-	}
-	g.buf = make([]byte, 0, 4096)
+	g.streamTemplates(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	g.q.status = http.StatusOK
-	if g.req.Chat {
-		g.buf = append(g.buf, "data: "...)
-		g.buf = append(g.buf, g.header...)
-		g.buf = append(g.buf, `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
-	}
+	g.appendRoleChunk()
 	g.send()
 	for {
 		if g.drain() {
@@ -564,16 +636,7 @@ func (g *gen) stream() {
 		if g.gone {
 			g.consume(g.takeAll())
 			g.fillRecord()
-			if errors.Is(context.Cause(g.ctx), errDrained) {
-				g.streamError(g.s.drainError())
-				g.q.rec.FinishReason, g.q.rec.ErrorType = "drain", "drain_timeout"
-			} else if errors.Is(g.ctx.Err(), context.DeadlineExceeded) {
-				e := &APIError{Type: "timeout_error", Code: "request_timeout", Message: fmt.Sprintf("the request did not finish within --request-timeout %v", g.s.cfg.RequestTimeout)}
-				g.streamError(e)
-			} else {
-				g.q.rec.FinishReason = "cancelled"
-				g.q.rec.ErrorType = g.goneType()
-			}
+			g.streamGone()
 			return
 		}
 	}
@@ -595,33 +658,102 @@ func (g *gen) stream() {
 		return
 	}
 	g.held = nil // fault server.swallow_final_delta: the last content delta is never sent
-	reason := g.finishReason()
+	g.appendFinishChunk(&g.buf)
+	g.appendStreamEnd(&g.buf, len(g.t.prompt), g.ntok)
+	g.send()
+}
+
+// streamGone ends a stream whose context ended (drain, --request-timeout, client gone).
+func (g *gen) streamGone() {
+	if errors.Is(context.Cause(g.ctx), errDrained) {
+		g.streamError(g.s.drainError())
+		g.q.rec.FinishReason, g.q.rec.ErrorType = "drain", "drain_timeout"
+	} else if errors.Is(g.ctx.Err(), context.DeadlineExceeded) {
+		e := &APIError{Type: "timeout_error", Code: "request_timeout", Message: fmt.Sprintf("the request did not finish within --request-timeout %v", g.s.cfg.RequestTimeout)}
+		g.streamError(e)
+	} else {
+		g.q.rec.FinishReason = "cancelled"
+		g.q.rec.ErrorType = g.goneType()
+	}
+}
+
+// appendRoleChunk adds a chat stream's first chunk (the assistant role) for this choice.
+func (g *gen) appendRoleChunk() {
+	if !g.req.Chat {
+		return
+	}
 	g.buf = append(g.buf, "data: "...)
 	g.buf = append(g.buf, g.header...)
+	g.buf = append(g.buf, `,"choices":[{"index":`...)
+	g.buf = strconv.AppendInt(g.buf, int64(g.index), 10)
+	g.buf = append(g.buf, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+}
+
+// appendFinishChunk adds this choice's finish chunk to *dst.
+func (g *gen) appendFinishChunk(dst *[]byte) {
+	b := *dst
+	b = append(b, "data: "...)
+	b = append(b, g.header...)
+	b = append(b, `,"choices":[{"index":`...)
+	b = strconv.AppendInt(b, int64(g.index), 10)
 	if g.req.Chat {
-		g.buf = append(g.buf, `,"choices":[{"index":0,"delta":{},"logprobs":`...)
+		b = append(b, `,"delta":{},"logprobs":`...)
 	} else {
-		g.buf = append(g.buf, `,"choices":[{"index":0,"text":"","logprobs":`...)
+		b = append(b, `,"text":"","logprobs":`...)
 	}
 	// Tokens that produced no text of their own (EOS, a held stop-string prefix) are answered
 	// in the finish chunk, so that a stream's logprobs are the non-streamed answer's.
 	if g.lp != nil && len(g.lp.pending) > 0 && !g.s.faults.dropFinalLogprobs {
-		g.buf = g.appendLogprobs(g.buf)
+		b = g.appendLogprobs(b)
 	} else {
-		g.buf = append(g.buf, "null"...)
+		b = append(b, "null"...)
 	}
-	g.buf = append(g.buf, `,"finish_reason":"`...)
-	g.buf = append(g.buf, reason...)
-	g.buf = append(g.buf, `"}]}`+"\n\n"...)
+	b = append(b, `,"finish_reason":"`...)
+	b = append(b, g.finishReason()...)
+	b = append(b, `"}]}`+"\n\n"...)
+	*dst = b
+}
+
+// appendStreamEnd adds what follows the finish chunks: the usage chunk when asked for, the
+// timings chunk (llama.cpp's "timings", from the record) when asked for, and [DONE].
+func (g *gen) appendStreamEnd(dst *[]byte, prompt, completion int) {
+	b := *dst
 	if g.req.IncludeUsage {
-		g.buf = append(g.buf, "data: "...)
-		g.buf = append(g.buf, g.header...)
-		g.buf = append(g.buf, `,"choices":[]`...)
-		g.buf = g.appendUsage(g.buf)
-		g.buf = append(g.buf, "}\n\n"...)
+		b = append(b, "data: "...)
+		b = append(b, g.header...)
+		b = append(b, `,"choices":[]`...)
+		b = g.appendUsageOf(b, prompt, completion)
+		b = append(b, "}\n\n"...)
 	}
-	g.buf = append(g.buf, "data: [DONE]\n\n"...)
-	g.send()
+	if g.req.Timings {
+		b = append(b, "data: "...)
+		b = append(b, g.header...)
+		b = append(b, `,"choices":[]`...)
+		b = g.q.appendTimings(b)
+		b = append(b, "}\n\n"...)
+	}
+	*dst = append(b, "data: [DONE]\n\n"...)
+}
+
+// streamTemplates encodes the chunk templates of this choice once.
+func (g *gen) streamTemplates(w http.ResponseWriter) {
+	g.w = w
+	g.header = g.appendHead(make([]byte, 0, 160), true)
+	g.prefix = append(append([]byte("data: "), g.header...), `,"choices":[{"index":`...)
+	g.prefix = strconv.AppendInt(g.prefix, int64(g.index), 10)
+	g.prefix = append(g.prefix, ',')
+	if g.req.Chat {
+		g.prefix = append(g.prefix, `"delta":{"content":"`...)
+		g.suffix = []byte(`"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	} else {
+		g.prefix = append(g.prefix, `"text":"`...)
+		g.suffix = []byte(`","logprobs":null,"finish_reason":null}]}` + "\n\n")
+	}
+	if g.lp != nil {
+		// The chunk's logprobs go between the two halves of the suffix (appendChunk).
+		g.suffix = g.suffix[:len(g.suffix)-len(`null,"finish_reason":null}]}`+"\n\n")]
+	}
+	g.buf = make([]byte, 0, 4096)
 }
 
 // goneType names why a stream lost its client, for the record.
@@ -684,7 +816,9 @@ func (g *gen) send() bool {
 	}
 	if !g.firstSent && len(g.out) > 0 {
 		g.firstSent = true
-		g.q.ttft = time.Since(g.q.start)
+		if g.q.ttft == 0 { // n > 1: the first content of any choice
+			g.q.ttft = time.Since(g.q.start)
+		}
 	}
 	// Only the client's own context says it left; the --request-timeout deadline on g.ctx
 	// is answered by the caller with an error event, which needs a writable stream.

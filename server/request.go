@@ -83,7 +83,22 @@ type GenRequest struct {
 	// IncludeStopStr keeps a matched stop string at the end of the output (vLLM's
 	// include_stop_str_in_output; OpenAI drops it).
 	IncludeStopStr bool
+	// N is the number of choices (OpenAI's n, 1..MaxChoices): each its own sampled sequence.
+	N int
+	// Logits processors: OpenAI's presence and frequency penalties (-2..2, over generated
+	// tokens), transformers' repetition penalty (> 0, 1 = off, over prompt + generated ids),
+	// min_p (0..1, 0 = off) and vLLM's min_tokens (EOS suppressed until that many tokens).
+	PresencePenalty   float64
+	FrequencyPenalty  float64
+	RepetitionPenalty float64
+	MinP              float64
+	MinTokens         int
+	// Timings asks for llama.cpp's "timings" object in the response (its timings_per_token).
+	Timings bool
 }
+
+// MaxChoices bounds n (OpenAI's limit): every choice holds an engine slot while it runs.
+const MaxChoices = 128
 
 // neutral reports whether the raw value of an unsupported control asks for nothing (null,
 // false, 0, 1 for n/best_of, an empty list or object), so clients that send defaults work.
@@ -125,13 +140,8 @@ func emptyContainer(raw json.RawMessage) bool {
 // to anything but its neutral value is refused by name rather than silently ignored.
 var (
 	unsupportedCommon = map[string]neutralFunc{
-		"n":                  neutralValues("1"),
-		"presence_penalty":   neutralValues("0"),
-		"frequency_penalty":  neutralValues("0"),
-		"repetition_penalty": neutralValues("1"),
-		"logit_bias":         emptyContainer,
-		"min_tokens":         neutralValues("0"),
-		"user":               func(json.RawMessage) bool { return true }, // metadata only
+		"logit_bias": emptyContainer,
+		"user":       func(json.RawMessage) bool { return true }, // metadata only
 	}
 	// Vendor fields that clients of llama.cpp, vLLM and OpenAI send by habit and that change
 	// nothing qual-server answers or measures: accepted with any value and ignored (README
@@ -207,7 +217,7 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 	if err := json.Unmarshal(trimmed, &fields); err != nil {
 		return nil, badRequest("", "request body is not valid JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
 	}
-	r := &GenRequest{Chat: chat, Temperature: 1, TopP: 1, AddGenerationPrompt: true}
+	r := &GenRequest{Chat: chat, Temperature: 1, TopP: 1, AddGenerationPrompt: true, N: 1, RepetitionPenalty: 1}
 	keys := make([]string, 0, len(fields))
 	for k := range fields {
 		keys = append(keys, k)
@@ -260,6 +270,39 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 					r.TopK = int(f)
 				}
 			}
+		case "n":
+			var f float64
+			if f, err = number(raw, k, 1); err == nil && (f != math.Trunc(f) || f < 1 || f > MaxChoices) {
+				err = badRequest(k, "`n` must be an integer from 1 to %d, got %v", MaxChoices, f)
+			} else if err == nil {
+				r.N = int(f)
+			}
+		case "presence_penalty", "frequency_penalty":
+			var f float64
+			if f, err = number(raw, k, 0); err == nil && (f < -2 || f > 2) {
+				err = badRequest(k, "`%s` must be between -2 and 2, got %v", k, f)
+			} else if k == "presence_penalty" {
+				r.PresencePenalty = f
+			} else {
+				r.FrequencyPenalty = f
+			}
+		case "repetition_penalty":
+			if r.RepetitionPenalty, err = number(raw, k, 1); err == nil && !(r.RepetitionPenalty > 0 && r.RepetitionPenalty <= 100) {
+				err = badRequest(k, "`repetition_penalty` must be greater than 0 (1: off) and at most 100, got %v", r.RepetitionPenalty)
+			}
+		case "min_p":
+			if r.MinP, err = number(raw, k, 0); err == nil && (r.MinP < 0 || r.MinP > 1) {
+				err = badRequest(k, "`min_p` must be between 0 and 1 (0: off), got %v", r.MinP)
+			}
+		case "min_tokens":
+			var f float64
+			if f, err = number(raw, k, 0); err == nil && (f != math.Trunc(f) || f < 0 || f > math.MaxInt32) {
+				err = badRequest(k, "`min_tokens` must be an integer >= 0, got %v", f)
+			} else if err == nil {
+				r.MinTokens = int(f)
+			}
+		case "timings_per_token":
+			r.Timings, err = boolean(raw, k)
 		case "seed":
 			if !isNull(raw) {
 				var s int64
@@ -361,6 +404,9 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 	}
 	if maxCompletion > 0 {
 		r.MaxTokens = maxCompletion
+	}
+	if r.MaxTokens > 0 && r.MinTokens > r.MaxTokens {
+		return nil, badRequest("min_tokens", "`min_tokens` (%d) must not exceed `max_tokens` (%d)", r.MinTokens, r.MaxTokens)
 	}
 	if haveTop && !r.Logprobs {
 		return nil, badRequest("top_logprobs", "`top_logprobs` needs `logprobs: true`; set it or remove `top_logprobs`")

@@ -277,9 +277,16 @@ func (s *Server) admit(q *reqState, t *task, ctx context.Context) error {
 // schedule admits t, answering 429/503/499/504 when it cannot.
 func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
 	err := s.admit(q, t, ctx)
-	switch {
-	case err == nil:
+	if err == nil {
 		return true
+	}
+	s.scheduleError(q, err, ctx)
+	return false
+}
+
+// scheduleError answers a task that could not be admitted (pool.run's error).
+func (s *Server) scheduleError(q *reqState, err error, ctx context.Context) {
+	switch {
 	case errors.Is(err, errQueueFull):
 		q.fail(&APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full",
 			Message: fmt.Sprintf("every batch slot is busy and the queue is full (--queue-depth %d); retry later", s.cfg.QueueDepth)})
@@ -291,7 +298,6 @@ func (s *Server) schedule(q *reqState, t *task, ctx context.Context) bool {
 	default:
 		q.failContext(ctx)
 	}
-	return false
 }
 
 // failContext answers a request whose context ended before it could be answered.

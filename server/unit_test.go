@@ -78,6 +78,8 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"hi"}],"logprobs":1}`,
 		`{"messages":[{"role":"user","content":"hi"}],"top_logprobs":null,"logprobs":null}`,
 		`{"prompt":"x","stop":["a"],"include_stop_str_in_output":true}`, `{"prompt":"x","include_stop_str_in_output":"yes"}`,
+		`{"prompt":"x","n":3,"presence_penalty":-2,"frequency_penalty":2,"repetition_penalty":1.1,"min_p":0.05,"min_tokens":2,"max_tokens":4}`,
+		`{"prompt":"x","repetition_penalty":0}`, `{"prompt":"x","min_tokens":5,"max_tokens":4}`, `{"prompt":"x","n":129}`,
 	} {
 		f.Add([]byte(s), s[0] == '{' && strings.Contains(s, "messages"))
 	}
@@ -111,6 +113,11 @@ func FuzzDecodeRequest(f *testing.F) {
 				t.Fatal("empty stop string accepted")
 			}
 		}
+		if r.N < 1 || r.N > MaxChoices || r.PresencePenalty < -2 || r.PresencePenalty > 2 || r.FrequencyPenalty < -2 ||
+			r.FrequencyPenalty > 2 || !(r.RepetitionPenalty > 0) || r.MinP < 0 || r.MinP > 1 || r.MinTokens < 0 ||
+			(r.MaxTokens > 0 && r.MinTokens > r.MaxTokens) {
+			t.Fatalf("sampling controls out of range accepted: %+v", r)
+		}
 	})
 }
 
@@ -139,7 +146,7 @@ func TestVendorFields(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"n_probs", "samplers", "t_max_predict_ms", "skip_special_tokens", "return_tokens_as_token_ids", "min_p"} {
+	for _, k := range []string{"n_probs", "samplers", "t_max_predict_ms", "skip_special_tokens", "return_tokens_as_token_ids", "typical_p"} {
 		_, aerr := DecodeRequest([]byte(`{"prompt":"hi","`+k+`":1}`), false)
 		if aerr == nil || aerr.Status != 400 || aerr.Param != k {
 			t.Errorf("%s (changes the output): %v, want 400 naming it", k, aerr)

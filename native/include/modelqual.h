@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define MQ_ABI_VERSION 3
+#define MQ_ABI_VERSION 4
 
 /* The most top candidates an event carries with its token's log-probability (OpenAI's limit
  * for top_logprobs, and vLLM's default max_logprobs is larger: 20 keeps an event fixed-size). */
@@ -117,6 +117,19 @@ typedef struct {
    * temperature, top-k or top-p). Zero costs nothing: a greedy step stays on the argmax path. */
   int32_t logprobs;
   int32_t top_logprobs; /* 0..MQ_MAX_TOP_LOGPROBS; only with logprobs */
+  /* Logits processors, applied before temperature in the order transformers' generate applies
+   * its own (repetition penalty, then min_tokens, then temperature, top-k, top-p, min-p), with
+   * OpenAI's presence and frequency penalties right after the repetition penalty (as vLLM
+   * applies them). Any of them set makes the sequence sample on the host (and makes a greedy
+   * sequence take the argmax of the processed logits). */
+  float repetition_penalty; /* 0 or 1 = off; > 0: transformers' RepetitionPenaltyLogitsProcessor over
+                               prompt + generated ids (positive logits divided, negative multiplied) */
+  float presence_penalty;   /* OpenAI: logit -= presence_penalty if the token was generated before */
+  float frequency_penalty;  /* OpenAI: logit -= frequency_penalty * times the token was generated */
+  float min_p;              /* 0 = off; transformers' MinPLogitsWarper: drop tokens whose probability is
+                               below min_p times the most likely token's */
+  int32_t min_tokens;       /* 0 = off; the EOS ids are suppressed until this many tokens are generated
+                               (vLLM's min_tokens, transformers' MinNewTokensLengthLogitsProcessor) */
 } mq_sampling;
 
 typedef struct {
@@ -224,6 +237,24 @@ MQ_API int32_t mq_engine_active(const mq_engine *e);
 /* Full-vocabulary logits at every position of ids: out holds n*vocab_size floats. Uses a
  * scratch KV slot, so it never disturbs live sequences. */
 MQ_API mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *out);
+
+/* The sampling distribution of one logits row, for parity tests against transformers' logits
+ * processors: processed_out (vocab floats, optional) receives the logits after the processors
+ * (penalties, min_tokens) and before temperature; probs_out (vocab doubles, optional) the
+ * probabilities the engine samples from after temperature, top-k, top-p and min-p (zero for
+ * removed tokens; one-hot at the argmax when temperature is 0). prompt and output are the
+ * sequence's token history; n_output is the number of tokens generated so far. */
+MQ_API mq_status mq_sampling_probs(int32_t vocab, const float *logits, const int32_t *prompt, int32_t n_prompt,
+                                   const int32_t *output, int32_t n_output, const int32_t *eos_ids, int32_t n_eos,
+                                   const mq_sampling *s, float *processed_out, double *probs_out);
+
+/* Draws n tokens from one logits row with the engine's sampler (a fresh generator seeded with
+ * seed, one draw after another), for statistical tests of the sampler against the exact
+ * distribution. candidate_budget overrides the plain-temperature sampler's candidate budget
+ * (0: the engine's; negative: weigh the whole vocabulary, as MODELQUAL_SAMPLER=full does) so a
+ * small vocabulary exercises every path. */
+MQ_API mq_status mq_sampling_draw(int32_t vocab, const float *logits, const mq_sampling *s, uint64_t seed,
+                                  int32_t candidate_budget, int32_t n, int32_t *out);
 
 /* Text-to-image engines (task "image"). */
 typedef struct {

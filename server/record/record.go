@@ -48,6 +48,9 @@ type Record struct {
 	OutputSHA256  string `json:"output_sha256"`
 	OutputBytes   int64  `json:"output_bytes"`
 	WorkerID      ID     `json:"worker_id"`
+	// PreprocessNs is a text or chat request's time from its decoded body to its engine task:
+	// chat template, tokenization and image processing (omitted when not measured).
+	PreprocessNs int64 `json:"preprocess_ns,omitempty"`
 
 	// Session and turn of a multi-turn conversation, when the client named them.
 	SessionID string `json:"session_id,omitempty"`

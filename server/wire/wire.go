@@ -36,7 +36,7 @@ import (
 )
 
 // Version is bumped on any incompatible change of a frame layout.
-const Version uint16 = 2
+const Version uint16 = 3
 
 // Capability bits a worker announces in Hello.
 const (
@@ -113,6 +113,12 @@ type Sampling struct {
 	// alternatives, carried in the Deltas frames.
 	Logprobs    bool
 	TopLogprobs uint8
+	// Logits processors (native.Sampling says what each does).
+	RepetitionPenalty float32
+	PresencePenalty   float32
+	FrequencyPenalty  float32
+	MinP              float32
+	MinTokens         int32
 }
 
 // MaxTopLogprobs is the most alternatives a token's logprobs carry (the engine's limit).
@@ -247,6 +253,10 @@ func appendSubmit(b []byte, id uint64, s Sampling, prompt []int32) []byte {
 	} else {
 		b = append(b, 0, 0)
 	}
+	for _, f := range [...]float32{s.RepetitionPenalty, s.PresencePenalty, s.FrequencyPenalty, s.MinP} {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(f))
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(s.MinTokens))
 	return appendIDs(b, prompt)
 }
 
@@ -435,7 +445,7 @@ func DecodeHello(p []byte) (Hello, error) {
 }
 
 // submitFixed is the size of a Submit payload's fixed fields (before the prompt).
-const submitFixed = 8 + 4*4 + 8 + 1 + 2
+const submitFixed = 8 + 4*4 + 8 + 1 + 2 + 5*4
 
 // DecodeSubmit parses a Submit payload; the prompt is appended to ids.
 func DecodeSubmit(p []byte, ids []int32) (uint64, Sampling, []int32, error) {
@@ -453,6 +463,12 @@ func DecodeSubmit(p []byte, ids []int32) (uint64, Sampling, []int32, error) {
 		IgnoreEOS:    p[32] != 0,
 		Logprobs:     p[33] != 0,
 		TopLogprobs:  p[34],
+
+		RepetitionPenalty: math.Float32frombits(binary.LittleEndian.Uint32(p[35:])),
+		PresencePenalty:   math.Float32frombits(binary.LittleEndian.Uint32(p[39:])),
+		FrequencyPenalty:  math.Float32frombits(binary.LittleEndian.Uint32(p[43:])),
+		MinP:              math.Float32frombits(binary.LittleEndian.Uint32(p[47:])),
+		MinTokens:         int32(binary.LittleEndian.Uint32(p[51:])),
 	}
 	if s.TopLogprobs > MaxTopLogprobs {
 		return id, s, ids, fmt.Errorf("wire: submit asks for %d top logprobs, at most %d", s.TopLogprobs, MaxTopLogprobs)

@@ -58,10 +58,7 @@ func reasonOf(r native.FinishReason) wire.Reason {
 }
 
 func (n *nativeEngine) Add(prompt []int32, s wire.Sampling) (uint64, error) {
-	id, err := n.e.Add(prompt, native.Sampling{
-		MaxNewTokens: int(s.MaxNewTokens), Temperature: s.Temperature, TopK: int(s.TopK),
-		TopP: s.TopP, Seed: s.Seed, IgnoreEOS: s.IgnoreEOS, Logprobs: s.Logprobs, TopLogprobs: int(s.TopLogprobs),
-	})
+	id, err := n.e.Add(prompt, nativeSampling(s))
 	if errors.Is(err, native.ErrBatchFull) {
 		return 0, ErrBatchFull
 	}
@@ -71,10 +68,7 @@ func (n *nativeEngine) Add(prompt []int32, s wire.Sampling) (uint64, error) {
 // AddImage is Add with one image (a vision-language family).
 func (n *nativeEngine) AddImage(prompt []int32, im *wire.ImageInput, s wire.Sampling) (uint64, error) {
 	img := &native.Image{Pixels: im.Pixels, Grid: [3]int{int(im.Grid[0]), int(im.Grid[1]), int(im.Grid[2])}}
-	id, err := n.e.AddImage(prompt, img, native.Sampling{
-		MaxNewTokens: int(s.MaxNewTokens), Temperature: s.Temperature, TopK: int(s.TopK),
-		TopP: s.TopP, Seed: s.Seed, IgnoreEOS: s.IgnoreEOS, Logprobs: s.Logprobs, TopLogprobs: int(s.TopLogprobs),
-	})
+	id, err := n.e.AddImage(prompt, img, nativeSampling(s))
 	if errors.Is(err, native.ErrBatchFull) {
 		return 0, ErrBatchFull
 	}
@@ -233,4 +227,14 @@ func (c *closingEngine) Close() error {
 		err = cerr
 	}
 	return err
+}
+
+// nativeSampling is the engine's form of a Submit frame's sampling controls.
+func nativeSampling(s wire.Sampling) native.Sampling {
+	return native.Sampling{
+		MaxNewTokens: int(s.MaxNewTokens), Temperature: s.Temperature, TopK: int(s.TopK),
+		TopP: s.TopP, Seed: s.Seed, IgnoreEOS: s.IgnoreEOS, Logprobs: s.Logprobs, TopLogprobs: int(s.TopLogprobs),
+		RepetitionPenalty: s.RepetitionPenalty, PresencePenalty: s.PresencePenalty,
+		FrequencyPenalty: s.FrequencyPenalty, MinP: s.MinP, MinTokens: int(s.MinTokens),
+	}
 }
