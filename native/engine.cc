@@ -196,7 +196,6 @@ struct mq_engine {
   std::vector<SampleScratch> scratch;  // one per pool thread
   std::vector<TokenLogprobs> lp;       // per entry, for sequences that asked for logprobs
   bool fault_lp_unnormalised = false;  // MODELQUAL_FAULTS engine.logprobs_unnormalised
-  int sample_budget = kCandidateBudget;  // -1: MODELQUAL_SAMPLER=full
 };
 
 // plain_temperature says s asks for no top-k, top-p or min-p truncation over a vocabulary of V
@@ -513,7 +512,7 @@ static int kept_set(int V, const float *lg, const mq_sampling &s, SampleScratch 
 // sample draws a token from (processed) logits: the argmax at temperature 0, else temperature,
 // then top-k, top-p (nucleus) and min-p, the order transformers' generate applies them; the
 // lowest id wins ties. A negative budget weighs the whole vocabulary for a plain temperature
-// draw (MODELQUAL_SAMPLER=full: the sampler before candidates were narrowed, for comparison).
+// draw (the sampling tests' and benchmarks' reference: mq_sampling_draw).
 static int32_t sample(int V, const float *lg, const mq_sampling &s, Rng &rng, SampleScratch &sc,
                       int budget = kCandidateBudget) {
   if (!(s.temperature > 0)) return argmax(V, lg);
@@ -607,13 +606,6 @@ mq_status mq_engine_open(const mq_engine_params *p, mq_engine **out) {
     e->vocab = e->be->vocab();
     e->slots.resize(e->max_batch);
     e->fault_lp_unnormalised = fault("engine.logprobs_unnormalised");
-    if (const char *v = getenv("MODELQUAL_SAMPLER")) {
-      if (std::string(v) == "full")
-        e->sample_budget = -1;
-      else if (*v)
-        return fail(MQ_ERR_INVALID_ARGUMENT, std::string("MODELQUAL_SAMPLER=") + v +
-                                                 " is not known; use full (weigh the whole vocabulary) or leave it unset");
-    }
   } catch (const Error &err) {
     return fail(err.status, err.what());
   } catch (const std::exception &err) {
@@ -860,7 +852,7 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
               if (processes(q->s, q->n_out))
                 process(lg, q->s, History{q->seen_ids, q->gen_ids, q->count, q->n_out}, e->eos.data(),
                         (int)e->eos.size(), saved);
-              e->sampled[i] = sample(e->vocab, lg, q->s, q->rng, e->scratch[t], e->sample_budget);
+              e->sampled[i] = sample(e->vocab, lg, q->s, q->rng, e->scratch[t]);
               restore(lg, saved);  // logprobs are of the model's raw distribution
             }
             if (q->s.logprobs)

@@ -329,7 +329,7 @@ func TestSamplerSeedReproduces(t *testing.T) {
 }
 
 // BenchmarkSamplePlain is one plain temperature-1 draw over Qwen3's vocabulary: the narrowed
-// sampler against weighing the whole vocabulary (budget -1, MODELQUAL_SAMPLER=full's path).
+// sampler against weighing the whole vocabulary (budget -1).
 func BenchmarkSamplePlain(b *testing.B) {
 	for _, shape := range []struct {
 		name string

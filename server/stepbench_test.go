@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"io"
-	"os"
 	"testing"
 )
 
@@ -14,24 +13,19 @@ import (
 // with a streaming run at the API's default temperature 1; the pairs here tell streaming's
 // cost from sampling's.
 //
-// greedy-fulllogits is greedy on the host path (see below). temp1-fullvocab is temperature 1 on a server whose engine weighs the whole vocabulary for
-// every draw (MODELQUAL_SAMPLER=full, the sampler before candidates were narrowed), so that
-// one run gives both and their ratio.
+// greedy-fulllogits is greedy on the host path (see below). The draw alone, narrowed against
+// weighing the whole vocabulary, is native's BenchmarkSamplePlain.
 func BenchmarkDecodeStep(b *testing.B) {
 	narrowed := sharedServer(b, qwenBundle(b), "--workers", "1", "--max-batch", "8")
 	for _, sampling := range []struct{ name, fields string }{
 		{"greedy", `"temperature":0`},
 		{"temp1", `"temperature":1,"seed":7`},
-		{"temp1-fullvocab", `"temperature":1,"seed":7`},
 		// Greedy through the host path (a repetition penalty that changes no argmax here): the
 		// engine computes the full fp32 logits row as for sampling, but draws nothing, so
 		// temp1 minus this is the sampler's own cost and this minus greedy the LM head's.
 		{"greedy-fulllogits", `"temperature":0,"repetition_penalty":1.000001`},
 	} {
 		s := narrowed
-		if sampling.name == "temp1-fullvocab" {
-			s = fullVocabServer(b)
-		}
 		for _, stream := range []bool{false, true} {
 			name := sampling.name + "/plain"
 			body := `{"prompt":"The capital of France is","max_tokens":64,"ignore_eos":true,` + sampling.fields
@@ -66,20 +60,4 @@ func BenchmarkDecodeStep(b *testing.B) {
 			})
 		}
 	}
-}
-
-// fullVocabServer is the benchmark's server with MODELQUAL_SAMPLER=full (its workers inherit
-// the environment when they start).
-func fullVocabServer(b *testing.B) *testServer {
-	const key = "MODELQUAL_SAMPLER=full"
-	sharedMu.Lock()
-	defer sharedMu.Unlock()
-	if s, ok := sharedServers[key]; ok {
-		return s
-	}
-	os.Setenv("MODELQUAL_SAMPLER", "full")
-	defer os.Unsetenv("MODELQUAL_SAMPLER")
-	s := startServerNoCleanup(b, qwenBundle(b), "--workers", "1", "--max-batch", "8")
-	sharedServers[key] = s
-	return s
 }
