@@ -234,10 +234,7 @@ void Qwen3Decoder::sparse_mlp(int l, const Layer &L, int R, float *h) {
     for (int i = 0; i < n; i++) std::memcpy(&xs_[(size_t)i * E_], &a_[(size_t)rows_of_[i] * E_], sizeof(float) * E_);
     linear(pool_, xs_.data(), n, E_, L.eg[e], MI, nullptr, g_.data());
     linear(pool_, xs_.data(), n, E_, L.eu[e], MI, nullptr, u_.data());
-    for (size_t x = 0; x < (size_t)n * MI; x++) {
-      float g = g_[x];
-      g_[x] = g / (1.0f + std::exp(-g)) * u_[x];
-    }
+    for (size_t x = 0; x < (size_t)n * MI; x++) g_[x] *= u_[x] / (1.0f + std::exp(-g_[x]));  // silu(gate) * up
     linear(pool_, g_.data(), n, MI, L.ed[e], E_, nullptr, ys_.data());
     for (int i = 0; i < n; i++) {
       float *dst = &tmp_[(size_t)rows_of_[i] * E_];
