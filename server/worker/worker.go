@@ -360,13 +360,18 @@ func (l *loop) reportRouting() {
 		return
 	}
 	var ds []wire.RoutingDelta
+	first := l.routed == nil
 	for layer, row := range now {
+		sparse := false         // a layer that routed anything: on the first report all its experts are
+		for _, n := range row { // sent, zeros too, so /metrics shows the experts never chosen
+			sparse = sparse || n > 0
+		}
 		for e, n := range row {
 			var before uint64
 			if layer < len(l.routed) && e < len(l.routed[layer]) {
 				before = l.routed[layer][e]
 			}
-			if n > before {
+			if n > before || first && sparse {
 				ds = append(ds, wire.RoutingDelta{Layer: uint16(layer), Expert: uint16(e), Tokens: uint32(n - before)})
 			}
 		}
