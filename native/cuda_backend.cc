@@ -33,6 +33,7 @@ struct Api {
                          const float *, const uint64_t *, int32_t *, float *, char *, size_t);
   int (*logits_all)(mqb_model *, const int32_t *, int32_t, float *, char *, size_t);
   void (*slot_reset)(mqb_model *, int32_t);
+  int (*routing)(mqb_model *, uint64_t *, int64_t, int32_t *, int32_t *, char *, size_t);
   int (*set_image)(mqb_model *, int32_t, const float *, int64_t, int32_t, int32_t, int32_t, const int32_t *, int32_t,
                    char *, size_t);
   const char *const *(*families)(void);
@@ -83,6 +84,8 @@ class Cuda : public Backend {
     sym(api_.slot_reset, "mqb_slot_reset");
     sym(api_.set_image, "mqb_set_image");
     sym(api_.families, "mqb_families");
+    // Optional (a library built before it serves no routing counts).
+    api_.routing = reinterpret_cast<decltype(api_.routing)>(dlsym(lib_, "mqb_routing"));
     int32_t v = api_.abi_version();
     if (v != MQB_ABI_VERSION)
       throw Error(MQ_ERR_LOAD, "device cuda: " + std::string(kLib) + " speaks backend ABI " + std::to_string(v) +
@@ -159,6 +162,19 @@ class Cuda : public Backend {
     char err[1024] = {0};
     if (api_.logits_all(model_, ids, n, out, err, sizeof(err)) != 0)
       throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
+  }
+
+  // routing_counts: a mixture of experts' routing counts, from the library's mqb_routing.
+  int routing_counts(std::vector<uint64_t> *out, int *layers) const override {
+    if (!api_.routing) return 0;
+    int32_t nl = 0, ne = 0;
+    char err[1024] = {0};
+    if (api_.routing(model_, nullptr, 0, &nl, &ne, err, sizeof(err)) != 0 || ne == 0) return 0;
+    out->assign((size_t)nl * ne, 0);
+    if (api_.routing(model_, out->data(), (int64_t)out->size(), &nl, &ne, err, sizeof(err)) != 0)
+      throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
+    *layers = nl;
+    return ne;
   }
 
   // reset_slot: slot max_batch is the engine's scratch slot (mq_engine_logits_image), which is

@@ -719,6 +719,25 @@ void mq_engine_cancel(mq_engine *e, uint64_t seq) {
 
 int32_t mq_engine_active(const mq_engine *e) { return e ? e->live : 0; }
 
+mq_status mq_engine_routing(const mq_engine *e, uint64_t *out, int64_t cap, int32_t *layers, int32_t *experts) {
+  if (!e || !layers || !experts) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_routing: NULL argument");
+  try {
+    std::vector<uint64_t> counts;
+    int nl = 0;
+    int ne = e->be->routing_counts(&counts, &nl);
+    *layers = ne > 0 ? nl : 0;
+    *experts = ne;
+    if (!out || ne == 0) return MQ_OK;
+    if (cap < (int64_t)counts.size())
+      return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_routing: cap " + std::to_string(cap) + " is below layers*experts = " +
+                                               std::to_string(counts.size()));
+    std::copy(counts.begin(), counts.end(), out);
+    return MQ_OK;
+  } catch (const Error &x) {
+    return fail(x.status, x.what());
+  }
+}
+
 static mq_event done_event(const Seq &q, int32_t token, mq_finish_reason r) {
   mq_event ev;
   std::memset(&ev, 0, sizeof(ev));

@@ -132,6 +132,15 @@ func prefixed(file, from, to string) func(string, string) string {
 	}
 }
 
+// qwen3MoeFused is qwen3moe-tiny saved with transformers 5's fused experts.
+func qwen3MoeFused(t *testing.T) fixtures.Relayout {
+	l, err := fixtures.Qwen3MoeFused(fixtures.Qwen3MoeTiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // TestLayoutsComputeAsTheOriginal rewrites each family's fixture checkpoint in the layouts
 // transformers and diffusers load (prefixed and unprefixed names, a tied head stored or not,
 // an untied head, sharded weights with an index, diffusers' sharded component folders) and
@@ -184,6 +193,21 @@ func TestLayoutsComputeAsTheOriginal(t *testing.T) {
 			{"untied, language_model.lm_head the embedding", fixtures.Relayout{Config: untie, Rename: prefixed("", "model.language_model.", "language_model.model."),
 				Add: map[string]map[string]string{"model.safetensors": {"language_model.lm_head.weight": "model.language_model.embed_tokens.weight"}}}},
 			{"sharded into 3", fixtures.Relayout{Shards: 3}},
+		}},
+		{fixtures.Qwen3MoeTiny, []layoutCase{
+			{"fused experts (transformers 5)", qwen3MoeFused(t)},
+			{"fused experts, unprefixed (Qwen3MoeModel), sharded", func() fixtures.Relayout {
+				l := qwen3MoeFused(t)
+				l.Rename, l.Shards = prefixed("", "model.", ""), 3
+				for i, x := range l.Stack["model.safetensors"] {
+					x.Name = strings.TrimPrefix(x.Name, "model.")
+					for j := range x.Of {
+						x.Of[j] = strings.TrimPrefix(x.Of[j], "model.")
+					}
+					l.Stack["model.safetensors"][i] = x
+				}
+				return l
+			}()},
 		}},
 		{fixtures.ZImageTiny, []layoutCase{
 			// The case: the text encoder saved by Qwen3ForCausalLM.

@@ -442,6 +442,40 @@ func (e *Engine) Active() int {
 	return int(C.mq_engine_active(e.c))
 }
 
+// Routing is a mixture-of-experts model's routing so far: counts[layer][expert] tokens routed
+// since the engine opened (nil for a model without experts). Safe beside Step on another
+// goroutine, as Cancel is.
+func (e *Engine) Routing() ([][]uint64, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.c == nil {
+		return nil, ErrClosed
+	}
+	var layers, experts C.int32_t
+	st, msg := call(func() C.mq_status { return C.mq_engine_routing(e.c, nil, 0, &layers, &experts) })
+	if st != C.MQ_OK {
+		return nil, errors.New("native.Routing: " + msg)
+	}
+	if experts == 0 {
+		return nil, nil
+	}
+	flat := make([]uint64, int(layers)*int(experts))
+	var pin runtime.Pinner
+	pin.Pin(&flat[0])
+	defer pin.Unpin()
+	st, msg = call(func() C.mq_status {
+		return C.mq_engine_routing(e.c, (*C.uint64_t)(unsafe.Pointer(&flat[0])), C.int64_t(len(flat)), &layers, &experts)
+	})
+	if st != C.MQ_OK {
+		return nil, errors.New("native.Routing: " + msg)
+	}
+	out := make([][]uint64, int(layers))
+	for l := range out {
+		out[l] = flat[l*int(experts) : (l+1)*int(experts)]
+	}
+	return out, nil
+}
+
 // Logits returns full-vocabulary logits at every position of ids (len(ids)*VocabSize floats,
 // row-major by position), computed in a scratch slot without disturbing live sequences.
 func (e *Engine) Logits(ids []int32) ([]float32, error) {

@@ -309,6 +309,9 @@ std::string mq::TensorLayout::json() const {
   o += "],\"renames\":[";
   for (size_t i = 0; i < renames.size(); i++)
     o += (i ? "," : "") + std::string("{\"from\":") + json_string(renames[i].first) + ",\"to\":" + json_string(renames[i].second) + "}";
+  o += "],\"splits\":[";
+  for (size_t i = 0; i < splits.size(); i++)
+    o += (i ? "," : "") + std::string("{\"from\":") + json_string(splits[i].first) + ",\"to\":" + strings(splits[i].second) + "}";
   return o + "],\"carried\":" + strings(carried) + ",\"dropped\":" + strings(dropped) + "}";
 }
 

@@ -496,6 +496,41 @@ type Target struct {
 type EngineSteps struct {
 	Prefill StepStats `json:"prefill"`
 	Decode  StepStats `json:"decode"`
+	// Experts is a mixture-of-experts model's routing over the same interval: tokens[layer]
+	// [expert] (a token counts once per chosen expert), from the server's
+	// qual_server_moe_routed_tokens_total; absent for dense models.
+	Experts [][]float64 `json:"experts,omitempty"`
+}
+
+// ExpertImbalance is the expert-load imbalance of a routing: per sparse layer (one with tokens)
+// the busiest expert's tokens over the mean per expert (1 when every expert got as many,
+// the number of experts when one got all: a collapsed router); worst is the largest over the
+// layers and layer its index, mean their average. ok is false without routing.
+func (s EngineSteps) ExpertImbalance() (worst float64, layer int, mean float64, ok bool) {
+	n, experts := 0, 0
+	for _, row := range s.Experts {
+		experts = max(experts, len(row)) // a layer's experts no token chose may be missing
+	}
+	for l, row := range s.Experts {
+		var sum, top float64
+		for _, v := range row {
+			sum += v
+			top = max(top, v)
+		}
+		if sum <= 0 {
+			continue
+		}
+		r := top / (sum / float64(experts))
+		if r > worst {
+			worst, layer = r, l
+		}
+		mean += r
+		n++
+	}
+	if n == 0 {
+		return 0, 0, 0, false
+	}
+	return worst, layer, mean / float64(n), true
 }
 
 // StepStats sums one kind of engine step: how many, their wall seconds, and the tokens they
@@ -509,12 +544,48 @@ type StepStats struct {
 // Add sums o into s (merging shards).
 func (s *EngineSteps) Add(o *EngineSteps) {
 	s.Prefill, s.Decode = s.Prefill.plus(o.Prefill, 1), s.Decode.plus(o.Decode, 1)
+	s.Experts = addExperts(s.Experts, o.Experts, 1)
+}
+
+// addExperts is a + k·b, row by row (rows and experts missing from one side count 0).
+func addExperts(a, b [][]float64, k float64) [][]float64 {
+	if a == nil && b == nil {
+		return nil
+	}
+	out := make([][]float64, max(len(a), len(b)))
+	for l := range out {
+		var ra, rb []float64
+		if l < len(a) {
+			ra = a[l]
+		}
+		if l < len(b) {
+			rb = b[l]
+		}
+		out[l] = make([]float64, max(len(ra), len(rb)))
+		for e := range out[l] {
+			if e < len(ra) {
+				out[l][e] += ra[e]
+			}
+			if e < len(rb) {
+				out[l][e] += k * rb[e]
+			}
+		}
+	}
+	return out
 }
 
 // Since is what the engine did between an earlier reading of its totals and s; an error when
 // a total went down (the server or its metrics were restarted between the two).
 func (s EngineSteps) Since(earlier EngineSteps) (*EngineSteps, error) {
-	d := &EngineSteps{Prefill: s.Prefill.plus(earlier.Prefill, -1), Decode: s.Decode.plus(earlier.Decode, -1)}
+	d := &EngineSteps{Prefill: s.Prefill.plus(earlier.Prefill, -1), Decode: s.Decode.plus(earlier.Decode, -1),
+		Experts: addExperts(s.Experts, earlier.Experts, -1)}
+	for _, row := range d.Experts {
+		for _, v := range row {
+			if v < 0 {
+				return nil, fmt.Errorf("the server's expert routing totals went down during the point (was it restarted?)")
+			}
+		}
+	}
 	for kind, st := range map[string]StepStats{"prefill": d.Prefill, "decode": d.Decode} {
 		if st.Steps < 0 || st.Seconds < 0 || st.Tokens < 0 {
 			return nil, fmt.Errorf("the server's %s step totals went down during the point (was it restarted?)", kind)

@@ -142,6 +142,14 @@ func stepsMarkdown(b *strings.Builder, e *EngineSteps) {
 		}
 		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %s |\n", k.name, k.s.Steps, two(1e3*k.s.Seconds/k.s.Steps), two(k.s.Tokens/k.s.Steps), two(share))
 	}
+	if worst, layer, mean, ok := e.ExpertImbalance(); ok {
+		experts := 0
+		for _, row := range e.Experts {
+			experts = max(experts, len(row))
+		}
+		fmt.Fprintf(b, "\nExpert load (busiest expert over the mean, 1 = balanced, %d = collapsed): worst layer %d %s, mean over layers %s\n",
+			experts, layer, two(worst), two(mean))
+	}
 }
 
 // gpuTelemetry is the part of the GPU telemetry blob (written by qual/gpu's sampler) that

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"strconv"
+
 	"github.com/modelqual/modelqual/server/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -35,6 +37,10 @@ type metrics struct {
 	// stepObs: the two histograms' observers per kind ([0] decode, [1] prefill), resolved once
 	// rather than by label on every step.
 	stepObs [2][2]prometheus.Observer
+	// moeTokens is a mixture-of-experts model's routing: per layer, the tokens sent to each
+	// expert (a token counts once for each of its top-k experts), so the per-layer histogram
+	// over experts shows a collapsed or unbalanced router. Absent for dense models.
+	moeTokens *prometheus.CounterVec // layer, expert
 }
 
 func newMetrics() *metrics {
@@ -90,8 +96,11 @@ func newMetrics() *metrics {
 			Name: "qual_server_engine_step_tokens", Help: "Tokens an engine step ran through the model (prompt tokens plus one per decoded sequence), by kind.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 16), // 1 .. 32768
 		}, []string{"kind"}),
+		moeTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "qual_server_moe_routed_tokens_total", Help: "Mixture-of-experts routing: tokens each layer's router sent to each expert (a token counts once per chosen expert).",
+		}, []string{"layer", "expert"}),
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.ttft, m.inputTokens, m.outputTokens, m.queueDepth,
+	m.reg.MustRegister(m.moeTokens, m.requests, m.latency, m.ttft, m.inputTokens, m.outputTokens, m.queueDepth,
 		m.inflight, m.slotsInUse, m.workersReady, m.workerRestarts, m.openConns, m.connsClosed, m.recordErrors, m.stepDuration, m.stepTokens,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, reason := range []string{closedIdle, closedSlowRead, closedSlowWrite, closedConnLimit} {
@@ -111,4 +120,9 @@ func (m *metrics) step(st wire.Step) {
 	}
 	obs[0].Observe(float64(st.DurationNs) / 1e9)
 	obs[1].Observe(float64(st.PromptTokens + st.Decodes))
+}
+
+// routed adds one routing delta a worker reported.
+func (m *metrics) routed(d wire.RoutingDelta) {
+	m.moeTokens.WithLabelValues(strconv.Itoa(int(d.Layer)), strconv.Itoa(int(d.Expert))).Add(float64(d.Tokens))
 }

@@ -412,6 +412,8 @@ func (p *pool) read(w *workerProc, r *wire.Reader) {
 			if st, err = wire.DecodeStep(pl); err == nil {
 				p.m.step(st)
 			}
+		case wire.TypeRouting:
+			err = wire.DecodeRouting(pl, p.m.routed)
 		case wire.TypeImageResult:
 			var a wire.ImageAnswer
 			if a, err = wire.DecodeImageResult(pl); err == nil {

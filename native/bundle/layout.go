@@ -23,6 +23,9 @@ type Layout struct {
 	// the start of the name becomes To, and the first rule giving a name the family reads or
 	// carries (or drops) wins; a carried tensor no rule renames keeps its name.
 	Renames []LayoutRename `json:"renames"`
+	// Splits cut a checkpoint tensor stored fused (transformers 5's 3-D experts) into the
+	// tensors the family reads, before the renames apply.
+	Splits []LayoutSplit `json:"splits,omitempty"`
 	// Carried are patterns ('*' matches any run of characters) of tensors the bundle keeps but
 	// the family never reads (a VAE encoder a text-to-image pipeline does not run, causal-mask
 	// buffers).
@@ -37,6 +40,46 @@ type Layout struct {
 type LayoutTensor struct {
 	Name  string  `json:"name"`
 	Shape []int64 `json:"shape"`
+}
+
+// LayoutSplit: a checkpoint tensor whose name ends with From (what comes before it, P, kept)
+// of shape [N, len(To)*M, ...] is N*len(To) tensors named P + To[j] with '*' replaced by n, each
+// of shape [M, ...]: the (n*len(To)+j)-th of equal consecutive byte ranges, so nothing is
+// computed. transformers 5 saves a mixture of experts' gate_up_proj [experts, 2*width, hidden]
+// this way: per expert, the gate's rows, then the up projection's.
+type LayoutSplit struct {
+	From string   `json:"from"`
+	To   []string `json:"to"`
+}
+
+// split applies sp to t when t's name ends with sp.From: the parts, or nil.
+func (sp LayoutSplit) split(t stTensor) ([]stTensor, error) {
+	prefix, ok := strings.CutSuffix(t.Name, sp.From)
+	if !ok || len(sp.To) == 0 {
+		return nil, nil
+	}
+	k := int64(len(sp.To))
+	if len(t.Shape) < 2 || t.Shape[0] < 1 || t.Shape[1]%k != 0 {
+		return nil, fmt.Errorf("tensor %q of shape %v: a fused tensor split into %d parts needs shape [N, %d*M, ...]", t.Name, t.Shape, k, k)
+	}
+	parts := t.Shape[0] * k
+	if t.Size%parts != 0 {
+		return nil, fmt.Errorf("tensor %q: %d bytes do not split into %d equal parts", t.Name, t.Size, parts)
+	}
+	size := t.Size / parts
+	shape := append([]int64{t.Shape[1] / k}, t.Shape[2:]...)
+	var out []stTensor
+	for n := int64(0); n < t.Shape[0]; n++ {
+		for j, to := range sp.To {
+			p := t
+			p.Name = prefix + strings.ReplaceAll(to, "*", fmt.Sprint(n))
+			p.Shape = shape
+			p.Offset = t.Offset + (n*k+int64(j))*size
+			p.Size = size
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // LayoutRename maps a checkpoint name prefix to the family's.
@@ -99,6 +142,33 @@ func (s *source) applyLayout(dir string, fam Family) error {
 			return r
 		}
 		return t.File
+	}
+	if len(l.Splits) > 0 {
+		var split []stTensor
+		fused := map[string]int{}
+		for _, t := range s.tensors {
+			var parts []stTensor
+			if _, read := want[t.Name]; !read {
+				for _, sp := range l.Splits {
+					p, err := sp.split(t)
+					if err != nil {
+						return fmt.Errorf("bundle: checkpoint %s: %v (in %s)", dir, err, rel(t))
+					}
+					if parts = p; parts != nil {
+						fused[sp.From]++
+						break
+					}
+				}
+			}
+			if parts == nil {
+				parts = []stTensor{t}
+			}
+			split = append(split, parts...)
+		}
+		s.tensors = split
+		for from, n := range fused {
+			s.renamed = append(s.renamed, fmt.Sprintf("*%s split (%d fused tensors)", from, n))
+		}
 	}
 	var kept []stTensor
 	var unread []string

@@ -783,6 +783,20 @@ int mqb_logits_all(mqb_model *m, const int32_t *ids, int32_t n, float *out, char
 
 // The cache needs no clearing: attention reads only positions below the ones a request writes,
 // and the runtime restarts a slot at position 0. A family with per-slot state (an image) drops it.
+int mqb_routing(mqb_model *m, uint64_t *out, int64_t cap, int32_t *layers, int32_t *experts, char *err,
+                size_t errlen) {
+  *layers = 0;
+  *experts = 0;
+  if (!m || !m->fam->routing) return 0;
+  try {
+    cudaSetDevice(m->dev);
+    return m->fam->routing(*m, out, cap, layers, experts);
+  } catch (const std::exception &e) {
+    set_err(err, errlen, e.what());
+    return 1;
+  }
+}
+
 void mqb_slot_reset(mqb_model *m, int32_t slot) {
   if (m && m->fam->slot_reset) m->fam->slot_reset(*m, slot);
 }

@@ -108,6 +108,11 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
     attention();
     linear<T>(m, "o_proj", prep<T>(PREP_PLAIN, nullptr, (const T *)m.attn, AO, nullptr, nullptr, nullptr, eps), Tn, AO,
               ly.w_o, H, ly.b_o, m.res, true, nullptr);
+    // A family's own feed-forward (a mixture of experts) takes the layer's place of the MLP.
+    if (m.fam->ffn && m.fam->ffn(m, l, Tn)) {
+      if (m.rows_on && m.fam->after_layer) m.fam->after_layer(m, l, Tn);
+      continue;
+    }
     const PrepArgs<T> up_in = prep<T>(c.norm, m.res, nullptr, H, nullptr, ly.ln2_w, ly.ln2_b, eps);
     // Gated MLPs' batches in the tile kernel's fused range: RMSNorm, gate/up and SwiGLU in one kernel,
     // whose T output (in m.mlp's memory) is the down projection's input as it is.

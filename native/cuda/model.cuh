@@ -80,6 +80,11 @@ struct CudaFamily {
   bool (*chunk_begin)(mqb_model &m, int Tn) = nullptr;
   void (*embed_rows)(mqb_model &m, int Tn) = nullptr;
   void (*after_layer)(mqb_model &m, int l, int Tn) = nullptr;
+  // ffn: layer l's feed-forward in place of the dense MLP (a mixture of experts): reads the
+  // residual m.res of the Tn tokens and adds its output to it; false leaves the layer dense.
+  bool (*ffn)(mqb_model &m, int l, int Tn) = nullptr;
+  // routing: a mixture of experts' routing counts since open (mqb_routing).
+  int (*routing)(mqb_model &m, uint64_t *out, int64_t cap, int32_t *layers, int32_t *experts) = nullptr;
   // in_prompt: slot's position p is inside a prompt the family still has to fill (not a decode).
   bool (*in_prompt)(mqb_model &m, int slot, int p) = nullptr;
   void (*set_image)(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, int gt, int gh, int gw,

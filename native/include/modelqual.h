@@ -234,6 +234,13 @@ MQ_API mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user,
 
 MQ_API int32_t mq_engine_active(const mq_engine *e);
 
+/* Mixture-of-experts routing: the tokens each layer has routed to each expert since the engine
+ * opened (prefill, decode and logits calls alike). Writes *layers and *experts (experts 0: the
+ * model is not a mixture of experts); with out non-NULL also the counts, out[layer*experts + e],
+ * which needs cap >= layers*experts. Safe to call beside mq_engine_step on another thread. */
+MQ_API mq_status mq_engine_routing(const mq_engine *e, uint64_t *out, int64_t cap, int32_t *layers,
+                                   int32_t *experts);
+
 /* Full-vocabulary logits at every position of ids: out holds n*vocab_size floats. Uses a
  * scratch KV slot, so it never disturbs live sequences. */
 MQ_API mq_status mq_engine_logits(mq_engine *e, const int32_t *ids, int32_t n, float *out);

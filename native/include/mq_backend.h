@@ -101,6 +101,12 @@ int mqb_logits_all(mqb_model *m, const int32_t *ids, int32_t n, float *out, char
 /* Forget slot's KV cache (the request ended or was cancelled) and its image, if any. */
 void mqb_slot_reset(mqb_model *m, int32_t slot);
 
+/* Mixture-of-experts routing counts since open: *layers and *experts (0: not a mixture of
+ * experts), and with out non-NULL out[layer*experts + e] (cap >= layers*experts). Optional: a
+ * library without it serves no routing counts. */
+int mqb_routing(mqb_model *m, uint64_t *out, int64_t cap, int32_t *layers, int32_t *experts, char *err,
+                size_t errlen);
+
 /* Attach one image to the sequence about to be prefilled in slot (0..max_batch-1, or max_batch:
  * the scratch slot of mqb_logits_all) with prompt (n ids, the image's placeholder tokens among
  * them): the processor's patches (grid_t*grid_h*grid_w rows of 3*temporal_patch*patch^2 values)

@@ -76,6 +76,12 @@ struct TensorLayout {
   // dropped: patterns of tensors the reference loader discards (a tied head, a task head a base
   // model does not have); they are left out of the bundle.
   std::vector<std::string> dropped;
+  // split: a checkpoint tensor whose name ends with from (the rest of the name, P, before it)
+  // of shape [N, len(to)*M, ...] is N*len(to) tensors P + to[j] ('*' replaced by n) of shape
+  // [M, ...], expert n's part j being the n*len(to)+j-th equal byte range (transformers 5's
+  // fused experts split into per-expert ones). Splits apply before renames.
+  std::vector<std::pair<std::string, std::vector<std::string>>> splits;
+  void split(const std::string &from, const std::vector<std::string> &to) { splits.push_back({from, to}); }
   void rename(const std::string &from, const std::string &to) { renames.push_back({from, to}); }
   void drop(const std::string &pattern) { dropped.push_back(pattern); }
   std::string json() const;
@@ -217,6 +223,13 @@ class Backend {
   // logits_all writes full logits for every position of ids, using KV slot scratch_slot.
   virtual void logits_all(const int32_t *ids, int n, int scratch_slot, float *out) = 0;
   virtual void reset_slot(int slot) { (void)slot; }
+  // routing_counts: a mixture-of-experts model's tokens routed to each expert of each layer
+  // since open, out [layers * experts]; returns experts (0: not a mixture of experts). May be
+  // called from another thread while forward runs.
+  virtual int routing_counts(std::vector<uint64_t> *out, int *layers) const {
+    (void)out, (void)layers;
+    return 0;
+  }
   // set_image attaches an image to the sequence about to be prefilled in slot with prompt
   // (checked against it here, so a bad request fails alone); reset_slot drops it. Families
   // without images refuse.

@@ -16,7 +16,8 @@ void configure(Cfg &c, const std::string &fault_prefix) {
   if (fault((fault_prefix + ".rope_theta_x10").c_str())) c.theta *= 10;
 }
 
-void load_decoder(mqb_model &m, const TensorMap &tm, const std::string &prefix, const std::string &fault_prefix) {
+void load_decoder(mqb_model &m, const TensorMap &tm, const std::string &prefix, const std::string &fault_prefix,
+                  const std::vector<bool> *sparse) {
   const Cfg &c = m.c;
   const int64_t H = c.H, D = c.D, I = c.I, V = c.V, nh = c.nh, nkv = c.nkv;
   const std::string &tp = prefix;
@@ -49,6 +50,8 @@ void load_decoder(mqb_model &m, const TensorMap &tm, const std::string &prefix, 
     }
     if (!drop_qn) ly.qn = upload_f32(m, {tm.need(pre + "self_attn.q_norm.weight", {D})});
     ly.kn = upload_f32(m, {tm.need(pre + "self_attn.k_norm.weight", {D})});
+    ly.qscale = 1.f / sqrtf((float)D);
+    if (sparse && (*sparse)[l]) continue;
     const mqb_tensor *gt = tm.need(pre + "mlp.gate_proj.weight", {I, H});
     const mqb_tensor *ut = tm.need(pre + "mlp.up_proj.weight", {I, H});
     ly.w_up = upload_matrix(m, {{gt, I, false}, {ut, I, false}}, H);

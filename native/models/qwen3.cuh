@@ -12,8 +12,10 @@ void configure(Cfg &c, const std::string &fault_prefix);
 
 // load_decoder names and uploads the decoder's tensors under prefix (past the "model." that
 // TensorMap strips: "" for qwen3, "language_model." for qwen3vl) and makes the rotary table;
-// fault_prefix.drop_q_norm skips q_norm.
-void load_decoder(mqb_model &m, const TensorMap &tm, const std::string &prefix, const std::string &fault_prefix);
+// fault_prefix.drop_q_norm skips q_norm. sparse (may be NULL) marks the layers whose MLP the
+// family replaces (a mixture of experts, CudaFamily::ffn): their mlp.* tensors are not read.
+void load_decoder(mqb_model &m, const TensorMap &tm, const std::string &prefix, const std::string &fault_prefix,
+                  const std::vector<bool> *sparse = nullptr);
 
 }  // namespace qwen3
 }  // namespace mqcuda

@@ -1,6 +1,7 @@
 // models/qwen3_decoder.cc: the Qwen3 decoder stack (see qwen3_decoder.h; owner: qwen family).
 #include "qwen3_decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -9,11 +10,23 @@ namespace mq {
 Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Options &o)
     : pool_(a.pool), hp_(d), E_(d.hidden_size), H_(d.num_heads), Hkv_(d.num_kv_heads), hd_(d.head_dim),
       I_(d.intermediate_size), ctx_(a.max_context), drop_q_norm_(fault(o.fault_prefix + ".drop_q_norm")),
-      kv_(d.num_layers, a.n_slots, a.max_context, d.num_kv_heads * d.head_dim) {
+      kv_(d.num_layers, a.n_slots, a.max_context, d.num_kv_heads * d.head_dim), moe_(o.moe),
+      route_wrong_(fault(o.fault_prefix + ".route_wrong_expert")) {
   const Weights &w = *a.w;
   const int qd = H_ * hd_, kvd = Hkv_ * hd_;
   const std::string &m = o.prefix;
   embed_ = w.get(m + "embed_tokens.weight", {d.vocab_size, E_});
+  const int NE = moe_.experts, MI = moe_.intermediate;
+  if (NE > 0) {
+    if (moe_.top_k <= 0 || moe_.top_k > NE)
+      throw Error(MQ_ERR_LOAD, "num_experts_per_tok " + std::to_string(moe_.top_k) + " must be in 1.." + std::to_string(NE) + " (num_experts)");
+    if (MI <= 0) throw Error(MQ_ERR_LOAD, "moe_intermediate_size must be positive");
+    if ((int)moe_.sparse.size() != hp_.num_layers)
+      throw Error(MQ_ERR_LOAD, "the mixture of experts names " + std::to_string(moe_.sparse.size()) + " layers, the decoder has " +
+                                   std::to_string(hp_.num_layers));
+    counts_.reset(new std::atomic<uint64_t>[(size_t)hp_.num_layers * NE]);
+    for (size_t x = 0; x < (size_t)hp_.num_layers * NE; x++) counts_[x].store(0, std::memory_order_relaxed);
+  }
   for (int l = 0; l < hp_.num_layers; l++) {
     std::string p = m + "layers." + std::to_string(l) + ".";
     Layer L;
@@ -31,9 +44,19 @@ Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Optio
     L.q_norm = w.get(p + "self_attn.q_norm.weight", {hd_});
     L.k_norm = w.get(p + "self_attn.k_norm.weight", {hd_});
     L.post_ln = w.get(p + "post_attention_layernorm.weight", {E_});
-    L.wg = w.get(p + "mlp.gate_proj.weight", {I_, E_});
-    L.wu = w.get(p + "mlp.up_proj.weight", {I_, E_});
-    L.wd = w.get(p + "mlp.down_proj.weight", {E_, I_});
+    if (NE > 0 && moe_.sparse[l]) {
+      L.router = w.get(p + "mlp.gate.weight", {NE, E_});
+      for (int e = 0; e < NE; e++) {
+        std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        L.eg.push_back(w.get(x + "gate_proj.weight", {MI, E_}));
+        L.eu.push_back(w.get(x + "up_proj.weight", {MI, E_}));
+        L.ed.push_back(w.get(x + "down_proj.weight", {E_, MI}));
+      }
+    } else {
+      L.wg = w.get(p + "mlp.gate_proj.weight", {I_, E_});
+      L.wu = w.get(p + "mlp.up_proj.weight", {I_, E_});
+      L.wd = w.get(p + "mlp.down_proj.weight", {E_, I_});
+    }
     layers_.push_back(L);
   }
   norm_ = w.get(m + "norm.weight", {E_});
@@ -132,16 +155,99 @@ void Qwen3Decoder::forward(const Pass &ps, float *h) {
     linear(pool_, att_.data(), R, qd, L.wo, E_, L.bo, tmp_.data());
     for (size_t x = 0; x < (size_t)R * E_; x++) h[x] += tmp_[x];
     rms_norm(h, R, E_, L.post_ln, hp_.norm_eps, a_.data());
-    linear(pool_, a_.data(), R, E_, L.wg, I_, nullptr, g_.data());
-    linear(pool_, a_.data(), R, E_, L.wu, I_, nullptr, u_.data());
-    for (size_t x = 0; x < (size_t)R * I_; x++) {
-      float g = g_[x];
-      g_[x] = g / (1.0f + std::exp(-g)) * u_[x];  // silu(gate) * up
-    }
-    linear(pool_, g_.data(), R, I_, L.wd, E_, nullptr, tmp_.data());
-    for (size_t x = 0; x < (size_t)R * E_; x++) h[x] += tmp_[x];
+    if (L.router)
+      sparse_mlp(l, L, R, h);
+    else
+      dense_mlp(L, R, h);
     if (ps.after_layer) ps.after_layer(l, h, R);
   }
+}
+
+// dense_mlp adds down(silu(gate(a)) * up(a)) to h, a_ holding the normed rows.
+void Qwen3Decoder::dense_mlp(const Layer &L, int R, float *h) {
+  g_.resize((size_t)R * I_);  // a sparse layer before this one may have resized them
+  u_.resize((size_t)R * I_);
+  linear(pool_, a_.data(), R, E_, L.wg, I_, nullptr, g_.data());
+  linear(pool_, a_.data(), R, E_, L.wu, I_, nullptr, u_.data());
+  for (size_t x = 0; x < (size_t)R * I_; x++) {
+    float g = g_[x];
+    g_[x] = g / (1.0f + std::exp(-g)) * u_[x];  // silu(gate) * up
+  }
+  linear(pool_, g_.data(), R, I_, L.wd, E_, nullptr, tmp_.data());
+  for (size_t x = 0; x < (size_t)R * E_; x++) h[x] += tmp_[x];
+}
+
+// sparse_mlp routes each row of a_ to its top_k experts and adds their weighted outputs to h.
+// Rows are grouped by expert, so each expert's three products run once over all its rows (as
+// the GPU's grouped products do); outputs are added in expert order, as transformers'
+// index_add_ over its expert loop does.
+void Qwen3Decoder::sparse_mlp(int l, const Layer &L, int R, float *h) {
+  const int NE = moe_.experts, K = moe_.top_k, MI = moe_.intermediate;
+  probs_.resize((size_t)R * NE);
+  choice_.resize((size_t)R * K);
+  weight_of_.resize((size_t)R * K);
+  linear(pool_, a_.data(), R, E_, L.router, NE, nullptr, probs_.data());
+  for (int r = 0; r < R; r++) {
+    float *p = &probs_[(size_t)r * NE];
+    float mx = p[0];
+    for (int e = 1; e < NE; e++) mx = std::max(mx, p[e]);
+    float sum = 0;
+    for (int e = 0; e < NE; e++) sum += (p[e] = std::exp(p[e] - mx));
+    for (int e = 0; e < NE; e++) p[e] /= sum;
+    // top-k by selection: the largest remaining probability, lowest index on ties.
+    int *c = &choice_[(size_t)r * K];
+    float *wk = &weight_of_[(size_t)r * K];
+    float tot = 0;
+    for (int k = 0; k < K; k++) {
+      int best = -1;
+      for (int e = 0; e < NE; e++) {
+        bool taken = false;
+        for (int j = 0; j < k; j++) taken |= c[j] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      c[k] = best;
+      wk[k] = p[best];
+      tot += p[best];
+    }
+    for (int k = 0; k < K; k++) {
+      if (moe_.norm_topk_prob) wk[k] /= tot;
+      if (route_wrong_) c[k] = (c[k] + 1) % NE;
+    }
+  }
+  std::fill(tmp_.begin(), tmp_.begin() + (size_t)R * E_, 0.0f);
+  for (int e = 0; e < NE; e++) {
+    rows_of_.clear();
+    std::vector<float> wt;
+    for (int r = 0; r < R; r++)
+      for (int k = 0; k < K; k++)
+        if (choice_[(size_t)r * K + k] == e) {
+          rows_of_.push_back(r);
+          wt.push_back(weight_of_[(size_t)r * K + k]);
+        }
+    const int n = (int)rows_of_.size();
+    if (n == 0) continue;
+    counts_[(size_t)l * NE + e].fetch_add((uint64_t)n, std::memory_order_relaxed);
+    xs_.resize((size_t)n * E_);
+    g_.resize((size_t)n * MI);
+    u_.resize((size_t)n * MI);
+    ys_.resize((size_t)n * E_);
+    for (int i = 0; i < n; i++) std::memcpy(&xs_[(size_t)i * E_], &a_[(size_t)rows_of_[i] * E_], sizeof(float) * E_);
+    linear(pool_, xs_.data(), n, E_, L.eg[e], MI, nullptr, g_.data());
+    linear(pool_, xs_.data(), n, E_, L.eu[e], MI, nullptr, u_.data());
+    for (size_t x = 0; x < (size_t)n * MI; x++) g_[x] *= u_[x] / (1.0f + std::exp(-g_[x]));  // silu(gate) * up
+    linear(pool_, g_.data(), n, MI, L.ed[e], E_, nullptr, ys_.data());
+    for (int i = 0; i < n; i++) {
+      float *dst = &tmp_[(size_t)rows_of_[i] * E_];
+      const float *src = &ys_[(size_t)i * E_];
+      for (int x = 0; x < E_; x++) dst[x] += src[x] * wt[i];
+    }
+  }
+  for (size_t x = 0; x < (size_t)R * E_; x++) h[x] += tmp_[x];
+}
+
+void Qwen3Decoder::routing_counts(uint64_t *out) const {
+  if (!counts_) return;
+  for (size_t x = 0; x < (size_t)hp_.num_layers * moe_.experts; x++) out[x] += counts_[x].load(std::memory_order_relaxed);
 }
 
 void Qwen3Decoder::final_norm(const float *h, int rows, float *out) const {

@@ -12,6 +12,14 @@
 // 1/sqrt(head_dim)) -> o_proj, residual; post_attention_layernorm -> SwiGLU MLP
 // down(silu(gate(x)) * up(x)), residual; final norm.
 //
+// Mixture of experts (transformers' modeling_qwen3_moe, Options::moe): a layer's FFN may instead
+// be a sparse block: router logits = gate(x) (bias-free [num_experts, E]), softmax in float32
+// over all experts, the top_k largest probabilities (lowest expert index first on ties),
+// divided by their sum when norm_topk_prob, then sum_k w_k * down_k(silu(gate_k(x)) * up_k(x))
+// over the chosen experts (each an MLP of width moe_intermediate_size). Which layers are sparse
+// is the caller's (decoder_sparse_step, mlp_only_layers); dense layers keep mlp.*. Every sparse
+// layer counts the tokens it routes to each expert (routing_counts), for the serving metrics.
+//
 // Use:
 //
 //   Qwen3Decoder dec(args, DecoderDims(*args.hp), {});      // reads model.embed_tokens, layers, norm
@@ -26,7 +34,9 @@
 #ifndef MODELQUAL_QWEN3_DECODER_H
 #define MODELQUAL_QWEN3_DECODER_H
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +59,15 @@ class Qwen3Decoder {
     // when i % 3 == 2 and i < 3*section[2], else by axis 0 (t), as transformers'
     // apply_interleaved_mrope does.
     std::vector<int> mrope_section;
+    // moe: the sparse layers' mixture of experts; experts == 0 keeps every layer dense. Its
+    // tensors: mlp.gate.weight [experts, E] and mlp.experts.<e>.{gate,up,down}_proj.weight.
+    // Faults: <fault_prefix>.route_wrong_expert routes every token to the experts after its
+    // chosen ones ((e + 1) % experts, same weights), to prove the routing gate bites.
+    struct Moe {
+      int experts = 0, top_k = 0, intermediate = 0;
+      bool norm_topk_prob = true;
+      std::vector<bool> sparse;  // per layer
+    } moe;
   };
 
   // Pass is one forward pass over the rows of batch (entry i owns rows off[i]..off[i]+ntok[i]-1,
@@ -82,13 +101,23 @@ class Qwen3Decoder {
   void forward(const Pass &p, float *h);
   // final_norm applies model.norm: out [rows, E].
   void final_norm(const float *h, int rows, float *out) const;
+  // routing_counts adds into out [layers * experts] the tokens each sparse layer has routed to
+  // each expert since the decoder was built (dense layers stay 0); experts() is 0 when dense.
+  // Safe to call from another thread while forward runs (relaxed atomic reads).
+  int experts() const { return moe_.experts; }
+  void routing_counts(uint64_t *out) const;
 
  private:
   struct Layer {
     const float *in_ln, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *post_ln, *wg, *wu, *wd;
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;
+    // sparse layers: the router and each expert's gate, up, down (wg, wu, wd stay null).
+    const float *router = nullptr;
+    std::vector<const float *> eg, eu, ed;
   };
   void rope(float *x, const int *pos3) const;
+  void dense_mlp(const Layer &L, int R, float *h);
+  void sparse_mlp(int l, const Layer &L, int R, float *h);
 
   ThreadPool *pool_;
   DecoderDims hp_;
@@ -100,6 +129,12 @@ class Qwen3Decoder {
   std::vector<int> axis_;  // per frequency: which position axis rotates it
   std::vector<float> cos_, sin_;
   std::vector<float> a_, q_, k_, v_, att_, tmp_, g_, u_, scratch_;
+  Options::Moe moe_;
+  bool route_wrong_;
+  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // [layer * experts + e]
+  std::vector<float> probs_, xs_, ys_;
+  std::vector<int> choice_, rows_of_;
+  std::vector<float> weight_of_;
 };
 
 }  // namespace mq

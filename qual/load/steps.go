@@ -3,6 +3,7 @@ package load
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -17,6 +18,8 @@ import (
 const (
 	stepSecondsMetric = "qual_server_engine_step_duration_seconds"
 	stepTokensMetric  = "qual_server_engine_step_tokens"
+	// routedMetric: a mixture of experts' tokens per (layer, expert).
+	routedMetric = "qual_server_moe_routed_tokens_total"
 )
 
 // readEngineSteps reads the server's engine-step histograms from baseURL/metrics: the totals so
@@ -55,6 +58,20 @@ func readEngineSteps(ctx context.Context, baseURL string) (reports.EngineSteps, 
 		if st := kinds[label(m, "kind")]; st != nil {
 			st.Tokens = m.GetHistogram().GetSampleSum()
 		}
+	}
+	for _, m := range fams[routedMetric].GetMetric() {
+		l, errL := strconv.Atoi(label(m, "layer"))
+		e, errE := strconv.Atoi(label(m, "expert"))
+		if errL != nil || errE != nil || l < 0 || e < 0 || l > 1<<12 || e > 1<<16 {
+			continue
+		}
+		for len(es.Experts) <= l {
+			es.Experts = append(es.Experts, nil)
+		}
+		for len(es.Experts[l]) <= e {
+			es.Experts[l] = append(es.Experts[l], 0)
+		}
+		es.Experts[l][e] = m.GetCounter().GetValue()
 	}
 	return es, true
 }

@@ -87,6 +87,9 @@ func (n *nativeEngine) Step(fn func(Event)) (int, error) {
 	return n.e.Step(n.cb)
 }
 
+// Routing is the engine's mixture-of-experts routing counts (nil for a dense model).
+func (n *nativeEngine) Routing() ([][]uint64, error) { return n.e.Routing() }
+
 func (n *nativeEngine) Active() int                           { return n.e.Active() }
 func (n *nativeEngine) Logits(ids []int32) ([]float32, error) { return n.e.Logits(ids) }
 func (n *nativeEngine) Close() error                          { return n.e.Close() }

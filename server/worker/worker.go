@@ -46,6 +46,12 @@ type Engine interface {
 	Close() error
 }
 
+// RoutingEngine is an Engine of a mixture-of-experts model: its routing counts so far,
+// counts[layer][expert] (nil when the model has no experts).
+type RoutingEngine interface {
+	Routing() ([][]uint64, error)
+}
+
 // VisionEngine is an Engine that takes one image with a prompt (a vision-language family).
 type VisionEngine interface {
 	AddImage(prompt []int32, im *wire.ImageInput, s wire.Sampling) (seq uint64, err error)
@@ -89,6 +95,9 @@ type loop struct {
 	// fresh: engine sequences admitted but not yet prefilled → their prompt tokens, so that
 	// each step's Step frame says how many prompts it prefilled.
 	fresh map[uint64]int
+	// routed: the routing counts already reported (RoutingEngine), so each Routing frame
+	// carries only what the last step added.
+	routed [][]uint64
 }
 
 // blocked reports whether the loop must wait for a command: nothing to run, or the parent is
@@ -320,6 +329,7 @@ func (l *loop) step() error {
 	if err == nil {
 		st.DurationNs = uint64(time.Since(t0))
 		l.out.Step(st)
+		l.reportRouting()
 	}
 	for _, done := range l.dones {
 		l.out.Done(done)
@@ -337,4 +347,37 @@ func (l *loop) step() error {
 		return err
 	}
 	return nil
+}
+
+// reportRouting sends what the engine's routing counts gained since the last report.
+func (l *loop) reportRouting() {
+	re, ok := l.eng.(RoutingEngine)
+	if !ok {
+		return
+	}
+	now, err := re.Routing()
+	if err != nil || now == nil {
+		return
+	}
+	var ds []wire.RoutingDelta
+	first := l.routed == nil
+	for layer, row := range now {
+		sparse := false         // a layer that routed anything: on the first report all its experts are
+		for _, n := range row { // sent, zeros too, so /metrics shows the experts never chosen
+			sparse = sparse || n > 0
+		}
+		for e, n := range row {
+			var before uint64
+			if layer < len(l.routed) && e < len(l.routed[layer]) {
+				before = l.routed[layer][e]
+			}
+			if n > before || first && sparse {
+				ds = append(ds, wire.RoutingDelta{Layer: uint16(layer), Expert: uint16(e), Tokens: uint32(n - before)})
+			}
+		}
+	}
+	l.routed = now
+	if len(ds) > 0 {
+		l.out.Routing(ds)
+	}
 }

@@ -186,7 +186,7 @@ inline std::vector<const void *> layer_weights(const mqb_model &m, const void *W
     std::vector<const void *> ws;
     bool has = false;
     for (const Layer &ly : m.layers) {
-      ws.push_back(ly.*f);
+      if (ly.*f) ws.push_back(ly.*f);  // a layer whose family replaces the MLP (CudaFamily::ffn) has none
       has = has || ly.*f == W;
     }
     if (has) return ws;
