@@ -143,6 +143,7 @@ func NewSuite(in SuiteInput) *Suite {
 	}
 	ginkgo.SynchronizedBeforeSuite(s.setupOnce, s.setupEach)
 	ginkgo.AfterEach(s.diagnose)
+	ginkgo.ReportAfterSuite(in.Family+" gate verdicts", s.reportVerdicts)
 	return s
 }
 

@@ -58,6 +58,7 @@ type familyResult struct {
 	Failed       int                `json:"failed"`
 	Skipped      int                `json:"skipped"`
 	FailedSpecs  []string           `json:"failed_specs,omitempty"`
+	Verdicts     []gateVerdict      `json:"verdicts,omitempty"`
 	GatesPassed  []string           `json:"gates_passed"`
 	GatesFailed  []string           `json:"gates_failed"`
 	Figures      []loadFigure       `json:"figures,omitempty"`
@@ -188,6 +189,9 @@ func runQualify(args []string) int {
 	var md strings.Builder
 	printQualifyTable(&md, results, total)
 	_ = os.WriteFile(filepath.Join(outDir, "qualify.txt"), []byte(md.String()), 0o644)
+	if err := writeSummary(summaryPath(outDir), results, qualifyOptions{launcher: *launcher, url: *url, filter: *filter}); err == nil {
+		fmt.Fprintf(os.Stdout, "\nPer-gate summary: %s\n", summaryPath(outDir))
+	}
 	for _, r := range results {
 		if r.Failed > 0 || r.Error != "" {
 			return 1
@@ -282,6 +286,15 @@ func readGinkgoReport(r *familyResult, profiles []string) error {
 	passedGates, failedGates := map[string]bool{}, map[string]bool{}
 	for _, rep := range reps {
 		for _, sr := range rep.SpecReports {
+			var labelled []string
+			for _, l := range sr.Labels() {
+				if slices.Contains(gateLabels, l) {
+					labelled = append(labelled, l)
+				}
+			}
+			if v, ok := verdictOf(sr, labelled); ok {
+				r.Verdicts = append(r.Verdicts, v)
+			}
 			if sr.LeafNodeType != types.NodeTypeIt {
 				if sr.State.Is(types.SpecStateFailureStates) {
 					r.Failed++
@@ -379,9 +392,7 @@ func printQualifyTable(w io.Writer, results []familyResult, total time.Duration)
 		if r.Error != "" {
 			fmt.Fprintf(w, "  ERROR %s\n", r.Error)
 		}
-		for _, f := range r.FailedSpecs {
-			fmt.Fprintf(w, "  FAILED %s\n", f)
-		}
+		printVerdicts(w, r)
 		points := map[string]bool{}
 		var order []string
 		for _, f := range r.Figures {
