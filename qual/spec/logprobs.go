@@ -228,7 +228,7 @@ func LogprobsParity(ctx context.Context, input func() LogprobsInput) {
 		defer cancel()
 		err := CheckLogprobs(c, input())
 		if errors.Is(err, ErrNoLogprobs) {
-			ginkgo.Skip(err.Error())
+			ginkgo.Skip(NotCheckable + err.Error())
 		}
 		passGate(err)
 	})
@@ -258,7 +258,7 @@ func goldenThroughLogprobs(ctx context.Context, in GoldenInput) error {
 	err := CheckLogprobs(ctx, LogprobsInput{API: in.API, Golden: g, Tokenizer: in.Tokenizer, Tolerance: in.Tolerance,
 		MaxSteps: in.MaxSteps, TokensOnly: !values, Optional: true})
 	if errors.Is(err, ErrNoLogprobs) {
-		ginkgo.Skip(fmt.Sprintf("needs qual-server's /mq/v1/logits or OpenAI logprobs (the server at %s has neither: %v)", in.API.BaseURL, err))
+		ginkgo.Skip(fmt.Sprintf("%sneeds qual-server's /mq/v1/logits or OpenAI logprobs (the server at %s has neither: %v)", NotCheckable, in.API.BaseURL, err))
 	}
 	return err
 }

@@ -81,7 +81,16 @@ func (s *Suite) reportVerdicts(r ginkgo.Report) {
 	PrintVerdicts(os.Stdout, fmt.Sprintf("%s gate verdicts (launcher %s):", s.Family, s.State.Launcher), vs)
 }
 
+// firstLineOf is a message's one-line reason: its first line, and where that line only
+// introduces a list ("context contract gate:"), the list's first item and how many follow.
 func firstLineOf(s string) string {
-	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
-	return s
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	first := strings.TrimSpace(lines[0])
+	if strings.HasSuffix(first, ":") && len(lines) > 1 {
+		first += " " + strings.TrimSpace(lines[1])
+		if n := len(lines) - 2; n > 0 {
+			first += fmt.Sprintf(" (and %d more)", n)
+		}
+	}
+	return first
 }

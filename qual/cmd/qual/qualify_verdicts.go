@@ -26,7 +26,7 @@ type gateVerdict struct {
 // verdictOf classifies one spec report; ok is false for a spec that has no verdict (left out
 // by the label filter, or never reached).
 func verdictOf(sr types.SpecReport, gates []string) (gateVerdict, bool) {
-	v := gateVerdict{Gate: strings.Join(gates, ","), Spec: sr.LeafNodeText, Reason: firstLine(sr.Failure.Message)}
+	v := gateVerdict{Gate: strings.Join(gates, ","), Spec: sr.LeafNodeText, Reason: reasonLine(sr.Failure.Message)}
 	switch {
 	case sr.LeafNodeType != types.NodeTypeIt:
 		if !sr.State.Is(types.SpecStateFailureStates) {
@@ -101,6 +101,20 @@ func writeSummary(path string, results []familyResult, o qualifyOptions) error {
 		}
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// reasonLine is a message's one-line reason: its first line, and where that line only
+// introduces a list ("context contract gate:"), the list's first item and how many follow.
+func reasonLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	first := strings.TrimSpace(lines[0])
+	if strings.HasSuffix(first, ":") && len(lines) > 1 {
+		first += " " + strings.TrimSpace(lines[1])
+		if n := len(lines) - 2; n > 0 {
+			first += fmt.Sprintf(" (and %d more)", n)
+		}
+	}
+	return first
 }
 
 func mdCell(s string) string {
