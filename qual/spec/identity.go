@@ -128,8 +128,8 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 		want := in.Tokenizer.Decode(gp.GreedyIDs[:n])
 		early := ans.FinishReason == "stop" && strings.HasPrefix(want, ans.Text)
 		if ans.Text != want && !early && !heldBackTail(ans.Text, want) {
-			return res, fmt.Errorf("%w: the server at %s (model %q) does not serve %s: on golden prompt %q its greedy tokens are %q, the checkpoint's are %q (%s)",
-				ErrIdentity, in.API.BaseURL, res.Model, in.Checkpoint, gp.Name, clip(ans.Text, 60), clip(want, 60), textDivergence(in.Tokenizer, gp.GreedyIDs[:n], ans.Text))
+			return res, fmt.Errorf("%w: the server at %s (model %q) does not serve %s: on golden prompt %q its greedy tokens are %q, the checkpoint's are %q (they part at token %d)",
+				ErrIdentity, in.API.BaseURL, res.Model, in.Checkpoint, gp.Name, clip(ans.Text, 60), clip(want, 60), divergenceStep(in.Tokenizer, gp.GreedyIDs[:n], ans.Text))
 		}
 		compared += n
 		if !withLogprobs || ans.Logprobs == nil {
