@@ -218,3 +218,48 @@ func TestLlamaCppShapedAnswers(t *testing.T) {
 		t.Errorf("qual-server's capabilities:\n%s", ours.Summary())
 	}
 }
+
+// include_stop_str_in_output is vLLM's, not OpenAI's: a server that drops the field (as one
+// that ignores unknown fields does) makes the vendor spec not checkable, while qual-server,
+// which honours it, is checked; the OpenAI stop gate passes on both.
+func TestStopInclusionIsAVendorSpec(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a qual-server")
+	}
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(launchtest.TokenizerDir(t, "qwen3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := launchtest.Start(t, launchtest.Bundle(t, "qwen3-tiny"), launch.WithModel("qwen"))
+	ignoring := fronting(t, ep.BaseURL, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
+		raw, _ := io.ReadAll(r.Body)
+		var body map[string]any
+		if json.Unmarshal(raw, &body) == nil {
+			delete(body, "include_stop_str_in_output")
+			raw, _ = json.Marshal(body)
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(raw)), int64(len(raw))
+		proxy.ServeHTTP(w, r)
+	})
+	ctx := context.Background()
+	in := StopInput{API: NewAPI(ignoring.URL, "qwen", "", 0), Path: GoldenPath(root, "qwen3-tiny"), Tokenizer: tok}
+	if why := probeStopInclusion(ctx, in); !strings.Contains(why, "was ignored") {
+		t.Errorf("probe on a server that drops include_stop_str_in_output: %q; want ignored", why)
+	}
+	in.SkipInclude = true
+	if err := CheckStops(ctx, in); err != nil {
+		t.Errorf("OpenAI stop semantics on that server: %v", err)
+	}
+	in.SkipInclude, in.onlyInclude = false, true
+	if err := CheckStops(ctx, in); err == nil {
+		t.Error("include_stop_str_in_output required of a server that drops it: passed; want the vendor check to fail")
+	}
+	in.API = NewAPI(ep.BaseURL, "qwen", "", 0)
+	if why := probeStopInclusion(ctx, in); why != "" {
+		t.Errorf("probe on qual-server: %q; want offered", why)
+	}
+}
