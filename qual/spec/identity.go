@@ -122,6 +122,12 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 			delete(body, "logprobs")
 			ans, err = api.Complete(ctx, "/v1/completions", body)
 		}
+		if err != nil && StatusOf(err)/100 == 4 {
+			// A server that takes text prompts only (OpenAI's token-array prompt refused): the
+			// golden prompt's text, which its own tokenizer must turn into the same ids.
+			body["prompt"] = in.Tokenizer.Decode(gp.PromptIDs)
+			ans, err = api.Complete(ctx, "/v1/completions", body)
+		}
 		if err != nil {
 			return res, fmt.Errorf("%w: golden prompt %q (%d token ids) could not be generated: %v", ErrIdentity, gp.Name, len(gp.PromptIDs), err)
 		}
