@@ -112,6 +112,9 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 			break
 		}
 		n := min(steps, len(gp.GreedyIDs))
+		if n == 0 || len(gp.PromptIDs) == 0 {
+			continue
+		}
 		body := map[string]any{"prompt": gp.PromptIDs, "max_tokens": n, "temperature": 0, "ignore_eos": true}
 		if withLogprobs {
 			body["logprobs"] = 1
