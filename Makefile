@@ -8,7 +8,7 @@ ARTIFACTS ?= artifacts
 export MODELQUAL_CACHE ?= $(CURDIR)/.cache/modelqual
 export MODELQUAL_BIN ?= $(CURDIR)/bin
 
-.PHONY: all build test unit premerge container-specs cuda-host bench qualify image cuda fuzz vet fmt-check clean mutants
+.PHONY: all build test unit premerge container-specs cuda-host bench qualify qualify-foreign image cuda fuzz vet fmt-check clean mutants
 
 all: build
 
@@ -54,6 +54,12 @@ bench: build
 
 qualify: build
 	./bin/qual qualify --out $(ARTIFACTS)/qualify
+
+# An engine this project did not write: Ollama, built from its Go module into .cache/foreign,
+# serving the qwen fixture; the qwen suite's portable gates and premerge profiles run against
+# it and $(ARTIFACTS)/qualify-foreign/summary.md holds the per-gate verdicts (docs/external-engines.md).
+qualify-foreign: build
+	OUT=$(CURDIR)/$(ARTIFACTS)/qualify-foreign ./qual/launch/foreign/ollama/qualify.sh
 
 # Fuzz every parser (each Fuzz* function) for FUZZTIME; a failing input is written to its
 # package's testdata/fuzz and stays there as a seed that `make unit` replays.

@@ -17,6 +17,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.NaturalEOS(ctx, suite.EOSInput)
 	spec.ContextContract(ctx, suite.ContextInput)
 	spec.StopStrings(ctx, suite.StopInput)
+	spec.StopStringInclusion(ctx, suite.StopInput)
 	spec.TokenizerParity(ctx, func() spec.TokenizerInput { return suite.TokenizerInput("gpt2") })
 	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)

@@ -21,6 +21,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(true) })
 	spec.NaturalEOS(ctx, suite.EOSInput)
 	spec.StopStrings(ctx, suite.StopInput)
+	spec.StopStringInclusion(ctx, suite.StopInput)
 	spec.TokenizerParity(ctx, func() spec.TokenizerInput { return suite.TokenizerInput("qwen3") })
 	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)

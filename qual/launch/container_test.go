@@ -79,7 +79,7 @@ func ensureImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := filepath.Join(root, "server", "image", "build.sh")
+	script := filepath.Join(root, "server", "container", "build.sh")
 	if _, err := os.Stat(script); err != nil {
 		t.Fatalf("image %s is missing and %s cannot build it: %v", launch.DefaultImage, script, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/modelqual/modelqual/native/bundle"
@@ -28,6 +29,12 @@ type API struct {
 	Model   string
 	APIKey  string
 	HTTP    *http.Client
+
+	// What the server offers, probed once (Capabilities); tokenizeField is the /tokenize
+	// body field it reads ("prompt" until a probe found llama.cpp's "content").
+	capMu         sync.Mutex
+	caps          *Capabilities
+	tokenizeField string
 }
 
 // NewAPI returns an API with a client whose timeout is requestTimeout (0: 2 minutes).
@@ -240,10 +247,15 @@ func (a *API) TokenizeChat(ctx context.Context, p Prompt) (*Tokenized, error) {
 	return &t, nil
 }
 
-// Tokenize tokenizes a raw prompt with the served tokenizer.
+// Tokenize tokenizes a raw prompt with the served tokenizer, in the body shape the probe found
+// (vLLM's and qual-server's {"prompt"}, llama.cpp's {"content"}).
 func (a *API) Tokenize(ctx context.Context, text string) (*Tokenized, error) {
+	field := a.tokenizeField
+	if field == "" {
+		field = "prompt"
+	}
 	var t Tokenized
-	if err := a.getJSON(ctx, http.MethodPost, "/tokenize", map[string]any{"model": a.Model, "prompt": text}, &t); err != nil {
+	if err := a.getJSON(ctx, http.MethodPost, "/tokenize", map[string]any{"model": a.Model, field: text}, &t); err != nil {
 		return nil, err
 	}
 	return &t, nil

@@ -73,6 +73,14 @@ func CheckChatTemplate(ctx context.Context, in ChatTemplateInput) error {
 			problems = append(problems, fmt.Sprintf("%s: /tokenize: %v", name, err))
 			continue
 		}
+		if got.Rendered == "" && len(got.Tokens) > 0 {
+			// vLLM's /tokenize answers ids without the rendered text: the ids are the verdict.
+			if !equalIDs(got.Tokens, g.IDs) {
+				problems = append(problems, fmt.Sprintf("%s: token ids differ from transformers' at index %d (served %d ids, golden %d; the server gives no rendered text to show where)",
+					name, firstDiff(got.Tokens, g.IDs), len(got.Tokens), len(g.IDs)))
+			}
+			continue
+		}
 		if got.Rendered != g.Rendered {
 			problems = append(problems, fmt.Sprintf("%s: %s", name, renderingDiff(got.Rendered, g.Rendered)))
 			continue

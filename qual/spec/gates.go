@@ -35,7 +35,7 @@ func BundleProvenance(ctx context.Context, input func() ProvenanceInput) {
 		c, cancel := specContext(ctx, sctx)
 		defer cancel()
 		in := input()
-		requireRoute(c, in.API, "GET", "/mq/v1/bundle")
+		requireCapability(c, in.API, CapMQBundle)
 		passGate(CheckProvenance(c, in))
 	})
 }
@@ -47,7 +47,7 @@ func ParityGate(ctx context.Context, input func() ParityInput) {
 		c, cancel := specContext(ctx, sctx)
 		defer cancel()
 		in := input()
-		requireRoute(c, in.API, "POST", "/mq/v1/logits")
+		requireCapability(c, in.API, CapMQLogits)
 		res, err := CheckParity(c, in)
 		if res != nil {
 			ginkgo.AddReportEntry("parity", res.Summary())
@@ -65,14 +65,14 @@ func GoldenParity(ctx context.Context, input func() GoldenInput) {
 		defer cancel()
 		in := input()
 		if in.API != nil {
-			if ok, err := in.API.HasRoute(c, "POST", "/mq/v1/logits"); err == nil && !ok {
+			if caps, err := in.API.Capabilities(c); err == nil && !caps.MQLogits {
 				// Another server: token-level parity through OpenAI logprobs where it offers
 				// them (values too when the golden has top5_logprobs).
 				passGate(goldenThroughLogprobs(c, in))
 				return
 			}
 		}
-		requireRoute(c, in.API, "POST", "/mq/v1/logits")
+		requireCapability(c, in.API, CapMQLogits)
 		passGate(CheckGolden(c, in))
 	})
 }
@@ -93,7 +93,7 @@ func ChatTemplateParity(ctx context.Context, input func() ChatTemplateInput) {
 		c, cancel := specContext(ctx, sctx)
 		defer cancel()
 		in := input()
-		requireRoute(c, in.API, "POST", "/tokenize")
+		requireCapability(c, in.API, CapTokenizeChat)
 		passGate(CheckChatTemplate(c, in))
 	})
 }
@@ -265,19 +265,23 @@ func passGate(err error) {
 	}
 }
 
-// requireRoute skips the calling spec when the server lacks one of qual-server's own routes
-// (/mq/v1/logits, /mq/v1/bundle, /tokenize): another OpenAI-compatible server qualified through
-// the external launcher cannot be asked for them, and that is "not applicable", not a failure.
-func requireRoute(ctx context.Context, api *API, method, route string) {
+// NotCheckable starts the skip reason of a gate the engine offers no way to check: the
+// qualify summary reports such a gate as "not checkable on this engine".
+const NotCheckable = "not checkable on this engine: "
+
+// requireCapability skips the calling spec when the server lacks a capability (Capabilities):
+// an extension route of qual-server, vLLM or llama.cpp that another OpenAI-compatible server
+// need not offer is "not checkable on this engine", never a failure.
+func requireCapability(ctx context.Context, api *API, name string) {
 	ginkgo.GinkgoHelper()
 	if api == nil {
 		return // the gate's input check names the missing API
 	}
-	ok, err := api.HasRoute(ctx, method, route)
+	caps, err := api.Capabilities(ctx)
 	if err != nil {
-		ginkgo.Fail(fmt.Sprintf("probe %s %s: %v", method, route, err))
+		ginkgo.Fail(fmt.Sprintf("probe what the server at %s offers: %v", api.BaseURL, err))
 	}
-	if !ok {
-		ginkgo.Skip(fmt.Sprintf("needs qual-server's %s (the server at %s answers 404 there)", route, api.BaseURL))
+	if why, missing := caps.Missing[name]; missing {
+		ginkgo.Skip(fmt.Sprintf("%sneeds %s, which the server at %s lacks: %s", NotCheckable, name, api.BaseURL, why))
 	}
 }

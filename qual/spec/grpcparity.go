@@ -321,7 +321,7 @@ func GRPCParity(ctx context.Context, input func() GRPCParityInput) {
 func (s *Suite) GRPCParityInput() GRPCParityInput {
 	ginkgo.GinkgoHelper()
 	if s.State.Bundle == "" || s.State.Launcher != "process" || s.State.Device == "cuda" {
-		ginkgo.Skip(fmt.Sprintf("spec: the gRPC parity gate starts its own CPU server of the suite's bundle; this run uses the %s launcher", s.State.Launcher))
+		ginkgo.Skip(fmt.Sprintf("%sthe gRPC parity gate starts its own CPU server of the suite's bundle; this run uses the %s launcher", NotCheckable, s.State.Launcher))
 	}
 	api, addr, _ := s.startGRPCServer("grpc-parity")
 	in := GRPCParityInput{API: api, GRPCAddr: addr, Corpus: s.Corpus, MaxTokens: 2 * s.Threshold().GreedySteps}

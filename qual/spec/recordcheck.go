@@ -306,7 +306,7 @@ func RecordsMatchResponses(ctx context.Context, input func() RecordCheckInput) {
 func (s *Suite) RecordCheckInput() RecordCheckInput {
 	ginkgo.GinkgoHelper()
 	if s.State.RecordsPath == "" {
-		ginkgo.Skip(fmt.Sprintf("spec: the record gate reads the server's records; the %s launcher has none", s.State.Launcher))
+		ginkgo.Skip(fmt.Sprintf("%sthe record gate reads the server's request records; the %s launcher has none", NotCheckable, s.State.Launcher))
 	}
 	in := RecordCheckInput{API: s.API, RecordsPath: s.State.RecordsPath, MaxTokens: 8}
 	has := map[string]bool{}

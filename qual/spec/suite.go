@@ -143,6 +143,7 @@ func NewSuite(in SuiteInput) *Suite {
 	}
 	ginkgo.SynchronizedBeforeSuite(s.setupOnce, s.setupEach)
 	ginkgo.AfterEach(s.diagnose)
+	ginkgo.ReportAfterSuite(in.Family+" gate verdicts", s.reportVerdicts)
 	return s
 }
 
@@ -286,7 +287,41 @@ func (s *Suite) prepare(ctx context.Context) (State, error) {
 		return st, err
 	}
 	st.setEndpoint(ep)
+	if st.Launcher == "external" {
+		// Identity first: no gate runs against a server that serves another checkpoint.
+		if err := s.checkExternal(ctx, &st); err != nil {
+			return st, err
+		}
+	}
 	return st, nil
+}
+
+// checkExternal runs the identity check (CheckIdentity) against an external server, adopts
+// the model name it lists, and prints what the server offers beyond OpenAI's routes, so a
+// reader sees at once why some gates skip.
+func (s *Suite) checkExternal(ctx context.Context, st *State) error {
+	in := IdentityInput{API: NewAPI(st.BaseURL, st.Model, st.APIKey, s.Manifest.Server.RequestTimeout.Duration),
+		Checkpoint: s.Manifest.Checkpoint.ID + "@" + st.Revision, ModelGiven: envconfig.ExternalModel.Get() != ""}
+	if g, err := LoadGolden(GoldenPath(st.RepoRoot, s.goldenFixture())); err == nil && len(g.Prompts) > 0 {
+		tok, err := tokenizer.Load(st.Checkpoint)
+		if err != nil {
+			return fmt.Errorf("spec: load the %s tokenizer from %s for the identity check: %w", s.Family, st.Checkpoint, err)
+		}
+		in.Golden, in.Tokenizer = g, tok
+	}
+	res, err := CheckIdentity(ctx, in)
+	if err != nil {
+		return fmt.Errorf("spec: %s stops before any gate: %w", s.Family, err)
+	}
+	st.Model = res.Model
+	api := NewAPI(st.BaseURL, st.Model, st.APIKey, s.Manifest.Server.RequestTimeout.Duration)
+	caps, err := api.Capabilities(ctx)
+	if err != nil {
+		return fmt.Errorf("spec: probe what the server at %s offers: %w", st.BaseURL, err)
+	}
+	fmt.Fprintf(os.Stderr, "modelqual %s: the server at %s serves %s (model %q; checked: %s)\nmodelqual %s: beyond OpenAI's routes it offers:\n%s",
+		s.Family, st.BaseURL, in.Checkpoint, st.Model, res.Fingerprint, s.Family, caps.Summary())
+	return nil
 }
 
 // setEndpoint records where a started server listens and how it was started.
@@ -608,7 +643,7 @@ func (s *Suite) StartServer(ctx context.Context, env ...string) (*API, *launch.E
 func (s *Suite) StartServerArgs(ctx context.Context, args []string, env ...string) (*API, *launch.Endpoint) {
 	ginkgo.GinkgoHelper()
 	if s.State.Bundle == "" {
-		ginkgo.Skip(fmt.Sprintf("spec: Suite.StartServer needs the suite's bundle; the %s launcher has none", s.State.Launcher))
+		ginkgo.Skip(fmt.Sprintf("%splants a defect in a server the harness starts from the suite's bundle; the %s launcher has none", NotCheckable, s.State.Launcher))
 	}
 	name := strings.NewReplacer("/", "-", " ", "-", "=", "-", ",", "-").Replace(ginkgo.CurrentSpecReport().LeafNodeText)
 	if len(name) > 60 {

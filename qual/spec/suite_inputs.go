@@ -29,7 +29,8 @@ func (s *Suite) EOSInput() EOSInput {
 
 // StopInput is the stop-string gate's input: the fixture's transformers golden.
 func (s *Suite) StopInput() StopInput {
-	return StopInput{API: s.API, Path: GoldenPath(s.State.RepoRoot, s.goldenFixture()), Tokenizer: s.Tokenizer, TieMargin: s.tieMargin()}
+	return StopInput{API: s.API, Path: GoldenPath(s.State.RepoRoot, s.goldenFixture()), Tokenizer: s.Tokenizer, TieMargin: s.tieMargin(),
+		RequireVendor: s.State.Launcher != "external"}
 }
 
 // tieMargin is the GPU thresholds' greedy_tie_margin on a cuda run, else 0 (exact).

@@ -29,7 +29,7 @@ func init() {
 }
 
 const qualifyUsage = `Usage: qual qualify [--family F[,F...]] [--launcher process|container|external --url U [--model M]]
-                    [--label-filter EXPR] [--procs N] [--out DIR] [-v]
+                    [--label-filter EXPR] [--procs N] [--out DIR] [--suite-bin DIR] [-v]
 
 Runs each family's Ginkgo specs (families/<f>) with the Ginkgo CLI pinned by go.mod, writes
 a JSON and a JUnit report per family, and prints one table: per family the gates passed and
@@ -39,10 +39,15 @@ point, the wall time, and where the reports are. Exit status 1 when any gate fai
 Launchers: process (default) starts bin/qual-server on a bundle built from the family's
 manifest; container runs the same gates against the server image on the local Docker engine
 (make image); external qualifies the OpenAI-compatible server at --url with the same gates
-(gates that need the bundle, such as the planted-defect specs, are skipped).
+(gates that need the bundle, such as the planted-defect specs, are skipped). Against an
+external server the suite first checks that it serves the family's checkpoint (/v1/models, then
+greedy tokens and logprobs of golden prompts) and stops with one message when it does not; each
+gate then passes, fails naming how the engine differs from the reference, or skips as not
+checkable on this engine (an extension it lacks), and summary.md lists every gate so.
 
 Default label filter: "!gpu && !container" for process, "container" for container,
-"!gpu && !container" for external. Run from inside the repository (it needs the Go toolchain).
+"!gpu && !container" for external. Run from inside the repository (it needs the Go toolchain, or
+prebuilt suite binaries with --suite-bin).
 
 Flags:
 `
@@ -58,6 +63,7 @@ type familyResult struct {
 	Failed       int                `json:"failed"`
 	Skipped      int                `json:"skipped"`
 	FailedSpecs  []string           `json:"failed_specs,omitempty"`
+	Verdicts     []gateVerdict      `json:"verdicts,omitempty"`
 	GatesPassed  []string           `json:"gates_passed"`
 	GatesFailed  []string           `json:"gates_failed"`
 	Figures      []loadFigure       `json:"figures,omitempty"`
@@ -101,6 +107,7 @@ func runQualify(args []string) int {
 		out      = fs.String("out", "artifacts/qualify", "output folder: reports/, logs/ and one artifact folder per family")
 		timeout  = fs.Duration("timeout", 60*time.Minute, "timeout of each family's run")
 		verbose  = fs.Bool("v", false, "stream Ginkgo's output instead of writing it to logs/<family>.log only")
+		suiteBin = fs.String("suite-bin", "", "folder of prebuilt suite binaries <folder>.test (go test -c -o DIR/qwen.test ./families/qwen), run in place of the Ginkgo CLI: for a machine without the Go toolchain (a GPU host); one process per family")
 	)
 	if err := parseAll(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -174,7 +181,7 @@ func runQualify(args []string) int {
 	for _, f := range selected {
 		fmt.Fprintf(os.Stderr, "qual qualify: %s: running specs of families/%s (label filter %q, launcher %s)...\n", f.Canonical, f.Folder, *filter, *launcher)
 		r := qualifyFamily(ctx, root, outDir, f, qualifyOptions{launcher: *launcher, url: *url, model: *model,
-			filter: *filter, procs: *procs, timeout: *timeout, verbose: *verbose})
+			filter: *filter, procs: *procs, timeout: *timeout, verbose: *verbose, suiteBin: *suiteBin})
 		results = append(results, r)
 		if ctx.Err() != nil {
 			break
@@ -188,6 +195,9 @@ func runQualify(args []string) int {
 	var md strings.Builder
 	printQualifyTable(&md, results, total)
 	_ = os.WriteFile(filepath.Join(outDir, "qualify.txt"), []byte(md.String()), 0o644)
+	if err := writeSummary(summaryPath(outDir), results, qualifyOptions{launcher: *launcher, url: *url, filter: *filter}); err == nil {
+		fmt.Fprintf(os.Stdout, "\nPer-gate summary: %s\n", summaryPath(outDir))
+	}
 	for _, r := range results {
 		if r.Failed > 0 || r.Error != "" {
 			return 1
@@ -198,6 +208,7 @@ func runQualify(args []string) int {
 
 type qualifyOptions struct {
 	launcher, url, model, filter string
+	suiteBin                     string
 	procs                        int
 	timeout                      time.Duration
 	verbose                      bool
@@ -230,6 +241,20 @@ func qualifyFamily(ctx context.Context, root, outDir string, name familyName, o 
 	args = append(args, "./families/"+family)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
+	if o.suiteBin != "" {
+		// A prebuilt suite binary, run as go test runs it: in the family folder.
+		bin, err := filepath.Abs(filepath.Join(o.suiteBin, family+".test"))
+		if err == nil {
+			_, err = os.Stat(bin)
+		}
+		if err != nil {
+			r.Error = fmt.Sprintf("--suite-bin: %v; build it with go test -c -o %s ./families/%s", err, filepath.Join(o.suiteBin, family+".test"), family)
+			return r
+		}
+		cmd = exec.CommandContext(ctx, bin, "-ginkgo.label-filter="+o.filter, "-ginkgo.timeout="+o.timeout.String(),
+			"-ginkgo.json-report="+r.JSONReport, "-ginkgo.junit-report="+r.JUnitReport)
+		cmd.Dir = filepath.Join(root, "families", family)
+	}
 	cmd.Env = append(os.Environ(), "MODELQUAL_ARTIFACTS="+outDir, "MODELQUAL_LAUNCHER="+o.launcher)
 	if o.launcher == "external" {
 		cmd.Env = append(cmd.Env, "MODELQUAL_EXTERNAL_URL="+o.url)
@@ -282,6 +307,15 @@ func readGinkgoReport(r *familyResult, profiles []string) error {
 	passedGates, failedGates := map[string]bool{}, map[string]bool{}
 	for _, rep := range reps {
 		for _, sr := range rep.SpecReports {
+			var labelled []string
+			for _, l := range sr.Labels() {
+				if slices.Contains(gateLabels, l) {
+					labelled = append(labelled, l)
+				}
+			}
+			if v, ok := verdictOf(sr, labelled); ok {
+				r.Verdicts = append(r.Verdicts, v)
+			}
 			if sr.LeafNodeType != types.NodeTypeIt {
 				if sr.State.Is(types.SpecStateFailureStates) {
 					r.Failed++
@@ -328,12 +362,32 @@ func readGinkgoReport(r *familyResult, profiles []string) error {
 			r.GatesPassed = append(r.GatesPassed, g)
 		}
 	}
-	// Specs run in random order; list the figures in the manifest's profile order.
+	// Specs run in random order; list the verdicts by gate, then spec, and the figures in the
+	// manifest's profile order.
+	sort.SliceStable(r.Verdicts, func(i, j int) bool {
+		gi, gj := gateRank(r.Verdicts[i].Gate), gateRank(r.Verdicts[j].Gate)
+		if gi != gj {
+			return gi < gj
+		}
+		return r.Verdicts[i].Spec < r.Verdicts[j].Spec
+	})
 	sort.SliceStable(r.Figures, func(i, j int) bool {
 		return slices.Index(profiles, r.Figures[i].Profile) < slices.Index(profiles, r.Figures[j].Profile)
 	})
 	r.Headline, r.HeadlineFrom = headline(r.Figures)
 	return nil
+}
+
+// gateRank orders verdicts: a failed setup first, then the gates in gateLabels' order.
+func gateRank(gate string) int {
+	if gate == "setup" {
+		return -1
+	}
+	first, _, _ := strings.Cut(gate, ",")
+	if i := slices.Index(gateLabels, first); i >= 0 {
+		return i
+	}
+	return len(gateLabels)
 }
 
 // headline picks the figures of the first load point (the manifest's first profile's first
@@ -379,9 +433,7 @@ func printQualifyTable(w io.Writer, results []familyResult, total time.Duration)
 		if r.Error != "" {
 			fmt.Fprintf(w, "  ERROR %s\n", r.Error)
 		}
-		for _, f := range r.FailedSpecs {
-			fmt.Fprintf(w, "  FAILED %s\n", f)
-		}
+		printVerdicts(w, r)
 		points := map[string]bool{}
 		var order []string
 		for _, f := range r.Figures {

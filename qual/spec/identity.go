@@ -1,0 +1,176 @@
+package spec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/modelqual/modelqual/server/tokenizer"
+)
+
+// IdentityInput is the input of CheckIdentity.
+type IdentityInput struct {
+	// API reaches the server; its Model is the name the gates will send.
+	API *API
+	// Checkpoint names what the family qualifies ("modelqual-fixtures/qwen3-tiny@9c59…"), for
+	// the message.
+	Checkpoint string
+	// ModelGiven: the model name was given by the user (--model); one the server does not list
+	// is then an error rather than replaced by the one model it lists.
+	ModelGiven bool
+	// Golden is the checkpoint's transformers golden: the fingerprint is its greedy tokens;
+	// nil checks /v1/models only.
+	Golden *Golden
+	// Tokenizer decodes the golden's tokens.
+	Tokenizer *tokenizer.Tokenizer
+	// Prompts and Steps bound the fingerprint: the first Prompts golden prompts (3 when 0),
+	// Steps greedy tokens each (8 when 0).
+	Prompts, Steps int
+	// Tolerance bounds |served − golden| on the chosen tokens' logprobs, where the server
+	// offers logprobs (0.05 when 0: loose, an identity check and not the parity gate; two
+	// different checkpoints differ by far more).
+	Tolerance float64
+}
+
+// IdentityResult is what the identity check found.
+type IdentityResult struct {
+	// Model is the model name to send (the one the server lists when it lists exactly one and
+	// none was given).
+	Model string
+	// Listed is /v1/models' ids.
+	Listed []string
+	// Fingerprint says what was compared ("3 golden prompts × 8 greedy tokens, logprobs of 24
+	// tokens").
+	Fingerprint string
+}
+
+// ErrIdentity marks a server that serves another checkpoint than the family's.
+var ErrIdentity = errors.New("identity check")
+
+// CheckIdentity checks, before any gate runs against a server the harness did not start, that
+// it serves the family's checkpoint: /v1/models lists the model name (or exactly one model,
+// which is then used), and its greedy tokens on fixed golden prompts are the golden's, with
+// the chosen tokens' logprobs near the golden's where logprobs are offered. A server without
+// ignore_eos may end a fingerprint prompt early at end of sequence: a prefix of the golden
+// text with finish_reason "stop" is accepted. The error, wrapping ErrIdentity, names what
+// differs in one message.
+func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, error) {
+	const fn = "spec.CheckIdentity"
+	switch {
+	case in.API == nil:
+		return nil, fmt.Errorf("%s: IdentityInput.API is nil", fn)
+	case in.Golden != nil && in.Tokenizer == nil:
+		return nil, fmt.Errorf("%s: IdentityInput.Tokenizer is nil", fn)
+	}
+	res := &IdentityResult{Model: in.API.Model}
+	var models struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := in.API.getJSON(ctx, http.MethodGet, "/v1/models", nil, &models); err != nil {
+		return res, fmt.Errorf("%w: GET /v1/models at %s: %v", ErrIdentity, in.API.BaseURL, err)
+	}
+	for _, m := range models.Data {
+		res.Listed = append(res.Listed, m.ID)
+	}
+	if !slices.Contains(res.Listed, in.API.Model) {
+		switch {
+		case len(res.Listed) == 1 && !in.ModelGiven:
+			res.Model = res.Listed[0]
+		case len(res.Listed) == 0:
+			return res, fmt.Errorf("%w: GET /v1/models at %s lists no model", ErrIdentity, in.API.BaseURL)
+		default:
+			return res, fmt.Errorf("%w: the server at %s lists models %q, not %q; pass the served name with --model (MODELQUAL_EXTERNAL_MODEL)",
+				ErrIdentity, in.API.BaseURL, res.Listed, in.API.Model)
+		}
+	}
+	if in.Golden == nil {
+		res.Fingerprint = "/v1/models only (the family has no transformers golden)"
+		return res, nil
+	}
+	api := &API{BaseURL: in.API.BaseURL, Model: res.Model, APIKey: in.API.APIKey, HTTP: in.API.HTTP}
+	nPrompts, steps, tol := in.Prompts, in.Steps, in.Tolerance
+	if nPrompts == 0 {
+		nPrompts = 3
+	}
+	if steps == 0 {
+		steps = 8
+	}
+	if tol == 0 {
+		tol = 0.05
+	}
+	values, _ := GoldenHasLogprobs(in.Golden)
+	withLogprobs := values
+	var compared, scored int
+	for i, gp := range in.Golden.Prompts {
+		if i == nPrompts {
+			break
+		}
+		n := min(steps, len(gp.GreedyIDs))
+		if n == 0 || len(gp.PromptIDs) == 0 {
+			continue
+		}
+		body := map[string]any{"prompt": gp.PromptIDs, "max_tokens": n, "temperature": 0, "ignore_eos": true}
+		if withLogprobs {
+			body["logprobs"] = 1
+		}
+		ans, err := api.Complete(ctx, "/v1/completions", body)
+		if err != nil && withLogprobs && StatusOf(err)/100 == 4 {
+			withLogprobs = false // a server without logprobs: the tokens alone
+			delete(body, "logprobs")
+			ans, err = api.Complete(ctx, "/v1/completions", body)
+		}
+		if err != nil && StatusOf(err)/100 == 4 {
+			// A server that takes text prompts only (OpenAI's token-array prompt refused): the
+			// golden prompt's text, which its own tokenizer must turn into the same ids.
+			body["prompt"] = in.Tokenizer.Decode(gp.PromptIDs)
+			ans, err = api.Complete(ctx, "/v1/completions", body)
+		}
+		if err != nil {
+			return res, fmt.Errorf("%w: golden prompt %q (%d token ids) could not be generated: %v", ErrIdentity, gp.Name, len(gp.PromptIDs), err)
+		}
+		want := in.Tokenizer.Decode(gp.GreedyIDs[:n])
+		early := ans.FinishReason == "stop" && strings.HasPrefix(want, ans.Text)
+		if ans.Text != want && !early && !heldBackTail(ans.Text, want) {
+			return res, fmt.Errorf("%w: the server at %s (model %q) does not serve %s: on golden prompt %q its greedy tokens are %q, the checkpoint's are %q (they part at token %d)",
+				ErrIdentity, in.API.BaseURL, res.Model, in.Checkpoint, gp.Name, clip(ans.Text, 60), clip(want, 60), divergenceStep(in.Tokenizer, gp.GreedyIDs[:n], ans.Text))
+		}
+		compared += n
+		if !withLogprobs || ans.Logprobs == nil {
+			withLogprobs = false
+			continue
+		}
+		for _, p := range alignTokens(in.Tokenizer, gp.GreedyIDs[:n], ans.Logprobs).Pairs {
+			if p.Merged() {
+				continue
+			}
+			st := gp.Steps[p.Ref]
+			k := slices.Index(st.Top5IDs, gp.GreedyIDs[p.Ref])
+			if k < 0 {
+				continue
+			}
+			if d := math.Abs(ans.Logprobs[p.Served].Logprob - st.Top5Logprobs[k]); d > tol || math.IsNaN(d) {
+				return res, fmt.Errorf("%w: the server at %s (model %q) does not serve %s: on golden prompt %q token %d (%q) has logprob %.4g, the checkpoint's is %.4g (|Δ| %.3g > %.3g: same tokens, other weights?)",
+					ErrIdentity, in.API.BaseURL, res.Model, in.Checkpoint, gp.Name, p.Ref, ans.Logprobs[p.Served].Token, ans.Logprobs[p.Served].Logprob, st.Top5Logprobs[k], d, tol)
+			}
+			scored++
+		}
+	}
+	res.Fingerprint = fmt.Sprintf("greedy tokens of %d golden prompts (%d tokens)", min(nPrompts, len(in.Golden.Prompts)), compared)
+	if scored > 0 {
+		res.Fingerprint += fmt.Sprintf(", logprobs of %d of them within %.3g", scored, tol)
+	}
+	return res, nil
+}
+
+// heldBackTail reports whether served is want without an incomplete UTF-8 character at its
+// end (decoded as U+FFFD), which an engine may hold back until the character completes.
+func heldBackTail(served, want string) bool {
+	trimmed := strings.TrimRight(want, "\uFFFD")
+	return trimmed != want && served == trimmed
+}
