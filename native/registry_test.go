@@ -33,7 +33,7 @@ func TestRegistryListsTheFamilies(t *testing.T) {
 	if err != nil || fam.Name != "qwen3" || fam.Task != "text" || fam.MaxPositions != 77 {
 		t.Fatalf("BundleFamily(Qwen3ForCausalLM) = %+v, %v", fam, err)
 	}
-	if _, err := BundleFamily("LlamaForCausalLM", cfg); err == nil || !strings.Contains(err.Error(), `"LlamaForCausalLM" has no native family`) || !strings.Contains(err.Error(), "Qwen3ForCausalLM") {
+	if _, err := BundleFamily("FalconForCausalLM", cfg); err == nil || !strings.Contains(err.Error(), `"FalconForCausalLM" has no native family`) || !strings.Contains(err.Error(), "Qwen3ForCausalLM") {
 		t.Fatalf("unknown architecture: %v", err)
 	}
 }
@@ -85,7 +85,7 @@ func TestResolveNamesTheConfigKey(t *testing.T) {
 			t.Errorf("Resolve(%s) = %v, want an error with %q", c.cfg, err, c.want)
 		}
 	}
-	if _, err := Resolve("llama", with("x", 1)); err == nil || !strings.Contains(err.Error(), `family "llama" has no native model; known:`) {
+	if _, err := Resolve("falcon", with("x", 1)); err == nil || !strings.Contains(err.Error(), `family "falcon" has no native model; known:`) {
 		t.Errorf("unknown family: %v", err)
 	}
 }

@@ -30,7 +30,7 @@ func init() {
 		{Name: "max_tokens beyond the context clamped instead of refused", File: "server/generate.go", Gates: "contract",
 			Old: "	if n+maxTok > ctx {\n		name := \"max_tokens\"", New: "	if n+maxTok > ctx {\n		return ctx - n, nil\n	}\n	if false {\n		name := \"max_tokens\""},
 		{Name: "usage.completion_tokens leaves out the last token", File: "server/generate.go", Gates: "parity",
-			Old: "b = strconv.AppendInt(b, int64(g.ntok), 10)", New: "b = strconv.AppendInt(b, int64(max(0, g.ntok-1)), 10)"},
+			Old: "b = strconv.AppendInt(b, int64(completion), 10)", New: "b = strconv.AppendInt(b, int64(max(0, completion-1)), 10)"},
 		{Name: "logprobs of the candidates read one id off", File: "native/engine.cc", Gates: "parity",
 			Old: "out.top[j] = (float)((double)lg[out.top_ids[j]] - lse);", New: "out.top[j] = (float)((double)lg[std::min(V - 1, out.top_ids[j] + 1)] - lse);"},
 		{Name: "include_stop_str_in_output ignored (the stop string dropped anyway)", File: "server/stop.go", Gates: "parity",

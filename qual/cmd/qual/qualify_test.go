@@ -80,7 +80,7 @@ func TestFamilyNames(t *testing.T) {
 			t.Errorf("--family %s: %+v %v, want qwen3 in families/qwen", alias, n, ok)
 		}
 	}
-	if _, ok := resolveFamily(names, "llama"); ok {
+	if _, ok := resolveFamily(names, "falcon"); ok {
 		t.Error("an unknown family resolved")
 	}
 	var out, errb bytes.Buffer
@@ -88,8 +88,8 @@ func TestFamilyNames(t *testing.T) {
 		t.Errorf("qual families (exit %d):\n%s%s", code, out.String(), errb.String())
 	}
 	errOut := captureStderr(t, func() {
-		if code := runQualify([]string{"--family", "llama"}); code != 2 {
-			t.Errorf("qualify --family llama: exit %d, want 2", code)
+		if code := runQualify([]string{"--family", "falcon"}); code != 2 {
+			t.Errorf("qualify --family falcon: exit %d, want 2", code)
 		}
 	})
 	if !strings.Contains(errOut, "qwen3 (also qwen, qwen3-tiny, Qwen3ForCausalLM)") {
