@@ -18,7 +18,6 @@ type RefusedControl struct {
 // DefaultRefusedControls are the OpenAI controls qual-server refuses today.
 func DefaultRefusedControls() []RefusedControl {
 	return []RefusedControl{
-		{Field: "n", Route: "/v1/completions", Value: 2},
 		{Field: "best_of", Route: "/v1/completions", Value: 2},
 		{Field: "echo", Route: "/v1/completions", Value: true},
 		{Field: "tools", Route: "/v1/chat/completions", Value: []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "parameters": map[string]any{"type": "object"}}}}},

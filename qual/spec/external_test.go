@@ -22,7 +22,7 @@ import (
 // otherServer is a second, real OpenAI-compatible HTTP server in front of qual-server, as
 // llama.cpp's llama-server or vLLM would be to the harness: it serves the OpenAI routes, answers
 // 404 on qual-server's own routes (/mq/v1/*, /tokenize) and, like llama-server, silently
-// ignores the `n` control that qual-server refuses.
+// ignores the `best_of` control that qual-server refuses.
 func otherServer(t *testing.T, target string) *httptest.Server {
 	t.Helper()
 	return fronting(t, target, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
@@ -36,7 +36,7 @@ func otherServer(t *testing.T, target string) *httptest.Server {
 			raw, _ := io.ReadAll(r.Body)
 			var body map[string]any
 			if json.Unmarshal(raw, &body) == nil {
-				delete(body, "n")
+				delete(body, "best_of")
 				raw, _ = json.Marshal(body)
 			}
 			r.Body = io.NopCloser(bytes.NewReader(raw))
@@ -87,8 +87,8 @@ func TestExternalServerWithoutOurRoutes(t *testing.T) {
 	}
 	in := ContextInput{API: theirs, MaxContext: served.MaxModelLen, Refused: DefaultRefusedControls()}
 	err = CheckContext(ctx, in)
-	if err == nil || !strings.Contains(err.Error(), `control "n" on /v1/completions was accepted`) {
-		t.Errorf("CheckContext with qual-server's policies on a server that ignores n: %v; want the n control named", err)
+	if err == nil || !strings.Contains(err.Error(), `control "best_of" on /v1/completions was accepted`) {
+		t.Errorf("CheckContext with qual-server's policies on a server that ignores best_of: %v; want the best_of control named", err)
 	}
 	in.OpenAIOnly = true
 	if err := CheckContext(ctx, in); err != nil {

@@ -88,7 +88,7 @@ func CheckFailureRecords(ctx context.Context, in FailureRecordsInput) error {
 	send("missing prompt", http.MethodPost, "/v1/completions", map[string]any{"model": a.Model, "max_tokens": 4}, http.StatusBadRequest)
 	send("unknown model", http.MethodPost, "/v1/completions", map[string]any{"model": "no-such-model", "prompt": "hi", "max_tokens": 4}, http.StatusNotFound)
 	send("over-context prompt", http.MethodPost, "/v1/completions", map[string]any{"model": a.Model, "prompt": over, "max_tokens": 4}, http.StatusBadRequest)
-	send("refused control n=2", http.MethodPost, "/v1/completions", map[string]any{"model": a.Model, "prompt": "hi", "max_tokens": 4, "n": 2}, http.StatusBadRequest)
+	send("refused control best_of=2", http.MethodPost, "/v1/completions", map[string]any{"model": a.Model, "prompt": "hi", "max_tokens": 4, "best_of": 2}, http.StatusBadRequest)
 	send("wrong method", http.MethodGet, "/v1/completions", nil, http.StatusMethodNotAllowed)
 	send("unknown route", http.MethodPost, "/v1/no-such-route", map[string]any{"model": a.Model}, http.StatusNotFound)
 	send("request timeout", http.MethodPost, "/v1/completions", longBody(), http.StatusGatewayTimeout)

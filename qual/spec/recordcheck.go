@@ -153,7 +153,7 @@ func CheckRecordsMatchResponses(ctx context.Context, in RecordCheckInput) ([]str
 		}
 	}
 	if in.Prompt != "" {
-		refused("/v1/completions", map[string]any{"prompt": in.Prompt, "max_tokens": in.MaxTokens, "n": 2}, "n: 2")
+		refused("/v1/completions", map[string]any{"prompt": in.Prompt, "max_tokens": in.MaxTokens, "best_of": 2}, "best_of: 2")
 	}
 	if in.Messages != nil || in.VisionImage != "" {
 		msgs := in.Messages
