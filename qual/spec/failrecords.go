@@ -61,10 +61,7 @@ func CheckFailureRecords(ctx context.Context, in FailureRecordsInput) error {
 		return fmt.Errorf("%s: FailureRecordsInput.RequestTimeout must be the server's --request-timeout", fn)
 	}
 	a := in.API
-	long := in.MaxContext - 8
-	longBody := func() map[string]any {
-		return map[string]any{"model": a.Model, "prompt": []int{1, 2, 3, 4}, "max_tokens": long, "temperature": 0, "ignore_eos": true}
-	}
+	longBody := func() map[string]any { return longRequest(a.Model, in.MaxContext) }
 	over := make([]int, in.MaxContext+1)
 	for i := range over {
 		over[i] = 1 + i%50
@@ -168,6 +165,41 @@ func CheckFailureRecords(ctx context.Context, in FailureRecordsInput) error {
 		return errors.New("failure records gate: failed requests must each leave exactly one record with their status:\n  " + strings.Join(problems, "\n  "))
 	}
 	return nil
+}
+
+// longRequest is the failure-records gate's long request: a greedy completion of
+// maxContext−8 tokens that ignores end-of-sequence, the longest a server of that context serves.
+func longRequest(model string, maxContext int) map[string]any {
+	return map[string]any{"model": model, "prompt": []int{1, 2, 3, 4}, "max_tokens": maxContext - 8, "temperature": 0, "ignore_eos": true}
+}
+
+// FailureRequestTimeout is the --request-timeout the failure-records gate's server is started
+// with, given how long its long request takes (TimeLongRequest): a quarter of that, so the long
+// requests time out, the burst overflows the queue and the abandoned request is abandoned on any
+// machine, however fast the model; at most 100 ms, at least 2 ms, in whole milliseconds.
+func FailureRequestTimeout(long time.Duration) time.Duration {
+	t := (long / 4).Truncate(time.Millisecond)
+	return min(max(t, 2*time.Millisecond), 100*time.Millisecond)
+}
+
+// TimeLongRequest times the failure-records gate's long request on a (a server of the same
+// bundle), the fastest of two runs, so FailureRequestTimeout can choose a timeout it outlasts.
+func TimeLongRequest(ctx context.Context, a *API, maxContext int) (time.Duration, error) {
+	best := time.Duration(0)
+	for i := 0; i < 2; i++ {
+		start := time.Now()
+		status, err := rawStatus(ctx, a, http.MethodPost, "/v1/completions", newRequestID("fail-timing"), longRequest(a.Model, maxContext))
+		if err != nil {
+			return 0, fmt.Errorf("time the failure-records gate's long request: %w", err)
+		}
+		if status != http.StatusOK {
+			return 0, fmt.Errorf("time the failure-records gate's long request: HTTP %d, want 200", status)
+		}
+		if d := time.Since(start); best == 0 || d < best {
+			best = d
+		}
+	}
+	return best, nil
 }
 
 // rawStatus sends one request with X-Request-Id id and returns the HTTP status, reading the

@@ -54,12 +54,20 @@ func (s *Suite) ConcurrentInput() ConcurrentInput {
 	return ConcurrentInput{API: s.API, Tokenizer: s.Tokenizer, Corpus: s.Corpus, Requests: 16, MaxTokens: 32, TieMargin: s.tieMargin()}
 }
 
-// FailureRecordsInput starts a second server of the suite's bundle with a 100 ms request
-// timeout, one batch slot and a queue of one, and returns the failure-records gate's input
-// for it. Like StartServer, it skips the spec under the external launcher.
+// FailureRecordsInput starts a second server of the suite's bundle with a short request
+// timeout (FailureRequestTimeout of the long request's time on the suite's server: a tiny model
+// on a fast machine answers a whole context in under 100 ms), one batch slot and a queue of
+// one, and returns the failure-records gate's input for it. Like StartServer, it skips the spec
+// under the external launcher.
 func (s *Suite) FailureRecordsInput() FailureRecordsInput {
 	ginkgo.GinkgoHelper()
-	const timeout = 100 * time.Millisecond
+	timeout := 100 * time.Millisecond
+	if s.State.Bundle != "" {
+		long, err := TimeLongRequest(context.Background(), s.API, s.Manifest.Build.MaxContext)
+		gomega.Expect(err).NotTo(gomega.HaveOccurred())
+		timeout = FailureRequestTimeout(long)
+		ginkgo.GinkgoWriter.Printf("failure records: the long request takes %v on the suite's server; --request-timeout %v\n", long, timeout)
+	}
 	api, ep := s.StartServerArgs(context.Background(), []string{"--request-timeout", timeout.String(), "--max-batch", "1", "--queue-depth", strconv.Itoa(1)})
 	return FailureRecordsInput{API: api, RecordsPath: ep.RecordsPath, MaxContext: s.Manifest.Build.MaxContext, RequestTimeout: timeout}
 }
