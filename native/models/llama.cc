@@ -15,20 +15,18 @@
 // as hyper-parameters (rope_inv_freq.<i>, rope_attention_scaling), so the CPU model and the CUDA
 // model (llama.cu) read the same numbers and neither re-interprets the config.
 //
-// Why not the Qwen3 decoder (qwen3_decoder.h): Llama is Qwen3's layer without q/k norms, plus
-// MLP biases, scaled rotary tables and a sliding window. That decoder could take these as
-// options; until its owner makes it so, this file composes the same shared kernels
-// (kernels.cc: linear, rms_norm, attention) rather than copying that file.
+// The layers are the shared decoder's (qwen3_decoder.h: Qwen3's layer without q/k norms, with
+// the options above: MLP biases, this table, the window), served by DecoderLM as qwen3's are.
 //
 // Faults (MODELQUAL_FAULTS, read at engine open): llama.rope_theta_x10 multiplies every inverse
 // frequency by 10^(-2i/d) as a tenfold theta would; llama.kv_head_swap stores KV heads 0 and 1
 // in each other's place. They exist to prove the llama-tiny gates bite; the rope types, biases
 // and the sliding window, which llama-tiny does not use, are guarded by the golden tests on
 // llama-tiny-llama3 and mistral-tiny (native/models/llama_test.go).
+#include <algorithm>
 #include <cmath>
-#include <cstring>
 
-#include "runtime.h"
+#include "qwen3_decoder.h"
 
 namespace mq {
 namespace {
@@ -199,168 +197,21 @@ void resolve_llama(const Config &c, HParams &hp) {
   hp.set("scale_attn_by_inverse_layer_idx", 0);
 }
 
-class Llama : public CausalLM {
- public:
-  explicit Llama(const ModelArgs &a) : Llama(a, DecoderDims(*a.hp)) {}
-  Llama(const ModelArgs &a, const DecoderDims &d)
-      : CausalLM(a.pool, d.hidden_size, d.vocab_size), hp_(d), H_(d.num_heads), Hkv_(d.num_kv_heads), hd_(d.head_dim),
-        I_(d.intermediate_size), ctx_(a.max_context), window_(a.hp->i("sliding_window")),
-        kv_(d.num_layers, a.n_slots, a.max_context, d.num_kv_heads * d.head_dim) {
-    const Weights &w = *a.w;
-    const HParams &hp = *a.hp;
-    const int qd = H_ * hd_, kvd = Hkv_ * hd_;
-    const bool mlp_bias = hp.b("mlp_bias");
-    kv_swap_ = fault("llama.kv_head_swap") && Hkv_ > 1;
-    embed_ = w.get("model.embed_tokens.weight", {V_, E_});
-    for (int l = 0; l < d.num_layers; l++) {
-      std::string p = "model.layers." + std::to_string(l) + ".";
-      Layer L;
-      L.in_ln = w.get(p + "input_layernorm.weight", {E_});
-      L.wq = w.get(p + "self_attn.q_proj.weight", {qd, E_});
-      L.wk = w.get(p + "self_attn.k_proj.weight", {kvd, E_});
-      L.wv = w.get(p + "self_attn.v_proj.weight", {kvd, E_});
-      L.wo = w.get(p + "self_attn.o_proj.weight", {E_, qd});
-      if (d.attention_bias) {
-        L.bq = w.get(p + "self_attn.q_proj.bias", {qd});
-        L.bk = w.get(p + "self_attn.k_proj.bias", {kvd});
-        L.bv = w.get(p + "self_attn.v_proj.bias", {kvd});
-        L.bo = w.get(p + "self_attn.o_proj.bias", {E_});
-      }
-      L.post_ln = w.get(p + "post_attention_layernorm.weight", {E_});
-      L.wg = w.get(p + "mlp.gate_proj.weight", {I_, E_});
-      L.wu = w.get(p + "mlp.up_proj.weight", {I_, E_});
-      L.wd = w.get(p + "mlp.down_proj.weight", {E_, I_});
-      if (mlp_bias) {
-        L.bg = w.get(p + "mlp.gate_proj.bias", {I_});
-        L.bu = w.get(p + "mlp.up_proj.bias", {I_});
-        L.bd = w.get(p + "mlp.down_proj.bias", {E_});
-      }
-      layers_.push_back(L);
-    }
-    norm_ = w.get("model.norm.weight", {E_});
-    const float *lm;
-    if (w.has("lm_head.weight"))
-      lm = w.get("lm_head.weight", {V_, E_});
-    else if (d.tie_word_embeddings)
-      lm = embed_;
-    else
-      throw Error(MQ_ERR_LOAD, "tensor lm_head.weight is missing and config.json tie_word_embeddings is false");
-    head_.reset(new LMHead(lm, V_, E_, w.file_backed(lm)));
+// llama_options: the shared decoder without q/k norms, with the MLP biases, the rotary table and
+// the sliding window resolve_llama wrote into hp.
+Qwen3Decoder::Options llama_options(const HParams &hp) {
+  Qwen3Decoder::Options o;
+  o.fault_prefix = "llama";
+  o.qk_norm = false;
+  o.mlp_bias = hp.b("mlp_bias");
+  const int half = hp.i("head_dim") / 2;
+  for (int i = 0; i < half; i++) o.rope_inv_freq.push_back((float)hp.f("rope_inv_freq." + std::to_string(i)));
+  o.rope_scaling = (float)hp.f("rope_attention_scaling");
+  o.sliding_window = hp.i("sliding_window");
+  return o;
+}
 
-    // The rotary table as transformers builds it in float32: angle = float(pos) * inv_freq,
-    // cos/sin of that angle, each times the rope type's attention scaling.
-    const int half = hd_ / 2;
-    std::vector<float> inv(half);
-    for (int i = 0; i < half; i++) inv[i] = (float)hp.f("rope_inv_freq." + std::to_string(i));
-    if (fault("llama.rope_theta_x10"))
-      for (int i = 0; i < half; i++) inv[i] *= (float)std::pow(10.0, -(double)(2 * i) / hd_);
-    const float scaling = (float)hp.f("rope_attention_scaling");
-    cos_.resize((size_t)ctx_ * half);
-    sin_.resize((size_t)ctx_ * half);
-    for (int p = 0; p < ctx_; p++)
-      for (int i = 0; i < half; i++) {
-        const float ang = (float)p * inv[i];
-        cos_[(size_t)p * half + i] = (float)std::cos((double)ang) * scaling;
-        sin_[(size_t)p * half + i] = (float)std::sin((double)ang) * scaling;
-      }
-  }
-
- private:
-  struct Layer {
-    const float *in_ln, *wq, *wk, *wv, *wo, *post_ln, *wg, *wu, *wd;
-    const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr, *bg = nullptr, *bu = nullptr,
-                *bd = nullptr;
-  };
-
-  void rope(float *x, int p) const {
-    const int half = hd_ / 2;
-    const float *c = &cos_[(size_t)p * half], *s = &sin_[(size_t)p * half];
-    for (int i = 0; i < half; i++) {
-      const float x1 = x[i], x2 = x[i + half];
-      x[i] = x1 * c[i] - x2 * s[i];
-      x[i + half] = x2 * c[i] + x1 * s[i];
-    }
-  }
-
-  void run(const Batch &b) override {
-    const int R = b.rows(), qd = H_ * hd_, kvd = Hkv_ * hd_;
-    h_.resize((size_t)R * E_);
-    hn_.resize((size_t)R * E_);
-    a_.resize((size_t)R * E_);
-    q_.resize((size_t)R * qd);
-    k_.resize((size_t)R * kvd);
-    v_.resize((size_t)R * kvd);
-    att_.resize((size_t)R * qd);
-    tmp_.resize((size_t)R * E_);
-    g_.resize((size_t)R * I_);
-    u_.resize((size_t)R * I_);
-    scratch_.resize(ctx_);
-    for (int r = 0; r < R; r++) {
-      const int32_t id = b.tokens[r];
-      if (id < 0 || id >= V_) throw Error(MQ_ERR_INVALID_ARGUMENT, "token id " + std::to_string(id) + " is outside the vocabulary");
-      std::memcpy(&h_[(size_t)r * E_], embed_ + (size_t)id * E_, sizeof(float) * E_);
-    }
-    const float scale = 1.0f / std::sqrt((float)hd_);
-    for (size_t l = 0; l < layers_.size(); l++) {
-      const Layer &L = layers_[l];
-      rms_norm(h_.data(), R, E_, L.in_ln, hp_.norm_eps, a_.data());
-      linear(pool_, a_.data(), R, E_, L.wq, qd, L.bq, q_.data());
-      linear(pool_, a_.data(), R, E_, L.wk, kvd, L.bk, k_.data());
-      linear(pool_, a_.data(), R, E_, L.wv, kvd, L.bv, v_.data());
-      for (int i = 0; i < b.n; i++) {
-        float *K = kv_.k((int)l, b.slot[i]), *V = kv_.v((int)l, b.slot[i]);
-        for (int j = 0; j < b.ntok[i]; j++) {
-          const int r = b.off[i] + j, p = b.pos[i] + j;
-          float *qr = &q_[(size_t)r * qd], *kr = &k_[(size_t)r * kvd];
-          for (int hh = 0; hh < H_; hh++) rope(qr + hh * hd_, p);
-          for (int hh = 0; hh < Hkv_; hh++) rope(kr + hh * hd_, p);
-          if (kv_swap_) {  // planted defect: KV heads 0 and 1 trade places
-            std::swap_ranges(kr, kr + hd_, kr + hd_);
-            std::swap_ranges(&v_[(size_t)r * kvd], &v_[(size_t)r * kvd] + hd_, &v_[(size_t)r * kvd] + hd_);
-          }
-          std::memcpy(K + (size_t)p * kvd, kr, sizeof(float) * kvd);
-          std::memcpy(V + (size_t)p * kvd, &v_[(size_t)r * kvd], sizeof(float) * kvd);
-        }
-        float *qe = &q_[(size_t)b.off[i] * qd], *oe = &att_[(size_t)b.off[i] * qd];
-        if (window_ <= 0 || b.pos[i] + b.ntok[i] <= window_) {
-          attention(qe, b.ntok[i], b.pos[i], H_, Hkv_, hd_, K, V, scale, oe, scratch_.data());
-        } else {
-          // Sliding window (transformers' sliding_window_overlay: key k is visible to query q
-          // when q - k < window): each row attends to its last window_ keys, the shared kernel
-          // run on the window's part of the cache.
-          for (int j = 0; j < b.ntok[i]; j++) {
-            const int p = b.pos[i] + j, start = std::max(0, p - window_ + 1);
-            attention(qe + (size_t)j * qd, 1, p - start, H_, Hkv_, hd_, K + (size_t)start * kvd,
-                      V + (size_t)start * kvd, scale, oe + (size_t)j * qd, scratch_.data());
-          }
-        }
-      }
-      linear(pool_, att_.data(), R, qd, L.wo, E_, L.bo, tmp_.data());
-      for (size_t x = 0; x < (size_t)R * E_; x++) h_[x] += tmp_[x];
-      rms_norm(h_.data(), R, E_, L.post_ln, hp_.norm_eps, a_.data());
-      linear(pool_, a_.data(), R, E_, L.wg, I_, L.bg, g_.data());
-      linear(pool_, a_.data(), R, E_, L.wu, I_, L.bu, u_.data());
-      for (size_t x = 0; x < (size_t)R * I_; x++) {
-        const float g = g_[x];
-        g_[x] = g / (1.0f + std::exp(-g)) * u_[x];  // silu(gate) * up
-      }
-      linear(pool_, g_.data(), R, I_, L.wd, E_, L.bd, tmp_.data());
-      for (size_t x = 0; x < (size_t)R * E_; x++) h_[x] += tmp_[x];
-    }
-    rms_norm(h_.data(), R, E_, norm_, hp_.norm_eps, hn_.data());
-  }
-
-  DecoderDims hp_;
-  int H_, Hkv_, hd_, I_, ctx_, window_;
-  bool kv_swap_ = false;
-  KVCache kv_;
-  const float *embed_, *norm_;
-  std::vector<Layer> layers_;
-  std::vector<float> cos_, sin_;
-  std::vector<float> h_, a_, q_, k_, v_, att_, tmp_, g_, u_, scratch_;
-};
-
-std::unique_ptr<Backend> make_llama(const ModelArgs &a) { return std::unique_ptr<Backend>(new Llama(a)); }
+std::unique_ptr<Backend> make_llama(const ModelArgs &a) { return std::unique_ptr<Backend>(new DecoderLM(a, llama_options(*a.hp))); }
 
 // layout_llama: a LlamaModel checkpoint names the decoder without "model." (transformers adds it
 // when it loads a task model from a base model's state dict); with tie_word_embeddings the head

@@ -2,47 +2,13 @@
 //
 // Architecture (transformers' modeling_qwen3): embed_tokens; the decoder stack (Qwen3Decoder,
 // qwen3_decoder.h, shared with the families built on it); final norm; lm_head, or embed_tokens
-// when tie_word_embeddings.
+// when tie_word_embeddings: DecoderLM with the decoder's default options.
 //
 // Faults (MODELQUAL_FAULTS, read at engine open): qwen3.rope_theta_x10 multiplies rope_theta by
 // 10, qwen3.drop_q_norm skips q_norm. They exist to prove parity gates bite.
 #include "qwen3_decoder.h"
 
 namespace mq {
-namespace {
-
-class Qwen3 : public CausalLM {
- public:
-  explicit Qwen3(const ModelArgs &a) : Qwen3(a, DecoderDims(*a.hp)) {}
-  Qwen3(const ModelArgs &a, const DecoderDims &d) : CausalLM(a.pool, d.hidden_size, d.vocab_size), dec_(a, d, {}) {
-    const Weights &w = *a.w;
-    const float *lm;
-    if (w.has("lm_head.weight"))
-      lm = w.get("lm_head.weight", {V_, E_});
-    else if (d.tie_word_embeddings)
-      lm = dec_.embed_weight();
-    else
-      throw Error(MQ_ERR_LOAD, "tensor lm_head.weight is missing and config.json tie_word_embeddings is false");
-    head_.reset(new LMHead(lm, V_, E_, w.file_backed(lm)));
-  }
-
- private:
-  void run(const Batch &b) override {
-    const int R = b.rows();
-    h_.resize((size_t)R * E_);
-    hn_.resize((size_t)R * E_);
-    dec_.embed(b.tokens.data(), R, h_.data());
-    Qwen3Decoder::Pass p;
-    p.batch = &b;
-    dec_.forward(p, h_.data());
-    dec_.final_norm(h_.data(), R, hn_.data());
-  }
-
-  Qwen3Decoder dec_;
-  std::vector<float> h_;
-};
-
-}  // namespace
 
 // resolve_qwen3 reads Qwen3Config's fields with transformers' defaults and refuses what this
 // runtime does not implement (other RoPE types, sliding windows, other activations) rather than
@@ -81,7 +47,7 @@ void resolve_qwen3(const Config &c, HParams &hp) {
   hp.set("scale_attn_by_inverse_layer_idx", 0);
 }
 
-std::unique_ptr<Backend> make_qwen3(const ModelArgs &a) { return std::unique_ptr<Backend>(new Qwen3(a)); }
+std::unique_ptr<Backend> make_qwen3(const ModelArgs &a) { return std::unique_ptr<Backend>(new DecoderLM(a, {})); }
 
 // layout_qwen3: the checkpoint layouts transformers loads into Qwen3ForCausalLM. A Qwen3Model
 // checkpoint names the decoder without base_model_prefix "model." (transformers adds it when it

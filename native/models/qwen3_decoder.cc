@@ -9,7 +9,8 @@ namespace mq {
 
 Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Options &o)
     : pool_(a.pool), hp_(d), E_(d.hidden_size), H_(d.num_heads), Hkv_(d.num_kv_heads), hd_(d.head_dim),
-      I_(d.intermediate_size), ctx_(a.max_context), drop_q_norm_(fault(o.fault_prefix + ".drop_q_norm")),
+      I_(d.intermediate_size), ctx_(a.max_context), window_(o.sliding_window), qk_norm_(o.qk_norm),
+      drop_q_norm_(fault(o.fault_prefix + ".drop_q_norm")), kv_swap_(fault(o.fault_prefix + ".kv_head_swap") && d.num_kv_heads > 1),
       kv_(d.num_layers, a.n_slots, a.max_context, d.num_kv_heads * d.head_dim), moe_(o.moe),
       route_wrong_(fault(o.fault_prefix + ".route_wrong_expert")) {
   const Weights &w = *a.w;
@@ -41,8 +42,10 @@ Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Optio
       L.bv = w.get(p + "self_attn.v_proj.bias", {kvd});
       L.bo = w.get(p + "self_attn.o_proj.bias", {E_});
     }
-    L.q_norm = w.get(p + "self_attn.q_norm.weight", {hd_});
-    L.k_norm = w.get(p + "self_attn.k_norm.weight", {hd_});
+    if (qk_norm_) {
+      L.q_norm = w.get(p + "self_attn.q_norm.weight", {hd_});
+      L.k_norm = w.get(p + "self_attn.k_norm.weight", {hd_});
+    }
     L.post_ln = w.get(p + "post_attention_layernorm.weight", {E_});
     if (NE > 0 && moe_.sparse[l]) {
       L.router = w.get(p + "mlp.gate.weight", {NE, E_});
@@ -56,6 +59,11 @@ Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Optio
       L.wg = w.get(p + "mlp.gate_proj.weight", {I_, E_});
       L.wu = w.get(p + "mlp.up_proj.weight", {I_, E_});
       L.wd = w.get(p + "mlp.down_proj.weight", {E_, I_});
+      if (o.mlp_bias) {
+        L.bg = w.get(p + "mlp.gate_proj.bias", {I_});
+        L.bu = w.get(p + "mlp.up_proj.bias", {I_});
+        L.bd = w.get(p + "mlp.down_proj.bias", {E_});
+      }
     }
     layers_.push_back(L);
   }
@@ -73,17 +81,28 @@ Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Optio
       else if (i % 3 == 2 && i < 3 * o.mrope_section[2]) axis_[i] = 2;
     }
   }
-  // RoPE tables computed as transformers does in float32: inv_freq = 1/theta^(2i/d),
-  // angle = float(pos) * inv_freq, then cos/sin of that float angle.
-  double theta = hp_.rope_theta * (fault(o.fault_prefix + ".rope_theta_x10") ? 10.0 : 1.0);
+  // RoPE tables computed as transformers does in float32: inv_freq = 1/theta^(2i/d) (or the
+  // rope type's frequencies), angle = float(pos) * inv_freq, then cos/sin of that float angle,
+  // each times the rope type's attention scaling.
+  const bool theta_x10 = fault(o.fault_prefix + ".rope_theta_x10");
+  std::vector<float> inv(half);
+  if (!o.rope_inv_freq.empty()) {
+    if ((int)o.rope_inv_freq.size() != half)
+      throw Error(MQ_ERR_LOAD, "rope_inv_freq has " + std::to_string(o.rope_inv_freq.size()) + " frequencies; head_dim/2 is " +
+                                   std::to_string(half));
+    for (int i = 0; i < half; i++)
+      inv[i] = o.rope_inv_freq[i] * (theta_x10 ? (float)std::pow(10.0, -(double)(2 * i) / hd_) : 1.0f);
+  } else {
+    double theta = hp_.rope_theta * (theta_x10 ? 10.0 : 1.0);
+    for (int i = 0; i < half; i++) inv[i] = (float)(1.0 / std::pow(theta, (double)(float)(2 * i) / (double)hd_));
+  }
   cos_.resize((size_t)ctx_ * half);
   sin_.resize((size_t)ctx_ * half);
   for (int i = 0; i < half; i++) {
-    float inv = (float)(1.0 / std::pow(theta, (double)(float)(2 * i) / (double)hd_));
     for (int p = 0; p < ctx_; p++) {
-      float ang = (float)p * inv;
-      cos_[(size_t)p * half + i] = (float)std::cos((double)ang);
-      sin_[(size_t)p * half + i] = (float)std::sin((double)ang);
+      float ang = (float)p * inv[i];
+      cos_[(size_t)p * half + i] = (float)std::cos((double)ang) * o.rope_scaling;
+      sin_[(size_t)p * half + i] = (float)std::sin((double)ang) * o.rope_scaling;
     }
   }
 }
@@ -139,18 +158,33 @@ void Qwen3Decoder::forward(const Pass &ps, float *h) {
         }
         float *qr = &q_[(size_t)r * qd], *kr = &k_[(size_t)r * kvd];
         for (int hh = 0; hh < H_; hh++) {
-          if (!drop_q_norm_) rms_norm(qr + hh * hd_, 1, hd_, L.q_norm, hp_.norm_eps, qr + hh * hd_);
+          if (qk_norm_ && !drop_q_norm_) rms_norm(qr + hh * hd_, 1, hd_, L.q_norm, hp_.norm_eps, qr + hh * hd_);
           rope(qr + hh * hd_, p3);
         }
         for (int hh = 0; hh < Hkv_; hh++) {
-          rms_norm(kr + hh * hd_, 1, hd_, L.k_norm, hp_.norm_eps, kr + hh * hd_);
+          if (qk_norm_) rms_norm(kr + hh * hd_, 1, hd_, L.k_norm, hp_.norm_eps, kr + hh * hd_);
           rope(kr + hh * hd_, p3);
+        }
+        if (kv_swap_) {  // planted defect: KV heads 0 and 1 trade places
+          float *vr = &v_[(size_t)r * kvd];
+          std::swap_ranges(kr, kr + hd_, kr + hd_);
+          std::swap_ranges(vr, vr + hd_, vr + hd_);
         }
         std::memcpy(K + (size_t)p * kvd, kr, sizeof(float) * kvd);
         std::memcpy(V + (size_t)p * kvd, &v_[(size_t)r * kvd], sizeof(float) * kvd);
       }
-      attention(&q_[(size_t)b.off[i] * qd], b.ntok[i], b.pos[i], H_, Hkv_, hd_, K, V, scale,
-                &att_[(size_t)b.off[i] * qd], scratch_.data());
+      float *qe = &q_[(size_t)b.off[i] * qd], *oe = &att_[(size_t)b.off[i] * qd];
+      if (window_ <= 0 || b.pos[i] + b.ntok[i] <= window_) {
+        attention(qe, b.ntok[i], b.pos[i], H_, Hkv_, hd_, K, V, scale, oe, scratch_.data());
+      } else {
+        // Sliding window: each row attends to its last window_ keys, the shared kernel run on
+        // the window's part of the cache.
+        for (int j = 0; j < b.ntok[i]; j++) {
+          const int p = b.pos[i] + j, start = std::max(0, p - window_ + 1);
+          attention(qe + (size_t)j * qd, 1, p - start, H_, Hkv_, hd_, K + (size_t)start * kvd, V + (size_t)start * kvd, scale,
+                    oe + (size_t)j * qd, scratch_.data());
+        }
+      }
     }
     linear(pool_, att_.data(), R, qd, L.wo, E_, L.bo, tmp_.data());
     for (size_t x = 0; x < (size_t)R * E_; x++) h[x] += tmp_[x];
@@ -167,13 +201,13 @@ void Qwen3Decoder::forward(const Pass &ps, float *h) {
 void Qwen3Decoder::dense_mlp(const Layer &L, int R, float *h) {
   g_.resize((size_t)R * I_);  // a sparse layer before this one may have resized them
   u_.resize((size_t)R * I_);
-  linear(pool_, a_.data(), R, E_, L.wg, I_, nullptr, g_.data());
-  linear(pool_, a_.data(), R, E_, L.wu, I_, nullptr, u_.data());
+  linear(pool_, a_.data(), R, E_, L.wg, I_, L.bg, g_.data());
+  linear(pool_, a_.data(), R, E_, L.wu, I_, L.bu, u_.data());
   for (size_t x = 0; x < (size_t)R * I_; x++) {
     float g = g_[x];
     g_[x] = g / (1.0f + std::exp(-g)) * u_[x];  // silu(gate) * up
   }
-  linear(pool_, g_.data(), R, I_, L.wd, E_, nullptr, tmp_.data());
+  linear(pool_, g_.data(), R, I_, L.wd, E_, L.bd, tmp_.data());
   for (size_t x = 0; x < (size_t)R * E_; x++) h[x] += tmp_[x];
 }
 
@@ -252,6 +286,38 @@ void Qwen3Decoder::routing_counts(uint64_t *out) const {
 
 void Qwen3Decoder::final_norm(const float *h, int rows, float *out) const {
   rms_norm(h, rows, E_, norm_, hp_.norm_eps, out);
+}
+
+DecoderLM::DecoderLM(const ModelArgs &a, const DecoderDims &d, const Qwen3Decoder::Options &o)
+    : CausalLM(a.pool, d.hidden_size, d.vocab_size), dec_(a, d, o) {
+  const Weights &w = *a.w;
+  const float *lm;
+  if (w.has("lm_head.weight"))
+    lm = w.get("lm_head.weight", {V_, E_});
+  else if (d.tie_word_embeddings)
+    lm = dec_.embed_weight();
+  else
+    throw Error(MQ_ERR_LOAD, "tensor lm_head.weight is missing and config.json tie_word_embeddings is false");
+  head_.reset(new LMHead(lm, V_, E_, w.file_backed(lm)));
+}
+
+void DecoderLM::run(const Batch &b) {
+  const int R = b.rows();
+  h_.resize((size_t)R * E_);
+  hn_.resize((size_t)R * E_);
+  dec_.embed(b.tokens.data(), R, h_.data());
+  Qwen3Decoder::Pass p;
+  p.batch = &b;
+  dec_.forward(p, h_.data());
+  dec_.final_norm(h_.data(), R, hn_.data());
+}
+
+int DecoderLM::routing_counts(std::vector<uint64_t> *out, int *layers) const {
+  if (dec_.experts() == 0) return 0;
+  *layers = dec_.layers();
+  out->assign((size_t)dec_.layers() * dec_.experts(), 0);
+  dec_.routing_counts(out->data());
+  return dec_.experts();
 }
 
 }  // namespace mq

@@ -12,6 +12,12 @@
 // 1/sqrt(head_dim)) -> o_proj, residual; post_attention_layernorm -> SwiGLU MLP
 // down(silu(gate(x)) * up(x)), residual; final norm.
 //
+// Llama and Mistral (transformers' modeling_llama / modeling_mistral) are this layer without the
+// q/k norms (Options::qk_norm false), with optional MLP biases (Options::mlp_bias), a rotary
+// table from precomputed inverse frequencies and attention scaling (Options::rope_inv_freq,
+// rope_scaling: the rope types llama.cc resolves) and Mistral's sliding window
+// (Options::sliding_window: query p sees keys p-window+1..p).
+//
 // Mixture of experts (transformers' modeling_qwen3_moe, Options::moe): a layer's FFN may instead
 // be a sparse block: router logits = gate(x) (bias-free [num_experts, E]), softmax in float32
 // over all experts, the top_k largest probabilities (lowest expert index first on ties),
@@ -53,6 +59,19 @@ class Qwen3Decoder {
     // fault_prefix names this use's planted defects: <fault_prefix>.rope_theta_x10 multiplies
     // rope_theta by 10, <fault_prefix>.drop_q_norm skips q_norm (read once, here).
     std::string fault_prefix = "qwen3";
+    // qk_norm: per-head RMSNorm of q and k (q_norm, k_norm tensors), as Qwen3; Llama has none.
+    bool qk_norm = true;
+    // mlp_bias: the dense MLP's gate, up and down projections carry biases (LlamaConfig.mlp_bias).
+    bool mlp_bias = false;
+    // rope_inv_freq: the head_dim/2 inverse frequencies as the config's rope type computes them
+    // (llama.cc's rope_init); empty: default RoPE, 1/rope_theta^(2i/head_dim). rope_scaling
+    // multiplies cos and sin (the rope type's attention scaling). A planted
+    // <fault_prefix>.rope_theta_x10 scales the frequencies as a tenfold theta would.
+    std::vector<float> rope_inv_freq;
+    float rope_scaling = 1.0f;
+    // sliding_window: each query attends to its last sliding_window keys (0: the whole cache),
+    // as transformers' sliding_window_overlay does for Mistral.
+    int sliding_window = 0;
     // mrope_section (t, h, w) frequency counts of interleaved multimodal RoPE (Qwen3-VL's
     // rope_scaling.mrope_section, summing to head_dim/2). Empty: plain 1-D RoPE. With it,
     // frequency i rotates by axis 1 (h) when i % 3 == 1 and i < 3*section[1], by axis 2 (w)
@@ -61,7 +80,8 @@ class Qwen3Decoder {
     std::vector<int> mrope_section;
     // moe: the sparse layers' mixture of experts; experts == 0 keeps every layer dense. Its
     // tensors: mlp.gate.weight [experts, E] and mlp.experts.<e>.{gate,up,down}_proj.weight.
-    // Faults: <fault_prefix>.route_wrong_expert routes every token to the experts after its
+    // Faults: <fault_prefix>.kv_head_swap stores KV heads 0 and 1 in each other's place;
+    // <fault_prefix>.route_wrong_expert routes every token to the experts after its
     // chosen ones ((e + 1) % experts, same weights), to prove the routing gate bites.
     struct Moe {
       int experts = 0, top_k = 0, intermediate = 0;
@@ -110,7 +130,7 @@ class Qwen3Decoder {
  private:
   struct Layer {
     const float *in_ln, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *post_ln, *wg, *wu, *wd;
-    const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr, *bg = nullptr, *bu = nullptr, *bd = nullptr;
     // sparse layers: the router and each expert's gate, up, down (wg, wu, wd stay null).
     const float *router = nullptr;
     std::vector<const float *> eg, eu, ed;
@@ -121,8 +141,8 @@ class Qwen3Decoder {
 
   ThreadPool *pool_;
   DecoderDims hp_;
-  int E_, H_, Hkv_, hd_, I_, ctx_;
-  bool drop_q_norm_;
+  int E_, H_, Hkv_, hd_, I_, ctx_, window_;
+  bool qk_norm_, drop_q_norm_, kv_swap_;
   KVCache kv_;
   const float *embed_, *norm_;
   std::vector<Layer> layers_;
@@ -135,6 +155,21 @@ class Qwen3Decoder {
   std::vector<float> probs_, xs_, ys_;
   std::vector<int> choice_, rows_of_;
   std::vector<float> weight_of_;
+};
+
+// DecoderLM is a causal LM over the decoder: token embeddings, the layers, the final norm and
+// lm_head (the token embedding when tie_word_embeddings and no lm_head.weight is stored). The
+// text families built on the decoder (qwen3, qwen3moe, llama) are this class with their options.
+class DecoderLM : public CausalLM {
+ public:
+  DecoderLM(const ModelArgs &a, const Qwen3Decoder::Options &o) : DecoderLM(a, DecoderDims(*a.hp), o) {}
+  DecoderLM(const ModelArgs &a, const DecoderDims &d, const Qwen3Decoder::Options &o);
+  int routing_counts(std::vector<uint64_t> *out, int *layers) const override;
+
+ private:
+  void run(const Batch &b) override;
+  Qwen3Decoder dec_;
+  std::vector<float> h_;
 };
 
 }  // namespace mq

@@ -41,45 +41,6 @@ Qwen3Decoder::Options moe_options(const HParams &hp) {
   return o;
 }
 
-class Qwen3Moe : public CausalLM {
- public:
-  explicit Qwen3Moe(const ModelArgs &a) : Qwen3Moe(a, DecoderDims(*a.hp)) {}
-  Qwen3Moe(const ModelArgs &a, const DecoderDims &d)
-      : CausalLM(a.pool, d.hidden_size, d.vocab_size), dec_(a, d, moe_options(*a.hp)) {
-    const Weights &w = *a.w;
-    const float *lm;
-    if (w.has("lm_head.weight"))
-      lm = w.get("lm_head.weight", {V_, E_});
-    else if (d.tie_word_embeddings)
-      lm = dec_.embed_weight();
-    else
-      throw Error(MQ_ERR_LOAD, "tensor lm_head.weight is missing and config.json tie_word_embeddings is false");
-    head_.reset(new LMHead(lm, V_, E_, w.file_backed(lm)));
-  }
-
-  int routing_counts(std::vector<uint64_t> *out, int *layers) const override {
-    *layers = dec_.layers();
-    out->assign((size_t)dec_.layers() * dec_.experts(), 0);
-    dec_.routing_counts(out->data());
-    return dec_.experts();
-  }
-
- private:
-  void run(const Batch &b) override {
-    const int R = b.rows();
-    h_.resize((size_t)R * E_);
-    hn_.resize((size_t)R * E_);
-    dec_.embed(b.tokens.data(), R, h_.data());
-    Qwen3Decoder::Pass p;
-    p.batch = &b;
-    dec_.forward(p, h_.data());
-    dec_.final_norm(h_.data(), R, hn_.data());
-  }
-
-  Qwen3Decoder dec_;
-  std::vector<float> h_;
-};
-
 // resolve_qwen3moe reads Qwen3MoeConfig: Qwen3's fields (resolve_qwen3 refuses what the
 // attention does not implement), then the experts with Qwen3MoeConfig's defaults
 // (num_experts 128, num_experts_per_tok 8, moe_intermediate_size 768, norm_topk_prob false,
@@ -113,7 +74,7 @@ void resolve_qwen3moe(const Config &c, HParams &hp) {
   hp.set_string("sparse_layers", sparse);
 }
 
-std::unique_ptr<Backend> make_qwen3moe(const ModelArgs &a) { return std::unique_ptr<Backend>(new Qwen3Moe(a)); }
+std::unique_ptr<Backend> make_qwen3moe(const ModelArgs &a) { return std::unique_ptr<Backend>(new DecoderLM(a, moe_options(*a.hp))); }
 
 // layout_qwen3moe: Qwen3's layouts (a Qwen3MoeModel checkpoint without "model.", a tied head)
 // and transformers 5's fused experts, split into the per-expert tensors the bundle holds.

@@ -7,17 +7,22 @@ package mutants
 // not by this gate, so they are not listed here.
 func init() {
 	declare("llama", []Mutant{
-		{Name: "llama SiLU replaced by ReLU in the MLP", File: "native/models/llama.cc", Gates: "parity",
+		// llama's layers are the shared decoder's with llama_options (qk_norm off, its rotary
+		// table): defects planted in that decoder's code must fail the llama gate too.
+		{Name: "llama (shared decoder) SiLU replaced by ReLU in the MLP", File: "native/models/qwen3_decoder.cc", Gates: "parity",
 			Old: "g_[x] = g / (1.0f + std::exp(-g)) * u_[x];", New: "g_[x] = (g > 0 ? g : 0.0f) * u_[x];"},
-		{Name: "llama rotary angle of the key left at position 0 (k not rotated)", File: "native/models/llama.cc", Gates: "parity",
-			Old: "for (int hh = 0; hh < Hkv_; hh++) rope(kr + hh * hd_, p);", New: ";"},
-		{Name: "llama untied head read from the token embedding", File: "native/models/llama.cc", Gates: "parity",
-			Old: "    if (w.has(\"lm_head.weight\"))\n      lm = w.get(\"lm_head.weight\", {V_, E_});\n    else if",
-			New: "    if (w.has(\"lm_head.weight\"))\n      lm = embed_;\n    else if"},
-		{Name: "llama post-attention norm applied with the input norm's weights", File: "native/models/llama.cc", Gates: "parity",
-			Old: "rms_norm(h_.data(), R, E_, L.post_ln, hp_.norm_eps, a_.data());", New: "rms_norm(h_.data(), R, E_, L.in_ln, hp_.norm_eps, a_.data());"},
+		{Name: "llama (shared decoder) key not rotated", File: "native/models/qwen3_decoder.cc", Gates: "parity",
+			Old: "          rope(kr + hh * hd_, p3);\n", New: "\n"},
+		{Name: "llama untied head read from the token embedding", File: "native/models/qwen3_decoder.cc", Gates: "parity",
+			Old: "  if (w.has(\"lm_head.weight\"))\n    lm = w.get(\"lm_head.weight\", {V_, E_});\n  else if",
+			New: "  if (w.has(\"lm_head.weight\"))\n    lm = dec_.embed_weight();\n  else if"},
+		{Name: "llama (shared decoder) post-attention norm applied with the input norm's weights", File: "native/models/qwen3_decoder.cc", Gates: "parity",
+			Old: "rms_norm(h, R, E_, L.post_ln, hp_.norm_eps, a_.data());", New: "rms_norm(h, R, E_, L.in_ln, hp_.norm_eps, a_.data());"},
+		{Name: "llama rotary table from default RoPE instead of the resolved frequencies", File: "native/models/llama.cc", Gates: "parity",
+			Old: "  for (int i = 0; i < half; i++) o.rope_inv_freq.push_back((float)hp.f(\"rope_inv_freq.\" + std::to_string(i)));\n",
+			New: "  for (int i = 0; i < half; i++) o.rope_inv_freq.push_back((float)(1.0 / std::pow(500000.0, 2.0 * i / (2 * half))));\n"},
 		// Planted faults (MODELQUAL_FAULTS) of the llama runtime the llama gates must catch.
-		{Name: "llama rope_theta ×10 (runtime fault)", Fault: "llama.rope_theta_x10", File: "native/models/llama.cc", Gates: "parity"},
-		{Name: "llama KV heads 0 and 1 swapped in the cache (runtime fault)", Fault: "llama.kv_head_swap", File: "native/models/llama.cc", Gates: "parity"},
+		{Name: "llama rope_theta ×10 (runtime fault)", Fault: "llama.rope_theta_x10", File: "native/models/qwen3_decoder.cc", Gates: "parity"},
+		{Name: "llama KV heads 0 and 1 swapped in the cache (runtime fault)", Fault: "llama.kv_head_swap", File: "native/models/qwen3_decoder.cc", Gates: "parity"},
 	})
 }
