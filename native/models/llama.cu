@@ -1,6 +1,7 @@
 // models/llama.cu: LlamaForCausalLM and MistralForCausalLM on CUDA (owner: llama family), the GPU
 // side of models/llama.cc: the shared decoder (native/cuda/decoder.cuh) with RMSNorm, SwiGLU and
-// RoPE, no q/k norms, the Llama tensor names, optional attention and MLP biases.
+// RoPE, loaded by the Qwen3 decoder's loader (qwen3.cuh) without q/k norms, with optional
+// attention and MLP biases.
 //
 // Rotary scaling: the CPU runtime's resolve computed the inverse frequencies and the attention
 // scaling once (hyper-parameters rope_inv_freq.<i>, rope_attention_scaling; see llama.cc), so
@@ -18,8 +19,7 @@
 #include <cmath>
 #include <memory>
 
-#include "../cuda/env.cuh"
-#include "../cuda/weights.cuh"
+#include "qwen3.cuh"
 
 namespace mqcuda {
 namespace llama {
@@ -56,49 +56,15 @@ void open_llama(mqb_model &m, const mqb_model_params *p) {
   m.fstate = st;
 }
 
+// load_llama: the shared decoder's loader (qwen3.cuh) without q/k norms, with the MLP biases and
+// the rotary attention scaling.
 void load_llama(mqb_model &m, const TensorMap &tm) {
-  const Cfg &c = m.c;
-  const int64_t H = c.H, D = c.D, I = c.I, V = c.V, nh = c.nh, nkv = c.nkv;
   const State &st = *static_cast<const State *>(m.fstate.get());
-  const double s = st.rope_scaling;
-  const mqb_tensor *et = tm.need("embed_tokens.weight", {V, H});
-  m.emb = upload_matrix(m, {{et, V, false}}, H);
-  const mqb_tensor *lmh = tm.find("lm_head.weight");
-  if (c.tied || !lmh) {
-    if (!c.tied && !lmh) throw Fail("cuda backend: tensor lm_head.weight is missing and tie_word_embeddings is false");
-    m.lm = m.emb;
-  } else {
-    m.lm = upload_matrix(m, {{tm.need("lm_head.weight", {V, H}), V, false}}, H);
-  }
-  m.normf_w = upload_f32(m, {tm.need("norm.weight", {H})});
-  for (int l = 0; l < c.L; ++l) {
-    Layer &ly = m.layers[l];
-    const std::string pre = fmt("layers.%d.", l);
-    ly.ln1_w = upload_f32(m, {tm.need(pre + "input_layernorm.weight", {H})});
-    ly.ln2_w = upload_f32(m, {tm.need(pre + "post_attention_layernorm.weight", {H})});
-    const mqb_tensor *q = tm.need(pre + "self_attn.q_proj.weight", {nh * D, H});
-    const mqb_tensor *k = tm.need(pre + "self_attn.k_proj.weight", {nkv * D, H});
-    const mqb_tensor *v = tm.need(pre + "self_attn.v_proj.weight", {nkv * D, H});
-    ly.w_qkv = upload_matrix(m, {{q, nh * D, false}, {k, nkv * D, false}, {v, nkv * D, false}}, H);
-    ly.w_o = upload_matrix(m, {{tm.need(pre + "self_attn.o_proj.weight", {H, nh * D}), H, false}}, nh * D);
-    if (c.attn_bias) {
-      ly.b_qkv = upload_f32(m, {tm.need(pre + "self_attn.q_proj.bias", {nh * D}),
-                                tm.need(pre + "self_attn.k_proj.bias", {nkv * D}),
-                                tm.need(pre + "self_attn.v_proj.bias", {nkv * D})});
-      ly.b_o = upload_f32(m, {tm.need(pre + "self_attn.o_proj.bias", {H})});
-    }
-    const mqb_tensor *gt = tm.need(pre + "mlp.gate_proj.weight", {I, H});
-    const mqb_tensor *ut = tm.need(pre + "mlp.up_proj.weight", {I, H});
-    ly.w_up = upload_matrix(m, {{gt, I, false}, {ut, I, false}}, H);
-    ly.w_down = upload_matrix(m, {{tm.need(pre + "mlp.down_proj.weight", {H, I}), H, false}}, I);
-    if (st.mlp_bias) {
-      // gate|up, as w_up stacks them
-      ly.b_up = upload_f32(m, {tm.need(pre + "mlp.gate_proj.bias", {I}), tm.need(pre + "mlp.up_proj.bias", {I})});
-      ly.b_down = upload_f32(m, {tm.need(pre + "mlp.down_proj.bias", {H})});
-    }
-    ly.qscale = (float)(s * s / std::sqrt((double)D));
-  }
-  rope_setup(m);
+  qwen3::DecoderOptions o{"", "llama"};
+  o.qk_norm = false;
+  o.mlp_bias = st.mlp_bias;
+  o.rope_scaling = st.rope_scaling;
+  qwen3::load_decoder(m, tm, o);
 }
 
 MQB_REGISTER_FAMILY([] {

@@ -5,6 +5,8 @@
 //
 // Faults (MODELQUAL_FAULTS, read at open; the CPU runtime's names): qwen3.rope_theta_x10
 // multiplies rope_theta by 10, qwen3.drop_q_norm skips q_norm. They prove the parity gates bite.
+#include <cmath>
+
 #include "qwen3.cuh"
 
 namespace mqcuda {
@@ -16,11 +18,10 @@ void configure(Cfg &c, const std::string &fault_prefix) {
   if (fault((fault_prefix + ".rope_theta_x10").c_str())) c.theta *= 10;
 }
 
-void load_decoder(mqb_model &m, const TensorMap &tm, const std::string &prefix, const std::string &fault_prefix,
-                  const std::vector<bool> *sparse) {
+void load_decoder(mqb_model &m, const TensorMap &tm, const DecoderOptions &o) {
   const Cfg &c = m.c;
   const int64_t H = c.H, D = c.D, I = c.I, V = c.V, nh = c.nh, nkv = c.nkv;
-  const std::string &tp = prefix;
+  const std::string &tp = o.prefix;
   const mqb_tensor *et = tm.need(tp + "embed_tokens.weight", {V, H});
   m.emb = upload_matrix(m, {{et, V, false}}, H);
   const mqb_tensor *lmh = tm.find("lm_head.weight");
@@ -31,7 +32,9 @@ void load_decoder(mqb_model &m, const TensorMap &tm, const std::string &prefix, 
     m.lm = upload_matrix(m, {{tm.need("lm_head.weight", {V, H}), V, false}}, H);
   }
   m.normf_w = upload_f32(m, {tm.need(tp + "norm.weight", {H})});
-  const bool drop_qn = fault((fault_prefix + ".drop_q_norm").c_str());
+  const bool drop_qn = fault((o.fault_prefix + ".drop_q_norm").c_str());
+  const double s = o.rope_scaling;
+  const float qscale = s == 1.0 ? 1.f / sqrtf((float)D) : (float)(s * s / std::sqrt((double)D));
   for (int l = 0; l < c.L; ++l) {
     Layer &ly = m.layers[l];
     const std::string pre = tp + fmt("layers.%d.", l);
@@ -48,15 +51,21 @@ void load_decoder(mqb_model &m, const TensorMap &tm, const std::string &prefix, 
                                 tm.need(pre + "self_attn.v_proj.bias", {nkv * D})});
       ly.b_o = upload_f32(m, {tm.need(pre + "self_attn.o_proj.bias", {H})});
     }
-    if (!drop_qn) ly.qn = upload_f32(m, {tm.need(pre + "self_attn.q_norm.weight", {D})});
-    ly.kn = upload_f32(m, {tm.need(pre + "self_attn.k_norm.weight", {D})});
-    ly.qscale = 1.f / sqrtf((float)D);
-    if (sparse && (*sparse)[l]) continue;
+    if (o.qk_norm) {
+      if (!drop_qn) ly.qn = upload_f32(m, {tm.need(pre + "self_attn.q_norm.weight", {D})});
+      ly.kn = upload_f32(m, {tm.need(pre + "self_attn.k_norm.weight", {D})});
+    }
+    ly.qscale = qscale;
+    if (o.sparse && (*o.sparse)[l]) continue;
     const mqb_tensor *gt = tm.need(pre + "mlp.gate_proj.weight", {I, H});
     const mqb_tensor *ut = tm.need(pre + "mlp.up_proj.weight", {I, H});
     ly.w_up = upload_matrix(m, {{gt, I, false}, {ut, I, false}}, H);
     ly.w_down = upload_matrix(m, {{tm.need(pre + "mlp.down_proj.weight", {H, I}), H, false}}, I);
-    ly.qscale = 1.f / sqrtf((float)D);
+    if (o.mlp_bias) {
+      // gate|up, as w_up stacks them
+      ly.b_up = upload_f32(m, {tm.need(pre + "mlp.gate_proj.bias", {I}), tm.need(pre + "mlp.up_proj.bias", {I})});
+      ly.b_down = upload_f32(m, {tm.need(pre + "mlp.down_proj.bias", {H})});
+    }
   }
   rope_setup(m);
 }
@@ -64,7 +73,7 @@ void load_decoder(mqb_model &m, const TensorMap &tm, const std::string &prefix, 
 namespace {
 
 void configure_qwen3(Cfg &c, const HParams &) { configure(c, "qwen3"); }
-void load_qwen3(mqb_model &m, const TensorMap &tm) { load_decoder(m, tm, "", "qwen3"); }
+void load_qwen3(mqb_model &m, const TensorMap &tm) { load_decoder(m, tm, {}); }
 
 MQB_REGISTER_FAMILY([] {
   CudaFamily f{"qwen3"};

@@ -395,7 +395,9 @@ void open_qwen3moe(mqb_model &m, const mqb_model_params *p) {
 
 void load_qwen3moe(mqb_model &m, const TensorMap &tm) {
   Moe &s = moe(m);
-  qwen3::load_decoder(m, tm, "", "qwen3moe", &s.sparse);
+  qwen3::DecoderOptions o{"", "qwen3moe"};
+  o.sparse = &s.sparse;
+  qwen3::load_decoder(m, tm, o);
   const Cfg &c = m.c;
   const int64_t H = c.H, MI = s.MI, NE = s.NE;
   s.layers.resize(c.L);

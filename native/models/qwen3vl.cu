@@ -451,7 +451,7 @@ void configure(Cfg &c, const HParams &hp) {
 }
 
 void load(mqb_model &m, const TensorMap &tm) {
-  qwen3::load_decoder(m, tm, "language_model.", "qwen3vl");
+  qwen3::load_decoder(m, tm, {"language_model.", "qwen3vl"});
   vis_load(m, tm);
   m.rope_delta = vis(m).sdelta;
 }

@@ -420,7 +420,7 @@ const mqcuda::CudaFamily &text_encoder_family() {
     mqcuda::CudaFamily t{"zimage.text_encoder"};
     t.configure = [](mqcuda::Cfg &c, const mqcuda::HParams &) { mqcuda::qwen3::configure(c, "zimage.text_encoder"); };
     t.load = [](mqb_model &m, const mqcuda::TensorMap &tm) {
-      mqcuda::qwen3::load_decoder(m, tm, "text_encoder.", "zimage.text_encoder");
+      mqcuda::qwen3::load_decoder(m, tm, {"text_encoder.", "zimage.text_encoder"});
     };
     return t;
   }();
