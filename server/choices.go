@@ -46,25 +46,14 @@ func (gs *genSet) waitAny() bool {
 func (gs *genSet) abandon() {
 	for _, g := range gs.gens {
 		if !g.gone {
-			g.gone = true
-			g.s.pool.cancel(g.t)
+			g.cancel()
 		}
 	}
 	deadline := time.NewTimer(cancelWait)
 	defer deadline.Stop()
 	for _, g := range gs.gens {
-		for {
-			g.t.mu.Lock()
-			done := g.t.done
-			g.t.mu.Unlock()
-			if done {
-				break
-			}
-			select {
-			case <-g.t.notify:
-			case <-deadline.C:
-				return
-			}
+		if !g.awaitDone(deadline.C) {
+			return
 		}
 	}
 }

@@ -403,21 +403,31 @@ func (g *gen) abandon() {
 	if g.gone {
 		return
 	}
-	g.gone = true
-	g.s.pool.cancel(g.t)
+	g.cancel()
 	deadline := time.NewTimer(cancelWait)
 	defer deadline.Stop()
+	g.awaitDone(deadline.C)
+}
+
+// cancel asks the engine to drop the generation (once).
+func (g *gen) cancel() {
+	g.gone = true
+	g.s.pool.cancel(g.t)
+}
+
+// awaitDone waits until the engine confirms the generation ended, or deadline fires (false).
+func (g *gen) awaitDone(deadline <-chan time.Time) bool {
 	for {
 		g.t.mu.Lock()
 		done := g.t.done
 		g.t.mu.Unlock()
 		if done {
-			return
+			return true
 		}
 		select {
 		case <-g.t.notify:
-		case <-deadline.C:
-			return
+		case <-deadline:
+			return false
 		}
 	}
 }

@@ -18,7 +18,7 @@ package server
 //
 // Records: route is the gRPC method (/openengine.v1.Inference/Generate), status the HTTP
 // status a gateway maps the gRPC code to (OK 200, INVALID_ARGUMENT 400, NOT_FOUND 404, ...;
-// grpcHTTPStatus), error_type the gRPC code in snake case.
+// oe.HTTPStatus), error_type the gRPC code in snake case.
 
 import (
 	"context"
@@ -205,36 +205,6 @@ func (c frameCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return c.proto.Unmarshal(data, v)
 }
 
-// grpcHTTPStatus is the HTTP status a gateway answers for a gRPC code (grpc-gateway's table),
-// kept in records and metrics so both endpoints read alike.
-func grpcHTTPStatus(c codes.Code) int {
-	switch c {
-	case codes.OK:
-		return http.StatusOK
-	case codes.Canceled:
-		return 499
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		return http.StatusBadRequest
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	case codes.NotFound:
-		return http.StatusNotFound
-	case codes.AlreadyExists, codes.Aborted:
-		return http.StatusConflict
-	case codes.PermissionDenied:
-		return http.StatusForbidden
-	case codes.Unauthenticated:
-		return http.StatusUnauthorized
-	case codes.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case codes.Unimplemented:
-		return http.StatusNotImplemented
-	case codes.Unavailable:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
-}
-
 // snakeCode is a gRPC code as records spell error types (INVALID_ARGUMENT → invalid_argument).
 func snakeCode(c codes.Code) string {
 	if c == codes.Canceled {
@@ -311,7 +281,7 @@ func (c *grpcCall) failAPI(e *APIError, param string) error {
 }
 
 func (s *Server) endGRPC(c *grpcCall) {
-	c.q.status = grpcHTTPStatus(c.code)
+	c.q.status = oe.HTTPStatus(c.code)
 	s.end(c.q)
 }
 

@@ -115,35 +115,6 @@ func toFloat(v any) (float64, bool) {
 	return 0, false
 }
 
-// grpcHTTPStatus is the HTTP status a gateway answers for a gRPC code.
-func grpcHTTPStatus(c codes.Code) int {
-	switch c {
-	case codes.OK:
-		return http.StatusOK
-	case codes.Canceled:
-		return 499
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		return http.StatusBadRequest
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	case codes.NotFound:
-		return http.StatusNotFound
-	case codes.AlreadyExists, codes.Aborted:
-		return http.StatusConflict
-	case codes.PermissionDenied:
-		return http.StatusForbidden
-	case codes.Unauthenticated:
-		return http.StatusUnauthorized
-	case codes.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case codes.Unimplemented:
-		return http.StatusNotImplemented
-	case codes.Unavailable:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
-}
-
 var finishNames = map[oe.FinishReason]string{
 	oe.FinishReason_FINISH_REASON_STOP: "stop", oe.FinishReason_FINISH_REASON_LENGTH: "length",
 	oe.FinishReason_FINISH_REASON_CANCELLED: "cancelled",
@@ -194,7 +165,7 @@ func (g *grpcClient) do(ctx context.Context, epoch time.Time, timeout time.Durat
 				resp.Cancelled, resp.CancelNs = true, resp.EndNs
 			}
 		}
-		resp.Status = grpcHTTPStatus(st.Code())
+		resp.Status = oe.HTTPStatus(st.Code())
 		resp.Err = &client.Error{Code: resp.Status, Type: st.Code().String(), Message: st.Message()}
 	}
 	st, err := g.inf.Generate(ctx, msg)
