@@ -152,16 +152,8 @@ RopeInit rope_init(const RopeConfig &rc, int dim, int64_t max_pos) {
 // resolve_llama reads LlamaConfig's (and MistralConfig's) fields with transformers' defaults and
 // refuses what this runtime does not implement rather than computing something else.
 void resolve_llama(const Config &c, HParams &hp) {
-  const int64_t heads = c.positive("num_attention_heads"), hidden = c.positive("hidden_size");
-  const int64_t kv = c.has("num_key_value_heads") ? c.positive("num_key_value_heads") : heads;
-  const int64_t head_dim = c.has("head_dim") ? c.positive("head_dim") : hidden / heads;
-  if (heads % kv != 0)
-    throw Error(MQ_ERR_LOAD, "config.json: num_attention_heads " + std::to_string(heads) +
-                                 " is not a multiple of num_key_value_heads " + std::to_string(kv));
-  if (head_dim % 2 != 0)
-    throw Error(MQ_ERR_LOAD, "config.json: head_dim " + std::to_string(head_dim) + " must be even (RoPE rotates halves)");
-  if (c.string("hidden_act", "silu") != "silu")
-    throw Error(MQ_ERR_LOAD, "config.json: hidden_act \"" + c.string("hidden_act") + "\" is not supported; the llama runtime implements silu");
+  resolve_decoder_shape(c, hp, "llama");
+  const int64_t head_dim = hp.i("head_dim");
   const double prf = c.first_number({"rope_parameters.partial_rotary_factor", "partial_rotary_factor"}, 1.0);
   if (prf != 1.0)
     throw Error(MQ_ERR_LOAD, "config.json: partial_rotary_factor " + std::to_string(prf) + " is not supported; Llama rotates the whole head");
@@ -177,24 +169,14 @@ void resolve_llama(const Config &c, HParams &hp) {
   if (model_type == "llama" && c.boolean("use_sliding_window", false))
     throw Error(MQ_ERR_LOAD, "config.json: use_sliding_window true is not supported for model_type llama");
 
-  hp.set("vocab_size", (double)c.positive("vocab_size"));
-  hp.set("hidden_size", (double)hidden);
-  hp.set("num_layers", (double)c.positive("num_hidden_layers"));
-  hp.set("num_heads", (double)heads);
-  hp.set("num_kv_heads", (double)kv);
-  hp.set("head_dim", (double)head_dim);
-  hp.set("intermediate_size", (double)c.positive("intermediate_size"));
   hp.set("max_positions", (double)max_pos);
-  hp.set("norm_eps", c.number("rms_norm_eps", 1e-6));
   hp.set("rope_theta", rc.theta);
   hp.set_string("rope_type", rc.type);
   hp.set("rope_attention_scaling", ri.attention_scaling);
   for (size_t i = 0; i < ri.inv_freq.size(); i++) hp.set("rope_inv_freq." + std::to_string(i), (double)ri.inv_freq[i]);
-  hp.set("tie_word_embeddings", c.boolean("tie_word_embeddings", false));  // LlamaConfig's default
   hp.set("attention_bias", model_type == "mistral" ? false : c.boolean("attention_bias", false));
   hp.set("mlp_bias", model_type == "mistral" ? false : c.boolean("mlp_bias", false));
   hp.set("sliding_window", (double)window);
-  hp.set("scale_attn_by_inverse_layer_idx", 0);
 }
 
 // llama_options: the shared decoder without q/k norms, with the MLP biases, the rotary table and

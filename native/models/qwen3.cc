@@ -14,37 +14,17 @@ namespace mq {
 // runtime does not implement (other RoPE types, sliding windows, other activations) rather than
 // computing something else.
 void resolve_qwen3(const Config &c, HParams &hp) {
-  const int64_t heads = c.positive("num_attention_heads"), hidden = c.positive("hidden_size");
-  const int64_t kv = c.has("num_key_value_heads") ? c.positive("num_key_value_heads") : heads;
-  const int64_t head_dim = c.has("head_dim") ? c.positive("head_dim") : hidden / heads;
-  if (heads % kv != 0)
-    throw Error(MQ_ERR_LOAD, "config.json: num_attention_heads " + std::to_string(heads) +
-                                 " is not a multiple of num_key_value_heads " + std::to_string(kv));
-  if (head_dim % 2 != 0)
-    throw Error(MQ_ERR_LOAD, "config.json: head_dim " + std::to_string(head_dim) + " must be even (RoPE rotates halves)");
+  resolve_decoder_shape(c, hp, "qwen3");
   const std::string rope_type = c.string(
       "rope_parameters.rope_type", c.string("rope_scaling.rope_type", c.string("rope_scaling.type", "default")));
   if (rope_type != "default")
     throw Error(MQ_ERR_LOAD, "config.json: rope type \"" + rope_type + "\" is not supported; only default RoPE");
   if (c.has("rope_scaling.factor"))
     throw Error(MQ_ERR_LOAD, "config.json: rope_scaling is not supported; only default RoPE");
-  if (c.string("hidden_act", "silu") != "silu")
-    throw Error(MQ_ERR_LOAD, "config.json: hidden_act \"" + c.string("hidden_act") + "\" is not supported; the qwen3 runtime implements silu");
   if (c.boolean("use_sliding_window", false))
     throw Error(MQ_ERR_LOAD, "config.json: use_sliding_window true is not supported");
-  hp.set("vocab_size", (double)c.positive("vocab_size"));
-  hp.set("hidden_size", (double)hidden);
-  hp.set("num_layers", (double)c.positive("num_hidden_layers"));
-  hp.set("num_heads", (double)heads);
-  hp.set("num_kv_heads", (double)kv);
-  hp.set("head_dim", (double)head_dim);
-  hp.set("intermediate_size", (double)c.positive("intermediate_size"));
   hp.set("max_positions", (double)c.positive("max_position_embeddings"));
-  hp.set("norm_eps", c.number("rms_norm_eps", 1e-6));
   hp.set("rope_theta", c.first_number({"rope_theta", "rope_parameters.rope_theta"}, 10000));
-  hp.set("tie_word_embeddings", c.boolean("tie_word_embeddings", false));  // Qwen3Config's default
-  hp.set("attention_bias", c.boolean("attention_bias", false));
-  hp.set("scale_attn_by_inverse_layer_idx", 0);
 }
 
 std::unique_ptr<Backend> make_qwen3(const ModelArgs &a) { return std::unique_ptr<Backend>(new DecoderLM(a, {})); }

@@ -107,6 +107,31 @@ Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Optio
   }
 }
 
+void resolve_decoder_shape(const Config &c, HParams &hp, const std::string &runtime) {
+  const int64_t heads = c.positive("num_attention_heads"), hidden = c.positive("hidden_size");
+  const int64_t kv = c.has("num_key_value_heads") ? c.positive("num_key_value_heads") : heads;
+  const int64_t head_dim = c.has("head_dim") ? c.positive("head_dim") : hidden / heads;
+  if (heads % kv != 0)
+    throw Error(MQ_ERR_LOAD, "config.json: num_attention_heads " + std::to_string(heads) +
+                                 " is not a multiple of num_key_value_heads " + std::to_string(kv));
+  if (head_dim % 2 != 0)
+    throw Error(MQ_ERR_LOAD, "config.json: head_dim " + std::to_string(head_dim) + " must be even (RoPE rotates halves)");
+  if (c.string("hidden_act", "silu") != "silu")
+    throw Error(MQ_ERR_LOAD, "config.json: hidden_act \"" + c.string("hidden_act") + "\" is not supported; the " + runtime +
+                                 " runtime implements silu");
+  hp.set("vocab_size", (double)c.positive("vocab_size"));
+  hp.set("hidden_size", (double)hidden);
+  hp.set("num_layers", (double)c.positive("num_hidden_layers"));
+  hp.set("num_heads", (double)heads);
+  hp.set("num_kv_heads", (double)kv);
+  hp.set("head_dim", (double)head_dim);
+  hp.set("intermediate_size", (double)c.positive("intermediate_size"));
+  hp.set("norm_eps", c.number("rms_norm_eps", 1e-6));
+  hp.set("tie_word_embeddings", c.boolean("tie_word_embeddings", false));  // Qwen3Config's and LlamaConfig's default
+  hp.set("attention_bias", c.boolean("attention_bias", false));
+  hp.set("scale_attn_by_inverse_layer_idx", 0);
+}
+
 void Qwen3Decoder::embed(const int32_t *ids, int n, float *h) const {
   for (int r = 0; r < n; r++) std::memcpy(h + (size_t)r * E_, embed_ + (size_t)ids[r] * E_, sizeof(float) * E_);
 }

@@ -157,6 +157,13 @@ class Qwen3Decoder {
   std::vector<float> weight_of_;
 };
 
+// resolve_decoder_shape reads the fields every family on this decoder shares (vocab_size,
+// hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
+// head_dim (default hidden/heads), intermediate_size, rms_norm_eps, tie_word_embeddings,
+// attention_bias, hidden_act silu) with transformers' defaults into hp, refusing shapes the
+// decoder cannot compute; runtime names the family in the errors.
+void resolve_decoder_shape(const Config &c, HParams &hp, const std::string &runtime);
+
 // DecoderLM is a causal LM over the decoder: token embeddings, the layers, the final norm and
 // lm_head (the token embedding when tie_word_embeddings and no lm_head.weight is stored). The
 // text families built on the decoder (qwen3, qwen3moe, llama) are this class with their options.
