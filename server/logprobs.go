@@ -50,6 +50,16 @@ func (g *gen) tokenBytes(id int32) []byte {
 	return l.tb
 }
 
+// appendTokenName appends the JSON string that names token id in logprobs: its text (bytes b),
+// or "token_id:<id>" when the request asked for return_tokens_as_token_ids.
+func (g *gen) appendTokenName(dst []byte, id int32, b []byte) []byte {
+	if g.req.TokensAsIDs {
+		dst = strconv.AppendInt(append(dst, `"token_id:`...), int64(id), 10)
+		return append(dst, '"')
+	}
+	return appendTokenString(dst, b)
+}
+
 // appendTokenString appends the JSON string of token bytes b.
 func appendTokenString(dst, b []byte) []byte {
 	if utf8.Valid(b) {
@@ -113,7 +123,7 @@ func (g *gen) appendLogprobs(b []byte) []byte {
 			p := lp(t)
 			tb := g.tokenBytes(t.tok)
 			b = append(b, `{"token":`...)
-			b = appendTokenString(b, tb)
+			b = g.appendTokenName(b, t.tok, tb)
 			b = append(b, `,"logprob":`...)
 			b = appendLogprob(b, p.Logprob)
 			b = append(b, `,"bytes":`...)
@@ -125,7 +135,7 @@ func (g *gen) appendLogprobs(b []byte) []byte {
 				}
 				cb := g.tokenBytes(c.ID)
 				b = append(b, `{"token":`...)
-				b = appendTokenString(b, cb)
+				b = g.appendTokenName(b, c.ID, cb)
 				b = append(b, `,"logprob":`...)
 				b = appendLogprob(b, c.Logprob)
 				b = append(b, `,"bytes":`...)
@@ -142,7 +152,7 @@ func (g *gen) appendLogprobs(b []byte) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendTokenString(b, g.tokenBytes(t.tok))
+		b = g.appendTokenName(b, t.tok, g.tokenBytes(t.tok))
 	}
 	b = append(b, `],"token_logprobs":[`...)
 	for i, t := range toks {
@@ -161,7 +171,10 @@ func (g *gen) appendLogprobs(b []byte) []byte {
 		b = append(b, '{')
 		seen = seen[:0]
 		entry := func(id int32, x float32) {
-			s := string(appendLossyUTF8(nil, g.tokenBytes(id)))
+			s := "token_id:" + strconv.Itoa(int(id))
+			if !g.req.TokensAsIDs {
+				s = string(appendLossyUTF8(nil, g.tokenBytes(id)))
+			}
 			for _, o := range seen {
 				if o == s { // two ids with one text: a JSON object keeps one key, the likelier
 					return

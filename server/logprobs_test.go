@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -199,6 +200,19 @@ func TestLogprobsHTTPAndGRPC(t *testing.T) {
 		t.Errorf("no logprobs asked, got %s", b)
 	}
 
+	// return_tokens_as_token_ids: the same logprobs, every token and alternative named by its
+	// id, which gRPC's TokenInfo carries (byte-fallback pieces that share a text stay apart).
+	_, ids, _, _ := completionLP(t, s, "/v1/completions", `{"prompt":"`+prompt+`","max_tokens":8,"temperature":0,"ignore_eos":true,"logprobs":5,"return_tokens_as_token_ids":true}`)
+	_, _, chatIDs, _ := completionLP(t, s, "/v1/chat/completions", `{`+msgs+`,"max_tokens":6,"temperature":0,"ignore_eos":true,"logprobs":true,"top_logprobs":3,"return_tokens_as_token_ids":true}`)
+	if !reflect.DeepEqual(ids.TokenLogprobs, comp.TokenLogprobs) || !reflect.DeepEqual(ids.TextOffset, comp.TextOffset) {
+		t.Errorf("return_tokens_as_token_ids changed the logprobs or offsets: %+v vs %+v", ids, comp)
+	}
+	for i, e := range chatIDs {
+		if !strings.HasPrefix(e.Token, "token_id:") || !reflect.DeepEqual(e.Bytes, chat[i].Bytes) || e.Logprob != chat[i].Logprob {
+			t.Errorf("chat token %d with ids: %+v, with text: %+v", i, e, chat[i])
+		}
+	}
+
 	// gRPC: the same tokens, logprobs (float32 exact) and candidates, with their text.
 	yes := true
 	req := textReq(prompt, 8)
@@ -227,9 +241,15 @@ func TestLogprobsHTTPAndGRPC(t *testing.T) {
 			t.Errorf("gRPC token %d: %v; HTTP %q %v", i, ti, comp.Tokens[i], comp.TokenLogprobs[i])
 			continue
 		}
+		if want := fmt.Sprintf("token_id:%d", ti.GetTokenId()); ids.Tokens[i] != want {
+			t.Errorf("token %d: return_tokens_as_token_ids names it %q, gRPC %q", i, ids.Tokens[i], want)
+		}
 		for j, c := range ti.GetCandidates() {
 			if v, ok := comp.TopLogprobs[i][c.GetToken()]; !ok || float32(v) != float32(c.GetLogprob()) || c.GetRank() != uint32(j+1) {
 				t.Errorf("gRPC token %d candidate %v not in HTTP's %v", i, c, comp.TopLogprobs[i])
+			}
+			if v, ok := ids.TopLogprobs[i][fmt.Sprintf("token_id:%d", c.GetTokenId())]; !ok || float32(v) != float32(c.GetLogprob()) {
+				t.Errorf("gRPC token %d candidate %v not in HTTP's by id %v", i, c, ids.TopLogprobs[i])
 			}
 		}
 	}

@@ -80,6 +80,10 @@ type GenRequest struct {
 	// `top_logprobs` N; 0..MaxTopLogprobs).
 	Logprobs    bool
 	TopLogprobs int
+	// TokensAsIDs (vLLM's return_tokens_as_token_ids): logprobs name every token and
+	// alternative "token_id:<id>" instead of its text, so two ids of one text (byte-fallback
+	// pieces, which each read U+FFFD alone) stay apart; `bytes` and text_offset keep the text's.
+	TokensAsIDs bool
 	// IncludeStopStr keeps a matched stop string at the end of the output (vLLM's
 	// include_stop_str_in_output; OpenAI drops it).
 	IncludeStopStr bool
@@ -316,6 +320,8 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 			r.Stop, err = decodeStop(raw)
 		case "ignore_eos":
 			r.IgnoreEOS, err = boolean(raw, k)
+		case "return_tokens_as_token_ids":
+			r.TokensAsIDs, err = boolean(raw, k)
 		case "include_stop_str_in_output":
 			r.IncludeStopStr, err = boolean(raw, k)
 		case "logprobs":

@@ -146,7 +146,7 @@ func TestVendorFields(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"n_probs", "samplers", "t_max_predict_ms", "skip_special_tokens", "return_tokens_as_token_ids", "typical_p"} {
+	for _, k := range []string{"n_probs", "samplers", "t_max_predict_ms", "skip_special_tokens", "typical_p"} {
 		_, aerr := DecodeRequest([]byte(`{"prompt":"hi","`+k+`":1}`), false)
 		if aerr == nil || aerr.Status != 400 || aerr.Param != k {
 			t.Errorf("%s (changes the output): %v, want 400 naming it", k, aerr)

@@ -284,12 +284,14 @@ type TokenLogprob struct {
 	Token   string
 	Logprob float64
 	Top     []TopLogprob
+	ID      int32 // the token id where the answer carries it (gRPC's TokenInfo), else 0
 }
 
 // TopLogprob is one alternative of a token.
 type TopLogprob struct {
 	Token   string
 	Logprob float64
+	ID      int32 // as TokenLogprob.ID
 }
 
 // parseLogprobs reads choices[].logprobs in /v1/completions' shape ({tokens, token_logprobs,

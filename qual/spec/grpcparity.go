@@ -106,12 +106,12 @@ func GenerateGRPCRequest(ctx context.Context, conn *grpc.ClientConn, req *oe.Gen
 			for _, ti := range e.Token.GetTokens() {
 				a.TokenIDs = append(a.TokenIDs, ti.GetTokenId())
 				if topN >= 0 {
-					tl := TokenLogprob{Token: ti.GetToken(), Logprob: math.NaN()}
+					tl := TokenLogprob{Token: ti.GetToken(), Logprob: math.NaN(), ID: int32(ti.GetTokenId())}
 					if ti.Logprob != nil {
 						tl.Logprob = ti.GetLogprob()
 					}
 					for _, c := range ti.GetCandidates() {
-						tl.Top = append(tl.Top, TopLogprob{Token: c.GetToken(), Logprob: c.GetLogprob()})
+						tl.Top = append(tl.Top, TopLogprob{Token: c.GetToken(), Logprob: c.GetLogprob(), ID: int32(c.GetTokenId())})
 					}
 					a.Logprobs = append(a.Logprobs, tl)
 				}
@@ -132,7 +132,7 @@ func GenerateGRPCRequest(ctx context.Context, conn *grpc.ClientConn, req *oe.Gen
 // agree on the text, the finish reason and the usage; the gRPC stream's token ids number its
 // completion tokens and its deltas are never cumulative; every path carries logprobs (5
 // alternatives) for every completion token, the streams' equal to the non-streamed answer's
-// (token text, float32 logprob, alternatives). Prompt logprobs, not offered, are refused by
+// (token, float32 logprob, alternatives, each named by its id). Prompt logprobs, not offered, are refused by
 // name on gRPC.
 func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 	const fn = "spec.CheckGRPCParity"
@@ -164,7 +164,10 @@ func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 	}
 	for _, p := range items {
 		compared++
-		body := map[string]any{"prompt": p.text, "max_tokens": in.MaxTokens, "temperature": 0, "logprobs": parityTopN}
+		// return_tokens_as_token_ids names each token and alternative by its id ("token_id:N"),
+		// as gRPC's TokenInfo does, so ids that share a text stay apart.
+		body := map[string]any{"prompt": p.text, "max_tokens": in.MaxTokens, "temperature": 0, "logprobs": parityTopN,
+			"return_tokens_as_token_ids": true}
 		if p.ids != nil {
 			body["prompt"] = p.ids
 		}
@@ -187,6 +190,7 @@ func CheckGRPCParity(ctx context.Context, in GRPCParityInput) error {
 			problems = append(problems, fmt.Sprintf("prompt %q: gRPC Generate: %v", p.name, err))
 			continue
 		}
+		g.Logprobs = namedByID(g.Logprobs)
 		if whole.FinishReason == "stop" {
 			naturalEOS++
 		}
@@ -268,10 +272,8 @@ func logprobsDiff(a, b []TokenLogprob) string {
 		if x.Token != y.Token || f(x.Logprob) != f(y.Logprob) {
 			return fmt.Sprintf("token %d: %q %v vs %q %v", i, x.Token, x.Logprob, y.Token, y.Logprob)
 		}
-		// Counted by distinct text: the completions dict keys alternatives by their text, and
-		// byte-fallback pieces of a SentencePiece tokenizer (<0xE4>, <0xB8>, ...) all read
-		// "\ufffd" alone, so several alternatives may share one key there.
-		if nx, ny := distinctTokens(x.Top), distinctTokens(y.Top); nx != ny && nx+1 != ny && ny+1 != nx {
+		// The completions dict adds the chosen token when it is not among the alternatives.
+		if nx, ny := len(x.Top), len(y.Top); nx != ny && nx+1 != ny && ny+1 != nx {
 			return fmt.Sprintf("token %d: %d alternatives vs %d", i, len(x.Top), len(y.Top))
 		}
 		small, big := y.Top, x.Top
@@ -294,13 +296,17 @@ func logprobsDiff(a, b []TokenLogprob) string {
 	return ""
 }
 
-// distinctTokens is the number of different token texts among ts.
-func distinctTokens(ts []TopLogprob) int {
-	seen := map[string]bool{}
-	for _, t := range ts {
-		seen[t.Token] = true
+// namedByID names every token and alternative of lps "token_id:<id>", as an OpenAI-compatible
+// answer does under return_tokens_as_token_ids.
+func namedByID(lps []TokenLogprob) []TokenLogprob {
+	out := make([]TokenLogprob, len(lps))
+	for i, t := range lps {
+		out[i] = TokenLogprob{Token: fmt.Sprintf("token_id:%d", t.ID), Logprob: t.Logprob, ID: t.ID}
+		for _, c := range t.Top {
+			out[i].Top = append(out[i].Top, TopLogprob{Token: fmt.Sprintf("token_id:%d", c.ID), Logprob: c.Logprob, ID: c.ID})
+		}
 	}
-	return len(seen)
+	return out
 }
 
 // GRPCParity asserts CheckGRPCParity on a server of the suite's bundle started with
