@@ -30,22 +30,30 @@ type ImageOptions struct {
 	// floor((i+1)F) > floor(iF)); the others stay text-only, so one run measures TTFT with and
 	// without an image. 0 means 1: every prompt.
 	Fraction float64
+	// PerRequest is the images each image-carrying request holds (AIPerf's --batch-size-image,
+	// vLLM's --limit-mm-per-prompt on the server side); 0 means 1. They are consecutive images
+	// of the folder or the synthetic set, round robin.
+	PerRequest int
 }
 
 // Enabled reports whether the options ask for images.
 func (o ImageOptions) Enabled() bool { return o.Dir != "" || o.WidthMean > 0 || o.HeightMean > 0 }
 
-// WithImages turns every prompt (or the o.Fraction of them) into one user message holding an
-// image part (a data: URL) followed by the prompt's text, so each such request carries exactly
-// one image. Prompts that are
+// WithImages turns every prompt (or the o.Fraction of them) into one user message holding
+// o.PerRequest image parts (data: URLs) followed by the prompt's text. Prompts that are
 // already conversations get the image prepended to their first user message's content.
 func WithImages(prompts []Prompt, o ImageOptions) ([]Prompt, error) {
-	urls, err := imageURLs(len(prompts), o)
-	if err != nil {
-		return nil, err
-	}
 	if o.Fraction < 0 || o.Fraction > 1 {
 		return nil, fmt.Errorf("load.WithImages: image fraction %v must be in (0, 1]", o.Fraction)
+	}
+	per := o.PerRequest
+	if per < 0 {
+		return nil, fmt.Errorf("load.WithImages: images per request %d must be at least 1", per)
+	}
+	per = max(per, 1)
+	urls, err := imageURLs(len(prompts)*per, o)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]Prompt, len(prompts))
 	for i, p := range prompts {
@@ -57,7 +65,10 @@ func WithImages(prompts []Prompt, o ImageOptions) ([]Prompt, error) {
 			out[i] = p // text-only
 			continue
 		}
-		part := map[string]any{"type": "image_url", "image_url": map[string]any{"url": urls[i%len(urls)]}}
+		parts := make([]any, per)
+		for k := range parts {
+			parts[k] = map[string]any{"type": "image_url", "image_url": map[string]any{"url": urls[(i*per+k)%len(urls)]}}
+		}
 		var msgs []map[string]any
 		if len(p.Messages) > 0 {
 			if err := json.Unmarshal(p.Messages, &msgs); err != nil {
@@ -73,9 +84,9 @@ func WithImages(prompts []Prompt, o ImageOptions) ([]Prompt, error) {
 			}
 			switch c := m["content"].(type) {
 			case string:
-				m["content"] = []any{part, map[string]any{"type": "text", "text": c}}
+				m["content"] = append(parts, map[string]any{"type": "text", "text": c})
 			case []any:
-				m["content"] = append([]any{part}, c...)
+				m["content"] = append(parts, c...)
 			default:
 				return nil, fmt.Errorf("load.WithImages: prompt %q: a user message's content is %T", p.Name, c)
 			}

@@ -83,3 +83,34 @@ func TestWithImagesFraction(t *testing.T) {
 		t.Error("fraction 1.5 accepted")
 	}
 }
+
+// TestWithImagesPerRequest: --images-per-request 3 puts three different images before the text
+// of each request, none shared between requests; a negative count is refused.
+func TestWithImagesPerRequest(t *testing.T) {
+	ps, err := WithImages([]Prompt{{Prompt: "a"}, {Prompt: "b"}}, ImageOptions{WidthMean: 8, HeightMean: 8, Format: "png", Seed: 1, PerRequest: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i, p := range ps {
+		var msgs []struct {
+			Content []map[string]any `json:"content"`
+		}
+		if err := json.Unmarshal(p.Messages, &msgs); err != nil || len(msgs) != 1 || len(msgs[0].Content) != 4 {
+			t.Fatalf("prompt %d: %s (%v), want three images and the text", i, p.Messages, err)
+		}
+		for k, part := range msgs[0].Content[:3] {
+			url := part["image_url"].(map[string]any)["url"].(string)
+			if seen[url] {
+				t.Errorf("prompt %d image %d repeats an image", i, k)
+			}
+			seen[url] = true
+		}
+		if msgs[0].Content[3]["text"] != []string{"a", "b"}[i] {
+			t.Errorf("prompt %d: the text part is %v", i, msgs[0].Content[3])
+		}
+	}
+	if _, err := WithImages([]Prompt{{Prompt: "a"}}, ImageOptions{WidthMean: 8, HeightMean: 8, PerRequest: -1}); err == nil {
+		t.Error("-1 images per request accepted")
+	}
+}

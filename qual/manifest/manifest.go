@@ -89,6 +89,22 @@ type Profile struct {
 	// OutputTokens, so the requests of a closed loop do not finish and arrive in waves.
 	OutputTokensStddev int               `json:"output_tokens_stddev,omitempty"`
 	SLO                map[string]string `json:"slo,omitempty"` // metric -> limit, e.g. ttft_p99: 500ms
+	// Images (endpoint chat, a vision task) puts images into the profile's requests, as
+	// `qual profile --image-*` does: synthetic ones of about width_mean x height_mean, or the
+	// files of dir (relative to the manifest's folder).
+	Images *ProfileImages `json:"images,omitempty"`
+}
+
+// ProfileImages is a chat profile's images (load.ImageOptions; AIPerf's image flags).
+type ProfileImages struct {
+	Dir          string  `json:"dir,omitempty"`
+	WidthMean    int     `json:"width_mean,omitempty"`
+	HeightMean   int     `json:"height_mean,omitempty"`
+	WidthStddev  int     `json:"width_stddev,omitempty"`
+	HeightStddev int     `json:"height_stddev,omitempty"`
+	Format       string  `json:"format,omitempty"`      // png (default) | jpeg
+	Fraction     float64 `json:"fraction,omitempty"`    // of the requests that carry images; 0: all
+	PerRequest   int     `json:"per_request,omitempty"` // images in each such request; 0: 1
 }
 
 // Manifest is a family's manifest.yaml.
@@ -256,6 +272,9 @@ func (m *Manifest) validateProfile(i int, names map[string]bool) error {
 	} else if p.InputFile != "" {
 		return m.errf(f("input_file"), "applies to endpoint images only; text profiles draw synthetic prompts of input_tokens_mean")
 	}
+	if err := m.validateImages(f, p); err != nil {
+		return err
+	}
 	if (len(p.Concurrency) == 0) == (len(p.RequestRate) == 0) {
 		return m.errf(f("concurrency"), "and request_rate: set exactly one (closed loop or open loop)")
 	}
@@ -297,6 +316,48 @@ func (m *Manifest) validateProfile(i int, names map[string]bool) error {
 		return m.errf(f("output_tokens_stddev"), "%d is negative", p.OutputTokensStddev)
 	}
 	return m.validateSLOs(f, p)
+}
+
+// validateImages checks a profile's images block: chat profiles of a vision family only, a
+// folder next to the manifest or a synthetic size, and counts in range.
+func (m *Manifest) validateImages(f func(string) string, p Profile) error {
+	im := p.Images
+	if im == nil {
+		return nil
+	}
+	switch {
+	case p.Endpoint != "chat" || !slices.Contains(m.Tasks, "vision"):
+		return m.errf(f("images"), "applies to endpoint chat of a family whose tasks include \"vision\" (endpoint %q, tasks %v)", p.Endpoint, m.Tasks)
+	case (im.Dir != "") == (im.WidthMean > 0 || im.HeightMean > 0):
+		return m.errf(f("images"), "set either dir or width_mean and height_mean (synthetic images)")
+	case im.Dir == "" && (im.WidthMean < 1 || im.HeightMean < 1):
+		return m.errf(f("images.width_mean"), "%d and height_mean %d must both be at least 1", im.WidthMean, im.HeightMean)
+	case im.WidthStddev < 0 || im.HeightStddev < 0:
+		return m.errf(f("images.width_stddev"), "%d and height_stddev %d must not be negative", im.WidthStddev, im.HeightStddev)
+	case im.Format != "" && im.Format != "png" && im.Format != "jpeg":
+		return m.errf(f("images.format"), "%q is not png or jpeg", im.Format)
+	case im.Fraction < 0 || im.Fraction > 1:
+		return m.errf(f("images.fraction"), "%v must be in (0, 1] (0: every request)", im.Fraction)
+	case im.PerRequest < 0:
+		return m.errf(f("images.per_request"), "%d must be at least 1 (0: 1)", im.PerRequest)
+	}
+	if im.Dir != "" {
+		if st, err := os.Stat(m.ImageDir(p)); err != nil || !st.IsDir() {
+			return m.errf(f("images.dir"), "%q is not a folder next to the manifest (%s)", im.Dir, m.ImageDir(p))
+		}
+	}
+	return nil
+}
+
+// ImageDir is a profile's images.dir resolved against the manifest's folder ("" without one).
+func (m *Manifest) ImageDir(p Profile) string {
+	if p.Images == nil || p.Images.Dir == "" {
+		return ""
+	}
+	if filepath.IsAbs(p.Images.Dir) {
+		return p.Images.Dir
+	}
+	return filepath.Join(filepath.Dir(m.path), p.Images.Dir)
 }
 
 func (m *Manifest) validateSLOs(f func(string) string, p Profile) error {

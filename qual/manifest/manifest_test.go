@@ -213,3 +213,58 @@ profiles:
 		}
 	}
 }
+
+// TestChatProfileImages: a chat profile of a vision family may carry images, synthetic or from a
+// folder next to the manifest; every wrong setting names its field.
+func TestChatProfileImages(t *testing.T) {
+	dir := t.TempDir()
+	os.Mkdir(filepath.Join(dir, "corpus"), 0o755)
+	mk := func(edit func(string) string) (*Manifest, error) {
+		y := `family: vl
+native_family: qwen3vl
+owner: o
+tasks: [chat, vision]
+checkpoint: {id: org/vl-tiny, revision: 3c69c6436b82e02bf92f54216e6249b3dfe90910}
+build: {precision: fp32, backend: cpu}
+server: {workers: 1, startup_timeout: 60s, request_timeout: 60s}
+profiles:
+  - name: chat-images
+    endpoint: chat
+    stream: true
+    concurrency: [1]
+    requests: 4
+    warmup: 1
+    input_tokens_mean: 8
+    output_tokens: 4
+    images: {width_mean: 64, height_mean: 48, per_request: 2}
+`
+		p := filepath.Join(dir, "manifest.yaml")
+		os.WriteFile(p, []byte(edit(y)), 0o644)
+		return Load(p)
+	}
+	m, err := mk(func(s string) string { return s })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if im := m.Profiles[0].Images; im == nil || im.WidthMean != 64 || im.PerRequest != 2 {
+		t.Fatalf("images = %+v", im)
+	}
+	m, err = mk(func(s string) string { return strings.Replace(s, "width_mean: 64, height_mean: 48", "dir: corpus", 1) })
+	if err != nil || m.ImageDir(m.Profiles[0]) != filepath.Join(dir, "corpus") {
+		t.Fatalf("dir corpus: %v, ImageDir %q", err, m.ImageDir(m.Profiles[0]))
+	}
+	for _, c := range []struct{ from, to, want string }{
+		{"tasks: [chat, vision]", "tasks: [chat]", "profiles[0].images applies to endpoint chat of a family whose tasks include \"vision\""},
+		{"width_mean: 64, height_mean: 48", "width_mean: 64", "profiles[0].images.width_mean"},
+		{"width_mean: 64, height_mean: 48", "dir: corpus, width_mean: 64, height_mean: 48", "set either dir or width_mean"},
+		{"width_mean: 64, height_mean: 48", "dir: nowhere", "profiles[0].images.dir \"nowhere\" is not a folder"},
+		{"per_request: 2", "per_request: -1", "profiles[0].images.per_request"},
+		{"per_request: 2", "fraction: 1.5", "profiles[0].images.fraction"},
+		{"per_request: 2", "format: gif", "profiles[0].images.format"},
+		{"per_request: 2", "count: 2", "count"},
+	} {
+		if _, err := mk(func(s string) string { return strings.Replace(s, c.from, c.to, 1) }); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q -> %q: %v, want %q", c.from, c.to, err, c.want)
+		}
+	}
+}

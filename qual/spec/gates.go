@@ -237,7 +237,7 @@ func (s *Suite) ContextInput() ContextInput {
 func (s *Suite) LoadInput(name string) LoadInput {
 	p, ok := s.Manifest.Profile(name)
 	gomega.Expect(ok).To(gomega.BeTrue(), "profile %q is not in %s", name, s.Manifest.Path())
-	in := LoadInput{Endpoint: s.Endpoint, Profile: p, Tokenizer: s.Tokenizer, InputFile: s.Manifest.InputPath(p), OutDir: s.ArtifactDir("load"),
+	in := LoadInput{Endpoint: s.Endpoint, Profile: p, Tokenizer: s.Tokenizer, InputFile: s.Manifest.InputPath(p), ImageDir: s.Manifest.ImageDir(p), OutDir: s.ArtifactDir("load"),
 		RequestTimeout: s.Manifest.Server.RequestTimeout.Duration, Fingerprint: s.fingerprint()}
 	if s.State.Device == "cuda" {
 		in.GPUIndices, in.RequireGPU = gpu.Indices(s.GPUs), true

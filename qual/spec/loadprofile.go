@@ -35,6 +35,8 @@ type LoadInput struct {
 	// InputFile is the profile's input_file resolved (endpoint images: the requests and their
 	// controls; fingerprinted with the rest).
 	InputFile string
+	// ImageDir is the profile's images.dir resolved (chat profiles with images from files).
+	ImageDir string
 	// OutDir receives one AIPerf-compatible run directory per sweep point.
 	OutDir string
 	// RequestTimeout bounds each request (the manifest's server.request_timeout).
@@ -111,6 +113,16 @@ func CheckLoad(ctx context.Context, in LoadInput) (*LoadResult, error) {
 	prompts, err := load.Synthetic(in.Tokenizer, load.SyntheticOptions{Count: 64, Mean: p.InputTokensMean, Stddev: p.InputTokensStddev, Seed: 1})
 	if err != nil {
 		return nil, fmt.Errorf("%s: profile %q: synthetic prompts: %w", fn, p.Name, err)
+	}
+	if im := p.Images; im != nil {
+		opt := load.ImageOptions{Dir: in.ImageDir, WidthMean: im.WidthMean, HeightMean: im.HeightMean, WidthStddev: im.WidthStddev,
+			HeightStddev: im.HeightStddev, Format: im.Format, Seed: 1, Fraction: im.Fraction, PerRequest: im.PerRequest}
+		if opt.Format == "" {
+			opt.Format = "png"
+		}
+		if prompts, err = load.WithImages(prompts, opt); err != nil {
+			return nil, fmt.Errorf("%s: profile %q: images: %w", fn, p.Name, err)
+		}
 	}
 	if p.OutputTokensStddev > 0 {
 		if prompts, err = load.DrawOutputLengths(prompts, p.OutputTokens, p.OutputTokensStddev, 1); err != nil {

@@ -41,7 +41,7 @@ const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
          [--output-tokens N [--output-tokens-stddev S]] [--slo ttft:200ms,...] [--seed S] --out DIR
          [--image-dir D | --image-width-mean W --image-height-mean H [--image-format png|jpeg]]
-         [--image-fraction F] [--extra-body '{"temperature":0}'] [--temperature T] [--ramp-up D]
+         [--image-fraction F] [--images-per-request N] [--extra-body '{"temperature":0}'] [--temperature T] [--ramp-up D]
          [--find-max --slo ttft_p99:200ms,itl_p99:50ms [--find-max-resolution R] [--find-max-points N]]
    or: qual profile --family NAME ... (the family's tiny fixture bundle, model name and tokenizer)
 
@@ -100,7 +100,7 @@ AIPerf's image metrics (num_images, image_throughput, image_latency) and, from a
 records, task time and PNG encode time.
 
 With --image-dir or --image-width-mean/--image-height-mean (chat only) every request carries
-one image as a data: URL content part; a vision-language qual-server's records then hold each
+--images-per-request images (default 1) as data: URL content parts; a vision-language qual-server's records then hold each
 image's token count and preprocessing time (record field vision); the summary reports them
 (mq_image_tokens, mq_image_preprocess) and TTFT split by image (mq_ttft_with_image,
 mq_ttft_without_image). --image-fraction F gives an image to that fraction of the requests
@@ -175,6 +175,7 @@ func runProfile(args []string) (code int) {
 	fs.IntVar(&img.WidthStddev, "image-width-stddev", 0, "chat: synthetic image width standard deviation")
 	fs.IntVar(&img.HeightStddev, "image-height-stddev", 0, "chat: synthetic image height standard deviation")
 	fs.StringVar(&img.Format, "image-format", "png", "chat: synthetic image format, png or jpeg")
+	fs.IntVar(&img.PerRequest, "images-per-request", 1, "chat: images in each image-carrying request (AIPerf's --batch-size-image; the server must allow that many, qual-server --max-images-per-request)")
 	fs.Float64Var(&img.Fraction, "image-fraction", 1, "chat, with the image flags: the fraction (0 < F <= 1) of requests that carry an image; the rest are text-only, for TTFT with and without image in one run")
 	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
 	if err := parseAll(fs, args); err != nil {
@@ -377,12 +378,15 @@ func runProfile(args []string) (code int) {
 		}
 		prompts, err = load.Synthetic(tok, load.SyntheticOptions{Count: *numPrompts, Mean: *inMean, Stddev: *inStd, Seed: promptSeed})
 	}
-	if err == nil && img.Enabled() { // one image per chat request (qual/load/vision.go)
+	if err == nil && img.Enabled() { // images in chat requests (qual/load/vision.go)
 		if *endpoint != client.Chat {
 			return bad("image flags need --endpoint chat")
 		}
 		if !(img.Fraction > 0 && img.Fraction <= 1) {
 			return bad("--image-fraction %v must be in (0, 1]", img.Fraction)
+		}
+		if img.PerRequest < 1 {
+			return bad("--images-per-request %d must be at least 1", img.PerRequest)
 		}
 		img.Seed = promptSeed
 		prompts, err = load.WithImages(prompts, img)
