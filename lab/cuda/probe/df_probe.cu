@@ -2,7 +2,7 @@
 // grid-wide handoffs per layer and the real arithmetic, checked against a plain per-kernel
 // reference in the same program (and a planted defect shown to fail that check), then timed
 // against the bandwidth bound (NOTES.md, "Runs 94-103"). Standalone, on the GPU machine:
-//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/df_probe native/cuda/probe/df_probe.cu && /tmp/df_probe
+//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/df_probe lab/cuda/probe/df_probe.cu && /tmp/df_probe
 // DF_POS (default 255) is the step's position, DF_STEPS (50) the launches timed per repetition,
 // DF_REPS (7) the repetitions (median), DF_SIZES (3) how many cluster team sizes to run (largest
 // first), DF_NT=n that team size only, DF_L2=0 skips the teams through L2 (1 or 2: that variant
@@ -41,7 +41,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../warp.cuh"  // warp_sum, warp_max: the backend's
+#include "../../../native/cuda/ops/warp.cuh"  // warp_sum, warp_max: the backend's
 #include "probe.cuh"
 
 typedef __nv_bfloat16 bf16;
