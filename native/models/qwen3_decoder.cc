@@ -313,17 +313,22 @@ void Qwen3Decoder::final_norm(const float *h, int rows, float *out) const {
   rms_norm(h, rows, E_, norm_, hp_.norm_eps, out);
 }
 
-DecoderLM::DecoderLM(const ModelArgs &a, const DecoderDims &d, const Qwen3Decoder::Options &o)
-    : CausalLM(a.pool, d.hidden_size, d.vocab_size), dec_(a, d, o) {
-  const Weights &w = *a.w;
+std::unique_ptr<LMHead> decoder_lm_head(const Weights &w, const Qwen3Decoder &dec) {
+  const DecoderDims &d = dec.dims();
+  const int V = d.vocab_size, E = dec.hidden();
   const float *lm;
   if (w.has("lm_head.weight"))
-    lm = w.get("lm_head.weight", {V_, E_});
+    lm = w.get("lm_head.weight", {V, E});
   else if (d.tie_word_embeddings)
-    lm = dec_.embed_weight();
+    lm = dec.embed_weight();
   else
     throw Error(MQ_ERR_LOAD, "tensor lm_head.weight is missing and config.json tie_word_embeddings is false");
-  head_.reset(new LMHead(lm, V_, E_, w.file_backed(lm)));
+  return std::unique_ptr<LMHead>(new LMHead(lm, V, E, w.file_backed(lm)));
+}
+
+DecoderLM::DecoderLM(const ModelArgs &a, const DecoderDims &d, const Qwen3Decoder::Options &o)
+    : CausalLM(a.pool, d.hidden_size, d.vocab_size), dec_(a, d, o) {
+  head_ = decoder_lm_head(*a.w, dec_);
 }
 
 void DecoderLM::run(const Batch &b) {

@@ -157,6 +157,11 @@ class Qwen3Decoder {
   std::vector<float> weight_of_;
 };
 
+// decoder_lm_head is the LM head of a causal LM over dec: lm_head.weight [vocab, hidden], or the
+// token embedding when config.json ties them and no lm_head.weight is stored (a tied checkpoint's
+// stored head is dropped by the layout, as transformers ties over it).
+std::unique_ptr<LMHead> decoder_lm_head(const Weights &w, const Qwen3Decoder &dec);
+
 // resolve_decoder_shape reads the fields every family on this decoder shares (vocab_size,
 // hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
 // head_dim (default hidden/heads), intermediate_size, rms_norm_eps, tie_word_embeddings,

@@ -100,14 +100,7 @@ class Qwen3VL : public CausalLM {
     merger_ = merger(v + "merger.", vh);
     for (size_t k = 0; k < deepstack_.size(); k++)
       deep_mergers_.push_back(merger(v + "deepstack_merger_list." + std::to_string(k) + ".", M));
-    const float *lm;
-    if (w.has("lm_head.weight"))
-      lm = w.get("lm_head.weight", {V_, E_});
-    else if (d.tie_word_embeddings)
-      lm = dec_.embed_weight();
-    else
-      throw Error(MQ_ERR_LOAD, "tensor lm_head.weight is missing and config.json tie_word_embeddings is false");
-    head_.reset(new LMHead(lm, V_, E_, w.file_backed(lm)));
+    head_ = decoder_lm_head(w, dec_);
     // Vision rotary frequencies: VisionRotaryEmbedding(head_dim / 2), theta 10000, in float32.
     const int hd = vh_ / heads_, dim = hd / 2;
     for (int j = 0; j < dim / 2; j++) vinv_.push_back((float)(1.0 / std::pow(10000.0, (double)(float)(2 * j) / dim)));
