@@ -178,6 +178,21 @@ func Split(units []Device, parts int) [][]Device {
 	return out
 }
 
+// ShortageFails parses a shortage policy (MODELQUAL_GPU_SHORTAGE): what a run does where a
+// process, or a family run of a campaign, holds fewer GPUs than it needs. "skip" (or empty):
+// its gpu specs skip, saying why; "fail": it fails. Anything else is an error, so a typo never
+// silently turns a failing gate into a skipped one.
+func ShortageFails(policy string) (bool, error) {
+	switch v := strings.ToLower(strings.TrimSpace(policy)); v {
+	case "", "skip":
+		return false, nil
+	case "fail":
+		return true, nil
+	default:
+		return false, fmt.Errorf("GPU shortage policy %q: use skip or fail", v)
+	}
+}
+
 // Placement is one parallel process's share of a run's GPUs.
 type Placement struct {
 	Process, Processes int

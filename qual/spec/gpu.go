@@ -115,17 +115,13 @@ func placeProcess(inv gpu.Inventory, filter string, process, processes int) (gpu
 	return pl, units, nil
 }
 
-// shortageFails reads MODELQUAL_GPU_SHORTAGE: whether a process or spec short of GPUs fails
-// (fail) rather than skips (skip, the default).
+// shortageFails reads MODELQUAL_GPU_SHORTAGE (gpu.ShortageFails).
 func shortageFails() (bool, error) {
-	switch v := strings.ToLower(strings.TrimSpace(envconfig.GPUShortage.Get())); v {
-	case "skip":
-		return false, nil
-	case "fail":
-		return true, nil
-	default:
-		return false, fmt.Errorf("spec: %s=%q: use skip or fail", envconfig.GPUShortage.Name, v)
+	fail, err := gpu.ShortageFails(envconfig.GPUShortage.Get())
+	if err != nil {
+		return false, fmt.Errorf("spec: %s: %w", envconfig.GPUShortage.Name, err)
 	}
+	return fail, nil
 }
 
 // shortage turns a process or spec short of GPUs into a skip reason, or into an error where

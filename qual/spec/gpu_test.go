@@ -2,11 +2,11 @@ package spec
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/modelqual/modelqual/qual/gpu"
+	"github.com/modelqual/modelqual/qual/gpu/gputest"
 	"github.com/modelqual/modelqual/qual/manifest"
 	"github.com/modelqual/modelqual/server/envconfig"
 )
@@ -60,23 +60,6 @@ func TestGPURunBuildAndThresholds(t *testing.T) {
 	}
 }
 
-// fakeMachine is an inventory of n GPUs (GPU-0 ...); GPU m of mig has MIG enabled with k
-// instances MIG-m-0 ....
-func fakeMachine(n int, mig map[int]int) gpu.Inventory {
-	inv := gpu.Inventory{Available: true}
-	for i := 0; i < n; i++ {
-		d := gpu.Device{Index: i, UUID: fmt.Sprintf("GPU-%d", i)}
-		if k, ok := mig[i]; ok {
-			d.MIGEnabled = true
-			for m := 0; m < k; m++ {
-				d.MIG = append(d.MIG, gpu.Device{Index: i, MIGIndex: m, Parent: d.UUID, UUID: fmt.Sprintf("MIG-%d-%d", i, m)})
-			}
-		}
-		inv.Devices = append(inv.Devices, d)
-	}
-	return inv
-}
-
 // What each Ginkgo process's server gets on runners of 2, 4 and 8 GPUs, with MIG, with
 // MODELQUAL_GPUS filters, with more processes than GPUs, and with a typo: one unit each, never
 // one another process has, a shortage where none is left, an error for a typo.
@@ -104,23 +87,23 @@ func TestPlaceProcess(t *testing.T) {
 		procs  int
 		want   string
 	}{
-		{"2 GPUs, 2 processes", fakeMachine(2, nil), "", 2, "GPU-0 GPU-1"},
-		{"4 GPUs, 4 processes", fakeMachine(4, nil), "all", 4, "GPU-0 GPU-1 GPU-2 GPU-3"},
-		{"8 GPUs, 3 processes (uneven: 3, 3, 2 held)", fakeMachine(8, nil), "", 3, "GPU-0 GPU-3 GPU-6"},
-		{"4 GPUs, 1 process", fakeMachine(4, nil), "", 1, "GPU-0"},
-		{"2 GPUs, 4 processes", fakeMachine(2, nil), "", 4, "GPU-0 GPU-1 - -"},
-		{"indices", fakeMachine(4, nil), "3,1", 2, "GPU-3 GPU-1"},
-		{"UUIDs", fakeMachine(4, nil), "GPU-2,GPU-0", 2, "GPU-2 GPU-0"},
-		{"one GPU named, 2 processes", fakeMachine(4, nil), "2", 2, "GPU-2 -"},
-		{"MIG instances stand for their GPU", fakeMachine(2, map[int]int{1: 3}), "", 4, "GPU-0 MIG-1-0 MIG-1-1 MIG-1-2"},
-		{"a MIG pair", fakeMachine(2, map[int]int{1: 3}), "1:2", 1, "MIG-1-2"},
+		{"2 GPUs, 2 processes", gputest.Machine(2, nil), "", 2, "GPU-0 GPU-1"},
+		{"4 GPUs, 4 processes", gputest.Machine(4, nil), "all", 4, "GPU-0 GPU-1 GPU-2 GPU-3"},
+		{"8 GPUs, 3 processes (uneven: 3, 3, 2 held)", gputest.Machine(8, nil), "", 3, "GPU-0 GPU-3 GPU-6"},
+		{"4 GPUs, 1 process", gputest.Machine(4, nil), "", 1, "GPU-0"},
+		{"2 GPUs, 4 processes", gputest.Machine(2, nil), "", 4, "GPU-0 GPU-1 - -"},
+		{"indices", gputest.Machine(4, nil), "3,1", 2, "GPU-3 GPU-1"},
+		{"UUIDs", gputest.Machine(4, nil), "GPU-2,GPU-0", 2, "GPU-2 GPU-0"},
+		{"one GPU named, 2 processes", gputest.Machine(4, nil), "2", 2, "GPU-2 -"},
+		{"MIG instances stand for their GPU", gputest.Machine(2, map[int]int{1: 3}), "", 4, "GPU-0 MIG-1-0 MIG-1-1 MIG-1-2"},
+		{"a MIG pair", gputest.Machine(2, map[int]int{1: 3}), "1:2", 1, "MIG-1-2"},
 	} {
 		if got := strings.Join(server(c.inv, c.filter, c.procs), " "); got != c.want {
 			t.Errorf("%s: servers on %q, want %q", c.name, got, c.want)
 		}
 	}
 	for filter, want := range map[string]string{"4": `"4" is not on this machine`, "0,,1": "empty entry", "GPU-O": `"GPU-O"`} {
-		if _, _, err := placeProcess(fakeMachine(2, nil), filter, 1, 1); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "MODELQUAL_GPUS") {
+		if _, _, err := placeProcess(gputest.Machine(2, nil), filter, 1, 1); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "MODELQUAL_GPUS") {
 			t.Errorf("MODELQUAL_GPUS=%q: %v, want an error naming the variable and %q", filter, err, want)
 		}
 	}
@@ -142,7 +125,7 @@ func TestGPUShortagePolicy(t *testing.T) {
 		t.Fatalf("fail: %q %v", skip, err)
 	}
 	t.Setenv(envconfig.GPUShortage.Name, "share")
-	if _, err := shortage("x", "y"); err == nil || !strings.Contains(err.Error(), `MODELQUAL_GPU_SHORTAGE="share": use skip or fail`) {
+	if _, err := shortage("x", "y"); err == nil || !strings.Contains(err.Error(), `MODELQUAL_GPU_SHORTAGE: GPU shortage policy "share": use skip or fail`) {
 		t.Fatalf("a mistyped policy: %v", err)
 	}
 }

@@ -80,16 +80,13 @@ func describeUnits(filter string) string {
 	return envconfig.GPUs.Name + "=" + filter
 }
 
-// shortagePolicy reads MODELQUAL_GPU_SHORTAGE as qual/spec does: true for fail.
+// shortagePolicy reads MODELQUAL_GPU_SHORTAGE (gpu.ShortageFails): true for fail.
 func shortagePolicy() (bool, error) {
-	switch v := strings.ToLower(strings.TrimSpace(envconfig.GPUShortage.Get())); v {
-	case "skip":
-		return false, nil
-	case "fail":
-		return true, nil
-	default:
-		return false, fmt.Errorf("%s=%q: use skip or fail", envconfig.GPUShortage.Name, v)
+	fail, err := gpu.ShortageFails(envconfig.GPUShortage.Get())
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", envconfig.GPUShortage.Name, err)
 	}
+	return fail, nil
 }
 
 // taskLabels mirrors qual/spec's task vocabulary (the CLI does not link the Ginkgo DSL).

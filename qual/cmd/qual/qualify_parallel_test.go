@@ -13,24 +13,9 @@ import (
 	"github.com/onsi/ginkgo/v2/types"
 
 	"github.com/modelqual/modelqual/qual/gpu"
+	"github.com/modelqual/modelqual/qual/gpu/gputest"
 	"github.com/modelqual/modelqual/server/envconfig"
 )
-
-// fakeRunner is an inventory of n GPUs (GPU-0 ...); GPU m of mig has k MIG instances.
-func fakeRunner(n int, mig map[int]int) gpu.Inventory {
-	inv := gpu.Inventory{Available: true}
-	for i := 0; i < n; i++ {
-		d := gpu.Device{Index: i, UUID: fmt.Sprintf("GPU-%d", i)}
-		if k, ok := mig[i]; ok {
-			d.MIGEnabled = true
-			for m := 0; m < k; m++ {
-				d.MIG = append(d.MIG, gpu.Device{Index: i, MIGIndex: m, Parent: d.UUID, UUID: fmt.Sprintf("MIG-%d-%d", i, m)})
-			}
-		}
-		inv.Devices = append(inv.Devices, d)
-	}
-	return inv
-}
 
 func slotsOf(p campaignPlan) string {
 	var parts []string
@@ -52,13 +37,13 @@ func TestPlanCampaign(t *testing.T) {
 		parallel, procs int
 		want, note      string
 	}{
-		{"4 GPUs, 2 families of 2 processes", fakeRunner(4, nil), "", 2, 2, "[GPU-0 GPU-1][GPU-2 GPU-3]", ""},
-		{"8 GPUs, 3 families (uneven)", fakeRunner(8, nil), "", 3, 1, "[GPU-0 GPU-1 GPU-2][GPU-3 GPU-4 GPU-5][GPU-6 GPU-7]", ""},
-		{"2 GPUs, 4 families: 2 at a time", fakeRunner(2, nil), "", 4, 1, "[GPU-0][GPU-1]", "running 2 families at a time"},
-		{"4 GPUs, 2 families of 3 processes: 1 at a time", fakeRunner(4, nil), "", 2, 3, "[GPU-0 GPU-1 GPU-2 GPU-3]", "running 1 families at a time"},
-		{"2 GPUs, 1 family of 4 processes", fakeRunner(2, nil), "", 1, 4, "[GPU-0 GPU-1]", "processes without a GPU skip"},
-		{"filter", fakeRunner(4, nil), "3,1", 2, 1, "[GPU-3][GPU-1]", ""},
-		{"MIG", fakeRunner(2, map[int]int{0: 2}), "", 3, 1, "[MIG-0-0][MIG-0-1][GPU-1]", ""},
+		{"4 GPUs, 2 families of 2 processes", gputest.Machine(4, nil), "", 2, 2, "[GPU-0 GPU-1][GPU-2 GPU-3]", ""},
+		{"8 GPUs, 3 families (uneven)", gputest.Machine(8, nil), "", 3, 1, "[GPU-0 GPU-1 GPU-2][GPU-3 GPU-4 GPU-5][GPU-6 GPU-7]", ""},
+		{"2 GPUs, 4 families: 2 at a time", gputest.Machine(2, nil), "", 4, 1, "[GPU-0][GPU-1]", "running 2 families at a time"},
+		{"4 GPUs, 2 families of 3 processes: 1 at a time", gputest.Machine(4, nil), "", 2, 3, "[GPU-0 GPU-1 GPU-2 GPU-3]", "running 1 families at a time"},
+		{"2 GPUs, 1 family of 4 processes", gputest.Machine(2, nil), "", 1, 4, "[GPU-0 GPU-1]", "processes without a GPU skip"},
+		{"filter", gputest.Machine(4, nil), "3,1", 2, 1, "[GPU-3][GPU-1]", ""},
+		{"MIG", gputest.Machine(2, map[int]int{0: 2}), "", 3, 1, "[MIG-0-0][MIG-0-1][GPU-1]", ""},
 	} {
 		plan, err := planCampaign(c.inv, c.filter, true, c.parallel, c.procs)
 		if err != nil {
@@ -70,7 +55,7 @@ func TestPlanCampaign(t *testing.T) {
 			t.Errorf("%s: slots %s (notes %q), want %s (%q)", c.name, got, notes, c.want, c.note)
 		}
 	}
-	cpu, err := planCampaign(fakeRunner(4, nil), "", false, 3, 2)
+	cpu, err := planCampaign(gputest.Machine(4, nil), "", false, 3, 2)
 	if err != nil || len(cpu.Slots) != 3 || slotsOf(cpu) != "[][][]" {
 		t.Fatalf("CPU campaign: %+v %v", cpu, err)
 	}
@@ -78,14 +63,14 @@ func TestPlanCampaign(t *testing.T) {
 	if err != nil || len(none.Slots) != 2 || !strings.Contains(strings.Join(none.Notes, ""), "no driver") {
 		t.Fatalf("GPU campaign without GPUs: %+v %v", none, err)
 	}
-	if _, err := planCampaign(fakeRunner(2, nil), "0,2", true, 1, 1); err == nil || !strings.Contains(err.Error(), "MODELQUAL_GPUS") || !strings.Contains(err.Error(), `"2" is not on this machine`) {
+	if _, err := planCampaign(gputest.Machine(2, nil), "0,2", true, 1, 1); err == nil || !strings.Contains(err.Error(), "MODELQUAL_GPUS") || !strings.Contains(err.Error(), `"2" is not on this machine`) {
 		t.Fatalf("a typo in MODELQUAL_GPUS: %v", err)
 	}
-	if _, err := planCampaign(fakeRunner(2, nil), "", true, 0, 1); err == nil {
+	if _, err := planCampaign(gputest.Machine(2, nil), "", true, 0, 1); err == nil {
 		t.Fatal("--parallel 0 must be refused")
 	}
 	t.Setenv(envconfig.GPUShortage.Name, "fail")
-	if _, err := planCampaign(fakeRunner(2, nil), "", true, 3, 1); err == nil || !strings.Contains(err.Error(), "needs 3 GPU unit(s); the machine has 2") {
+	if _, err := planCampaign(gputest.Machine(2, nil), "", true, 3, 1); err == nil || !strings.Contains(err.Error(), "needs 3 GPU unit(s); the machine has 2") {
 		t.Fatalf("shortage=fail: %v", err)
 	}
 }
@@ -114,7 +99,7 @@ func TestRunCampaign(t *testing.T) {
 	for i := 0; i < 7; i++ {
 		fams = append(fams, familyName{Canonical: fmt.Sprintf("f%d", i), Folder: fmt.Sprintf("f%d", i)})
 	}
-	slots := gpu.Split(fakeRunner(4, nil).Devices, 2)
+	slots := gpu.Split(gputest.Machine(4, nil).Devices, 2)
 	var mu sync.Mutex
 	busy := map[string]bool{}
 	running, peak := 0, 0
@@ -165,7 +150,7 @@ func TestRunCampaign(t *testing.T) {
 // The gpu cards entries of a family's Ginkgo report (one per process's cleanup node) reach the
 // family's result, and the campaign table lists every card with its share.
 func TestCampaignCardsFromReports(t *testing.T) {
-	units := fakeRunner(2, nil).Devices
+	units := gputest.Machine(2, nil).Devices
 	entry := func(process int, u gpu.Device, energy float64) types.SpecReport {
 		us := gpu.Usage("qwen", process, []gpu.Device{u}, gpu.Telemetry{Available: true, WindowS: 60,
 			Devices: []gpu.DeviceStats{{EnergyJ: energy, EnergySource: "counter", MemoryHighWaterBytes: 1 << 30, Samples: 240}}})
