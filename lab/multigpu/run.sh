@@ -15,16 +15,22 @@
 # card), and times.txt: the wall times of A, B and C.
 #
 # Environment: MG_FAMILIES (default "gpt2 qwen qwen3vl zimage": those whose GPU path has run),
-# MG_PROCS (default: the GPU count), MG_PHASES (default "A B C"), MG_CUDA_LIB (a
-# libmodelqual_cuda.so built already; else CMake builds it here, about a minute),
+# MG_PROCS (default: the GPU count), MG_PARALLEL (C's --parallel, default the GPU count),
+# MG_PHASES (default "A B C"), MG_ROOT (the repository root, default two folders up), MG_CUDA_LIB (a
+# libmodelqual_cuda.so built already; none: no library, for a rehearsal on a machine without a
+# GPU; else CMake builds it here, about a minute), MG_TGZ (the binaries, default bin/multigpu.tgz),
 # MG_TIMEOUT (seconds per phase, default 540).
 #
-# On one GPU it still runs (MG_PROCS=2 then shows the shortage: process 2 holds no GPU and
-# its gpu specs skip, saying why; MODELQUAL_GPU_SHORTAGE=fail turns that into a failure).
+# On one GPU it still runs: MG_FAMILIES="gpt2 qwen" MG_PROCS=2 MG_PARALLEL=2 MG_PHASES="A C"
+# shows the shortage (process 2 holds no GPU and its gpu specs skip, saying why;
+# MODELQUAL_GPU_SHORTAGE=fail turns that into a failure), qualify running one family at a time,
+# and the per-card records of a real card (about 80 s with MG_CUDA_LIB given).
 set -o pipefail
 OUT=${1:-${OUT:-/tmp/mq_multigpu}}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.."
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+TGZ=${MG_TGZ:-bin/multigpu.tgz}
+[[ $TGZ = /* ]] || TGZ=$PWD/$TGZ
+cd "${MG_ROOT:-$(dirname "$0")/../..}" || exit 1
 ROOT=$PWD
 W=/tmp/mq_multigpu_work
 mkdir -p "$W/bin"
@@ -35,17 +41,21 @@ say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 FAMS=${MG_FAMILIES:-gpt2 qwen qwen3vl zimage}
 TMO=${MG_TIMEOUT:-540}
 
-[ -f bin/multigpu.tgz ] || { say "FAIL no bin/multigpu.tgz: run lab/multigpu/build.sh on a machine with Go and carry it"; exit 1; }
-tar -C "$W/bin" -xf bin/multigpu.tgz || { say "FAIL unpack bin/multigpu.tgz"; exit 1; }
+[ -f "$TGZ" ] || TGZ=$ROOT/bin/multigpu.tgz
+[ -f "$TGZ" ] || { say "FAIL no bin/multigpu.tgz: run lab/multigpu/build.sh on a machine with Go and carry it"; exit 1; }
+tar -C "$W/bin" -xf "$TGZ" || { say "FAIL unpack $TGZ"; exit 1; }
 export MODELQUAL_BIN="$W/bin" MODELQUAL_CACHE="$W/cache" MODELQUAL_NO_SOURCE_FINGERPRINT=1
 nvidia-smi -L > "$OUT/nvidia-smi-L.txt" 2>&1
 G=$(grep -c '^GPU ' "$OUT/nvidia-smi-L.txt")
-PROCS=${MG_PROCS:-$G}
+PROCS=${MG_PROCS:-$(( G > 0 ? G : 1 ))}
+PAR=${MG_PARALLEL:-$(( G > 0 ? G : 1 ))}
 { date -u; cat "$OUT/nvidia-smi-L.txt"; nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version,mig.mode.current --format=csv,noheader; } 2>&1 | tee -a "$LOG"
 say "$G GPU(s); Ginkgo processes for A: $PROCS; families: $FAMS"
 
 # --- the CUDA library --------------------------------------------------------------------------
-if [ -n "$MG_CUDA_LIB" ]; then
+if [ "$MG_CUDA_LIB" = none ]; then
+  say "no CUDA library (MG_CUDA_LIB=none: a rehearsal without a GPU)"
+elif [ -n "$MG_CUDA_LIB" ]; then
   export MODELQUAL_CUDA_LIB="$MG_CUDA_LIB"
 elif [ -f native/cuda/build/libmodelqual_cuda.so ]; then
   export MODELQUAL_CUDA_LIB="$ROOT/native/cuda/build/libmodelqual_cuda.so"
@@ -95,11 +105,11 @@ for phase in ${MG_PHASES:-A B C}; do
       monitor C
       ts=$(date +%s%N)
       names=$(echo $FAMS | tr ' ' ',')
-      MODELQUAL_GPU=1 timeout "$TMO" "$W/bin/qual" qualify --parallel "$G" --suite-bin "$W/bin" --family "$names" \
+      MODELQUAL_GPU=1 timeout "$TMO" "$W/bin/qual" qualify --parallel "$PAR" --suite-bin "$W/bin" --family "$names" \
         --label-filter=gpu --timeout $(( TMO - 30 ))s --out "$OUT/C" > "$OUT/C.log" 2>&1
       rc=$?
       kill "$MON" 2> /dev/null
-      echo "C parallel=$G rc=$rc wall_ms=$(( ($(date +%s%N) - ts) / 1000000 ))" | tee -a "$OUT/times.txt" | tee -a "$LOG"
+      echo "C parallel=$PAR rc=$rc wall_ms=$(( ($(date +%s%N) - ts) / 1000000 ))" | tee -a "$OUT/times.txt" | tee -a "$LOG"
       sed -n '/^GPU placement:/,$p' "$OUT/C/qualify.txt" 2> /dev/null | tee -a "$LOG"
       ;;
   esac

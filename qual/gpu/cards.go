@@ -131,7 +131,7 @@ func MergeCards(cards []Device, usage []CardUsage, wallS float64) []CardShare {
 		var notes []string
 		switch {
 		case len(c.Users) == 0:
-			notes = append(notes, "idle: no process held it")
+			notes = append(notes, "idle: no server ran on it")
 		case len(reasons[k]) > 0:
 			notes = append(notes, "no readings: "+reasons[k][0])
 		}

@@ -118,7 +118,7 @@ func TestMergeCards(t *testing.T) {
 
 	// An idle card is listed as idle.
 	idle := MergeCards(units[:2], usage[:1], 0)
-	if len(idle) != 2 || idle[1].Note != "idle: no process held it" || idle[0].HeldShare != 0 {
+	if len(idle) != 2 || idle[1].Note != "idle: no server ran on it" || idle[0].HeldShare != 0 {
 		t.Fatalf("idle card: %+v", idle)
 	}
 }

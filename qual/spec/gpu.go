@@ -140,7 +140,7 @@ func shortage(what, advice string) (skip string, err error) {
 
 // startGPUServer starts this process's server of a GPU run on the first unit of this
 // process's share (placeProcess), passed by UUID (CUDA_VISIBLE_DEVICES for a process,
-// DeviceIDs for a container), and samples the process's units until the suite ends, leaving
+// DeviceIDs for a container), and samples the server's units until the suite ends, leaving
 // their figures (gpu.CardUsage) in the report under gpu.CardsEntry and in the run folder. A
 // process left without a GPU (more processes than GPUs) starts nothing and its gpu specs skip
 // with the reason, or setup fails where MODELQUAL_GPU_SHORTAGE=fail.
