@@ -32,6 +32,7 @@ TGZ=${MG_TGZ:-bin/multigpu.tgz}
 [[ $TGZ = /* ]] || TGZ=$PWD/$TGZ
 cd "${MG_ROOT:-$(dirname "$0")/../..}" || exit 1
 ROOT=$PWD
+[ -d families ] && [ -f go.mod ] || { echo "FAIL $ROOT is not the repository root: run from lab/multigpu of a checkout or set MG_ROOT" >&2; exit 1; }
 W=/tmp/mq_multigpu_work
 mkdir -p "$W/bin"
 LOG="$OUT/run.log"
@@ -91,12 +92,14 @@ ginkgo_run() {
     --no-color --timeout=$(( TMO - 20 ))s --output-dir="$OUT/$phase" --json-report=report.json --junit-report=junit.xml \
     "${SUITES[@]}" > "$OUT/$phase/ginkgo.log" 2>&1
   rc=$?
+  [ $rc -eq 0 ] || FAILED=1
   kill "$MON" 2> /dev/null
   echo "$phase procs=$procs rc=$rc wall_ms=$(( ($(date +%s%N) - ts) / 1000000 ))" | tee -a "$OUT/times.txt" | tee -a "$LOG"
   grep -E "^Ran [0-9]+ of|SUCCESS!|FAIL!|\[FAIL\]|GPU placement" "$OUT/$phase/ginkgo.log" | tail -30 | tee -a "$LOG"
 }
 
 : > "$OUT/times.txt"
+FAILED=0
 for phase in ${MG_PHASES:-A B C}; do
   case $phase in
     A) ginkgo_run A "$PROCS" ;;
@@ -108,6 +111,7 @@ for phase in ${MG_PHASES:-A B C}; do
       MODELQUAL_GPU=1 timeout "$TMO" "$W/bin/qual" qualify --parallel "$PAR" --suite-bin "$W/bin" --family "$names" \
         --label-filter=gpu --timeout $(( TMO - 30 ))s --out "$OUT/C" > "$OUT/C.log" 2>&1
       rc=$?
+      [ $rc -eq 0 ] || FAILED=1
       kill "$MON" 2> /dev/null
       echo "C parallel=$PAR rc=$rc wall_ms=$(( ($(date +%s%N) - ts) / 1000000 ))" | tee -a "$OUT/times.txt" | tee -a "$LOG"
       sed -n '/^GPU placement:/,$p' "$OUT/C/qualify.txt" 2> /dev/null | tee -a "$LOG"
@@ -148,4 +152,5 @@ open(os.path.join(out, "cards.txt"), "w").write("\n".join(rows) + "\n")
 print("\n".join(rows))
 PY
 rm -f "${SUITES[@]}"
-say "done; results in $OUT"
+say "done (a phase failed: $FAILED); results in $OUT"
+exit $FAILED
