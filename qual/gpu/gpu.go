@@ -19,12 +19,29 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-// Device is one GPU of the inventory.
+// Device is one GPU of the inventory, or one MIG instance of a GPU with MIG enabled.
 type Device struct {
+	// Index is the GPU's NVML index (for a MIG instance: its GPU's).
 	Index       int    `json:"index"`
 	Name        string `json:"name"`
 	UUID        string `json:"uuid"`
 	MemoryBytes uint64 `json:"memory_bytes"`
+	// MIGEnabled marks a GPU partitioned into MIG instances: CUDA sees the instances, never
+	// the whole GPU, so a run hands out MIG (its instances), not the GPU (Units).
+	MIGEnabled bool     `json:"mig_enabled,omitempty"`
+	MIG        []Device `json:"mig,omitempty"`
+	// Parent is a MIG instance's GPU UUID and MIGIndex its NVML MIG device index on that GPU
+	// (nvidia-smi's "MIG ... Device N"); both are unset on a GPU.
+	Parent   string `json:"parent_uuid,omitempty"`
+	MIGIndex int    `json:"mig_index,omitempty"`
+}
+
+// Card is the UUID of the physical GPU d runs on: its own, or a MIG instance's parent's.
+func (d Device) Card() string {
+	if d.Parent != "" {
+		return d.Parent
+	}
+	return d.UUID
 }
 
 // Inventory is what the machine has.
@@ -82,18 +99,51 @@ func Inspect() Inventory {
 		return Inventory{Reason: err.Error()}
 	}
 	defer shutdownNVML()
+	return inspect(nvmlPackage{})
+}
+
+// System is the part of NVML an inventory reads. go-nvml's nvml.Interface satisfies it, and
+// so do its mock servers (pkg/nvml/mock/dgxh100 ...), which is how tests inspect machines of
+// 2, 4 or 8 GPUs, with or without MIG, on a machine with none.
+type System interface {
+	SystemGetDriverVersion() (string, nvml.Return)
+	SystemGetNVMLVersion() (string, nvml.Return)
+	SystemGetCudaDriverVersion() (int, nvml.Return)
+	DeviceGetCount() (int, nvml.Return)
+	DeviceGetHandleByIndex(int) (nvml.Device, nvml.Return)
+}
+
+// nvmlPackage is the loaded NVML library (go-nvml's package-level functions).
+type nvmlPackage struct{}
+
+func (nvmlPackage) SystemGetDriverVersion() (string, nvml.Return) {
+	return nvml.SystemGetDriverVersion()
+}
+func (nvmlPackage) SystemGetNVMLVersion() (string, nvml.Return) { return nvml.SystemGetNVMLVersion() }
+func (nvmlPackage) SystemGetCudaDriverVersion() (int, nvml.Return) {
+	return nvml.SystemGetCudaDriverVersion()
+}
+func (nvmlPackage) DeviceGetCount() (int, nvml.Return) { return nvml.DeviceGetCount() }
+func (nvmlPackage) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
+	return nvml.DeviceGetHandleByIndex(i)
+}
+
+// InspectSystem is Inspect over sys, an initialised NVML (or a mock of one).
+func InspectSystem(sys System) Inventory { return inspect(sys) }
+
+func inspect(sys System) Inventory {
 	inv := Inventory{Available: true}
-	inv.DriverVersion, _ = str(nvml.SystemGetDriverVersion())
-	inv.NVMLVersion, _ = str(nvml.SystemGetNVMLVersion())
-	if v, ret := nvml.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
+	inv.DriverVersion, _ = str(sys.SystemGetDriverVersion())
+	inv.NVMLVersion, _ = str(sys.SystemGetNVMLVersion())
+	if v, ret := sys.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
 		inv.CUDAVersion = v
 	}
-	n, ret := nvml.DeviceGetCount()
+	n, ret := sys.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return Inventory{Reason: "NVML device count: " + nvml.ErrorString(ret)}
 	}
 	for i := 0; i < n; i++ {
-		d, ret := nvml.DeviceGetHandleByIndex(i)
+		d, ret := sys.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
 			continue
 		}
@@ -103,6 +153,10 @@ func Inspect() Inventory {
 		if m, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
 			dev.MemoryBytes = m.Total
 		}
+		if cur, _, ret := d.GetMigMode(); ret == nvml.SUCCESS && cur == nvml.DEVICE_MIG_ENABLE {
+			dev.MIGEnabled = true
+			dev.MIG = migInstances(d, dev)
+		}
 		inv.Devices = append(inv.Devices, dev)
 	}
 	if len(inv.Devices) == 0 {
@@ -110,6 +164,29 @@ func Inspect() Inventory {
 		inv.Reason = "NVML reports no GPUs"
 	}
 	return inv
+}
+
+// migInstances lists the MIG instances of gpu d (slots without an instance are skipped).
+func migInstances(d nvml.Device, parent Device) []Device {
+	n, ret := d.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil
+	}
+	var out []Device
+	for m := 0; m < n; m++ {
+		md, ret := d.GetMigDeviceHandleByIndex(m)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		inst := Device{Index: parent.Index, Parent: parent.UUID, MIGIndex: m}
+		inst.Name, _ = str(md.GetName())
+		inst.UUID, _ = str(md.GetUUID())
+		if mem, ret := md.GetMemoryInfo(); ret == nvml.SUCCESS {
+			inst.MemoryBytes = mem.Total
+		}
+		out = append(out, inst)
+	}
+	return out
 }
 
 func str(s string, ret nvml.Return) (string, bool) {
@@ -209,6 +286,44 @@ type Sampler struct {
 // interval (default 100 ms). Without NVML the sampler records the reason and Stop returns
 // unavailable telemetry; required turns that into an error here instead.
 func StartSampler(indices []int, interval time.Duration, required bool) (*Sampler, error) {
+	return startSampler(interval, required, func() ([]nvml.Device, []int, error) {
+		n, ret := nvml.DeviceGetCount()
+		if ret != nvml.SUCCESS || n == 0 {
+			return nil, nil, errNoGPUs
+		}
+		if indices == nil {
+			for i := 0; i < n; i++ {
+				indices = append(indices, i)
+			}
+		}
+		var devs []nvml.Device
+		for _, i := range indices {
+			d, ret := nvml.DeviceGetHandleByIndex(i)
+			if ret != nvml.SUCCESS {
+				return nil, nil, fmt.Errorf("gpu sampler: device %d: %s", i, nvml.ErrorString(ret))
+			}
+			devs = append(devs, d)
+		}
+		return devs, indices, nil
+	})
+}
+
+// StartDeviceSampler is StartSampler for the units a process holds (Place): GPUs found by
+// UUID, so the readings follow the card whatever the enumeration order, and MIG instances
+// through their GPU. NVML reads memory per MIG instance but utilization, power and energy per
+// GPU only: a MIG instance's telemetry has memory alone, and its energy stays 0, unclaimed.
+func StartDeviceSampler(units []Device, interval time.Duration, required bool) (*Sampler, error) {
+	return startSampler(interval, required, func() ([]nvml.Device, []int, error) {
+		devs, err := Handles(nvmlHandles{}, units)
+		return devs, Indices(units), err
+	})
+}
+
+// errNoGPUs is the reason a sampler gives when NVML lists no device.
+var errNoGPUs = errors.New("NVML reports no GPUs")
+
+// startSampler initialises NVML, resolves the handles to sample and starts the loop.
+func startSampler(interval time.Duration, required bool, resolve func() ([]nvml.Device, []int, error)) (*Sampler, error) {
 	interval = orDefault(interval)
 	unavailable := func(reason string) (*Sampler, error) {
 		if required {
@@ -219,31 +334,56 @@ func StartSampler(indices []int, interval time.Duration, required bool) (*Sample
 	if err := initNVML(); err != nil {
 		return unavailable(err.Error())
 	}
-	n, ret := nvml.DeviceGetCount()
-	if ret != nvml.SUCCESS || n == 0 {
+	devs, indices, err := resolve()
+	if errors.Is(err, errNoGPUs) {
 		shutdownNVML()
-		return unavailable("NVML reports no GPUs")
+		return unavailable(err.Error())
 	}
-	if indices == nil {
-		for i := 0; i < n; i++ {
-			indices = append(indices, i)
-		}
-	}
-	var devs []nvml.Device
-	for _, i := range indices {
-		d, ret := nvml.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			shutdownNVML()
-			err := fmt.Errorf("gpu sampler: device %d: %s", i, nvml.ErrorString(ret))
-			return offline(interval, err.Error()), err
-		}
-		devs = append(devs, d)
+	if err != nil {
+		shutdownNVML()
+		return offline(interval, err.Error()), err
 	}
 	s := newSampler(devs, indices, interval, time.Now, shutdownNVML)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go s.loop(ctx)
 	return s, nil
+}
+
+// HandleSource finds a GPU by UUID: nvml.Interface and go-nvml's mock servers have it.
+type HandleSource interface {
+	DeviceGetHandleByUUID(string) (nvml.Device, nvml.Return)
+}
+
+type nvmlHandles struct{}
+
+func (nvmlHandles) DeviceGetHandleByUUID(u string) (nvml.Device, nvml.Return) {
+	return nvml.DeviceGetHandleByUUID(u)
+}
+
+// Handles resolves units to NVML handles: a GPU by its UUID, a MIG instance as MIG device
+// MIGIndex of its parent GPU, checked against its UUID (a MIG layout changed since the
+// inventory is an error, not another instance's readings).
+func Handles(src HandleSource, units []Device) ([]nvml.Device, error) {
+	var out []nvml.Device
+	for _, u := range units {
+		d, ret := src.DeviceGetHandleByUUID(u.Card())
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("gpu sampler: GPU %s: %s", u.Card(), nvml.ErrorString(ret))
+		}
+		if u.Parent != "" {
+			md, ret := d.GetMigDeviceHandleByIndex(u.MIGIndex)
+			if ret != nvml.SUCCESS {
+				return nil, fmt.Errorf("gpu sampler: MIG device %d of GPU %s: %s", u.MIGIndex, u.Parent, nvml.ErrorString(ret))
+			}
+			if got, _ := str(md.GetUUID()); got != u.UUID {
+				return nil, fmt.Errorf("gpu sampler: MIG device %d of GPU %s is %s now, not %s: the MIG layout changed during the run", u.MIGIndex, u.Parent, got, u.UUID)
+			}
+			d = md
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 // orDefault is the sampling interval asked for, or 100 ms.

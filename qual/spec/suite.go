@@ -368,25 +368,6 @@ func (s *Suite) start(ctx context.Context, st State, opts []launch.Option) (*lau
 	return ep, nil
 }
 
-// startGPUServer starts this process's server of a GPU run on this process's GPUs, passed
-// by UUID (CUDA_VISIBLE_DEVICES for a process, DeviceIDs for a container).
-func (s *Suite) startGPUServer(ctx context.Context, st *State) error {
-	set, err := processGPUs()
-	if err != nil {
-		return err
-	}
-	s.GPUs = set
-	runDir := filepath.Join(st.Artifacts, fmt.Sprintf("server-p%d", ginkgo.GinkgoParallelProcess()))
-	opts := append(s.serverOptions(runDir), launch.WithBundle(st.Bundle),
-		launch.WithServerBin(filepath.Join(binDir(st.RepoRoot), "qual-server")), launch.WithGPUs(gpu.UUIDs(set)...))
-	ep, err := s.start(ctx, *st, opts)
-	if err != nil {
-		return err
-	}
-	st.setEndpoint(ep)
-	return nil
-}
-
 func (s *Suite) setupEach(ctx ginkgo.SpecContext, data []byte) {
 	if err := json.Unmarshal(data, &s.State); err != nil {
 		ginkgo.Fail(fmt.Sprintf("spec: decode suite state: %v", err))
@@ -397,6 +378,9 @@ func (s *Suite) setupEach(ctx ginkgo.SpecContext, data []byte) {
 	if s.State.Device == "cuda" {
 		if err := s.startGPUServer(ctx, &s.State); err != nil {
 			ginkgo.Fail(err.Error())
+		}
+		if s.State.GPUSkip != "" {
+			return // this process holds no GPU: its gpu specs skip (RequireGPU)
 		}
 	}
 	st := s.State

@@ -39,7 +39,8 @@ var (
 	NoSourceFinger = declare("MODELQUAL_NO_SOURCE_FINGERPRINT", "", "set to 1 to skip fingerprinting the source tree before and after a run (a runner without the checkout)")
 
 	GPU          = declare("MODELQUAL_GPU", "", "1 (true, yes) runs a suite's GPU qualification whatever the label filter, 0 (false, no) never; unset: the label filter decides (gpu)")
-	GPUs         = declare("MODELQUAL_GPUS", "", "GPUs this process may use (indexes or UUIDs, comma-separated); default all")
+	GPUs         = declare("MODELQUAL_GPUS", "", "GPUs this process may use (indexes, GPU:MIG pairs or GPU/MIG UUIDs, comma-separated); default all")
+	GPUShortage  = declare("MODELQUAL_GPU_SHORTAGE", "skip", "what a GPU run does where a Ginkgo process (or a qual qualify --parallel slot) holds fewer GPUs than its server or a spec needs: skip (the specs skip, saying why) or fail; never share a GPU")
 	GPUPrecision = declare("MODELQUAL_GPU_PRECISION", "bf16", "precision of the cuda bundles GPU specs build: bf16 or fp16")
 	CUDALib      = declare("MODELQUAL_CUDA_LIB", "", "path of libmodelqual_cuda.so for --device cuda (read by the native runtime); default next to the executable, then the loader's path")
 

@@ -21,7 +21,9 @@ import (
 
 	"github.com/onsi/ginkgo/v2/types"
 
+	"github.com/modelqual/modelqual/qual/gpu"
 	"github.com/modelqual/modelqual/qual/manifest"
+	"github.com/modelqual/modelqual/server/envconfig"
 )
 
 func init() {
@@ -29,7 +31,7 @@ func init() {
 }
 
 const qualifyUsage = `Usage: qual qualify [--family F[,F...]] [--launcher process|container|external --url U [--model M]]
-                    [--label-filter EXPR] [--procs N] [--out DIR] [--suite-bin DIR] [-v]
+                    [--label-filter EXPR] [--procs N] [--parallel N] [--out DIR] [--suite-bin DIR] [-v]
 
 Runs each family's Ginkgo specs (families/<f>) with the Ginkgo CLI pinned by go.mod, writes
 a JSON and a JUnit report per family, and prints one table: per family the gates passed and
@@ -44,6 +46,14 @@ external server the suite first checks that it serves the family's checkpoint (/
 greedy tokens and logprobs of golden prompts) and stops with one message when it does not; each
 gate then passes, fails naming how the engine differs from the reference, or skips as not
 checkable on this engine (an extension it lacks), and summary.md lists every gate so.
+
+--parallel N qualifies N families side by side. On a GPU run (a label filter selecting gpu
+specs, or MODELQUAL_GPU=1) the runner's GPUs (MODELQUAL_GPUS, default all; MIG instances in
+place of MIG-enabled GPUs) are split into N disjoint sets of at least --procs each, and each
+family's run gets one set as its MODELQUAL_GPUS, which its Ginkgo processes split again, one
+GPU per server: no GPU is ever shared. With too few GPUs it runs fewer families at a time, saying
+so (MODELQUAL_GPU_SHORTAGE=fail: it stops instead). The table then lists every card's share of
+the campaign: who held it, for how long, its energy and memory high-water (docs/gpu.md).
 
 Default label filter: "!gpu && !container" for process, "container" for container,
 "!gpu && !container" for external. Run from inside the repository (it needs the Go toolchain, or
@@ -75,6 +85,10 @@ type familyResult struct {
 	Log          string             `json:"log"`
 	Artifacts    string             `json:"artifacts"`
 	Error        string             `json:"error,omitempty"`
+	// GPUs is the GPU set the run was given (qual qualify --parallel on a GPU run), Cards what
+	// its processes read of them (gpu.CardsEntry).
+	GPUs  []string        `json:"gpus,omitempty"`
+	Cards []gpu.CardUsage `json:"gpu_cards,omitempty"`
 }
 
 // loadFigure mirrors qual/spec.Figure as the load gates write it into the JSON report.
@@ -104,6 +118,7 @@ func runQualify(args []string) int {
 		model    = fs.String("model", "", "model name to send to an external server (default: the family name)")
 		filter   = fs.String("label-filter", "", "Ginkgo label filter (default depends on --launcher, see above)")
 		procs    = fs.Int("procs", 1, "Ginkgo parallel processes per family (ginkgo -procs)")
+		parallel = fs.Int("parallel", 1, "families qualified side by side; on a GPU run each gets its own GPUs (see above)")
 		out      = fs.String("out", "artifacts/qualify", "output folder: reports/, logs/ and one artifact folder per family")
 		timeout  = fs.Duration("timeout", 60*time.Minute, "timeout of each family's run")
 		verbose  = fs.Bool("v", false, "stream Ginkgo's output instead of writing it to logs/<family>.log only")
@@ -176,24 +191,53 @@ func runQualify(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	isGPU := gpuCampaign(*filter, selected) && *launcher != "external"
+	var inv gpu.Inventory
+	if isGPU {
+		inv = gpu.Inspect()
+	}
+	planProcs := *procs
+	if *suiteBin != "" {
+		planProcs = 1 // a suite binary runs as one process
+	}
+	plan, err := planCampaign(inv, envconfig.GPUs.Get(), isGPU, *parallel, planProcs)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "qual qualify: %v\n", err)
+		return 2
+	}
+	for _, n := range plan.Notes {
+		fmt.Fprintf(os.Stderr, "qual qualify: %s\n", n)
+	}
 	start := time.Now()
-	var results []familyResult
-	for _, f := range selected {
-		fmt.Fprintf(os.Stderr, "qual qualify: %s: running specs of families/%s (label filter %q, launcher %s)...\n", f.Canonical, f.Folder, *filter, *launcher)
-		r := qualifyFamily(ctx, root, outDir, f, qualifyOptions{launcher: *launcher, url: *url, model: *model,
-			filter: *filter, procs: *procs, timeout: *timeout, verbose: *verbose, suiteBin: *suiteBin})
-		results = append(results, r)
-		if ctx.Err() != nil {
-			break
+	results := runCampaign(selected, plan.Slots, func(f familyName, slot []gpu.Device) familyResult {
+		where := ""
+		if len(slot) > 0 {
+			where = " on GPUs " + strings.Join(gpu.UUIDs(slot), ",")
+		}
+		fmt.Fprintf(os.Stderr, "qual qualify: %s: running specs of families/%s (label filter %q, launcher %s)%s...\n", f.Canonical, f.Folder, *filter, *launcher, where)
+		return qualifyFamily(ctx, root, outDir, f, qualifyOptions{launcher: *launcher, url: *url, model: *model,
+			filter: *filter, procs: *procs, timeout: *timeout, verbose: *verbose, suiteBin: *suiteBin, gpus: slot})
+	}, func() bool { return ctx.Err() != nil })
+	total := time.Since(start)
+	var shares []gpu.CardShare
+	if plan.GPURun {
+		var usage []gpu.CardUsage
+		for _, r := range results {
+			usage = append(usage, r.Cards...)
+		}
+		if len(plan.Units) > 0 || len(usage) > 0 {
+			shares = gpu.MergeCards(plan.Units, usage, total.Seconds())
 		}
 	}
-	total := time.Since(start)
 	printQualifyTable(os.Stdout, results, total)
-	if b, err := json.MarshalIndent(map[string]any{"families": results, "wall_ns": total, "label_filter": *filter, "launcher": *launcher}, "", "  "); err == nil {
+	printCampaignCards(os.Stdout, plan, results, shares)
+	if b, err := json.MarshalIndent(map[string]any{"families": results, "wall_ns": total, "label_filter": *filter, "launcher": *launcher,
+		"parallel": len(plan.Slots), "gpu_cards": shares}, "", "  "); err == nil {
 		_ = os.WriteFile(filepath.Join(outDir, "qualify.json"), append(b, '\n'), 0o644)
 	}
 	var md strings.Builder
 	printQualifyTable(&md, results, total)
+	printCampaignCards(&md, plan, results, shares)
 	_ = os.WriteFile(filepath.Join(outDir, "qualify.txt"), []byte(md.String()), 0o644)
 	if err := writeSummary(summaryPath(outDir), results, qualifyOptions{launcher: *launcher, url: *url, filter: *filter}); err == nil {
 		fmt.Fprintf(os.Stdout, "\nPer-gate summary: %s\n", summaryPath(outDir))
@@ -212,6 +256,9 @@ type qualifyOptions struct {
 	procs                        int
 	timeout                      time.Duration
 	verbose                      bool
+	// gpus is the run's own GPU set (qual qualify --parallel), passed as MODELQUAL_GPUS; nil:
+	// the environment's.
+	gpus []gpu.Device
 }
 
 func qualifyFamily(ctx context.Context, root, outDir string, name familyName, o qualifyOptions) familyResult {
@@ -256,6 +303,10 @@ func qualifyFamily(ctx context.Context, root, outDir string, name familyName, o 
 		cmd.Dir = filepath.Join(root, "families", family)
 	}
 	cmd.Env = append(os.Environ(), "MODELQUAL_ARTIFACTS="+outDir, "MODELQUAL_LAUNCHER="+o.launcher)
+	if len(o.gpus) > 0 {
+		r.GPUs = gpu.UUIDs(o.gpus)
+		cmd.Env = append(cmd.Env, envconfig.GPUs.Name+"="+strings.Join(r.GPUs, ","))
+	}
 	if o.launcher == "external" {
 		cmd.Env = append(cmd.Env, "MODELQUAL_EXTERNAL_URL="+o.url)
 		if o.model != "" {
@@ -304,6 +355,7 @@ func readGinkgoReport(r *familyResult, profiles []string) error {
 	if err := json.Unmarshal(b, &reps); err != nil {
 		return fmt.Errorf("decode %s: %w", r.JSONReport, err)
 	}
+	r.Cards = readCards(reps)
 	passedGates, failedGates := map[string]bool{}, map[string]bool{}
 	for _, rep := range reps {
 		for _, sr := range rep.SpecReports {
