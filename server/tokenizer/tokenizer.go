@@ -65,6 +65,10 @@ type Tokenizer struct {
 	// Prepend("▁") normalizer makes "[INST]" decode as " [INST]").
 	addedDecodeText map[int32]string
 
+	// decodeWordSuffix, when set (CLIP's "</w>"), is replaced by a space in decoded text,
+	// which is then stripped, as CLIPTokenizer's decode wrapper does.
+	decodeWordSuffix string
+
 	cleanUpSpaces bool
 	chat          *chatTemplate // nil when tokenizer_config.json has no chat_template
 	config        tokenizerConfig
@@ -75,14 +79,12 @@ type Tokenizer struct {
 type Message = map[string]any
 
 // Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json and
-// dir/chat_template.jinja. A missing tokenizer_config.json is not an error (GPT-2 ships none);
+// dir/chat_template.jinja. A folder without tokenizer.json whose tokenizer_config.json names
+// CLIPTokenizer is read from vocab.json and merges.txt instead, as transformers reads it (no
+// chat template then). A missing tokenizer_config.json is not an error (GPT-2 ships none);
 // the tokenizer then has no chat template (unless chat_template.jinja gives one) and decodes
 // without clean-up.
 func Load(dir string) (*Tokenizer, error) {
-	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
-	if err != nil {
-		return nil, fmt.Errorf("tokenizer: read %s: %w; pass a checkpoint or tokenizer directory that contains tokenizer.json", filepath.Join(dir, "tokenizer.json"), err)
-	}
 	cfgPath := filepath.Join(dir, "tokenizer_config.json")
 	cj, err := os.ReadFile(cfgPath)
 	if err != nil {
@@ -90,6 +92,15 @@ func Load(dir string) (*Tokenizer, error) {
 			return nil, fmt.Errorf("tokenizer: read %s: %w", cfgPath, err)
 		}
 		cj = nil
+	}
+	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, verr := os.Stat(filepath.Join(dir, "vocab.json")); verr == nil {
+			return loadVocabMerges(dir, cj) // CLIP-style BPE folders ship no tokenizer.json
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: read %s: %w; pass a checkpoint or tokenizer directory that contains tokenizer.json (or, for CLIPTokenizer, vocab.json and merges.txt)", filepath.Join(dir, "tokenizer.json"), err)
 	}
 	// transformers writes the chat template to chat_template.jinja (save_pretrained since 4.50)
 	// and, loading, lets that file win over tokenizer_config.json's chat_template.
