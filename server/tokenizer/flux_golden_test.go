@@ -1,11 +1,6 @@
 package tokenizer
 
 import (
-	"encoding/json"
-	"errors"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -45,14 +40,7 @@ func fluxGoldenLoaders(t *testing.T) map[string]*Tokenizer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tj, err := os.ReadFile(filepath.Join(fixtureDir(t, t5Dir), "tokenizer.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t5File, err := FromBytes(tj, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	t5File := rawTokenizerJSON(t, fixtureDir(t, t5Dir))
 	return map[string]*Tokenizer{
 		"clip":       clip["tokenizer.json+class"],
 		"clip_vocab": clip["vocab.json+merges.txt"],
@@ -67,18 +55,8 @@ func fluxGoldenLoaders(t *testing.T) map[string]*Tokenizer {
 // without special tokens, token strings, the padded and truncated ids and attention masks of
 // FluxPipeline's calls (CLIP 77; T5 512 and 256; and 16 for truncation), and decoded text.
 func TestFluxTokenizerGolden(t *testing.T) {
-	path := filepath.Join(repoRoot(t), "fixtures", "golden", "flux_tokenizer_golden.json")
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		t.Skipf("%s is not generated yet: run fixtures/golden/make_flux_tokenizer_golden.sh OUT on a host with transformers 5.17 and copy OUT/flux_tokenizer_golden.json there (fixtures/PROVENANCE.md); the known-id tests in flux_test.go still run", path)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	var g fluxGolden
-	if err := json.Unmarshal(b, &g); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
+	readOptionalGolden(t, "flux_tokenizer_golden.json", "run fixtures/golden/make_flux_tokenizer_golden.sh OUT on a host with transformers 5.17 and copy OUT/flux_tokenizer_golden.json there (fixtures/PROVENANCE.md); the known-id tests in flux_test.go still run", &g)
 	for _, e := range g.Errors {
 		t.Errorf("the golden script could not load a tokenizer (%s); rerun it", e)
 	}

@@ -81,15 +81,7 @@ func clipLoadings(t testing.TB) map[string]*Tokenizer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := FromBytes(tj, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return map[string]*Tokenizer{"tokenizer.json+class": auto, "vocab.json+merges.txt": vm, "tokenizer.json alone": raw}
+	return map[string]*Tokenizer{"tokenizer.json+class": auto, "vocab.json+merges.txt": vm, "tokenizer.json alone": rawTokenizerJSON(t, dir)}
 }
 
 // clipMismatches lists where tok disagrees with clipKnown (BOS/EOS added).

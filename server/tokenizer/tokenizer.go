@@ -4,26 +4,30 @@
 // server and the harness count and produce exactly the ids the checkpoint's own Python
 // tokenizer would. fixtures/golden/tokenizer_golden.json (byte-level BPE) and
 // fixtures/golden/sp_tokenizer_golden.json (SentencePiece-style BPE and Unigram), both from
-// transformers 5.17 and tokenizers 0.23, are the references the tests hold it to.
+// transformers 5.17 and tokenizers 0.23, are the references the tests hold it to, with
+// fixtures/golden/flux_tokenizer_golden.json for FLUX's CLIP-L BPE and T5-v1.1-XXL Unigram.
 //
 // A Tokenizer is immutable after Load and safe for concurrent use; the per-word caches are
 // internally synchronized.
 //
 // Supported tokenizer.json parts: models BPE (merges as "a b" or ["a", "b"], ignore_merges,
-// unk_token, fuse_unk, byte_fallback) and Unigram (Viterbi over the piece scores, unk fused,
-// byte_fallback); normalizers NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip,
-// Precompiled (SentencePiece charsmaps) and Sequence; pre-tokenizers Sequence, Split (Regex or
-// String pattern, every behavior, invert), ByteLevel, Metaspace (prepend_scheme always, first,
-// never; split) and WhitespaceSplit; decoders ByteLevel, Replace, ByteFallback, Fuse, Strip,
-// Metaspace and Sequence; post-processors TemplateProcessing (single), RobertaProcessing,
-// BertProcessing, ByteLevel and Sequence; padding and truncation. Anything else is refused at
-// load with an error naming it (an unknown post-processor only when encoding with special
-// tokens). tokenizer_config.json's add_bos_token/add_eos_token, its special tokens (added as
-// special tokens where tokenizer.json lacks them) and the rebuild that transformers 5's
-// LlamaTokenizer and T5Tokenizer classes make of the pipeline are applied as transformers
-// applies them (tokenizerclass.go). Offsets (trim_offsets) are not computed. The
-// GPT-2, Qwen2/3 and Llama 3 split regexes run on hand-written scanners checked against
-// regexp2 (scan_test.go); other regexes run on regexp2.
+// unk_token, fuse_unk, byte_fallback, end_of_word_suffix as CLIP's "</w>") and Unigram (Viterbi
+// over the piece scores, unk fused, byte_fallback); normalizers NFC, NFD, NFKC, NFKD,
+// Lowercase, Prepend, Replace, Strip, Precompiled (SentencePiece charsmaps, looked up in their
+// darts-clone double array) and Sequence; pre-tokenizers Sequence, Split (Regex or String
+// pattern, every behavior, invert), ByteLevel, Metaspace (prepend_scheme always, first, never;
+// split) and WhitespaceSplit; decoders ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace
+// and Sequence; post-processors TemplateProcessing (single), RobertaProcessing, BertProcessing,
+// ByteLevel and Sequence; padding and truncation. Anything else is refused at load with an
+// error naming it (an unknown post-processor only when encoding with special tokens).
+// tokenizer_config.json's add_bos_token/add_eos_token, its special tokens (added as special
+// tokens where tokenizer.json lacks them) and the rebuild that transformers 5's LlamaTokenizer
+// and T5Tokenizer classes make of the pipeline are applied as transformers applies them
+// (tokenizerclass.go; CLIPTokenizer in clip.go, whose folders may also be read from vocab.json
+// + merges.txt). EncodePadded is transformers' padding="max_length", truncation=True, as
+// diffusers' pipelines call their text tokenizers. Offsets (trim_offsets) are not computed. The
+// GPT-2, Qwen2/3 and Llama 3 split regexes run on hand-written scanners checked against regexp2
+// (scan_test.go); other regexes run on regexp2.
 //
 // Known difference from transformers, outside what the golden files exercise: chat-template
 // inputs given as Go maps have no key order, so tojson writes their keys sorted where Python
