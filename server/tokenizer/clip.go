@@ -114,23 +114,10 @@ func isPythonSpace(r rune) bool {
 
 // loadVocabMerges builds a Tokenizer from dir/vocab.json and dir/merges.txt, the files a BPE
 // checkpoint such as openai/clip-vit-large-patch14 or FLUX's tokenizer/ ships when it has no
-// tokenizer.json. Only tokenizer classes whose whole pipeline is known from the class alone are
-// accepted (CLIPTokenizer); tokenizer_config.json's added_tokens_decoder gives the added tokens,
-// as transformers takes them.
+// tokenizer.json (see FromVocabMerges).
 func loadVocabMerges(dir string, cfgJSON []byte) (*Tokenizer, error) {
-	var cfg struct {
-		TokenizerClass string                     `json:"tokenizer_class"`
-		Added          map[string]json.RawMessage `json:"added_tokens_decoder"`
-	}
-	if len(cfgJSON) > 0 {
-		if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
-			return nil, fmt.Errorf("tokenizer: parse tokenizer_config.json: %w", err)
-		}
-	}
-	switch cfg.TokenizerClass {
-	case "CLIPTokenizer", "CLIPTokenizerFast":
-	default:
-		return nil, fmt.Errorf("tokenizer: %s has no tokenizer.json; vocab.json + merges.txt alone are read only for tokenizer_class CLIPTokenizer (tokenizer_config.json says %q); add the checkpoint's tokenizer.json", dir, cfg.TokenizerClass)
+	if err := requireVocabMergesClass(cfgJSON); err != nil {
+		return nil, fmt.Errorf("tokenizer: %s has no tokenizer.json; %w", dir, err)
 	}
 	vocab, err := os.ReadFile(filepath.Join(dir, "vocab.json"))
 	if err != nil {
@@ -140,15 +127,51 @@ func loadVocabMerges(dir string, cfgJSON []byte) (*Tokenizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: read %w; a CLIP tokenizer folder without tokenizer.json needs vocab.json and merges.txt", err)
 	}
-	tj, err := vocabMergesJSON(vocab, merges, cfg.Added)
-	if err != nil {
-		return nil, fmt.Errorf("%w (directory %s)", err, dir)
-	}
-	t, err := fromBytes(tj, cfgJSON, nil)
+	t, err := FromVocabMerges(vocab, merges, cfgJSON)
 	if err != nil {
 		return nil, fmt.Errorf("%w (directory %s)", err, dir)
 	}
 	return t, nil
+}
+
+// FromVocabMerges builds a Tokenizer from the contents of vocab.json, merges.txt and
+// tokenizer_config.json, as transformers builds one for a folder without tokenizer.json (a
+// bundle that carries those three files uses it as FromBytes is used for tokenizer.json). Only
+// tokenizer classes whose whole pipeline follows from the class are accepted (CLIPTokenizer);
+// tokenizer_config.json's added_tokens_decoder gives the added tokens, as transformers takes
+// them.
+func FromVocabMerges(vocabJSON, mergesTXT, tokenizerConfigJSON []byte) (*Tokenizer, error) {
+	if err := requireVocabMergesClass(tokenizerConfigJSON); err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	var cfg struct {
+		Added map[string]json.RawMessage `json:"added_tokens_decoder"`
+	}
+	if err := json.Unmarshal(tokenizerConfigJSON, &cfg); err != nil {
+		return nil, fmt.Errorf("tokenizer: parse tokenizer_config.json: %w", err)
+	}
+	tj, err := vocabMergesJSON(vocabJSON, mergesTXT, cfg.Added)
+	if err != nil {
+		return nil, err
+	}
+	return fromBytes(tj, tokenizerConfigJSON, nil)
+}
+
+// requireVocabMergesClass accepts the tokenizer classes FromVocabMerges can build.
+func requireVocabMergesClass(cfgJSON []byte) error {
+	var cfg struct {
+		TokenizerClass string `json:"tokenizer_class"`
+	}
+	if len(cfgJSON) > 0 {
+		if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+			return fmt.Errorf("parse tokenizer_config.json: %w", err)
+		}
+	}
+	switch cfg.TokenizerClass {
+	case "CLIPTokenizer", "CLIPTokenizerFast":
+		return nil
+	}
+	return fmt.Errorf("vocab.json + merges.txt alone are read only for tokenizer_class CLIPTokenizer (tokenizer_config.json says %q); add the checkpoint's tokenizer.json", cfg.TokenizerClass)
 }
 
 // vocabMergesJSON writes the tokenizer.json that holds vocab.json, merges.txt and the added

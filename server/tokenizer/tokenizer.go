@@ -24,7 +24,7 @@
 // tokens where tokenizer.json lacks them) and the rebuild that transformers 5's LlamaTokenizer
 // and T5Tokenizer classes make of the pipeline are applied as transformers applies them
 // (tokenizerclass.go; CLIPTokenizer in clip.go, whose folders may also be read from vocab.json
-// + merges.txt). EncodePadded is transformers' padding="max_length", truncation=True, as
+// + merges.txt: Load, FromVocabMerges). EncodePadded is transformers' padding="max_length", truncation=True, as
 // diffusers' pipelines call their text tokenizers. Offsets (trim_offsets) are not computed. The
 // GPT-2, Qwen2/3 and Llama 3 split regexes run on hand-written scanners checked against regexp2
 // (scan_test.go); other regexes run on regexp2.
