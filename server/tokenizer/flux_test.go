@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -276,5 +277,71 @@ func TestVocabMergesErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err = %v, want one containing %q", c.name, err, c.want)
 		}
+	}
+}
+
+// TestT5TransformersTestIDs: ids that transformers' own test suite asserts for t5-base, whose
+// SentencePiece model T5 v1.1 shares (huggingface/transformers
+// tests/models/t5/test_tokenization_t5.py @ c3325bf5: test_tokenizer_integration's three
+// sentences padded to the longest, test_prepare_batch, test_eos_in_input's target, and
+// test_fast_and_slow_same_result's special tokens written in the text).
+func TestT5TransformersTestIDs(t *testing.T) {
+	tok, err := Load(fixtureDir(t, t5Dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	integration := []struct {
+		text string
+		ids  []int32 // before padding to 112
+	}{
+		{"Transformers (formerly known as pytorch-transformers and pytorch-pretrained-bert) provides general-purpose architectures (BERT, GPT-2, RoBERTa, XLM, DistilBert, XLNet...) for Natural Language Understanding (NLU) and Natural Language Generation (NLG) with over 32+ pretrained models in 100+ languages and deep interoperability between Jax, PyTorch and TensorFlow.",
+			[]int32{31220, 7, 41, 14034, 801, 38, 3, 102, 63, 17, 127, 524, 18, 7031, 2032, 277, 11, 3, 102, 63, 17, 127, 524, 18, 2026, 17, 10761, 18, 7041, 61, 795, 879, 18, 19681, 4648, 7, 41, 12920, 382, 6, 350, 6383, 4949, 6, 2158, 12920, 382, 9, 6, 3, 4, 11160, 6, 2043, 17153, 279, 49, 17, 6, 3, 4, 434, 9688, 11439, 21, 6869, 10509, 17725, 41, 567, 9138, 61, 11, 6869, 10509, 11946, 41, 18207, 517, 61, 28, 147, 3538, 1220, 7140, 10761, 2250, 16, 910, 1220, 8024, 11, 1659, 1413, 32, 883, 2020, 344, 2215, 226, 6, 12901, 382, 127, 524, 11, 4738, 7, 127, 15390, 5, 1}},
+		{"BERT is designed to pre-train deep bidirectional representations from unlabeled text by jointly conditioning on both left and right context in all layers.",
+			[]int32{272, 24203, 19, 876, 12, 554, 18, 9719, 1659, 2647, 26352, 6497, 7, 45, 73, 9339, 400, 26, 1499, 57, 22801, 10760, 30, 321, 646, 11, 269, 2625, 16, 66, 7500, 5, 1}},
+		{"The quick brown fox jumps over the lazy dog.", []int32{37, 1704, 4216, 3, 20400, 4418, 7, 147, 8, 19743, 1782, 5, 1}},
+		{"A long paragraph for summarization.", []int32{71, 307, 8986, 21, 4505, 1635, 1707, 5, 1}},
+		{"Summary of the text.", []int32{20698, 13, 8, 1499, 5, 1}},
+	}
+	for _, c := range integration {
+		ids, mask, err := tok.EncodePadded(c.text, 112)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := append(slices.Clone(c.ids), make([]int32, 112-len(c.ids))...)
+		if !slices.Equal(ids, want) {
+			t.Errorf("EncodePadded(%q, 112)\n got %v\nwant %v", c.text, ids, want)
+		}
+		if n := len(c.ids); slices.Contains(mask[:n], 0) || slices.Contains(mask[n:], 1) {
+			t.Errorf("mask of %q = %v, want %d ones then zeros", c.text, mask, n)
+		}
+	}
+	if got, want := tok.Encode("<pad> Today is <unk> nice day </s>"), []int32{0, 1960, 19, 2, 1245, 239, 1}; !slices.Equal(got, want) {
+		t.Errorf("special tokens in the text: %v, want %v", got, want)
+	}
+}
+
+// TestCLIPTransformersToyVocab is transformers' own CLIP test_full_tokenizer
+// (tests/models/clip/test_tokenization_clip.py @ c8dfc84e): a toy vocab.json + merges.txt where
+// "lower newer" must become lo w er</w> n e w er</w> — the </w> suffix only on a word's last
+// symbol, merges applied by rank.
+func TestCLIPTransformersToyVocab(t *testing.T) {
+	words := []string{"l", "o", "w", "e", "r", "s", "t", "i", "d", "n", "lo", "l</w>", "w</w>", "r</w>", "t</w>", "low</w>", "er</w>", "lowest</w>", "newer</w>", "wider", "<unk>", "<|startoftext|>", "<|endoftext|>"}
+	vocab := map[string]int{}
+	for i, w := range words {
+		vocab[w] = i
+	}
+	vj, err := json.Marshal(vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := FromVocabMerges(vj, []byte("#version: 0.2\nl o\nlo w</w>\ne r</w>"), []byte(`{"tokenizer_class":"CLIPTokenizer","unk_token":"<unk>"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := pieces(tok, tok.Encode("lower newer")), []string{"lo", "w", "er</w>", "n", "e", "w", "er</w>"}; !slices.Equal(got, want) {
+		t.Errorf("lower newer = %q, want %q", got, want)
+	}
+	if got, want := tok.Encode("lower newer"), []int32{10, 2, 16, 9, 3, 2, 16}; !slices.Equal(got, want) {
+		t.Errorf("ids %v, want %v", got, want)
 	}
 }
