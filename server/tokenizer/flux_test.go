@@ -280,6 +280,21 @@ func TestVocabMergesErrors(t *testing.T) {
 	}
 }
 
+// t5TransformersIDs are the ids transformers' own tests assert for t5-base (see
+// TestT5TransformersTestIDs), before padding.
+var t5TransformersIDs = []struct {
+	text string
+	ids  []int32 // before padding to 112
+}{
+	{"Transformers (formerly known as pytorch-transformers and pytorch-pretrained-bert) provides general-purpose architectures (BERT, GPT-2, RoBERTa, XLM, DistilBert, XLNet...) for Natural Language Understanding (NLU) and Natural Language Generation (NLG) with over 32+ pretrained models in 100+ languages and deep interoperability between Jax, PyTorch and TensorFlow.",
+		[]int32{31220, 7, 41, 14034, 801, 38, 3, 102, 63, 17, 127, 524, 18, 7031, 2032, 277, 11, 3, 102, 63, 17, 127, 524, 18, 2026, 17, 10761, 18, 7041, 61, 795, 879, 18, 19681, 4648, 7, 41, 12920, 382, 6, 350, 6383, 4949, 6, 2158, 12920, 382, 9, 6, 3, 4, 11160, 6, 2043, 17153, 279, 49, 17, 6, 3, 4, 434, 9688, 11439, 21, 6869, 10509, 17725, 41, 567, 9138, 61, 11, 6869, 10509, 11946, 41, 18207, 517, 61, 28, 147, 3538, 1220, 7140, 10761, 2250, 16, 910, 1220, 8024, 11, 1659, 1413, 32, 883, 2020, 344, 2215, 226, 6, 12901, 382, 127, 524, 11, 4738, 7, 127, 15390, 5, 1}},
+	{"BERT is designed to pre-train deep bidirectional representations from unlabeled text by jointly conditioning on both left and right context in all layers.",
+		[]int32{272, 24203, 19, 876, 12, 554, 18, 9719, 1659, 2647, 26352, 6497, 7, 45, 73, 9339, 400, 26, 1499, 57, 22801, 10760, 30, 321, 646, 11, 269, 2625, 16, 66, 7500, 5, 1}},
+	{"The quick brown fox jumps over the lazy dog.", []int32{37, 1704, 4216, 3, 20400, 4418, 7, 147, 8, 19743, 1782, 5, 1}},
+	{"A long paragraph for summarization.", []int32{71, 307, 8986, 21, 4505, 1635, 1707, 5, 1}},
+	{"Summary of the text.", []int32{20698, 13, 8, 1499, 5, 1}},
+}
+
 // TestT5TransformersTestIDs: ids that transformers' own test suite asserts for t5-base, whose
 // SentencePiece model T5 v1.1 shares (huggingface/transformers
 // tests/models/t5/test_tokenization_t5.py @ c3325bf5: test_tokenizer_integration's three
@@ -290,19 +305,7 @@ func TestT5TransformersTestIDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	integration := []struct {
-		text string
-		ids  []int32 // before padding to 112
-	}{
-		{"Transformers (formerly known as pytorch-transformers and pytorch-pretrained-bert) provides general-purpose architectures (BERT, GPT-2, RoBERTa, XLM, DistilBert, XLNet...) for Natural Language Understanding (NLU) and Natural Language Generation (NLG) with over 32+ pretrained models in 100+ languages and deep interoperability between Jax, PyTorch and TensorFlow.",
-			[]int32{31220, 7, 41, 14034, 801, 38, 3, 102, 63, 17, 127, 524, 18, 7031, 2032, 277, 11, 3, 102, 63, 17, 127, 524, 18, 2026, 17, 10761, 18, 7041, 61, 795, 879, 18, 19681, 4648, 7, 41, 12920, 382, 6, 350, 6383, 4949, 6, 2158, 12920, 382, 9, 6, 3, 4, 11160, 6, 2043, 17153, 279, 49, 17, 6, 3, 4, 434, 9688, 11439, 21, 6869, 10509, 17725, 41, 567, 9138, 61, 11, 6869, 10509, 11946, 41, 18207, 517, 61, 28, 147, 3538, 1220, 7140, 10761, 2250, 16, 910, 1220, 8024, 11, 1659, 1413, 32, 883, 2020, 344, 2215, 226, 6, 12901, 382, 127, 524, 11, 4738, 7, 127, 15390, 5, 1}},
-		{"BERT is designed to pre-train deep bidirectional representations from unlabeled text by jointly conditioning on both left and right context in all layers.",
-			[]int32{272, 24203, 19, 876, 12, 554, 18, 9719, 1659, 2647, 26352, 6497, 7, 45, 73, 9339, 400, 26, 1499, 57, 22801, 10760, 30, 321, 646, 11, 269, 2625, 16, 66, 7500, 5, 1}},
-		{"The quick brown fox jumps over the lazy dog.", []int32{37, 1704, 4216, 3, 20400, 4418, 7, 147, 8, 19743, 1782, 5, 1}},
-		{"A long paragraph for summarization.", []int32{71, 307, 8986, 21, 4505, 1635, 1707, 5, 1}},
-		{"Summary of the text.", []int32{20698, 13, 8, 1499, 5, 1}},
-	}
-	for _, c := range integration {
+	for _, c := range t5TransformersIDs {
 		ids, mask, err := tok.EncodePadded(c.text, 112)
 		if err != nil {
 			t.Fatal(err)
@@ -343,5 +346,57 @@ func TestCLIPTransformersToyVocab(t *testing.T) {
 	}
 	if got, want := tok.Encode("lower newer"), []int32{10, 2, 16, 9, 3, 2, 16}; !slices.Equal(got, want) {
 		t.Errorf("ids %v, want %v", got, want)
+	}
+}
+
+// TestT5PlantedDefects shows the T5 known-ids check failing when a rule is broken: no </s>,
+// no word-start ▁, piece scores read with the wrong sign, and scores ignored (every piece
+// equal: the fewest pieces win, which the short known texts do not reveal but transformers'
+// integration sentences do).
+func TestT5PlantedDefects(t *testing.T) {
+	mismatches := func(tok *Tokenizer) int {
+		n := 0
+		for _, c := range t5Known {
+			if got, err := tok.EncodeWithSpecialTokens(c.text); err != nil || !slices.Equal(got, c.ids) {
+				n++
+			}
+		}
+		for _, c := range t5TransformersIDs {
+			if got, err := tok.EncodeWithSpecialTokens(c.text); err != nil || !slices.Equal(got, c.ids) {
+				n++
+			}
+		}
+		return n
+	}
+	plants := map[string]func(tok *Tokenizer){
+		"no </s>":          func(tok *Tokenizer) { tok.post = &postProcessor{} },
+		"no ▁ word starts": func(tok *Tokenizer) { tok.pre[1].(*metaspacePre).scheme = prependNever },
+		"scores ignored": func(tok *Tokenizer) {
+			m := tok.model.(*unigramModel)
+			for i := range m.scores {
+				m.scores[i] = -1
+			}
+			m.cache.init()
+		},
+		"scores negated": func(tok *Tokenizer) {
+			m := tok.model.(*unigramModel)
+			for i := range m.scores {
+				m.scores[i] = -m.scores[i]
+			}
+			m.cache.init()
+		},
+	}
+	for name, plant := range plants {
+		tok, err := Load(fixtureDir(t, t5Dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := mismatches(tok); n != 0 {
+			t.Fatalf("unplanted tokenizer already wrong on %d texts", n)
+		}
+		plant(tok)
+		if mismatches(tok) == 0 {
+			t.Errorf("planted defect %q went unnoticed by the known-ids check", name)
+		}
 	}
 }
