@@ -93,3 +93,26 @@ func BenchmarkEncodeQwen3EnglishParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkFluxPromptEncode measures one FLUX prompt through both of its tokenizers as the
+// pipeline calls them (CLIP padded to 77, T5 padded to 512), warm caches.
+func BenchmarkFluxPromptEncode(b *testing.B) {
+	clip, err := Load(fixtureDir(b, clipDir))
+	if err != nil {
+		b.Fatal(err)
+	}
+	t5, err := Load(fixtureDir(b, t5Dir))
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := "A majestic red fox standing in fresh snow at dawn, soft golden light filtering through tall pine trees, photorealistic"
+	b.SetBytes(int64(len(prompt)))
+	for b.Loop() {
+		if _, _, err := clip.EncodePadded(prompt, 77); err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := t5.EncodePadded(prompt, 512); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -31,6 +31,12 @@ type bpeModel struct {
 	byteLevel bool
 	byteIDs   [256]int32
 
+	// suffix is model.end_of_word_suffix (CLIP's "</w>"): the last character of every word is
+	// looked up with it appended, as tokenizers' merge_word does; byteSuffixIDs holds those
+	// ids for byte-level words (-1 when the vocab lacks one).
+	suffix        string
+	byteSuffixIDs [256]int32
+
 	cache wordCache
 }
 
@@ -93,6 +99,13 @@ func (m *bpeModel) initByteIDs() error {
 			id = -1
 		}
 		m.byteIDs[b] = id
+		if m.suffix != "" {
+			sid, ok := m.vocab[string(byteToRune[b])+m.suffix]
+			if !ok {
+				sid = -1
+			}
+			m.byteSuffixIDs[b] = sid
+		}
 	}
 	return nil
 }
@@ -128,13 +141,17 @@ func (m *bpeModel) mergeWord(word string, out []int32) []int32 {
 		prevUnk := false
 		for i := 0; i < len(word); i++ {
 			id := m.byteIDs[word[i]]
-			if id < 0 {
+			if m.suffix != "" && i == len(word)-1 {
+				id = m.byteSuffixIDs[word[i]]
+			}
+			known := id >= 0
+			if !known {
 				if m.unkID < 0 || (m.fuseUnk && prevUnk) {
 					continue
 				}
 				id = m.unkID
 			}
-			prevUnk = id == m.unkID && m.byteIDs[word[i]] < 0
+			prevUnk = !known
 			syms = append(syms, id)
 		}
 	} else {
@@ -161,6 +178,9 @@ func (m *bpeModel) charSymbols(word string, syms []int32) []int32 {
 		_, n := utf8.DecodeRuneInString(word[i:])
 		ch := word[i : i+n]
 		i += n
+		if m.suffix != "" && i == len(word) {
+			ch += m.suffix
+		}
 		if id, ok := m.vocab[ch]; ok {
 			if pendingUnk {
 				syms = append(syms, m.unkID)

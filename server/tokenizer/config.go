@@ -28,6 +28,10 @@ type tokenizerConfig struct {
 	// rebuilds the pipeline around tokenizer.json's vocabulary (see tokenizerclass.go), with
 	// AddPrefixSpace and Legacy as its options.
 	TokenizerClass string `json:"tokenizer_class"`
+	// PaddingSide and TruncationSide ("right" unless set to "left") steer EncodePadded, as
+	// they steer transformers' padding="max_length", truncation=True.
+	PaddingSide    string `json:"padding_side"`
+	TruncationSide string `json:"truncation_side"`
 	AddPrefixSpace *bool  `json:"add_prefix_space"`
 	Legacy         *bool  `json:"legacy"`
 }

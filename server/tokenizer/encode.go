@@ -86,6 +86,9 @@ func (t *Tokenizer) decode(ids []int32, skipSpecial bool) string {
 	}
 	raw := t.decoder.appendTokens(make([]byte, 0, len(ids)*4), toks, &decodeState{first: true, final: true})
 	s := string(appendLossy(make([]byte, 0, len(raw)), raw))
+	if t.decodeWordSuffix != "" {
+		s = cleanDecodedWords(s, t.decodeWordSuffix)
+	}
 	if t.cleanUpSpaces {
 		s = cleanUpTokenization(s)
 	}
@@ -107,7 +110,8 @@ func cleanUpTokenization(s string) string {
 // a run of byte-fallback ids that may continue — so every string it returns is valid UTF-8,
 // and the concatenation of everything Add and Flush return equals Tokenizer.Decode of all the
 // ids (DecodeSkipSpecial with SkipSpecialTokens; clean_up_tokenization_spaces excepted: it is
-// not applied while streaming because it looks across token boundaries). Not safe for
+// not applied while streaming because it looks across token boundaries, nor is CLIP's
+// word-end clean-up, which strips the whole text). Not safe for
 // concurrent use.
 type StreamDecoder struct {
 	t           *Tokenizer

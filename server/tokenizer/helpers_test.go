@@ -2,7 +2,9 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"errors"
 	"github.com/modelqual/modelqual/fixtures"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -83,4 +85,37 @@ func loadGolden(tb testing.TB) *golden {
 		tb.Fatal("tokenizer_golden.json lacks gpt2, qwen3 or qwen3_chat entries")
 	}
 	return &g
+}
+
+// readOptionalGolden reads fixtures/golden/<name> into v. While a golden that only the GPU
+// host can make is absent the test skips, saying how to make it (howTo); a file that is present
+// but unreadable fails the test.
+func readOptionalGolden(t *testing.T, name, howTo string, v any) {
+	t.Helper()
+	path := filepath.Join(repoRoot(t), "fixtures", "golden", name)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skipf("%s is not generated yet: %s", path, howTo)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// rawTokenizerJSON loads dir/tokenizer.json alone (no tokenizer_config.json): the pipeline the
+// tokenizers library runs from the file as written.
+func rawTokenizerJSON(t testing.TB, dir string) *Tokenizer {
+	t.Helper()
+	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := FromBytes(tj, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }

@@ -274,10 +274,10 @@ func parseModel(s *jsonScanner) (tokenModel, error) {
 	if p := opts.ContinuingSubwordPrefix; p != nil && *p != "" {
 		return nil, fmt.Errorf("tokenizer.json: model.continuing_subword_prefix %q is not supported by this byte-level BPE implementation", *p)
 	}
-	if p := opts.EndOfWordSuffix; p != nil && *p != "" {
-		return nil, fmt.Errorf("tokenizer.json: model.end_of_word_suffix %q is not supported by this byte-level BPE implementation", *p)
-	}
 	m := newBPEModel(vocab, idToToken, opts.IgnoreMerges)
+	if p := opts.EndOfWordSuffix; p != nil {
+		m.suffix = *p // CLIP's "</w>"
+	}
 	if opts.ByteFallback {
 		m.byteFallback = true
 		for b := 0; b < 256; b++ {

@@ -25,9 +25,17 @@ func (u unicodeForm) normalize(s string) string {
 	return u.f.String(s)
 }
 
+// lowercase is tokenizers' Lowercase: Rust's char::to_lowercase on every character. That is
+// Go's unicode.ToLower except for U+0130 (İ), whose full lowercase mapping is two characters,
+// "i" and U+0307; no context-dependent rule (final sigma) applies.
 type lowercase struct{}
 
-func (lowercase) normalize(s string) string { return strings.ToLower(s) }
+func (lowercase) normalize(s string) string {
+	if strings.ContainsRune(s, 'İ') {
+		s = strings.ReplaceAll(s, "İ", "i\u0307")
+	}
+	return strings.ToLower(s)
+}
 
 type normalizerSeq []normalizer
 

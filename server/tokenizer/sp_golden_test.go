@@ -2,8 +2,6 @@ package tokenizer
 
 import (
 	"encoding/json"
-	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,18 +47,8 @@ type spGoldenString struct {
 
 func loadSPGolden(t *testing.T) *spGolden {
 	t.Helper()
-	path := filepath.Join(repoRoot(t), "fixtures", "golden", "sp_tokenizer_golden.json")
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		t.Skipf("%s is not generated yet: run fixtures/golden/make_sp_tokenizer_golden.py where tokenizers and transformers are installed (fixtures/PROVENANCE.md)", path)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	var g spGolden
-	if err := json.Unmarshal(b, &g); err != nil {
-		t.Fatal(err)
-	}
+	readOptionalGolden(t, "sp_tokenizer_golden.json", "run fixtures/golden/make_sp_tokenizer_golden.py where tokenizers and transformers are installed (fixtures/PROVENANCE.md)", &g)
 	if len(g.Tokenizers) == 0 {
 		t.Fatal("sp_tokenizer_golden.json holds no tokenizers")
 	}
@@ -83,14 +71,7 @@ func TestSentencePieceGolden(t *testing.T) {
 		rec := g.Tokenizers[name]
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join(root, "fixtures", "tokenizers", name)
-			tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			raw, err := FromBytes(tj, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			raw := rawTokenizerJSON(t, dir)
 			if raw.VocabSize() != rec.VocabSize {
 				t.Errorf("VocabSize %d, want %d", raw.VocabSize(), rec.VocabSize)
 			}

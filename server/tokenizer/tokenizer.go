@@ -4,26 +4,30 @@
 // server and the harness count and produce exactly the ids the checkpoint's own Python
 // tokenizer would. fixtures/golden/tokenizer_golden.json (byte-level BPE) and
 // fixtures/golden/sp_tokenizer_golden.json (SentencePiece-style BPE and Unigram), both from
-// transformers 5.17 and tokenizers 0.23, are the references the tests hold it to.
+// transformers 5.17 and tokenizers 0.23, are the references the tests hold it to, with
+// fixtures/golden/flux_tokenizer_golden.json for FLUX's CLIP-L BPE and T5-v1.1-XXL Unigram.
 //
 // A Tokenizer is immutable after Load and safe for concurrent use; the per-word caches are
 // internally synchronized.
 //
 // Supported tokenizer.json parts: models BPE (merges as "a b" or ["a", "b"], ignore_merges,
-// unk_token, fuse_unk, byte_fallback) and Unigram (Viterbi over the piece scores, unk fused,
-// byte_fallback); normalizers NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip,
-// Precompiled (SentencePiece charsmaps) and Sequence; pre-tokenizers Sequence, Split (Regex or
-// String pattern, every behavior, invert), ByteLevel, Metaspace (prepend_scheme always, first,
-// never; split) and WhitespaceSplit; decoders ByteLevel, Replace, ByteFallback, Fuse, Strip,
-// Metaspace and Sequence; post-processors TemplateProcessing (single), RobertaProcessing,
-// BertProcessing, ByteLevel and Sequence; padding and truncation. Anything else is refused at
-// load with an error naming it (an unknown post-processor only when encoding with special
-// tokens). tokenizer_config.json's add_bos_token/add_eos_token, its special tokens (added as
-// special tokens where tokenizer.json lacks them) and the rebuild that transformers 5's
-// LlamaTokenizer and T5Tokenizer classes make of the pipeline are applied as transformers
-// applies them (tokenizerclass.go). Offsets (trim_offsets) are not computed. The
-// GPT-2, Qwen2/3 and Llama 3 split regexes run on hand-written scanners checked against
-// regexp2 (scan_test.go); other regexes run on regexp2.
+// unk_token, fuse_unk, byte_fallback, end_of_word_suffix as CLIP's "</w>") and Unigram (Viterbi
+// over the piece scores, unk fused, byte_fallback); normalizers NFC, NFD, NFKC, NFKD,
+// Lowercase, Prepend, Replace, Strip, Precompiled (SentencePiece charsmaps, looked up in their
+// darts-clone double array) and Sequence; pre-tokenizers Sequence, Split (Regex or String
+// pattern, every behavior, invert), ByteLevel, Metaspace (prepend_scheme always, first, never;
+// split) and WhitespaceSplit; decoders ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace
+// and Sequence; post-processors TemplateProcessing (single), RobertaProcessing, BertProcessing,
+// ByteLevel and Sequence; padding and truncation. Anything else is refused at load with an
+// error naming it (an unknown post-processor only when encoding with special tokens).
+// tokenizer_config.json's add_bos_token/add_eos_token, its special tokens (added as special
+// tokens where tokenizer.json lacks them) and the rebuild that transformers 5's LlamaTokenizer
+// and T5Tokenizer classes make of the pipeline are applied as transformers applies them
+// (tokenizerclass.go; CLIPTokenizer in clip.go, whose folders may also be read from vocab.json
+// + merges.txt: Load, FromVocabMerges). EncodePadded is transformers' padding="max_length", truncation=True, as
+// diffusers' pipelines call their text tokenizers. Offsets (trim_offsets) are not computed. The
+// GPT-2, Qwen2/3 and Llama 3 split regexes run on hand-written scanners checked against regexp2
+// (scan_test.go); other regexes run on regexp2.
 //
 // Known difference from transformers, outside what the golden files exercise: chat-template
 // inputs given as Go maps have no key order, so tojson writes their keys sorted where Python
@@ -65,6 +69,10 @@ type Tokenizer struct {
 	// Prepend("▁") normalizer makes "[INST]" decode as " [INST]").
 	addedDecodeText map[int32]string
 
+	// decodeWordSuffix, when set (CLIP's "</w>"), is replaced by a space in decoded text,
+	// which is then stripped, as CLIPTokenizer's decode wrapper does.
+	decodeWordSuffix string
+
 	cleanUpSpaces bool
 	chat          *chatTemplate // nil when tokenizer_config.json has no chat_template
 	config        tokenizerConfig
@@ -75,14 +83,12 @@ type Tokenizer struct {
 type Message = map[string]any
 
 // Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json and
-// dir/chat_template.jinja. A missing tokenizer_config.json is not an error (GPT-2 ships none);
+// dir/chat_template.jinja. A folder without tokenizer.json whose tokenizer_config.json names
+// CLIPTokenizer is read from vocab.json and merges.txt instead, as transformers reads it (no
+// chat template then). A missing tokenizer_config.json is not an error (GPT-2 ships none);
 // the tokenizer then has no chat template (unless chat_template.jinja gives one) and decodes
 // without clean-up.
 func Load(dir string) (*Tokenizer, error) {
-	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
-	if err != nil {
-		return nil, fmt.Errorf("tokenizer: read %s: %w; pass a checkpoint or tokenizer directory that contains tokenizer.json", filepath.Join(dir, "tokenizer.json"), err)
-	}
 	cfgPath := filepath.Join(dir, "tokenizer_config.json")
 	cj, err := os.ReadFile(cfgPath)
 	if err != nil {
@@ -90,6 +96,15 @@ func Load(dir string) (*Tokenizer, error) {
 			return nil, fmt.Errorf("tokenizer: read %s: %w", cfgPath, err)
 		}
 		cj = nil
+	}
+	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, verr := os.Stat(filepath.Join(dir, "vocab.json")); verr == nil {
+			return loadVocabMerges(dir, cj) // CLIP-style BPE folders ship no tokenizer.json
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: read %s: %w; pass a checkpoint or tokenizer directory that contains tokenizer.json (or, for CLIPTokenizer, vocab.json and merges.txt)", filepath.Join(dir, "tokenizer.json"), err)
 	}
 	// transformers writes the chat template to chat_template.jinja (save_pretrained since 4.50)
 	// and, loading, lets that file win over tokenizer_config.json's chat_template.

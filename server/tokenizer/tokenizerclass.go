@@ -59,6 +59,8 @@ func (t *Tokenizer) applyTokenizerClass(filePost *postProcessor) error {
 			m.fallbackIDs[b] = id
 		}
 		m.cache.init()
+	case "CLIPTokenizer", "CLIPTokenizerFast":
+		return t.applyCLIPClass()
 	case "T5Tokenizer", "T5TokenizerFast":
 		m, ok := t.model.(*unigramModel)
 		if !ok {
