@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/server/record"
+	"github.com/modelqual/modelqual/server/tokenizer"
 	"github.com/modelqual/modelqual/server/vision"
 	"github.com/modelqual/modelqual/server/wire"
 )
@@ -33,12 +34,15 @@ type ImagePart struct {
 type visionState struct {
 	proc       vision.Processor // the checkpoint's image processor, by image_processor_type
 	imageToken int32
+	// frame: the tokens around an image's placeholders (InternVL's <img> ... </img>); nil
+	// when the processor has none (Qwen3-VL's template renders its own).
+	frame []int32
 }
 
 // newVisionState reads a vision bundle's image processor (its preprocessor_config.json section,
 // read by section, names it in image_processor_type) and image token (config.json's
 // image_token_id).
-func newVisionState(config json.RawMessage, section func(string) ([]byte, error)) (*visionState, error) {
+func newVisionState(config json.RawMessage, section func(string) ([]byte, error), tok *tokenizer.Tokenizer) (*visionState, error) {
 	pc, err := section(bundle.SectionPreprocessorConfig)
 	if err != nil {
 		return nil, fmt.Errorf("%w (a vision bundle needs the checkpoint's preprocessor_config.json)", err)
@@ -47,13 +51,29 @@ func newVisionState(config json.RawMessage, section func(string) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
+	if mc, ok := proc.(vision.ModelConfigured); ok {
+		if err := mc.UseModelConfig(config); err != nil {
+			return nil, err
+		}
+	}
 	var c struct {
 		ImageTokenID *int32 `json:"image_token_id"`
 	}
 	if err := json.Unmarshal(config, &c); err != nil || c.ImageTokenID == nil {
 		return nil, fmt.Errorf("vision bundle: config.json has no image_token_id")
 	}
-	return &visionState{proc: proc, imageToken: *c.ImageTokenID}, nil
+	v := &visionState{proc: proc, imageToken: *c.ImageTokenID}
+	if f, ok := proc.(vision.Framed); ok {
+		start, end := f.Frame()
+		for _, t := range []string{start, end} {
+			id, ok := tok.SpecialID(t)
+			if !ok {
+				return nil, fmt.Errorf("vision bundle: the tokenizer has no added token %q, which the image processor puts around each image's tokens", t)
+			}
+			v.frame = append(v.frame, id)
+		}
+	}
+	return v, nil
 }
 
 // decodeContentParts parses a message's list content: text parts and at most one image part
@@ -181,10 +201,16 @@ func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int3
 	if at < 0 {
 		return nil, nil, badRequest("messages", "the chat template rendered no image placeholder for the image part")
 	}
-	out := make([]int32, 0, len(ids)-1+r.Tokens)
+	out := make([]int32, 0, len(ids)+1+r.Tokens)
 	out = append(out, ids[:at]...)
+	if v.frame != nil {
+		out = append(out, v.frame[0])
+	}
 	for i := 0; i < r.Tokens; i++ {
 		out = append(out, v.imageToken)
+	}
+	if v.frame != nil {
+		out = append(out, v.frame[1])
 	}
 	out = append(out, ids[at+1:]...)
 	q.rec.InputTokens = len(out)
