@@ -39,10 +39,13 @@ Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Optio
       L.bq = w.get(p + "self_attn.q_proj.bias", {qd});
       L.bk = w.get(p + "self_attn.k_proj.bias", {kvd});
       L.bv = w.get(p + "self_attn.v_proj.bias", {kvd});
-      L.bo = w.get(p + "self_attn.o_proj.bias", {E_});
+      if (o.o_proj_bias) L.bo = w.get(p + "self_attn.o_proj.bias", {E_});
     }
-    L.q_norm = w.get(p + "self_attn.q_norm.weight", {hd_});
-    L.k_norm = w.get(p + "self_attn.k_norm.weight", {hd_});
+    L.q_norm = L.k_norm = nullptr;
+    if (o.qk_norm) {
+      L.q_norm = w.get(p + "self_attn.q_norm.weight", {hd_});
+      L.k_norm = w.get(p + "self_attn.k_norm.weight", {hd_});
+    }
     L.post_ln = w.get(p + "post_attention_layernorm.weight", {E_});
     if (NE > 0 && moe_.sparse[l]) {
       L.router = w.get(p + "mlp.gate.weight", {NE, E_});
@@ -139,11 +142,11 @@ void Qwen3Decoder::forward(const Pass &ps, float *h) {
         }
         float *qr = &q_[(size_t)r * qd], *kr = &k_[(size_t)r * kvd];
         for (int hh = 0; hh < H_; hh++) {
-          if (!drop_q_norm_) rms_norm(qr + hh * hd_, 1, hd_, L.q_norm, hp_.norm_eps, qr + hh * hd_);
+          if (L.q_norm && !drop_q_norm_) rms_norm(qr + hh * hd_, 1, hd_, L.q_norm, hp_.norm_eps, qr + hh * hd_);
           rope(qr + hh * hd_, p3);
         }
         for (int hh = 0; hh < Hkv_; hh++) {
-          rms_norm(kr + hh * hd_, 1, hd_, L.k_norm, hp_.norm_eps, kr + hh * hd_);
+          if (L.k_norm) rms_norm(kr + hh * hd_, 1, hd_, L.k_norm, hp_.norm_eps, kr + hh * hd_);
           rope(kr + hh * hd_, p3);
         }
         std::memcpy(K + (size_t)p * kvd, kr, sizeof(float) * kvd);
