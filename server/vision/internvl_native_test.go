@@ -278,43 +278,14 @@ func TestInternVLNativeCorpusParity(t *testing.T) {
 	root, g := loadInternVLGolden(t)
 	c := internVLProcessor(t)
 	e := openInternVL(t)
-	V := e.Info().VocabSize
 	pass := 0
 	var rows []string
 	for _, ge := range g.Entries {
 		r, _ := internVLImage(t, c, filepath.Join(root, ge.Image))
 		im := &native.Image{Pixels: r.Pixels, Grid: r.Grid}
-		steps := len(ge.GreedyIDs)
-		id, err := e.AddImage(ge.PromptIDs, im, native.Sampling{MaxNewTokens: steps, IgnoreEOS: true})
-		if err != nil {
-			t.Fatalf("%s: %v", ge.Name, err)
-		}
-		var got []int32
-		for e.Active() > 0 {
-			if _, err := e.Step(func(ev native.Event) {
-				if ev.Seq == id && ev.Token >= 0 {
-					got = append(got, ev.Token)
-				}
-			}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		match := len(got) == steps
-		for i := 0; match && i < steps; i++ {
-			match = got[i] == ge.GreedyIDs[i]
-		}
-		all := append(append([]int32{}, ge.PromptIDs...), ge.GreedyIDs[:steps-1]...)
-		lg, err := e.LogitsImage(all, im)
-		if err != nil {
-			t.Fatal(err)
-		}
-		worst := 0.0
-		for s, st := range ge.Steps {
-			pos := len(ge.PromptIDs) - 1 + s
-			for j, tok := range st.Top5IDs {
-				worst = math.Max(worst, math.Abs(float64(lg[pos*V+int(tok)])-st.Top5Logits[j]))
-			}
-		}
+		got, match, worst := greedyParity(t, e, ge.PromptIDs, im, ge.GreedyIDs, func(s int) ([]int32, []float64) {
+			return ge.Steps[s].Top5IDs, ge.Steps[s].Top5Logits
+		})
 		if match && worst <= logitTolerance {
 			pass++
 		} else {
