@@ -155,6 +155,9 @@ func (c *GotOcr2Config) UseModelConfig(config []byte) error {
 	return nil
 }
 
+// StacksImages: GOT-OCR2 tiles are fixed squares encoded one by one, so several images stack.
+func (c *GotOcr2Config) StacksImages() {}
+
 // Frame names the tokens InternVLProcessor puts around an image's placeholder tokens.
 func (c *GotOcr2Config) Frame() (start, end string) { return "<img>", "</img>" }
 
@@ -219,7 +222,7 @@ func (c *GotOcr2Config) Preprocess(rgb []uint8, width, height int) (*Result, err
 		std[ch] = float32(c.ImageStd[ch] * (1 / c.RescaleFactor))
 	}
 	r := &Result{Width: width, Height: height, ResizedWidth: rw, ResizedHeight: rh, Resized: resized,
-		Grid: [3]int{tiles, t / c.PatchSize, t / c.PatchSize}, Tokens: tiles * c.ImageSeqLength}
+		Grid: [3]int{tiles, t / c.PatchSize, t / c.PatchSize}, Tokens: tiles * c.ImageSeqLength, Tiles: tiles}
 	r.Pixels = make([]float32, tiles*3*t*t)
 	// put writes the t x t window at (x0, y0) of src (stride sw pixels) as tile i, channels first.
 	put := func(i int, src []uint8, sw, x0, y0 int) {

@@ -32,6 +32,9 @@ type Result struct {
 	// Tokens is the number of image placeholder tokens (Qwen's <|image_pad|>) the prompt
 	// carries for the image.
 	Tokens int
+	// Tiles is how many tiles a tiling processor cut the image into (GOT-OCR2: the thumbnail
+	// included); 0 for a processor that does not tile.
+	Tiles int
 	// Pixels is pixel_values: Grid[0]*Grid[1]*Grid[2] rows of 3*temporal*patch*patch floats, in
 	// the processor's patch order.
 	Pixels []float32
@@ -51,6 +54,14 @@ type ModelConfigured interface {
 // server expands it to start, Result.Tokens placeholders, end.
 type Framed interface {
 	Frame() (start, end string)
+}
+
+// Stacking is a processor whose images stack into one engine input: every image's Grid has the
+// same tile shape (Grid[1], Grid[2]) and the model encodes tiles independently, so several
+// images are their tiles one after another (Grid[0] adds up) and their placeholder runs in
+// order (InternVL). A processor without it takes one image per request.
+type Stacking interface {
+	StacksImages()
 }
 
 // NewProcessorFunc builds a processor from the checkpoint's preprocessor_config.json, refusing
