@@ -111,12 +111,12 @@ func TestVisionMultiImageInternVL(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.Status != 200 || len(r.VisionImages) != 2 || r.VisionImages[0].Tiles != 1 || r.VisionImages[1].Tiles != 4 ||
-		r.VisionImages[0].ImageTokens != 256 || r.VisionImages[1].ImageTokens != 1024 || r.Vision == nil || r.Vision.Tiles != 1 {
+		r.VisionImages[0].ImageTokens != 64 || r.VisionImages[1].ImageTokens != 256 || r.Vision == nil || r.Vision.Tiles != 1 {
 		t.Fatalf("record of the two-image request: %s", lines[0])
 	}
 	// The prompt holds both runs, each framed: 5 tiles' tokens and two <img> ... </img> pairs.
-	if r.InputTokens < 5*256+4 {
-		t.Errorf("input tokens %d, fewer than the two images' 1284", r.InputTokens)
+	if r.InputTokens < 5*64+4 {
+		t.Errorf("input tokens %d, fewer than the two images' 324", r.InputTokens)
 	}
 }
 

@@ -207,8 +207,8 @@ func TestInternVLNativeRefusals(t *testing.T) {
 		im   *native.Image
 		want string
 	}{
-		{"one tile's tokens for three tiles", internVLPrompt(256), im, "image tokens"},
-		{"wrong grid side", internVLPrompt(r.Tokens), &native.Image{Pixels: r.Pixels, Grid: [3]int{r.Grid[0], 16, 16}}, "grid"},
+		{"one tile too few", internVLPrompt(r.Tokens - 64), im, "image tokens"},
+		{"wrong grid side", internVLPrompt(r.Tokens), &native.Image{Pixels: r.Pixels, Grid: [3]int{r.Grid[0], r.Grid[1] / 2, r.Grid[2] / 2}}, "grid"},
 		{"truncated pixels", internVLPrompt(r.Tokens), &native.Image{Pixels: r.Pixels[:100], Grid: r.Grid}, "pixel values"},
 	} {
 		if _, err := e.AddImage(tc.ids, tc.im, native.Sampling{MaxNewTokens: 1}); err == nil || !strings.Contains(err.Error(), tc.want) {
