@@ -37,6 +37,18 @@ type internVLGolden struct {
 		ResizedRGBSHA256  string   `json:"resized_rgb_sha256"`
 		ThumbRGBSHA256    string   `json:"thumb_rgb_sha256"`
 	} `json:"entries"`
+	// Pairs are the two-image requests (families/internvl/corpus-pairs.jsonl).
+	Pairs []struct {
+		Name             string                `json:"name"`
+		Images           []string              `json:"images"`
+		PromptIDs        []int32               `json:"prompt_ids"`
+		ImageTokens      int                   `json:"image_tokens"`
+		GreedyIDs        []int32               `json:"greedy_ids"`
+		Steps            []fixtures.GoldenStep `json:"steps"`
+		FirstTop20IDs    []int32               `json:"first_top20_ids"`
+		FirstTop20Logits []float64             `json:"first_top20_logits"`
+		Error            string                `json:"error"`
+	} `json:"pairs"`
 }
 
 // loadInternVLGolden reads the golden, skipping (loudly, naming the script) when the GPU-host
@@ -317,5 +329,46 @@ func TestInternVLNativeFaultsMoveLogits(t *testing.T) {
 			}
 			t.Logf("%s: max |Δlogit| %.3g", f, d)
 		})
+	}
+}
+
+// TestInternVLNativePairsParity: two images in one prompt (their tiles stacked, as the server
+// does under --max-images-per-request) against transformers' two-image requests: image tokens,
+// 32 greedy tokens and every step's top-5 logits.
+func TestInternVLNativePairsParity(t *testing.T) {
+	root, g := loadInternVLGolden(t)
+	if len(g.Pairs) == 0 {
+		t.Fatal("the golden has no two-image requests (make_internvl_golden.py --pairs)")
+	}
+	c := internVLProcessor(t)
+	e := openInternVL(t)
+	for _, gp := range g.Pairs {
+		if gp.Error != "" {
+			t.Errorf("%s: transformers failed: %s", gp.Name, gp.Error)
+			continue
+		}
+		im := &native.Image{}
+		tokens := 0
+		for _, path := range gp.Images {
+			r, _ := internVLImage(t, c, filepath.Join(root, path))
+			if im.Grid[0] == 0 {
+				im.Grid = r.Grid
+			} else {
+				im.Grid[0] += r.Grid[0]
+			}
+			im.Pixels = append(im.Pixels, r.Pixels...)
+			tokens += r.Tokens
+		}
+		if tokens != gp.ImageTokens {
+			t.Errorf("%s: %d image tokens, transformers %d", gp.Name, tokens, gp.ImageTokens)
+			continue
+		}
+		got, match, worst := greedyParity(t, e, gp.PromptIDs, im, gp.GreedyIDs, func(s int) ([]int32, []float64) {
+			return gp.Steps[s].Top5IDs, gp.Steps[s].Top5Logits
+		})
+		if !match || worst > logitTolerance {
+			t.Errorf("%s: greedy match %v, max |Δlogit| %.3g\nnative:       %v\ntransformers: %v", gp.Name, match, worst, got, gp.GreedyIDs)
+		}
+		t.Logf("%s: %d image tokens, match %v, max |Δlogit| %.3g", gp.Name, tokens, match, worst)
 	}
 }
