@@ -7,6 +7,10 @@
 // transformers 5.17's goldens (fixtures/golden/internvl-tiny.json). Without that golden the
 // gates fail; they never pass on nothing.
 //
+// pairs_test.go runs the two-image requests through a second server started with
+// --max-images-per-request 2 and shows the corpus gate failing on a planted pixel-shuffle
+// defect.
+//
 // The model's own parity with transformers (processor tiles exact, logits within 1e-3) is held
 // by the package tests of server/vision (internvl_native_test.go), which drive the engine
 // directly; these gates hold the served route to the same goldens over HTTP.
