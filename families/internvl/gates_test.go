@@ -20,7 +20,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.VisionGates(ctx, func() spec.VisionInput {
 		root := suite.State.RepoRoot
 		g, err := fixtures.LoadVisionGolden(fixtures.VisionGoldenPath(root, suite.Manifest.Checkpoint.Fixture))
-		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "make it with lab/internvl/run.sh (transformers 5.17, CPU fp32) and copy it to fixtures/golden/")
+		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "make it with fixtures/golden/run_internvl_golden.sh (transformers 5.17, CPU fp32) and copy it to fixtures/golden/")
 		return spec.VisionInput{API: suite.API, Golden: g, Root: root, Tokenizer: suite.Tokenizer, MaxContext: suite.Manifest.Build.MaxContext,
 			Tolerance: suite.Threshold().MaxAbsLogitDiff}
 	})

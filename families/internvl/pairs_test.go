@@ -26,7 +26,7 @@ type pairGolden struct {
 
 func loadPairs(root string) []pairGolden {
 	b, err := os.ReadFile(fixtures.VisionGoldenPath(root, suite.Manifest.Checkpoint.Fixture))
-	Expect(err).NotTo(HaveOccurred(), "make it with lab/internvl/run.sh (transformers 5.17, CPU fp32) and copy it to fixtures/golden/")
+	Expect(err).NotTo(HaveOccurred(), "make it with fixtures/golden/run_internvl_golden.sh (transformers 5.17, CPU fp32) and copy it to fixtures/golden/")
 	var g struct {
 		Pairs []pairGolden `json:"pairs"`
 	}
@@ -82,7 +82,7 @@ var _ = Describe("internvl with several images and planted defects", suite.Label
 	It("the corpus gate fails when pixel shuffle swaps rows and columns (internvl.shuffle_transposed)", spec.Task(spec.TaskVision), spec.Gate(spec.GateParity), func(ctx SpecContext) {
 		root := suite.State.RepoRoot
 		g, err := fixtures.LoadVisionGolden(fixtures.VisionGoldenPath(root, suite.Manifest.Checkpoint.Fixture))
-		Expect(err).NotTo(HaveOccurred(), "make it with lab/internvl/run.sh (transformers 5.17, CPU fp32) and copy it to fixtures/golden/")
+		Expect(err).NotTo(HaveOccurred(), "make it with fixtures/golden/run_internvl_golden.sh (transformers 5.17, CPU fp32) and copy it to fixtures/golden/")
 		api, _ := suite.StartServer(ctx, "MODELQUAL_FAULTS=internvl.shuffle_transposed")
 		g.Entries = g.Entries[:2]
 		_, err = spec.CheckVisionCorpus(ctx, spec.VisionInput{API: api, Golden: g, Root: root, Tokenizer: suite.Tokenizer,

@@ -61,7 +61,7 @@ func loadInternVLGolden(t *testing.T) (string, *internVLGolden) {
 	}
 	b, err := os.ReadFile(filepath.Join(root, "fixtures", "golden", "internvl-tiny.json"))
 	if errors.Is(err, fs.ErrNotExist) {
-		t.Skip("NO GOLDEN: fixtures/golden/internvl-tiny.json is missing; make it with lab/internvl/run.sh on a host with transformers 5.17 (fixtures/PROVENANCE.md)")
+		t.Skip("NO GOLDEN: fixtures/golden/internvl-tiny.json is missing; make it with fixtures/golden/run_internvl_golden.sh on a host with transformers 5.17 (fixtures/PROVENANCE.md)")
 	}
 	if err != nil {
 		t.Fatal(err)
