@@ -16,8 +16,9 @@ import (
 )
 
 // This file is the chat route's image side (vision-language bundles, task "vision"): content
-// parts with images as data: URLs (one per request unless --max-images-per-request allows more), the processor (package vision), the placeholder
-// expansion and the record's image fields. The refusals name their reason; nothing is fetched.
+// parts with images as data: URLs (one per request unless --max-images-per-request allows
+// more), the processor (package vision), the placeholder expansion and the record's image
+// fields. The refusals name their reason; nothing is fetched.
 
 // maxImagePixels bounds an image's width x height as read from its header, before decoding: a
 // small file that declares a huge image (a decompression bomb) is refused without allocating.
