@@ -37,6 +37,7 @@ type internVLGolden struct {
 		PixelAbsSum       float64  `json:"pixel_abs_sum"`
 		ResizedRGBSHA256  string   `json:"resized_rgb_sha256"`
 		ThumbRGBSHA256    string   `json:"thumb_rgb_sha256"`
+		TileU8SHA256      []string `json:"tile_u8_sha256"`
 	} `json:"entries"`
 	// Pairs are the two-image requests (families/internvl/corpus-pairs.jsonl).
 	Pairs []struct {
@@ -253,13 +254,19 @@ func TestInternVLProcessorParity(t *testing.T) {
 			problems = append(problems, fmt.Sprintf("%d tiles %d tokens, transformers %d and %d", r.Grid[0], r.Tokens, ge.Tiles, ge.ImageTokens))
 		}
 		if got := sha256Hex(r.Resized); got != ge.ResizedRGBSHA256 {
-			d := "hash differs"
-			if want := readPNG(t, filepath.Join(root, "fixtures", "golden", "internvl-tiny", ge.Name+".resized.png")); want != nil {
-				d = fmt.Sprintf("%d of %d bytes differ", countDiff(want, r.Resized), len(want))
+			var bad []string
+			for i, want := range ge.TileU8SHA256 {
+				if i < r.Grid[0] && sha256Hex(tileU8(c, r, i)) != want {
+					bad = append(bad, fmt.Sprint(i))
+				}
 			}
-			problems = append(problems, "8-bit tiled canvas: "+d)
+			d := "tiles differing: [" + strings.Join(bad, " ") + "]"
+			if want := readPNG(t, filepath.Join(root, "fixtures", "golden", "internvl-tiny", ge.Name+".resized.png")); want != nil {
+				d += fmt.Sprintf(", %d of %d bytes", countDiff(want, r.Resized), len(want))
+			}
+			problems = append(problems, "8-bit tiled canvas differs; "+d)
 		}
-		if ge.ThumbRGBSHA256 != "" && sha256Hex(thumbU8(c, r)) != ge.ThumbRGBSHA256 {
+		if ge.ThumbRGBSHA256 != "" && sha256Hex(tileU8(c, r, r.Grid[0]-1)) != ge.ThumbRGBSHA256 {
 			problems = append(problems, "8-bit thumbnail differs")
 		}
 		var sum, abs float64
@@ -284,11 +291,12 @@ func sha256Hex(b []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-// thumbU8 recovers the thumbnail's 8-bit pixels (row-major RGB) from the last tile's values as
-// the golden script recovers transformers' (round(v * std * 255 + mean * 255)).
-func thumbU8(c *GotOcr2Config, r *Result) []uint8 {
+// tileU8 recovers tile i's 8-bit pixels (row-major RGB; the last tile is the thumbnail when
+// there is one) from its values as the golden script recovers transformers'
+// (round(v * std * 255 + mean * 255)).
+func tileU8(c *GotOcr2Config, r *Result, i int) []uint8 {
 	t := 448
-	px := r.Pixels[(r.Grid[0]-1)*3*t*t:]
+	px := r.Pixels[i*3*t*t:]
 	out := make([]uint8, t*t*3)
 	for ch := 0; ch < 3; ch++ {
 		for i := 0; i < t*t; i++ {
