@@ -24,9 +24,9 @@ type pairGolden struct {
 	Error     string   `json:"error"`
 }
 
-func loadPairs(root string) []pairGolden {
-	b, err := os.ReadFile(fixtures.VisionGoldenPath(root, suite.Manifest.Checkpoint.Fixture))
-	Expect(err).NotTo(HaveOccurred(), "make it with fixtures/golden/run_internvl_golden.sh (transformers 5.17, CPU fp32) and copy it to fixtures/golden/")
+func loadPairs() []pairGolden {
+	b, err := os.ReadFile(goldenPath())
+	Expect(err).NotTo(HaveOccurred())
 	var g struct {
 		Pairs []pairGolden `json:"pairs"`
 	}
@@ -51,9 +51,31 @@ func pairMessage(root string, images []string, text string) map[string]any {
 // them out; a third image is refused naming the flag; and the corpus gate bites on a planted
 // pixel-shuffle defect.
 var _ = Describe("internvl with several images and planted defects", suite.Labels(), spec.Premerge(), func() {
+	It("refuses what the image contract excludes with 400 naming the reason, before any golden exists (corpus images sized by the served /tokenize)", spec.Task(spec.TaskVision), spec.Gate(spec.GateContract), func(ctx SpecContext) {
+		root := suite.State.RepoRoot
+		if _, err := os.Stat(fixtures.VisionGoldenPath(root, suite.Manifest.Checkpoint.Fixture)); err == nil {
+			Skip("the golden exists: the vision gates' refusal spec runs the same contract with transformers' token counts")
+		}
+		b, err := os.ReadFile(filepath.Join(root, "families", "internvl", "corpus.jsonl"))
+		Expect(err).NotTo(HaveOccurred())
+		var es []fixtures.VisionEntry
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var e fixtures.VisionEntry
+			Expect(json.Unmarshal([]byte(line), &e)).To(Succeed())
+			url, err := spec.ImageDataURL(filepath.Join(root, e.Image))
+			Expect(err).NotTo(HaveOccurred())
+			tk, err := suite.API.TokenizeChat(ctx, spec.Prompt{Messages: []map[string]any{spec.ImageMessage(url, e.Prompt)}, AddGenerationPrompt: true})
+			Expect(err).NotTo(HaveOccurred(), e.Name)
+			e.ImageTokens = tk.Count // the image's tokens and a few of text: enough to size the overflow case
+			es = append(es, e)
+		}
+		Expect(spec.CheckVisionRefusals(ctx, spec.VisionInput{API: suite.API, Golden: &fixtures.VisionGolden{Entries: es}, Root: root,
+			Tokenizer: suite.Tokenizer, MaxContext: suite.Manifest.Build.MaxContext, Tolerance: suite.Threshold().MaxAbsLogitDiff})).To(Succeed())
+	})
+
 	It("answers two-image requests as transformers does (prompt tokens, greedy tokens) and refuses a third image naming the flag", spec.Task(spec.TaskVision), spec.Task(spec.TaskChat), spec.Gate(spec.GateParity), func(ctx SpecContext) {
 		root := suite.State.RepoRoot
-		pairs := loadPairs(root)
+		pairs := loadPairs()
 		api, _ := suite.StartServerArgs(ctx, []string{"--max-images-per-request", "2"})
 		var problems []string
 		for _, p := range pairs {
@@ -81,8 +103,8 @@ var _ = Describe("internvl with several images and planted defects", suite.Label
 
 	It("the corpus gate fails when pixel shuffle swaps rows and columns (internvl.shuffle_transposed)", spec.Task(spec.TaskVision), spec.Gate(spec.GateParity), func(ctx SpecContext) {
 		root := suite.State.RepoRoot
-		g, err := fixtures.LoadVisionGolden(fixtures.VisionGoldenPath(root, suite.Manifest.Checkpoint.Fixture))
-		Expect(err).NotTo(HaveOccurred(), "make it with fixtures/golden/run_internvl_golden.sh (transformers 5.17, CPU fp32) and copy it to fixtures/golden/")
+		g, err := fixtures.LoadVisionGolden(goldenPath())
+		Expect(err).NotTo(HaveOccurred())
 		api, _ := suite.StartServer(ctx, "MODELQUAL_FAULTS=internvl.shuffle_transposed")
 		g.Entries = g.Entries[:2]
 		_, err = spec.CheckVisionCorpus(ctx, spec.VisionInput{API: api, Golden: g, Root: root, Tokenizer: suite.Tokenizer,
