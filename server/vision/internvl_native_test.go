@@ -16,7 +16,6 @@ import (
 
 	"github.com/modelqual/modelqual/fixtures"
 	"github.com/modelqual/modelqual/native"
-	"github.com/modelqual/modelqual/native/bundle"
 )
 
 // The internvl family's engine and processor tests: the native InternVL (CPU, fp32) and the
@@ -105,24 +104,7 @@ func internVLProcessor(t testing.TB) *GotOcr2Config {
 	return c
 }
 
-func openInternVL(t *testing.T) *native.Engine {
-	t.Helper()
-	path, err := fixtures.Bundle("", fixtures.InternVLTiny)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := bundle.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	e, err := native.Open(b, native.Params{Threads: 2, MaxBatch: 2, MaxContext: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
-}
+func openInternVL(t *testing.T) *native.Engine { return openFixture(t, fixtures.InternVLTiny, 4096) }
 
 func internVLImage(t testing.TB, c *GotOcr2Config, path string) (*Result, *Image) {
 	t.Helper()

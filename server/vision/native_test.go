@@ -18,9 +18,12 @@ import (
 // text families' bound).
 const logitTolerance = 1e-3
 
-func openTiny(t *testing.T) *native.Engine {
+func openTiny(t *testing.T) *native.Engine { return openFixture(t, fixtures.Qwen3VLTiny, 512) }
+
+// openFixture opens a fixture's bundle on the CPU engine (2 threads, batch 2).
+func openFixture(t *testing.T, name string, maxContext int) *native.Engine {
 	t.Helper()
-	path, err := fixtures.Bundle("", fixtures.Qwen3VLTiny)
+	path, err := fixtures.Bundle("", name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +32,7 @@ func openTiny(t *testing.T) *native.Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	e, err := native.Open(b, native.Params{Threads: 2, MaxBatch: 2, MaxContext: 512})
+	e, err := native.Open(b, native.Params{Threads: 2, MaxBatch: 2, MaxContext: maxContext})
 	if err != nil {
 		t.Fatal(err)
 	}
