@@ -1,15 +1,19 @@
 package vision
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/modelqual/modelqual/fixtures"
+	"github.com/modelqual/modelqual/native"
+	"github.com/modelqual/modelqual/native/bundle"
 )
 
 // A float64 forward pass of InternVLForConditionalGeneration written in Go from transformers'
@@ -236,8 +240,9 @@ func refVisionTile(t *testing.T, w refTensors, px []float32, vh, layers, heads, 
 }
 
 // refLastLogits is the Qwen3 decoder over ids with image rows replaced (in order) by embeds,
-// returning the last position's logits (tied head).
-func refLastLogits(t *testing.T, w refTensors, ids []int32, embeds []float64, imageToken int32, E, layers, heads, kv, hd, inter, vocab int, theta float64) []float64 {
+// returning the last position's logits (tied head). qwen2 is Qwen2's attention instead: q/k/v
+// biases and no q/k norm.
+func refLastLogits(t *testing.T, w refTensors, ids []int32, embeds []float64, imageToken int32, E, layers, heads, kv, hd, inter, vocab int, theta float64, qwen2 bool) []float64 {
 	n := len(ids)
 	m := "model.language_model."
 	tok := w.get(t, m+"embed_tokens.weight", vocab*E)
@@ -270,11 +275,17 @@ func refLastLogits(t *testing.T, w refTensors, ids []int32, embeds []float64, im
 	for l := 0; l < layers; l++ {
 		p := fmt.Sprintf("%slayers.%d.", m, l)
 		a := rmsNormRef(x, E, w.get(t, p+"input_layernorm.weight", E), 1e-6)
-		q := linear(a, n, E, w.get(t, p+"self_attn.q_proj.weight", heads*hd*E), heads*hd, nil)
-		kk := linear(a, n, E, w.get(t, p+"self_attn.k_proj.weight", kv*hd*E), kv*hd, nil)
-		vv := linear(a, n, E, w.get(t, p+"self_attn.v_proj.weight", kv*hd*E), kv*hd, nil)
-		q = rmsNormRef(q, hd, w.get(t, p+"self_attn.q_norm.weight", hd), 1e-6)
-		kk = rmsNormRef(kk, hd, w.get(t, p+"self_attn.k_norm.weight", hd), 1e-6)
+		var bq, bk, bv []float64
+		if qwen2 {
+			bq, bk, bv = w.get(t, p+"self_attn.q_proj.bias", heads*hd), w.get(t, p+"self_attn.k_proj.bias", kv*hd), w.get(t, p+"self_attn.v_proj.bias", kv*hd)
+		}
+		q := linear(a, n, E, w.get(t, p+"self_attn.q_proj.weight", heads*hd*E), heads*hd, bq)
+		kk := linear(a, n, E, w.get(t, p+"self_attn.k_proj.weight", kv*hd*E), kv*hd, bk)
+		vv := linear(a, n, E, w.get(t, p+"self_attn.v_proj.weight", kv*hd*E), kv*hd, bv)
+		if !qwen2 {
+			q = rmsNormRef(q, hd, w.get(t, p+"self_attn.q_norm.weight", hd), 1e-6)
+			kk = rmsNormRef(kk, hd, w.get(t, p+"self_attn.k_norm.weight", hd), 1e-6)
+		}
 		rope(q, heads)
 		rope(kk, kv)
 		att := attention(q, kk, vv, n, heads, kv, hd, true)
@@ -331,7 +342,7 @@ func TestInternVLNativeMatchesFloat64Reference(t *testing.T) {
 	}{{"one tile", one}, {"three tiles", three}, {"two images stacked", both}} {
 		ids := internVLPrompt(tc.r.Tokens)
 		got := lastLogits(t, e, ids, tc.r)
-		want := refLastLogits(t, w, ids, embed(tc.r), 151671, E, 3, 4, 2, 16, 128, 151936, 1e6)
+		want := refLastLogits(t, w, ids, embed(tc.r), 151671, E, 3, 4, 2, 16, 128, 151936, 1e6, false)
 		worst, at := 0.0, 0
 		for i := range want {
 			if d := math.Abs(float64(got[i]) - want[i]); d > worst {
@@ -343,4 +354,89 @@ func TestInternVLNativeMatchesFloat64Reference(t *testing.T) {
 		}
 		t.Logf("%s (%d tiles, %d ids): native vs float64 reference max |Δlogit| %.3g", tc.name, tc.r.Grid[0], len(ids), worst)
 	}
+}
+
+// TestInternVLQwen2TextMatchesFloat64Reference: InternVL3's text model, Qwen2 (q/k/v biases, no
+// q/k norm), as the shared decoder's variant: internvl-tiny rewritten with text_config
+// model_type qwen2, the q/k norms left out and q/k/v biases added (copies of vision biases of the
+// right sizes, so they are not constant), built through the runtime's resolver, against the
+// float64 reference's Qwen2 attention.
+func TestInternVLQwen2TextMatchesFloat64Reference(t *testing.T) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, rev, err := fixtures.Ensure("", fixtures.InternVLTiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "qwen2") // RewriteCheckpoint makes it
+	add := map[string]string{}
+	for l := 0; l < 3; l++ {
+		p := fmt.Sprintf("model.language_model.layers.%d.self_attn.", l)
+		add[p+"q_proj.bias"] = "model.vision_tower.encoder.layer.0.mlp.fc1.bias"                             // 64 = heads*head_dim
+		add[p+"k_proj.bias"] = fmt.Sprintf("model.vision_tower.encoder.layer.%d.attention.q_proj.bias", l%2) // 32 = kv*head_dim
+		add[p+"v_proj.bias"] = fmt.Sprintf("model.vision_tower.encoder.layer.%d.attention.v_proj.bias", l%2)
+	}
+	err = fixtures.RewriteCheckpoint(snap, dir, fixtures.Relayout{
+		Rename: func(_, name string) string {
+			if strings.HasPrefix(name, "model.language_model.") && (strings.HasSuffix(name, ".q_norm.weight") || strings.HasSuffix(name, ".k_norm.weight")) {
+				return ""
+			}
+			return name
+		},
+		Add: map[string]map[string]string{"model.safetensors": add},
+		Config: func(path string, cfg map[string]any) {
+			if path == "config.json" {
+				cfg["text_config"].(map[string]any)["model_type"] = "qwen2"
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "qwen2.mqb")
+	if _, err := bundle.Build(context.Background(), bundle.BuildOptions{CheckpointDir: dir, Model: fixtures.ModelID(fixtures.InternVLTiny), Revision: rev, Out: out, Resolve: native.BundleFamily}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := bundle.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	e, err := native.Open(b, native.Params{Threads: 2, MaxBatch: 1, MaxContext: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	w := loadSafetensors(t, filepath.Join(dir, "model.safetensors"))
+	c := internVLProcessor(t)
+	r, _ := internVLImage(t, c, filepath.Join(root, "fixtures/images/internvl/14-photo-800x400.jpg"))
+	var emb []float64
+	for i := 0; i < r.Grid[0]; i++ {
+		emb = append(emb, refVisionTile(t, w, r.Pixels[i*3*448*448:(i+1)*3*448*448], 32, 2, 2, 64, 28, 64)...)
+	}
+	ids := internVLPrompt(r.Tokens)
+	got := lastLogits(t, e, ids, r)
+	want := refLastLogits(t, w, ids, emb, 151671, 64, 3, 4, 2, 16, 128, 151936, 1e6, true)
+	noBias := refTensors{}
+	for k, v := range w {
+		noBias[k] = v
+		if _, ok := add[k]; ok {
+			noBias[k] = make([]float64, len(v))
+		}
+	}
+	unbiased := refLastLogits(t, noBias, ids, emb, 151671, 64, 3, 4, 2, 16, 128, 151936, 1e6, true)
+	worst, apart := 0.0, 0.0
+	for i := range want {
+		worst = math.Max(worst, math.Abs(float64(got[i])-want[i]))
+		apart = math.Max(apart, math.Abs(unbiased[i]-want[i]))
+	}
+	if worst > 1e-3 {
+		t.Fatalf("qwen2 text: native vs float64 reference max |Δlogit| %.3g", worst)
+	}
+	if apart < 1e-2 {
+		t.Fatalf("the q/k/v biases move the reference's logits by only %.3g: they do not bite", apart)
+	}
+	t.Logf("qwen2 text: native vs float64 reference max |Δlogit| %.3g (dropping the biases would move them %.3g)", worst, apart)
 }
