@@ -165,6 +165,19 @@ func attention(q, k, v []float64, n, heads, kvHeads, hd int, causal bool) []floa
 // refVisionTile is InternVLModel.get_image_features for one tile [3, 448, 448]: patch
 // embedding, CLS, positions, the encoder layers, CLS dropped, pixel shuffle 0.5, projector.
 func refVisionTile(t *testing.T, w refTensors, px []float32, vh, layers, heads, inter, patch, textE int) []float64 {
+	return refVisionTileOpts(t, w, px, vh, layers, heads, inter, patch, textE, visionOpts{run: layers})
+}
+
+// visionOpts are the InternViT variants: RMSNorm blocks (norm_type rms_norm, no norm biases),
+// q/k RMSNorm over the full width (use_qk_norm), how many layers the features come after
+// (hidden_states[vision_feature_layer]) and the final layernorm (use_mean_pooling false with
+// vision_feature_layer -1).
+type visionOpts struct {
+	rms, qkNorm, finalNorm bool
+	run                    int
+}
+
+func refVisionTileOpts(t *testing.T, w refTensors, px []float32, vh, layers, heads, inter, patch, textE int, o visionOpts) []float64 {
 	const tile = 448
 	side := tile / patch
 	P, K := side*side, 3*patch*patch
@@ -188,19 +201,29 @@ func refVisionTile(t *testing.T, w refTensors, px []float32, vh, layers, heads, 
 	for i := range x {
 		x[i] += pos[i]
 	}
-	for l := 0; l < layers; l++ {
+	norm := func(x []float64, name string) []float64 {
+		if o.rms {
+			return rmsNormRef(x, vh, w.get(t, name+".weight", vh), 1e-6)
+		}
+		return layerNorm(x, vh, w.get(t, name+".weight", vh), w.get(t, name+".bias", vh), 1e-6)
+	}
+	for l := 0; l < o.run; l++ {
 		p := fmt.Sprintf("%sencoder.layer.%d.", v, l)
-		a := layerNorm(x, vh, w.get(t, p+"layernorm_before.weight", vh), w.get(t, p+"layernorm_before.bias", vh), 1e-6)
+		a := norm(x, p+"layernorm_before")
 		q := linear(a, N, vh, w.get(t, p+"attention.q_proj.weight", vh*vh), vh, w.get(t, p+"attention.q_proj.bias", vh))
 		k := linear(a, N, vh, w.get(t, p+"attention.k_proj.weight", vh*vh), vh, w.get(t, p+"attention.k_proj.bias", vh))
 		vv := linear(a, N, vh, w.get(t, p+"attention.v_proj.weight", vh*vh), vh, w.get(t, p+"attention.v_proj.bias", vh))
+		if o.qkNorm {
+			q = rmsNormRef(q, vh, w.get(t, p+"attention.q_norm.weight", vh), 1e-6)
+			k = rmsNormRef(k, vh, w.get(t, p+"attention.k_norm.weight", vh), 1e-6)
+		}
 		att := attention(q, k, vv, N, heads, heads, vh/heads, false)
 		o := linear(att, N, vh, w.get(t, p+"attention.projection_layer.weight", vh*vh), vh, w.get(t, p+"attention.projection_layer.bias", vh))
 		l1, l2 := w.get(t, p+"lambda_1", vh), w.get(t, p+"lambda_2", vh)
 		for i := range x {
 			x[i] += l1[i%vh] * o[i]
 		}
-		b := layerNorm(x, vh, w.get(t, p+"layernorm_after.weight", vh), w.get(t, p+"layernorm_after.bias", vh), 1e-6)
+		b := norm(x, p+"layernorm_after")
 		f := linear(b, N, vh, w.get(t, p+"mlp.fc1.weight", inter*vh), inter, w.get(t, p+"mlp.fc1.bias", inter))
 		for i := range f {
 			f[i] = geluExact(f[i])
@@ -209,6 +232,9 @@ func refVisionTile(t *testing.T, w refTensors, px []float32, vh, layers, heads, 
 		for i := range x {
 			x[i] += l2[i%vh] * m[i]
 		}
+	}
+	if o.finalNorm {
+		x = layerNorm(x, vh, w.get(t, v+"layernorm.weight", vh), w.get(t, v+"layernorm.bias", vh), 1e-6)
 	}
 	// pixel_shuffle on (1, side, side, vh) exactly as transformers reshapes it: view
 	// (side, side/2, 2vh), permute, view (side/2, side/2, 4vh), permute back.
@@ -439,4 +465,106 @@ func TestInternVLQwen2TextMatchesFloat64Reference(t *testing.T) {
 		t.Fatalf("the q/k/v biases move the reference's logits by only %.3g: they do not bite", apart)
 	}
 	t.Logf("qwen2 text: native vs float64 reference max |Δlogit| %.3g (dropping the biases would move them %.3g)", worst, apart)
+}
+
+// TestInternVLVisionVariantsMatchFloat64Reference: the InternViT settings internvl-tiny does not
+// use, each on a rewritten copy built through the runtime's resolver, against the float64
+// reference: RMSNorm blocks with q/k RMSNorm (the 6B towers' norm_type rms_norm and
+// use_qk_norm), vision_feature_layer -2 (the features after the next-to-last layer), and the
+// final layernorm (use_mean_pooling false).
+func TestInternVLVisionVariantsMatchFloat64Reference(t *testing.T) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, rev, err := fixtures.Ensure("", fixtures.InternVLTiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := internVLProcessor(t)
+	r, _ := internVLImage(t, c, filepath.Join(root, "fixtures/images/internvl/09-gray-300x300.png"))
+	ids := internVLPrompt(r.Tokens)
+	const vt = "model.vision_tower."
+	for _, tc := range []struct {
+		name string
+		o    visionOpts
+		rel  fixtures.Relayout
+	}{
+		{"rms_norm and use_qk_norm", visionOpts{rms: true, qkNorm: true, run: 2}, fixtures.Relayout{
+			Rename: func(_, name string) string {
+				if strings.HasPrefix(name, vt+"encoder.") && (strings.HasSuffix(name, "layernorm_before.bias") || strings.HasSuffix(name, "layernorm_after.bias")) {
+					return ""
+				}
+				return name
+			},
+			Add: map[string]map[string]string{"model.safetensors": {
+				vt + "encoder.layer.0.attention.q_norm.weight": vt + "encoder.layer.0.lambda_1",
+				vt + "encoder.layer.0.attention.k_norm.weight": vt + "encoder.layer.0.lambda_2",
+				vt + "encoder.layer.1.attention.q_norm.weight": vt + "encoder.layer.1.lambda_1",
+				vt + "encoder.layer.1.attention.k_norm.weight": vt + "encoder.layer.1.layernorm_after.weight",
+			}},
+			Config: func(path string, cfg map[string]any) {
+				if path == "config.json" {
+					v := cfg["vision_config"].(map[string]any)
+					v["norm_type"], v["use_qk_norm"] = "rms_norm", true
+				}
+			},
+		}},
+		{"vision_feature_layer -2", visionOpts{run: 1}, fixtures.Relayout{
+			Config: func(path string, cfg map[string]any) {
+				if path == "config.json" {
+					cfg["vision_feature_layer"] = -2
+				}
+			},
+		}},
+		{"use_mean_pooling false", visionOpts{run: 2, finalNorm: true}, fixtures.Relayout{
+			Add: map[string]map[string]string{"model.safetensors": {
+				vt + "layernorm.weight": vt + "encoder.layer.1.layernorm_before.weight",
+				vt + "layernorm.bias":   vt + "encoder.layer.1.layernorm_before.bias",
+			}},
+			Config: func(path string, cfg map[string]any) {
+				if path == "config.json" {
+					cfg["vision_config"].(map[string]any)["use_mean_pooling"] = false
+				}
+			},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "variant")
+			if err := fixtures.RewriteCheckpoint(snap, dir, tc.rel); err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(t.TempDir(), "variant.mqb")
+			if _, err := bundle.Build(context.Background(), bundle.BuildOptions{CheckpointDir: dir, Model: fixtures.ModelID(fixtures.InternVLTiny), Revision: rev, Out: out, Resolve: native.BundleFamily}); err != nil {
+				t.Fatal(err)
+			}
+			b, err := bundle.Open(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			e, err := native.Open(b, native.Params{Threads: 2, MaxBatch: 1, MaxContext: 1024})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			w := loadSafetensors(t, filepath.Join(dir, "model.safetensors"))
+			emb := refVisionTileOpts(t, w, r.Pixels, 32, 2, 2, 64, 28, 64, tc.o)
+			want := refLastLogits(t, w, ids, emb, 151671, 64, 3, 4, 2, 16, 128, 151936, 1e6, false)
+			base := refLastLogits(t, w, ids, refVisionTile(t, loadSafetensors(t, filepath.Join(snap, "model.safetensors")), r.Pixels, 32, 2, 2, 64, 28, 64), 151671, 64, 3, 4, 2, 16, 128, 151936, 1e6, false)
+			got := lastLogits(t, e, ids, r)
+			worst, apart := 0.0, 0.0
+			for i := range want {
+				worst = math.Max(worst, math.Abs(float64(got[i])-want[i]))
+				apart = math.Max(apart, math.Abs(base[i]-want[i]))
+			}
+			if worst > 1e-3 {
+				t.Fatalf("native vs float64 reference max |Δlogit| %.3g", worst)
+			}
+			if apart < 1e-2 {
+				t.Fatalf("the variant moves the reference's logits by only %.3g from internvl-tiny's: it does not bite", apart)
+			}
+			t.Logf("native vs float64 reference max |Δlogit| %.3g (the variant moves the logits %.3g)", worst, apart)
+		})
+	}
 }
