@@ -568,3 +568,64 @@ func TestInternVLVisionVariantsMatchFloat64Reference(t *testing.T) {
 		})
 	}
 }
+
+// TestInternVLProcessorConfigOnly: a checkpoint saved by transformers 5 may keep its image
+// processor settings only in processor_config.json's image_processor block (with
+// image_seq_length beside it). Such a copy of internvl-tiny builds into a bundle whose
+// preprocessor section the processor reads to the same tiles, tokens and pixels.
+func TestInternVLProcessorConfigOnly(t *testing.T) {
+	snap, rev, err := fixtures.Ensure("", fixtures.InternVLTiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre, err := os.ReadFile(filepath.Join(snap, "preprocessor_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "v5")
+	err = fixtures.RewriteCheckpoint(snap, dir, fixtures.Relayout{Config: func(path string, cfg map[string]any) {
+		if path == "processor_config.json" {
+			var block map[string]any
+			if err := json.Unmarshal(pre, &block); err != nil {
+				t.Fatal(err)
+			}
+			cfg["image_processor"] = block
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "preprocessor_config.json")); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "v5.mqb")
+	if _, err := bundle.Build(context.Background(), bundle.BuildOptions{CheckpointDir: dir, Model: fixtures.ModelID(fixtures.InternVLTiny), Revision: rev, Out: out, Resolve: native.BundleFamily}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := bundle.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sec, err := b.Section(bundle.SectionPreprocessorConfig)
+	if err != nil {
+		t.Fatalf("a bundle of a checkpoint with processor_config.json only: %v", err)
+	}
+	p, err := NewProcessor(sec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := b.Section(bundle.SectionConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.(ModelConfigured).UseModelConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	root, _ := fixtures.RepoRoot()
+	want, _ := internVLImage(t, internVLProcessor(t), filepath.Join(root, "fixtures/images/internvl/14-photo-800x400.jpg"))
+	got, _ := internVLImage(t, p.(*GotOcr2Config), filepath.Join(root, "fixtures/images/internvl/14-photo-800x400.jpg"))
+	if got.Grid != want.Grid || got.Tokens != want.Tokens || sha256Hex(got.Resized) != sha256Hex(want.Resized) {
+		t.Fatalf("processor_config.json form: grid %v tokens %d; preprocessor_config.json form: grid %v tokens %d", got.Grid, got.Tokens, want.Grid, want.Tokens)
+	}
+}
