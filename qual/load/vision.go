@@ -30,17 +30,22 @@ type ImageOptions struct {
 	// floor((i+1)F) > floor(iF)); the others stay text-only, so one run measures TTFT with and
 	// without an image. 0 means 1: every prompt.
 	Fraction float64
+	// PerRequest is how many images a request that carries images holds (AIPerf's
+	// --batch-size-image; a server takes more than one with qual-server's
+	// --max-images-per-request); 0 means 1.
+	PerRequest int
 }
 
 // Enabled reports whether the options ask for images.
 func (o ImageOptions) Enabled() bool { return o.Dir != "" || o.WidthMean > 0 || o.HeightMean > 0 }
 
-// WithImages turns every prompt (or the o.Fraction of them) into one user message holding an
-// image part (a data: URL) followed by the prompt's text, so each such request carries exactly
-// one image. Prompts that are
-// already conversations get the image prepended to their first user message's content.
+// WithImages turns every prompt (or the o.Fraction of them) into one user message holding
+// o.PerRequest image parts (data: URLs, one by default) followed by the prompt's text. Prompts
+// that are already conversations get the images prepended to their first user message's
+// content.
 func WithImages(prompts []Prompt, o ImageOptions) ([]Prompt, error) {
-	urls, err := imageURLs(len(prompts), o)
+	k := max(o.PerRequest, 1)
+	urls, err := imageURLs(len(prompts)*k, o)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +62,10 @@ func WithImages(prompts []Prompt, o ImageOptions) ([]Prompt, error) {
 			out[i] = p // text-only
 			continue
 		}
-		part := map[string]any{"type": "image_url", "image_url": map[string]any{"url": urls[i%len(urls)]}}
+		var parts []any
+		for j := 0; j < k; j++ {
+			parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]any{"url": urls[(i*k+j)%len(urls)]}})
+		}
 		var msgs []map[string]any
 		if len(p.Messages) > 0 {
 			if err := json.Unmarshal(p.Messages, &msgs); err != nil {
@@ -73,9 +81,9 @@ func WithImages(prompts []Prompt, o ImageOptions) ([]Prompt, error) {
 			}
 			switch c := m["content"].(type) {
 			case string:
-				m["content"] = []any{part, map[string]any{"type": "text", "text": c}}
+				m["content"] = append(parts, map[string]any{"type": "text", "text": c})
 			case []any:
-				m["content"] = append([]any{part}, c...)
+				m["content"] = append(parts, c...)
 			default:
 				return nil, fmt.Errorf("load.WithImages: prompt %q: a user message's content is %T", p.Name, c)
 			}

@@ -83,3 +83,33 @@ func TestWithImagesFraction(t *testing.T) {
 		t.Error("fraction 1.5 accepted")
 	}
 }
+
+// TestWithImagesPerRequest: --images-per-request 2 puts two different images before the text
+// of every request, drawn in order from the pool (AIPerf's --batch-size-image).
+func TestWithImagesPerRequest(t *testing.T) {
+	ps, err := WithImages([]Prompt{{Prompt: "a"}, {Prompt: "b"}}, ImageOptions{WidthMean: 20, HeightMean: 10, Format: "png", Seed: 1, PerRequest: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i, p := range ps {
+		var msgs []struct {
+			Content []map[string]any `json:"content"`
+		}
+		if err := json.Unmarshal(p.Messages, &msgs); err != nil || len(msgs) != 1 || len(msgs[0].Content) != 3 {
+			t.Fatalf("prompt %d: %s (%v); want two image parts and the text", i, p.Messages, err)
+		}
+		for _, part := range msgs[0].Content[:2] {
+			if part["type"] != "image_url" {
+				t.Fatalf("prompt %d: part %v is not an image", i, part)
+			}
+			seen[part["image_url"].(map[string]any)["url"].(string)] = true
+		}
+		if msgs[0].Content[2]["text"] != []string{"a", "b"}[i] {
+			t.Fatalf("prompt %d: last part %v, want the text", i, msgs[0].Content[2])
+		}
+	}
+	if len(seen) != 4 {
+		t.Fatalf("%d distinct images over 2 requests of 2, want 4", len(seen))
+	}
+}

@@ -104,7 +104,9 @@ one image as a data: URL content part; a vision-language qual-server's records t
 image's token count and preprocessing time (record field vision); the summary reports them
 (mq_image_tokens, mq_image_preprocess) and TTFT split by image (mq_ttft_with_image,
 mq_ttft_without_image). --image-fraction F gives an image to that fraction of the requests
-only, spread evenly, so one run compares TTFT with and without an image.
+only, spread evenly, so one run compares TTFT with and without an image. --images-per-request K
+puts K images in each such request (AIPerf's --batch-size-image; a qual-server needs
+--max-images-per-request K, e.g. --server-arg=--max-images-per-request=K).
 
 Flags:
 `
@@ -175,6 +177,7 @@ func runProfile(args []string) (code int) {
 	fs.IntVar(&img.WidthStddev, "image-width-stddev", 0, "chat: synthetic image width standard deviation")
 	fs.IntVar(&img.HeightStddev, "image-height-stddev", 0, "chat: synthetic image height standard deviation")
 	fs.StringVar(&img.Format, "image-format", "png", "chat: synthetic image format, png or jpeg")
+	fs.IntVar(&img.PerRequest, "images-per-request", 1, "chat, with the image flags: images in each request that carries any (AIPerf's --batch-size-image); qual-server takes more than one with --max-images-per-request (pass it with --server-arg)")
 	fs.Float64Var(&img.Fraction, "image-fraction", 1, "chat, with the image flags: the fraction (0 < F <= 1) of requests that carry an image; the rest are text-only, for TTFT with and without image in one run")
 	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
 	if err := parseAll(fs, args); err != nil {
@@ -383,6 +386,9 @@ func runProfile(args []string) (code int) {
 		}
 		if !(img.Fraction > 0 && img.Fraction <= 1) {
 			return bad("--image-fraction %v must be in (0, 1]", img.Fraction)
+		}
+		if img.PerRequest < 1 {
+			return bad("--images-per-request %d must be at least 1", img.PerRequest)
 		}
 		img.Seed = promptSeed
 		prompts, err = load.WithImages(prompts, img)
