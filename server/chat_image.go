@@ -10,13 +10,15 @@ import (
 
 	"github.com/modelqual/modelqual/native/bundle"
 	"github.com/modelqual/modelqual/server/record"
+	"github.com/modelqual/modelqual/server/tokenizer"
 	"github.com/modelqual/modelqual/server/vision"
 	"github.com/modelqual/modelqual/server/wire"
 )
 
 // This file is the chat route's image side (vision-language bundles, task "vision"): content
-// parts with exactly one image as a data: URL, the processor (package vision), the placeholder
-// expansion and the record's image fields. The refusals name their reason; nothing is fetched.
+// parts with images as data: URLs (one per request unless --max-images-per-request allows
+// more), the processor (package vision), the placeholder expansion and the record's image
+// fields. The refusals name their reason; nothing is fetched.
 
 // maxImagePixels bounds an image's width x height as read from its header, before decoding: a
 // small file that declares a huge image (a decompression bomb) is refused without allocating.
@@ -33,12 +35,15 @@ type ImagePart struct {
 type visionState struct {
 	proc       vision.Processor // the checkpoint's image processor, by image_processor_type
 	imageToken int32
+	// frame: the tokens around an image's placeholders (InternVL's <img> ... </img>); nil
+	// when the processor has none (Qwen3-VL's template renders its own).
+	frame []int32
 }
 
 // newVisionState reads a vision bundle's image processor (its preprocessor_config.json section,
 // read by section, names it in image_processor_type) and image token (config.json's
 // image_token_id).
-func newVisionState(config json.RawMessage, section func(string) ([]byte, error)) (*visionState, error) {
+func newVisionState(config json.RawMessage, section func(string) ([]byte, error), tok *tokenizer.Tokenizer, maxImages int) (*visionState, error) {
 	pc, err := section(bundle.SectionPreprocessorConfig)
 	if err != nil {
 		return nil, fmt.Errorf("%w (a vision bundle needs the checkpoint's preprocessor_config.json)", err)
@@ -47,27 +52,48 @@ func newVisionState(config json.RawMessage, section func(string) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
+	if _, ok := proc.(vision.Stacking); !ok && maxImages > 1 {
+		return nil, fmt.Errorf("--max-images-per-request %d: this bundle's image processor takes one image per request (its engine has no positions for several images); use 1", maxImages)
+	}
+	if mc, ok := proc.(vision.ModelConfigured); ok {
+		if err := mc.UseModelConfig(config); err != nil {
+			return nil, err
+		}
+	}
 	var c struct {
 		ImageTokenID *int32 `json:"image_token_id"`
 	}
 	if err := json.Unmarshal(config, &c); err != nil || c.ImageTokenID == nil {
 		return nil, fmt.Errorf("vision bundle: config.json has no image_token_id")
 	}
-	return &visionState{proc: proc, imageToken: *c.ImageTokenID}, nil
+	v := &visionState{proc: proc, imageToken: *c.ImageTokenID}
+	if f, ok := proc.(vision.Framed); ok {
+		start, end := f.Frame()
+		for _, t := range []string{start, end} {
+			id, ok := tok.SpecialID(t)
+			if !ok {
+				return nil, fmt.Errorf("vision bundle: the tokenizer has no added token %q, which the image processor puts around each image's tokens", t)
+			}
+			v.frame = append(v.frame, id)
+		}
+	}
+	return v, nil
 }
 
-// decodeContentParts parses a message's list content: text parts and at most one image part
-// (image_url with a data: URL). A message without an image gets its texts joined by newlines
-// (as vLLM does); one with the image keeps the parts for the chat template, which renders the
-// image's placeholder. seen says whether an earlier message already had the image.
-func decodeContentParts(p, role string, raw json.RawMessage, seen bool) (any, *ImagePart, *APIError) {
+// decodeContentParts parses a message's list content: text parts and image parts (image_url
+// with a data: URL). A message without an image gets its texts joined by newlines (as vLLM
+// does); one with images keeps the parts for the chat template, which renders each image's
+// placeholder. seen is how many images earlier messages had; maxImages bounds the request's
+// images (--max-images-per-request, 0 counting as 1).
+func decodeContentParts(p, role string, raw json.RawMessage, seen, maxImages int) (any, []*ImagePart, *APIError) {
 	var parts []map[string]json.RawMessage
 	if json.Unmarshal(raw, &parts) != nil {
 		return nil, nil, badRequest(p+".content", "`%s.content` must be a string or a list of content parts ({\"type\": \"text\", \"text\": ...} or {\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,...\"}})", p)
 	}
 	var texts []string
 	var out []any
-	var img *ImagePart
+	var imgs []*ImagePart
+	maxImages = max(maxImages, 1)
 	for j, part := range parts {
 		pp := fmt.Sprintf("%s.content[%d]", p, j)
 		var typ string
@@ -86,14 +112,17 @@ func decodeContentParts(p, role string, raw json.RawMessage, seen bool) (any, *I
 			if role != "user" {
 				return nil, nil, badRequest(pp, "an image in a %s message is not supported; send the image in a user message", role)
 			}
-			if seen || img != nil {
-				return nil, nil, badRequest(pp, "a second image; this model takes exactly one image per conversation")
+			if n := seen + len(imgs); n >= maxImages {
+				if maxImages == 1 {
+					return nil, nil, badRequest(pp, "a second image; this server takes one image per request (--max-images-per-request 1)")
+				}
+				return nil, nil, badRequest(pp, "image %d of the request; this server takes at most %d images per request (--max-images-per-request)", n+1, maxImages)
 			}
 			im, aerr := decodeImageURL(pp, part["image_url"])
 			if aerr != nil {
 				return nil, nil, aerr
 			}
-			img = im
+			imgs = append(imgs, im)
 			out = append(out, map[string]any{"type": "image"})
 		case "input_audio", "audio", "audio_url", "video", "video_url", "file", "input_file":
 			return nil, nil, badRequest(pp+".type", "`%s.type` %q is not supported; this model takes text and one image (image_url)", pp, typ)
@@ -101,10 +130,10 @@ func decodeContentParts(p, role string, raw json.RawMessage, seen bool) (any, *I
 			return nil, nil, badRequest(pp+".type", "`%s.type` %q is not supported; use text or image_url", pp, typ)
 		}
 	}
-	if img == nil {
+	if len(imgs) == 0 {
 		return strings.Join(texts, "\n"), nil, nil
 	}
-	return out, img, nil
+	return out, imgs, nil
 }
 
 // decodeImageURL parses {"url": "data:<mime>;base64,<data>", "detail": "auto"}.
@@ -142,12 +171,15 @@ func decodeImageURL(pp string, raw json.RawMessage) (*ImagePart, *APIError) {
 	return &ImagePart{Param: pp + ".image_url.url", Mime: mime, Data: b}, nil
 }
 
-// prepareImage decodes and processes the request's image, expands its placeholder in ids to one
-// token per image token, and fills the record's image fields. A request without an image on a
-// vision bundle, or any image on another bundle, is handled here too.
+// prepareImage decodes and processes the request's images, expands each image's placeholder
+// in ids (in order) to the processor's tokens (framed by its start and end tokens, when it has
+// them), and fills the record's image fields. Several images go to the engine as one input,
+// their tiles stacked (vision.Stacking); the server refuses to start with
+// --max-images-per-request above 1 for a processor whose images do not stack. A request
+// without an image on a vision bundle, or any image on another bundle, is handled here too.
 func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int32, *wire.ImageInput, *APIError) {
 	v := s.vision
-	if req.Image == nil {
+	if len(req.Images) == 0 {
 		if v != nil {
 			for _, t := range ids {
 				if t == v.imageToken {
@@ -158,40 +190,64 @@ func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int3
 		return ids, nil, nil
 	}
 	if v == nil {
-		return nil, nil, badRequest(req.Image.Param, "this model takes no images (its bundle's task is not vision)")
+		return nil, nil, badRequest(req.Images[0].Param, "this model takes no images (its bundle's task is not vision)")
 	}
-	start := time.Now()
-	im, err := vision.Decode(req.Image.Data, req.Image.Mime, maxImagePixels)
-	if err != nil {
-		return nil, nil, badRequest(req.Image.Param, "%v", err)
-	}
-	r, err := v.proc.Preprocess(im.RGB, im.Width, im.Height)
-	if err != nil {
-		return nil, nil, badRequest(req.Image.Param, "%v", err)
-	}
-	at := -1
+	var at []int
 	for i, t := range ids {
 		if t == v.imageToken {
-			if at >= 0 {
-				return nil, nil, badRequest("messages", "the rendered prompt holds more than one image placeholder; remove image placeholder text from the messages")
-			}
-			at = i
+			at = append(at, i)
 		}
 	}
-	if at < 0 {
+	switch {
+	case len(at) == 0:
 		return nil, nil, badRequest("messages", "the chat template rendered no image placeholder for the image part")
+	case len(at) != len(req.Images):
+		return nil, nil, badRequest("messages", "the rendered prompt holds %d image placeholders for %d images; remove image placeholder text from the messages", len(at), len(req.Images))
 	}
-	out := make([]int32, 0, len(ids)-1+r.Tokens)
-	out = append(out, ids[:at]...)
-	for i := 0; i < r.Tokens; i++ {
-		out = append(out, v.imageToken)
+	input := &wire.ImageInput{}
+	out := make([]int32, 0, len(ids))
+	last := 0
+	var recs []record.VisionInput
+	for k, part := range req.Images {
+		start := time.Now()
+		im, err := vision.Decode(part.Data, part.Mime, maxImagePixels)
+		if err != nil {
+			return nil, nil, badRequest(part.Param, "%v", err)
+		}
+		r, err := v.proc.Preprocess(im.RGB, im.Width, im.Height)
+		if err != nil {
+			return nil, nil, badRequest(part.Param, "%v", err)
+		}
+		out = append(out, ids[last:at[k]]...)
+		last = at[k] + 1
+		if v.frame != nil {
+			out = append(out, v.frame[0])
+		}
+		for i := 0; i < r.Tokens; i++ {
+			out = append(out, v.imageToken)
+		}
+		if v.frame != nil {
+			out = append(out, v.frame[1])
+		}
+		g := [3]uint32{uint32(r.Grid[0]), uint32(r.Grid[1]), uint32(r.Grid[2])}
+		if k == 0 {
+			input.Grid, input.Pixels = g, r.Pixels
+		} else {
+			// Stacking processors only (checked at start): same tile shape, tiles add up.
+			input.Grid[0] += g[0]
+			input.Pixels = append(input.Pixels, r.Pixels...)
+		}
+		recs = append(recs, record.VisionInput{
+			BytesSHA256: im.BytesSHA256, PixelsSHA256: im.PixelsSHA256, Format: im.Format,
+			OriginalWidth: im.Width, OriginalHeight: im.Height, ResizedWidth: r.ResizedWidth, ResizedHeight: r.ResizedHeight,
+			Tiles: r.Tiles, ImageTokens: r.Tokens, PreprocessNs: time.Since(start).Nanoseconds(),
+		})
 	}
-	out = append(out, ids[at+1:]...)
+	out = append(out, ids[last:]...)
 	q.rec.InputTokens = len(out)
-	q.rec.Vision = &record.VisionInput{
-		BytesSHA256: im.BytesSHA256, PixelsSHA256: im.PixelsSHA256, Format: im.Format,
-		OriginalWidth: im.Width, OriginalHeight: im.Height, ResizedWidth: r.ResizedWidth, ResizedHeight: r.ResizedHeight,
-		ImageTokens: r.Tokens, PreprocessNs: time.Since(start).Nanoseconds(),
+	q.rec.Vision = &recs[0]
+	if len(recs) > 1 {
+		q.rec.VisionImages = recs
 	}
-	return out, &wire.ImageInput{Grid: [3]uint32{uint32(r.Grid[0]), uint32(r.Grid[1]), uint32(r.Grid[2])}, Pixels: r.Pixels}, nil
+	return out, input, nil
 }

@@ -13,20 +13,20 @@ func FuzzDecodeContentParts(f *testing.F) {
 	f.Add(`[{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}}]`, "system")
 	f.Add(`[{"type":"input_audio"}]`, "user")
 	f.Fuzz(func(t *testing.T, raw, role string) {
-		c, img, aerr := decodeContentParts("messages[0]", role, json.RawMessage(raw), false)
+		c, imgs, aerr := decodeContentParts("messages[0]", role, json.RawMessage(raw), 0, 1)
 		if aerr != nil {
 			if aerr.Status != 400 || aerr.Param == "" {
 				t.Fatalf("refusal %+v lacks a 400 or a param", aerr)
 			}
 			return
 		}
-		if img == nil {
+		if len(imgs) == 0 {
 			if _, ok := c.(string); !ok {
 				t.Fatalf("content without an image is %T, want the joined text", c)
 			}
 			return
 		}
-		if role != "user" || len(img.Data) == 0 {
+		if role != "user" || len(imgs) != 1 || len(imgs[0].Data) == 0 {
 			t.Fatalf("accepted an image in a %s message or with no data", role)
 		}
 	})

@@ -129,11 +129,11 @@ type chatPrompt struct {
 }
 
 // chatPromptOf renders m's messages (with add_generation_prompt and chat_template_kwargs) and,
-// when they hold the one image, decodes and processes it as the chat route does (prepareImage:
+// when they hold images, decodes and processes it as the chat route does (prepareImage:
 // same refusals, same record fields), so /tokenize and /mq/v1/logits see what
 // /v1/chat/completions would run.
 func (s *Server) chatPromptOf(q *reqState, m map[string]json.RawMessage) (*chatPrompt, *APIError) {
-	msgs, img, aerr := decodeMessages(m["messages"], ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes})
+	msgs, img, aerr := decodeMessages(m["messages"], ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes, MaxImages: s.cfg.MaxImages})
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -155,10 +155,10 @@ func (s *Server) chatPromptOf(q *reqState, m map[string]json.RawMessage) (*chatP
 	}
 	cp := &chatPrompt{rendered: text, ids: s.tok.Encode(text)}
 	q.rec.PromptSHA256, q.rec.PromptBytes, q.rec.InputTokens = sha256Hex([]byte(text)), int64(len(text)), len(cp.ids)
-	if img == nil {
+	if len(img) == 0 {
 		return cp, nil
 	}
-	if cp.ids, cp.image, aerr = s.prepareImage(q, &GenRequest{Image: img}, cp.ids); aerr != nil {
+	if cp.ids, cp.image, aerr = s.prepareImage(q, &GenRequest{Images: img}, cp.ids); aerr != nil {
 		return nil, aerr
 	}
 	return cp, nil

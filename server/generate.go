@@ -42,7 +42,7 @@ func choiceSeed(seed uint64, i int) uint64 {
 // generates text.
 func (r *textRoute) decode(q *reqState, body []byte) *APIError {
 	s := r.s
-	req, aerr := DecodeRequestLimited(body, r.chat, ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes})
+	req, aerr := DecodeRequestLimited(body, r.chat, ChatLimits{MaxMessages: s.cfg.MaxMessages, MaxContentBytes: s.cfg.MaxChatBytes, MaxImages: s.cfg.MaxImages})
 	if aerr != nil {
 		return aerr
 	}

@@ -62,7 +62,7 @@ type GenRequest struct {
 	PromptIDs           []int32 // completions with a token-id prompt
 	HasPromptIDs        bool
 	Messages            []Message
-	Image               *ImagePart // the one image of a chat request (chat_image.go)
+	Images              []*ImagePart // a chat request's images in message order (chat_image.go)
 	ChatTemplateKwargs  map[string]any
 	AddGenerationPrompt bool
 	MaxTokens           int // 0: not set
@@ -190,6 +190,7 @@ const MaxStopStrings = 16
 type ChatLimits struct {
 	MaxMessages     int // --max-messages
 	MaxContentBytes int // --max-chat-bytes: all messages' content together
+	MaxImages       int // --max-images-per-request (0: 1)
 }
 
 // reservedTemplateVars are the chat template's variables that chat_template_kwargs must not
@@ -248,7 +249,7 @@ func DecodeRequestLimited(body []byte, chat bool, lim ChatLimits) (*GenRequest, 
 				break
 			}
 			havePrompt = !isNull(raw)
-			r.Messages, r.Image, err = decodeMessages(raw, lim)
+			r.Messages, r.Images, err = decodeMessages(raw, lim)
 		case "max_tokens":
 			r.MaxTokens, err = positiveInt(raw, k)
 		case "max_completion_tokens":
@@ -533,7 +534,7 @@ func (r *GenRequest) decodePrompt(raw json.RawMessage) *APIError {
 
 var allowedRoles = map[string]bool{"system": true, "user": true, "assistant": true, "developer": true}
 
-func decodeMessages(raw json.RawMessage, lim ChatLimits) ([]Message, *ImagePart, *APIError) {
+func decodeMessages(raw json.RawMessage, lim ChatLimits) ([]Message, []*ImagePart, *APIError) {
 	var items []json.RawMessage
 	if json.Unmarshal(raw, &items) != nil {
 		return nil, nil, badRequest("messages", "`messages` must be a list of {\"role\", \"content\"} objects")
@@ -546,7 +547,7 @@ func decodeMessages(raw json.RawMessage, lim ChatLimits) ([]Message, *ImagePart,
 	}
 	contentBytes := 0
 	msgs := make([]Message, len(items))
-	var img *ImagePart
+	var imgs []*ImagePart
 	for i, it := range items {
 		p := fmt.Sprintf("messages[%d]", i)
 		var m map[string]json.RawMessage
@@ -573,14 +574,12 @@ func decodeMessages(raw json.RawMessage, lim ChatLimits) ([]Message, *ImagePart,
 		if json.Unmarshal(contentRaw, &str) == nil {
 			content = str
 		} else {
-			c, im, aerr := decodeContentParts(p, role, contentRaw, img != nil)
+			c, ims, aerr := decodeContentParts(p, role, contentRaw, len(imgs), lim.MaxImages)
 			if aerr != nil {
 				return nil, nil, aerr
 			}
 			content = c
-			if im != nil {
-				img = im
-			}
+			imgs = append(imgs, ims...)
 		}
 		if contentBytes += textBytes(content); lim.MaxContentBytes > 0 && contentBytes > lim.MaxContentBytes {
 			return nil, nil, badRequest(p+".content", "the messages' content reaches %d bytes at `%s`; this server takes at most %d bytes in all (--max-chat-bytes)", contentBytes, p, lim.MaxContentBytes)
@@ -601,7 +600,7 @@ func decodeMessages(raw json.RawMessage, lim ChatLimits) ([]Message, *ImagePart,
 		}
 		msgs[i] = msg
 	}
-	return msgs, img, nil
+	return msgs, imgs, nil
 }
 
 // textBytes is the text a message content holds: the string, or its text parts (an image is

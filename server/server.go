@@ -80,6 +80,9 @@ type Config struct {
 	// in all); 0: no limit.
 	MaxMessages  int
 	MaxChatBytes int
+	// MaxImages bounds the images of one vision-language chat request
+	// (--max-images-per-request; 0 counts as 1, the seeds' contract).
+	MaxImages int
 	// FrontendCPUs and WorkerCPUs place the HTTP frontend and the worker processes on CPUs of
 	// their own (--frontend-cpus, --worker-cpus; empty: wherever the kernel puts them). A
 	// worker whose set is empty while the frontend's is not runs on the CPUs the server was

@@ -299,6 +299,18 @@ func checkpointSource(o BuildOptions) (*source, error) {
 			s.optional[name] = b
 		}
 	}
+	// transformers 5 may save a processor's image settings only in processor_config.json's
+	// image_processor block; without a preprocessor_config.json that file is the section (the
+	// image processors of server/vision read either form).
+	if _, ok := s.optional[SectionPreprocessorConfig]; !ok {
+		b, err := read("processor_config.json", false)
+		if err != nil {
+			return nil, err
+		}
+		if b != nil && bytes.Contains(b, []byte(`"image_processor"`)) {
+			s.optional[SectionPreprocessorConfig] = b
+		}
+	}
 	if pipeline == nil {
 		if s.genCfg, err = read("generation_config.json", false); err != nil {
 			return nil, err

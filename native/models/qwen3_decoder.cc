@@ -40,8 +40,9 @@ Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Optio
       L.bq = w.get(p + "self_attn.q_proj.bias", {qd});
       L.bk = w.get(p + "self_attn.k_proj.bias", {kvd});
       L.bv = w.get(p + "self_attn.v_proj.bias", {kvd});
-      L.bo = w.get(p + "self_attn.o_proj.bias", {E_});
+      if (o.o_proj_bias) L.bo = w.get(p + "self_attn.o_proj.bias", {E_});
     }
+    L.q_norm = L.k_norm = nullptr;
     if (qk_norm_) {
       L.q_norm = w.get(p + "self_attn.q_norm.weight", {hd_});
       L.k_norm = w.get(p + "self_attn.k_norm.weight", {hd_});

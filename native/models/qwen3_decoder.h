@@ -78,6 +78,10 @@ class Qwen3Decoder {
     // when i % 3 == 2 and i < 3*section[2], else by axis 0 (t), as transformers'
     // apply_interleaved_mrope does.
     std::vector<int> mrope_section;
+    // Qwen2's attention as a variant of the same stack (InternVL3's text model): qk_norm false
+    // (above) and o_proj_bias false, which reads no o_proj bias (Qwen2 has q/k/v biases only,
+    // which attention_bias still switches).
+    bool o_proj_bias = true;
     // moe: the sparse layers' mixture of experts; experts == 0 keeps every layer dense. Its
     // tensors: mlp.gate.weight [experts, E] and mlp.experts.<e>.{gate,up,down}_proj.weight.
     // Faults: <fault_prefix>.kv_head_swap stores KV heads 0 and 1 in each other's place;

@@ -60,6 +60,9 @@ type Record struct {
 	Image *ImageGen `json:"image,omitempty"`
 	// Vision-language chat: the one input image's identity and preprocessing.
 	Vision *VisionInput `json:"vision,omitempty"`
+	// VisionImages lists every image of a request with more than one (--max-images-per-request),
+	// in message order; Vision is the first of them.
+	VisionImages []VisionInput `json:"vision_images,omitempty"`
 }
 
 // ImageGen is what an image-generation record adds: the request's controls and the PNG's
@@ -87,7 +90,9 @@ type VisionInput struct {
 	ResizedWidth   int    `json:"resized_width"`
 	ResizedHeight  int    `json:"resized_height"`
 	ImageTokens    int    `json:"image_tokens"`
-	PreprocessNs   int64  `json:"preprocess_ns"`
+	// Tiles: a tiling processor's tile count (thumbnail included); absent otherwise.
+	Tiles        int   `json:"tiles,omitempty"`
+	PreprocessNs int64 `json:"preprocess_ns"`
 }
 
 // ID is an identifier written as a JSON number when it is an integer (qual-server's worker

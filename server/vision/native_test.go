@@ -18,9 +18,12 @@ import (
 // text families' bound).
 const logitTolerance = 1e-3
 
-func openTiny(t *testing.T) *native.Engine {
+func openTiny(t *testing.T) *native.Engine { return openFixture(t, fixtures.Qwen3VLTiny, 512) }
+
+// openFixture opens a fixture's bundle on the CPU engine (2 threads, batch 2).
+func openFixture(t *testing.T, name string, maxContext int) *native.Engine {
 	t.Helper()
-	path, err := fixtures.Bundle("", fixtures.Qwen3VLTiny)
+	path, err := fixtures.Bundle("", name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +32,7 @@ func openTiny(t *testing.T) *native.Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	e, err := native.Open(b, native.Params{Threads: 2, MaxBatch: 2, MaxContext: 512})
+	e, err := native.Open(b, native.Params{Threads: 2, MaxBatch: 2, MaxContext: maxContext})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,43 +67,14 @@ func pixelsFor(t *testing.T, root string, cfg *Config, name, image, rgbSHA strin
 func TestNativeCorpusParity(t *testing.T) {
 	root, g, cfg := loadGolden(t)
 	e := openTiny(t)
-	V := e.Info().VocabSize
 	rows := []string{fmt.Sprintf("%-18s %-9s %-7s %-6s %-5s %-10s %s", "image", "size", "resized", "tokens", "match", "max|diff|", "format")}
 	pass := 0
 	for _, ge := range g.Entries {
 		r, src := pixelsFor(t, root, cfg, ge.Name, ge.Image, ge.RGBSHA256)
 		im := &native.Image{Pixels: r.Pixels, Grid: r.Grid}
-		steps := len(ge.GreedyIDs)
-		id, err := e.AddImage(ge.PromptIDs, im, native.Sampling{MaxNewTokens: steps, IgnoreEOS: true})
-		if err != nil {
-			t.Fatalf("%s: %v", ge.Name, err)
-		}
-		var got []int32
-		for e.Active() > 0 {
-			if _, err := e.Step(func(ev native.Event) {
-				if ev.Seq == id && ev.Token >= 0 {
-					got = append(got, ev.Token)
-				}
-			}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		match := len(got) == steps
-		for i := 0; match && i < steps; i++ {
-			match = got[i] == ge.GreedyIDs[i]
-		}
-		all := append(append([]int32{}, ge.PromptIDs...), ge.GreedyIDs[:steps-1]...)
-		lg, err := e.LogitsImage(all, im)
-		if err != nil {
-			t.Fatal(err)
-		}
-		worst := 0.0
-		for s, st := range ge.Steps {
-			pos := len(ge.PromptIDs) - 1 + s
-			for j, tok := range st.Top5IDs {
-				worst = math.Max(worst, math.Abs(float64(lg[pos*V+int(tok)])-st.Top5Logits[j]))
-			}
-		}
+		got, match, worst := greedyParity(t, e, ge.PromptIDs, im, ge.GreedyIDs, func(s int) ([]int32, []float64) {
+			return ge.Steps[s].Top5IDs, ge.Steps[s].Top5Logits
+		})
 		ok := match && worst <= logitTolerance
 		if ok {
 			pass++
@@ -111,6 +85,47 @@ func TestNativeCorpusParity(t *testing.T) {
 			fmt.Sprintf("%dx%d", r.ResizedWidth, r.ResizedHeight), r.Tokens, match, worst, src))
 	}
 	t.Logf("qwen3vl-tiny corpus parity (native CPU fp32 vs transformers 5.17): %d/%d\n%s", pass, len(g.Entries), strings.Join(rows, "\n"))
+}
+
+// greedyParity generates len(greedy) tokens from prompt with the image (EOS ignored) and reads
+// the logits of the golden continuation: whether the tokens equal greedy, and the largest
+// |Δlogit| over each step's golden top-5 (top5(s) gives step s's ids and logits).
+func greedyParity(t *testing.T, e *native.Engine, prompt []int32, im *native.Image, greedy []int32, top5 func(s int) ([]int32, []float64)) ([]int32, bool, float64) {
+	t.Helper()
+	steps := len(greedy)
+	id, err := e.AddImage(prompt, im, native.Sampling{MaxNewTokens: steps, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int32
+	for e.Active() > 0 {
+		if _, err := e.Step(func(ev native.Event) {
+			if ev.Seq == id && ev.Token >= 0 {
+				got = append(got, ev.Token)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	match := len(got) == steps
+	for i := 0; match && i < steps; i++ {
+		match = got[i] == greedy[i]
+	}
+	all := append(append([]int32{}, prompt...), greedy[:steps-1]...)
+	lg, err := e.LogitsImage(all, im)
+	if err != nil {
+		t.Fatal(err)
+	}
+	V := e.Info().VocabSize
+	worst := 0.0
+	for s := 0; s < steps; s++ {
+		pos := len(prompt) - 1 + s
+		ids, logits := top5(s)
+		for j, tok := range ids {
+			worst = math.Max(worst, math.Abs(float64(lg[pos*V+int(tok)])-logits[j]))
+		}
+	}
+	return got, match, worst
 }
 
 // TestNativeImageSensitivity: another image changes the logits (a model that ignored the image

@@ -21,7 +21,7 @@ func TestNewProcessorByType(t *testing.T) {
 		}
 	}
 	for _, c := range []struct{ name, config, want string }{
-		{"unknown", strings.Replace(qwen, "%q", `"GotOcr2ImageProcessor"`, 1), `image_processor_type "GotOcr2ImageProcessor" is not implemented; known: Qwen2VLImageProcessor, Qwen2VLImageProcessorFast`},
+		{"unknown", strings.Replace(qwen, "%q", `"SiglipImageProcessor"`, 1), `image_processor_type "SiglipImageProcessor" is not implemented; known: GotOcr2ImageProcessor, GotOcr2ImageProcessorFast, Qwen2VLImageProcessor, Qwen2VLImageProcessorFast`},
 		{"missing", `{"patch_size": 16}`, "image_processor_type is missing"},
 		{"not JSON", `{`, "preprocessor_config.json: unexpected end of JSON input"},
 		{"known type, unsupported setting", strings.Replace(strings.Replace(qwen, "%q", `"Qwen2VLImageProcessorFast"`, 1), `"resample": 3`, `"resample": 2`, 1), "resample is 2, not 3 (bicubic)"},

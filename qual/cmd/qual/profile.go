@@ -41,7 +41,7 @@ const profileUsage = `Usage: qual profile (--url URL | --bundle FILE [--launcher
          [--input-tokens-mean M --input-tokens-stddev S | --input-file F]
          [--output-tokens N [--output-tokens-stddev S]] [--slo ttft:200ms,...] [--seed S] --out DIR
          [--image-dir D | --image-width-mean W --image-height-mean H [--image-format png|jpeg]]
-         [--image-fraction F] [--images-per-request N] [--extra-body '{"temperature":0}'] [--temperature T] [--ramp-up D]
+         [--image-fraction F] [--images-per-request K] [--extra-body '{"temperature":0}'] [--temperature T] [--ramp-up D]
          [--find-max --slo ttft_p99:200ms,itl_p99:50ms [--find-max-resolution R] [--find-max-points N]]
    or: qual profile --family NAME ... (the family's tiny fixture bundle, model name and tokenizer)
 
@@ -100,11 +100,13 @@ AIPerf's image metrics (num_images, image_throughput, image_latency) and, from a
 records, task time and PNG encode time.
 
 With --image-dir or --image-width-mean/--image-height-mean (chat only) every request carries
---images-per-request images (default 1) as data: URL content parts; a vision-language qual-server's records then hold each
+one image as a data: URL content part; a vision-language qual-server's records then hold each
 image's token count and preprocessing time (record field vision); the summary reports them
 (mq_image_tokens, mq_image_preprocess) and TTFT split by image (mq_ttft_with_image,
 mq_ttft_without_image). --image-fraction F gives an image to that fraction of the requests
-only, spread evenly, so one run compares TTFT with and without an image.
+only, spread evenly, so one run compares TTFT with and without an image. --images-per-request K
+puts K images in each such request (AIPerf's --batch-size-image; a qual-server needs
+--max-images-per-request K, e.g. --server-arg=--max-images-per-request=K).
 
 Flags:
 `
@@ -175,7 +177,7 @@ func runProfile(args []string) (code int) {
 	fs.IntVar(&img.WidthStddev, "image-width-stddev", 0, "chat: synthetic image width standard deviation")
 	fs.IntVar(&img.HeightStddev, "image-height-stddev", 0, "chat: synthetic image height standard deviation")
 	fs.StringVar(&img.Format, "image-format", "png", "chat: synthetic image format, png or jpeg")
-	fs.IntVar(&img.PerRequest, "images-per-request", 1, "chat: images in each image-carrying request (AIPerf's --batch-size-image; the server must allow that many, qual-server --max-images-per-request)")
+	fs.IntVar(&img.PerRequest, "images-per-request", 1, "chat, with the image flags: images in each request that carries any (AIPerf's --batch-size-image); qual-server takes more than one with --max-images-per-request (pass it with --server-arg)")
 	fs.Float64Var(&img.Fraction, "image-fraction", 1, "chat, with the image flags: the fraction (0 < F <= 1) of requests that carry an image; the rest are text-only, for TTFT with and without image in one run")
 	fs.Var(&serverArgs, "server-arg", "extra qual-server flag (repeatable), e.g. --server-arg=--max-batch=64")
 	if err := parseAll(fs, args); err != nil {
@@ -378,7 +380,7 @@ func runProfile(args []string) (code int) {
 		}
 		prompts, err = load.Synthetic(tok, load.SyntheticOptions{Count: *numPrompts, Mean: *inMean, Stddev: *inStd, Seed: promptSeed})
 	}
-	if err == nil && img.Enabled() { // images in chat requests (qual/load/vision.go)
+	if err == nil && img.Enabled() { // one image per chat request (qual/load/vision.go)
 		if *endpoint != client.Chat {
 			return bad("image flags need --endpoint chat")
 		}

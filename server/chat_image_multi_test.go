@@ -1,0 +1,139 @@
+package server_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelqual/modelqual/fixtures"
+)
+
+// The chat route with several images per request (--max-images-per-request): InternVL's images
+// stack (their tiles one after another, each image's <img> ... </img> run where its content
+// part stands); Qwen3-VL's engine takes one image, so the server refuses to start with more.
+
+func multiImageChat(urls []string, text string) string {
+	var parts []any
+	for _, u := range urls {
+		parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]any{"url": u}})
+	}
+	parts = append(parts, map[string]any{"type": "text", "text": text})
+	b, _ := json.Marshal(map[string]any{"model": "test-model", "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+		"messages": []any{map[string]any{"role": "user", "content": parts}}})
+	return string(b)
+}
+
+type multiRecord struct {
+	InputTokens int `json:"input_tokens"`
+	Status      int `json:"status"`
+	Vision      *struct {
+		Tiles       int `json:"tiles"`
+		ImageTokens int `json:"image_tokens"`
+	} `json:"vision"`
+	VisionImages []struct {
+		BytesSHA256 string `json:"image_bytes_sha256"`
+		Tiles       int    `json:"tiles"`
+		ImageTokens int    `json:"image_tokens"`
+	} `json:"vision_images"`
+}
+
+// TestVisionMultiImageInternVL: two images in one request are served, the record lists each
+// image's tiles and tokens in order, swapping them changes the answer, and a third image is
+// refused naming the flag.
+func TestVisionMultiImageInternVL(t *testing.T) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundleMu.Lock()
+	p, err := fixtures.Bundle(cacheDir, fixtures.InternVLTiny)
+	bundleMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, p, "--workers", "1", "--threads", "2", "--max-images-per-request", "2")
+	square := dataURL(t, root, "fixtures/images/internvl/01-square-448x448.png") // 1 tile
+	wide := dataURL(t, root, "fixtures/images/internvl/03-wide-1350x450.png")    // 3x1 + thumbnail
+	var last [][]float32
+	for _, urls := range [][]string{{square, wide}, {wide, square}} {
+		code, _, body := s.post("/v1/chat/completions", multiImageChat(urls, "Compare the two images."))
+		if code != 200 {
+			t.Fatalf("two images: %d %s", code, body)
+		}
+		var m map[string]any
+		_ = json.Unmarshal([]byte(multiImageChat(urls, "Compare the two images.")), &m)
+		b, _ := json.Marshal(map[string]any{"model": "test-model", "messages": m["messages"]})
+		code, _, body = s.post("/mq/v1/logits", string(b))
+		var lg struct {
+			Vocab     int    `json:"vocab_size"`
+			Positions int    `json:"positions"`
+			Data      string `json:"data"`
+		}
+		if code != 200 || json.Unmarshal(body, &lg) != nil {
+			t.Fatalf("/mq/v1/logits with two images: %d %.300s", code, body)
+		}
+		raw, err := base64.StdEncoding.DecodeString(lg.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := make([]float32, lg.Vocab)
+		for i := range row {
+			row[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*((lg.Positions-1)*lg.Vocab+i):]))
+		}
+		last = append(last, row)
+	}
+	d := 0.0
+	for i := range last[0] {
+		d = math.Max(d, math.Abs(float64(last[0][i]-last[1][i])))
+	}
+	if d < 1e-2 {
+		t.Errorf("swapping the two images moves the last logits by only %.3g: image order does not reach the model", d)
+	}
+	code, _, body := s.post("/v1/chat/completions", multiImageChat([]string{square, square, wide}, "Three?"))
+	if code != 400 || !strings.Contains(string(body), "--max-images-per-request") || !strings.Contains(string(body), "content[2]") {
+		t.Errorf("three images with --max-images-per-request 2: %d %s; want 400 naming the flag and the third part", code, body)
+	}
+	b, err := os.ReadFile(s.records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	var r multiRecord
+	if err := json.Unmarshal([]byte(lines[0]), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != 200 || len(r.VisionImages) != 2 || r.VisionImages[0].Tiles != 1 || r.VisionImages[1].Tiles != 4 ||
+		r.VisionImages[0].ImageTokens != 64 || r.VisionImages[1].ImageTokens != 256 || r.Vision == nil || r.Vision.Tiles != 1 {
+		t.Fatalf("record of the two-image request: %s", lines[0])
+	}
+	// The prompt holds both runs, each framed: 5 tiles' tokens and two <img> ... </img> pairs.
+	if r.InputTokens < 5*64+4 {
+		t.Errorf("input tokens %d, fewer than the two images' 324", r.InputTokens)
+	}
+}
+
+// TestVisionMultiImageRefusedForQwen3VL: a bundle whose images do not stack (Qwen3-VL's M-RoPE
+// engine takes one image) refuses --max-images-per-request 2 at start, naming the flag.
+func TestVisionMultiImageRefusedForQwen3VL(t *testing.T) {
+	bundleMu.Lock()
+	p, err := fixtures.Bundle(cacheDir, fixtures.Qwen3VLTiny)
+	bundleMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, serverBin, "--bundle", p, "--model-name", "m", "--port", strconv.Itoa(freePort(t)),
+		"--workers", "1", "--max-images-per-request", "2").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--max-images-per-request 2") {
+		t.Fatalf("qwen3vl with --max-images-per-request 2: %v\n%s\nwant a refusal at start naming the flag", err, out)
+	}
+}
