@@ -118,14 +118,7 @@ class InternVL : public CausalLM {
     p1_b_ = w.get(p + "linear_1.bias", {E_});
     p2_w_ = w.get(p + "linear_2.weight", {E_, E_});
     p2_b_ = w.get(p + "linear_2.bias", {E_});
-    const float *lm;
-    if (w.has("lm_head.weight"))
-      lm = w.get("lm_head.weight", {V_, E_});
-    else if (d.tie_word_embeddings)
-      lm = dec_.embed_weight();
-    else
-      throw Error(MQ_ERR_LOAD, "tensor lm_head.weight is missing and config.json tie_word_embeddings is false");
-    head_.reset(new LMHead(lm, V_, E_, w.file_backed(lm)));
+    head_ = decoder_lm_head(w, dec_);
   }
 
   void reset_slot(int slot) override { slots_[slot] = SlotImage(); }
