@@ -93,7 +93,7 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 		res.Fingerprint = "/v1/models only (the family has no transformers golden)"
 		return res, nil
 	}
-	api := &API{BaseURL: in.API.BaseURL, Model: res.Model, APIKey: in.API.APIKey, HTTP: in.API.HTTP}
+	api := &API{BaseURL: in.API.BaseURL, Model: res.Model, APIKey: in.API.APIKey, HTTP: in.API.HTTP, TextPrompt: in.API.TextPrompt}
 	nPrompts, steps, tol := in.Prompts, in.Steps, in.Tolerance
 	if nPrompts == 0 {
 		nPrompts = 3
@@ -123,12 +123,6 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 		if err != nil && withLogprobs && StatusOf(err)/100 == 4 {
 			withLogprobs = false // a server without logprobs: the tokens alone
 			delete(body, "logprobs")
-			ans, err = api.Complete(ctx, "/v1/completions", body)
-		}
-		if err != nil && StatusOf(err)/100 == 4 {
-			// A server that takes text prompts only (OpenAI's token-array prompt refused): the
-			// golden prompt's text, which its own tokenizer must turn into the same ids.
-			body["prompt"] = in.Tokenizer.Decode(gp.PromptIDs)
 			ans, err = api.Complete(ctx, "/v1/completions", body)
 		}
 		if err != nil {
