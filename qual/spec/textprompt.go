@@ -91,4 +91,3 @@ func (a *API) tokenPromptsProbe(ctx context.Context, c *Capabilities) {
 		c.Missing[CapTokenPrompts] = why + "; golden prompts are sent as their text"
 	}
 }
-
