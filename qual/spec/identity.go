@@ -128,9 +128,21 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 		if err != nil {
 			return res, fmt.Errorf("%w: golden prompt %q (%d token ids) could not be generated: %v", ErrIdentity, gp.Name, len(gp.PromptIDs), err)
 		}
-		want := in.Tokenizer.Decode(gp.GreedyIDs[:n])
+		want := continuation(in.Tokenizer, gp.PromptIDs, gp.GreedyIDs[:n])
 		early := ans.FinishReason == "stop" && strings.HasPrefix(want, ans.Text)
-		if ans.Text != want && !early && !heldBackTail(ans.Text, want) {
+		// With per-token logprobs the tokens are compared by their bytes (alignTokens), so an
+		// engine that decodes an invalid byte-fallback run otherwise than tokenizers (which
+		// spells it U+FFFD) is judged on the tokens it generated.
+		sameTokens := false
+		if len(ans.Logprobs) > 0 {
+			al := alignTokens(in.Tokenizer, gp.GreedyIDs[:n], ans.Logprobs)
+			if al.Differs != "" && !early {
+				return res, fmt.Errorf("%w: the server at %s (model %q) does not serve %s: on golden prompt %q its greedy tokens leave the checkpoint's at token %d: %s",
+					ErrIdentity, in.API.BaseURL, res.Model, in.Checkpoint, gp.Name, al.At, al.Differs)
+			}
+			sameTokens = al.Differs == ""
+		}
+		if !sameTokens && ans.Text != want && !early && !heldBackTail(ans.Text, want) {
 			return res, fmt.Errorf("%w: the server at %s (model %q) does not serve %s: on golden prompt %q its greedy tokens are %q, the checkpoint's are %q (they part at token %d)",
 				ErrIdentity, in.API.BaseURL, res.Model, in.Checkpoint, gp.Name, clip(ans.Text, 60), clip(want, 60), divergenceStep(in.Tokenizer, gp.GreedyIDs[:n], ans.Text))
 		}
@@ -167,4 +179,17 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 func heldBackTail(served, want string) bool {
 	trimmed := strings.TrimRight(want, "\uFFFD")
 	return trimmed != want && served == trimmed
+}
+
+// continuation is the text generated after prompt as it reads in context: the decode of
+// prompt and generated tokens together, less the prompt's. A SentencePiece decoder strips the
+// leading space of a sequence, so the generated tokens decoded alone would lose the space
+// their first word piece carries after a prompt.
+func continuation(tok *tokenizer.Tokenizer, prompt, gen []int32) string {
+	pre := tok.Decode(prompt)
+	full := tok.Decode(append(append([]int32(nil), prompt...), gen...))
+	if strings.HasPrefix(full, pre) {
+		return full[len(pre):]
+	}
+	return tok.Decode(gen)
 }

@@ -76,3 +76,20 @@ func TestTokenPromptsSentAsTextWhereRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestContinuationKeepsTheFirstSpace: a SentencePiece decoder strips a sequence's leading
+// space, so llama-tiny's "▁n" after "<s> Hello" reads " n" only when decoded in context.
+func TestContinuationKeepsTheFirstSpace(t *testing.T) {
+	tok, err := tokenizer.Load(filepath.Join("..", "..", "fixtures", "tokenizers", "llama-tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := append([]int32{1}, tok.Encode("Hello")...)
+	gen := tok.Encode(" new world")
+	if alone := tok.Decode(gen); strings.HasPrefix(alone, " ") {
+		t.Fatalf("decoded alone %q keeps its space: the test no longer shows the case", alone)
+	}
+	if got := continuation(tok, prompt, gen); got != " new world" {
+		t.Fatalf("continuation = %q, want %q", got, " new world")
+	}
+}

@@ -50,7 +50,10 @@ if [ ! -f "$SNAP/tokenizer.model" ] && grep -q '"byte_fallback": *true' "$SNAP/t
 	rm -rf "$IMPORT" && mkdir -p "$IMPORT" && cp -L "$SNAP"/* "$IMPORT"/
 	go run ./qual/launch/foreign/ollama/spmmodel --tokenizer "$SNAP/tokenizer.json" --out "$IMPORT"
 fi
-printf 'FROM %s\nPARAMETER temperature 0\n' "$IMPORT" > "$OUT/Modelfile"
+# Ollama's /v1/completions renders the prompt through the model's template as a user turn; the
+# gates send raw completions, so the template passes the prompt through as it is (chat then uses
+# the same template: its gates judge that, not the checkpoint's chat template).
+printf 'FROM %s\nTEMPLATE """{{ .Prompt }}"""\nPARAMETER temperature 0\n' "$IMPORT" > "$OUT/Modelfile"
 "$OLLAMA" create "$FAMILY" -f "$OUT/Modelfile" 2>&1 | tee "$OUT/ollama-create.log"
 
 ./bin/qual qualify --launcher external --url "http://$OLLAMA_HOST" --family "$FAMILY" \
