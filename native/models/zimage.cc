@@ -322,7 +322,7 @@ class Transformer {
 // zimage_spec: what the pipeline accepts (VAE scale from its block count, the transformer's
 // position table, the text encoder's context).
 mq_image_spec zimage_spec(const HParams &hp, int max_ctx) {
-  mq_image_spec s;
+  mq_image_spec s{};  // pooled_hidden 0: no pooled embedding
   s.latent_channels = hp.i("transformer.in_channels");
   s.vae_scale = 1 << (hp.i("vae.n_blocks") - 1);
   s.size_multiple = s.vae_scale * kPatch;
@@ -354,6 +354,8 @@ bool zimage_check(const HParams &hp, int max_ctx, const mq_image_request &r) {
           std::to_string(sp.size_multiple) + " up to " + std::to_string(sp.max_size));
   if (r.steps < 1 || r.steps > sp.max_steps) bad("num_inference_steps: " + std::to_string(r.steps) + " is outside 1.." + std::to_string(sp.max_steps));
   if (!std::isfinite(r.guidance) || r.guidance < 0) bad("guidance_scale: must be a finite number >= 0");
+  if (r.true_cfg != 0) bad("true_cfg_scale: this pipeline has no true CFG scale; guidance_scale is its classifier-free guidance");
+  if (r.n_prompt_2 != 0 || r.n_negative_2 != 0) bad("prompt_2: this pipeline has one text encoder");
   const bool cfg = r.guidance > 0 && !fault("zimage.drop_cfg");
   const int vocab = hp.i("vocab_size");
   check_ids("prompt", r.prompt, r.n_prompt, max_ctx, vocab);
