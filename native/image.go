@@ -242,7 +242,19 @@ type ImagePrompt struct {
 	// "prompt_2.*"; its Tokenizer is the bundle's folder it reads ("tokenizer_2"). Nil: one encoder.
 	Second    *ImagePrompt
 	Tokenizer string
+	// GuidanceScale is how the request's guidance_scale is taken (the family's
+	// "controls.guidance_scale"): GuidanceRequired (the default) or GuidanceZero (a checkpoint
+	// without guidance, FLUX.1 schnell: 0 or absent). TrueCFG says the family takes
+	// true_cfg_scale ("controls.true_cfg_scale" 1), with a negative prompt only when one is sent.
+	GuidanceScale string
+	TrueCFG       bool
 }
+
+// The ways a family takes guidance_scale (ImagePrompt.GuidanceScale).
+const (
+	GuidanceRequired = "required"
+	GuidanceZero     = "zero"
+)
 
 // ImagePromptFor reads the prompt rule family declares for config (the bundle header's Family
 // and Config). A family that declares none, or an unknown format, is an error naming the key.
@@ -265,6 +277,15 @@ func ImagePromptFor(family string, config json.RawMessage) (ImagePrompt, error) 
 		}
 		p.Second = &s
 	}
+	p.GuidanceScale, _ = hp["controls.guidance_scale"].(string)
+	switch p.GuidanceScale {
+	case "":
+		p.GuidanceScale = GuidanceRequired
+	case GuidanceRequired, GuidanceZero:
+	default:
+		return ImagePrompt{}, fmt.Errorf("family %s: controls.guidance_scale %q is not %q or %q", family, p.GuidanceScale, GuidanceRequired, GuidanceZero)
+	}
+	p.TrueCFG = hp["controls.true_cfg_scale"] == 1.0
 	return p, nil
 }
 

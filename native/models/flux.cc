@@ -774,6 +774,10 @@ void resolve_flux(const Config &c, HParams &hp) {
   hp.set_string("prompt_2.format", "plain");
   hp.set_string("prompt_2.tokenizer", "tokenizer_2");
   hp.set("prompt_2.max_length", max_seq);
+  // The request's controls: dev's guidance_scale feeds its guidance embedding (required);
+  // schnell has none (0 or absent); true_cfg_scale with a negative prompt is real CFG.
+  hp.set_string("controls.guidance_scale", guidance ? "required" : "zero");
+  hp.set("controls.true_cfg_scale", 1);
 }
 
 std::unique_ptr<Backend> make_flux(const ModelArgs &a) { return std::unique_ptr<Backend>(new Flux(a)); }
