@@ -79,12 +79,14 @@ func TestFluxTinyRuns(t *testing.T) {
 				t.Fatal("the same request gave other pixels")
 			}
 			mods := map[string]func(*ImageRequest){
-				"seed":   func(r *ImageRequest) { r.Seed++ },
-				"steps":  func(r *ImageRequest) { r.Steps++ },
-				"clip":   func(r *ImageRequest) { r.Prompt = append([]int32{49406, 320, 1929, 49407}, r.Prompt[4:]...) },
-				"t5":     func(r *ImageRequest) { r.Prompt2 = append([]int32{3, 9, 1782, 1}, r.Prompt2[4:]...) },
-				"size":   func(r *ImageRequest) { r.Width = 96 },
-				"truecf": func(r *ImageRequest) { r.TrueCFG, r.Negative, r.Negative2 = 2, clip, append([]int32{1}, make([]int32, len(t5)-1)...) },
+				"seed":  func(r *ImageRequest) { r.Seed++ },
+				"steps": func(r *ImageRequest) { r.Steps++ },
+				"clip":  func(r *ImageRequest) { r.Prompt = append([]int32{49406, 320, 1929, 49407}, r.Prompt[4:]...) },
+				"t5":    func(r *ImageRequest) { r.Prompt2 = append([]int32{3, 9, 1782, 1}, r.Prompt2[4:]...) },
+				"size":  func(r *ImageRequest) { r.Width = 96 },
+				"truecf": func(r *ImageRequest) {
+					r.TrueCFG, r.Negative, r.Negative2 = 2, clip, append([]int32{1}, make([]int32, len(t5)-1)...)
+				},
 			}
 			if v.guided {
 				mods["guidance"] = func(r *ImageRequest) { r.Guidance += 1.5 }
