@@ -42,17 +42,24 @@ type ImageSpec struct {
 	MaxPromptTokens int // the text encoder's context
 	MaxSteps        int
 	TextHidden      int // width of the text encoder's embeddings (ImageResult.PromptEmbeds)
+	PooledHidden    int // width of a pooled text embedding (ImageResult.PooledEmbeds); 0: none
 }
 
 // ImageRequest is one text-to-image generation. Prompt and Negative are token ids of the
-// prompts as the pipeline formats them (ImagePrompt.IDs); Negative is used only when
-// Guidance > 0.
+// prompts as the pipeline formats them (ImagePrompt.IDs); Negative is used only when the
+// pipeline guides with it (Guidance > 0 for classifier-free guidance, TrueCFG > 1 for a
+// guidance-distilled pipeline). A pipeline with two text encoders takes the second one's ids in
+// Prompt2 and Negative2 (ImagePrompt.Second).
 type ImageRequest struct {
-	Prompt, Negative []int32
-	Width, Height    int
-	Steps            int
-	Guidance         float32
-	Seed             uint64
+	Prompt, Negative   []int32
+	Prompt2, Negative2 []int32
+	// TrueCFG is FLUX's true_cfg_scale (0 elsewhere): above 1, with a negative prompt, real
+	// classifier-free guidance besides the distilled Guidance.
+	TrueCFG       float32
+	Width, Height int
+	Steps         int
+	Guidance      float32
+	Seed          uint64
 	// Components (CPU pipelines) also returns the text encoder's embeddings and the
 	// transformer's first outputs, for component checks against the reference's intermediates.
 	Components bool
@@ -69,8 +76,10 @@ type ImageResult struct {
 	Latents       []float32 // traced: (Steps+1) latent tensors, the initial noise first
 	// With ImageRequest.Components: the prompt's text embeddings (len(Prompt)×TextHidden) and
 	// the transformer's first outputs (the prompt's, then with guidance the negative's).
-	PromptEmbeds, FirstVelocity []float32
-	PipelineTime                time.Duration
+	// With Prompt2 the embeddings are the second encoder's (len(Prompt2)×TextHidden), and
+	// PooledEmbeds (PooledHidden floats) the first encoder's pooled output.
+	PromptEmbeds, FirstVelocity, PooledEmbeds []float32
+	PipelineTime                              time.Duration
 }
 
 // ImageSpec reports what the engine's text-to-image model accepts; an engine of another task
@@ -83,7 +92,7 @@ func (e *Engine) ImageSpec() (ImageSpec, error) {
 	if st, msg := call(func() C.mq_status { return C.mq_engine_image_spec(e.c, &s) }); st != C.MQ_OK {
 		return ImageSpec{}, errors.New("native.ImageSpec: " + msg)
 	}
-	return ImageSpec{int(s.latent_channels), int(s.vae_scale), int(s.size_multiple), int(s.max_size), int(s.max_prompt_tokens), int(s.max_steps), int(s.text_hidden)}, nil
+	return ImageSpec{int(s.latent_channels), int(s.vae_scale), int(s.size_multiple), int(s.max_size), int(s.max_prompt_tokens), int(s.max_steps), int(s.text_hidden), int(s.pooled_hidden)}, nil
 }
 
 // cInts copies ids into C memory (the request struct passed to C must hold no Go pointers).
@@ -118,6 +127,11 @@ func (e *Engine) GenerateImage(r ImageRequest, trace bool) (*ImageResult, error)
 	cr.negative, cr.n_negative = cInts(r.Negative), C.int32_t(len(r.Negative))
 	defer C.free(unsafe.Pointer(cr.prompt))
 	defer C.free(unsafe.Pointer(cr.negative))
+	cr.prompt_2, cr.n_prompt_2 = cInts(r.Prompt2), C.int32_t(len(r.Prompt2))
+	cr.negative_2, cr.n_negative_2 = cInts(r.Negative2), C.int32_t(len(r.Negative2))
+	defer C.free(unsafe.Pointer(cr.prompt_2))
+	defer C.free(unsafe.Pointer(cr.negative_2))
+	cr.true_cfg = C.float(r.TrueCFG)
 	cr.width, cr.height, cr.steps = C.int32_t(r.Width), C.int32_t(r.Height), C.int32_t(r.Steps)
 	cr.guidance, cr.seed = C.float(r.Guidance), C.uint64_t(r.Seed)
 	px := r.Width * r.Height * 3
@@ -134,6 +148,13 @@ func (e *Engine) GenerateImage(r ImageRequest, trace bool) (*ImageResult, error)
 		copy(unsafe.Slice((*float32)(unsafe.Pointer(cr.decode_latents)), nz), r.DecodeLatents)
 	}
 	nemb, nvel := len(r.Prompt)*spec.TextHidden, 2*nz
+	if len(r.Prompt2) > 0 {
+		nemb = len(r.Prompt2) * spec.TextHidden
+	}
+	if r.Components && spec.PooledHidden > 0 {
+		co.pooled_embeds = (*C.float)(C.malloc(C.size_t(4 * spec.PooledHidden)))
+		defer C.free(unsafe.Pointer(co.pooled_embeds))
+	}
 	if r.Components {
 		co.prompt_embeds = (*C.float)(C.malloc(C.size_t(4 * nemb)))
 		defer C.free(unsafe.Pointer(co.prompt_embeds))
@@ -157,8 +178,11 @@ func (e *Engine) GenerateImage(r ImageRequest, trace bool) (*ImageResult, error)
 		res.Latents = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.latents)), nlat)...)
 	}
 	if r.Components {
-		if r.Guidance <= 0 {
+		if guided := r.Guidance > 0 && spec.PooledHidden == 0 || r.TrueCFG > 1 && len(r.Negative) > 0; !guided {
 			nvel = nz // one transformer call per step without guidance
+		}
+		if spec.PooledHidden > 0 {
+			res.PooledEmbeds = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.pooled_embeds)), spec.PooledHidden)...)
 		}
 		res.PromptEmbeds = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.prompt_embeds)), nemb)...)
 		res.FirstVelocity = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(co.first_velocity)), nvel)...)
@@ -188,6 +212,8 @@ func EncodePNG(rgb []byte, width, height int) ([]byte, error) {
 type PromptTokenizer interface {
 	ApplyChatTemplate(msgs []map[string]any, addGenerationPrompt bool, kwargs map[string]any) (string, error)
 	Encode(text string) []int32
+	// EncodePadded is tokenizer(text, padding="max_length", max_length=n, truncation=True).
+	EncodePadded(text string, n int) (ids, mask []int32, err error)
 }
 
 // The prompt formats a text-to-image family may declare (its resolve step's "prompt.format").
@@ -209,7 +235,26 @@ type ImagePrompt struct {
 	Format string
 	// TemplateKwargs are the chat template's extra variables (PromptChatTemplate only).
 	TemplateKwargs map[string]any
+	// MaxLength > 0 (PromptPlain only): the ids are padded and truncated to it, special tokens
+	// included, as diffusers calls its tokenizers (the family's "prompt.max_length").
+	MaxLength int
+	// Second is the rule of a second text encoder's ids (ImageRequest.Prompt2), declared as
+	// "prompt_2.*"; its Tokenizer is the bundle's folder it reads ("tokenizer_2"). Nil: one encoder.
+	Second    *ImagePrompt
+	Tokenizer string
+	// GuidanceScale is how the request's guidance_scale is taken (the family's
+	// "controls.guidance_scale"): GuidanceRequired (the default) or GuidanceZero (a checkpoint
+	// without guidance, FLUX.1 schnell: 0 or absent). TrueCFG says the family takes
+	// true_cfg_scale ("controls.true_cfg_scale" 1), with a negative prompt only when one is sent.
+	GuidanceScale string
+	TrueCFG       bool
 }
+
+// The ways a family takes guidance_scale (ImagePrompt.GuidanceScale).
+const (
+	GuidanceRequired = "required"
+	GuidanceZero     = "zero"
+)
 
 // ImagePromptFor reads the prompt rule family declares for config (the bundle header's Family
 // and Config). A family that declares none, or an unknown format, is an error naming the key.
@@ -218,20 +263,54 @@ func ImagePromptFor(family string, config json.RawMessage) (ImagePrompt, error) 
 	if err != nil {
 		return ImagePrompt{}, err
 	}
+	p, err := promptRule(family, hp, "prompt.")
+	if err != nil {
+		return ImagePrompt{}, err
+	}
+	if _, ok := hp["prompt_2.format"]; ok {
+		s, err := promptRule(family, hp, "prompt_2.")
+		if err != nil {
+			return ImagePrompt{}, err
+		}
+		if s.Tokenizer, _ = hp["prompt_2.tokenizer"].(string); s.Tokenizer == "" {
+			return ImagePrompt{}, fmt.Errorf("family %s declares prompt_2.format but no prompt_2.tokenizer (the pipeline folder of its tokenizer)", family)
+		}
+		p.Second = &s
+	}
+	p.GuidanceScale, _ = hp["controls.guidance_scale"].(string)
+	switch p.GuidanceScale {
+	case "":
+		p.GuidanceScale = GuidanceRequired
+	case GuidanceRequired, GuidanceZero:
+	default:
+		return ImagePrompt{}, fmt.Errorf("family %s: controls.guidance_scale %q is not %q or %q", family, p.GuidanceScale, GuidanceRequired, GuidanceZero)
+	}
+	p.TrueCFG = hp["controls.true_cfg_scale"] == 1.0
+	return p, nil
+}
+
+// promptRule reads one encoder's rule under prefix ("prompt." or "prompt_2.").
+func promptRule(family string, hp map[string]any, prefix string) (ImagePrompt, error) {
 	p := ImagePrompt{Family: family}
-	p.Format, _ = hp["prompt.format"].(string)
+	p.Format, _ = hp[prefix+"format"].(string)
+	if n, ok := hp[prefix+"max_length"].(float64); ok {
+		p.MaxLength = int(n)
+	}
 	switch p.Format {
 	case PromptPlain:
 	case PromptChatTemplate:
-		if kw, ok := hp["prompt.chat_template_kwargs"].(string); ok && kw != "" {
+		if p.MaxLength > 0 {
+			return ImagePrompt{}, fmt.Errorf("family %s: %smax_length is for the %q format only", family, prefix, PromptPlain)
+		}
+		if kw, ok := hp[prefix+"chat_template_kwargs"].(string); ok && kw != "" {
 			if err := json.Unmarshal([]byte(kw), &p.TemplateKwargs); err != nil {
-				return ImagePrompt{}, fmt.Errorf("family %s: prompt.chat_template_kwargs %q is not a JSON object: %v", family, kw, err)
+				return ImagePrompt{}, fmt.Errorf("family %s: %schat_template_kwargs %q is not a JSON object: %v", family, prefix, kw, err)
 			}
 		}
 	case "":
-		return ImagePrompt{}, fmt.Errorf("family %s declares no prompt.format: its resolve step (native/models/%s.cc) must set it to %q or %q", family, family, PromptChatTemplate, PromptPlain)
+		return ImagePrompt{}, fmt.Errorf("family %s declares no %sformat: its resolve step (native/models/%s.cc) must set it to %q or %q", family, prefix, family, PromptChatTemplate, PromptPlain)
 	default:
-		return ImagePrompt{}, fmt.Errorf("family %s: prompt.format %q is not %q or %q", family, p.Format, PromptChatTemplate, PromptPlain)
+		return ImagePrompt{}, fmt.Errorf("family %s: %sformat %q is not %q or %q", family, prefix, p.Format, PromptChatTemplate, PromptPlain)
 	}
 	return p, nil
 }
@@ -240,6 +319,13 @@ func ImagePromptFor(family string, config json.RawMessage) (ImagePrompt, error) 
 func (p ImagePrompt) IDs(tok PromptTokenizer, prompt string) ([]int32, error) {
 	switch p.Format {
 	case PromptPlain:
+		if p.MaxLength > 0 {
+			ids, _, err := tok.EncodePadded(prompt, p.MaxLength)
+			if err != nil {
+				return nil, fmt.Errorf("prompt: %w", err)
+			}
+			return ids, nil
+		}
 		return tok.Encode(prompt), nil
 	case PromptChatTemplate:
 		text, err := tok.ApplyChatTemplate([]map[string]any{{"role": "user", "content": prompt}}, true, p.TemplateKwargs)

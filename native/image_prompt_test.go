@@ -13,6 +13,7 @@ import (
 // one id per byte, recording what it was asked.
 type recordingTokenizer struct {
 	templated int
+	padded    int
 	kwargs    map[string]any
 	addGen    bool
 }
@@ -22,6 +23,21 @@ func (r *recordingTokenizer) ApplyChatTemplate(msgs []map[string]any, addGen boo
 	r.kwargs, r.addGen = kwargs, addGen
 	kw, _ := json.Marshal(kwargs)
 	return "T(" + msgs[0]["role"].(string) + ":" + msgs[0]["content"].(string) + "|" + string(kw) + ")", nil
+}
+
+// EncodePadded pads Encode's ids with 0 (after a 1 standing for an end token) up to n, cutting
+// to n.
+func (r *recordingTokenizer) EncodePadded(text string, n int) ([]int32, []int32, error) {
+	r.padded++
+	ids := append(r.Encode(text), 1)
+	if len(ids) > n {
+		ids = append(ids[:n-1], 1)
+	}
+	mask := make([]int32, n)
+	for i := range ids {
+		mask[i] = 1
+	}
+	return append(ids, make([]int32, n-len(ids))...), mask, nil
 }
 
 func (r *recordingTokenizer) Encode(text string) []int32 {

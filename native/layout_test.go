@@ -49,8 +49,13 @@ func buildLayoutBundle(t *testing.T, name, dir string) (layoutOutput, *bundle.He
 	var o layoutOutput
 	switch b.Header().Task {
 	case "image":
-		r, err := e.GenerateImage(ImageRequest{Prompt: []int32{151644, 872, 198, 64, 8251, 151645}, Negative: []int32{151644, 872, 198, 151645},
-			Width: 64, Height: 64, Steps: 2, Guidance: 1.5, Seed: 7}, false)
+		req := ImageRequest{Prompt: []int32{151644, 872, 198, 64, 8251, 151645}, Negative: []int32{151644, 872, 198, 151645},
+			Width: 64, Height: 64, Steps: 2, Guidance: 1.5, Seed: 7}
+		if b.Header().Family == "flux" { // CLIP's and T5's padded ids
+			req.Prompt, req.Prompt2 = fluxIDs(512)
+			req.Negative = nil
+		}
+		r, err := e.GenerateImage(req, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,6 +220,22 @@ func TestLayoutsComputeAsTheOriginal(t *testing.T) {
 				Add: map[string]map[string]string{"text_encoder/model.safetensors": {"lm_head.weight": "neg:embed_tokens.weight"}}}},
 			{"components sharded into 3", fixtures.Relayout{Shards: 3}},
 			{"Qwen3ForCausalLM encoder, sharded", fixtures.Relayout{Rename: prefixed("text_encoder/model.safetensors", "", "model."), Shards: 3}},
+		}},
+		{fixtures.FluxTinyDev, []layoutCase{
+			// CLIPTextModel's tensors without "text_model.", T5's tied embedding saved under the
+			// encoder's name, both as transformers loads them.
+			{"CLIP unprefixed, T5 embedding as encoder.embed_tokens", fixtures.Relayout{Rename: func(f, n string) string {
+				switch f {
+				case "text_encoder/model.safetensors":
+					return strings.TrimPrefix(n, "text_model.")
+				case "text_encoder_2/model.safetensors":
+					if n == "shared.weight" {
+						return "encoder.embed_tokens.weight"
+					}
+				}
+				return n
+			}}},
+			{"components sharded into 3", fixtures.Relayout{Shards: 3}},
 		}},
 	}
 	for _, f := range families {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelqual/modelqual/native"
 	"github.com/modelqual/modelqual/server/record"
 	"github.com/modelqual/modelqual/server/wire"
 )
@@ -202,10 +203,21 @@ func (s *Server) parseImageRequest(body []byte, g imageGeometry) (wire.ImageRequ
 		}
 	}
 	m, aerr := decodeObject(body, "model", "prompt", "negative_prompt", "size", "n", "response_format", "output_format",
-		"num_inference_steps", "guidance_scale", "seed", "user")
+		"num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "user")
 	if aerr != nil {
-		aerr.Message += "; this route takes model, prompt, negative_prompt, size, n, response_format, output_format, num_inference_steps, guidance_scale, seed, user"
+		aerr.Message += "; this route takes model, prompt, negative_prompt, size, n, response_format, output_format, num_inference_steps, guidance_scale, true_cfg_scale (models that have it), seed, user"
 		return r, "", aerr
+	}
+	rule := s.imagePrompt
+	if v, ok := m["true_cfg_scale"]; ok && !isNull(v) {
+		if !rule.TrueCFG {
+			return r, "", badRequest("true_cfg_scale", "`true_cfg_scale` is not a control of this model; guidance_scale is its classifier-free guidance")
+		}
+		var tc float64
+		if json.Unmarshal(v, &tc) != nil || math.IsNaN(tc) || math.IsInf(tc, 0) || tc < 0 || tc > math.MaxFloat32 {
+			return r, "", badRequest("true_cfg_scale", "`true_cfg_scale` must be a finite number >= 0 (above 1 with a negative_prompt: real classifier-free guidance)")
+		}
+		r.TrueCFG = float32(tc)
 	}
 	if aerr := s.checkModel(m); aerr != nil {
 		return r, "", aerr
@@ -244,8 +256,13 @@ func (s *Server) parseImageRequest(body []byte, g imageGeometry) (wire.ImageRequ
 		return r, "", badRequest("prompt", "`prompt` must be a string")
 	}
 	var err error
-	if r.Prompt, err = s.imagePrompt.IDs(s.tok, prompt); err != nil {
+	if r.Prompt, err = rule.IDs(s.tok, prompt); err != nil {
 		return r, "", badRequest("prompt", "%v", err)
+	}
+	if rule.Second != nil {
+		if r.Prompt2, err = rule.Second.IDs(s.tok2, prompt); err != nil {
+			return r, "", badRequest("prompt", "%v", err)
+		}
 	}
 	if len(r.Prompt) > s.info.MaxContext {
 		e := badRequest("prompt", "`prompt` is %d tokens once formatted, beyond the text encoder's context of %d", len(r.Prompt), s.info.MaxContext)
@@ -253,7 +270,9 @@ func (s *Server) parseImageRequest(body []byte, g imageGeometry) (wire.ImageRequ
 		return r, "", e
 	}
 	negative := ""
-	if v, ok := m["negative_prompt"]; ok && !isNull(v) {
+	v, hasNegative := m["negative_prompt"]
+	hasNegative = hasNegative && !isNull(v)
+	if hasNegative {
 		if !g.negativePrompt {
 			return r, "", badRequest("negative_prompt", "this model takes no negative prompt")
 		}
@@ -261,8 +280,17 @@ func (s *Server) parseImageRequest(body []byte, g imageGeometry) (wire.ImageRequ
 			return r, "", badRequest("negative_prompt", "`negative_prompt` must be a string")
 		}
 	}
-	if r.Negative, err = s.imagePrompt.IDs(s.tok, negative); err != nil {
-		return r, "", badRequest("negative_prompt", "%v", err)
+	// A classifier-free-guidance pipeline always has a negative prompt ("" by default); a
+	// true-CFG one (FLUX) guides only with one that was sent, as diffusers' has_neg_prompt.
+	if !rule.TrueCFG || hasNegative {
+		if r.Negative, err = rule.IDs(s.tok, negative); err != nil {
+			return r, "", badRequest("negative_prompt", "%v", err)
+		}
+		if rule.Second != nil {
+			if r.Negative2, err = rule.Second.IDs(s.tok2, negative); err != nil {
+				return r, "", badRequest("negative_prompt", "%v", err)
+			}
+		}
 	}
 	if len(r.Negative) > s.info.MaxContext {
 		return r, "", badRequest("negative_prompt", "`negative_prompt` is %d tokens once formatted, beyond the text encoder's context of %d", len(r.Negative), s.info.MaxContext)
@@ -295,8 +323,11 @@ func (s *Server) parseImageRequest(body []byte, g imageGeometry) (wire.ImageRequ
 	}
 	r.Steps = int(steps)
 	gv, ok := m["guidance_scale"]
+	if (!ok || isNull(gv)) && rule.GuidanceScale == native.GuidanceZero {
+		gv, ok = json.RawMessage("0"), true // a checkpoint without guidance: absent is 0
+	}
 	if !ok || isNull(gv) {
-		return r, "", badRequest("guidance_scale", "`guidance_scale` is required: the classifier-free guidance scale (0 turns guidance off)")
+		return r, "", badRequest("guidance_scale", "`guidance_scale` is required: the guidance scale (0 turns guidance off)")
 	}
 	var gs float64
 	if json.Unmarshal(gv, &gs) != nil || math.IsNaN(gs) || math.IsInf(gs, 0) || gs > math.MaxFloat32 {
@@ -304,6 +335,9 @@ func (s *Server) parseImageRequest(body []byte, g imageGeometry) (wire.ImageRequ
 	}
 	if gs < 0 {
 		return r, "", badRequest("guidance_scale", "`guidance_scale` %v is negative; use 0 to turn guidance off", gs)
+	}
+	if gs != 0 && rule.GuidanceScale == native.GuidanceZero {
+		return r, "", badRequest("guidance_scale", "`guidance_scale` %v: this checkpoint has no guidance (a timestep-distilled model such as FLUX.1 schnell); send 0 or leave it out", gs)
 	}
 	r.Guidance = float32(gs)
 	sdv, ok := m["seed"]

@@ -144,7 +144,8 @@ type Server struct {
 	eos     map[int32]bool
 	created int64
 
-	imagePrompt native.ImagePrompt // how the family formats a text encoder's prompt (task "image")
+	imagePrompt native.ImagePrompt   // how the family formats a text encoder's prompt (task "image")
+	tok2        *tokenizer.Tokenizer // the second text encoder's tokenizer (imagePrompt.Second), else nil
 
 	httpSrv    *http.Server
 	grpc       *grpcFrontend // nil without --grpc-port

@@ -242,7 +242,15 @@ func (s *Server) loadFrontend() (fileReads, error) {
 	if err != nil {
 		return fileReads{}, fmt.Errorf("qual-server: stat bundle: %w", err)
 	}
-	t, err := tokenizer.FromBytes(tj, tc)
+	t, err := tokenizer.FromBundle(sectionReader(func(name string) ([]byte, error) {
+		switch name {
+		case bundle.SectionTokenizer:
+			return tj, nil
+		case bundle.SectionTokenizerConfig:
+			return tc, nil
+		}
+		return section(name)
+	}))
 	if err != nil {
 		return fileReads{}, fmt.Errorf("qual-server: tokenizer of bundle %s: %w", s.cfg.Bundle, err)
 	}
@@ -250,6 +258,11 @@ func (s *Server) loadFrontend() (fileReads, error) {
 	if h.Task == "image" {
 		if s.imagePrompt, err = native.ImagePromptFor(h.Family, h.Config); err != nil {
 			return fileReads{}, fmt.Errorf("qual-server: bundle %s: %w", s.cfg.Bundle, err)
+		}
+		if p := s.imagePrompt.Second; p != nil { // a second text encoder's tokenizer (FLUX.1's T5)
+			if s.tok2, err = tokenizer.FromBundleFolder(sectionReader(section), p.Tokenizer); err != nil {
+				return fileReads{}, fmt.Errorf("qual-server: second tokenizer (%s) of bundle %s: %w", p.Tokenizer, s.cfg.Bundle, err)
+			}
 		}
 	}
 	if h.Task == "vision" {
@@ -260,6 +273,11 @@ func (s *Server) loadFrontend() (fileReads, error) {
 	log.Printf("frontend loaded bundle header and tokenizer in %v", time.Since(t0).Round(time.Millisecond))
 	return fileReads{before, after}, nil
 }
+
+// sectionReader adapts a section lookup to tokenizer.SectionReader.
+type sectionReader func(name string) ([]byte, error)
+
+func (f sectionReader) Section(name string) ([]byte, error) { return f(name) }
 
 // checkTokenizerSource makes sure the tokenizer was read from the file verifyBundle verified:
 // the file had the verified identity before and after loadFrontend read it (src), so nothing

@@ -279,13 +279,37 @@ func checkpointSource(o BuildOptions) (*source, error) {
 			return nil, err
 		}
 	}
-	if s.tokenizer, err = read(tokDir+"tokenizer.json", true); err != nil {
+	if s.tokenizer, err = read(tokDir+"tokenizer.json", tokDir == ""); err != nil {
 		return nil, err
+	}
+	if s.tokenizer == nil { // a pipeline's tokenizer/ as vocab.json + merges.txt (CLIP's, in FLUX.1)
+		for _, name := range []string{SectionVocab, SectionMerges} {
+			b, err := read(tokDir+name, false)
+			if err != nil {
+				return nil, err
+			}
+			if b == nil {
+				return nil, fmt.Errorf("bundle: checkpoint %s: %s has neither tokenizer.json nor vocab.json and merges.txt", dir, tokDir)
+			}
+			s.optional[name] = b
+		}
+		s.tokenizer = []byte{}
+	}
+	if pipeline != nil { // a second tokenizer for a second text encoder (FLUX.1's T5 in tokenizer_2/)
+		for _, name := range []string{SectionTokenizer2, SectionTokenizer2Config} {
+			b, err := read(name, false)
+			if err != nil {
+				return nil, err
+			}
+			if b != nil {
+				s.optional[name] = b
+			}
+		}
 	}
 	if s.tokCf, err = read(tokDir+"tokenizer_config.json", true); err != nil {
 		return nil, err
 	}
-	for _, name := range OptionalSections {
+	for _, name := range []string{SectionPreprocessorConfig, SectionChatTemplate, SectionChatTemplateJSON} {
 		b, err := read(tokDir+name, false)
 		if err != nil {
 			return nil, err
@@ -356,7 +380,7 @@ func architecture(config json.RawMessage) (string, error) {
 // its components; each component with a config (config.json, or a scheduler's
 // scheduler_config.json) joins the bundle's config under its name, and its weights
 // (<component>/*.safetensors) join the tensors with "<component>." before their names. The
-// tokenizer comes from tokenizer/.
+// tokenizer comes from tokenizer/ (and a second one from tokenizer_2/).
 func (s *source) readPipeline(dir string, index []byte, read func(string, bool) ([]byte, error)) error {
 	var idx map[string]json.RawMessage
 	if err := json.Unmarshal(index, &idx); err != nil || idx == nil {
@@ -376,7 +400,7 @@ func (s *source) readPipeline(dir string, index []byte, read func(string, bool) 
 	}
 	sort.Strings(comps)
 	for _, c := range comps {
-		if c == "tokenizer" {
+		if strings.HasPrefix(c, "tokenizer") { // tokenizer/, tokenizer_2/: read as tokenizer sections
 			continue
 		}
 		var cfg []byte

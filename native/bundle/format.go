@@ -69,13 +69,24 @@ const (
 	// (transformers 4.43+ writes chat_template.jinja, older ones chat_template.json).
 	SectionChatTemplate     = "chat_template.jinja"
 	SectionChatTemplateJSON = "chat_template.json"
+	// SectionVocab and SectionMerges are a BPE tokenizer kept as vocab.json and merges.txt
+	// without tokenizer.json (CLIP's, as FLUX.1's tokenizer/ ships it); the tokenizer.json
+	// section is then empty and readers build the tokenizer from these (server/tokenizer
+	// FromBundle).
+	SectionVocab  = "vocab.json"
+	SectionMerges = "merges.txt"
+	// SectionTokenizer2 and SectionTokenizer2Config are a pipeline's second tokenizer
+	// (tokenizer_2/: FLUX.1's T5), for its second text encoder.
+	SectionTokenizer2       = "tokenizer_2/tokenizer.json"
+	SectionTokenizer2Config = "tokenizer_2/tokenizer_config.json"
 )
 
 // RequiredSections lists the sections every bundle must carry, in file order.
 var RequiredSections = []string{SectionTokenizer, SectionTokenizerConfig, SectionGenerationConfig, SectionConfig}
 
 // OptionalSections are carried when the checkpoint has them, after the required ones.
-var OptionalSections = []string{SectionPreprocessorConfig, SectionChatTemplate, SectionChatTemplateJSON}
+var OptionalSections = []string{SectionPreprocessorConfig, SectionChatTemplate, SectionChatTemplateJSON, SectionVocab, SectionMerges,
+	SectionTokenizer2, SectionTokenizer2Config}
 
 // Tasks a bundle may serve.
 var Tasks = []string{"text", "image", "vision"}

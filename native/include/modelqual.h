@@ -272,6 +272,7 @@ typedef struct {
   int32_t max_prompt_tokens; /* the text encoder's context */
   int32_t max_steps;
   int32_t text_hidden; /* width of the text encoder's embeddings (mq_image_output.prompt_embeds) */
+  int32_t pooled_hidden; /* width of a pooled text embedding (mq_image_output.pooled_embeds); 0: none */
 } mq_image_spec;
 
 typedef struct {
@@ -287,6 +288,15 @@ typedef struct {
    * pipeline's scaling and shift); text encoder, noise and denoising are skipped and the
    * decoded image is returned. A component check against the reference's own decode. */
   const float *decode_latents;
+  /* A family with two text encoders (FLUX: CLIP, then T5) takes the second one's ids here, as
+   * its resolve step declares them (prompt_2.*); prompt and negative are then the first's. */
+  const int32_t *prompt_2;
+  int32_t n_prompt_2;
+  const int32_t *negative_2;
+  int32_t n_negative_2;
+  /* FLUX's true_cfg_scale: > 1 with a negative prompt runs real classifier-free guidance (guidance
+   * is then the distilled guidance embedding's scale); families without it refuse values != 0. */
+  float true_cfg;
 } mq_image_request;
 
 typedef struct {
@@ -300,6 +310,9 @@ typedef struct {
    * negative prompt's (1 or 2 latent tensors). */
   float *prompt_embeds;
   float *first_velocity;
+  /* optional, CPU pipelines with a pooled text embedding (pooled_hidden > 0): the prompt's. With
+   * prompt_2 the prompt_embeds are the second encoder's (n_prompt_2*text_hidden floats). */
+  float *pooled_embeds;
 } mq_image_output;
 
 MQ_API mq_status mq_engine_image_spec(const mq_engine *e, mq_image_spec *out);

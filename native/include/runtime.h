@@ -405,7 +405,7 @@ void attention(const float *q, int ntok, int pos, int H, int Hkv, int hd, const 
                float scale, float *out, float *scratch);
 int64_t now_ns();
 
-// torch_randn writes torch.randn(n) of a CPU generator seeded with seed (models/zimage_noise.cc).
+// torch_randn writes torch.randn(n) of a CPU generator seeded with seed (models/torch_randn.cc).
 void torch_randn(uint64_t seed, float *out, int64_t n);
 
 // DecoderDims are the canonical hyper-parameters a decoder-only family resolves (and the CUDA

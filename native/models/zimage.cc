@@ -34,6 +34,7 @@
 #include <dlfcn.h>
 
 #include "mq_backend.h"
+#include "diffusion.h"
 #include "qwen3_decoder.h"
 #include "runtime.h"
 
@@ -49,7 +50,8 @@ constexpr int kFreqDim = 256;     // timestep frequency embedding size
 constexpr int kTMid = 1024;       // t_embedder mid size
 constexpr int kMaxSteps = 200;
 
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+using diffusion::full_attention;
+using diffusion::silu;
 
 // HParams keys under a prefix, back into their own HParams (the text encoder's).
 HParams sub_hparams(const HParams &hp, const std::string &prefix) {
@@ -57,33 +59,6 @@ HParams sub_hparams(const HParams &hp, const std::string &prefix) {
   for (const auto &kv : hp.numbers())
     if (kv.first.compare(0, prefix.size(), prefix) == 0) out.set(kv.first.substr(prefix.size()), kv.second);
   return out;
-}
-
-// full_attention: q, k, v [L, H*hd] (non-causal), out [L, H*hd].
-void full_attention(ThreadPool *pool, const float *q, const float *k, const float *v, int L, int H, int hd, float *out) {
-  const float scale = 1.0f / std::sqrt((float)hd);
-  const int D = H * hd;
-  pool->run([&](int ti, int nt) {
-    std::vector<float> s(L);
-    for (int job = ti; job < L * H; job += nt) {
-      const int i = job / H, h = job % H;
-      const float *qi = q + (size_t)i * D + h * hd;
-      float mx = -INFINITY;
-      for (int j = 0; j < L; j++) {
-        s[j] = dot(qi, k + (size_t)j * D + h * hd, hd) * scale;
-        mx = std::max(mx, s[j]);
-      }
-      double sum = 0;
-      for (int j = 0; j < L; j++) {
-        s[j] = std::exp(s[j] - mx);
-        sum += s[j];
-      }
-      const float inv = (float)(1.0 / sum);
-      float *o = out + (size_t)i * D + h * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int j = 0; j < L; j++) axpy(s[j] * inv, v + (size_t)j * D + h * hd, o, hd);
-    }
-  });
 }
 
 // ---- the Z-Image transformer ---------------------------------------------------------------
@@ -342,210 +317,12 @@ class Transformer {
   std::vector<float> a_, q_, k_, v_, o_, t_, g1_, g3_;
 };
 
-// ---- the AutoencoderKL decoder (activations channels-last: [H*W, C]) -----------------------
-
-struct Conv {
-  const float *w = nullptr, *b = nullptr;
-  int out = 0, in = 0, k = 0;
-};
-
-struct Norm {
-  const float *g, *b;
-};
-
-struct Resnet {
-  Norm n1, n2;
-  Conv c1, c2, shortcut;
-};
-
-class Decoder {
- public:
-  Decoder(const HParams &hp, const Weights &w, ThreadPool *pool) : pool_(pool) {
-    const int nb = hp.i("vae.n_blocks");
-    for (int i = 0; i < nb; i++) ch_.push_back(hp.i("vae.block_out_channels." + std::to_string(i)));
-    groups_ = hp.i("vae.norm_num_groups");
-    latent_ = hp.i("vae.latent_channels");
-    const int layers = hp.i("vae.layers_per_block");
-    attention_ = hp.b("vae.mid_block_add_attention");
-    const std::string d = "vae.decoder.";
-    const int last = ch_.back();
-    if (hp.b("vae.use_post_quant_conv")) post_quant_ = conv(w, "vae.post_quant_conv", latent_, latent_, 1);
-    conv_in_ = conv(w, d + "conv_in", last, latent_, 3);
-    mid_[0] = resnet(w, d + "mid_block.resnets.0.", last, last);
-    mid_[1] = resnet(w, d + "mid_block.resnets.1.", last, last);
-    if (attention_) {
-      const std::string a = d + "mid_block.attentions.0.";
-      attn_norm_ = norm(w, a + "group_norm", last);
-      for (int i = 0; i < 4; i++) {
-        const char *n[4] = {"to_q", "to_k", "to_v", "to_out.0"};
-        attn_w_[i] = w.get(a + n[i] + ".weight", {last, last});
-        attn_b_[i] = w.get(a + n[i] + ".bias", {last});
-      }
-    }
-    int prev = last;
-    for (int i = 0; i < nb; i++) {
-      const int c = ch_[nb - 1 - i];
-      Up u;
-      for (int j = 0; j < layers + 1; j++)
-        u.res.push_back(resnet(w, d + "up_blocks." + std::to_string(i) + ".resnets." + std::to_string(j) + ".", j == 0 ? prev : c, c));
-      if (i < nb - 1) u.up = conv(w, d + "up_blocks." + std::to_string(i) + ".upsamplers.0.conv", c, c, 3);
-      up_.push_back(u);
-      prev = c;
-    }
-    norm_out_ = norm(w, d + "conv_norm_out", ch_[0]);
-    conv_out_ = conv(w, d + "conv_out", 3, ch_[0], 3);
-    w.ignore_prefix("vae.encoder.");  // the encoder serves image-to-image, not this pipeline
-    if (w.has("vae.quant_conv.weight")) w.ignore_prefix("vae.quant_conv.");
-  }
-
-  int scale() const { return 1 << (int)(ch_.size() - 1); }
-
-  // decode: z [C, h, w] (already scaled and shifted) -> out [H*W, 3] (the VAE's [-1, 1] output).
-  void decode(const float *z, int h, int w, std::vector<float> &out) {
-    std::vector<float> x((size_t)h * w * latent_);
-    for (int c = 0; c < latent_; c++)
-      for (int p = 0; p < h * w; p++) x[(size_t)p * latent_ + c] = z[(size_t)c * h * w + p];
-    if (post_quant_.w) x = conv2d(post_quant_, x, h, w);
-    x = conv2d(conv_in_, x, h, w);
-    x = run_resnet(mid_[0], x, h, w);
-    if (attention_) attend(x, h, w);
-    x = run_resnet(mid_[1], x, h, w);
-    for (const Up &u : up_) {
-      for (const Resnet &r : u.res) x = run_resnet(r, x, h, w);
-      if (u.up.w) {
-        x = upsample(x, h, w, u.up.in);
-        h *= 2, w *= 2;
-        x = conv2d(u.up, x, h, w);
-      }
-    }
-    group_norm(x, h * w, ch_[0], norm_out_, true);
-    out = conv2d(conv_out_, x, h, w);
-  }
-
- private:
-  struct Up {
-    std::vector<Resnet> res;
-    Conv up;
-  };
-
-  static Conv conv(const Weights &w, const std::string &p, int out, int in, int k) {
-    Conv c;
-    c.w = w.get(p + ".weight", {out, in, k, k});
-    c.b = w.get(p + ".bias", {out});
-    c.out = out, c.in = in, c.k = k;
-    return c;
-  }
-  static Norm norm(const Weights &w, const std::string &p, int c) { return Norm{w.get(p + ".weight", {c}), w.get(p + ".bias", {c})}; }
-  static Resnet resnet(const Weights &w, const std::string &p, int in, int out) {
-    Resnet r;
-    r.n1 = norm(w, p + "norm1", in);
-    r.c1 = conv(w, p + "conv1", out, in, 3);
-    r.n2 = norm(w, p + "norm2", out);
-    r.c2 = conv(w, p + "conv2", out, out, 3);
-    if (in != out) r.shortcut = conv(w, p + "conv_shortcut", out, in, 1);
-    return r;
-  }
-
-  // conv2d: x [h*w, in] -> [h*w, out], stride 1, zero padding k/2, as im2col rows (column
-  // order in, ky, kx: the weight's [out, in, k, k] layout) through linear, in pixel chunks.
-  std::vector<float> conv2d(const Conv &c, const std::vector<float> &x, int h, int w) {
-    std::vector<float> y((size_t)h * w * c.out);
-    const int K = c.in * c.k * c.k, r = c.k / 2;
-    const int chunk = std::max(1, std::min(h * w, (1 << 22) / std::max(1, K)));
-    std::vector<float> col((size_t)chunk * K);
-    for (int p0 = 0; p0 < h * w; p0 += chunk) {
-      const int np = std::min(chunk, h * w - p0);
-      if (c.k == 1) {
-        linear(pool_, &x[(size_t)p0 * c.in], np, c.in, c.w, c.out, c.b, &y[(size_t)p0 * c.out]);
-        continue;
-      }
-      pool_->run([&](int ti, int nt) {
-        for (int p = ti; p < np; p += nt) {
-          const int py = (p0 + p) / w, px = (p0 + p) % w;
-          float *row = &col[(size_t)p * K];
-          for (int i = 0; i < c.in; i++)
-            for (int ky = 0; ky < c.k; ky++)
-              for (int kx = 0; kx < c.k; kx++) {
-                const int yy = py + ky - r, xx = px + kx - r;
-                row[(i * c.k + ky) * c.k + kx] = (yy < 0 || yy >= h || xx < 0 || xx >= w) ? 0.0f : x[((size_t)yy * w + xx) * c.in + i];
-              }
-        }
-      });
-      linear(pool_, col.data(), np, K, c.w, c.out, c.b, &y[(size_t)p0 * c.out]);
-    }
-    return y;
-  }
-
-  // group_norm in place over x [n, C] (eps 1e-6), then SiLU when act.
-  void group_norm(std::vector<float> &x, int n, int C, const Norm &g, bool act) const {
-    const int per = C / groups_;
-    for (int gi = 0; gi < groups_; gi++) {
-      double s = 0, ss = 0;
-      for (int p = 0; p < n; p++)
-        for (int c = gi * per; c < (gi + 1) * per; c++) {
-          const double v = x[(size_t)p * C + c];
-          s += v, ss += v * v;
-        }
-      const double cnt = (double)n * per, mean = s / cnt, var = std::max(0.0, ss / cnt - mean * mean);
-      const float inv = (float)(1.0 / std::sqrt(var + 1e-6)), m = (float)mean;
-      for (int p = 0; p < n; p++)
-        for (int c = gi * per; c < (gi + 1) * per; c++) {
-          float &v = x[(size_t)p * C + c];
-          v = (v - m) * inv * g.g[c] + g.b[c];
-          if (act) v = silu(v);
-        }
-    }
-  }
-
-  std::vector<float> run_resnet(const Resnet &r, const std::vector<float> &x, int h, int w) {
-    std::vector<float> t = x;
-    group_norm(t, h * w, r.c1.in, r.n1, true);
-    t = conv2d(r.c1, t, h, w);
-    group_norm(t, h * w, r.c1.out, r.n2, true);
-    t = conv2d(r.c2, t, h, w);
-    std::vector<float> s = r.shortcut.w ? conv2d(r.shortcut, x, h, w) : x;
-    for (size_t i = 0; i < t.size(); i++) t[i] += s[i];
-    return t;
-  }
-
-  // attend: the mid block's single-head self-attention with a residual connection.
-  void attend(std::vector<float> &x, int h, int w) {
-    const int C = ch_.back(), L = h * w;
-    std::vector<float> n = x, q((size_t)L * C), k((size_t)L * C), v((size_t)L * C), o((size_t)L * C), y((size_t)L * C);
-    group_norm(n, L, C, attn_norm_, false);
-    linear(pool_, n.data(), L, C, attn_w_[0], C, attn_b_[0], q.data());
-    linear(pool_, n.data(), L, C, attn_w_[1], C, attn_b_[1], k.data());
-    linear(pool_, n.data(), L, C, attn_w_[2], C, attn_b_[2], v.data());
-    full_attention(pool_, q.data(), k.data(), v.data(), L, 1, C, o.data());
-    linear(pool_, o.data(), L, C, attn_w_[3], C, attn_b_[3], y.data());
-    for (size_t i = 0; i < x.size(); i++) x[i] += y[i];
-  }
-
-  static std::vector<float> upsample(const std::vector<float> &x, int h, int w, int C) {
-    std::vector<float> y((size_t)4 * h * w * C);
-    for (int yy = 0; yy < 2 * h; yy++)
-      for (int xx = 0; xx < 2 * w; xx++)
-        std::memcpy(&y[((size_t)yy * 2 * w + xx) * C], &x[((size_t)(yy / 2) * w + xx / 2) * C], sizeof(float) * C);
-    return y;
-  }
-
-  ThreadPool *pool_;
-  std::vector<int> ch_;
-  int groups_, latent_;
-  bool attention_;
-  Conv post_quant_, conv_in_, conv_out_;
-  Resnet mid_[2];
-  Norm attn_norm_{nullptr, nullptr}, norm_out_{nullptr, nullptr};
-  const float *attn_w_[4] = {nullptr, nullptr, nullptr, nullptr}, *attn_b_[4] = {nullptr, nullptr, nullptr, nullptr};
-  std::vector<Up> up_;
-};
-
 // ---- what both devices share: spec, request checks, schedule -------------------------------
 
 // zimage_spec: what the pipeline accepts (VAE scale from its block count, the transformer's
 // position table, the text encoder's context).
 mq_image_spec zimage_spec(const HParams &hp, int max_ctx) {
-  mq_image_spec s;
+  mq_image_spec s{};  // pooled_hidden 0: no pooled embedding
   s.latent_channels = hp.i("transformer.in_channels");
   s.vae_scale = 1 << (hp.i("vae.n_blocks") - 1);
   s.size_multiple = s.vae_scale * kPatch;
@@ -577,6 +354,8 @@ bool zimage_check(const HParams &hp, int max_ctx, const mq_image_request &r) {
           std::to_string(sp.size_multiple) + " up to " + std::to_string(sp.max_size));
   if (r.steps < 1 || r.steps > sp.max_steps) bad("num_inference_steps: " + std::to_string(r.steps) + " is outside 1.." + std::to_string(sp.max_steps));
   if (!std::isfinite(r.guidance) || r.guidance < 0) bad("guidance_scale: must be a finite number >= 0");
+  if (r.true_cfg != 0) bad("true_cfg_scale: this pipeline has no true CFG scale; guidance_scale is its classifier-free guidance");
+  if (r.n_prompt_2 != 0 || r.n_negative_2 != 0) bad("prompt_2: this pipeline has one text encoder");
   const bool cfg = r.guidance > 0 && !fault("zimage.drop_cfg");
   const int vocab = hp.i("vocab_size");
   check_ids("prompt", r.prompt, r.n_prompt, max_ctx, vocab);
@@ -584,30 +363,11 @@ bool zimage_check(const HParams &hp, int max_ctx, const mq_image_request &r) {
   return cfg;
 }
 
-// zimage_schedule: FlowMatchEulerDiscreteScheduler.set_timesteps(sigmas=linspace(1, 1/N, N), mu)
-// in float32, with the final 0.
+// zimage_schedule: the flow-match sigmas as ZImagePipeline asks for them (torch.linspace base
+// sigmas). The zimage.scheduler_shift_ignored fault plants a misread scheduler config (shift 1).
 std::vector<float> zimage_schedule(const HParams &hp, int N, int image_seq_len) {
-  std::vector<float> s(N);
-  const float start = 1.0f, end = (float)(1.0 / N);
-  if (N == 1) {
-    s[0] = start;
-  } else {  // torch.linspace: start + step*i for the first half, end - step*(N-1-i) after
-    const float step = (end - start) / (float)(N - 1);
-    for (int i = 0; i < N; i++) s[i] = i < N / 2 ? start + step * (float)i : end - step * (float)(N - 1 - i);
-  }
-  if (hp.b("scheduler.use_dynamic_shifting")) {
-    const double m = (hp.f("scheduler.max_shift") - hp.f("scheduler.base_shift")) /
-                     (hp.f("scheduler.max_image_seq_len") - hp.f("scheduler.base_image_seq_len"));
-    const double b = hp.f("scheduler.base_shift") - m * hp.f("scheduler.base_image_seq_len");
-    const float e = (float)std::exp(image_seq_len * m + b);
-    for (float &x : s) x = e / (e + (1.0f / x - 1.0f));
-  } else {
-    // The zimage.scheduler_shift_ignored fault plants a misread scheduler config (shift 1).
-    const float shift = fault("zimage.scheduler_shift_ignored") ? 1.0f : (float)hp.f("scheduler.shift");
-    for (float &x : s) x = shift * x / (1.0f + (shift - 1.0f) * x);
-  }
-  s.push_back(0.0f);
-  return s;
+  const float shift = fault("zimage.scheduler_shift_ignored") ? 1.0f : (float)hp.f("scheduler.shift");
+  return diffusion::flow_match_sigmas(hp, N, image_seq_len, shift, diffusion::Linspace::TorchFloat32);
 }
 
 // ---- the pipeline ----------------------------------------------------------------------------
@@ -702,12 +462,7 @@ class ZImage : public ImageBackend {
     const int vs = image_spec().vae_scale;
     std::vector<float> img;
     decoder_.decode(z.data(), r.height / vs, r.width / vs, img);
-    const size_t px = (size_t)r.width * r.height;
-    for (size_t p = 0; p < px * 3; p++) {
-      const float v = std::min(1.0f, std::max(0.0f, img[p] * 0.5f + 0.5f));
-      if (out->image) out->image[p] = v;
-      out->rgb[p] = (uint8_t)(truncate_pixels_ ? v * 255.0f : std::nearbyint(v * 255.0f));  // numpy's round: half to even
-    }
+    diffusion::to_pixels(img, (size_t)r.width * r.height, out->image, out->rgb, truncate_pixels_);
   }
 
   static Qwen3Decoder::Options encoder_options() {
@@ -739,7 +494,7 @@ class ZImage : public ImageBackend {
   int max_ctx_, vocab_ = 0;
   Qwen3Decoder encoder_;
   Transformer transformer_;
-  Decoder decoder_;
+  diffusion::VAEDecoder decoder_;
   float scaling_ = 1, shift_factor_ = 0;
   bool truncate_pixels_ = false;
 };
@@ -788,42 +543,8 @@ void resolve_zimage(const Config &c, HParams &hp) {
     hp.set("transformer.axes_lens." + std::to_string(i), al[i]);
   }
 
-  const Config v = c.sub("vae");
-  if (v.string("_class_name", "AutoencoderKL") != "AutoencoderKL") refuse("vae._class_name", "only AutoencoderKL is implemented");
-  std::vector<double> ch = v.numbers("block_out_channels");
-  const int64_t groups = v.integer("norm_num_groups", 32);
-  hp.set("vae.n_blocks", (double)ch.size());
-  for (size_t i = 0; i < ch.size(); i++) {
-    if ((int64_t)ch[i] % groups != 0) refuse("vae.block_out_channels", "not a multiple of norm_num_groups");
-    hp.set("vae.block_out_channels." + std::to_string(i), ch[i]);
-  }
-  for (const std::string &u : v.strings("up_block_types"))
-    if (u != "UpDecoderBlock2D") refuse("vae.up_block_types", "\"" + u + "\" is not implemented; only UpDecoderBlock2D");
-  if (v.string("act_fn", "silu") != "silu") refuse("vae.act_fn", "only silu is implemented");
-  if (v.integer("out_channels", 3) != 3) refuse("vae.out_channels", "want 3 (RGB)");
-  if (v.has("latents_mean") || v.has("latents_std")) refuse("vae.latents_mean", "per-channel latent statistics are not implemented");
-  hp.set("vae.norm_num_groups", (double)groups);
-  hp.set("vae.latent_channels", (double)v.positive("latent_channels"));
-  hp.set("vae.layers_per_block", (double)v.integer("layers_per_block", 1));
-  hp.set("vae.mid_block_add_attention", v.boolean("mid_block_add_attention", true));
-  hp.set("vae.use_post_quant_conv", v.boolean("use_post_quant_conv", true));
-  hp.set("vae.scaling_factor", v.number("scaling_factor", 0.18215));
-  hp.set("vae.shift_factor", v.has("shift_factor") ? v.number("shift_factor") : 0.0);
-
-  const Config s = c.sub("scheduler");
-  if (s.string("_class_name", "") != "FlowMatchEulerDiscreteScheduler")
-    refuse("scheduler._class_name", "\"" + s.string("_class_name", "") + "\" is not implemented; only FlowMatchEulerDiscreteScheduler");
-  for (const char *k : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas", "stochastic_sampling"})
-    if (s.boolean(k, false)) refuse(std::string("scheduler.") + k, "true is not implemented");
-  if (s.has("shift_terminal")) refuse("scheduler.shift_terminal", "is not implemented");
-  if (s.string("time_shift_type", "exponential") != "exponential") refuse("scheduler.time_shift_type", "only exponential is implemented");
-  if (s.number("num_train_timesteps", 1000) != 1000) refuse("scheduler.num_train_timesteps", "only 1000 is implemented");
-  hp.set("scheduler.shift", s.number("shift", 1.0));
-  hp.set("scheduler.use_dynamic_shifting", s.boolean("use_dynamic_shifting", false));
-  hp.set("scheduler.base_shift", s.number("base_shift", 0.5));
-  hp.set("scheduler.max_shift", s.number("max_shift", 1.15));
-  hp.set("scheduler.base_image_seq_len", s.number("base_image_seq_len", 256));
-  hp.set("scheduler.max_image_seq_len", s.number("max_image_seq_len", 4096));
+  diffusion::resolve_autoencoder_kl(c.sub("vae"), hp);
+  diffusion::resolve_flow_match(c.sub("scheduler"), hp);
 }
 
 std::unique_ptr<Backend> make_zimage(const ModelArgs &a) { return std::unique_ptr<Backend>(new ZImage(a)); }

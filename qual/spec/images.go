@@ -489,8 +489,12 @@ func (s *Suite) ImageInput() ImageInput {
 	}
 	golden, err := LoadImageGolden(filepath.Join(s.State.RepoRoot, "fixtures", "golden", fixture+".json"))
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	return ImageInput{API: s.API, Golden: golden, Bundle: s.State.Bundle, Device: s.State.Device, QualBin: filepath.Join(binDir(s.State.RepoRoot), "qual")}
+	return ImageInput{API: s.API, Golden: golden, Bundle: s.State.Bundle, Device: s.State.Device, QualBin: s.QualBin()}
 }
+
+// QualBin is the qual binary the suite built (for `qual generate-image`), for a family that
+// assembles its own ImageInput.
+func (s *Suite) QualBin() string { return filepath.Join(binDir(s.State.RepoRoot), "qual") }
 
 // ImageGates declares the image gates with their labels (family files call it in Qualify).
 func ImageGates(ctx context.Context, input func() ImageInput) {

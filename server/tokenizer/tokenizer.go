@@ -130,16 +130,40 @@ type SectionReader interface {
 }
 
 // FromBundle builds a Tokenizer from a bundle's "tokenizer.json" and "tokenizer_config.json"
-// sections. The Tokenizer keeps no reference to the section bytes, so the bundle may be
+// sections, or, where the checkpoint kept its tokenizer as vocab.json and merges.txt (CLIP's,
+// in FLUX.1's tokenizer/: the tokenizer.json section is then empty), from those sections as
+// FromVocabMerges. The Tokenizer keeps no reference to the section bytes, so the bundle may be
 // closed afterwards.
 func FromBundle(b SectionReader) (*Tokenizer, error) {
-	tj, err := b.Section("tokenizer.json")
+	return FromBundleFolder(b, "")
+}
+
+// FromBundleFolder is FromBundle for the tokenizer a pipeline keeps in folder (the bundle's
+// sections folder + "/tokenizer.json" and folder + "/tokenizer_config.json"; "" is the first
+// tokenizer): "tokenizer_2" is FLUX.1's T5 tokenizer.
+func FromBundleFolder(b SectionReader, folder string) (*Tokenizer, error) {
+	pre := ""
+	if folder != "" {
+		pre = folder + "/"
+	}
+	tj, err := b.Section(pre + "tokenizer.json")
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	cj, err := b.Section("tokenizer_config.json")
+	cj, err := b.Section(pre + "tokenizer_config.json")
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	if len(tj) == 0 && folder == "" {
+		vocab, err := b.Section("vocab.json")
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer: the bundle's tokenizer.json is empty and %w", err)
+		}
+		merges, err := b.Section("merges.txt")
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer: the bundle's tokenizer.json is empty and %w", err)
+		}
+		return FromVocabMerges(vocab, merges, cj)
 	}
 	return FromBytes(tj, cj)
 }

@@ -22,6 +22,11 @@ type ImageRequest struct {
 	Steps    int     `json:"steps"`
 	Guidance float32 `json:"guidance"`
 	Seed     uint64  `json:"seed"`
+	// Prompt2 and Negative2 are a second text encoder's ids (FLUX.1's T5); TrueCFG its
+	// true_cfg_scale.
+	Prompt2   []int32 `json:"prompt_2,omitempty"`
+	Negative2 []int32 `json:"negative_2,omitempty"`
+	TrueCFG   float32 `json:"true_cfg_scale,omitempty"`
 	// Latents asks for the final latents too (the /mq/v1/image_latents introspection route).
 	Latents bool `json:"latents,omitempty"`
 }

@@ -17,8 +17,8 @@ type ImageEngine interface {
 // Image runs the native pipeline and encodes its pixels with native.EncodePNG, the encoder
 // `qual generate-image` uses, so both give the same bytes for the same controls.
 func (n *nativeEngine) Image(r wire.ImageRequest) wire.ImageAnswer {
-	res, err := n.e.GenerateImage(native.ImageRequest{Prompt: r.Prompt, Negative: r.Negative, Width: r.Width, Height: r.Height,
-		Steps: r.Steps, Guidance: r.Guidance, Seed: r.Seed}, r.Latents)
+	res, err := n.e.GenerateImage(native.ImageRequest{Prompt: r.Prompt, Negative: r.Negative, Prompt2: r.Prompt2, Negative2: r.Negative2,
+		Width: r.Width, Height: r.Height, Steps: r.Steps, Guidance: r.Guidance, TrueCFG: r.TrueCFG, Seed: r.Seed}, r.Latents)
 	if err != nil {
 		return wire.ImageAnswer{Err: err.Error()}
 	}

@@ -25,10 +25,11 @@ func init() {
 
 const generateImageUsage = `Usage:
   qual generate-image --bundle FILE --prompt TEXT --size WxH --steps N --guidance G --seed S
-                      --out FILE.png [--negative-prompt TEXT] [--device cpu|cuda] [--repeat N] [--threads N]
+                      --out FILE.png [--negative-prompt TEXT] [--true-cfg S] [--device cpu|cuda] [--repeat N] [--threads N]
 
 Runs the bundle's text-to-image pipeline in-process through package native (the prompt is
-formatted and tokenized as the pipeline does: its chat template, then its tokenizer), writes the
+formatted and tokenized as the pipeline does: its chat template, then its tokenizer, or, for a
+pipeline with two text encoders such as FLUX.1, both tokenizers padded to their lengths), writes the
 image as a PNG and prints
   sha256 <hex>  bytes <n>  size <W>x<H>  native_task_ms <t>
 where native_task_ms is the pipeline call alone (text encoder to pixels); with --repeat N the
@@ -56,7 +57,8 @@ func generateImageMain(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() { fmt.Fprint(stderr, generateImageUsage); fs.PrintDefaults() }
 	bundlePath := fs.String("bundle", "", "text-to-image bundle `FILE` (required)")
 	prompt := fs.String("prompt", "", "the prompt `TEXT` (required)")
-	negative := fs.String("negative-prompt", "", "the negative prompt `TEXT`, used when --guidance > 0")
+	negative := fs.String("negative-prompt", "", "the negative prompt `TEXT`, used when --guidance > 0 (FLUX.1: when --true-cfg > 1 and the flag is given)")
+	trueCFG := fs.Float64("true-cfg", 0, "FLUX.1's true_cfg_scale: above 1 with --negative-prompt, real classifier-free guidance (0: off)")
 	size := fs.String("size", "", "image size `WxH` (required)")
 	steps := fs.Int("steps", 0, "denoising steps (required)")
 	guidance := fs.Float64("guidance", -1, "classifier-free guidance scale; 0 turns guidance off (required)")
@@ -116,9 +118,30 @@ func generateImageMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail("%v", err)
 	}
-	nids, err := rule.IDs(tok, *negative)
-	if err != nil {
-		return fail("%v", err)
+	var nids, pids2, nids2 []int32
+	negGiven := false
+	fs.Visit(func(f *flag.Flag) { negGiven = negGiven || f.Name == "negative-prompt" })
+	if !rule.TrueCFG || negGiven { // as the server: a true-CFG pipeline guides only with a sent negative prompt
+		if nids, err = rule.IDs(tok, *negative); err != nil {
+			return fail("%v", err)
+		}
+	}
+	if rule.Second != nil {
+		tok2, err := tokenizer.FromBundleFolder(b, rule.Second.Tokenizer)
+		if err != nil {
+			return fail("second tokenizer (%s) of %s: %v", rule.Second.Tokenizer, *bundlePath, err)
+		}
+		if pids2, err = rule.Second.IDs(tok2, *prompt); err != nil {
+			return fail("%v", err)
+		}
+		if nids != nil {
+			if nids2, err = rule.Second.IDs(tok2, *negative); err != nil {
+				return fail("%v", err)
+			}
+		}
+	}
+	if *trueCFG != 0 && !rule.TrueCFG {
+		return fail("--true-cfg: this pipeline has no true_cfg_scale")
 	}
 	if *repeat < 1 {
 		return fail("--repeat must be >= 1")
@@ -128,7 +151,8 @@ func generateImageMain(args []string, stdout, stderr io.Writer) int {
 		return fail("%v", err)
 	}
 	defer e.Close()
-	req := native.ImageRequest{Prompt: pids, Negative: nids, Width: w, Height: h, Steps: *steps, Guidance: float32(*guidance), Seed: uint64(*seed)}
+	req := native.ImageRequest{Prompt: pids, Negative: nids, Prompt2: pids2, Negative2: nids2, Width: w, Height: h, Steps: *steps,
+		Guidance: float32(*guidance), TrueCFG: float32(*trueCFG), Seed: uint64(*seed)}
 	res, err := e.GenerateImage(req, false)
 	if err != nil {
 		return fail("%v", err)

@@ -1,5 +1,5 @@
-// models/zimage_noise.cc: seeded Gaussian noise identical to torch's CPU generator (owner: zimage
-// family).
+// models/torch_randn.cc: seeded Gaussian noise identical to torch's CPU generator, shared by the
+// diffusion pipelines (every text-to-image family draws its initial latents here).
 //
 // Why: a diffusion pipeline's image is a function of its initial latents, and diffusers draws
 // them with torch.Generator("cpu").manual_seed(seed) then torch.randn(shape) (randn_tensor).

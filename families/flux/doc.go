@@ -1,0 +1,13 @@
+// Package flux is the flux family's qualification suite: text-to-image as diffusers'
+// FluxPipeline runs FLUX.1 (CLIP-L's pooled output and T5's embeddings, the MMDiT double- and
+// single-stream transformer over 2x2-packed latents with three-axis rotary positions, dev's
+// guidance embedding, the resolution-shifted flow-match schedule, the 16-channel AutoencoderKL),
+// served on /v1/images/generations. The suite qualifies the flux-tiny-dev fixture; schnell's
+// request rules (guidance_scale absent or 0) are held by server's TestFluxImageRoutes and its
+// pipeline by native's TestFluxTinyRuns and TestFluxMatchesDiffusers. The reference is diffusers
+// itself: its goldens (fixtures/golden/flux-tiny-{dev,schnell}.json, made by
+// fixtures/golden/make_flux_golden.py on the same checkpoint folders); until they exist the
+// parity specs skip with "NO GOLDEN: <path>".
+//
+// Run it with `go run github.com/onsi/ginkgo/v2/ginkgo -label-filter=flux ./families/...`.
+package flux
