@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/modelqual/modelqual/fixtures"
@@ -570,4 +571,24 @@ func TestQwen3VLSeveralImagesRefusals(t *testing.T) {
 	if n != 3 {
 		t.Fatalf("valid two-image request after refusals produced %d tokens, want 3", n)
 	}
+}
+
+// TestImageListRefusedByOneImageEngine: an engine whose model takes one image per sequence
+// (internvl's, whose images stack into one grid instead) refuses a list of two, naming the
+// server's --max-images-per-request, rather than misplacing the second image. The CUDA backend
+// refuses the same way (its message adds the cpu backend).
+func TestImageListRefusedByOneImageEngine(t *testing.T) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := internVLProcessor(t)
+	r, _ := internVLImage(t, c, filepath.Join(root, "fixtures/images/internvl/09-gray-300x300.png"))
+	e := openInternVL(t)
+	im := &native.Image{Pixels: r.Pixels, Grid: r.Grid}
+	_, err = e.AddImages(internVLPrompt(r.Tokens), []*native.Image{im, im}, native.Sampling{MaxNewTokens: 1})
+	if err == nil || !strings.Contains(err.Error(), "--max-images-per-request 1") {
+		t.Fatalf("two images to internvl's engine as a list: %v; want a refusal naming --max-images-per-request", err)
+	}
+	t.Log(err)
 }
