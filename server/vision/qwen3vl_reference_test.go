@@ -506,6 +506,39 @@ func TestQwen3VLTwoImagesMatchFloat64Reference(t *testing.T) {
 		}
 		t.Logf("%s (%d ids, %d + %d image tokens): native vs float64 reference max |Δlogit| %.3g", tc.name, len(ids), tc.first.Tokens, tc.second.Tokens, worst)
 	}
+	// Decoding after two images (the KV cache, positions at cache position + rope delta): three
+	// greedy tokens, each the reference's argmax over the prompt and the tokens before it.
+	ids := twoImagePrompt(a.Tokens, b.Tokens)
+	id, err := e.AddImages(ids, []*native.Image{{Pixels: a.Pixels, Grid: a.Grid}, {Pixels: b.Pixels, Grid: b.Grid}}, native.Sampling{MaxNewTokens: 3, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int32
+	for e.Active() > 0 {
+		if _, err := e.Step(func(ev native.Event) {
+			if ev.Seq == id && ev.Token >= 0 {
+				got = append(got, ev.Token)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 3 {
+		t.Fatalf("decoded %d tokens, want 3", len(got))
+	}
+	all := append(append([]int32{}, ids...), got[:2]...)
+	want := referencePair(t, r, a, b, all, []int{len(ids) - 1, len(ids), len(ids) + 1})
+	for s, row := range want {
+		best := 0
+		for i, v := range row {
+			if v > row[best] {
+				best = i
+			}
+		}
+		if int32(best) != got[s] {
+			t.Errorf("decode step %d after two images: engine token %d, reference argmax %d", s, got[s], best)
+		}
+	}
 }
 
 // TestQwen3VLTwoImageFaultsBreakReference proves the comparison bites on defects only several
