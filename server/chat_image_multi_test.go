@@ -1,13 +1,17 @@
 package server_test
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"math"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelqual/modelqual/fixtures"
 )
@@ -241,5 +245,24 @@ func TestVisionMultiImageQwen3VLDefaultOne(t *testing.T) {
 	code, _, body := s.post("/v1/chat/completions", multiImageChat([]string{gray, gray}, "Two?"))
 	if code != 400 || !strings.Contains(string(body), "--max-images-per-request 1") {
 		t.Errorf("two images with the default limit: %d %s; want 400 naming --max-images-per-request 1", code, body)
+	}
+}
+
+// TestVisionMultiImageQwen3VLRefusedOnCUDA: qwen3vl's GPU model takes one image per sequence, so
+// --max-images-per-request 2 with --device cuda is refused at start, naming the flag and the cpu
+// backend (before any CUDA library is needed: the check reads only the bundle).
+func TestVisionMultiImageQwen3VLRefusedOnCUDA(t *testing.T) {
+	bundleMu.Lock()
+	p, err := fixtures.Bundle(cacheDir, fixtures.Qwen3VLTiny)
+	bundleMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, serverBin, "--bundle", p, "--model-name", "m", "--port", strconv.Itoa(freePort(t)),
+		"--workers", "1", "--device", "cuda", "--max-images-per-request", "2").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--max-images-per-request 2 with --device cuda") || !strings.Contains(string(out), "--device cpu") {
+		t.Fatalf("qwen3vl on cuda with --max-images-per-request 2: %v\n%s\nwant a refusal at start naming the flag and the cpu backend", err, out)
 	}
 }
