@@ -625,3 +625,118 @@ func TestImageListRefusedByOneImageEngine(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestQwen3VLPairsMatchTransformers holds the engine and the reference's rope index to
+// transformers 5.17 on the two-image requests of families/qwen3vl/corpus-pairs.jsonl
+// (fixtures/golden/qwen3vl-tiny-pairs.json, made on the GPU host): every image's grid and token
+// count from the processor here, the 3-axis positions and delta of get_rope_index, and the
+// engine's first-step top-20 logits and 32 greedy tokens on transformers' own prompt ids. It
+// skips, saying so, until the golden exists.
+func TestQwen3VLPairsMatchTransformers(t *testing.T) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(root, "fixtures", "golden", "qwen3vl-tiny-pairs.json")
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		t.Skip("NO GOLDEN: " + path + " is missing; make it with fixtures/golden/run_qwen3vl_pairs_golden.sh on the GPU host")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Pairs []struct {
+			Name     string
+			Error    string
+			PerImage []struct {
+				Image       string
+				RGBSHA256   string `json:"rgb_sha256"`
+				Grid        [3]int `json:"grid_thw"`
+				ImageTokens int    `json:"image_tokens"`
+			} `json:"per_image"`
+			PromptIDs        []int32   `json:"prompt_ids"`
+			RopePositions    [][]int   `json:"rope_positions"`
+			RopeDelta        int       `json:"rope_delta"`
+			GreedyIDs        []int32   `json:"greedy_ids"`
+			FirstTop20IDs    []int32   `json:"first_top20_ids"`
+			FirstTop20Logits []float64 `json:"first_top20_logits"`
+			Steps            []struct {
+				Top5IDs    []int32   `json:"top5_ids"`
+				Top5Logits []float64 `json:"top5_logits"`
+			} `json:"steps"`
+		} `json:"pairs"`
+	}
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Pairs) == 0 {
+		t.Fatal("the pairs golden holds no pairs")
+	}
+	_, _, cfg := loadGolden(t)
+	e := openTiny(t)
+	V := e.Info().VocabSize
+	for _, p := range g.Pairs {
+		t.Run(p.Name, func(t *testing.T) {
+			if p.Error != "" {
+				t.Fatalf("transformers failed: %s", p.Error)
+			}
+			var ims []*native.Image
+			var grids [][3]int
+			for k, pi := range p.PerImage {
+				r, _ := pixelsFor(t, root, cfg, p.Name, pi.Image, pi.RGBSHA256)
+				if r.Grid != pi.Grid || r.Tokens != pi.ImageTokens {
+					t.Fatalf("image %d: grid %v, %d tokens; transformers %v, %d", k, r.Grid, r.Tokens, pi.Grid, pi.ImageTokens)
+				}
+				ims = append(ims, &native.Image{Pixels: r.Pixels, Grid: r.Grid})
+				grids = append(grids, r.Grid)
+			}
+			pos, delta := ropeIndex(p.PromptIDs, 151655, 151652, grids, 2)
+			for x := range 3 {
+				if len(p.RopePositions) != 3 || !slices.Equal(pos[x], p.RopePositions[x]) {
+					t.Errorf("axis %d positions differ from transformers' get_rope_index", x)
+				}
+			}
+			if delta != p.RopeDelta {
+				t.Errorf("rope delta %d, transformers %d", delta, p.RopeDelta)
+			}
+			all := append(append([]int32{}, p.PromptIDs...), p.GreedyIDs[:len(p.GreedyIDs)-1]...)
+			lg, err := e.LogitsImages(all, ims)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst := 0.0
+			last := (len(p.PromptIDs) - 1) * V
+			for j, id := range p.FirstTop20IDs {
+				worst = math.Max(worst, math.Abs(float64(lg[last+int(id)])-p.FirstTop20Logits[j]))
+			}
+			for s, st := range p.Steps {
+				row := (len(p.PromptIDs) - 1 + s) * V
+				for j, id := range st.Top5IDs {
+					worst = math.Max(worst, math.Abs(float64(lg[row+int(id)])-st.Top5Logits[j]))
+				}
+			}
+			if worst > logitTolerance {
+				t.Errorf("logits differ from transformers' by %.3g (bound %.3g)", worst, logitTolerance)
+			}
+			id, err := e.AddImages(p.PromptIDs, ims, native.Sampling{MaxNewTokens: len(p.GreedyIDs), IgnoreEOS: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []int32
+			for e.Active() > 0 {
+				if _, err := e.Step(func(ev native.Event) {
+					if ev.Seq == id && ev.Token >= 0 {
+						got = append(got, ev.Token)
+					}
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !slices.Equal(got, p.GreedyIDs) {
+				t.Errorf("greedy tokens %v, transformers %v", got, p.GreedyIDs)
+			}
+			t.Logf("grids %v: positions and delta as transformers', logits max |Δ| %.3g over %d steps, greedy %d/%d", grids, worst, len(p.Steps), len(got), len(p.GreedyIDs))
+		})
+	}
+}
