@@ -250,51 +250,70 @@ def hf_generate(hf, inp, steps, dtype):
     return [int(t) for t in o.sequences[0, n:]], o.logits[0][0].float().cpu().numpy(), time.perf_counter() - t0
 
 
-def parity(lib, a, res):
-    import numpy as np
+def parity_refs(a, res):
+    """Phase 1 (while the library compiles): transformers' bf16 answers over the corpus and the
+    two-image requests, with the inputs both sides get."""
     import torch
-    from safetensors.torch import load_file
     from transformers import InternVLForConditionalGeneration
     notes = res.setdefault("notes", [])
     snap = a.snapshot
-    cfg = json.load(open(os.path.join(snap, "config.json")))
     proc = processor(snap, notes)
-    state = {}
-    for f in sorted(os.listdir(snap)):
-        if f.endswith(".safetensors"):
-            state.update(load_file(os.path.join(snap, f)))
     hf = InternVLForConditionalGeneration.from_pretrained(snap, local_files_only=True, dtype=torch.bfloat16,
                                                           attn_implementation="sdpa").to("cuda").eval()
     hf.generation_config.eos_token_id = None  # 32 tokens whatever they are, as the engine's ignore_eos
     hf.generation_config.pad_token_id = 0
-    m = Model(lib, cfg, state, "bf16", 2, 4096)
-    res["tiny_hparams"] = m.hp
     entries = [json.loads(l) for l in open(os.path.join(a.root, "families/internvl/corpus.jsonl")) if l.strip()]
     pairs = [json.loads(l) for l in open(os.path.join(a.root, "families/internvl/corpus-pairs.jsonl")) if l.strip()]
-    rows, first = [], None
+    refs = []
     for e in entries + pairs:
         imgs = e.get("images") or [e["image"]]
         r = {"name": e["name"], "images": len(imgs)}
         try:
             inp = inputs_for(proc, a.root, imgs, e["prompt"])
-            ids = [int(x) for x in inp["input_ids"][0]]
-            pv = inp["pixel_values"].to(torch.float32).numpy()
-            r["tiles"], r["prompt_tokens"] = int(pv.shape[0]), len(ids)
+            r["ids"] = [int(x) for x in inp["input_ids"][0]]
+            r["pv"] = inp["pixel_values"].to(torch.float32).numpy()
             with torch.no_grad():
-                theirs, tl, _ = hf_generate(hf, inp, a.steps, torch.bfloat16)
-            ours, ol, _, _ = m.generate(ids, pv, a.steps)
-            if first is None:
-                first = (ids, pv, ol)
-            r["max_abs_first_logits"] = float(np.abs(ol - tl).max())
-            r["top1_equal"] = int(ol.argmax()) == int(tl.argmax())
-            same = 0
-            while same < a.steps and ours[same] == theirs[same]:
-                same += 1
-            r["greedy_prefix_equal"] = same
-            r["greedy_exact"] = same == a.steps
-            r["ours_head"], r["hf_head"] = ours[:6], theirs[:6]
+                r["theirs"], r["tl"], _ = hf_generate(hf, inp, a.steps, torch.bfloat16)
         except Exception:
-            r["error"] = traceback.format_exc(limit=3)
+            r["error"] = "transformers: " + traceback.format_exc(limit=3)
+        refs.append(r)
+    del hf
+    torch.cuda.empty_cache()
+    return refs
+
+
+def parity(lib, a, res, refs):
+    """Phase 2: the library over the same inputs, compared with phase 1's answers."""
+    import numpy as np
+    from safetensors.torch import load_file
+    snap = a.snapshot
+    cfg = json.load(open(os.path.join(snap, "config.json")))
+    state = {}
+    for f in sorted(os.listdir(snap)):
+        if f.endswith(".safetensors"):
+            state.update(load_file(os.path.join(snap, f)))
+    m = Model(lib, cfg, state, "bf16", 2, 4096)
+    res["tiny_hparams"] = m.hp
+    rows, first = [], None
+    for ref in refs:
+        r = {k: ref[k] for k in ("name", "images", "error") if k in ref}
+        if "error" not in r:
+            try:
+                ids, pv, theirs, tl = ref["ids"], ref["pv"], ref["theirs"], ref["tl"]
+                r["tiles"], r["prompt_tokens"] = int(pv.shape[0]), len(ids)
+                ours, ol, _, _ = m.generate(ids, pv, a.steps)
+                if first is None:
+                    first = (ids, pv, ol)
+                r["max_abs_first_logits"] = float(np.abs(ol - tl).max())
+                r["top1_equal"] = int(ol.argmax()) == int(tl.argmax())
+                same = 0
+                while same < a.steps and ours[same] == theirs[same]:
+                    same += 1
+                r["greedy_prefix_equal"] = same
+                r["greedy_exact"] = same == a.steps
+                r["ours_head"], r["hf_head"] = ours[:6], theirs[:6]
+            except Exception:
+                r["error"] = traceback.format_exc(limit=3)
         rows.append(r)
         print(json.dumps(r), file=sys.stderr)
     m.close()
@@ -305,7 +324,8 @@ def parity(lib, a, res):
         "pairs_exact": sum(1 for r in rows if r["images"] > 1 and r.get("greedy_exact")),
         "pairs_total": len(rows) - len(singles),
         "top1_equal": sum(1 for r in rows if r.get("top1_equal")), "total": len(rows),
-        "max_abs_first_logits": max((r.get("max_abs_first_logits", float("nan")) for r in rows), default=None),
+        "max_abs_first_logits": max((r["max_abs_first_logits"] for r in rows if "max_abs_first_logits" in r),
+                                    default=float("nan")),
     }
     # a planted defect must move the first-step logits well past the bf16 noise above
     if first is not None:
@@ -317,8 +337,6 @@ def parity(lib, a, res):
             res["fault_shuffle_transposed_max_abs_vs_ours"] = float(np.abs(fl - first[2]).max())
         finally:
             del os.environ["MODELQUAL_FAULTS"]
-    del hf
-    torch.cuda.empty_cache()
 
 
 def shape_snapshot(tiny, dst):
@@ -349,8 +367,9 @@ def shape_snapshot(tiny, dst):
     return cfg
 
 
-def bench(lib, a, res):
-    import numpy as np
+def bench_prepare(a, res):
+    """Phase 1: the internvl3.5-1b-shape model with random bf16 weights (transformers draws them
+    on the GPU), its state dict on the host and the bench image's inputs."""
     import torch
     from transformers import InternVLConfig, InternVLForConditionalGeneration
     notes = res.setdefault("notes", [])
@@ -377,17 +396,26 @@ def bench(lib, a, res):
     state = {k: v.detach().to("cpu") for k, v in hf.state_dict().items()}
     res["bench_make_s"] = round(time.time() - t0, 1)
     inp = inputs_for(proc, a.root, [a.bench_image], "Describe this image.")
+    return {"cfg": cfg, "hf": hf, "state": state, "inp": inp}
+
+
+def bench(lib, a, res, prep, reps):
+    """Phase 2 (after the build, so transformers' host-bound decode is not timed beside nvcc): TTFT
+    and decode tokens/s, ours and transformers', and ours after the image against text-only."""
+    import numpy as np
+    import torch
+    cfg, hf, state, inp = prep["cfg"], prep["hf"], prep["state"], prep["inp"]
     ids = [int(x) for x in inp["input_ids"][0]]
     pv = inp["pixel_values"].to(torch.float32).numpy()
-    b = {"image": a.bench_image, "tiles": int(pv.shape[0]), "prompt_tokens": len(ids), "decode_steps": a.bench_steps}
+    b = {"image": a.bench_image, "tiles": int(pv.shape[0]), "prompt_tokens": len(ids), "decode_steps": a.bench_steps,
+         "reps": reps}
     t0 = time.time()
     m = Model(lib, cfg, state, "bf16", 1, len(ids) + a.bench_steps + 64)
     b["open_s"] = round(time.time() - t0, 1)
-    del state
     # ours: warm-up, then reps of TTFT (set_image + prefill to the first token) and decode
     m.generate(ids, pv, 4, want_logits=False)
     tt, dt, toks = [], [], None
-    for _ in range(a.reps):
+    for _ in range(reps):
         toks, _, t_first, t_step = m.generate(ids, pv, a.bench_steps, want_logits=False)
         tt.append(t_first), dt.append(t_step)
     b["ours_ttft_ms"] = 1000 * sorted(tt)[len(tt) // 2]
@@ -397,17 +425,18 @@ def bench(lib, a, res):
     txt = [int(x) for x in rng.integers(100, 150000, len(ids))]
     m.generate(txt, None, 4, want_logits=False)
     dt2 = []
-    for _ in range(a.reps):
+    for _ in range(reps):
         _, _, _, t_step = m.generate(txt, None, a.bench_steps, want_logits=False)
         dt2.append(t_step)
     b["ours_text_decode_tok_s"] = 1.0 / sorted(dt2)[len(dt2) // 2]
     b["image_vs_text_decode"] = b["ours_decode_tok_s"] / b["ours_text_decode_tok_s"]
     m.close()
+    res["bench_1b_shape"] = b
     # transformers: TTFT = generate 1 token; decode = (n - 1) / (t_n - t_1)
     with torch.no_grad():
         theirs, _, _ = hf_generate(hf, inp, 4, torch.bfloat16)
         t1s, tns = [], []
-        for _ in range(a.reps):
+        for _ in range(reps):
             t1s.append(hf_generate(hf, inp, 1, torch.bfloat16)[2])
             theirs, _, tn = hf_generate(hf, inp, a.bench_steps, torch.bfloat16)
             tns.append(tn)
@@ -420,9 +449,6 @@ def bench(lib, a, res):
     while same < min(len(toks), len(theirs)) and toks[same] == theirs[same]:
         same += 1
     b["greedy_prefix_equal_hf"] = same
-    res["bench_1b_shape"] = b
-    del hf
-    torch.cuda.empty_cache()
 
 
 def table(res):
@@ -444,8 +470,11 @@ def table(res):
         if "fault_shuffle_transposed_max_abs_vs_ours" in res:
             out.append("planted internvl.shuffle_transposed moves first logits by %.4f" %
                        res["fault_shuffle_transposed_max_abs_vs_ours"])
-    b = res.get("bench_1b_shape")
-    if b:
+    b = dict(res.get("bench_1b_shape") or {})
+    for k in ("ours_ttft_ms", "hf_ttft_ms", "ttft_ratio_hf_over_ours", "ours_decode_tok_s", "hf_decode_tok_s",
+              "decode_ratio_ours_over_hf", "ours_text_decode_tok_s", "image_vs_text_decode"):
+        b.setdefault(k, float("nan"))  # a bench that stopped part way
+    if "image" in b:
         out.append("internvl3.5-1b shape, random bf16, %s: %d tiles, %d prompt tokens" % (b["image"], b["tiles"], b["prompt_tokens"]))
         out.append("  TTFT ms      ours %8.1f  transformers %8.1f  (hf/ours %.2fx)" % (b["ours_ttft_ms"], b["hf_ttft_ms"],
                                                                                       b["ttft_ratio_hf_over_ours"]))
@@ -459,6 +488,8 @@ def table(res):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
+    ap.add_argument("--lib-ready", default="", help="wait for this file (the build's end) before opening --lib; "
+                    "a file of the same name plus .failed ends the run")
     ap.add_argument("--snapshot", required=True, help="internvl-tiny snapshot (qual fixtures)")
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--root", default=".")
@@ -466,33 +497,57 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bench-image", default="fixtures/images/internvl/02-photo-1000x700.jpg")
     ap.add_argument("--bench-steps", type=int, default=64)
-    ap.add_argument("--budget", type=float, default=240, help="seconds from start; the bench is skipped with less than 100 left")
+    ap.add_argument("--budget", type=float, default=270, help="seconds from start for everything")
     ap.add_argument("--only", default="", help="parity or bench")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     import torch
     import transformers
-    lib = load_lib(a.lib)
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "transformers": transformers.__version__,
-           "families": families(lib)}
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "transformers": transformers.__version__}
     path = os.path.join(a.out, "internvl_gpu.json")
-    for what, fn in (("parity", parity), ("bench", bench)):
-        if a.only and a.only != what:
-            continue
-        if what == "bench" and a.budget - (time.time() - T_START) < 100:  # it takes about a minute
-            res[what + "_skipped"] = "%.0f s spent before it (budget %.0f)" % (time.time() - T_START, a.budget)
-            continue
-        try:
-            fn(lib, a, res)
-        except Exception:
-            res[what + "_error"] = traceback.format_exc()
-            print(res[what + "_error"], file=sys.stderr)
+    left = lambda: a.budget - (time.time() - T_START)
+
+    def save():
         res["seconds"] = round(time.time() - T_START, 1)
-        json.dump(res, open(path, "w"), indent=1)
+        json.dump(res, open(path, "w"), indent=1, default=str)
+
+    def step(name, fn, *args):
+        try:
+            return fn(*args)
+        except Exception:
+            res[name + "_error"] = traceback.format_exc()
+            print(res[name + "_error"], file=sys.stderr)
+        finally:
+            save()
+
+    # phase 1, beside the build: transformers' references and the bench model
+    refs = step("parity_refs", parity_refs, a, res) if a.only in ("", "parity") else None
+    prep = step("bench_prepare", bench_prepare, a, res) if a.only in ("", "bench") else None
+    res["phase1_s"] = round(time.time() - T_START, 1)
+    print("phase 1 (transformers) done at %.0f s" % res["phase1_s"], file=sys.stderr)
+    if a.lib_ready:
+        while not os.path.exists(a.lib_ready):
+            if os.path.exists(a.lib_ready + ".failed") or left() < 20:
+                res["lib_error"] = "the library build failed or did not end in time"
+                save()
+                print(res["lib_error"])
+                return 1
+            time.sleep(1)
+    res["lib_ready_s"] = round(time.time() - T_START, 1)
+    lib = load_lib(a.lib)
+    res["families"] = families(lib)
+    if refs is not None:
+        step("parity", parity, lib, a, res, refs)
+    if prep is not None:
+        if left() < 35:
+            res["bench_skipped"] = "%.0f s left of the budget" % left()
+        else:
+            step("bench", bench, lib, a, res, prep, a.reps if left() > 70 else 1)
+    save()
     t = table(res)
     print(t)
     open(os.path.join(a.out, "table.txt"), "w").write(t + "\n")
-    for k in ("parity_error", "bench_error", "bench_skipped"):
+    for k in ("parity_refs_error", "bench_prepare_error", "parity_error", "bench_error", "bench_skipped"):
         if k in res:
             print(k + ": " + res[k].strip().splitlines()[-1])
     s = res.get("parity_summary") or {}
