@@ -21,7 +21,6 @@ GPU (issue 50 item 8). Lab driver, not product: the GPU host has Python and no G
 Usage: python3 gpu_check.py --lib LIB.so --snapshot DIR --out OUTDIR [--root .] [--budget S]
 """
 import argparse
-import copy
 import ctypes
 import json
 import os
