@@ -215,7 +215,7 @@ func (s *Suite) StreamingInput(chat bool) StreamingInput {
 			ps = append(ps, p)
 		}
 	}
-	return StreamingInput{API: s.API, Corpus: ps, MaxTokens: s.Threshold().GreedySteps}
+	return StreamingInput{API: s.API, Corpus: ps, MaxTokens: s.Threshold().GreedySteps, OpenAIOnly: s.State.Launcher == "external"}
 }
 
 // ChatTemplateInput is the chat template gate's input: the renderings under key of

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/modelqual/modelqual/server/tokenizer"
 )
@@ -25,6 +27,10 @@ type IdentityInput struct {
 	// Golden is the checkpoint's transformers golden: the fingerprint is its greedy tokens;
 	// nil checks /v1/models only.
 	Golden *Golden
+	// TextGolden, when set, replaces Golden for a server that takes text prompts only
+	// (API.TextPrompt): the same corpus encoded as tokenizer(text) encodes it, with the <s> a
+	// Llama tokenizer adds (fixtures/golden/<fixture>-text.json), since such a server adds it.
+	TextGolden *Golden
 	// Tokenizer decodes the golden's tokens.
 	Tokenizer *tokenizer.Tokenizer
 	// Prompts and Steps bound the fingerprint: the first Prompts golden prompts (3 when 0),
@@ -104,9 +110,15 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 	if tol == 0 {
 		tol = 0.05
 	}
+	if in.TextGolden != nil && api.TextPrompt != nil {
+		if ok, _ := api.tokenPrompts(ctx); !ok {
+			in.Golden = in.TextGolden
+		}
+	}
 	values, _ := GoldenHasLogprobs(in.Golden)
 	withLogprobs := values
 	var compared, scored int
+	var uncomparable []string
 	for i, gp := range in.Golden.Prompts {
 		if i == nPrompts {
 			break
@@ -142,7 +154,15 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 			}
 			sameTokens = al.Differs == ""
 		}
-		if !sameTokens && ans.Text != want && !early && !heldBackTail(ans.Text, want) {
+		textSame := sameTokens || ans.Text == want || early || heldBackTail(ans.Text, want) || invalidBytesSpeltOtherwise(want, ans.Text)
+		if !textSame && len(ans.Logprobs) == 0 && strings.ContainsRune(want, utf8.RuneError) {
+			// Its tokens decode to bytes that form no UTF-8 character, which engines render
+			// as they choose (Ollama may drop the characters after them); without logprobs
+			// this prompt cannot tell tokens apart, so the fingerprint rests on the others.
+			uncomparable = append(uncomparable, gp.Name)
+			continue
+		}
+		if !textSame {
 			return res, fmt.Errorf("%w: the server at %s (model %q) does not serve %s: on golden prompt %q its greedy tokens are %q, the checkpoint's are %q (they part at token %d)",
 				ErrIdentity, in.API.BaseURL, res.Model, in.Checkpoint, gp.Name, clip(ans.Text, 60), clip(want, 60), divergenceStep(in.Tokenizer, gp.GreedyIDs[:n], ans.Text))
 		}
@@ -167,7 +187,14 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 			scored++
 		}
 	}
-	res.Fingerprint = fmt.Sprintf("greedy tokens of %d golden prompts (%d tokens)", min(nPrompts, len(in.Golden.Prompts)), compared)
+	if compared == 0 && len(uncomparable) > 0 {
+		return res, fmt.Errorf("%w: the server at %s (model %q) answers no golden prompt comparably: every one (%s) generates bytes that form no UTF-8 character, which it reports otherwise than tokenizers and without logprobs",
+			ErrIdentity, in.API.BaseURL, res.Model, strings.Join(uncomparable, ", "))
+	}
+	res.Fingerprint = fmt.Sprintf("greedy tokens of %d golden prompts (%d tokens)", min(nPrompts, len(in.Golden.Prompts))-len(uncomparable), compared)
+	if len(uncomparable) > 0 {
+		res.Fingerprint += fmt.Sprintf("; %s not comparable as text (undecodable bytes, no logprobs)", strings.Join(uncomparable, ", "))
+	}
 	if scored > 0 {
 		res.Fingerprint += fmt.Sprintf(", logprobs of %d of them within %.3g", scored, tol)
 	}
@@ -192,4 +219,23 @@ func continuation(tok *tokenizer.Tokenizer, prompt, gen []int32) string {
 		return full[len(pre):]
 	}
 	return tok.Decode(gen)
+}
+
+// invalidBytesSpeltOtherwise reports whether served is want where each U+FFFD of want (a
+// byte of a byte-fallback run that forms no UTF-8 character, which tokenizers' decoder spells
+// U+FFFD byte by byte) is dropped or read as one other character: how llama.cpp and Ollama
+// render such runs. The tokens are the same; only their text is reported otherwise.
+func invalidBytesSpeltOtherwise(want, served string) bool {
+	if !strings.ContainsRune(want, utf8.RuneError) {
+		return false
+	}
+	var re strings.Builder
+	re.WriteString("^")
+	for _, part := range strings.Split(want, string(utf8.RuneError)) {
+		re.WriteString(regexp.QuoteMeta(part))
+		re.WriteString("(?s:.?)")
+	}
+	pattern := strings.TrimSuffix(re.String(), "(?s:.?)") + "$"
+	ok, err := regexp.MatchString(pattern, served)
+	return err == nil && ok
 }

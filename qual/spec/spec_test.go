@@ -127,11 +127,28 @@ func TestSplitSLOs(t *testing.T) {
 func TestStreamAndRenderingMessages(t *testing.T) {
 	whole := &Answer{Text: "hello world", FinishReason: "length", HasUsage: true, CompletionTokens: 3, PromptTokens: 2}
 	cut := &Answer{Text: "hello", Deltas: []string{"hel", "lo"}, FinishReason: "length", HasUsage: true, CompletionTokens: 3, PromptTokens: 2, SawDone: true}
-	got := compareStream("p", 3, whole, cut)
+	got := compareStream(StreamingInput{MaxTokens: 3}, "p", whole, cut)
 	if len(got) != 1 || !strings.Contains(got[0], `the stream lacks the answer's tail " world" (a swallowed final delta?)`) {
 		t.Errorf("compareStream = %v", got)
 	}
 	if msg := renderingDiff("<|im_start|>user\nhi<|im_end|>\n", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"); !strings.Contains(msg, `continues with "<|im_start|>assistant\n" (the generation prompt is missing?)`) {
 		t.Errorf("renderingDiff = %s", msg)
+	}
+}
+
+// TestStreamEndsAtEOSWithoutIgnoreEOS: a server without the ignore_eos extension (external,
+// OpenAIOnly) may end both answers at EOS alike; our own server must honour it.
+func TestStreamEndsAtEOSWithoutIgnoreEOS(t *testing.T) {
+	whole := &Answer{Text: "hi", FinishReason: "stop", HasUsage: true, CompletionTokens: 2}
+	streamed := &Answer{Text: "hi", Deltas: []string{"h", "i"}, FinishReason: "stop", HasUsage: true, CompletionTokens: 2, SawDone: true}
+	if got := compareStream(StreamingInput{MaxTokens: 8, OpenAIOnly: true}, "p", whole, streamed); len(got) != 0 {
+		t.Errorf("external server stopping at EOS in both: %v", got)
+	}
+	if got := compareStream(StreamingInput{MaxTokens: 8}, "p", whole, streamed); len(got) != 1 || !strings.Contains(got[0], "want 8 (ignore_eos)") {
+		t.Errorf("own server ignoring ignore_eos: %v", got)
+	}
+	streamed.CompletionTokens = 3
+	if got := compareStream(StreamingInput{MaxTokens: 8, OpenAIOnly: true}, "p", whole, streamed); len(got) != 1 || !strings.Contains(got[0], "streaming 3") {
+		t.Errorf("counts differ: %v", got)
 	}
 }

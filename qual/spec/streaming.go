@@ -16,6 +16,9 @@ type StreamingInput struct {
 	Corpus []Prompt
 	// MaxTokens per answer (EOS ignored, so every answer has exactly this many tokens).
 	MaxTokens int
+	// OpenAIOnly: the server need not honour vendor extensions (ignore_eos); both answers
+	// may then end at EOS, with equal counts.
+	OpenAIOnly bool
 }
 
 // CheckStreaming is StreamingParity's core: at temperature 0, for every corpus prompt, the
@@ -50,7 +53,7 @@ func CheckStreaming(ctx context.Context, in StreamingInput) error {
 			problems = append(problems, fmt.Sprintf("prompt %q: streaming request: %v", p.Name, err))
 			continue
 		}
-		problems = append(problems, compareStream(p.Name, in.MaxTokens, whole, streamed)...)
+		problems = append(problems, compareStream(in, p.Name, whole, streamed)...)
 	}
 	if len(problems) > 0 {
 		return errors.New("streaming parity gate:\n  " + strings.Join(problems, "\n  "))
@@ -70,7 +73,8 @@ func requestFor(p Prompt) (string, map[string]any) {
 	return "/v1/chat/completions", body
 }
 
-func compareStream(name string, maxTokens int, whole, streamed *Answer) []string {
+func compareStream(in StreamingInput, name string, whole, streamed *Answer) []string {
+	maxTokens := in.MaxTokens
 	var out []string
 	if streamed.Text != whole.Text {
 		msg := fmt.Sprintf("prompt %q: streamed deltas (%d of them) concatenate to %d bytes, the non-streaming answer has %d bytes",
@@ -98,8 +102,12 @@ func compareStream(name string, maxTokens int, whole, streamed *Answer) []string
 	switch {
 	case !whole.HasUsage || !streamed.HasUsage:
 		out = append(out, fmt.Sprintf("prompt %q: usage missing (non-streaming %v, streaming with include_usage %v)", name, whole.HasUsage, streamed.HasUsage))
-	case whole.CompletionTokens != maxTokens || streamed.CompletionTokens != maxTokens:
-		out = append(out, fmt.Sprintf("prompt %q: completion_tokens non-streaming %d, streaming %d, want %d (ignore_eos)", name, whole.CompletionTokens, streamed.CompletionTokens, maxTokens))
+	case whole.CompletionTokens != streamed.CompletionTokens:
+		out = append(out, fmt.Sprintf("prompt %q: completion_tokens non-streaming %d, streaming %d", name, whole.CompletionTokens, streamed.CompletionTokens))
+	case whole.CompletionTokens != maxTokens && (whole.FinishReason != "stop" || !in.OpenAIOnly):
+		// ignore_eos is a vendor extension: a server without it (OpenAIOnly) may end both
+		// answers at EOS alike, which is still parity; otherwise every answer has max_tokens.
+		out = append(out, fmt.Sprintf("prompt %q: completion_tokens %d (finish_reason %q), want %d (ignore_eos)", name, whole.CompletionTokens, whole.FinishReason, maxTokens))
 	case whole.PromptTokens != streamed.PromptTokens:
 		out = append(out, fmt.Sprintf("prompt %q: prompt_tokens non-streaming %d, streaming %d", name, whole.PromptTokens, streamed.PromptTokens))
 	}

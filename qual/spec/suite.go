@@ -309,6 +309,9 @@ func (s *Suite) checkExternal(ctx context.Context, st *State) error {
 		}
 		in.Golden, in.Tokenizer = g, tok
 		in.API.TextPrompt = TextPrompt(tok)
+		if tg, err := LoadGolden(filepath.Join(st.RepoRoot, "fixtures", "golden", s.goldenFixture()+"-text.json")); err == nil && len(tg.Prompts) > 0 {
+			in.TextGolden = tg
+		}
 	}
 	res, err := CheckIdentity(ctx, in)
 	if err != nil {

@@ -93,3 +93,18 @@ func TestContinuationKeepsTheFirstSpace(t *testing.T) {
 		t.Fatalf("continuation = %q, want %q", got, " new world")
 	}
 }
+
+// TestInvalidBytesSpeltOtherwise: llama-tiny's "<0xA1><0x30>" is no UTF-8 character;
+// tokenizers decodes it "\uFFFD\uFFFD", Ollama "0". Both carry the same tokens.
+func TestInvalidBytesSpeltOtherwise(t *testing.T) {
+	want := " nquf\uFFFD\uFFFDam manzana. u"
+	for served, ok := range map[string]bool{" nquf0am manzana. u": true, " nquf\uFFFD0am manzana. u": true, " nqufam manzana. u": true,
+		" nquf012am manzana. u": false, " nquf0am manzana. v": false, "nquf0am manzana. u": false} {
+		if got := invalidBytesSpeltOtherwise(want, served); got != ok {
+			t.Errorf("%q: %v, want %v", served, got, ok)
+		}
+	}
+	if invalidBytesSpeltOtherwise("plain", "plain") {
+		t.Error("no U+FFFD: want false (the plain text comparison decides)")
+	}
+}
