@@ -630,24 +630,55 @@ mq_status mq_engine_info_get(const mq_engine *e, mq_engine_info *out) {
 
 static void release(mq_engine *e, int slot);
 
-// image_input copies and checks an mq_image.
-static std::shared_ptr<const ImageInput> image_input(const mq_image *im) {
-  if (!im->pixels || im->n_pixels <= 0 || im->grid_t <= 0 || im->grid_h <= 0 || im->grid_w <= 0)
-    throw Error(MQ_ERR_INVALID_ARGUMENT, "image: pixels and a positive grid are required");
+// image_input copies and checks n mq_images (n >= 1) into one ImageInput, refusing several to
+// a backend that takes one image per sequence.
+static std::shared_ptr<const ImageInput> image_input(const mq_engine *e, const mq_image *im, int32_t n) {
+  if (n < 1) throw Error(MQ_ERR_INVALID_ARGUMENT, "images: n_images must be at least 1");
+  if (n > 1 && !e->be->several_images())
+    throw Error(MQ_ERR_INVALID_ARGUMENT,
+                "family " + e->family + " on device " + e->device + " takes one image per sequence, " + std::to_string(n) +
+                    " given: start qual-server with --max-images-per-request 1" +
+                    (e->device == "cpu" ? std::string()
+                                        : std::string(", or serve this family on the cpu backend (--device cpu) if its CPU model takes several")));
   auto in = std::make_shared<ImageInput>();
-  in->pixels.assign(im->pixels, im->pixels + im->n_pixels);
-  in->grid_t = im->grid_t, in->grid_h = im->grid_h, in->grid_w = im->grid_w;
+  size_t total = 0;
+  for (int32_t k = 0; k < n; k++) {
+    if (!im[k].pixels || im[k].n_pixels <= 0 || im[k].grid_t <= 0 || im[k].grid_h <= 0 || im[k].grid_w <= 0)
+      throw Error(MQ_ERR_INVALID_ARGUMENT, "image " + std::to_string(k) + ": pixels and a positive grid are required");
+    total += (size_t)im[k].n_pixels;
+  }
+  in->pixels.reserve(total);
+  for (int32_t k = 0; k < n; k++) {
+    ImageInput::Grid g;
+    g.t = im[k].grid_t, g.h = im[k].grid_h, g.w = im[k].grid_w;
+    g.offset = in->pixels.size(), g.count = (size_t)im[k].n_pixels;
+    in->pixels.insert(in->pixels.end(), im[k].pixels, im[k].pixels + im[k].n_pixels);
+    in->images.push_back(g);
+  }
+  in->grid_t = im[0].grid_t, in->grid_h = im[0].grid_h, in->grid_w = im[0].grid_w;
   return in;
 }
 
 mq_status mq_engine_add_image(mq_engine *e, const int32_t *prompt, int32_t n, const mq_image *image,
                               const mq_sampling *s, uint64_t *seq_out) {
   if (!e || !image) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_add_image: NULL argument");
+  return mq_engine_add_images(e, prompt, n, image, 1, s, seq_out);
+}
+
+mq_status mq_engine_add_images(mq_engine *e, const int32_t *prompt, int32_t n, const mq_image *images, int32_t n_images,
+                               const mq_sampling *s, uint64_t *seq_out) {
+  if (!e || !images) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_add_images: NULL argument");
+  std::shared_ptr<const ImageInput> in;
+  try {
+    in = image_input(e, images, n_images);
+  } catch (const Error &x) {
+    return fail(x.status, x.what());
+  }
   mq_status st = mq_engine_add(e, prompt, n, s, seq_out);
   if (st != MQ_OK) return st;
   const int slot = e->last_added_slot;
   try {
-    e->be->set_image(slot, image_input(image), prompt, n);
+    e->be->set_image(slot, std::move(in), prompt, n);
   } catch (const Error &x) {
     release(e, slot);
     return fail(x.status, x.what());
@@ -949,9 +980,15 @@ mq_status mq_family_layout(const char *family, const mq_kv *config, int32_t n_co
 
 mq_status mq_engine_logits_image(mq_engine *e, const int32_t *ids, int32_t n, const mq_image *image, float *out) {
   if (!e || !ids || !out || !image) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_logits_image: NULL argument");
+  return mq_engine_logits_images(e, ids, n, image, 1, out);
+}
+
+mq_status mq_engine_logits_images(mq_engine *e, const int32_t *ids, int32_t n, const mq_image *images, int32_t n_images,
+                                  float *out) {
+  if (!e || !ids || !out || !images) return fail(MQ_ERR_INVALID_ARGUMENT, "mq_engine_logits_images: NULL argument");
   if (n <= 0 || n > e->max_context) return fail(MQ_ERR_INVALID_ARGUMENT, "ids must hold 1 to max_context tokens");
   try {
-    e->be->set_image(e->max_batch, image_input(image), ids, n);
+    e->be->set_image(e->max_batch, image_input(e, images, n_images), ids, n);
   } catch (const Error &x) {
     e->be->reset_slot(e->max_batch);
     return fail(x.status, x.what());

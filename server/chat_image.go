@@ -38,12 +38,15 @@ type visionState struct {
 	// frame: the tokens around an image's placeholders (InternVL's <img> ... </img>); nil
 	// when the processor has none (Qwen3-VL's template renders its own).
 	frame []int32
+	// ownGrids: several images go to the engine as a list, each on its own grid
+	// (vision.OwnGrids); otherwise they stack into one grid (vision.Stacking).
+	ownGrids bool
 }
 
 // newVisionState reads a vision bundle's image processor (its preprocessor_config.json section,
 // read by section, names it in image_processor_type) and image token (config.json's
 // image_token_id).
-func newVisionState(config json.RawMessage, section func(string) ([]byte, error), tok *tokenizer.Tokenizer, maxImages int) (*visionState, error) {
+func newVisionState(config json.RawMessage, section func(string) ([]byte, error), tok *tokenizer.Tokenizer, maxImages int, device string) (*visionState, error) {
 	pc, err := section(bundle.SectionPreprocessorConfig)
 	if err != nil {
 		return nil, fmt.Errorf("%w (a vision bundle needs the checkpoint's preprocessor_config.json)", err)
@@ -52,8 +55,16 @@ func newVisionState(config json.RawMessage, section func(string) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := proc.(vision.Stacking); !ok && maxImages > 1 {
+	_, stacks := proc.(vision.Stacking)
+	_, own := proc.(vision.OwnGrids)
+	if !stacks && !own && maxImages > 1 {
 		return nil, fmt.Errorf("--max-images-per-request %d: this bundle's image processor takes one image per request (its engine has no positions for several images); use 1", maxImages)
+	}
+	// The GPU models of families whose images keep their own grids (qwen3vl.cu) take one image
+	// per sequence: refuse at start rather than fail each two-image request (the engine refuses
+	// such a request too, naming the same flag).
+	if own && !stacks && maxImages > 1 && device != "" && device != "cpu" {
+		return nil, fmt.Errorf("--max-images-per-request %d with --device %s: this bundle's images each keep their own grid, and its %s model takes one image per request; use --max-images-per-request 1, or --device cpu for several", maxImages, device, device)
 	}
 	if mc, ok := proc.(vision.ModelConfigured); ok {
 		if err := mc.UseModelConfig(config); err != nil {
@@ -66,7 +77,7 @@ func newVisionState(config json.RawMessage, section func(string) ([]byte, error)
 	if err := json.Unmarshal(config, &c); err != nil || c.ImageTokenID == nil {
 		return nil, fmt.Errorf("vision bundle: config.json has no image_token_id")
 	}
-	v := &visionState{proc: proc, imageToken: *c.ImageTokenID}
+	v := &visionState{proc: proc, imageToken: *c.ImageTokenID, ownGrids: own}
 	if f, ok := proc.(vision.Framed); ok {
 		start, end := f.Frame()
 		for _, t := range []string{start, end} {
@@ -173,9 +184,10 @@ func decodeImageURL(pp string, raw json.RawMessage) (*ImagePart, *APIError) {
 
 // prepareImage decodes and processes the request's images, expands each image's placeholder
 // in ids (in order) to the processor's tokens (framed by its start and end tokens, when it has
-// them), and fills the record's image fields. Several images go to the engine as one input,
-// their tiles stacked (vision.Stacking); the server refuses to start with
-// --max-images-per-request above 1 for a processor whose images do not stack. A request
+// them), and fills the record's image fields. Several images go to the engine as one input:
+// their tiles stacked (vision.Stacking), or a list of images each on its own grid
+// (vision.OwnGrids); the server refuses to start with --max-images-per-request above 1 for a
+// processor that does neither. A request
 // without an image on a vision bundle, or any image on another bundle, is handled here too.
 func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int32, *wire.ImageInput, *APIError) {
 	v := s.vision
@@ -230,12 +242,19 @@ func (s *Server) prepareImage(q *reqState, req *GenRequest, ids []int32) ([]int3
 			out = append(out, v.frame[1])
 		}
 		g := [3]uint32{uint32(r.Grid[0]), uint32(r.Grid[1]), uint32(r.Grid[2])}
-		if k == 0 {
+		switch {
+		case k == 0:
 			input.Grid, input.Pixels = g, r.Pixels
-		} else {
-			// Stacking processors only (checked at start): same tile shape, tiles add up.
+		case v.ownGrids:
+			// Each image on its own grid (vision.OwnGrids): a list, pixels one after another.
+			input.Pixels = append(input.Pixels, r.Pixels...)
+		default:
+			// Stacking processors (checked at start): same tile shape, tiles add up.
 			input.Grid[0] += g[0]
 			input.Pixels = append(input.Pixels, r.Pixels...)
+		}
+		if v.ownGrids && len(req.Images) > 1 {
+			input.Grids = append(input.Grids, g)
 		}
 		recs = append(recs, record.VisionInput{
 			BytesSHA256: im.BytesSHA256, PixelsSHA256: im.PixelsSHA256, Format: im.Format,

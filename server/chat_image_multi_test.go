@@ -18,7 +18,8 @@ import (
 
 // The chat route with several images per request (--max-images-per-request): InternVL's images
 // stack (their tiles one after another, each image's <img> ... </img> run where its content
-// part stands); Qwen3-VL's engine takes one image, so the server refuses to start with more.
+// part stands); Qwen3-VL's keep their own grids (a list to the engine, each image's
+// <|image_pad|> run where its content part stands).
 
 func multiImageChat(urls []string, text string) string {
 	var parts []any
@@ -120,9 +121,137 @@ func TestVisionMultiImageInternVL(t *testing.T) {
 	}
 }
 
-// TestVisionMultiImageRefusedForQwen3VL: a bundle whose images do not stack (Qwen3-VL's M-RoPE
-// engine takes one image) refuses --max-images-per-request 2 at start, naming the flag.
-func TestVisionMultiImageRefusedForQwen3VL(t *testing.T) {
+// lastLogitsRow is /mq/v1/logits' last position for a chat body's messages.
+func lastLogitsRow(t *testing.T, s *testServer, chat string) []float32 {
+	t.Helper()
+	var m map[string]any
+	_ = json.Unmarshal([]byte(chat), &m)
+	b, _ := json.Marshal(map[string]any{"model": "test-model", "messages": m["messages"]})
+	code, _, body := s.post("/mq/v1/logits", string(b))
+	var lg struct {
+		Vocab     int    `json:"vocab_size"`
+		Positions int    `json:"positions"`
+		Data      string `json:"data"`
+	}
+	if code != 200 || json.Unmarshal(body, &lg) != nil {
+		t.Fatalf("/mq/v1/logits: %d %.300s", code, body)
+	}
+	raw, err := base64.StdEncoding.DecodeString(lg.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := make([]float32, lg.Vocab)
+	for i := range row {
+		row[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*((lg.Positions-1)*lg.Vocab+i):]))
+	}
+	return row
+}
+
+// interleavedChat is a chat body whose user content alternates text and images as given (a
+// string is a text part, anything else the next URL of urls).
+func interleavedChat(urls []string, texts ...string) string {
+	var parts []any
+	for i, text := range texts {
+		if text != "" {
+			parts = append(parts, map[string]any{"type": "text", "text": text})
+		}
+		if i < len(urls) {
+			parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]any{"url": urls[i]}})
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"model": "test-model", "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+		"messages": []any{map[string]any{"role": "user", "content": parts}}})
+	return string(b)
+}
+
+// TestVisionMultiImageQwen3VL: Qwen3-VL's images keep their own grids; with
+// --max-images-per-request 2 a request with two images of different sizes and text between
+// them is served (200), its usage counts both images' tokens, the record lists each image's
+// size and tokens in order, swapping the images changes the logits, and a third image is
+// refused naming the flag.
+func TestVisionMultiImageQwen3VL(t *testing.T) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundleMu.Lock()
+	p, err := fixtures.Bundle(cacheDir, fixtures.Qwen3VLTiny)
+	bundleMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, p, "--workers", "1", "--threads", "2", "--max-images-per-request", "2")
+	scene := dataURL(t, root, "fixtures/images/qwen3vl/02-scene-300x200.png") // grid 12x18: 54 tokens
+	gray := dataURL(t, root, "fixtures/images/qwen3vl/04-gray-96x130.png")    // grid 8x6: 12 tokens
+	chat := interleavedChat([]string{scene, gray}, "First picture:", "Second picture:", "Which one has colour?")
+	code, _, body := s.post("/v1/chat/completions", chat)
+	if code != 200 {
+		t.Fatalf("two images: %d %s", code, body)
+	}
+	var resp struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil || resp.Usage.PromptTokens < 54+12+4 {
+		t.Fatalf("two images: prompt_tokens %d (%v), fewer than the images' 66 tokens and their frames", resp.Usage.PromptTokens, err)
+	}
+	a := lastLogitsRow(t, s, chat)
+	b := lastLogitsRow(t, s, interleavedChat([]string{gray, scene}, "First picture:", "Second picture:", "Which one has colour?"))
+	d := 0.0
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	if d < 1e-2 {
+		t.Errorf("swapping the two images moves the last logits by only %.3g: image order does not reach the model", d)
+	}
+	code, _, body = s.post("/v1/chat/completions", multiImageChat([]string{gray, gray, scene}, "Three?"))
+	if code != 400 || !strings.Contains(string(body), "--max-images-per-request") || !strings.Contains(string(body), "content[2]") {
+		t.Errorf("three images with --max-images-per-request 2: %d %s; want 400 naming the flag and the third part", code, body)
+	}
+	raw, err := os.ReadFile(s.records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	var r multiRecord
+	if err := json.Unmarshal([]byte(lines[0]), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != 200 || len(r.VisionImages) != 2 || r.VisionImages[0].ImageTokens != 54 || r.VisionImages[1].ImageTokens != 12 ||
+		r.VisionImages[0].BytesSHA256 == r.VisionImages[1].BytesSHA256 || r.Vision == nil || r.Vision.ImageTokens != 54 {
+		t.Fatalf("record of the two-image request: %s", lines[0])
+	}
+	if r.InputTokens != resp.Usage.PromptTokens {
+		t.Errorf("record input_tokens %d, usage prompt_tokens %d", r.InputTokens, resp.Usage.PromptTokens)
+	}
+}
+
+// TestVisionMultiImageQwen3VLDefaultOne: without the flag (default 1, the seeds' contract) a
+// second image is refused with a 400 naming the flag.
+func TestVisionMultiImageQwen3VLDefaultOne(t *testing.T) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundleMu.Lock()
+	p, err := fixtures.Bundle(cacheDir, fixtures.Qwen3VLTiny)
+	bundleMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, p, "--workers", "1", "--threads", "2")
+	gray := dataURL(t, root, "fixtures/images/qwen3vl/04-gray-96x130.png")
+	code, _, body := s.post("/v1/chat/completions", multiImageChat([]string{gray, gray}, "Two?"))
+	if code != 400 || !strings.Contains(string(body), "--max-images-per-request 1") {
+		t.Errorf("two images with the default limit: %d %s; want 400 naming --max-images-per-request 1", code, body)
+	}
+}
+
+// TestVisionMultiImageQwen3VLRefusedOnCUDA: qwen3vl's GPU model takes one image per sequence, so
+// --max-images-per-request 2 with --device cuda is refused at start, naming the flag and the cpu
+// backend (before any CUDA library is needed: the check reads only the bundle).
+func TestVisionMultiImageQwen3VLRefusedOnCUDA(t *testing.T) {
 	bundleMu.Lock()
 	p, err := fixtures.Bundle(cacheDir, fixtures.Qwen3VLTiny)
 	bundleMu.Unlock()
@@ -132,8 +261,8 @@ func TestVisionMultiImageRefusedForQwen3VL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, serverBin, "--bundle", p, "--model-name", "m", "--port", strconv.Itoa(freePort(t)),
-		"--workers", "1", "--max-images-per-request", "2").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "--max-images-per-request 2") {
-		t.Fatalf("qwen3vl with --max-images-per-request 2: %v\n%s\nwant a refusal at start naming the flag", err, out)
+		"--workers", "1", "--device", "cuda", "--max-images-per-request", "2").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--max-images-per-request 2 with --device cuda") || !strings.Contains(string(out), "--device cpu") {
+		t.Fatalf("qwen3vl on cuda with --max-images-per-request 2: %v\n%s\nwant a refusal at start naming the flag and the cpu backend", err, out)
 	}
 }

@@ -14,9 +14,8 @@ import (
 // Chat covers TinyLlama's zephyr template: transformers' renderings and ids
 // (fixtures/golden/llama-tiny-chat.json) and the corpus conversations, streamed; the tokenizer
 // gate the SentencePiece-style byte-fallback tokenizer (fixtures/golden/llama-tiny-tokenizer.json).
-// Not here yet: NaturalEOS, which needs prompts after which transformers' greedy path reaches
-// </s> (fixtures/golden/search_eos_prompts.py finds them for qwen3-tiny); the engine's EOS stop
-// itself is shared with qwen, whose gate covers it.
+// NaturalEOS runs the prompts after which transformers' greedy path reaches </s>
+// (eos_corpus.jsonl, found by fixtures/golden/search_eos_prompts.py; golden llama-tiny-eos.json).
 var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.BundleProvenance(ctx, suite.ProvenanceInput)
 	spec.ParityGate(ctx, suite.ParityInput)
@@ -27,6 +26,7 @@ var _ = suite.Qualify(context.Background(), func(ctx context.Context) {
 	spec.ChatTemplateParity(ctx, chatTemplateInput)
 	spec.StreamingParity(ctx, func() spec.StreamingInput { return suite.StreamingInput(true) })
 	spec.StopStrings(ctx, suite.StopInput)
+	spec.NaturalEOS(ctx, suite.EOSInput)
 	spec.TokenizerParity(ctx, tokenizerInput)
 	spec.ConcurrentContent(ctx, suite.ConcurrentInput)
 	spec.FailureRecords(ctx, suite.FailureRecordsInput)

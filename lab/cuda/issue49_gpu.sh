@@ -9,12 +9,15 @@
 #   4. llama-tiny's natural-EOS prompts (search_eos_prompts.py on the GPU) and their CPU golden.
 # Needs: a qual binary built here (QUAL, to write the fixtures; the GPU host has no Go) and the
 # llama snapshots with their hyper-parameters in SNAPS (<name>/<rev>/ and <name>.hparams.json from
-# `go run ./lab/cuda/hparams llama <config.json>`). Runs from the repository root.
+# `go run ./lab/cuda/hparams llama <config.json>`); LIB, if set, is a libmodelqual_cuda.so already
+# built from this tree (the build step is skipped). Runs from the repository root.
 set -u
 OUT=${1:?usage: issue49_gpu.sh OUT}; R=$PWD; W=$(mktemp -d)
 QUAL=${QUAL:?QUAL: a qual binary}; SNAPS=${SNAPS:?SNAPS: llama snapshots and hparams}
 mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-bash lab/cuda/build_lib.sh "$R" "$W/lib.so" > "$OUT/build.log" 2>&1 || { echo "build failed: $OUT/build.log"; exit 1; }
+if [ -n "${LIB:-}" ]; then cp "$LIB" "$W/lib.so"; else
+  bash lab/cuda/build_lib.sh "$R" "$W/lib.so" > "$OUT/build.log" 2>&1 || { echo "build failed: $OUT/build.log"; exit 1; }
+fi
 "$QUAL" fixtures --cache "$W/qc" --name qwen3moe-tiny > "$W/fx.json"
 snap=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))[0]['snapshot_dir'])" "$W/fx.json")
 (cd lab/qwen3moe && BENCH_LAYERS=${BENCH_LAYERS:-2} python3 gpu_check.py --lib "$W/lib.so" --snapshot "$snap" \

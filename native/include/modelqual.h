@@ -223,6 +223,18 @@ MQ_API mq_status mq_engine_add_image(mq_engine *e, const int32_t *prompt, int32_
 MQ_API mq_status mq_engine_logits_image(mq_engine *e, const int32_t *ids, int32_t n, const mq_image *image,
                                         float *out);
 
+/* mq_engine_add with several images of one prompt, each on its own grid: images[k] (k <
+ * n_images) is the image of the prompt's k-th run of placeholder tokens. For a family whose
+ * images do not stack into one grid (each gets its own vision-tower pass and positions); a
+ * family or device that takes one image per sequence refuses n_images > 1, naming the server's
+ * --max-images-per-request. n_images 1 is mq_engine_add_image. */
+MQ_API mq_status mq_engine_add_images(mq_engine *e, const int32_t *prompt, int32_t n_prompt, const mq_image *images,
+                                      int32_t n_images, const mq_sampling *s, uint64_t *seq_out);
+
+/* mq_engine_logits with several images (see mq_engine_add_images). */
+MQ_API mq_status mq_engine_logits_images(mq_engine *e, const int32_t *ids, int32_t n, const mq_image *images,
+                                         int32_t n_images, float *out);
+
 /* Thread-safe. Ends the sequence at the next step (reason CANCELLED); unknown ids are ignored. */
 MQ_API void mq_engine_cancel(mq_engine *e, uint64_t seq);
 

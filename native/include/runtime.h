@@ -205,10 +205,18 @@ struct Batch {
   int rows() const { return (int)tokens.size(); }
 };
 
-// ImageInput is one image of a vision-language prompt (mq_image, copied).
+// ImageInput is the images of one vision-language prompt (mq_image, copied). One image: pixels
+// and grid_t/h/w. Several (mq_engine_add_images, for a family whose images keep their own grids):
+// pixels holds them one after another, images lists each one's grid and where its pixels start,
+// and grid_t/h/w is the first image's. images always lists at least the first image.
 struct ImageInput {
+  struct Grid {
+    int t = 0, h = 0, w = 0;
+    size_t offset = 0, count = 0;  // its pixel values: pixels[offset, offset + count)
+  };
   std::vector<float> pixels;
   int grid_t = 0, grid_h = 0, grid_w = 0;
+  std::vector<Grid> images;
 };
 
 // Backend is one model on one device. The engine owns scheduling, sampling and stop rules.
@@ -237,6 +245,9 @@ class Backend {
     (void)slot, (void)img, (void)prompt, (void)n;
     throw Error(MQ_ERR_INVALID_ARGUMENT, "this model does not take images");
   }
+  // several_images: set_image takes an ImageInput listing more than one image, each on its own
+  // grid (mq_engine_add_images); the engine refuses a list to a backend without it.
+  virtual bool several_images() const { return false; }
   // deterministic backends (mock) choose tokens themselves: the engine uses argmax as-is and
   // skips sampling; logits may then be left unwritten by forward.
   virtual bool deterministic() const { return false; }

@@ -49,7 +49,7 @@ void load_decoder(mqb_model &m, const TensorMap &tm, const DecoderOptions &o) {
       ly.b_qkv = upload_f32(m, {tm.need(pre + "self_attn.q_proj.bias", {nh * D}),
                                 tm.need(pre + "self_attn.k_proj.bias", {nkv * D}),
                                 tm.need(pre + "self_attn.v_proj.bias", {nkv * D})});
-      ly.b_o = upload_f32(m, {tm.need(pre + "self_attn.o_proj.bias", {H})});
+      if (o.o_proj_bias) ly.b_o = upload_f32(m, {tm.need(pre + "self_attn.o_proj.bias", {H})});
     }
     if (o.qk_norm) {
       if (!drop_qn) ly.qn = upload_f32(m, {tm.need(pre + "self_attn.q_norm.weight", {D})});

@@ -14,12 +14,15 @@ void configure(Cfg &c, const std::string &fault_prefix);
 // layer without q/k norms, with optional MLP biases and a rotary attention scaling.
 struct DecoderOptions {
   // prefix of the decoder's tensors past the "model." that TensorMap strips: "" for qwen3 and
-  // llama, "language_model." for qwen3vl, "text_encoder." for zimage.
+  // llama, "language_model." for qwen3vl and internvl, "text_encoder." for zimage.
   std::string prefix;
   // fault_prefix names this use's planted defects: fault_prefix.drop_q_norm skips q_norm.
   std::string fault_prefix = "qwen3";
   bool qk_norm = true;   // q_norm and k_norm tensors (Qwen3); Llama has none
   bool mlp_bias = false;  // mlp.{gate,up,down}_proj.bias (LlamaConfig.mlp_bias)
+  // With attention_bias, whether o_proj has a bias too (Qwen3's and Llama's do); Qwen2's
+  // attention biases are q/k/v only (the internvl family's qwen2 text variant).
+  bool o_proj_bias = true;
   // rope_scaling: the rope type's attention scaling s, which multiplies cos and sin and so every
   // q·k by s²: folded into the query scale (s²/sqrt(head_dim)) instead of the table.
   double rope_scaling = 1.0;

@@ -1,23 +1,26 @@
 // models/qwen3vl.cc: Qwen3VLForConditionalGeneration in fp32 (owner: qwen3vl family).
 //
-// Architecture (transformers 5.17's modeling_qwen3_vl), one image per sequence:
+// Architecture (transformers 5.17's modeling_qwen3_vl), one or more images per sequence, each
+// on its own grid:
 //   vision tower: Conv3d patch embedding (kernel = stride = [temporal 2, 16, 16], as a linear
 //   map of the processor's flattened patches) + learned positions bilinearly interpolated from
 //   a sqrt(num_position_embeddings)^2 grid (fast_pos_embed_interpolate) -> blocks (LayerNorm,
-//   fused qkv, 2-D rotary positions (row, column) over head_dim/2, full attention within the
-//   image, proj; LayerNorm, fc1, gelu_pytorch_tanh, fc2) -> the 2x2 patch merger (LayerNorm per
-//   patch, then four patches side by side, fc1, exact GELU, fc2). After each block listed in
+//   fused qkv, 2-D rotary positions (row, column) over head_dim/2, full attention within each
+//   image (cu_seqlens), proj; LayerNorm, fc1, gelu_pytorch_tanh, fc2) -> the 2x2 patch merger
+//   (LayerNorm per patch, then four patches side by side, fc1, exact GELU, fc2). After each block listed in
 //   deepstack_visual_indexes a post-shuffle merger (LayerNorm over the four patches) makes one
 //   DeepStack feature.
 //   text: the Qwen3 decoder (Qwen3Decoder, shared with qwen3) over token embeddings whose image
 //   placeholder rows are replaced by the merged image embeddings, with interleaved M-RoPE
 //   positions (get_rope_index: text advances all three axes together, image tokens take
-//   (start, start + row, start + column) on the merged grid, the text after resumes at the
-//   largest position + 1; decoding continues at cache position + that offset), and DeepStack
+//   (start, start + row, start + column) on their image's merged grid, the text after resumes
+//   at the largest position + 1; decoding continues at cache position + that offset), and DeepStack
 //   feature k added to the image rows after decoder layer k.
 //
 // Faults (MODELQUAL_FAULTS): qwen3vl.drop_deepstack skips the DeepStack additions,
-// qwen3vl.flat_rope gives image tokens 1-D positions, qwen3vl.drop_q_norm and
+// qwen3vl.flat_rope gives image tokens 1-D positions, qwen3vl.shared_image_start starts every
+// image's positions where the first image's started, qwen3vl.joint_vision lets the patches of
+// several images attend to each other in the tower, qwen3vl.drop_q_norm and
 // qwen3vl.rope_theta_x10 are the decoder's (qwen3_decoder.h). They prove the parity gates bite.
 #include <algorithm>
 #include <cmath>
@@ -50,7 +53,8 @@ class Qwen3VL : public CausalLM {
   explicit Qwen3VL(const ModelArgs &a) : Qwen3VL(a, DecoderDims(*a.hp)) {}
   Qwen3VL(const ModelArgs &a, const DecoderDims &d)
       : CausalLM(a.pool, d.hidden_size, d.vocab_size), dec_(a, d, decoder_options(*a.hp)), ctx_(a.max_context),
-        slots_(a.n_slots), drop_deepstack_(fault("qwen3vl.drop_deepstack")), flat_rope_(fault("qwen3vl.flat_rope")) {
+        slots_(a.n_slots), drop_deepstack_(fault("qwen3vl.drop_deepstack")), flat_rope_(fault("qwen3vl.flat_rope")),
+        shared_start_(fault("qwen3vl.shared_image_start")), joint_vision_(fault("qwen3vl.joint_vision")) {
     const HParams &hp = *a.hp;
     const Weights &w = *a.w;
     vh_ = hp.i("vision_hidden_size");
@@ -108,44 +112,65 @@ class Qwen3VL : public CausalLM {
 
   void reset_slot(int slot) override { slots_[slot] = SlotImage(); }
 
+  bool several_images() const override { return true; }
+
+  // set_image checks every image's grid and pixels against the prompt's placeholder runs (run k
+  // is image k's, of exactly its merged token count) and lays out the prompt's 3-axis M-RoPE
+  // positions as Qwen3VLModel.get_rope_index does: text advances all three axes together; image
+  // k's tokens take (start, start + row, start + column) on its own merged grid, start being the
+  // position after the text before it; the text after an image resumes at start + max(rows,
+  // columns), the largest position so far + 1.
   void set_image(int slot, std::shared_ptr<const ImageInput> img, const int32_t *prompt, int n) override {
-    const int t = img->grid_t, gh = img->grid_h, gw = img->grid_w;
-    if (t != 1) throw Error(MQ_ERR_INVALID_ARGUMENT, "image: grid_t must be 1 (one image, not a video)");
-    if (gh % m_ || gw % m_)
-      throw Error(MQ_ERR_INVALID_ARGUMENT, "image: grid " + std::to_string(gh) + "x" + std::to_string(gw) +
-                                               " is not a multiple of the merge size " + std::to_string(m_));
-    const size_t want = (size_t)t * gh * gw * 3 * tp_ * p_ * p_;
-    if (img->pixels.size() != want)
-      throw Error(MQ_ERR_INVALID_ARGUMENT, "image: " + std::to_string(img->pixels.size()) + " pixel values, the grid needs " +
-                                               std::to_string(want));
-    const int lh = gh / m_, lw = gw / m_, n_img = lh * lw;
+    const int n_images = (int)img->images.size();
+    std::vector<int> lh(n_images), lw(n_images), first(n_images + 1, 0);
+    for (int k = 0; k < n_images; k++) {
+      const ImageInput::Grid &g = img->images[k];
+      const std::string which = n_images > 1 ? "image " + std::to_string(k) : "image";
+      if (g.t != 1) throw Error(MQ_ERR_INVALID_ARGUMENT, which + ": grid_t must be 1 (an image, not a video)");
+      if (g.h % m_ || g.w % m_)
+        throw Error(MQ_ERR_INVALID_ARGUMENT, which + ": grid " + std::to_string(g.h) + "x" + std::to_string(g.w) +
+                                                 " is not a multiple of the merge size " + std::to_string(m_));
+      const size_t want = (size_t)g.t * g.h * g.w * 3 * tp_ * p_ * p_;
+      if (g.count != want)
+        throw Error(MQ_ERR_INVALID_ARGUMENT, which + ": " + std::to_string(g.count) + " pixel values, the grid needs " +
+                                                 std::to_string(want));
+      lh[k] = g.h / m_, lw[k] = g.w / m_;
+      first[k + 1] = first[k] + lh[k] * lw[k];
+    }
     SlotImage S;
     S.pos3.resize((size_t)n * 3);
     S.img_index.assign(n, -1);
-    int next = 0, seen = 0, runs = 0;
+    int next = 0, runs = 0, image_start = 0;
     for (int i = 0; i < n;) {
       if (prompt[i] != image_token_) {
         for (int x = 0; x < 3; x++) S.pos3[(size_t)i * 3 + x] = next;
         next++, i++;
         continue;
       }
-      runs++;
-      int k = 0;
-      for (; i < n && prompt[i] == image_token_; i++, k++) {
-        if (k < n_img) {
-          int r = k / lw, c = k % lw;
-          S.pos3[(size_t)i * 3] = next;
-          S.pos3[(size_t)i * 3 + 1] = flat_rope_ ? next + k : next + r;
-          S.pos3[(size_t)i * 3 + 2] = flat_rope_ ? next + k : next + c;
-          S.img_index[i] = k;
-        }
+      const int k = runs++;
+      int j = 0;
+      const int at = i;
+      for (; i < n && prompt[i] == image_token_; i++, j++) {}
+      if (k >= n_images || j != lh[k] * lw[k])
+        throw Error(MQ_ERR_INVALID_ARGUMENT,
+                    "prompt's image placeholder run " + std::to_string(k) + " holds " + std::to_string(j) + " image tokens; " +
+                        (k >= n_images ? "there are only " + std::to_string(n_images) + " images"
+                                       : "image " + std::to_string(k) + " (grid " + std::to_string(img->images[k].h) + "x" +
+                                             std::to_string(img->images[k].w) + ") needs " + std::to_string(lh[k] * lw[k])));
+      if (k == 0) image_start = next;
+      const int start = shared_start_ ? image_start : next;
+      for (int q = 0; q < j; q++) {
+        const int r = q / lw[k], c = q % lw[k], row = at + q;
+        S.pos3[(size_t)row * 3] = start;
+        S.pos3[(size_t)row * 3 + 1] = flat_rope_ ? start + q : start + r;
+        S.pos3[(size_t)row * 3 + 2] = flat_rope_ ? start + q : start + c;
+        S.img_index[row] = first[k] + q;
       }
-      seen += k;
-      next += flat_rope_ ? k : std::max(lh, lw);
+      next += flat_rope_ ? j : std::max(lh[k], lw[k]);
     }
-    if (runs != 1 || seen != n_img)
-      throw Error(MQ_ERR_INVALID_ARGUMENT, "prompt holds " + std::to_string(seen) + " image tokens in " + std::to_string(runs) +
-                                               " runs; the image needs one run of " + std::to_string(n_img));
+    if (runs != n_images)
+      throw Error(MQ_ERR_INVALID_ARGUMENT, "prompt holds " + std::to_string(runs) + " image placeholder runs for " +
+                                               std::to_string(n_images) + (n_images == 1 ? " image" : " images"));
     S.in = std::move(img);
     S.prompt_len = n;
     S.delta = next - n;
@@ -184,9 +209,16 @@ class Qwen3VL : public CausalLM {
     linear(pool_, mu_.data(), R, M, g.fc2_w, E_, g.fc2_b, out);
   }
 
+  // encode runs the vision tower over every image of S at once, as Qwen3VLVisionModel does
+  // with several grids: patch embedding; each image's learned positions interpolated to its own
+  // grid and its own 2-D rotary angles (row, column within the image); attention within each
+  // image only (cu_seqlens); the mergers over groups of m*m patches, which never straddle two
+  // images. The merged tokens (and DeepStack features) come out image after image.
   void encode(SlotImage &S) {
     const ImageInput &im = *S.in;
-    const int gh = im.grid_h, gw = im.grid_w, N = im.grid_t * gh * gw, K = 3 * tp_ * p_ * p_;
+    int N = 0;
+    for (const auto &g : im.images) N += g.t * g.h * g.w;
+    const int K = 3 * tp_ * p_ * p_;
     const int hd = vh_ / heads_, half = hd / 2, quarter = hd / 4;
     std::vector<float> x((size_t)N * vh_), a((size_t)N * vh_), qkv((size_t)N * 3 * vh_), att((size_t)N * vh_),
         tmp((size_t)N * vh_), f((size_t)N * vi_), cs((size_t)N * half), sn((size_t)N * half);
@@ -202,30 +234,35 @@ class Qwen3VL : public CausalLM {
       for (int i = 0; i < n; i++) v[i] = i < n / 2 ? start + step * (float)i : end - step * (float)(n - 1 - i);
       return v;
     };
-    const std::vector<float> hs = lin(gh), ws = lin(gw);
-    std::vector<int> rows(N), cols(N);
-    for (int i = 0, bh = 0; bh < gh / m_; bh++)
-      for (int bw = 0; bw < gw / m_; bw++)
-        for (int mh = 0; mh < m_; mh++)
-          for (int mw = 0; mw < m_; mw++, i++) rows[i] = bh * m_ + mh, cols[i] = bw * m_ + mw;
-    for (int i = 0; i < N; i++) {
-      const float hv = hs[rows[i]], wv = ws[cols[i]];
-      const int hf = (int)hv, wf = (int)wv, hc = std::min(hf + 1, side_ - 1), wc = std::min(wf + 1, side_ - 1);
-      const float dh = hv - (float)hf, dw = wv - (float)wf;
-      const float wt[4] = {(1 - dh) * (1 - dw), (1 - dh) * dw, dh * (1 - dw), dh * dw};
-      const int idx[4] = {hf * side_ + wf, hf * side_ + wc, hc * side_ + wf, hc * side_ + wc};
-      float *xr = &x[(size_t)i * vh_];
-      for (int c = 0; c < vh_; c++) {
-        float s = pos_[(size_t)idx[0] * vh_ + c] * wt[0];
-        for (int q = 1; q < 4; q++) s += pos_[(size_t)idx[q] * vh_ + c] * wt[q];
-        xr[c] += s;
-      }
-      // 2-D rotary angles: the first quarter of head_dim by row, the second by column.
-      for (int j = 0; j < half; j++) {
-        float ang = j < quarter ? (float)rows[i] * vinv_[j] : (float)cols[i] * vinv_[j - quarter];
-        cs[(size_t)i * half + j] = (float)std::cos((double)ang);
-        sn[(size_t)i * half + j] = (float)std::sin((double)ang);
-      }
+    std::vector<int> lo(N), hi(N);  // the patches patch i attends to: [lo, hi)
+    for (int i0 = 0, k = 0; k < (int)im.images.size(); k++) {
+      const int gh = im.images[k].h, gw = im.images[k].w, n = gh * gw;
+      const std::vector<float> hs = lin(gh), ws = lin(gw);
+      for (int i = i0, bh = 0; bh < gh / m_; bh++)
+        for (int bw = 0; bw < gw / m_; bw++)
+          for (int mh = 0; mh < m_; mh++)
+            for (int mw = 0; mw < m_; mw++, i++) {
+              const int row = bh * m_ + mh, col = bw * m_ + mw;
+              lo[i] = joint_vision_ ? 0 : i0, hi[i] = joint_vision_ ? N : i0 + n;
+              const float hv = hs[row], wv = ws[col];
+              const int hf = (int)hv, wf = (int)wv, hc = std::min(hf + 1, side_ - 1), wc = std::min(wf + 1, side_ - 1);
+              const float dh = hv - (float)hf, dw = wv - (float)wf;
+              const float wt[4] = {(1 - dh) * (1 - dw), (1 - dh) * dw, dh * (1 - dw), dh * dw};
+              const int idx[4] = {hf * side_ + wf, hf * side_ + wc, hc * side_ + wf, hc * side_ + wc};
+              float *xr = &x[(size_t)i * vh_];
+              for (int c = 0; c < vh_; c++) {
+                float s = pos_[(size_t)idx[0] * vh_ + c] * wt[0];
+                for (int q = 1; q < 4; q++) s += pos_[(size_t)idx[q] * vh_ + c] * wt[q];
+                xr[c] += s;
+              }
+              // 2-D rotary angles: the first quarter of head_dim by row, the second by column.
+              for (int j = 0; j < half; j++) {
+                float ang = j < quarter ? (float)row * vinv_[j] : (float)col * vinv_[j - quarter];
+                cs[(size_t)i * half + j] = (float)std::cos((double)ang);
+                sn[(size_t)i * half + j] = (float)std::sin((double)ang);
+              }
+            }
+      i0 += n;
     }
     auto rope = [&](float *v, int i) {
       for (int j = 0; j < half; j++) {
@@ -235,7 +272,6 @@ class Qwen3VL : public CausalLM {
       }
     };
     const float scale = 1.0f / std::sqrt((float)hd);
-    const int M = vh_ * m_ * m_;
     S.deep.clear();
     for (int l = 0; l < depth_; l++) {
       const Block &B = blocks_[l];
@@ -252,15 +288,15 @@ class Qwen3VL : public CausalLM {
           for (int i = 0; i < N; i++) {
             const float *q = &qkv[(size_t)i * 3 * vh_ + h * hd];
             float mx = -INFINITY;
-            for (int j = 0; j < N; j++) {
+            for (int j = lo[i]; j < hi[i]; j++) {
               sc[j] = dot(q, &qkv[(size_t)j * 3 * vh_ + vh_ + h * hd], hd) * scale;
               mx = std::max(mx, sc[j]);
             }
             float sum = 0;
-            for (int j = 0; j < N; j++) sum += (sc[j] = std::exp(sc[j] - mx));
+            for (int j = lo[i]; j < hi[i]; j++) sum += (sc[j] = std::exp(sc[j] - mx));
             float *o = &att[(size_t)i * vh_ + h * hd];
             std::fill(o, o + hd, 0.0f);
-            for (int j = 0; j < N; j++) axpy(sc[j] / sum, &qkv[(size_t)j * 3 * vh_ + 2 * vh_ + h * hd], o, hd);
+            for (int j = lo[i]; j < hi[i]; j++) axpy(sc[j] / sum, &qkv[(size_t)j * 3 * vh_ + 2 * vh_ + h * hd], o, hd);
           }
       });
       linear(pool_, att.data(), N, vh_, B.proj_w, vh_, B.proj_b, tmp.data());
@@ -278,7 +314,6 @@ class Qwen3VL : public CausalLM {
         merge(deep_mergers_[k], x.data(), N, S.deep[k].data());
       }
     }
-    (void)M;
     S.embeds.resize((size_t)(N / (m_ * m_)) * E_);
     merge(merger_, x.data(), N, S.embeds.data());
     S.encoded = true;
@@ -332,7 +367,7 @@ class Qwen3VL : public CausalLM {
   Qwen3Decoder dec_;
   int ctx_;
   std::vector<SlotImage> slots_;
-  bool drop_deepstack_, flat_rope_;
+  bool drop_deepstack_, flat_rope_, shared_start_, joint_vision_;
   int vh_, depth_, heads_, vi_, p_, tp_, m_, npos_, side_, image_token_;
   std::vector<int> deepstack_;
   const float *pe_w_, *pe_b_, *pos_;

@@ -26,6 +26,7 @@
 // additions, qwen3vl.rope_theta_x10 and qwen3vl.drop_q_norm are the decoder's (qwen3.cu).
 #include "../cuda/ops/linear.cuh"
 #include "../cuda/ops/vision.cuh"
+#include "../cuda/ops/vit.cuh"  // vis_linear, vis_act (shared with the other vision towers)
 #include "qwen3.cuh"
 
 #include <mutex>
@@ -148,21 +149,6 @@ void vis_load(mqb_model &m, const TensorMap &tm) {
   for (size_t k = 0; k < v.deep.size(); ++k) v.deep_mergers.push_back(merger(fmt("%sdeepstack_merger_list.%zu.", pre.c_str(), k), M));
   const int hd = v.vh / v.heads, dim = hd / 2;
   for (int j = 0; j < dim / 2; ++j) v.vinv.push_back((float)(1.0 / std::pow(10000.0, (double)(float)(2 * j) / dim)));
-}
-
-// vis_linear: out[B, N] (+)= X[B, K] W^T + bias (cuBLAS through gemm; X and W in T).
-template <typename T>
-void vis_linear(mqb_model &m, const char *role, const void *X, int B, int K, const void *W, int N, const float *bias,
-                float *out, bool acc) {
-  gemm<T>(m, role, static_cast<const T *>(W), static_cast<const T *>(X), B, K, N, out, acc);
-  const int total = B * N;
-  launch(m, add_bias_kernel, dim3(std::min((total + 255) / 256, m.sms * 8)), dim3(256), 0, out, bias, N, total);
-}
-
-template <typename T>
-void vis_act(mqb_model &m, const float *x, size_t n, int act, T *y) {
-  launch(m, vis_act_kernel<T>, dim3((unsigned)std::min<size_t>((n + 255) / 256, (size_t)m.sms * 16)), dim3(256), 0, x,
-         n, act, y);
 }
 
 // vis_merge runs merger g over x [N, vh] (N a multiple of 4, each 2x2 block's patches

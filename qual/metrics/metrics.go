@@ -209,10 +209,10 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 		if sv.Server.TaskTTFTNs > 0 {
 			set(reports.TagTaskTTFT, nsToMs(sv.Server.TaskTTFTNs))
 		}
-		// Vision chat: what the image cost, from the server's record of this request.
-		if v := sv.Server.Vision; v != nil {
-			set(reports.TagImageTokens, float64(v.ImageTokens))
-			set(reports.TagImagePreprocess, nsToMs(v.PreprocessNs))
+		// Vision chat: what the request's images cost, from the server's record of it.
+		if tokens, prep, ok := imageCost(&sv.Server); ok {
+			set(reports.TagImageTokens, float64(tokens))
+			set(reports.TagImagePreprocess, nsToMs(prep))
 		}
 		if opt.SplitTTFTByImage && m.Streaming && len(r.ChunkNs) > 0 {
 			if sv.Server.Vision != nil {
@@ -223,6 +223,23 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 		}
 	}
 	return rec
+}
+
+// imageCost is a vision chat request's image tokens and preprocessing time over all its images:
+// the record's vision_images when it lists several (--max-images-per-request), else its one
+// vision object. ok is false for a request without an image.
+func imageCost(r *records.Server) (tokens int, preprocessNs int64, ok bool) {
+	if len(r.VisionImages) > 0 {
+		for _, v := range r.VisionImages {
+			tokens += v.ImageTokens
+			preprocessNs += v.PreprocessNs
+		}
+		return tokens, preprocessNs, true
+	}
+	if r.Vision == nil {
+		return 0, 0, false
+	}
+	return r.Vision.ImageTokens, r.Vision.PreprocessNs, true
 }
 
 // exportError maps a failed record to AIPerf's error object; a cancellation is code 499

@@ -316,3 +316,24 @@ func TestITLWhenEventsShareARead(t *testing.T) {
 		t.Errorf("non-streaming request_latency = %v, want 10 (its one content event)", v)
 	}
 }
+
+// TestExportImageFiguresSeveralImages: a request whose record lists two images (vision_images,
+// --max-images-per-request 2) exports the tokens and preprocessing time of both, not of the
+// first alone (its vision object).
+func TestExportImageFiguresSeveralImages(t *testing.T) {
+	reqs := handRun()[:1]
+	first := record.VisionInput{ImageTokens: 54, PreprocessNs: 3 * ms}
+	second := record.VisionInput{ImageTokens: 12, PreprocessNs: 2 * ms}
+	sv := []records.Server{{RequestID: "A", Route: "/v1/chat/completions", Status: 200, HTTPLatencyNs: 39 * ms,
+		Vision: &first, VisionImages: []record.VisionInput{first, second}}}
+	j, err := records.Join(reqs, sv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := Export(reqs, j, Options{})
+	for tag, want := range map[string]float64{reports.TagImageTokens: 66, reports.TagImagePreprocess: 5} {
+		if v, ok := recs[0].Value(tag); !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v (both images)", tag, v, ok, want)
+		}
+	}
+}

@@ -21,6 +21,11 @@ func init() {
 		{Name: "llama rotary table from default RoPE instead of the resolved frequencies", File: "native/models/llama.cc", Gates: "parity",
 			Old: "  for (int i = 0; i < half; i++) o.rope_inv_freq.push_back((float)hp.f(\"rope_inv_freq.\" + std::to_string(i)));\n",
 			New: "  for (int i = 0; i < half; i++) o.rope_inv_freq.push_back((float)(1.0 / std::pow(500000.0, 2.0 * i / (2 * half))));\n"},
+		// llama's natural-EOS gate (fixtures/golden/llama-tiny-eos.json: prompts after which
+		// transformers' greedy path reaches </s>) sees an engine that ignores EOS.
+		{Name: "EOS ignored by the engine, seen by llama's gate", File: "native/engine.cc", Gates: "parity",
+			Old: "if (!q->s.ignore_eos && std::find(e->eos.begin(), e->eos.end(), tok) != e->eos.end())",
+			New: "if (q->s.ignore_eos && std::find(e->eos.begin(), e->eos.end(), tok) != e->eos.end())"},
 		// Planted faults (MODELQUAL_FAULTS) of the llama runtime the llama gates must catch.
 		{Name: "llama rope_theta ×10 (runtime fault)", Fault: "llama.rope_theta_x10", File: "native/models/qwen3_decoder.cc", Gates: "parity"},
 		{Name: "llama KV heads 0 and 1 swapped in the cache (runtime fault)", Fault: "llama.kv_head_swap", File: "native/models/qwen3_decoder.cc", Gates: "parity"},

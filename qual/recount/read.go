@@ -72,14 +72,18 @@ type serverRecord struct {
 		PNGBytes    int64   `json:"png_bytes"`
 		PNGEncodeNs int64   `json:"png_encode_ns"`
 	} `json:"image"`
-	Vision *struct {
-		ImageTokens  int   `json:"image_tokens"`
-		PreprocessNs int64 `json:"preprocess_ns"`
-	} `json:"vision"`
+	Vision       *visionCost  `json:"vision"`
+	VisionImages []visionCost `json:"vision_images"`
 
 	// has names the fields the line holds ("image.png_sha256" for the image's), so a field a
 	// shortened copy of the records leaves out is not mistaken for a zero.
 	has map[string]bool
+}
+
+// visionCost is one input image's share of a vision chat request's record.
+type visionCost struct {
+	ImageTokens  int   `json:"image_tokens"`
+	PreprocessNs int64 `json:"preprocess_ns"`
 }
 
 // UnmarshalJSON reads the record and which fields it holds.

@@ -408,3 +408,20 @@ func TestVerifyImageFigures(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyCountsEveryImageOfARequest: a server record listing two images (vision_images) makes
+// the recount's mq_image_tokens their sum, so the export, written when the record held one
+// image's tokens, is named as differing.
+func TestVerifyCountsEveryImageOfARequest(t *testing.T) {
+	dir := copyRun(t, "vision")
+	editLine(t, filepath.Join(dir, serverRecordsFile), `"request_id":"ff2eca7d-1"`, func(v map[string]any) {
+		first := v["vision"].(map[string]any)
+		second := map[string]any{}
+		for k, x := range first {
+			second[k] = x
+		}
+		second["image_tokens"] = json.Number("12")
+		v["vision_images"] = []any{first, second}
+	})
+	wantAll(t, mustFail(t, dir), "profile_export.jsonl ff2eca7d-1 mq_image_tokens: reported 4, the records give 16")
+}

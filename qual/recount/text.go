@@ -129,9 +129,18 @@ func recompute(c *clientRecord, sv *serverRecord, open, splitTTFT bool) request 
 		if sv.TaskTTFTNs > 0 {
 			r.vals[tagTaskTTFT] = ms(sv.TaskTTFTNs)
 		}
-		if sv.Vision != nil {
-			r.vals[tagImageTokens] = float64(sv.Vision.ImageTokens)
-			r.vals[tagImagePreprocess] = ms(sv.Vision.PreprocessNs)
+		// Every image of the request: vision_images when the record lists several.
+		if imgs := sv.VisionImages; len(imgs) > 0 || sv.Vision != nil {
+			if len(imgs) == 0 {
+				imgs = []visionCost{*sv.Vision}
+			}
+			tokens, prep := 0, int64(0)
+			for _, v := range imgs {
+				tokens += v.ImageTokens
+				prep += v.PreprocessNs
+			}
+			r.vals[tagImageTokens] = float64(tokens)
+			r.vals[tagImagePreprocess] = ms(prep)
 		}
 		if splitTTFT && c.Stream && n > 0 {
 			if sv.Vision != nil {

@@ -35,6 +35,14 @@ type API struct {
 	capMu         sync.Mutex
 	caps          *Capabilities
 	tokenizeField string
+
+	// TextPrompt, when set (TextPrompt(tokenizer)), turns a token-id prompt into the text a
+	// server that refuses token-array prompts reads instead; tp* hold that probe's answer.
+	TextPrompt func(ids []int32) string
+	tpMu       sync.Mutex
+	tpProbed   bool
+	tpOK       bool
+	tpWhy      string
 }
 
 // NewAPI returns an API with a client whose timeout is requestTimeout (0: 2 minutes).
@@ -79,6 +87,7 @@ func (a *API) do(ctx context.Context, method, route string, body any) (*http.Res
 
 // doHeader is do with extra request headers (such as X-Request-Id).
 func (a *API) doHeader(ctx context.Context, method, route string, body any, hdr http.Header) (*http.Response, error) {
+	body = a.asTextPrompt(ctx, route, body)
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)

@@ -34,6 +34,9 @@ type Capabilities struct {
 	LogprobsTopK int
 	// PromptLogprobs: vLLM's `prompt_logprobs` is answered with per-prompt-token logprobs.
 	PromptLogprobs bool
+	// TokenPrompts: /v1/completions takes OpenAI's token-array prompt; probed only when the
+	// API can fall back to text (API.TextPrompt).
+	TokenPrompts bool
 	// Missing says, per capability name, why the probe found it absent.
 	Missing map[string]string
 }
@@ -73,6 +76,9 @@ func (c *Capabilities) Summary() string {
 	line(CapDetokenize, c.DetokenizeField != "", fmt.Sprintf(`{"tokens"} → {"%s"}`, c.DetokenizeField))
 	line(CapLogprobs, c.Logprobs, fmt.Sprintf("top-%d alternatives", c.LogprobsTopK))
 	line(CapPromptLogprobs, c.PromptLogprobs, "")
+	if _, probed := c.Missing[CapTokenPrompts]; probed || c.TokenPrompts {
+		line(CapTokenPrompts, c.TokenPrompts, "")
+	}
 	return b.String()
 }
 
@@ -89,6 +95,7 @@ func (a *API) Capabilities(ctx context.Context) (*Capabilities, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.tokenPromptsProbe(ctx, c)
 	a.caps = c
 	if c.TokenizeField != "" {
 		a.tokenizeField = c.TokenizeField

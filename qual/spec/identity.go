@@ -93,7 +93,7 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 		res.Fingerprint = "/v1/models only (the family has no transformers golden)"
 		return res, nil
 	}
-	api := &API{BaseURL: in.API.BaseURL, Model: res.Model, APIKey: in.API.APIKey, HTTP: in.API.HTTP}
+	api := &API{BaseURL: in.API.BaseURL, Model: res.Model, APIKey: in.API.APIKey, HTTP: in.API.HTTP, TextPrompt: in.API.TextPrompt}
 	nPrompts, steps, tol := in.Prompts, in.Steps, in.Tolerance
 	if nPrompts == 0 {
 		nPrompts = 3
@@ -125,18 +125,24 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 			delete(body, "logprobs")
 			ans, err = api.Complete(ctx, "/v1/completions", body)
 		}
-		if err != nil && StatusOf(err)/100 == 4 {
-			// A server that takes text prompts only (OpenAI's token-array prompt refused): the
-			// golden prompt's text, which its own tokenizer must turn into the same ids.
-			body["prompt"] = in.Tokenizer.Decode(gp.PromptIDs)
-			ans, err = api.Complete(ctx, "/v1/completions", body)
-		}
 		if err != nil {
 			return res, fmt.Errorf("%w: golden prompt %q (%d token ids) could not be generated: %v", ErrIdentity, gp.Name, len(gp.PromptIDs), err)
 		}
-		want := in.Tokenizer.Decode(gp.GreedyIDs[:n])
+		want := continuation(in.Tokenizer, gp.PromptIDs, gp.GreedyIDs[:n])
 		early := ans.FinishReason == "stop" && strings.HasPrefix(want, ans.Text)
-		if ans.Text != want && !early && !heldBackTail(ans.Text, want) {
+		// With per-token logprobs the tokens are compared by their bytes (alignTokens), so an
+		// engine that decodes an invalid byte-fallback run otherwise than tokenizers (which
+		// spells it U+FFFD) is judged on the tokens it generated.
+		sameTokens := false
+		if len(ans.Logprobs) > 0 {
+			al := alignTokens(in.Tokenizer, gp.GreedyIDs[:n], ans.Logprobs)
+			if al.Differs != "" && !early {
+				return res, fmt.Errorf("%w: the server at %s (model %q) does not serve %s: on golden prompt %q its greedy tokens leave the checkpoint's at token %d: %s",
+					ErrIdentity, in.API.BaseURL, res.Model, in.Checkpoint, gp.Name, al.At, al.Differs)
+			}
+			sameTokens = al.Differs == ""
+		}
+		if !sameTokens && ans.Text != want && !early && !heldBackTail(ans.Text, want) {
 			return res, fmt.Errorf("%w: the server at %s (model %q) does not serve %s: on golden prompt %q its greedy tokens are %q, the checkpoint's are %q (they part at token %d)",
 				ErrIdentity, in.API.BaseURL, res.Model, in.Checkpoint, gp.Name, clip(ans.Text, 60), clip(want, 60), divergenceStep(in.Tokenizer, gp.GreedyIDs[:n], ans.Text))
 		}
@@ -173,4 +179,17 @@ func CheckIdentity(ctx context.Context, in IdentityInput) (*IdentityResult, erro
 func heldBackTail(served, want string) bool {
 	trimmed := strings.TrimRight(want, "\uFFFD")
 	return trimmed != want && served == trimmed
+}
+
+// continuation is the text generated after prompt as it reads in context: the decode of
+// prompt and generated tokens together, less the prompt's. A SentencePiece decoder strips the
+// leading space of a sequence, so the generated tokens decoded alone would lose the space
+// their first word piece carries after a prompt.
+func continuation(tok *tokenizer.Tokenizer, prompt, gen []int32) string {
+	pre := tok.Decode(prompt)
+	full := tok.Decode(append(append([]int32(nil), prompt...), gen...))
+	if strings.HasPrefix(full, pre) {
+		return full[len(pre):]
+	}
+	return tok.Decode(gen)
 }

@@ -308,6 +308,7 @@ func (s *Suite) checkExternal(ctx context.Context, st *State) error {
 			return fmt.Errorf("spec: load the %s tokenizer from %s for the identity check: %w", s.Family, st.Checkpoint, err)
 		}
 		in.Golden, in.Tokenizer = g, tok
+		in.API.TextPrompt = TextPrompt(tok)
 	}
 	res, err := CheckIdentity(ctx, in)
 	if err != nil {
@@ -396,6 +397,11 @@ func (s *Suite) setupEach(ctx ginkgo.SpecContext, data []byte) {
 		ginkgo.Fail(fmt.Sprintf("spec: load the %s tokenizer from %s: %v", s.Family, st.Checkpoint, err))
 	}
 	s.Tokenizer = tok
+	if st.Launcher == "external" {
+		// A server this harness did not start may take text prompts only (Ollama): golden
+		// ids then travel as their text (TextPrompt), probed once on the first such request.
+		s.API.TextPrompt = TextPrompt(tok)
+	}
 }
 
 // diagnose attaches what a failed spec's reader needs: the server's log tail and where the

@@ -9,16 +9,18 @@ import (
 // decode or chat rendering. Everything else (model_max_length, tokenizer_class, ...) is left
 // to the server's configuration.
 type tokenizerConfig struct {
-	ChatTemplate              *chatTemplateSpec   `json:"chat_template"`
-	CleanUpTokenizationSpaces *bool               `json:"clean_up_tokenization_spaces"`
-	BOSToken                  specialTokenField   `json:"bos_token"`
-	EOSToken                  specialTokenField   `json:"eos_token"`
-	UNKToken                  specialTokenField   `json:"unk_token"`
-	PADToken                  specialTokenField   `json:"pad_token"`
-	SEPToken                  specialTokenField   `json:"sep_token"`
-	CLSToken                  specialTokenField   `json:"cls_token"`
-	MaskToken                 specialTokenField   `json:"mask_token"`
-	AdditionalSpecialTokens   []specialTokenField `json:"additional_special_tokens"`
+	ChatTemplate              *chatTemplateSpec `json:"chat_template"`
+	CleanUpTokenizationSpaces *bool             `json:"clean_up_tokenization_spaces"`
+	// CleanUpBPEAnyway makes decode clean up a BPE model's text too (transformers 5 skips it).
+	CleanUpBPEAnyway        bool                `json:"clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"`
+	BOSToken                specialTokenField   `json:"bos_token"`
+	EOSToken                specialTokenField   `json:"eos_token"`
+	UNKToken                specialTokenField   `json:"unk_token"`
+	PADToken                specialTokenField   `json:"pad_token"`
+	SEPToken                specialTokenField   `json:"sep_token"`
+	CLSToken                specialTokenField   `json:"cls_token"`
+	MaskToken               specialTokenField   `json:"mask_token"`
+	AdditionalSpecialTokens []specialTokenField `json:"additional_special_tokens"`
 	// AddBOSToken and AddEOSToken, when either is present, make transformers rebuild the
 	// post-processor as [bos] $A [eos] (TokenizersBackend.update_post_processor); classes
 	// with their own post-processor rule (LlamaTokenizer, T5Tokenizer) ignore them.

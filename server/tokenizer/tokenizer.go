@@ -195,7 +195,11 @@ func fromBytes(tokenizerJSON, tokenizerConfigJSON, chatTemplateJinja []byte) (*T
 	}
 	t.config = cfg
 	if cfg.CleanUpTokenizationSpaces != nil {
-		t.cleanUpSpaces = *cfg.CleanUpTokenizationSpaces
+		// transformers 5 ignores clean_up_tokenization_spaces for a BPE model (it would strip
+		// real spaces before punctuation: CLIP decodes "hello world !") unless the config
+		// insists with clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output.
+		_, bpe := t.model.(*bpeModel)
+		t.cleanUpSpaces = *cfg.CleanUpTokenizationSpaces && (!bpe || cfg.CleanUpBPEAnyway)
 	}
 	filePost := t.post
 	if pp, err := t.configPostProcessor(); err != nil {

@@ -64,6 +64,14 @@ type Stacking interface {
 	StacksImages()
 }
 
+// OwnGrids is a processor whose images each keep their own grid (Qwen2-VL's native-resolution
+// patches: images of different sizes have different grids): several images of a request go to
+// the engine as a list, each through the vision tower on its own grid, with its own positions.
+// A processor with neither OwnGrids nor Stacking takes one image per request.
+type OwnGrids interface {
+	KeepsOwnGrids()
+}
+
 // NewProcessorFunc builds a processor from the checkpoint's preprocessor_config.json, refusing
 // settings it does not implement.
 type NewProcessorFunc func(preprocessorConfig []byte) (Processor, error)

@@ -75,6 +75,10 @@ func ParseConfig(b []byte) (*Config, error) {
 }
 
 // Factor is the side every resized image is a multiple of (patch size x merge size).
+// KeepsOwnGrids: each image has its own grid (its own size in patches), so several go to the
+// engine as a list (vision.OwnGrids).
+func (c *Config) KeepsOwnGrids() {}
+
 func (c *Config) Factor() int { return c.PatchSize * c.MergeSize }
 
 // maxAspect is transformers' limit on max(h, w) / min(h, w) (smart_resize's MAX_RATIO).

@@ -65,19 +65,40 @@ func (n *nativeEngine) Add(prompt []int32, s wire.Sampling) (uint64, error) {
 	return uint64(id), err
 }
 
-// AddImage is Add with one image (a vision-language family).
+// nativeImages is a prompt's images as the engine takes them: one (stacked or single), or each
+// on its own grid.
+func nativeImages(im *wire.ImageInput) ([]*native.Image, error) {
+	grids, pixels, err := im.Split()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*native.Image, len(grids))
+	for k, g := range grids {
+		out[k] = &native.Image{Pixels: pixels[k], Grid: [3]int{int(g[0]), int(g[1]), int(g[2])}}
+	}
+	return out, nil
+}
+
+// AddImage is Add with a vision-language prompt's images.
 func (n *nativeEngine) AddImage(prompt []int32, im *wire.ImageInput, s wire.Sampling) (uint64, error) {
-	img := &native.Image{Pixels: im.Pixels, Grid: [3]int{int(im.Grid[0]), int(im.Grid[1]), int(im.Grid[2])}}
-	id, err := n.e.AddImage(prompt, img, nativeSampling(s))
+	ims, err := nativeImages(im)
+	if err != nil {
+		return 0, err
+	}
+	id, err := n.e.AddImages(prompt, ims, nativeSampling(s))
 	if errors.Is(err, native.ErrBatchFull) {
 		return 0, ErrBatchFull
 	}
 	return uint64(id), err
 }
 
-// LogitsImage is Logits with one image (a vision-language family).
+// LogitsImage is Logits with a vision-language prompt's images.
 func (n *nativeEngine) LogitsImage(ids []int32, im *wire.ImageInput) ([]float32, error) {
-	return n.e.LogitsImage(ids, &native.Image{Pixels: im.Pixels, Grid: [3]int{int(im.Grid[0]), int(im.Grid[1]), int(im.Grid[2])}})
+	ims, err := nativeImages(im)
+	if err != nil {
+		return nil, err
+	}
+	return n.e.LogitsImages(ids, ims)
 }
 
 func (n *nativeEngine) Cancel(seq uint64) { n.e.Cancel(native.SeqID(seq)) }

@@ -41,7 +41,19 @@ export OLLAMA_HOST=127.0.0.1:$PORT OLLAMA_MODELS=$FOREIGN/models OLLAMA_NOPRUNE=
 SRV=$!
 trap 'kill $SRV 2>/dev/null; wait $SRV 2>/dev/null || true' EXIT
 for _ in $(seq 60); do curl -sf "http://$OLLAMA_HOST/api/version" > /dev/null && break; sleep 1; done
-printf 'FROM %s\nPARAMETER temperature 0\n' "$SNAP" > "$OUT/Modelfile"
+# Ollama's converter reads a SentencePiece model only from tokenizer.model; a SentencePiece-style
+# BPE kept in tokenizer.json alone (as llama-tiny's) it would misread as byte-level BPE. The
+# import folder is the snapshot plus that tokenizer.model (spmmodel writes it from tokenizer.json).
+IMPORT=$SNAP
+if [ ! -f "$SNAP/tokenizer.model" ] && grep -q '"byte_fallback": *true' "$SNAP/tokenizer.json"; then
+	IMPORT=$OUT/import
+	rm -rf "$IMPORT" && mkdir -p "$IMPORT" && cp -L "$SNAP"/* "$IMPORT"/
+	go run ./qual/launch/foreign/ollama/spmmodel --tokenizer "$SNAP/tokenizer.json" --out "$IMPORT"
+fi
+# Ollama's /v1/completions renders the prompt through the model's template as a user turn; the
+# gates send raw completions, so the template passes the prompt through as it is (chat then uses
+# the same template: its gates judge that, not the checkpoint's chat template).
+printf 'FROM %s\nTEMPLATE """{{ .Prompt }}"""\nPARAMETER temperature 0\n' "$IMPORT" > "$OUT/Modelfile"
 "$OLLAMA" create "$FAMILY" -f "$OUT/Modelfile" 2>&1 | tee "$OUT/ollama-create.log"
 
 ./bin/qual qualify --launcher external --url "http://$OLLAMA_HOST" --family "$FAMILY" \
