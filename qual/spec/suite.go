@@ -319,6 +319,7 @@ func (s *Suite) checkExternal(ctx context.Context, st *State) error {
 	}
 	st.Model = res.Model
 	api := NewAPI(st.BaseURL, st.Model, st.APIKey, s.Manifest.Server.RequestTimeout.Duration)
+	api.TextPrompt = in.API.TextPrompt // so the summary says whether token-array prompts are taken
 	caps, err := api.Capabilities(ctx)
 	if err != nil {
 		return fmt.Errorf("spec: probe what the server at %s offers: %w", st.BaseURL, err)
