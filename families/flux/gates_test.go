@@ -60,10 +60,7 @@ func recordCheckInput() spec.RecordCheckInput {
 }
 
 // body is the request of r as the image gates send it.
-func body(model string, r spec.ImageRequest) map[string]any {
-	return map[string]any{"model": model, "prompt": r.Prompt, "size": fmt.Sprintf("%dx%d", r.Width, r.Height),
-		"num_inference_steps": r.Steps, "guidance_scale": r.Guidance, "seed": r.Seed}
-}
+func body(model string, r spec.ImageRequest) map[string]any { return r.Body(model) }
 
 // checkSizeChanges: another size gives another image (the image ids and the schedule's shift
 // follow the size), and the same request still the same bytes.
@@ -91,18 +88,7 @@ func checkSizeChanges(ctx context.Context, in spec.ImageInput) error {
 // truncates it, so it is answered 200, not refused).
 func checkFluxContract(ctx context.Context, in spec.ImageInput) error {
 	base := body(in.API.Model, in.Golden[0].ImageRequest)
-	with := func(k string, v any) map[string]any {
-		m := map[string]any{}
-		for a, b := range base {
-			m[a] = b
-		}
-		if v == nil {
-			delete(m, k)
-		} else {
-			m[k] = v
-		}
-		return m
-	}
+	with := func(k string, v any) map[string]any { return spec.WithField(base, k, v) }
 	refusals := []struct {
 		field string
 		body  map[string]any

@@ -40,7 +40,8 @@ type ImageRequest struct {
 	Seed     int64   `json:"seed"`
 }
 
-func (r ImageRequest) body(model string) map[string]any {
+// Body is r as the image gates send it to /v1/images/generations.
+func (r ImageRequest) Body(model string) map[string]any {
 	return map[string]any{"model": model, "prompt": r.Prompt, "size": fmt.Sprintf("%dx%d", r.Width, r.Height),
 		"num_inference_steps": r.Steps, "guidance_scale": r.Guidance, "seed": r.Seed}
 }
@@ -207,7 +208,7 @@ func CheckImageParity(ctx context.Context, in ImageInput) (map[string]ImageFigur
 		return figs, fmt.Errorf("image parity: probe /mq/v1/image_latents: %w", err)
 	}
 	for _, c := range in.Golden {
-		ans, err := in.API.GenerateImage(ctx, c.body(in.API.Model))
+		ans, err := in.API.GenerateImage(ctx, c.Body(in.API.Model))
 		if err != nil {
 			return figs, fmt.Errorf("image parity: case %q: %w", c.Name, err)
 		}
@@ -260,7 +261,7 @@ func latentDiff(ctx context.Context, in ImageInput, c ImageGoldenCase, served []
 		return math.NaN(), fmt.Sprintf("golden latents: %v", err)
 	}
 	want := decodeF32LE(raw)
-	got, shape, sum, err := in.API.ImageLatents(ctx, c.body(in.API.Model))
+	got, shape, sum, err := in.API.ImageLatents(ctx, c.Body(in.API.Model))
 	if err != nil {
 		return math.NaN(), err.Error()
 	}
@@ -310,7 +311,7 @@ func sha(b []byte) string {
 // `qual generate-image` writes for the same controls.
 func CheckImageNative(ctx context.Context, in ImageInput) error {
 	for _, c := range in.Golden {
-		ans, err := in.API.GenerateImage(ctx, c.body(in.API.Model))
+		ans, err := in.API.GenerateImage(ctx, c.Body(in.API.Model))
 		if err != nil {
 			return fmt.Errorf("served vs native: case %q: %w", c.Name, err)
 		}
@@ -330,7 +331,7 @@ func CheckImageNative(ctx context.Context, in ImageInput) error {
 func CheckImageControls(ctx context.Context, in ImageInput) error {
 	base := in.Golden[0].ImageRequest
 	get := func(r ImageRequest) (string, error) {
-		ans, err := in.API.GenerateImage(ctx, r.body(in.API.Model))
+		ans, err := in.API.GenerateImage(ctx, r.Body(in.API.Model))
 		if err != nil {
 			return "", err
 		}
@@ -373,18 +374,7 @@ func imageRefusals(base map[string]any, multiple int) []struct {
 	field string
 	body  map[string]any
 } {
-	with := func(k string, v any) map[string]any {
-		m := map[string]any{}
-		for a, b := range base {
-			m[a] = b
-		}
-		if v == nil {
-			delete(m, k)
-		} else {
-			m[k] = v
-		}
-		return m
-	}
+	with := func(k string, v any) map[string]any { return WithField(base, k, v) }
 	type refusal = struct {
 		field string
 		body  map[string]any
@@ -421,7 +411,7 @@ func imageRefusals(base map[string]any, multiple int) []struct {
 // CheckImageContract: every refused request gets 400 naming its field, and the next valid
 // request gets 200.
 func CheckImageContract(ctx context.Context, in ImageInput) error {
-	base := in.Golden[0].body(in.API.Model)
+	base := in.Golden[0].Body(in.API.Model)
 	var problems []string
 	for _, r := range imageRefusals(base, in.SizeMultiple) {
 		_, err := in.API.GenerateImage(ctx, r.body)
@@ -457,7 +447,7 @@ func CheckImageContract(ctx context.Context, in ImageInput) error {
 func CheckImageGeometry(ctx context.Context, in ImageInput) error {
 	r := in.Golden[0].ImageRequest
 	r.Width, r.Height = 3*in.SizeMultiple, 2*in.SizeMultiple
-	ans, err := in.API.GenerateImage(ctx, r.body(in.API.Model))
+	ans, err := in.API.GenerateImage(ctx, r.Body(in.API.Model))
 	if err != nil {
 		return fmt.Errorf("geometry: %w", err)
 	}
@@ -523,4 +513,19 @@ func ImageGates(ctx context.Context, input func() ImageInput) {
 		gomega.Expect(CheckImageGeometry(sctx, input())).To(gomega.Succeed())
 	})
 	_ = ctx
+}
+
+// WithField is a copy of body with field k set to v, or removed when v is nil: one request of
+// a refusal contract, each differing from a valid one in a single field.
+func WithField(body map[string]any, k string, v any) map[string]any {
+	m := make(map[string]any, len(body))
+	for a, b := range body {
+		m[a] = b
+	}
+	if v == nil {
+		delete(m, k)
+	} else {
+		m[k] = v
+	}
+	return m
 }

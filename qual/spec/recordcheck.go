@@ -169,7 +169,7 @@ func CheckRecordsMatchResponses(ctx context.Context, in RecordCheckInput) ([]str
 	}
 	if r := in.Image; r != nil {
 		id := newRequestID("record-check")
-		body := r.body(in.API.Model)
+		body := r.Body(in.API.Model)
 		ans, err := in.API.GenerateImageID(ctx, id, body)
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("POST /v1/images/generations (request %s): %v", id, err))
