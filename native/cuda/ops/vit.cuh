@@ -5,6 +5,7 @@
 // an optional per-channel layer scale, and a Conv2d with kernel = stride (patch embedding) made a
 // product by cutting the image into its patches' rows. fp32 everywhere but the products' inputs.
 #pragma once
+#include "flash_attn.cuh"
 #include "linear.cuh"
 #include "vision.cuh"
 

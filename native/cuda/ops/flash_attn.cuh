@@ -1,0 +1,251 @@
+// flash_attn.cuh: fused attention of the image pipelines and vision towers on the tensor cores,
+// after FlashAttention-2: bf16 q/k/v in, fp32 accumulation, online softmax, no score matrix in
+// memory. Included by vit.cuh (the vision towers) and callable from any pipeline with bf16 rows.
+// Runs in the CPU emulation too (host_test/emu_test.cc emulates mma.sync and ldmatrix; its
+// flash_products checks it against a double-precision reference).
+//
+// Why: the pipelines made S = Q K^T in fp32 through cuBLAS ([H, L, Lk] in global memory), a
+// softmax to bf16 P, then P V: at Z-Image-Turbo's 1056 tokens x 30 heads S alone is 134 MB
+// written and read every layer, most of a denoising step (lab/cuda/zimage_results.md). The vision
+// towers' vis_attn_kernel scored on the CUDA cores in fp32, one warp a query.
+//
+// How: a block takes BQ = 16 * NW consecutive query rows of one head (NW warps of 16 rows; query
+// tiles in reverse order when causal, so the longest blocks start first) and keeps them in
+// registers as mma.sync A fragments. It walks the keys in tiles of BK = 64 rows, K and V staged
+// in shared memory by asynchronous 16-byte copies, double-buffered: tile j + 1 is in flight while
+// tile j is used. Per tile: S = Q K^T (m16n8k16, fp32), masks (keys past Lk; causal: key > query),
+// the online softmax in the exp2 domain (running max and sum per row in fp32; the four lanes of a
+// row's quad reduce by shuffles), then O += P V with P rounded to bf16 (two n8 score tiles are
+// already an A fragment) and V through ldmatrix .trans. Rows are finished by 1 / sum. Head dims
+// other than 64/80/96/128 run in the next larger one with zero columns (q.k and P V unchanged).
+// Shared rows are D + 8 elements so ldmatrix's eight rows fall on different banks.
+#pragma once
+#include "tile.cuh"
+
+namespace mqcuda {
+namespace img {
+
+typedef __nv_bfloat16 bf16;
+
+namespace fa {
+
+constexpr int BK = 64;  // keys per K/V tile
+
+// stage_rows copies rows 0 .. ROWS - 1 of src (row stride ld elements; columns 0 .. hd - 1) into
+// shared rows of D + 8 elements with asynchronous copies; rows at or past n and columns at or
+// past hd are zeros. Every thread of the block (NT of them) takes part.
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void stage_rows(bf16 *dst, const bf16 *src, size_t ld, int n, int hd) {
+  constexpr int RS = D + 8, CH = D / 8;
+  for (int i = threadIdx.x; i < ROWS * CH; i += NT) {
+    const int r = i / CH, c = (i % CH) * 8;
+    if (r < n && c < hd)
+      sk::stage16(dst + r * RS + c, src + (size_t)r * ld + c);
+    else
+      *reinterpret_cast<uint4 *>(dst + r * RS + c) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+__device__ __forceinline__ void commit() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_but_one() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+
+// smem_bytes: two stages of K and V tiles (the query rows are staged in the second one first).
+template <int D>
+constexpr size_t smem_bytes() {
+  return (size_t)2 * 2 * BK * (D + 8) * sizeof(bf16);
+}
+
+// flash_kernel: grid (ceil(L / BQ), H), NW * 32 threads, smem_bytes<D>() of dynamic shared
+// memory. sl2 = scale * log2(e). See flash_attention for the layout.
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k,
+                                                        const bf16 *__restrict__ v, int ldkv, bf16 *__restrict__ o,
+                                                        int ldo, int L, int Lk, int rep, int hd, float sl2, int causal) {
+  constexpr int NT = NW * 32, BQ = NW * 16, RS = D + 8;
+  constexpr int DK = D / 16, DN = D / 8, NB = BK / 8;
+  static_assert(BQ <= 2 * BK, "the query rows are staged in one stage's K and V tiles");
+  DYN_SMEM(uint4, smem_raw);
+  bf16 *sm = reinterpret_cast<bf16 *>(smem_raw);
+  // stage s: K tile at sm + s * 2 * BK * RS, V tile BK rows further.
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int qt = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+  const int h = blockIdx.y, kh = h / rep, q0 = qt * BQ;
+  const bf16 *kb = k + (size_t)kh * hd, *vb = v + (size_t)kh * hd;
+  const int kend = causal ? min(Lk, q0 + BQ) : Lk;  // keys any row of the block sees
+  const int ntiles = (kend + BK - 1) / BK;
+  bf16 *const qs = sm + 2 * BK * RS;
+  stage_rows<D, BQ, NT>(qs, q + (size_t)q0 * ldq + (size_t)h * hd, (size_t)ldq, L - q0, hd);
+  commit();
+  stage_rows<D, BK, NT>(sm, kb, (size_t)ldkv, Lk, hd);
+  stage_rows<D, BK, NT>(sm + BK * RS, vb, (size_t)ldkv, Lk, hd);
+  commit();
+  wait_but_one();
+  __syncthreads();
+  uint32_t qa[DK][4];
+#pragma unroll
+  for (int kk = 0; kk < DK; ++kk) sk::ldsm4(qa[kk], qs + (w * 16 + (lane & 15)) * RS + kk * 16 + (lane >> 4) * 8);
+  __syncthreads();  // the second stage is K/V's from here
+  // This lane's rows: r0 = q0 + 16 w + g (accumulator elements 0, 1) and r0 + 8 (2, 3).
+  const int r0 = q0 + w * 16 + g;
+  const int wfirst = q0 + w * 16, wlast = wfirst + 15;
+  const bool active = wfirst < L;  // warp-uniform: the warp has rows
+  float acc[DN][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dn][e] = 0.f;
+  float s[NB][4];
+  for (int j = 0; j < ntiles; ++j) {
+    const int k0 = j * BK;
+    if (j + 1 < ntiles) {
+      bf16 *nx = sm + ((j + 1) & 1) * 2 * BK * RS;
+      stage_rows<D, BK, NT>(nx, kb + (size_t)(k0 + BK) * ldkv, (size_t)ldkv, Lk - k0 - BK, hd);
+      stage_rows<D, BK, NT>(nx + BK * RS, vb + (size_t)(k0 + BK) * ldkv, (size_t)ldkv, Lk - k0 - BK, hd);
+    }
+    commit();
+    wait_but_one();  // tile j has landed (this thread's copies) ...
+    __syncthreads();  // ... and every thread's
+    const bf16 *ks = sm + (j & 1) * 2 * BK * RS, *vs = ks + BK * RS;
+    if (active && !(causal && k0 > wlast)) {  // warp-uniform
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+      // S = Q K^T: lanes address K rows 16 np + 8 (lane >> 4) + (lane & 7) at k half
+      // (lane >> 3) & 1, giving b0, b1 of n tiles 2 np and 2 np + 1.
+#pragma unroll
+      for (int kk = 0; kk < DK; ++kk)
+#pragma unroll
+        for (int np = 0; np < NB / 2; ++np) {
+          uint32_t b[4];
+          sk::ldsm4(b, ks + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * RS + kk * 16 + ((lane >> 3) & 1) * 8);
+          sk::mma<bf16>(s[2 * np], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[0], b[1]);
+          sk::mma<bf16>(s[2 * np + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[2], b[3]);
+        }
+      // Scores to the exp2 domain; masks where the tile reaches past Lk or past a row's position.
+      const bool tail = k0 + BK > Lk, diag = causal && k0 + BK - 1 > wfirst;
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float &x = s[nt][e];
+          x *= sl2;
+          if (tail || diag) {
+            const int key = k0 + nt * 8 + 2 * t + (e & 1), row = r0 + (e >> 1) * 8;
+            if (key >= Lk || (causal && key > row)) x = -INFINITY;
+          }
+        }
+      // The online softmax of rows r0 (elements 0, 1) and r0 + 8 (2, 3).
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = mrow[r];
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float ms = mx == -INFINITY ? 0.f : mx;  // a row with nothing unmasked yet stays at zero
+        const float corr = exp2f(mrow[r] - ms);
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2f(s[nt][2 * r + e] - ms);
+            s[nt][2 * r + e] = p;
+            sum += p;
+          }
+        lrow[r] = lrow[r] * corr + sum;
+        mrow[r] = mx;
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn) {
+          acc[dn][2 * r] *= corr;
+          acc[dn][2 * r + 1] *= corr;
+        }
+      }
+      // O += P V: P's n tiles 2 kk and 2 kk + 1 are the A fragment of keys 16 kk..; lanes address
+      // V rows 16 kk + 8 ((lane >> 3) & 1) + (lane & 7) at dim tile 2 dp + (lane >> 4).
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const uint32_t a0 = sk::pack2<bf16>(s[2 * kk][0], s[2 * kk][1]);
+        const uint32_t a1 = sk::pack2<bf16>(s[2 * kk][2], s[2 * kk][3]);
+        const uint32_t a2 = sk::pack2<bf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        const uint32_t a3 = sk::pack2<bf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < DN / 2; ++dp) {
+          uint32_t b[4];
+          sk::ldsm4<true>(b, vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (dp * 2 + (lane >> 4)) * 8);
+          sk::mma<bf16>(acc[2 * dp], a0, a1, a2, a3, b[0], b[1]);
+          sk::mma<bf16>(acc[2 * dp + 1], a0, a1, a2, a3, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before tile j + 2 is copied into it
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r0 + 8 * r;
+    if (row >= L) continue;
+    bf16 *dst = o + (size_t)row * ldo + (size_t)h * hd;
+    const float inv = 1.f / lrow[r];
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn)
+      if (dn * 8 < hd)
+        *reinterpret_cast<uint32_t *>(dst + dn * 8 + 2 * t) = sk::pack2<bf16>(acc[dn][2 * r] * inv, acc[dn][2 * r + 1] * inv);
+  }
+}
+
+// launch: one instantiation's grid on st (shared memory over 48 KB allowed once per process).
+template <int D, int NW>
+bool launch(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L, int Lk, int H,
+            int rep, int hd, float scale, bool causal, cudaStream_t st) {
+  constexpr size_t smem = smem_bytes<D>();
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(flash_kernel<D, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (attr != cudaSuccess) return false;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)((L + NW * 16 - 1) / (NW * 16)), (unsigned)H);
+  cfg.blockDim = dim3(NW * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  const float sl2 = scale * 1.4426950408889634f;
+  return cudaLaunchKernelEx(&cfg, flash_kernel<D, NW>, q, ldq, k, v, ldkv, o, ldo, L, Lk, rep, hd, sl2,
+                            causal ? 1 : 0) == cudaSuccess;
+}
+
+}  // namespace fa
+
+// flash_attention: o[i, h*hd..] = softmax(scale * q_h k_g^T (+ causal mask)) v_g for query head h, kv head g = h / (H/Hkv).
+// q rows of stride ldq elements, k and v rows of stride ldkv, o rows of stride ldo (all bf16, head h at column offset h*hd).
+// Returns false (and launches nothing) when the shape is unsupported (hd not in the compiled set), so callers fall back.
+// Supported: hd a multiple of 8 up to 128 (run as 64, 80, 96 or 128), H a multiple of Hkv, ldq, ldkv,
+// ldo multiples of 8 and q, k, v, o 16-byte aligned; any L, Lk >= 1. Causal: key j <= query i
+// (the same positions, as softmax_k).
+inline bool flash_attention(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L,
+                            int Lk, int H, int Hkv, int hd, float scale, bool causal, cudaStream_t st) {
+  auto al = [](const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (L < 1 || Lk < 1 || H < 1 || Hkv < 1 || H % Hkv || hd < 8 || hd > 128 || hd % 8 || ldq % 8 || ldkv % 8 ||
+      ldo % 8 || !al(q) || !al(k) || !al(v) || !al(o))
+    return false;
+  const int rep = H / Hkv;
+  if (hd <= 64) return fa::launch<64, 4>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+  if (hd <= 80) return fa::launch<80, 4>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+  if (hd <= 96) return fa::launch<96, 4>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+  return fa::launch<128, 4>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+}
+
+}  // namespace img
+}  // namespace mqcuda
