@@ -20,6 +20,7 @@
 // other than 64/80/96/128 run in the next larger one with zero columns (q.k and P V unchanged).
 // Shared rows are D + 8 elements so ldmatrix's eight rows fall on different banks.
 #pragma once
+#include "decode_attn.cuh"  // tile.cuh uses its cluster helpers and attention.cuh's ldcg4
 #include "tile.cuh"
 
 namespace mqcuda {
