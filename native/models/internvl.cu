@@ -249,7 +249,10 @@ void encode_tiles(mqb_model &m, const float *px, int G, float *out) {
   vis_linear<T>(m, "v.patch", xin, G * P, K, v.pe_w, vh, v.pe_b, tmp, false);
   launch(m, embed_kernel, dim3(N), dim3(256), 0, (const float *)tmp, P, vh, (const float *)v.cls, (const float *)v.pos, x);
   const float scale = 1.0f / std::sqrt((float)hd);
-  const dim3 agrid((Np + VA_WARPS - 1) / VA_WARPS, v.heads);
+  // the bf16 rows of flash attention (vit_attention)
+  __nv_bfloat16 *qkv16 = std::is_same<T, __nv_bfloat16>::value
+                             ? static_cast<__nv_bfloat16 *>(v.ws.get(5, sizeof(__nv_bfloat16) * (size_t)N * 3 * vh))
+                             : nullptr;
   for (int l = 0; l < v.run; ++l) {
     const Block &B = v.blocks[l];
     norm<T>(m, x, N, B.n1w, B.n1b, xin);
@@ -258,13 +261,7 @@ void encode_tiles(mqb_model &m, const float *px, int G, float *out) {
       launch(m, vit_rms_inplace_kernel, dim3(N), dim3(256), 0, big, 3 * vh, vh, (const float *)B.qn, 1e-6f);
       launch(m, vit_rms_inplace_kernel, dim3(N), dim3(256), 0, big + vh, 3 * vh, vh, (const float *)B.kn, 1e-6f);
     }
-    for (int t = 0; t < G; ++t) {  // attention within each tile
-      const float *q = big + (size_t)t * Np * 3 * vh;
-      float *o = tmp + (size_t)t * Np * vh;
-      if (hd <= 64) launch(m, vis_attn_kernel<64>, agrid, dim3(VA_WARPS * 32), 0, q, Np, v.heads, hd, scale, o);
-      else launch(m, vis_attn_kernel<128>, agrid, dim3(VA_WARPS * 32), 0, q, Np, v.heads, hd, scale, o);
-    }
-    vis_act<T>(m, tmp, (size_t)N * vh, 0, xin);
+    vit_attention<T>(m, big, G, Np, v.heads, hd, scale, qkv16, tmp, xin);  // within each tile
     vis_linear<T>(m, "v.proj", xin, N, vh, B.proj_w, vh, nullptr, tmp, false);
     vit_scale_add(m, x, tmp, B.proj_b, v.no_scale ? nullptr : B.l1, vh, N);
     norm<T>(m, x, N, B.n2w, B.n2b, xin);

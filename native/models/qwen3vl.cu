@@ -233,16 +233,17 @@ void vis_encode(mqb_model &m, SlotImage &im) {
   vis_linear<T>(m, "v.patch", xin, N, K, v.pe_w, vh, v.pe_b, x, false);
   launch(m, vis_pos_kernel, dim3(N), dim3(256), 0, x, vh, (const float *)v.pos, (const int *)d_idx, (const float *)d_wt);
   const float scale = 1.0f / std::sqrt((float)hd);
-  const dim3 agrid((N + VA_WARPS - 1) / VA_WARPS, v.heads);
+  // the bf16 rows of flash attention (vit_attention)
+  __nv_bfloat16 *qkv16 = std::is_same<T, __nv_bfloat16>::value
+                             ? static_cast<__nv_bfloat16 *>(vis_buf(m, 7, sizeof(__nv_bfloat16) * (size_t)N * 3 * vh))
+                             : nullptr;
   for (int l = 0; l < v.depth; ++l) {
     const VisBlock &B = v.blocks[l];
     launch(m, vis_ln_kernel<T>, dim3(N), dim3(256), 0, (const float *)x, vh, (const float *)B.n1w, (const float *)B.n1b,
            1e-6f, xin);
     vis_linear<T>(m, "v.qkv", xin, N, vh, B.qkv_w, 3 * vh, B.qkv_b, qkv, false);
     launch(m, vis_rope_kernel, dim3(N), dim3(256), 0, qkv, v.heads, hd, (const float2 *)d_cs);
-    if (hd <= 64) launch(m, vis_attn_kernel<64>, agrid, dim3(VA_WARPS * 32), 0, (const float *)qkv, N, v.heads, hd, scale, att);
-    else launch(m, vis_attn_kernel<128>, agrid, dim3(VA_WARPS * 32), 0, (const float *)qkv, N, v.heads, hd, scale, att);
-    vis_act<T>(m, att, (size_t)N * vh, 0, xin);
+    vit_attention<T>(m, qkv, 1, N, v.heads, hd, scale, qkv16, att, xin);
     vis_linear<T>(m, "v.proj", xin, N, vh, B.proj_w, vh, B.proj_b, x, true);
     launch(m, vis_ln_kernel<T>, dim3(N), dim3(256), 0, (const float *)x, vh, (const float *)B.n2w, (const float *)B.n2b,
            1e-6f, xin);

@@ -95,9 +95,11 @@ struct Variant {
   Launch fn;
 };
 static const Variant variants[] = {
-    {"D64 4 warps", 64, fa::launch<64, 4>},   {"D64 8 warps", 64, fa::launch<64, 8>},
-    {"D80 4 warps", 80, fa::launch<80, 4>},   {"D80 8 warps", 80, fa::launch<80, 8>},
-    {"D128 4 warps", 128, fa::launch<128, 4>}, {"D128 8 warps", 128, fa::launch<128, 8>},
+    {"D64 4w MT1", 64, fa::launch<64, 4, 1>},    {"D64 8w MT1", 64, fa::launch<64, 8, 1>},
+    {"D64 4w MT2", 64, fa::launch<64, 4, 2>},    {"D80 4w MT1", 80, fa::launch<80, 4, 1>},
+    {"D80 8w MT1", 80, fa::launch<80, 8, 1>},    {"D80 4w MT2", 80, fa::launch<80, 4, 2>},
+    {"D128 4w MT1", 128, fa::launch<128, 4, 1>}, {"D128 8w MT1", 128, fa::launch<128, 8, 1>},
+    {"D128 4w MT2", 128, fa::launch<128, 4, 2>}, {"D128 8w MT2", 128, fa::launch<128, 8, 2>},
 };
 
 // time_ms: the median over 5 runs of iters calls of f, per call.

@@ -765,7 +765,7 @@ static void prefill_attn_products(const char *prec) {
 static void flash_products() {
   using img::bf16;
   struct Case { int L, Lk, H, Hkv, hd; bool causal; float scale; bool fused; };
-  const Case cases[] = {{37, 100, 4, 2, 64, false, 0.5f, false}, {70, 70, 2, 1, 128, true, 1.0f, false},
+  const Case cases[] = {{37, 100, 4, 2, 64, false, 0.5f, false}, {150, 150, 2, 1, 128, true, 1.0f, false},
                         {90, 90, 2, 2, 128, false, 0.125f, true}, {130, 130, 2, 1, 64, true, 0.6f, false},
                         {20, 75, 2, 2, 72, false, 0.4f, false}, {33, 33, 1, 1, 96, true, 0.3f, true}};
   std::mt19937 r(11);

@@ -9,12 +9,13 @@
 // written and read every layer, most of a denoising step (lab/cuda/zimage_results.md). The vision
 // towers' vis_attn_kernel scored on the CUDA cores in fp32, one warp a query.
 //
-// How: a block takes BQ = 16 * NW consecutive query rows of one head (NW warps of 16 rows; query
-// tiles in reverse order when causal, so the longest blocks start first) and keeps them in
-// registers as mma.sync A fragments. It walks the keys in tiles of BK = 64 rows, K and V staged
-// in shared memory by asynchronous 16-byte copies, double-buffered: tile j + 1 is in flight while
-// tile j is used. Per tile: S = Q K^T (m16n8k16, fp32), masks (keys past Lk; causal: key > query),
-// the online softmax in the exp2 domain (running max and sum per row in fp32; the four lanes of a
+// How: a block takes BQ = 16 * NW * MT consecutive query rows of one head (NW warps of MT m16
+// tiles; query tiles in reverse order when causal, so the longest blocks start first). It walks
+// the keys in tiles of BK = 64 rows, K and V staged in shared memory by asynchronous 16-byte
+// copies, double-buffered: tile j + 1 is in flight while tile j is used. Per tile: S = Q K^T
+// (m16n8k16, fp32; q fragments from registers with MT = 1, from shared memory with MT = 2, where
+// each K and V fragment then serves two m tiles), masks (keys past Lk; causal: key > query), the
+// online softmax in the exp2 domain (running max and sum per row in fp32; the four lanes of a
 // row's quad reduce by shuffles), then O += P V with P rounded to bf16 (two n8 score tiles are
 // already an A fragment) and V through ldmatrix .trans. Rows are finished by 1 / sum. Head dims
 // other than 64/80/96/128 run in the next larger one with zero columns (q.k and P V unchanged).
@@ -57,21 +58,27 @@ __device__ __forceinline__ void wait_but_one() {
 #endif
 }
 
-// smem_bytes: two stages of K and V tiles (the query rows are staged in the second one first).
-template <int D>
+// smem_bytes: two stages of K and V tiles; with MT = 1 the query rows are staged in the second
+// stage first (they live in registers), with MT = 2 they keep a region of their own after them.
+template <int D, int NW, int MT>
 constexpr size_t smem_bytes() {
-  return (size_t)2 * 2 * BK * (D + 8) * sizeof(bf16);
+  return ((size_t)2 * 2 * BK + (MT == 1 ? 0 : NW * 16 * MT)) * (D + 8) * sizeof(bf16);
 }
 
-// flash_kernel: grid (ceil(L / BQ), H), NW * 32 threads, smem_bytes<D>() of dynamic shared
-// memory. sl2 = scale * log2(e). See flash_attention for the layout.
-template <int D, int NW>
+// flash_kernel: grid (ceil(L / BQ), H), NW * 32 threads, smem_bytes<D, NW, MT>() of dynamic
+// shared memory; each warp owns MT m16 tiles of query rows (BQ = 16 NW MT). With MT = 1 the
+// warp's q fragments stay in registers; with MT = 2 they are read from shared memory at every
+// K tile, and every K and V fragment read serves two m tiles (half the ldmatrix traffic per
+// mma.sync, after FlashAttention-2's 128-row blocks of 4 warps). sl2 = scale * log2(e). See
+// flash_attention for the layout.
+template <int D, int NW, int MT>
 __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k,
                                                         const bf16 *__restrict__ v, int ldkv, bf16 *__restrict__ o,
                                                         int ldo, int L, int Lk, int rep, int hd, float sl2, int causal) {
-  constexpr int NT = NW * 32, BQ = NW * 16, RS = D + 8;
+  constexpr int NT = NW * 32, BQ = NW * 16 * MT, RS = D + 8;
   constexpr int DK = D / 16, DN = D / 8, NB = BK / 8;
-  static_assert(BQ <= 2 * BK, "the query rows are staged in one stage's K and V tiles");
+  constexpr bool QREG = MT == 1;
+  static_assert(!QREG || BQ <= 2 * BK, "the query rows are staged in one stage's K and V tiles");
   DYN_SMEM(uint4, smem_raw);
   bf16 *sm = reinterpret_cast<bf16 *>(smem_raw);
   // stage s: K tile at sm + s * 2 * BK * RS, V tile BK rows further.
@@ -83,7 +90,7 @@ __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__
   const bf16 *kb = k + (size_t)kh * hd, *vb = v + (size_t)kh * hd;
   const int kend = causal ? min(Lk, q0 + BQ) : Lk;  // keys any row of the block sees
   const int ntiles = (kend + BK - 1) / BK;
-  bf16 *const qs = sm + 2 * BK * RS;
+  bf16 *const qs = sm + (QREG ? 2 : 4) * BK * RS;
   stage_rows<D, BQ, NT>(qs, q + (size_t)q0 * ldq + (size_t)h * hd, (size_t)ldq, L - q0, hd);
   commit();
   stage_rows<D, BK, NT>(sm, kb, (size_t)ldkv, Lk, hd);
@@ -91,20 +98,26 @@ __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__
   commit();
   wait_but_one();
   __syncthreads();
-  uint32_t qa[DK][4];
+  // The warp's rows: m tile mt holds wfirst + 16 mt + g (accumulator elements 0, 1) and + 8 (2, 3).
+  const int wrow = w * 16 * MT, wfirst = q0 + wrow, wlast = wfirst + 16 * MT - 1;
+  uint32_t qa[QREG ? DK : 1][4];
+  if constexpr (QREG) {
 #pragma unroll
-  for (int kk = 0; kk < DK; ++kk) sk::ldsm4(qa[kk], qs + (w * 16 + (lane & 15)) * RS + kk * 16 + (lane >> 4) * 8);
-  __syncthreads();  // the second stage is K/V's from here
-  // This lane's rows: r0 = q0 + 16 w + g (accumulator elements 0, 1) and r0 + 8 (2, 3).
-  const int r0 = q0 + w * 16 + g;
-  const int wfirst = q0 + w * 16, wlast = wfirst + 15;
+    for (int kk = 0; kk < DK; ++kk) sk::ldsm4(qa[kk], qs + (wrow + (lane & 15)) * RS + kk * 16 + (lane >> 4) * 8);
+    __syncthreads();  // the second stage is K/V's from here
+  }
   const bool active = wfirst < L;  // warp-uniform: the warp has rows
-  float acc[DN][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+  float acc[MT][DN][4], mrow[MT][2], lrow[MT][2];
 #pragma unroll
-  for (int dn = 0; dn < DN; ++dn)
+  for (int mt = 0; mt < MT; ++mt) {
+    mrow[mt][0] = mrow[mt][1] = -INFINITY;
+    lrow[mt][0] = lrow[mt][1] = 0.f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[dn][e] = 0.f;
-  float s[NB][4];
+    for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][dn][e] = 0.f;
+  }
+  float s[MT][NB][4];
   for (int j = 0; j < ntiles; ++j) {
     const int k0 = j * BK;
     if (j + 1 < ntiles) {
@@ -118,112 +131,140 @@ __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__
     const bf16 *ks = sm + (j & 1) * 2 * BK * RS, *vs = ks + BK * RS;
     if (active && !(causal && k0 > wlast)) {  // warp-uniform
 #pragma unroll
-      for (int nt = 0; nt < NB; ++nt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+        for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
       // S = Q K^T: lanes address K rows 16 np + 8 (lane >> 4) + (lane & 7) at k half
       // (lane >> 3) & 1, giving b0, b1 of n tiles 2 np and 2 np + 1.
 #pragma unroll
-      for (int kk = 0; kk < DK; ++kk)
+      for (int kk = 0; kk < DK; ++kk) {
+        uint32_t qf[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (QREG) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qf[mt][i] = qa[kk][i];
+          } else {
+            sk::ldsm4(qf[mt], qs + (wrow + mt * 16 + (lane & 15)) * RS + kk * 16 + (lane >> 4) * 8);
+          }
+        }
 #pragma unroll
         for (int np = 0; np < NB / 2; ++np) {
           uint32_t b[4];
           sk::ldsm4(b, ks + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * RS + kk * 16 + ((lane >> 3) & 1) * 8);
-          sk::mma<bf16>(s[2 * np], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[0], b[1]);
-          sk::mma<bf16>(s[2 * np + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            sk::mma<bf16>(s[mt][2 * np], qf[mt][0], qf[mt][1], qf[mt][2], qf[mt][3], b[0], b[1]);
+            sk::mma<bf16>(s[mt][2 * np + 1], qf[mt][0], qf[mt][1], qf[mt][2], qf[mt][3], b[2], b[3]);
+          }
         }
+      }
       // Scores to the exp2 domain; masks where the tile reaches past Lk or past a row's position.
       const bool tail = k0 + BK > Lk, diag = causal && k0 + BK - 1 > wfirst;
 #pragma unroll
-      for (int nt = 0; nt < NB; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float &x = s[nt][e];
-          x *= sl2;
-          if (tail || diag) {
-            const int key = k0 + nt * 8 + 2 * t + (e & 1), row = r0 + (e >> 1) * 8;
-            if (key >= Lk || (causal && key > row)) x = -INFINITY;
-          }
-        }
-      // The online softmax of rows r0 (elements 0, 1) and r0 + 8 (2, 3).
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = mrow[r];
-#pragma unroll
-        for (int nt = 0; nt < NB; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float ms = mx == -INFINITY ? 0.f : mx;  // a row with nothing unmasked yet stays at zero
-        const float corr = exp2f(mrow[r] - ms);
-        float sum = 0.f;
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NB; ++nt)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = exp2f(s[nt][2 * r + e] - ms);
-            s[nt][2 * r + e] = p;
-            sum += p;
+          for (int e = 0; e < 4; ++e) {
+            float &x = s[mt][nt][e];
+            x *= sl2;
+            if (tail || diag) {
+              const int key = k0 + nt * 8 + 2 * t + (e & 1), row = wfirst + mt * 16 + g + (e >> 1) * 8;
+              if (key >= Lk || (causal && key > row)) x = -INFINITY;
+            }
           }
-        lrow[r] = lrow[r] * corr + sum;
-        mrow[r] = mx;
+      // The online softmax of each m tile's rows g (elements 0, 1) and g + 8 (2, 3).
 #pragma unroll
-        for (int dn = 0; dn < DN; ++dn) {
-          acc[dn][2 * r] *= corr;
-          acc[dn][2 * r + 1] *= corr;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = mrow[mt][r];
+#pragma unroll
+          for (int nt = 0; nt < NB; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float ms = mx == -INFINITY ? 0.f : mx;  // a row with nothing unmasked yet stays at zero
+          const float corr = exp2f(mrow[mt][r] - ms);
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float p = exp2f(s[mt][nt][2 * r + e] - ms);
+              s[mt][nt][2 * r + e] = p;
+              sum += p;
+            }
+          lrow[mt][r] = lrow[mt][r] * corr + sum;
+          mrow[mt][r] = mx;
+#pragma unroll
+          for (int dn = 0; dn < DN; ++dn) {
+            acc[mt][dn][2 * r] *= corr;
+            acc[mt][dn][2 * r + 1] *= corr;
+          }
         }
-      }
       // O += P V: P's n tiles 2 kk and 2 kk + 1 are the A fragment of keys 16 kk..; lanes address
       // V rows 16 kk + 8 ((lane >> 3) & 1) + (lane & 7) at dim tile 2 dp + (lane >> 4).
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        const uint32_t a0 = sk::pack2<bf16>(s[2 * kk][0], s[2 * kk][1]);
-        const uint32_t a1 = sk::pack2<bf16>(s[2 * kk][2], s[2 * kk][3]);
-        const uint32_t a2 = sk::pack2<bf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        const uint32_t a3 = sk::pack2<bf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          pa[mt][0] = sk::pack2<bf16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = sk::pack2<bf16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = sk::pack2<bf16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = sk::pack2<bf16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < DN / 2; ++dp) {
           uint32_t b[4];
           sk::ldsm4<true>(b, vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (dp * 2 + (lane >> 4)) * 8);
-          sk::mma<bf16>(acc[2 * dp], a0, a1, a2, a3, b[0], b[1]);
-          sk::mma<bf16>(acc[2 * dp + 1], a0, a1, a2, a3, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            sk::mma<bf16>(acc[mt][2 * dp], pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3], b[0], b[1]);
+            sk::mma<bf16>(acc[mt][2 * dp + 1], pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3], b[2], b[3]);
+          }
         }
       }
     }
     __syncthreads();  // every warp is done with this stage before tile j + 2 is copied into it
   }
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
-  }
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r0 + 8 * r;
-    if (row >= L) continue;
-    bf16 *dst = o + (size_t)row * ldo + (size_t)h * hd;
-    const float inv = 1.f / lrow[r];
+    for (int r = 0; r < 2; ++r) {
+      float l = lrow[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = wfirst + mt * 16 + g + 8 * r;
+      if (row >= L) continue;
+      bf16 *dst = o + (size_t)row * ldo + (size_t)h * hd;
+      const float inv = 1.f / l;
 #pragma unroll
-    for (int dn = 0; dn < DN; ++dn)
-      if (dn * 8 < hd)
-        *reinterpret_cast<uint32_t *>(dst + dn * 8 + 2 * t) = sk::pack2<bf16>(acc[dn][2 * r] * inv, acc[dn][2 * r + 1] * inv);
-  }
+      for (int dn = 0; dn < DN; ++dn)
+        if (dn * 8 < hd)
+          *reinterpret_cast<uint32_t *>(dst + dn * 8 + 2 * t) =
+              sk::pack2<bf16>(acc[mt][dn][2 * r] * inv, acc[mt][dn][2 * r + 1] * inv);
+    }
 }
 
 // launch: one instantiation's grid on st (shared memory over 48 KB allowed once per process).
-template <int D, int NW>
+template <int D, int NW, int MT>
 bool launch(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L, int Lk, int H,
             int rep, int hd, float scale, bool causal, cudaStream_t st) {
-  constexpr size_t smem = smem_bytes<D>();
+  constexpr size_t smem = smem_bytes<D, NW, MT>();
   static const cudaError_t attr =
-      cudaFuncSetAttribute(flash_kernel<D, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      cudaFuncSetAttribute(flash_kernel<D, NW, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (attr != cudaSuccess) return false;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)((L + NW * 16 - 1) / (NW * 16)), (unsigned)H);
+  cfg.gridDim = dim3((unsigned)((L + NW * 16 * MT - 1) / (NW * 16 * MT)), (unsigned)H);
   cfg.blockDim = dim3(NW * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   const float sl2 = scale * 1.4426950408889634f;
-  return cudaLaunchKernelEx(&cfg, flash_kernel<D, NW>, q, ldq, k, v, ldkv, o, ldo, L, Lk, rep, hd, sl2,
+  return cudaLaunchKernelEx(&cfg, flash_kernel<D, NW, MT>, q, ldq, k, v, ldkv, o, ldo, L, Lk, rep, hd, sl2,
                             causal ? 1 : 0) == cudaSuccess;
 }
 
@@ -242,10 +283,10 @@ inline bool flash_attention(const bf16 *q, int ldq, const bf16 *k, const bf16 *v
       ldo % 8 || !al(q) || !al(k) || !al(v) || !al(o))
     return false;
   const int rep = H / Hkv;
-  if (hd <= 64) return fa::launch<64, 4>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
-  if (hd <= 80) return fa::launch<80, 4>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
-  if (hd <= 96) return fa::launch<96, 4>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
-  return fa::launch<128, 4>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+  if (hd <= 64) return fa::launch<64, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+  if (hd <= 80) return fa::launch<80, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+  if (hd <= 96) return fa::launch<96, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+  return fa::launch<128, 4, 2>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
 }
 
 }  // namespace img

@@ -1,10 +1,13 @@
 // vit.cuh: the pieces of a ViT-style vision tower that the vision families' towers share
 // (native/models/<family>.cu names its own tensors and order): products with an optional bias
 // and activations into the compute type (moved from qwen3vl.cu), grow-only activation buffers,
+// full attention within groups of patches (flash_attn.cuh's tensor-core kernel in bf16 towers),
 // RMSNorm into the compute type and in place over strided rows (q/k norms), a residual add with
 // an optional per-channel layer scale, and a Conv2d with kernel = stride (patch embedding) made a
 // product by cutting the image into its patches' rows. fp32 everywhere but the products' inputs.
 #pragma once
+#include <type_traits>
+
 #include "flash_attn.cuh"
 #include "linear.cuh"
 #include "vision.cuh"
@@ -116,6 +119,38 @@ template <typename T>
 void vis_act(mqb_model &m, const float *x, size_t n, int act, T *y) {
   launch(m, vis_act_kernel<T>, dim3((unsigned)std::min<size_t>((n + 255) / 256, (size_t)m.sms * 16)), dim3(256), 0, x,
          n, act, y);
+}
+
+// vit_attention: full (bidirectional) attention within each of G groups of Np rows (InternVL's
+// tiles; one group of all patches for Qwen3-VL) of qkv [G * Np, 3, heads, hd] (fp32, rows as the
+// fused projection makes them) into y [G * Np, heads * hd] in T, scale applied to the scores.
+// bf16 towers: the rows rounded to bf16 into scratch (G * Np * 3 * heads * hd elements), then
+// img::flash_attention (tensor cores, fp32 accumulation) straight into y: InternViT-300M's 1025
+// patches x 16 heads of 64 take 0.043 ms there against vis_attn_kernel's fp32 scoring
+// (lab/cuda/results/flash_check_*.txt). fp32 and fp16 towers, a NULL scratch, or a shape the
+// kernel refuses: vis_attn_kernel (fp32) into att [G * Np, heads * hd], then into y.
+template <typename T>
+void vit_attention(mqb_model &m, const float *qkv, int G, int Np, int heads, int hd, float scale, __nv_bfloat16 *scratch,
+                   float *att, T *y) {
+  const int vh = heads * hd;
+  const size_t rows = (size_t)G * Np;
+  bool bf = false;
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) bf = scratch != nullptr;
+  if (bf) vis_act<__nv_bfloat16>(m, qkv, rows * 3 * vh, 0, scratch);
+  const dim3 agrid((Np + VA_WARPS - 1) / VA_WARPS, heads);
+  for (int t = 0; t < G; ++t) {
+    const size_t r0 = (size_t)t * Np;
+    if (bf) {
+      const __nv_bfloat16 *q = scratch + r0 * 3 * vh;
+      if (img::flash_attention(q, 3 * vh, q + vh, q + 2 * vh, 3 * vh, reinterpret_cast<__nv_bfloat16 *>(y + r0 * vh), vh,
+                               Np, Np, heads, heads, hd, scale, false, m.stream))
+        continue;
+    }
+    const float *q = qkv + r0 * 3 * vh;
+    if (hd <= 64) launch(m, vis_attn_kernel<64>, agrid, dim3(VA_WARPS * 32), 0, q, Np, heads, hd, scale, att + r0 * vh);
+    else launch(m, vis_attn_kernel<128>, agrid, dim3(VA_WARPS * 32), 0, q, Np, heads, hd, scale, att + r0 * vh);
+    vis_act<T>(m, att + r0 * vh, (size_t)Np * vh, 0, y + r0 * vh);
+  }
 }
 
 // vit_scale_add: x += scale * (y + bias) over rows x C (scale, bias may be NULL).
