@@ -25,7 +25,7 @@ plant() {  # name, sed expression, the line it must change
   fi
   rm -rf "$tmp"
 }
-plant rescale 's/const float corr = exp2f(mrow\[r\] - ms);/const float corr = 1.f;/'
+plant rescale 's/const float corr = exp2f(fmaf(mrow\[mt\]\[r\], sl2, -ms));/const float corr = 1.f;/'
 plant causal 's/(causal \&\& key > row)/(causal \&\& key > row + 1)/'
 plant tail 's/if (key >= Lk || (causal/if ((causal/'
 [ $fails = 0 ] && echo "flash_planted: every defect caught" || { echo "flash_planted: $fails defect(s) not caught"; exit 1; }

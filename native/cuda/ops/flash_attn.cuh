@@ -161,22 +161,20 @@ __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__
           }
         }
       }
-      // Scores to the exp2 domain; masks where the tile reaches past Lk or past a row's position.
-      const bool tail = k0 + BK > Lk, diag = causal && k0 + BK - 1 > wfirst;
+      // Masks, where the tile reaches past Lk or past a row's position.
+      if (k0 + BK > Lk || (causal && k0 + BK - 1 > wfirst)) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NB; ++nt)
+          for (int nt = 0; nt < NB; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float &x = s[mt][nt][e];
-            x *= sl2;
-            if (tail || diag) {
+            for (int e = 0; e < 4; ++e) {
               const int key = k0 + nt * 8 + 2 * t + (e & 1), row = wfirst + mt * 16 + g + (e >> 1) * 8;
-              if (key >= Lk || (causal && key > row)) x = -INFINITY;
+              if (key >= Lk || (causal && key > row)) s[mt][nt][e] = -INFINITY;
             }
-          }
-      // The online softmax of each m tile's rows g (elements 0, 1) and g + 8 (2, 3).
+      }
+      // The online softmax of each m tile's rows g (elements 0, 1) and g + 8 (2, 3), in the exp2
+      // domain: running maxima of the raw scores, p = 2^(s sl2 - max sl2) by one FMA.
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -186,14 +184,14 @@ __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__
           for (int nt = 0; nt < NB; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float ms = mx == -INFINITY ? 0.f : mx;  // a row with nothing unmasked yet stays at zero
-          const float corr = exp2f(mrow[mt][r] - ms);
+          const float ms = mx == -INFINITY ? 0.f : mx * sl2;  // a row with nothing unmasked yet stays at zero
+          const float corr = exp2f(fmaf(mrow[mt][r], sl2, -ms));
           float sum = 0.f;
 #pragma unroll
           for (int nt = 0; nt < NB; ++nt)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float p = exp2f(s[mt][nt][2 * r + e] - ms);
+              const float p = exp2f(fmaf(s[mt][nt][2 * r + e], sl2, -ms));
               s[mt][nt][2 * r + e] = p;
               sum += p;
             }
