@@ -137,6 +137,15 @@ typedef struct {
   uint8_t *rgb;        /* out: height*width*3 bytes */
   float *image;        /* out, optional: height*width*3 floats in [0, 1] */
   float *latents;      /* out, optional: (steps+1) latents; the library writes entries 1..steps */
+  /* A pipeline with two text encoders (flux: CLIP, then T5) takes the second one's ids here;
+   * prompt and negative are then the first's. true_cfg: flux's true_cfg_scale, real CFG when
+   * > 1 and a negative prompt is given (guidance is then the guidance embedding's scale). Zero
+   * (memset) for families without them. */
+  const int32_t *prompt_2;
+  int32_t n_prompt_2;
+  const int32_t *negative_2;
+  int32_t n_negative_2;
+  float true_cfg;
 } mqb_image_args;
 
 int mqb_image_open(const mqb_model_params *p, mqb_image **out, char *err, size_t errlen);

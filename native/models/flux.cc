@@ -41,7 +41,10 @@
 #include <cmath>
 #include <cstring>
 
+#include <dlfcn.h>
+
 #include "diffusion.h"
+#include "mq_backend.h"
 #include "runtime.h"
 
 namespace mq {
@@ -559,6 +562,33 @@ void check_ids(const std::string &what, const int32_t *ids, int n, int max_n, in
       throw Error(MQ_ERR_INVALID_ARGUMENT, what + ": token " + std::to_string(ids[i]) + " is outside the vocabulary");
 }
 
+// flux_check validates r (errors name the field; the prompts' ids unless r only decodes) and
+// answers whether true CFG runs. The CPU pipeline and the CUDA one (FluxCuda) share it.
+bool flux_check(const HParams &hp, const mq_image_request &r) {
+  const mq_image_spec sp = flux_spec(hp);
+  auto bad = [](const std::string &m) { throw Error(MQ_ERR_INVALID_ARGUMENT, m); };
+  for (int v : {r.width, r.height})
+    if (v <= 0 || v % sp.size_multiple != 0 || v > sp.max_size)
+      bad("size: " + std::to_string(r.width) + "x" + std::to_string(r.height) + " is not on the grid: width and height must be multiples of " +
+          std::to_string(sp.size_multiple) + " up to " + std::to_string(sp.max_size));
+  if (r.steps < 1 || r.steps > sp.max_steps) bad("num_inference_steps: " + std::to_string(r.steps) + " is outside 1.." + std::to_string(sp.max_steps));
+  const bool dev = hp.b("transformer.guidance_embeds");
+  if (!std::isfinite(r.guidance) || r.guidance < 0) bad("guidance_scale: must be a finite number >= 0");
+  if (!dev && r.guidance != 0)
+    bad("guidance_scale: this checkpoint has no guidance embedding (FLUX.1 schnell); send 0 or leave it out");
+  if (!std::isfinite(r.true_cfg) || r.true_cfg < 0) bad("true_cfg_scale: must be a finite number >= 0");
+  const bool cfg = r.true_cfg > 1 && (r.n_negative > 0 || r.n_negative_2 > 0);
+  if (r.decode_latents) return cfg;
+  const int maxT = hp.i("prompt_2.max_length"), clip_pos = hp.i("clip.max_positions");
+  check_ids("prompt", r.prompt, r.n_prompt, clip_pos, hp.i("clip.vocab_size"));
+  check_ids("prompt_2", r.prompt_2, r.n_prompt_2, maxT, hp.i("t5.vocab_size"));
+  if (cfg) {
+    check_ids("negative_prompt", r.negative, r.n_negative, clip_pos, hp.i("clip.vocab_size"));
+    check_ids("negative_prompt_2", r.negative_2, r.n_negative_2, maxT, hp.i("t5.vocab_size"));
+  }
+  return cfg;
+}
+
 class Flux : public ImageBackend {
  public:
   explicit Flux(const ModelArgs &a)
@@ -578,18 +608,7 @@ class Flux : public ImageBackend {
   void generate(const mq_image_request &r, mq_image_output *out) override {
     const int64_t t0 = now_ns();
     const mq_image_spec sp = image_spec();
-    auto bad = [](const std::string &m) { throw Error(MQ_ERR_INVALID_ARGUMENT, m); };
-    for (int v : {r.width, r.height})
-      if (v <= 0 || v % sp.size_multiple != 0 || v > sp.max_size)
-        bad("size: " + std::to_string(r.width) + "x" + std::to_string(r.height) + " is not on the grid: width and height must be multiples of " +
-            std::to_string(sp.size_multiple) + " up to " + std::to_string(sp.max_size));
-    if (r.steps < 1 || r.steps > sp.max_steps) bad("num_inference_steps: " + std::to_string(r.steps) + " is outside 1.." + std::to_string(sp.max_steps));
-    const bool dev = hp_.b("transformer.guidance_embeds");
-    if (!std::isfinite(r.guidance) || r.guidance < 0) bad("guidance_scale: must be a finite number >= 0");
-    if (!dev && r.guidance != 0)
-      bad("guidance_scale: this checkpoint has no guidance embedding (FLUX.1 schnell); send 0 or leave it out");
-    if (!std::isfinite(r.true_cfg) || r.true_cfg < 0) bad("true_cfg_scale: must be a finite number >= 0");
-    const bool cfg = r.true_cfg > 1 && (r.n_negative > 0 || r.n_negative_2 > 0);
+    const bool cfg = flux_check(hp_, r);
     const int C = sp.latent_channels, h = r.height / sp.vae_scale, w = r.width / sp.vae_scale;
     const size_t n = (size_t)C * h * w;
     if (r.decode_latents) {  // the VAE stage alone (component check)
@@ -597,13 +616,6 @@ class Flux : public ImageBackend {
       decode_to(z, r, out);
       out->pipeline_ns = now_ns() - t0;
       return;
-    }
-    const int maxT = hp_.i("prompt_2.max_length");
-    check_ids("prompt", r.prompt, r.n_prompt, clip_.max_positions(), clip_.vocab());
-    check_ids("prompt_2", r.prompt_2, r.n_prompt_2, maxT, t5_.vocab());
-    if (cfg) {
-      check_ids("negative_prompt", r.negative, r.n_negative, clip_.max_positions(), clip_.vocab());
-      check_ids("negative_prompt_2", r.negative_2, r.n_negative_2, maxT, t5_.vocab());
     }
 
     // 1. Text embeddings.
@@ -695,6 +707,89 @@ class Flux : public ImageBackend {
   bool drop_pooled_ = false;
 };
 
+// FluxCuda is the pipeline with device "cuda": this side validates the request (flux_check),
+// draws the seeded noise and computes the sigmas with the CPU pipeline's functions, so both
+// devices start from the same numbers; libmodelqual_cuda.so (native/models/flux.cu, through the
+// mqb_image_* symbols) runs the encoders, the denoising loop and the VAE on the GPU.
+class FluxCuda : public ImageBackend {
+ public:
+  FluxCuda(void *lib, const mq_engine_params &p, const HParams &hp) : hp_(hp) {
+    sym(lib, open_, "mqb_image_open");
+    sym(lib, generate_, "mqb_image_generate");
+    sym(lib, close_, "mqb_image_close");
+    std::vector<mqb_tensor> ts(p.n_tensors);
+    for (int i = 0; i < p.n_tensors; i++) {
+      ts[i].name = p.tensors[i].name;
+      ts[i].data = p.tensors[i].data;
+      ts[i].dtype = p.tensors[i].dtype;
+      std::memcpy(ts[i].shape, p.tensors[i].shape, sizeof(ts[i].shape));
+      ts[i].ndim = p.tensors[i].ndim;
+    }
+    std::vector<mqb_hparam> hps;
+    for (const auto &kv : hp.numbers()) hps.push_back(mqb_hparam{kv.first.c_str(), kv.second, nullptr});
+    mqb_model_params mp;
+    std::memset(&mp, 0, sizeof(mp));
+    mp.abi_version = MQB_ABI_VERSION;
+    mp.family = "flux";
+    mp.hparams = hps.data();
+    mp.n_hparams = (int32_t)hps.size();
+    mp.precision = "bf16";
+    mp.max_batch = 1;
+    mp.max_context = hp.i("prompt_2.max_length");
+    mp.device_index = p.device_index;
+    mp.tensors = ts.data();
+    mp.n_tensors = (int32_t)ts.size();
+    char err[1024] = {0};
+    if (open_(&mp, &m_, err, sizeof(err)) != 0 || !m_) throw Error(MQ_ERR_LOAD, std::string("device cuda: ") + err);
+  }
+  ~FluxCuda() override {
+    if (m_) close_(m_);
+  }
+  int vocab() const override { return hp_.i("clip.vocab_size"); }
+  std::string device() const override { return "cuda"; }
+  mq_image_spec image_spec() const override { return flux_spec(hp_); }
+
+  void generate(const mq_image_request &r, mq_image_output *out) override {
+    const int64_t t0 = now_ns();
+    const mq_image_spec sp = image_spec();
+    const bool cfg = flux_check(hp_, r);
+    if (r.decode_latents || out->prompt_embeds || out->pooled_embeds || out->first_velocity)
+      throw Error(MQ_ERR_INVALID_ARGUMENT,
+                  "device cuda: the component outputs (decode_latents, prompt_embeds, pooled_embeds, first_velocity) are the CPU pipeline's");
+    const int h = r.height / sp.vae_scale, w = r.width / sp.vae_scale;
+    const size_t n = (size_t)sp.latent_channels * h * w;
+    std::vector<float> noise(n);
+    torch_randn(r.seed, noise.data(), (int64_t)n);
+    if (out->latents) std::memcpy(out->latents, noise.data(), sizeof(float) * n);
+    const std::vector<float> sigmas = diffusion::flow_match_sigmas(hp_, r.steps, (h / 2) * (w / 2), (float)hp_.f("scheduler.shift"),
+                                                                   diffusion::Linspace::NumpyFloat64);
+    mqb_image_args a;
+    std::memset(&a, 0, sizeof(a));
+    a.prompt = r.prompt, a.n_prompt = r.n_prompt;
+    a.prompt_2 = r.prompt_2, a.n_prompt_2 = r.n_prompt_2;
+    if (cfg) a.negative = r.negative, a.n_negative = r.n_negative, a.negative_2 = r.negative_2, a.n_negative_2 = r.n_negative_2;
+    a.true_cfg = r.true_cfg;
+    a.width = r.width, a.height = r.height, a.steps = r.steps, a.guidance = r.guidance;
+    a.noise = noise.data(), a.sigmas = sigmas.data();
+    a.rgb = out->rgb, a.image = out->image, a.latents = out->latents;
+    char err[1024] = {0};
+    if (generate_(m_, &a, err, sizeof(err)) != 0) throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
+    out->pipeline_ns = now_ns() - t0;
+  }
+
+ private:
+  template <typename F>
+  static void sym(void *lib, F &f, const char *name) {
+    f = reinterpret_cast<F>(dlsym(lib, name));
+    if (!f) throw Error(MQ_ERR_LOAD, std::string("device cuda: libmodelqual_cuda.so lacks symbol ") + name + "; rebuild it with make cuda");
+  }
+  HParams hp_;
+  int (*open_)(const mqb_model_params *, mqb_image **, char *, size_t) = nullptr;
+  int (*generate_)(mqb_image *, const mqb_image_args *, char *, size_t) = nullptr;
+  void (*close_)(mqb_image *) = nullptr;
+  mqb_image *m_ = nullptr;
+};
+
 }  // namespace
 
 // resolve_flux reads model_index.json's components (text_encoder: CLIPTextModel, text_encoder_2:
@@ -782,6 +877,11 @@ void resolve_flux(const Config &c, HParams &hp) {
 
 std::unique_ptr<Backend> make_flux(const ModelArgs &a) { return std::unique_ptr<Backend>(new Flux(a)); }
 
+// make_flux_cuda: the pipeline on the GPU through the loaded CUDA library (FluxCuda).
+std::unique_ptr<Backend> make_flux_cuda(void *lib, const mq_engine_params &p, const HParams &hp, int) {
+  return std::unique_ptr<Backend>(new FluxCuda(lib, p, hp));
+}
+
 // layout_flux: the names transformers accepts for the encoders: CLIPTextModel's tensors with or
 // without the "text_model." prefix (and without CLIPTextModelWithProjection's head or an old
 // checkpoint's position_ids buffer); T5EncoderModel's embedding as shared or as the tied
@@ -795,6 +895,6 @@ void layout_flux(const HParams &, TensorLayout &l) {
   l.drop("text_encoder_2.lm_head.*");
 }
 
-MQ_REGISTER_FAMILY(Family{"flux", "image", {"FluxPipeline"}, resolve_flux, make_flux, 0, layout_flux});
+MQ_REGISTER_FAMILY(Family{"flux", "image", {"FluxPipeline"}, resolve_flux, make_flux, 0, layout_flux, make_flux_cuda});
 
 }  // namespace mq

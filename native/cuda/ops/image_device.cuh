@@ -15,7 +15,28 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cub
                                           cudaDataType_t, int, long long, const void *, void *, cudaDataType_t, int,
                                           long long, int, cublasComputeType_t, cublasGemmAlgo_t);
 float __shfl_xor_sync(unsigned, float, int, int);
-#define KL(k, g, b, s, st) k
+#include <utility>
+namespace mqcuda {
+namespace img {
+// EmuLaunch: a launch on the CPU emulation of the CUDA runtime (native/cuda/host_test/emu_cuda.h
+// defines emu_launch). The kernels here loop over their elements with blockDim strides, so the
+// emulation runs every block with 32 threads (one warp) whatever the launch asks: the same
+// results, an eighth of the emulated threads.
+template <typename F>
+struct EmuLaunch {
+  dim3 g;
+  F f;
+  template <typename... A>
+  void operator()(A... a) const {
+    const F k = f;
+    emu_launch(g, dim3(32), [=]() { k(a...); });
+  }
+};
+template <typename F>
+EmuLaunch<F> emu_kl(dim3 g, F f) { return EmuLaunch<F>{g, f}; }
+}  // namespace img
+}  // namespace mqcuda
+#define KL(k, g, b, s, st) ::mqcuda::img::emu_kl(dim3(g), [](auto... a_) { k(a_...); })
 #else
 #define KL(k, g, b, s, st) k<<<(g), (b), (s), (st)>>>
 #endif
