@@ -8,9 +8,9 @@
 //  - the products: gemm (cuBLAS, bf16 inputs, fp32 accumulation, fp32 or bf16 out, batched with
 //    strides), linear (x W^T + b), and attention, the one function both pipelines' attentions go
 //    through (the DiTs' joint attention, Z-Image's causal GQA text encoder through the shared
-//    decoder aside, CLIP's causal attention, the VAE's single-head mid-block attention): batched
-//    GEMM -> fp32 softmax -> batched GEMM per head, a grouped-query head group sharing its K/V
-//    through a zero batch stride;
+//    decoder aside, CLIP's causal attention, the VAE's single-head mid-block attention): the
+//    fused tensor-core kernel of ops/flash_attn.cuh for head dims up to 128; the VAE's 512-wide
+//    head as batched GEMM -> fp32 softmax -> batched GEMM;
 //  - the AutoencoderKL decoder (diffusers' Decoder: conv_in, mid block resnets and single-head
 //    attention, up blocks with nearest 2x upsampling, GroupNorm + SiLU, conv_out; 3x3
 //    convolutions as im2col (bf16, channels-last) + one GEMM, 1x1 ones a GEMM), from the vae.*
@@ -35,6 +35,7 @@
 
 #include "../cuda/common.cuh"
 #include "../cuda/ops/im2col.cuh"
+#include "../cuda/ops/flash_attn.cuh"
 #include "../cuda/ops/image_attention.cuh"
 #include "../cuda/ops/image_elementwise.cuh"
 #include "../cuda/ops/image_norm.cuh"
@@ -242,9 +243,12 @@ class Pipeline {
   // attention: o = softmax(q k^T * scale [causal]) v per head, q rows [L] of H heads (row stride
   // ldq), k and v rows [Lk] of Hkv heads (row stride ldkv; query head h reads KV head
   // h / (H / Hkv)), o rows [L] of H heads (row stride ldo); bf16 in and out, fp32 scores. causal
-  // masks key j > query i (L == Lk). Every pipeline's attention goes through here.
+  // masks key j > query i (L == Lk). Every pipeline's attention goes through here: the fused
+  // kernel (flash_attn.cuh: no score matrix in memory) for head dims up to 128, else (the VAE's
+  // single 512-wide head) cuBLAS products around a materialised fp32 score matrix.
   void attention(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L, int Lk, int H, int Hkv,
                  int hd, float scale, bool causal) {
+    if (flash_attention(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, Hkv, hd, scale, causal, st_)) return;
     const int rep = H / Hkv;
     float *S = buf<float>("att_s", (size_t)H * L * Lk);
     bf16 *P = buf<bf16>("att_p", (size_t)H * L * Lk);
