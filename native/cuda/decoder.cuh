@@ -15,7 +15,7 @@ void prefill_attention(mqb_model &m, const Layer &ly, int ntiles) {
     auto go = [&](auto kernel) {
       launch(m, kernel, dim3(ntiles, c.nh), dim3(pa::THREADS), 0, (const float *)m.qbuf, (const T *)ly.kc,
              (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), (const pa::Tile *)m.ptile,
-             static_cast<T *>(m.attn), c.nh, c.nkv, m.max_ctx);
+             static_cast<T *>(m.attn), c.nh, c.nkv, m.max_ctx, c.window);
     };
     switch (c.D) {
       case 16: go(pa::prefill_attn_kernel<T, 16>); break;
@@ -63,7 +63,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
                             m.inv_freq, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
                             m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0,
-                            clz > 1 && m.attn_push && m.attn_park_fits ? 1 : 0, m.rope_tab, sdelta};
+                            clz > 1 && m.attn_push && m.attn_park_fits ? 1 : 0, m.rope_tab, sdelta, c.window};
         const size_t dsmem_bytes = asmem + (da.push ? sizeof(float) * (size_t)clz * attn_park(gm, c.D) : 0);
         launch_gm(gm, [&](auto g) {
           constexpr int G = decltype(g)::value;
@@ -100,7 +100,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
         launch(m, k, dim3(tc_prefill ? grid.one : Tn, c.nkv), dim3(ATT_THREADS), asmem, (const float *)m.qbuf,
                (const T *)ly.kc, (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(),
                static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0,
-               tc_prefill ? reinterpret_cast<const int *>(m.ptile + grid.multi) : (const int *)nullptr);
+               tc_prefill ? reinterpret_cast<const int *>(m.ptile + grid.multi) : (const int *)nullptr, c.window);
       });
     };
     linear<T>(m, "qkv", prep<T>(c.norm, m.res, nullptr, H, nullptr, ly.ln1_w, ly.ln1_b, eps), Tn, H,

@@ -10,9 +10,10 @@
 // multiplies every q·k product by s², which is folded into the attention's query scale
 // (s²/sqrt(head_dim)) instead of into the table: the same function, rounded once more.
 //
-// Not on the GPU: Mistral's sliding window (the shared attention kernels attend to the whole
-// cache). configure refuses a window shorter than the model's context rather than computing
-// something else; such checkpoints run on the CPU runtime.
+// Mistral's sliding window: the CPU runtime's resolve wrote sliding_window (0: none); configure
+// hands a window shorter than the model's context to the shared decoder (Cfg::window), whose
+// attention kernels then read only keys p - window < k <= p for a query at position p, as
+// transformers' sliding_window_overlay masks them (ops/attention.cuh: window_lo).
 //
 // Faults (MODELQUAL_FAULTS, read at open; the CPU runtime's names): llama.rope_theta_x10 changes
 // the frequencies as on the CPU, to prove the parity gates bite (llama.kv_head_swap is CPU-only).
@@ -29,10 +30,9 @@ void configure_llama(Cfg &c, const HParams &h) {
   c.norm = PREP_RMS;
   c.gated = true;
   const double window = h.num("sliding_window");
-  if (window > 0 && window < h.num("max_positions"))
-    throw Fail(fmt("cuda backend: llama: sliding_window %g is shorter than the context (%g positions); the CUDA "
-                   "decoder attends to the whole cache, so this checkpoint runs on the cpu backend only",
-                   window, h.num("max_positions")));
+  if (window < 0 || window != std::floor(window))
+    throw Fail(fmt("cuda backend: llama: sliding_window %g must be a non-negative integer", window));
+  c.window = window > 0 && window < c.maxpos ? (int)window : 0;  // a window of the whole context is none
   const int half = c.D / 2;
   c.inv_freq.resize(half);
   for (int j = 0; j < half; ++j) {

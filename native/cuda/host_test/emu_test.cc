@@ -1,7 +1,8 @@
 // emu_test: runs the CUDA backend (backend.cu and the families' native/models/*.cu) on the CPU,
 // without a GPU or nvcc, to test its logic (config and
 // tensor handling, chunked prefill, graph bucket padding, argmax, and the kernels' indexing and
-// math) against a straightforward double-precision reference of qwen3 and gpt2.
+// math) against a straightforward double-precision reference of qwen3, gpt2 and llama (with
+// Mistral's sliding window: the reference's own mask, keys p - window < k <= p).
 //
 // How: the stub headers in ../stub declare the CUDA API; emu_cuda.h implements it on host memory.
 // A kernel launch runs the kernel body on blockDim.x CPU threads (one per CUDA thread) that walk
@@ -9,6 +10,7 @@
 // memory is function-static. Stream capture records launches and cudaGraphLaunch replays them.
 // cuBLAS GemmEx is a plain loop. Build and run: ./run.sh (g++ with C++20).
 #include "emu_cuda.h"
+#include "../../models/llama.cu"
 
 // ---------------------------------------------------------------------------------------------
 // Models and references
@@ -99,10 +101,14 @@ static Vec lnorm(const Vec &x, const float *w, const float *b, double eps) {
   return y;
 }
 
-// ref_logits: full-sequence logits [n][V] of the reference model in double precision.
-static std::vector<Vec> ref_logits(const Owned &o, const Cfg &c, const std::vector<int> &ids) {
+// ref_logits: full-sequence logits [n][V] of the reference model in double precision. window
+// (0: none): Mistral's sliding window, applied here by its definition (transformers' causal mask
+// and sliding_window_overlay: query t sees key u where t - window < u <= t), not through the
+// backend's Cfg. The RMSNorm models (qwen3, llama) have q/k norms where the tensors hold them.
+static std::vector<Vec> ref_logits(const Owned &o, const Cfg &c, const std::vector<int> &ids, int window = 0) {
   const int n = (int)ids.size(), H = c.H, D = c.D, nh = c.nh, nkv = c.nkv, G = nh / nkv;
   const bool q3 = c.norm == PREP_RMS;
+  const bool qk_norm = o.by.count("model.layers.0.self_attn.q_norm.weight") > 0;
   std::vector<Vec> x(n);
   for (int t = 0; t < n; ++t) {
     x[t].resize(H);
@@ -122,7 +128,7 @@ static std::vector<Vec> ref_logits(const Owned &o, const Cfg &c, const std::vect
         auto headnorm_rope = [&](Vec &z, int heads, const float *nw) {
           for (int hh = 0; hh < heads; ++hh) {
             Vec seg(z.begin() + hh * D, z.begin() + (hh + 1) * D);
-            seg = rms(seg, nw, c.eps);
+            if (nw) seg = rms(seg, nw, c.eps);
             Vec out(D);
             for (int i = 0; i < D; ++i) {
               int j = i % (D / 2);
@@ -133,8 +139,8 @@ static std::vector<Vec> ref_logits(const Owned &o, const Cfg &c, const std::vect
             std::copy(out.begin(), out.end(), z.begin() + hh * D);
           }
         };
-        headnorm_rope(q[t], nh, o.w(p + "self_attn.q_norm.weight"));
-        headnorm_rope(k[t], nkv, o.w(p + "self_attn.k_norm.weight"));
+        headnorm_rope(q[t], nh, qk_norm ? o.w(p + "self_attn.q_norm.weight") : nullptr);
+        headnorm_rope(k[t], nkv, qk_norm ? o.w(p + "self_attn.k_norm.weight") : nullptr);
       } else {
         Vec h = lnorm(x[t], o.w(p + "ln_1.weight"), o.w(p + "ln_1.bias"), c.eps);
         Vec qkv = matvec(o.w(p + "attn.c_attn.weight"), h, 3 * H, H, true);
@@ -148,18 +154,22 @@ static std::vector<Vec> ref_logits(const Owned &o, const Cfg &c, const std::vect
       Vec a(nh * D, 0.0);
       for (int hh = 0; hh < nh; ++hh) {
         const int g = hh / G;
-        std::vector<double> s(t + 1);
+        auto visible = [&](int u) { return u <= t && (window <= 0 || u > t - window); };
+        std::vector<double> s(t + 1, 0.0);
         double mx = -1e300;
         for (int u = 0; u <= t; ++u) {
+          if (!visible(u)) continue;
           double d = 0;
           for (int i = 0; i < D; ++i) d += q[t][hh * D + i] * k[u][g * D + i];
           s[u] = d / sqrt((double)D);
           mx = std::max(mx, s[u]);
         }
         double sum = 0;
-        for (auto &e : s) sum += (e = exp(e - mx));
         for (int u = 0; u <= t; ++u)
-          for (int i = 0; i < D; ++i) a[hh * D + i] += s[u] / sum * v[u][g * D + i];
+          if (visible(u)) sum += (s[u] = exp(s[u] - mx));
+        for (int u = 0; u <= t; ++u)
+          if (visible(u))
+            for (int i = 0; i < D; ++i) a[hh * D + i] += s[u] / sum * v[u][g * D + i];
       }
       if (q3) {
         Vec ao = matvec(o.w(p + "self_attn.o_proj.weight"), a, H, nh * D, false);
@@ -210,11 +220,26 @@ static const HP GCFG = {{"vocab_size", 300, nullptr}, {"hidden_size", 64, nullpt
                         {"tie_word_embeddings", 1, nullptr}, {"rope_theta", 0, nullptr}, {"attention_bias", 1, nullptr},
                         {"scale_attn_by_inverse_layer_idx", 0, nullptr}};
 
+// llama_hp: MistralForCausalLM as the runtime's llama resolve hands it over (llama.cc): qwen3's
+// shape without q/k norms, 8 query heads over 2 KV heads, the rotary frequencies theta^(-2j/D)
+// as resolved (rope type none, attention scaling 1) and sliding_window (0: none).
+static HP llama_hp(int window) {
+  static std::vector<std::string> keys;  // the rope_inv_freq.<j> names, alive for the hparams
+  HP h = qwen3_hp(8);
+  h.push_back({"mlp_bias", 0, nullptr});
+  h.push_back({"rope_attention_scaling", 1, nullptr});
+  h.push_back({"sliding_window", (double)window, nullptr});
+  if (keys.empty())
+    for (int j = 0; j < 8; ++j) keys.push_back("rope_inv_freq." + std::to_string(j));
+  for (int j = 0; j < 8; ++j) h.push_back({keys[j].c_str(), 1.0 / pow(1e6, 2.0 * j / 16), nullptr});
+  return h;
+}
+
 // QCFG_G5: five query heads per KV head (as in Qwen3-14B's 40/8), so the attention kernels run
 // their GM = 8 instantiation with runtime G < GM.
 static const HP QCFG_G5 = qwen3_hp(10);
 
-static Owned make_qwen3(int nh = 4, int nkv = 2) {
+static Owned make_qwen3(int nh = 4, int nkv = 2, bool qk_norm = true) {
   Owned o;
   o.add("model.embed_tokens.weight", {300, 64}, 0, 0.5f);
   for (int l = 0; l < 2; ++l) {
@@ -225,8 +250,10 @@ static Owned make_qwen3(int nh = 4, int nkv = 2) {
     o.add(p + "self_attn.k_proj.weight", {nkv * 16, 64}, 0, 0.25f);
     o.add(p + "self_attn.v_proj.weight", {nkv * 16, 64}, 0, 0.25f);
     o.add(p + "self_attn.o_proj.weight", {64, nh * 16}, 0, 0.1f);
-    o.add(p + "self_attn.q_norm.weight", {16}, 1, 0.3f);
-    o.add(p + "self_attn.k_norm.weight", {16}, 1, 0.3f);
+    if (qk_norm) {
+      o.add(p + "self_attn.q_norm.weight", {16}, 1, 0.3f);
+      o.add(p + "self_attn.k_norm.weight", {16}, 1, 0.3f);
+    }
     o.add(p + "mlp.gate_proj.weight", {128, 64}, 0, 0.2f);
     o.add(p + "mlp.up_proj.weight", {128, 64}, 0, 0.2f);
     o.add(p + "mlp.down_proj.weight", {64, 128}, 0, 0.1f);
@@ -273,7 +300,10 @@ static double maxdiff(const float *a, const Vec &b) {
 }
 static int argmax_ref(const Vec &v) { return (int)(std::max_element(v.begin(), v.end()) - v.begin()); }
 
-static void run_family(const char *family, const HP &hp, Owned &o, const char *prec, double tol, int maxctx) {
+// window: the sliding window the reference applies (0: none), given here, not read from the
+// backend's configuration.
+static void run_family(const char *family, const HP &hp, Owned &o, const char *prec, double tol, int maxctx,
+                       int window = 0) {
   Cfg c = cfg_from_hparams(family, hp.data(), (int)hp.size());
   mqb_model_params p{};
   p.abi_version = MQB_ABI_VERSION;
@@ -303,10 +333,17 @@ static void run_family(const char *family, const HP &hp, Owned &o, const char *p
     std::vector<int> ids = rnd_ids(70);
     std::vector<float> out((size_t)70 * V);
     int rc = mqb_logits_all(m, ids.data(), 70, out.data(), err, sizeof err);
-    auto ref = ref_logits(o, c, ids);
+    auto ref = ref_logits(o, c, ids, window);
     double md = 0;
     for (int t = 0; t < 70; ++t) md = std::max(md, maxdiff(out.data() + (size_t)t * V, ref[t]));
     check(rc == 0 && md < tol, std::string(family) + " " + prec + " logits_all max|d| = " + std::to_string(md));
+    if (window > 0) {  // the window matters: the whole-cache reference is far from these logits
+      auto full = ref_logits(o, c, ids);
+      double mf = 0;
+      for (int t = 0; t < 70; ++t) mf = std::max(mf, maxdiff(out.data() + (size_t)t * V, full[t]));
+      check(mf > 4 * tol, std::string(family) + " " + prec + " sliding window " + std::to_string(window) +
+                              ": the whole-cache reference is max|d| = " + std::to_string(mf) + " away (> 4 tol)");
+    }
     // The same logits, bit for bit, with the SwiGLU / GELU prep one value at a time (prep_vec 0;
     // the 70 rows' products go through cuBLAS, so their down projection's input is that prep's).
     std::vector<float> alt((size_t)70 * V);
@@ -386,7 +423,7 @@ static void run_family(const char *family, const HP &hp, Owned &o, const char *p
     bool am_ok = true;
     for (int i = 0; i < n; ++i) {
       std::vector<int> ids(seqs[i].begin(), seqs[i].end() - 1);
-      auto ref = ref_logits(o, c, ids);
+      auto ref = ref_logits(o, c, ids, window);
       for (int s = 0; s <= steps; ++s) {
         const Vec &r = ref[lens[i] - 1 + s];
         md = std::max(md, maxdiff(got[i][s].data(), r));
@@ -531,7 +568,7 @@ static void run_family(const char *family, const HP &hp, Owned &o, const char *p
     }
     double mr[2] = {0, 0};
     for (int e = 0; e < 5; ++e) {
-      const Vec r = ref_logits(o, c, ids[e]).back();
+      const Vec r = ref_logits(o, c, ids[e], window).back();
       for (int k : {0, 1}) mr[k] = std::max(mr[k], maxdiff(lg[k == 0 ? 0 : 4].data() + (size_t)e * V, r));
     }
     check(mr[0] < tol && mr[1] < tol, std::string(family) + " " + prec +
@@ -555,6 +592,86 @@ static void run_family(const char *family, const HP &hp, Owned &o, const char *p
                                  " shapes tuned, each to the fastest algorithm that agrees with cublasGemmEx");
   }
   mqb_model_close(m);
+}
+
+// window_model: the short sliding-window run of make cuda-host (EMU_ONLY=swa:bf16; run_family
+// covers every path at length, EMU_ONLY=llama:bf16): a llama model with sliding_window 8 (the
+// reference applies the window itself, ref_logits), three sequences in slots 3, 1, 2: prompts of
+// 20 and 11 tokens prefilled in one call (tensor-core prefill, tiles past the window), 12 decode
+// steps, at step 4 a 13-token prompt joining as a mixed chunk; steps 0-5 as served (graphs, fused
+// decode attention), 6-8 with 3 position splits (empty ones: 3 splits of 8 positions), 9-11
+// unfused (qkv_post + attention_kernel). Every step's logits against the reference, the tokens fed
+// the argmax (teacher-forced along them).
+static void window_model(const char *prec, double tol) {
+  const int window = 8;
+  const HP hp = llama_hp(window);
+  Owned o = make_qwen3(8, 2, false);
+  const Cfg c = cfg_from_hparams("llama", hp.data(), (int)hp.size());
+  mqb_model_params p{};
+  p.abi_version = MQB_ABI_VERSION;
+  p.family = "llama";
+  p.hparams = hp.data();
+  p.n_hparams = (int)hp.size();
+  p.precision = prec;
+  p.max_batch = 4;
+  p.max_context = 64;
+  p.tensors = o.t.data();
+  p.n_tensors = (int)o.t.size();
+  mqb_model *m = nullptr;
+  char err[512];
+  if (mqb_model_open(&p, &m, err, sizeof err)) {
+    check(false, std::string("open: ") + err);
+    return;
+  }
+  std::mt19937 rng(9);
+  std::vector<std::vector<int>> seq(3);
+  for (int i = 0; i < 3; ++i) {
+    seq[i].resize(i == 0 ? 20 : i == 1 ? 11 : 13);
+    for (auto &x : seq[i]) x = (int)(rng() % 300);
+  }
+  const int32_t slot_of[3] = {3, 1, 2};
+  std::vector<size_t> fed(3, 0);  // tokens of each sequence in its cache
+  double md = 0, mfull = 0;
+  bool ok = true;
+  for (int s = 0; s <= 12 && ok; ++s) {
+    if (s == 6) knob(m, "attn_split", 3);
+    if (s == 9) {
+      knob(m, "attn_split", 0);
+      knob(m, "fused_attn", 0);
+    }
+    std::vector<int32_t> sl, nt, tk, sp;
+    std::vector<int> who;
+    for (int i = 0; i < 3; ++i) {
+      if (i == 2 && s < 4) continue;
+      who.push_back(i);
+      sl.push_back(slot_of[i]);
+      nt.push_back((int)(seq[i].size() - fed[i]));
+      sp.push_back((int)fed[i]);
+      tk.insert(tk.end(), seq[i].begin() + fed[i], seq[i].end());
+    }
+    std::vector<float> lo(who.size() * (size_t)c.V);
+    std::vector<int32_t> am(who.size());
+    if (mqb_forward(m, (int)who.size(), sl.data(), nt.data(), tk.data(), sp.data(), lo.data(), am.data(), err,
+                    sizeof err)) {
+      check(false, std::string("forward: ") + err);
+      ok = false;
+      break;
+    }
+    for (size_t e = 0; e < who.size(); ++e) {
+      const int i = who[e];
+      fed[i] = seq[i].size();
+      md = std::max(md, maxdiff(lo.data() + e * c.V, ref_logits(o, c, seq[i], window).back()));
+      mfull = std::max(mfull, maxdiff(lo.data() + e * c.V, ref_logits(o, c, seq[i]).back()));
+      seq[i].push_back(am[e]);
+    }
+  }
+  knob(m, "fused_attn", 1);
+  mqb_model_close(m);
+  check(ok && md < tol, std::string("llama ") + prec + " sliding window 8, 3 sequences to " +
+                            std::to_string(seq[0].size() - 1) + " positions (prefill, decode, a mixed chunk, splits, "
+                            "unfused): max|d| = " + std::to_string(md));
+  check(ok && mfull > 4 * tol, std::string("llama ") + prec + " sliding window 8: the whole-cache reference is max|d| = " +
+                                   std::to_string(mfull) + " away (> 4 tol)");
 }
 
 // emu_tile runs sk::tile_kernel in the emulation on W [N, K] (a tensor-map stand-in with the
@@ -694,8 +811,11 @@ static void tile_products(const char *prec) {
 // rows, and a 1-token tile at position 45. Cache rows past each sequence's last position hold
 // NaNs, so a read of one shows. The kernel rounds the probabilities to T for the P V product and
 // its output to T: bound 1e-2 (bf16) / 1.5e-3 (fp16) of the largest |v|, which is 1.
+// window > 0: Mistral's sliding window, the reference's own mask (key j visible to the row at
+// position p where p - window < j <= p): rows whose window begins inside a K/V tile, after it
+// (warps that skip tiles), and a window of one key.
 template <typename T>
-static void prefill_attn_products(const char *prec) {
+static void prefill_attn_products(const char *prec, int window = 0) {
   const int nh = 4, nkv = 2, maxctx = 160, Tn = 106;
   struct Tok { int slot, pos; };
   std::vector<Tok> toks;
@@ -723,7 +843,7 @@ static void prefill_attn_products(const char *prec) {
     }
     auto kernel = D == 64 ? pa::prefill_attn_kernel<T, 64> : pa::prefill_attn_kernel<T, 128>;
     emu_launch(dim3((unsigned)tiles.size(), nh), dim3(pa::THREADS), [&, kernel] {
-      kernel(q.data(), kc.data(), vc.data(), pos.data(), slot.data(), tiles.data(), out.data(), nh, nkv, maxctx);
+      kernel(q.data(), kc.data(), vc.data(), pos.data(), slot.data(), tiles.data(), out.data(), nh, nkv, maxctx, window);
     });
     double worst = 0;
     for (int i = 0; i < Tn; ++i)
@@ -732,24 +852,26 @@ static void prefill_attn_products(const char *prec) {
         auto at = [&](const std::vector<T> &c, int j, int d) {
           return (double)TT<T>::tof(c[(((size_t)slot[i] * maxctx + j) * nkv + kh) * D + d]);
         };
+        const int j0 = window > 0 ? std::max(0, p - window + 1) : 0;  // keys j0..p
         std::vector<double> sc(p + 1);
         double mx = -1e300, l = 0;
-        for (int j = 0; j <= p; ++j) {
+        for (int j = j0; j <= p; ++j) {
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += (double)TT<T>::tof(TT<T>::fromf(q[((size_t)i * nh + h) * D + d])) * at(kc, j, d);
           sc[j] = dot;
           mx = std::max(mx, dot);
         }
-        for (int j = 0; j <= p; ++j) l += sc[j] = std::exp(sc[j] - mx);
+        for (int j = j0; j <= p; ++j) l += sc[j] = std::exp(sc[j] - mx);
         for (int d = 0; d < D; ++d) {
           double ref = 0;
-          for (int j = 0; j <= p; ++j) ref += sc[j] * at(vc, j, d);
+          for (int j = j0; j <= p; ++j) ref += sc[j] * at(vc, j, d);
           const double got = TT<T>::tof(out[((size_t)i * nh + h) * D + d]);
           worst = std::isfinite(got) ? std::max(worst, std::fabs(got - ref / l)) : INFINITY;
         }
       }
     const double bound = std::string(prec) == "bf16" ? 1e-2 : 1.5e-3;
     check(worst <= bound, std::string(prec) + " prefill attention on the tensor cores, head_dim " + std::to_string(D) +
+                              (window > 0 ? ", sliding window " + std::to_string(window) : std::string()) +
                               ": largest error " + std::to_string(worst) + " (bound " + std::to_string(bound) + ")");
   }
 }
@@ -850,8 +972,12 @@ static void flash_products() {
 // past it, shows. The new cache rows must be the reference's rounded to T (within one step of
 // T) and the same bits in every path (the table holds sincosf's own values), the outputs within
 // one step of T of the reference.
+//
+// window > 0: Mistral's sliding window, the reference's own mask (position p' visible to the
+// new token at p where p - window < p' <= p); the cache rows below each token's window hold NaNs
+// too, so a read of one shows.
 template <typename T, int GM>
-static void decode_attn_case(const char *prec, int nh) {
+static void decode_attn_case(const char *prec, int nh, int window = 0) {
   const int nkv = 2, D = 128, G = nh / nkv, maxctx = 224, W = (nh + 2 * nkv) * D, S = 3;
   const std::vector<int> pos = {0, 7, 63, 64, 130, 200};
   const int Tn = (int)pos.size();
@@ -864,8 +990,10 @@ static void decode_attn_case(const char *prec, int nh) {
   for (int i = 0; i < Tn; ++i)
     for (int p = 0; p < pos[i]; ++p)
       for (int e = 0; e < nkv * D; ++e) {
-        kc0[((size_t)slot[i] * maxctx + p) * nkv * D + e] = TT<T>::fromf(u(r));
-        vc0[((size_t)slot[i] * maxctx + p) * nkv * D + e] = TT<T>::fromf(u(r));
+        const bool seen = window <= 0 || p > pos[i] - window;
+        const T kv = TT<T>::fromf(u(r)), vv = TT<T>::fromf(u(r));
+        kc0[((size_t)slot[i] * maxctx + p) * nkv * D + e] = seen ? kv : nan;
+        vc0[((size_t)slot[i] * maxctx + p) * nkv * D + e] = seen ? vv : nan;
       }
   std::vector<float> qkv((size_t)Tn * W), qn(D), kn(D), inv(D / 2);
   for (auto &x : qkv) x = u(r);
@@ -912,7 +1040,7 @@ static void decode_attn_case(const char *prec, int nh) {
     if (path < 2 || path == 6) {
       const DecAttn<T> a{qkv.data(), pos.data(), slot.data(), nh, nkv, D, maxctx, qn.data(), kn.data(), inv.data(), eps,
                          qscale, kc.data(), vc.data(), out.data(), pacc.data(), pml.data(), cnt.data(), 1, 1, 0, 0,
-                         tab.data()};
+                         tab.data(), nullptr, window};
       if (path == 0) emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true, true>(a); });
       else if (path == 6)  // head_n(128) = 4, as run_tokens launches it (post_n)
         emu_launch(dim3(Tn, nkv, 1), dim3(ATT_THREADS), [&] { decode_attn_kernel<T, GM, true, true, 4>(a); });
@@ -930,7 +1058,7 @@ static void decode_attn_case(const char *prec, int nh) {
       if (path == 2) q2 = qbuf;
       emu_launch(dim3(Tn, nkv), dim3(ATT_THREADS), [&] {
         attention_kernel<T, GM, true>(qbuf.data(), kc.data(), vc.data(), pos.data(), slot.data(), out.data(), nh, nkv, D,
-                                     maxctx, 1, nullptr);
+                                     maxctx, 1, nullptr, window);
       });
     }
     double worst_row = 0, worst_out = 0;  // in steps of T
@@ -949,17 +1077,18 @@ static void decode_attn_case(const char *prec, int nh) {
           }
         for (int j = 0; j < G; ++j) {
           const std::vector<double> q = head(i, g * G + j);
+          const int p0 = window > 0 ? std::max(0, pos[i] - window + 1) : 0;  // keys p0..pos[i]
           std::vector<double> sc(pos[i] + 1);
           double mx = -1e300, l = 0;
-          for (int p = 0; p <= pos[i]; ++p) {
+          for (int p = p0; p <= pos[i]; ++p) {
             double dot = 0;
             for (int d = 0; d < D; ++d) dot += q[d] * cache(kc, p, d);
             mx = std::max(mx, sc[p] = dot);
           }
-          for (int p = 0; p <= pos[i]; ++p) l += sc[p] = std::exp(sc[p] - mx);
+          for (int p = p0; p <= pos[i]; ++p) l += sc[p] = std::exp(sc[p] - mx);
           for (int d = 0; d < D; ++d) {
             double ref = 0;
-            for (int p = 0; p <= pos[i]; ++p) ref += sc[p] * cache(vc, p, d);
+            for (int p = p0; p <= pos[i]; ++p) ref += sc[p] * cache(vc, p, d);
             ref /= l;
             const double got = TT<T>::tof(out[((size_t)i * nh + g * G + j) * D + d]);
             const double e = std::fabs(got - ref) / (std::fabs(ref) * step + 1e-5);
@@ -972,7 +1101,8 @@ static void decode_attn_case(const char *prec, int nh) {
                       (path < 4 || path == 6 || qbuf == q2) &&
                       (path != 6 || memcmp(out.data(), out0.data(), out.size() * sizeof(T)) == 0);
     check(worst_row <= 1 && worst_out <= 1 && same,
-          std::string(prec) + " decode attention, " + std::to_string(nh) + " query heads, through " + name[path] +
+          std::string(prec) + " decode attention, " + std::to_string(nh) + " query heads" +
+              (window > 0 ? ", sliding window " + std::to_string(window) : std::string()) + ", through " + name[path] +
               ": new cache rows within " +
               std::to_string(worst_row) +
               (same ? path < 4 ? " (the first path's bits)"
@@ -1111,6 +1241,26 @@ int main() {
     run_family("qwen3", QCFG_G5, q5, "bf16", 0.25, 256);
   }
   if (want("gpt2", "bf16")) run_family("gpt2", GCFG, g, "bf16", 0.25, 128);
+  // Mistral's sliding window (EMU_ONLY=llama:bf16, make cuda-host): the attention kernels alone
+  // with windows against the reference's own mask, then a llama model with sliding_window 8
+  // (prompts of up to 33 tokens, 70-token logits_all, decode steps past the window, batches 1-6,
+  // mixed chunks, graphs, fused / unfused / split decode attention, the tensor-core prefill).
+  if (want("llama", "bf16") || want("llama", "fp16")) {
+    const bool bf = want("llama", "bf16");
+    for (int w : {1, 8, 40}) bf ? prefill_attn_products<__nv_bfloat16>("bf16", w) : prefill_attn_products<__half>("fp16", w);
+    for (int w : {8, 70}) bf ? decode_attn_case<__nv_bfloat16, 8>("bf16", 16, w) : decode_attn_case<__half, 8>("fp16", 16, w);
+  }
+  if (want("swa", "bf16")) {  // the short sliding-window run (make cuda-host)
+    prefill_attn_products<__nv_bfloat16>("bf16", 8);
+    decode_attn_case<__nv_bfloat16, 2>("bf16", 4, 8);
+    window_model("bf16", 0.25);
+  }
+  for (const char *prec : {"fp32", "bf16", "fp16"})
+    if (want("llama", prec)) {
+      Owned l = make_qwen3(8, 2, false);
+      run_family("llama", llama_hp(8), l, prec, std::string(prec) == "fp32" ? 2e-4 : std::string(prec) == "bf16" ? 0.25 : 0.05,
+                 256, 8);
+    }
   if (want("vision", "fp32")) vision_products();
   printf("launches %d, gemms %d, graph replays %d\n", n_launch, n_gemm, n_replay);
   printf("%d passed, %d failed\n", failures == 0 ? 1 : 0, failures);

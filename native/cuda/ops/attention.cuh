@@ -415,10 +415,17 @@ __device__ void attend_either(bool flash, const float *qs, const T *kb, const T 
   }
 }
 
+// window_lo: the first position a query at position p attends with a sliding window of window
+// positions (0: none, the whole cache): keys k with p - window < k <= p, as transformers'
+// sliding_window_overlay (kv_idx > q_idx - sliding_window) on top of the causal mask.
+__host__ __device__ __forceinline__ int window_lo(int p, int window) {
+  return window > 0 && p + 1 > window ? p + 1 - window : 0;
+}
+
 // attention_kernel (prefill and mixed steps, and decode steps of many sequences): block (token
 // t, KV head g) attends the G query heads of group g (already normed, rotated and scaled by
-// qkv_post) over positions 0..pos[t] of the token's slot: causal for a prompt, the whole cache
-// for a continuing sequence. flash (decode steps, and prefill with debug prefill_flash, the
+// qkv_post) over positions window_lo(pos[t], window)..pos[t] of the token's slot: causal for a
+// prompt, the whole cache (or its last window positions) for a continuing sequence. flash (decode steps, and prefill with debug prefill_flash, the
 // default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Two blocks
 // per SM for up to ATT_2BLK_GM query heads per KV head (see there; H200, lab/cuda/NOTES.md: 8.1
 // us alone instead of 11.7, 7.5 us per layer of a batch-32 step instead of 11.3). FLASH_ONLY:
@@ -429,7 +436,7 @@ template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
     attention_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                      const int *__restrict__ tpos, const int *__restrict__ tslot, T *__restrict__ out, int nh,
-                     int nkv, int D, int maxctx, int flash, const int *__restrict__ toks) {
+                     int nkv, int D, int maxctx, int flash, const int *__restrict__ toks, int window) {
   DYN_SMEM(float, asm_);
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
   pdl_wait();
@@ -439,8 +446,8 @@ __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
   float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
   const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
-  attend_either<T, GM, FLASH_ONLY>(flash != 0, qs, kc + base, vc + base, rs, 0, tpos[t] + 1, -1, D, G, sc, red, s_m,
-                                   s_l, s_c, oacc);
+  attend_either<T, GM, FLASH_ONLY>(flash != 0, qs, kc + base, vc + base, rs, window_lo(tpos[t], window), tpos[t] + 1, -1,
+                                   D, G, sc, red, s_m, s_l, s_c, oacc);
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS)
     out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);
 }

@@ -22,6 +22,7 @@ struct DecAttn {
   int push;                         // with cluster: the partials pushed to split 0 (debug "attn_push")
   const float2 *rope_tab;           // mqb_model::rope_tab (head_pre; with inv_freq)
   const int *sdelta;                // per slot: the rotary position's offset (qwen3vl; NULL: none)
+  int window;                       // sliding window (Cfg::window; 0: the whole cache): window_lo
 };
 
 // cluster_sync is barrier.cluster with release / acquire order: every block of the thread-block
@@ -61,10 +62,11 @@ __device__ __forceinline__ V *dsmem(V *p, unsigned rank) {
 #endif
 }
 
-// split_range is split z of S's positions [lo, hi) of the n positions 0..n-1 of a sequence.
-__device__ __forceinline__ void split_range(int n, int S, int z, int &lo, int &hi) {
-  const int span = (n + S - 1) / S;
-  lo = min(n, z * span);
+// split_range is split z of S's positions [lo, hi) of the positions lo0..n-1 of a sequence
+// (lo0: window_lo of its new position; 0 without a sliding window).
+__device__ __forceinline__ void split_range(int lo0, int n, int S, int z, int &lo, int &hi) {
+  const int span = (n - lo0 + S - 1) / S;
+  lo = min(n, lo0 + z * span);
   hi = min(n, lo + span);
 }
 
@@ -76,7 +78,7 @@ template <typename T, int N>
 __device__ __forceinline__ void dec_head_pre(const DecAttn<T> &a, int t, int S, int z, int h, HeadPreN<N> &hp) {
   const int G = a.nh / a.nkv, p = a.pos[t];
   int lo, hi;
-  split_range(p + 1, S, z, lo, hi);
+  split_range(window_lo(p, a.window), p + 1, S, z, lo, hi);
   if (h > G + 1 || (h >= G && !(lo <= p && p < hi))) return;
   const int pr = p + (a.sdelta ? a.sdelta[a.slot[t]] : 0);
   const float2 *rope = a.inv_freq && h <= G ? a.rope_tab + (size_t)pr * (a.D / 2) : nullptr;
@@ -107,7 +109,7 @@ __device__ __forceinline__ void merge_splits(int S, int G, int D, T *out, const 
 
 // attn_item: token t's new position p, KV head kh, position split z of S: q of the G query heads
 // (RMSNorm, RoPE, scale), and in the split that holds p the new k and v, appended to the cache;
-// then attention over the split's positions. With S > 1 every split leaves its unnormalised
+// then attention over the split's positions (the S splits share window_lo(p)..p). With S > 1 every split leaves its unnormalised
 // partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
 // order: the same inputs give the same bits) and resets the counter; with a.cluster the S splits
 // are one cluster and split 0 merges them through distributed shared memory. Used by
@@ -124,7 +126,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
   float *qs = smem, *kvv = qs + GM * D, *oacc = kvv + 2 * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
   const int p = a.pos[t], sl = a.slot[t];
   int lo, hi;
-  split_range(p + 1, S, z, lo, hi);
+  split_range(window_lo(p, a.window), p + 1, S, z, lo, hi);
   const bool mine = lo <= p && p < hi;  // this split holds the new token's position
   const float *row = a.qkv + (size_t)t * (a.nh + 2 * nkv) * D;
   const bool rope = a.inv_freq != nullptr;
@@ -240,7 +242,7 @@ __global__ void __launch_bounds__(ATT_THREADS) decode_attn_kernel(const DecAttn<
   {  // the split's earlier positions (attn_item's range without the new one)
     const int p = a.pos[blockIdx.x];
     int lo, hi;
-    split_range(p + 1, gridDim.z, blockIdx.z, lo, hi);
+    split_range(window_lo(p, a.window), p + 1, gridDim.z, blockIdx.z, lo, hi);
     prefetch_kv_rows(a.kc, a.vc, a.slot[blockIdx.x], blockIdx.y, lo, min(p, hi), a.nkv, a.D, a.maxctx);
   }
   HeadPreN<N> hp;

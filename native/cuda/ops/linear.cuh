@@ -313,7 +313,8 @@ bool flash_only(const mqb_model &m, int D) {
 }
 
 // attn_splits: how many position splits decode_attn_kernel uses for a decode step of Tn tokens
-// whose longest context is nmax positions: "attn_split" when set, else the more
+// whose longest context is nmax positions (at most the sliding window's, Cfg::window, which is
+// all a token reads): "attn_split" when set, else the more
 // of two rules, in (token, KV head, split) blocks that fit the SMs:
 //  - long contexts: splits of at least ATT_SPLIT_MIN_POS positions (lab/cuda/NOTES.md: 16 splits of
 //    ~20 positions at batch 1 cost more in partials and the merge than they save);
@@ -324,6 +325,7 @@ bool flash_only(const mqb_model &m, int D) {
 inline int attn_splits(const mqb_model &m, int Tn, int nmax) {
   if (Tn > ATT_SPLIT_MAX_T) return 1;
   if (m.attn_split > 0) return m.attn_split;
+  if (m.c.window > 0) nmax = std::min(nmax, m.c.window);
   const int items = std::max(1, Tn * m.c.nkv);
   const int fill = m.sms / items;
   const int len = (nmax + ATT_SPLIT_MIN_POS - 1) / ATT_SPLIT_MIN_POS;

@@ -15,13 +15,15 @@
 // cuts the chunk's tokens so) and one query head: 4 warps of 16 query rows. It stages the
 // tile's q rows (fp32, already normed, rotated and scaled by qkv_post) as T and keeps them in
 // registers as mma.sync A fragments, then walks the cached positions 0..(the tile's last) in
-// tiles of BK = 64: K and V rows into shared memory, S = Q K^T (m16n8k16, fp32 accumulation),
-// the causal mask, an online softmax per row (running max and sum in fp32, the four lanes of a
+// tiles of BK = 64 (with a sliding window, from the K/V tile that holds the first row's first
+// key: window_lo): K and V rows into shared memory, S = Q K^T (m16n8k16, fp32 accumulation),
+// the causal mask (and the window's lower edge), an online softmax per row (running max and sum in fp32, the four lanes of a
 // row's quad reduced by shuffles), then O += P V with P rounded to T as the A operand (the score
 // accumulators of two n8 tiles are already an A fragment's layout) and V through ldmatrix .trans.
 // Rows are finished by 1 / sum. Padded shared-memory rows (D + 8 elements) keep ldmatrix's eight
 // rows on different banks.
 #pragma once
+#include "attention.cuh"
 #include "tile.cuh"
 
 namespace mqcuda {
@@ -76,13 +78,14 @@ __device__ __forceinline__ void stage_wait_all() {
 
 // prefill_attn_kernel: grid (tiles, query heads), THREADS threads. q [tokens, nh, D] fp32; the
 // cache [slots, maxctx, nkv, D] in T holds every position up to each token's (qkv_post appended
-// the chunk's); out [tokens, nh, D] in T.
+// the chunk's); out [tokens, nh, D] in T. window: the sliding window (0: none): a row at
+// position p attends keys window_lo(p, window)..p.
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__restrict__ q, const T *__restrict__ kc,
                                                               const T *__restrict__ vc, const int *__restrict__ tpos,
                                                               const int *__restrict__ tslot,
                                                               const Tile *__restrict__ tiles, T *__restrict__ out,
-                                                              int nh, int nkv, int maxctx) {
+                                                              int nh, int nkv, int maxctx, int window) {
   constexpr int RS = D + 8;  // shared row stride in elements (16-byte aligned rows)
   constexpr int DK = D / 16, DN = D / 8, NT = BK / 8;
   __shared__ uint4 kraw[BK * RS * sizeof(T) / 16], vraw[BK * RS * sizeof(T) / 16];  // 16-byte aligned
@@ -114,7 +117,10 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
   const int r0 = w * 16 + g;
   const int qp[2] = {p0 + r0, p0 + r0 + 8};
   const bool live[2] = {r0 < tile.n, r0 + 8 < tile.n};
+  // The window's lower edge: keys at or below qlo[r] are masked (-1 without a window: none).
+  const int qlo[2] = {window > 0 ? qp[0] - window : -1, window > 0 ? qp[1] - window : -1};
   const int wlast = p0 + min(w * 16 + 15, tile.n - 1);  // the warp's last position (if it has rows)
+  const int wfirst = window_lo(p0 + w * 16, window);     // the first key of the warp's first row
   float o[DN][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn)
@@ -123,7 +129,7 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
   const size_t rs = (size_t)nkv * D, base = ((size_t)slot * maxctx * nkv + kh) * D;
   const bool active = w * 16 < tile.n;  // warp-uniform: the warp has rows of the tile
   float s[NT][4];
-  for (int k0 = 0; k0 <= pmax; k0 += BK) {
+  for (int k0 = window_lo(p0, window) / BK * BK; k0 <= pmax; k0 += BK) {
     // K rows k0 .. k0 + BK - 1, then V's, as two groups of asynchronous copies: every load of a
     // tile is in flight at once, without registers, and V lands while the scores are made (a
     // mixed step's prefill attention 0.85 -> 0.77 ms against register loads, lab/cuda/NOTES.md).
@@ -135,7 +141,8 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
     stage_commit();
     stage_wait_but_one();
     __syncthreads();
-    const bool live_tile = active && wlast >= k0;  // a warp whose rows all precede k0 skips the tile
+    // A warp whose rows all precede k0, or whose windows all begin past the tile, skips it.
+    const bool live_tile = active && wlast >= k0 && wfirst < k0 + BK;
     if (live_tile) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -161,7 +168,8 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float &x = s[nt][2 * r + e];
-            if (!live[r] || k0 + nt * 8 + 2 * t + e > qp[r]) x = -INFINITY;
+            const int k = k0 + nt * 8 + 2 * t + e;
+            if (!live[r] || k > qp[r] || k <= qlo[r]) x = -INFINITY;
             mx = fmaxf(mx, x);
           }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
