@@ -100,6 +100,8 @@ static const Variant variants[] = {
     {"D80 8w MT1", 80, fa::launch<80, 8, 1>},    {"D80 4w MT2", 80, fa::launch<80, 4, 2>},
     {"D128 4w MT1", 128, fa::launch<128, 4, 1>}, {"D128 8w MT1", 128, fa::launch<128, 8, 1>},
     {"D128 4w MT2", 128, fa::launch<128, 4, 2>}, {"D128 8w MT2", 128, fa::launch<128, 8, 2>},
+    {"D64 4w MT2 BK32", 64, fa::launch<64, 4, 2, 32>}, {"D128 4w MT2 BK32", 128, fa::launch<128, 4, 2, 32>},
+    {"D128 4w MT1 BK32", 128, fa::launch<128, 4, 1, 32>},
 };
 
 // time_ms: the median over 5 runs of iters calls of f, per call.
@@ -251,7 +253,7 @@ int main(int argc, char **argv) {
       diff(ref, got, vmax, vmean);
       const double tv =
           time_ms(iters, [&] { va.fn(q, qw, k, v, kw, o, qw, s.L, s.Lk, s.H, rep, s.hd, scale, s.causal, st); });
-      say("    %-13s %.3f ms %.0f TFLOP/s max|d| %.5f%s\n", va.name, tv, flops / tv / 1e9, vmax,
+      say("    %-17s %.3f ms %.0f TFLOP/s max|d| %.5f%s\n", va.name, tv, flops / tv / 1e9, vmax,
           vok && vmax <= std::max(8e-3, 2 * mmax) ? "" : " FAIL");
     }
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(P), cudaFree(S), cudaFree(v32), cudaFree(oref);

@@ -11,7 +11,7 @@
 //
 // How: a block takes BQ = 16 * NW * MT consecutive query rows of one head (NW warps of MT m16
 // tiles; query tiles in reverse order when causal, so the longest blocks start first). It walks
-// the keys in tiles of BK = 64 rows, K and V staged in shared memory by asynchronous 16-byte
+// the keys in tiles of BK (64) rows, K and V staged in shared memory by asynchronous 16-byte
 // copies, double-buffered: tile j + 1 is in flight while tile j is used. Per tile: S = Q K^T
 // (m16n8k16, fp32; q fragments from registers with MT = 1, from shared memory with MT = 2, where
 // each K and V fragment then serves two m tiles), masks (keys past Lk; causal: key > query), the
@@ -30,8 +30,6 @@ namespace img {
 typedef __nv_bfloat16 bf16;
 
 namespace fa {
-
-constexpr int BK = 64;  // keys per K/V tile
 
 // stage_rows copies rows 0 .. ROWS - 1 of src (row stride ld elements; columns 0 .. hd - 1) into
 // shared rows of D + 8 elements with asynchronous copies; rows at or past n and columns at or
@@ -60,18 +58,19 @@ __device__ __forceinline__ void wait_but_one() {
 
 // smem_bytes: two stages of K and V tiles; with MT = 1 the query rows are staged in the second
 // stage first (they live in registers), with MT = 2 they keep a region of their own after them.
-template <int D, int NW, int MT>
+template <int D, int NW, int MT, int BK>
 constexpr size_t smem_bytes() {
   return ((size_t)2 * 2 * BK + (MT == 1 ? 0 : NW * 16 * MT)) * (D + 8) * sizeof(bf16);
 }
 
-// flash_kernel: grid (ceil(L / BQ), H), NW * 32 threads, smem_bytes<D, NW, MT>() of dynamic
-// shared memory; each warp owns MT m16 tiles of query rows (BQ = 16 NW MT). With MT = 1 the
+// flash_kernel: grid (ceil(L / BQ), H), NW * 32 threads, smem_bytes<D, NW, MT, BK>() of dynamic
+// shared memory, BK keys a K/V tile; each warp owns MT m16 tiles of query rows (BQ = 16 NW MT).
+// With MT = 1 the
 // warp's q fragments stay in registers; with MT = 2 they are read from shared memory at every
 // K tile, and every K and V fragment read serves two m tiles (half the ldmatrix traffic per
 // mma.sync, after FlashAttention-2's 128-row blocks of 4 warps). sl2 = scale * log2(e). See
 // flash_attention for the layout.
-template <int D, int NW, int MT>
+template <int D, int NW, int MT, int BK>
 __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k,
                                                         const bf16 *__restrict__ v, int ldkv, bf16 *__restrict__ o,
                                                         int ldo, int L, int Lk, int rep, int hd, float sl2, int causal) {
@@ -249,12 +248,12 @@ __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__
 }
 
 // launch: one instantiation's grid on st (shared memory over 48 KB allowed once per process).
-template <int D, int NW, int MT>
+template <int D, int NW, int MT, int BK = 64>
 bool launch(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L, int Lk, int H,
             int rep, int hd, float scale, bool causal, cudaStream_t st) {
-  constexpr size_t smem = smem_bytes<D, NW, MT>();
+  constexpr size_t smem = smem_bytes<D, NW, MT, BK>();
   static const cudaError_t attr =
-      cudaFuncSetAttribute(flash_kernel<D, NW, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      cudaFuncSetAttribute(flash_kernel<D, NW, MT, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (attr != cudaSuccess) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)((L + NW * 16 * MT - 1) / (NW * 16 * MT)), (unsigned)H);
@@ -262,7 +261,7 @@ bool launch(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   const float sl2 = scale * 1.4426950408889634f;
-  return cudaLaunchKernelEx(&cfg, flash_kernel<D, NW, MT>, q, ldq, k, v, ldkv, o, ldo, L, Lk, rep, hd, sl2,
+  return cudaLaunchKernelEx(&cfg, flash_kernel<D, NW, MT, BK>, q, ldq, k, v, ldkv, o, ldo, L, Lk, rep, hd, sl2,
                             causal ? 1 : 0) == cudaSuccess;
 }
 
