@@ -16,6 +16,8 @@
         scikit-image's PSNR and SSIM (data_range 255, channel_axis 2) as JSON
     python flux_diffusers.py comparemany PAIRS
         compare for each line "A.png B.png" of PAIRS, JSON lines
+    python flux_diffusers.py gemmrate
+        the card's bf16 GEMM rate (8192^3 torch.matmul), TFLOP/s
     python flux_diffusers.py shape TINY_SNAPSHOT OUT_DIR dev|schnell
         a FluxPipeline folder with FLUX.1's sizes (fixtures/flux.go's flux-*-shape: 19 double and
         38 single blocks of 24 heads x 128, T5-XXL, CLIP-L, the 16-channel VAE) and random bf16
@@ -213,6 +215,19 @@ if __name__ == "__main__":
                 print(json.dumps(compare(x, y)), flush=True)
             except Exception as e:  # a missing image: say which
                 print(json.dumps({"a": os.path.basename(x), "b": os.path.basename(y), "error": str(e)}), flush=True)
+    elif sys.argv[1] == "gemmrate":  # the card's bf16 GEMM rate: 8192^3 torch.matmul, TFLOP/s
+        import torch
+
+        x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            x @ y
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(20):
+            x @ y
+        torch.cuda.synchronize()
+        print(json.dumps({"bf16_gemm_tflops": 20 * 2 * 8192**3 / (time.perf_counter() - t) / 1e12, "device": torch.cuda.get_device_name(0)}))
     elif sys.argv[1] == "golden":
         golden(a[0], a[1], a[2], a[3])
     elif sys.argv[1] == "shape":

@@ -166,11 +166,26 @@ if [ "${FC_SHAPE:-1}" = 1 ]; then
   say "ours shape rc $? in $(($(date +%s) - tb)) s (load included)"
   tee -a "$LOG" < "$OUT/shape-ours.txt"
   $PY compare "$OUT/shape-ours.png" "$OUT/shape-diffusers.png" 2>&1 | tee -a "$LOG"
-  python3 - "$OUT/shape-diffusers.json" "$OUT/shape-ours.txt" "$VARIANT" "$SIZE" "$ST" <<'PY' 2>&1 | tee -a "$LOG"
+  timeout 30 $PY gemmrate > "$OUT/gemmrate.json" 2>>"$LOG"
+  python3 - "$OUT/shape-diffusers.json" "$OUT/shape-ours.txt" "$VARIANT" "$SIZE" "$ST" $MS "$OUT/gemmrate.json" <<'PY' 2>&1 | tee -a "$LOG"
 import json, re, sys
 d = json.load(open(sys.argv[1]))["images_per_s"]
 o = float(re.search(r"images_per_s ([0-9.]+)", open(sys.argv[2]).read()).group(1))
-print("RATIO flux %s %sx%s %s steps: images/s ours %.4f / diffusers %.4f = %.3f" % (sys.argv[3], sys.argv[4], sys.argv[4], sys.argv[5], o, d, o / d))
+size, steps, T = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+print("RATIO flux %s %sx%s %s steps: images/s ours %.4f / diffusers %.4f = %.3f" % (sys.argv[3], size, size, steps, o, d, o / d))
+# The transformer's products per step (57 blocks of 24 D^2 flops per row plus 4 L^2 D of
+# attention; embedders, encoders and the VAE left out), over the whole image's time: a lower
+# bound of each step's achieved rate.
+D, N = 3072, (size // 16) ** 2
+L = T + N
+f = 57 * (24 * D * D * L + 4 * L * L * D)
+try:
+    g = json.load(open(sys.argv[7]))["bf16_gemm_tflops"]
+except Exception:
+    g = float("nan")
+for who, ips in (("ours", o), ("diffusers", d)):
+    t = f * steps * ips / 1e12
+    print("TFLOPS %s: %.1f TFLOP/s per step (>= %.2f TFLOP a step, %d rows), card bf16 GEMM %.0f TFLOP/s: %.0f%%" % (who, t, f / 1e12, L, g, 100 * t / g))
 PY
   rm -rf /dev/shm/flux_shape
 fi

@@ -2,7 +2,8 @@
 // of `--device cuda` for task "image" (ABI: mqb_image_* in include/mq_backend.h).
 //
 // The same pipeline as models/zimage.cc (read that file for what each stage computes and why);
-// this file only decides how it runs on the GPU:
+// this file only decides how it runs on the GPU, on the pieces it shares with models/flux.cu
+// (diffusion_cuda.cuh's Pipeline: weights, products, attention, the VAE decoder):
 //  - weights are uploaded once at open: every matrix in bf16 (the bundle's stored precision; an
 //    fp32 bundle is rounded to bf16), q/k/v and the SwiGLU pair concatenated so one GEMM makes
 //    them; norm scales, biases and pad tokens in fp32;
