@@ -40,6 +40,7 @@ premerge: build
 cuda-host:
 	sh native/cuda/check_syntax.sh
 	EMU_ONLY=qwen3:bf16 sh native/cuda/host_test/run.sh
+	EMU_ONLY=swa:bf16 sh native/cuda/host_test/run.sh
 
 container-specs: build image
 	mkdir -p $(ARTIFACTS)/junit

@@ -422,16 +422,16 @@ __host__ __device__ __forceinline__ int window_lo(int p, int window) {
   return window > 0 && p + 1 > window ? p + 1 - window : 0;
 }
 
-// attention_kernel (prefill and mixed steps, and decode steps of many sequences): block (token
-// t, KV head g) attends the G query heads of group g (already normed, rotated and scaled by
-// qkv_post) over positions window_lo(pos[t], window)..pos[t] of the token's slot: causal for a
-// prompt, the whole cache (or its last window positions) for a continuing sequence. flash (decode steps, and prefill with debug prefill_flash, the
-// default) goes through attend_flash; debug attn_flash 0 sends both back to attend. Two blocks
-// per SM for up to ATT_2BLK_GM query heads per KV head (see there; H200, lab/cuda/NOTES.md: 8.1
-// us alone instead of 11.7, 7.5 us per layer of a batch-32 step instead of 11.3). FLASH_ONLY:
-// the instance for steps that attend_flash takes (flash_only), without attend's code. toks
-// (NULL: block x is token x) lists the tokens to take, -1 for none (a graphed chunk's fixed grid):
-// a prefill or mixed chunk's one-token tiles (prefill_tiles).
+// attention_kernel (prefill and mixed steps, and decode steps of many sequences): block (token t,
+// KV head g) attends the G query heads of group g (already normed, rotated and scaled by qkv_post)
+// over positions window_lo(pos[t], window)..pos[t] of the token's slot: causal for a prompt, the
+// whole cache (or its last window positions) for a continuing sequence. flash (decode steps, and
+// prefill with debug prefill_flash, the default) goes through attend_flash; debug attn_flash 0
+// sends both back to attend. Two blocks per SM for up to ATT_2BLK_GM query heads per KV head (see
+// there; H200, lab/cuda/NOTES.md: 8.1 us alone instead of 11.7, 7.5 us per layer of a batch-32 step
+// instead of 11.3). FLASH_ONLY: the instance for steps that attend_flash takes (flash_only),
+// without attend's code. toks (NULL: block x is token x) lists the tokens to take, -1 for none (a
+// graphed chunk's fixed grid): a prefill or mixed chunk's one-token tiles (prefill_tiles).
 template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
     attention_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,

@@ -109,11 +109,11 @@ __device__ __forceinline__ void merge_splits(int S, int G, int D, T *out, const 
 
 // attn_item: token t's new position p, KV head kh, position split z of S: q of the G query heads
 // (RMSNorm, RoPE, scale), and in the split that holds p the new k and v, appended to the cache;
-// then attention over the split's positions (the S splits share window_lo(p)..p). With S > 1 every split leaves its unnormalised
-// partial, and the split that finishes last for (t, kh) merges all S in split order (fixed
-// order: the same inputs give the same bits) and resets the counter; with a.cluster the S splits
-// are one cluster and split 0 merges them through distributed shared memory. Used by
-// decode_attn_kernel (one item per block).
+// then attention over the split's positions (the S splits share window_lo(p)..p). With S > 1 every
+// split leaves its unnormalised partial, and the split that finishes last for (t, kh) merges all S
+// in split order (fixed order: the same inputs give the same bits) and resets the counter; with
+// a.cluster the S splits are one cluster and split 0 merges them through distributed shared memory.
+// Used by decode_attn_kernel (one item per block).
 // PRE: hp holds the HeadPre of the warp's first head (dec_head_pre), the rest load their own.
 // N: head_vec's values per lane (head_n).
 template <typename T, int GM, bool FLASH_ONLY = false, bool PRE = false, int N = HV>

@@ -11,13 +11,13 @@
 // and prefill in 15.9 ms; with the 2,048-token chunks the served concurrency-32 TTFT
 // p50 fell from 61 ms to 37.
 //
-// How: a block takes a tile of up to BQ = 64 consecutive tokens of one sequence (prefill_tiles
-// cuts the chunk's tokens so) and one query head: 4 warps of 16 query rows. It stages the
-// tile's q rows (fp32, already normed, rotated and scaled by qkv_post) as T and keeps them in
-// registers as mma.sync A fragments, then walks the cached positions 0..(the tile's last) in
-// tiles of BK = 64 (with a sliding window, from the K/V tile that holds the first row's first
-// key: window_lo): K and V rows into shared memory, S = Q K^T (m16n8k16, fp32 accumulation),
-// the causal mask (and the window's lower edge), an online softmax per row (running max and sum in fp32, the four lanes of a
+// How: a block takes a tile of up to BQ = 64 consecutive tokens of one sequence (prefill_tiles cuts
+// the chunk's tokens so) and one query head: 4 warps of 16 query rows. It stages the tile's q rows
+// (fp32, already normed, rotated and scaled by qkv_post) as T and keeps them in registers as
+// mma.sync A fragments, then walks the cached positions 0..(the tile's last) in tiles of BK = 64
+// (with a sliding window, from the K/V tile that holds the first row's first key: window_lo): K and
+// V rows into shared memory, S = Q K^T (m16n8k16, fp32 accumulation), the causal mask (and the
+// window's lower edge), an online softmax per row (running max and sum in fp32, the four lanes of a
 // row's quad reduced by shuffles), then O += P V with P rounded to T as the A operand (the score
 // accumulators of two n8 tiles are already an A fragment's layout) and V through ldmatrix .trans.
 // Rows are finished by 1 / sum. Padded shared-memory rows (D + 8 elements) keep ldmatrix's eight
