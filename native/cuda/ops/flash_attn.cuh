@@ -283,7 +283,7 @@ inline bool flash_attention(const bf16 *q, int ldq, const bf16 *k, const bf16 *v
   if (hd <= 64) return fa::launch<64, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
   if (hd <= 80) return fa::launch<80, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
   if (hd <= 96) return fa::launch<96, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
-  return fa::launch<128, 4, 2>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+  return fa::launch<128, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
 }
 
 }  // namespace img
