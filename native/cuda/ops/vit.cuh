@@ -126,8 +126,8 @@ void vis_act(mqb_model &m, const float *x, size_t n, int act, T *y) {
 // fused projection makes them) into y [G * Np, heads * hd] in T, scale applied to the scores.
 // bf16 towers: the rows rounded to bf16 into scratch (G * Np * 3 * heads * hd elements), then
 // img::flash_attention (tensor cores, fp32 accumulation) straight into y: InternViT-300M's 1025
-// patches x 16 heads of 64 take 0.043 ms there against vis_attn_kernel's fp32 scoring
-// (lab/cuda/results/flash_check_*.txt). fp32 and fp16 towers, a NULL scratch, or a shape the
+// patches x 16 heads of 64 take 0.037 ms there on an H100, 14x the materialised cuBLAS path
+// (lab/cuda/flash_results.md), where vis_attn_kernel scored on the CUDA cores in fp32. fp32 and fp16 towers, a NULL scratch, or a shape the
 // kernel refuses: vis_attn_kernel (fp32) into att [G * Np, heads * hd], then into y.
 template <typename T>
 void vit_attention(mqb_model &m, const float *qkv, int G, int Np, int heads, int hd, float scale, __nv_bfloat16 *scratch,
