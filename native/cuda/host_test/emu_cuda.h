@@ -117,6 +117,7 @@ float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float
 const char *cudaGetErrorName(cudaError_t) { return "emu"; }
 const char *cudaGetErrorString(cudaError_t) { return "emu"; }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int) { *v = a == cudaDevAttrMultiProcessorCount ? 132 : 9; return cudaSuccess; }
 cudaError_t cudaMalloc(void **p, size_t n) { n = (n + 255) / 256 * 256; *p = aligned_alloc(256, n); memset(*p, 0xCD, n); return cudaSuccess; }
 cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }

@@ -886,10 +886,18 @@ static void prefill_attn_products(const char *prec, int window = 0) {
 // output (|o| <= 1): 1e-2.
 static void flash_products() {
   using img::bf16;
-  struct Case { int L, Lk, H, Hkv, hd; bool causal; float scale; bool fused; };
-  const Case cases[] = {{37, 100, 4, 2, 64, false, 0.5f, false}, {150, 150, 2, 1, 128, true, 1.0f, false},
-                        {90, 90, 2, 2, 128, false, 0.125f, true}, {130, 130, 2, 1, 64, true, 0.6f, false},
-                        {20, 75, 2, 2, 72, false, 0.4f, false}, {33, 33, 1, 1, 96, true, 0.3f, true}};
+  // variant: 0 the API's choice; else a block shape lab/cuda/flash_check.sh times (fa::launch<D,
+  // NW, MT, BK>): 1 <128, 4, 2, 64>, 2 <128, 4, 2, 32>, 3 <64, 4, 2, 32>.
+  struct Case { int L, Lk, H, Hkv, hd; bool causal; float scale; bool fused; int variant; };
+  const Case cases[] = {{37, 100, 4, 2, 64, false, 0.5f, false, 0},  {150, 150, 2, 1, 128, true, 1.0f, false, 0},
+                        {90, 90, 2, 2, 128, false, 0.125f, true, 0}, {130, 130, 2, 1, 64, true, 0.6f, false, 0},
+                        {20, 75, 2, 2, 72, false, 0.4f, false, 0},   {33, 33, 1, 1, 96, true, 0.3f, true, 0},
+                        {150, 150, 2, 1, 128, true, 1.0f, false, 1}, {150, 100, 2, 1, 128, false, 1.0f, false, 2},
+                        {150, 150, 2, 1, 64, true, 1.0f, false, 3}};
+  typedef bool (*Launch)(const bf16 *, int, const bf16 *, const bf16 *, int, bf16 *, int, int, int, int, int, int,
+                         float, bool, cudaStream_t, int, long long, long long, long long);
+  const Launch variants[] = {nullptr, img::fa::launch<128, 4, 2>, img::fa::launch<128, 4, 2, 32>,
+                             img::fa::launch<64, 4, 2, 32>};
   std::mt19937 r(11);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (const Case &c : cases) {
@@ -917,8 +925,10 @@ static void flash_products() {
       q = qb.data(), k = kb.data(), v = vb.data();
     }
     std::vector<bf16> out((size_t)c.L * ldo, __float2bfloat16(NAN));
-    const bool ran = img::flash_attention(q, ldq, k, v, ldkv, out.data(), ldo, c.L, c.Lk, c.H, c.Hkv, c.hd, c.scale,
-                                          c.causal, nullptr);
+    const bool ran = c.variant ? variants[c.variant](q, ldq, k, v, ldkv, out.data(), ldo, c.L, c.Lk, c.H, c.H / c.Hkv,
+                                                     c.hd, c.scale, c.causal, nullptr, 1, 0, 0, 0)
+                               : img::flash_attention(q, ldq, k, v, ldkv, out.data(), ldo, c.L, c.Lk, c.H, c.Hkv, c.hd,
+                                                      c.scale, c.causal, nullptr);
     double worst = 0;
     bool others = true;
     for (int i = 0; i < c.L; ++i) {
@@ -945,10 +955,28 @@ static void flash_products() {
       }
     }
     char what[200];
-    snprintf(what, sizeof what, "flash_attention L %d Lk %d heads %d/%d hd %d%s%s: largest error %.5f (bound 1e-2)%s",
-             c.L, c.Lk, c.H, c.Hkv, c.hd, c.causal ? " causal" : "", c.fused ? " fused rows" : "", worst,
-             others ? "" : ", columns past the heads written");
+    const char *vname[] = {"", " (fa::launch<128, 4, 2>)", " (fa::launch<128, 4, 2, 32>)", " (fa::launch<64, 4, 2, 32>)"};
+    snprintf(what, sizeof what, "flash_attention%s L %d Lk %d heads %d/%d hd %d%s%s: largest error %.5f (bound 1e-2)%s",
+             vname[c.variant], c.L, c.Lk, c.H, c.Hkv, c.hd, c.causal ? " causal" : "", c.fused ? " fused rows" : "",
+             worst, others ? "" : ", columns past the heads written");
     check(ran && worst <= 1e-2 && others, what);
+  }
+  // A batch of three items (vision tiles: fused rows, item strides) in one launch must give each
+  // item the bits of its own call.
+  {
+    const int L = 40, H = 2, hd = 64, ld = 3 * H * hd, B = 3;
+    std::vector<bf16> x((size_t)B * L * ld), one((size_t)B * L * H * hd), all(one.size());
+    for (auto &e : x) e = __float2bfloat16(u(r));
+    bool ran = img::flash_attention_batched(x.data(), ld, x.data() + H * hd, x.data() + 2 * H * hd, ld, all.data(),
+                                            H * hd, L, L, H, H, hd, 0.5f, false, nullptr, B, (long long)L * ld,
+                                            (long long)L * ld, (long long)L * H * hd);
+    for (int b = 0; b < B; ++b) {
+      const bf16 *q = x.data() + (size_t)b * L * ld;
+      ran = ran && img::flash_attention(q, ld, q + H * hd, q + 2 * H * hd, ld, one.data() + (size_t)b * L * H * hd,
+                                        H * hd, L, L, H, H, hd, 0.5f, false, nullptr);
+    }
+    check(ran && memcmp(one.data(), all.data(), one.size() * sizeof(bf16)) == 0,
+          "flash_attention_batched: 3 items in one launch, each the bits of its own call");
   }
   bf16 dummy[16] = {};
   check(!img::flash_attention(dummy, 60, dummy, dummy, 60, dummy, 60, 1, 1, 1, 1, 60, 1.f, false, nullptr) &&

@@ -63,7 +63,7 @@ constexpr size_t smem_bytes() {
   return ((size_t)2 * 2 * BK + (MT == 1 ? 0 : NW * 16 * MT)) * (D + 8) * sizeof(bf16);
 }
 
-// flash_kernel: grid (ceil(L / BQ), H), NW * 32 threads, smem_bytes<D, NW, MT, BK>() of dynamic
+// flash_kernel: grid (ceil(L / BQ), H, batch), NW * 32 threads, smem_bytes<D, NW, MT, BK>() of dynamic
 // shared memory, BK keys a K/V tile; each warp owns MT m16 tiles of query rows (BQ = 16 NW MT).
 // With MT = 1 the
 // warp's q fragments stay in registers; with MT = 2 they are read from shared memory at every
@@ -73,7 +73,8 @@ constexpr size_t smem_bytes() {
 template <int D, int NW, int MT, int BK>
 __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k,
                                                         const bf16 *__restrict__ v, int ldkv, bf16 *__restrict__ o,
-                                                        int ldo, int L, int Lk, int rep, int hd, float sl2, int causal) {
+                                                        int ldo, int L, int Lk, int rep, int hd, float sl2, int causal,
+                                                        long long sq, long long skv, long long so) {
   constexpr int NT = NW * 32, BQ = NW * 16 * MT, RS = D + 8;
   constexpr int DK = D / 16, DN = D / 8, NB = BK / 8;
   constexpr bool QREG = MT == 1;
@@ -86,6 +87,7 @@ __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int qt = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
   const int h = blockIdx.y, kh = h / rep, q0 = qt * BQ;
+  q += blockIdx.z * sq, k += blockIdx.z * skv, v += blockIdx.z * skv, o += blockIdx.z * so;  // the batch's item
   const bf16 *kb = k + (size_t)kh * hd, *vb = v + (size_t)kh * hd;
   const int kend = causal ? min(Lk, q0 + BQ) : Lk;  // keys any row of the block sees
   const int ntiles = (kend + BK - 1) / BK;
@@ -250,22 +252,64 @@ __global__ void __launch_bounds__(NW * 32) flash_kernel(const bf16 *__restrict__
 // launch: one instantiation's grid on st (shared memory over 48 KB allowed once per process).
 template <int D, int NW, int MT, int BK = 64>
 bool launch(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L, int Lk, int H,
-            int rep, int hd, float scale, bool causal, cudaStream_t st) {
+            int rep, int hd, float scale, bool causal, cudaStream_t st, int batch, long long sq, long long skv,
+            long long so) {
   constexpr size_t smem = smem_bytes<D, NW, MT, BK>();
   static const cudaError_t attr =
       cudaFuncSetAttribute(flash_kernel<D, NW, MT, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (attr != cudaSuccess) return false;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)((L + NW * 16 * MT - 1) / (NW * 16 * MT)), (unsigned)H);
+  cfg.gridDim = dim3((unsigned)((L + NW * 16 * MT - 1) / (NW * 16 * MT)), (unsigned)H, (unsigned)batch);
   cfg.blockDim = dim3(NW * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   const float sl2 = scale * 1.4426950408889634f;
   return cudaLaunchKernelEx(&cfg, flash_kernel<D, NW, MT, BK>, q, ldq, k, v, ldkv, o, ldo, L, Lk, rep, hd, sl2,
-                            causal ? 1 : 0) == cudaSuccess;
+                            causal ? 1 : 0, sq, skv, so) == cudaSuccess;
+}
+
+// sm_count: the current device's multiprocessors (read once per process).
+inline int sm_count() {
+  static const int n = [] {
+    int d = 0, v = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, d) != cudaSuccess)
+      v = 132;
+    return v;
+  }();
+  return n;
 }
 
 }  // namespace fa
+
+// flash_attention_batched: flash_attention (below) over batch independent items in one launch, item b's
+// q, k, v and o at q + b * sq, k + b * skv, v + b * skv, o + b * so (elements; multiples of 8):
+// a CFG pair's two sequences, a vision tower's tiles. One launch fills the GPU where each item's
+// blocks alone would leave most of a wave idle (Z-Image 512^2: 270 blocks of 128 rows on 132 SMs).
+inline bool flash_attention_batched(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo,
+                                    int L, int Lk, int H, int Hkv, int hd, float scale, bool causal, cudaStream_t st,
+                                    int batch, long long sq, long long skv, long long so) {
+  auto al = [](const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (L < 1 || Lk < 1 || H < 1 || Hkv < 1 || H % Hkv || hd < 8 || hd > 128 || hd % 8 || ldq % 8 || ldkv % 8 ||
+      ldo % 8 || !al(q) || !al(k) || !al(v) || !al(o) || batch < 1 || batch > 65535 || sq % 8 || skv % 8 || so % 8)
+    return false;
+  const int rep = H / Hkv;
+  // Block shapes by lab/cuda/results/flash_check_2026-12-06_h100_run2.txt (H100): head dim 128
+  // takes 128-row blocks (MT = 2: 290 TFLOP/s at 4128 tokens against 190) where they fill at
+  // least 1.5 waves of two a multiprocessor; Z-Image's 1056 tokens x 30 heads (270 such blocks
+  // on 132 SMs) ran faster as 64-row blocks (0.102 ms against 0.108). Head dim 72/80: MT = 2
+  // (0.032 ms against 0.038 at Qwen3-VL's tower); 64: 64-row blocks (0.037 against 0.040).
+  if (hd <= 64) return fa::launch<64, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st, batch, sq,
+                                              skv, so);
+  if (hd <= 80) return fa::launch<80, 4, 2>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st, batch, sq,
+                                              skv, so);
+  if (hd <= 96) return fa::launch<96, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st, batch, sq,
+                                              skv, so);
+  if ((long long)(L + 127) / 128 * H * batch >= 3LL * fa::sm_count())
+    return fa::launch<128, 4, 2>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st, batch, sq,
+                                              skv, so);
+  return fa::launch<128, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st, batch, sq,
+                                              skv, so);
+}
 
 // flash_attention: o[i, h*hd..] = softmax(scale * q_h k_g^T (+ causal mask)) v_g for query head h, kv head g = h / (H/Hkv).
 // q rows of stride ldq elements, k and v rows of stride ldkv, o rows of stride ldo (all bf16, head h at column offset h*hd).
@@ -275,15 +319,7 @@ bool launch(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16
 // (the same positions, as softmax_k).
 inline bool flash_attention(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L,
                             int Lk, int H, int Hkv, int hd, float scale, bool causal, cudaStream_t st) {
-  auto al = [](const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  if (L < 1 || Lk < 1 || H < 1 || Hkv < 1 || H % Hkv || hd < 8 || hd > 128 || hd % 8 || ldq % 8 || ldkv % 8 ||
-      ldo % 8 || !al(q) || !al(k) || !al(v) || !al(o))
-    return false;
-  const int rep = H / Hkv;
-  if (hd <= 64) return fa::launch<64, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
-  if (hd <= 80) return fa::launch<80, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
-  if (hd <= 96) return fa::launch<96, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
-  return fa::launch<128, 4, 2>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st);
+  return flash_attention_batched(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, Hkv, hd, scale, causal, st, 1, 0, 0, 0);
 }
 
 }  // namespace img

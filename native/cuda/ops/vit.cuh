@@ -125,10 +125,11 @@ void vis_act(mqb_model &m, const float *x, size_t n, int act, T *y) {
 // tiles; one group of all patches for Qwen3-VL) of qkv [G * Np, 3, heads, hd] (fp32, rows as the
 // fused projection makes them) into y [G * Np, heads * hd] in T, scale applied to the scores.
 // bf16 towers: the rows rounded to bf16 into scratch (G * Np * 3 * heads * hd elements), then
-// img::flash_attention (tensor cores, fp32 accumulation) straight into y: InternViT-300M's 1025
-// patches x 16 heads of 64 take 0.043 ms there against vis_attn_kernel's fp32 scoring
-// (lab/cuda/results/flash_check_*.txt). fp32 and fp16 towers, a NULL scratch, or a shape the
-// kernel refuses: vis_attn_kernel (fp32) into att [G * Np, heads * hd], then into y.
+// img::flash_attention_batched (tensor cores, fp32 accumulation; the groups in one launch)
+// straight into y: InternViT-300M's 1025 patches x 16 heads of 64 take 0.037 ms on an H100, 14x
+// the materialised cuBLAS path (lab/cuda/flash_results.md), where vis_attn_kernel scored on the
+// CUDA cores in fp32. fp32 and fp16 towers, a NULL scratch, or a shape the kernel refuses:
+// vis_attn_kernel (fp32) into att [G * Np, heads * hd], then into y.
 template <typename T>
 void vit_attention(mqb_model &m, const float *qkv, int G, int Np, int heads, int hd, float scale, __nv_bfloat16 *scratch,
                    float *att, T *y) {
@@ -136,7 +137,13 @@ void vit_attention(mqb_model &m, const float *qkv, int G, int Np, int heads, int
   const size_t rows = (size_t)G * Np;
   bool bf = false;
   if constexpr (std::is_same<T, __nv_bfloat16>::value) bf = scratch != nullptr;
-  if (bf) vis_act<__nv_bfloat16>(m, qkv, rows * 3 * vh, 0, scratch);
+  if (bf) {
+    vis_act<__nv_bfloat16>(m, qkv, rows * 3 * vh, 0, scratch);
+    if (img::flash_attention_batched(scratch, 3 * vh, scratch + vh, scratch + 2 * vh, 3 * vh,
+                                     reinterpret_cast<__nv_bfloat16 *>(y), vh, Np, Np, heads, heads, hd, scale, false,
+                                     m.stream, G, (long long)Np * 3 * vh, (long long)Np * 3 * vh, (long long)Np * vh))
+      return;  // every group in one launch
+  }
   const dim3 agrid((Np + VA_WARPS - 1) / VA_WARPS, heads);
   for (int t = 0; t < G; ++t) {
     const size_t r0 = (size_t)t * Np;

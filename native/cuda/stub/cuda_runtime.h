@@ -65,6 +65,7 @@ struct cudaLaunchConfig_t { dim3 gridDim, blockDim; size_t dynamicSmemBytes; cud
 const char *cudaGetErrorName(cudaError_t);
 const char *cudaGetErrorString(cudaError_t);
 cudaError_t cudaSetDevice(int);
+cudaError_t cudaGetDevice(int *);
 cudaError_t cudaDeviceGetAttribute(int *, cudaDeviceAttr, int);
 cudaError_t cudaMalloc(void **, size_t);
 cudaError_t cudaFree(void *);
