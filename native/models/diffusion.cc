@@ -4,6 +4,8 @@
 // models/autoencoders/autoencoder_kl.py, image_processor.py).
 #include "diffusion.h"
 
+#include <dlfcn.h>
+
 namespace mq {
 namespace diffusion {
 
@@ -112,6 +114,53 @@ void to_pixels(const std::vector<float> &img, size_t px, float *image, uint8_t *
     if (image) image[p] = v;
     rgb[p] = (uint8_t)(truncate ? v * 255.0f : std::nearbyint(v * 255.0f));  // numpy's round: half to even
   }
+}
+
+namespace {
+template <typename F>
+void cuda_sym(void *lib, F &f, const char *name) {
+  f = reinterpret_cast<F>(dlsym(lib, name));
+  if (!f) throw Error(MQ_ERR_LOAD, std::string("device cuda: libmodelqual_cuda.so lacks symbol ") + name + "; rebuild it with make cuda");
+}
+}  // namespace
+
+CudaPipeline::CudaPipeline(void *lib, const mq_engine_params &p, const HParams &hp, const char *family, int max_context) {
+  cuda_sym(lib, open_, "mqb_image_open");
+  cuda_sym(lib, generate_, "mqb_image_generate");
+  cuda_sym(lib, close_, "mqb_image_close");
+  std::vector<mqb_tensor> ts(p.n_tensors);
+  for (int i = 0; i < p.n_tensors; i++) {
+    ts[i].name = p.tensors[i].name;
+    ts[i].data = p.tensors[i].data;
+    ts[i].dtype = p.tensors[i].dtype;
+    std::memcpy(ts[i].shape, p.tensors[i].shape, sizeof(ts[i].shape));
+    ts[i].ndim = p.tensors[i].ndim;
+  }
+  std::vector<mqb_hparam> hps;
+  for (const auto &kv : hp.numbers()) hps.push_back(mqb_hparam{kv.first.c_str(), kv.second, nullptr});
+  mqb_model_params mp;
+  std::memset(&mp, 0, sizeof(mp));
+  mp.abi_version = MQB_ABI_VERSION;
+  mp.family = family;
+  mp.hparams = hps.data();
+  mp.n_hparams = (int32_t)hps.size();
+  mp.precision = "bf16";
+  mp.max_batch = 1;
+  mp.max_context = max_context;
+  mp.device_index = p.device_index;
+  mp.tensors = ts.data();
+  mp.n_tensors = (int32_t)ts.size();
+  char err[1024] = {0};
+  if (open_(&mp, &m_, err, sizeof(err)) != 0 || !m_) throw Error(MQ_ERR_LOAD, std::string("device cuda: ") + err);
+}
+
+CudaPipeline::~CudaPipeline() {
+  if (m_) close_(m_);
+}
+
+void CudaPipeline::generate(const mqb_image_args &a) {
+  char err[1024] = {0};
+  if (generate_(m_, &a, err, sizeof(err)) != 0) throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
 }
 
 }  // namespace diffusion

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "mq_backend.h"
 #include "runtime.h"
 
 namespace mq {
@@ -246,6 +247,26 @@ class VAEDecoder {
   Norm attn_norm_{nullptr, nullptr}, norm_out_{nullptr, nullptr};
   const float *attn_w_[4] = {nullptr, nullptr, nullptr, nullptr}, *attn_b_[4] = {nullptr, nullptr, nullptr, nullptr};
   std::vector<Up> up_;
+};
+
+// CudaPipeline is the host side the image families share on device "cuda": it opens the family's
+// GPU pipeline in libmodelqual_cuda.so (mqb_image_open, registered by native/models/<f>.cu) with
+// the bundle's tensors and numeric hyper-parameters, bf16, one image at a time, and runs one
+// request's mqb_image_args through it (the family's CPU side validates the request, draws the
+// seeded noise and computes the sigmas, so both devices start from the same numbers).
+class CudaPipeline {
+ public:
+  CudaPipeline(void *lib, const mq_engine_params &p, const HParams &hp, const char *family, int max_context);
+  ~CudaPipeline();
+  CudaPipeline(const CudaPipeline &) = delete;
+  CudaPipeline &operator=(const CudaPipeline &) = delete;
+  void generate(const mqb_image_args &a);
+
+ private:
+  int (*open_)(const mqb_model_params *, mqb_image **, char *, size_t) = nullptr;
+  int (*generate_)(mqb_image *, const mqb_image_args *, char *, size_t) = nullptr;
+  void (*close_)(mqb_image *) = nullptr;
+  mqb_image *m_ = nullptr;
 };
 
 }  // namespace diffusion

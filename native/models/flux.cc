@@ -41,7 +41,6 @@
 #include <cmath>
 #include <cstring>
 
-#include <dlfcn.h>
 
 #include "diffusion.h"
 #include "mq_backend.h"
@@ -713,38 +712,7 @@ class Flux : public ImageBackend {
 // mqb_image_* symbols) runs the encoders, the denoising loop and the VAE on the GPU.
 class FluxCuda : public ImageBackend {
  public:
-  FluxCuda(void *lib, const mq_engine_params &p, const HParams &hp) : hp_(hp) {
-    sym(lib, open_, "mqb_image_open");
-    sym(lib, generate_, "mqb_image_generate");
-    sym(lib, close_, "mqb_image_close");
-    std::vector<mqb_tensor> ts(p.n_tensors);
-    for (int i = 0; i < p.n_tensors; i++) {
-      ts[i].name = p.tensors[i].name;
-      ts[i].data = p.tensors[i].data;
-      ts[i].dtype = p.tensors[i].dtype;
-      std::memcpy(ts[i].shape, p.tensors[i].shape, sizeof(ts[i].shape));
-      ts[i].ndim = p.tensors[i].ndim;
-    }
-    std::vector<mqb_hparam> hps;
-    for (const auto &kv : hp.numbers()) hps.push_back(mqb_hparam{kv.first.c_str(), kv.second, nullptr});
-    mqb_model_params mp;
-    std::memset(&mp, 0, sizeof(mp));
-    mp.abi_version = MQB_ABI_VERSION;
-    mp.family = "flux";
-    mp.hparams = hps.data();
-    mp.n_hparams = (int32_t)hps.size();
-    mp.precision = "bf16";
-    mp.max_batch = 1;
-    mp.max_context = hp.i("prompt_2.max_length");
-    mp.device_index = p.device_index;
-    mp.tensors = ts.data();
-    mp.n_tensors = (int32_t)ts.size();
-    char err[1024] = {0};
-    if (open_(&mp, &m_, err, sizeof(err)) != 0 || !m_) throw Error(MQ_ERR_LOAD, std::string("device cuda: ") + err);
-  }
-  ~FluxCuda() override {
-    if (m_) close_(m_);
-  }
+  FluxCuda(void *lib, const mq_engine_params &p, const HParams &hp) : hp_(hp), gpu_(lib, p, hp, "flux", hp.i("prompt_2.max_length")) {}
   int vocab() const override { return hp_.i("clip.vocab_size"); }
   std::string device() const override { return "cuda"; }
   mq_image_spec image_spec() const override { return flux_spec(hp_); }
@@ -772,22 +740,13 @@ class FluxCuda : public ImageBackend {
     a.width = r.width, a.height = r.height, a.steps = r.steps, a.guidance = r.guidance;
     a.noise = noise.data(), a.sigmas = sigmas.data();
     a.rgb = out->rgb, a.image = out->image, a.latents = out->latents;
-    char err[1024] = {0};
-    if (generate_(m_, &a, err, sizeof(err)) != 0) throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
+    gpu_.generate(a);
     out->pipeline_ns = now_ns() - t0;
   }
 
  private:
-  template <typename F>
-  static void sym(void *lib, F &f, const char *name) {
-    f = reinterpret_cast<F>(dlsym(lib, name));
-    if (!f) throw Error(MQ_ERR_LOAD, std::string("device cuda: libmodelqual_cuda.so lacks symbol ") + name + "; rebuild it with make cuda");
-  }
   HParams hp_;
-  int (*open_)(const mqb_model_params *, mqb_image **, char *, size_t) = nullptr;
-  int (*generate_)(mqb_image *, const mqb_image_args *, char *, size_t) = nullptr;
-  void (*close_)(mqb_image *) = nullptr;
-  mqb_image *m_ = nullptr;
+  diffusion::CudaPipeline gpu_;
 };
 
 }  // namespace

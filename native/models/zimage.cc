@@ -31,7 +31,6 @@
 #include <cmath>
 #include <cstring>
 
-#include <dlfcn.h>
 
 #include "mq_backend.h"
 #include "diffusion.h"
@@ -556,38 +555,8 @@ namespace {
 // (native/models/zimage.cu, through the mqb_image_* symbols) runs the rest on the GPU.
 class ZImageCuda : public ImageBackend {
  public:
-  ZImageCuda(void *lib, const mq_engine_params &p, const HParams &hp, int max_context) : hp_(hp), max_ctx_(max_context) {
-    sym(lib, open_, "mqb_image_open");
-    sym(lib, generate_, "mqb_image_generate");
-    sym(lib, close_, "mqb_image_close");
-    std::vector<mqb_tensor> ts(p.n_tensors);
-    for (int i = 0; i < p.n_tensors; i++) {
-      ts[i].name = p.tensors[i].name;
-      ts[i].data = p.tensors[i].data;
-      ts[i].dtype = p.tensors[i].dtype;
-      std::memcpy(ts[i].shape, p.tensors[i].shape, sizeof(ts[i].shape));
-      ts[i].ndim = p.tensors[i].ndim;
-    }
-    std::vector<mqb_hparam> hps;
-    for (const auto &kv : hp.numbers()) hps.push_back(mqb_hparam{kv.first.c_str(), kv.second, nullptr});
-    mqb_model_params mp;
-    std::memset(&mp, 0, sizeof(mp));
-    mp.abi_version = MQB_ABI_VERSION;
-    mp.family = "zimage";
-    mp.hparams = hps.data();
-    mp.n_hparams = (int32_t)hps.size();
-    mp.precision = "bf16";
-    mp.max_batch = 1;
-    mp.max_context = max_context;
-    mp.device_index = p.device_index;
-    mp.tensors = ts.data();
-    mp.n_tensors = (int32_t)ts.size();
-    char err[1024] = {0};
-    if (open_(&mp, &m_, err, sizeof(err)) != 0 || !m_) throw Error(MQ_ERR_LOAD, std::string("device cuda: ") + err);
-  }
-  ~ZImageCuda() override {
-    if (m_) close_(m_);
-  }
+  ZImageCuda(void *lib, const mq_engine_params &p, const HParams &hp, int max_context)
+      : hp_(hp), max_ctx_(max_context), gpu_(lib, p, hp, "zimage", max_context) {}
   int vocab() const override { return hp_.i("vocab_size"); }
   std::string device() const override { return "cuda"; }
   mq_image_spec image_spec() const override { return zimage_spec(hp_, max_ctx_); }
@@ -611,23 +580,14 @@ class ZImageCuda : public ImageBackend {
     a.width = r.width, a.height = r.height, a.steps = r.steps, a.guidance = r.guidance;
     a.noise = noise.data(), a.sigmas = sigmas.data();
     a.rgb = out->rgb, a.image = out->image, a.latents = out->latents;
-    char err[1024] = {0};
-    if (generate_(m_, &a, err, sizeof(err)) != 0) throw Error(MQ_ERR_BACKEND, std::string("device cuda: ") + err);
+    gpu_.generate(a);
     out->pipeline_ns = now_ns() - t0;
   }
 
  private:
-  template <typename F>
-  static void sym(void *lib, F &f, const char *name) {
-    f = reinterpret_cast<F>(dlsym(lib, name));
-    if (!f) throw Error(MQ_ERR_LOAD, std::string("device cuda: libmodelqual_cuda.so lacks symbol ") + name + "; rebuild it with make cuda");
-  }
   HParams hp_;
   int max_ctx_;
-  int (*open_)(const mqb_model_params *, mqb_image **, char *, size_t) = nullptr;
-  int (*generate_)(mqb_image *, const mqb_image_args *, char *, size_t) = nullptr;
-  void (*close_)(mqb_image *) = nullptr;
-  mqb_image *m_ = nullptr;
+  diffusion::CudaPipeline gpu_;
 };
 
 }  // namespace
