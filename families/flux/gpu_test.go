@@ -24,7 +24,7 @@ var _ = Describe("flux bf16 parity on GPU", suite.Labels(), spec.GPU(), spec.Tas
 		path := filepath.Join(suite.State.RepoRoot, "fixtures", "golden", suite.Manifest.Checkpoint.Fixture+"-cuda-bf16.json")
 		golden, err := spec.LoadImageGolden(path)
 		if errors.Is(err, os.ErrNotExist) {
-			Skip("NO GOLDEN: " + path + " (lab/flux/gpu_check.sh makes it on the GPU host)")
+			Skip("NO GOLDEN: " + path + " (made on the GPU host: fixtures/PROVENANCE.md says how)")
 		}
 		Expect(err).NotTo(HaveOccurred())
 		// imageInput() reads thresholds.yaml's gpu: block on a GPU run. diffusers' bf16 run keeps
