@@ -193,14 +193,35 @@ func readVisionRecords(t *testing.T, s *testServer) []visionRecord {
 // TestVisionTowerTime: an image request's record carries the engine's vision tower time
 // (vision_ns), positive and within both the engine's and the server's time to first token, and
 // its timings answer vision_ms from it; a text request's record has no vision_ns and its
-// timings no vision_ms.
+// timings no vision_ms. Both CPU vision families: qwen3vl-tiny and internvl-tiny.
 func TestVisionTowerTime(t *testing.T) {
-	s, g, _, root := visionSetup(t)
-	e := g.Entries[0]
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("qwen3vl", func(t *testing.T) {
+		s, g, _, root := visionSetup(t)
+		e := g.Entries[0]
+		checkVisionTowerTime(t, s, imageChat(dataURL(t, root, e.Image), e.Prompt, `"timings_per_token":true`))
+	})
+	t.Run("internvl", func(t *testing.T) {
+		bundleMu.Lock()
+		p, err := fixtures.Bundle(cacheDir, fixtures.InternVLTiny)
+		bundleMu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := startServer(t, p, "--workers", "1", "--threads", "2")
+		url := dataURL(t, root, "fixtures/images/internvl/01-square-448x448.png")
+		checkVisionTowerTime(t, s, imageChat(url, "Describe the image.", `"timings_per_token":true`))
+	})
+}
+
+func checkVisionTowerTime(t *testing.T, s *testServer, imageBody string) {
+	t.Helper()
 	text := `{"model":"test-model","messages":[{"role":"user","content":"Describe a cat."}],"max_tokens":4,"temperature":0,"ignore_eos":true,"timings_per_token":true}`
-	bodies := []string{imageChat(dataURL(t, root, e.Image), e.Prompt, `"timings_per_token":true`), text}
 	var timings []map[string]float64
-	for _, b := range bodies {
+	for _, b := range []string{imageBody, text} {
 		code, _, body := s.post("/v1/chat/completions", b)
 		var a struct {
 			Timings map[string]float64 `json:"timings"`
