@@ -769,7 +769,7 @@ mq_status mq_engine_routing(const mq_engine *e, uint64_t *out, int64_t cap, int3
   }
 }
 
-static mq_event done_event(const Seq &q, int32_t token, mq_finish_reason r) {
+static mq_event done_event(const mq_engine *e, const Seq &q, int32_t token, mq_finish_reason r) {
   mq_event ev;
   std::memset(&ev, 0, sizeof(ev));
   ev.seq = q.id;
@@ -781,6 +781,7 @@ static mq_event done_event(const Seq &q, int32_t token, mq_finish_reason r) {
   ev.done_ns = now_ns();
   ev.prompt_tokens = (int32_t)q.prompt.size();
   ev.output_tokens = q.n_out;
+  ev.vision_ns = e->be->vision_ns(q.slot);
   return ev;
 }
 
@@ -804,7 +805,7 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
   for (uint64_t id : cancels)
     for (int i = 0; i < e->max_batch; i++)
       if (e->slots[i] && e->slots[i]->id == id) {
-        ev.push_back(done_event(*e->slots[i], -1, MQ_FINISH_CANCELLED));
+        ev.push_back(done_event(e, *e->slots[i], -1, MQ_FINISH_CANCELLED));
         release(e, i);
       }
 
@@ -881,7 +882,7 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
     }
     if (!err.empty()) {
       for (Seq *q : e->members) {
-        ev.push_back(done_event(*q, -1, MQ_FINISH_ERROR));
+        ev.push_back(done_event(e, *q, -1, MQ_FINISH_ERROR));
         release(e, q->slot);
       }
       st = fail(MQ_ERR_BACKEND, "forward pass failed: " + err);
@@ -928,7 +929,7 @@ mq_status mq_engine_step(mq_engine *e, mq_event_callback cb, void *user, int32_t
         else if (q->n_out >= (int)q->s.max_new_tokens)
           r = MQ_FINISH_LENGTH;
         if (r != MQ_FINISH_NONE) {
-          ev.push_back(done_event(*q, tok, r));
+          ev.push_back(done_event(e, *q, tok, r));
         } else {
           mq_event x;
           std::memset(&x, 0, sizeof(x));

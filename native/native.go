@@ -132,6 +132,9 @@ const (
 type Timing struct {
 	AddedNs, FirstTokenNs, DoneNs int64
 	PromptTokens, OutputTokens    int
+	// VisionNs is the wall time the vision tower and projector spent on the sequence's images
+	// (within AddedNs..FirstTokenNs); 0 without images, and on cuda (not measured there).
+	VisionNs int64
 }
 
 // Event is one step's news for one sequence: a new token, the end, or both.
@@ -429,6 +432,7 @@ func mqGoEvent(ev *C.mq_event, user C.uintptr_t) {
 			DoneNs:       int64(ev.done_ns),
 			PromptTokens: int(ev.prompt_tokens),
 			OutputTokens: int(ev.output_tokens),
+			VisionNs:     int64(ev.vision_ns),
 		}
 	}
 	e.stepFn(out)

@@ -59,6 +59,7 @@ const (
 	TagResponseBytes      = "mq_response_bytes"                // bytes of the response body
 	TagImageTokens        = "mq_image_tokens"                  // vision chat: the image's tokens (server record)
 	TagImagePreprocess    = "mq_image_preprocess"              // vision chat: image decode + preprocessing, apart from the engine
+	TagImageVisionTower   = "mq_image_vision_tower"            // vision chat: the engine's vision tower + projector on the images (within task TTFT)
 	TagTTFTWithImage      = "mq_ttft_with_image"               // TTFT of the requests that carried an image
 	TagTTFTWithoutImage   = "mq_ttft_without_image"            // TTFT of the text-only requests of a run that has images
 	TagPNGBytes           = "mq_png_bytes"                     // image generation: the PNG's bytes as received
@@ -109,6 +110,7 @@ var Metrics = []Metric{
 	{TagResponseBytes, "MQ Response Bytes", "bytes", true, false},
 	{TagImageTokens, "MQ Image Tokens", "tokens", true, false},
 	{TagImagePreprocess, "MQ Image Preprocessing Time", "ms", true, false},
+	{TagImageVisionTower, "MQ Image Vision Tower Time", "ms", true, false},
 	{TagTTFTWithImage, "MQ Time to First Token With Image", "ms", true, false},
 	{TagTTFTWithoutImage, "MQ Time to First Token Without Image", "ms", true, false},
 	{TagNumImages, "Number of Images", "images", true, true},

@@ -159,6 +159,9 @@ type visionRecord struct {
 	OutputTokens int    `json:"output_tokens"`
 	PromptSHA256 string `json:"prompt_sha256"`
 	ErrorMessage string `json:"error_message"`
+	TTFTNs       int64  `json:"ttft_ns"`
+	TaskTTFTNs   int64  `json:"task_ttft_ns"`
+	VisionNs     *int64 `json:"vision_ns"`
 	Vision       *struct {
 		BytesSHA256    string `json:"image_bytes_sha256"`
 		PixelsSHA256   string `json:"image_pixels_sha256"`
@@ -185,6 +188,71 @@ func readVisionRecords(t *testing.T, s *testServer) []visionRecord {
 		out = append(out, r)
 	}
 	return out
+}
+
+// TestVisionTowerTime: an image request's record carries the engine's vision tower time
+// (vision_ns), positive and within both the engine's and the server's time to first token, and
+// its timings answer vision_ms from it; a text request's record has no vision_ns and its
+// timings no vision_ms. Both CPU vision families: qwen3vl-tiny and internvl-tiny.
+func TestVisionTowerTime(t *testing.T) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("qwen3vl", func(t *testing.T) {
+		s, g, _, root := visionSetup(t)
+		e := g.Entries[0]
+		checkVisionTowerTime(t, s, imageChat(dataURL(t, root, e.Image), e.Prompt, `"timings_per_token":true`))
+	})
+	t.Run("internvl", func(t *testing.T) {
+		bundleMu.Lock()
+		p, err := fixtures.Bundle(cacheDir, fixtures.InternVLTiny)
+		bundleMu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := startServer(t, p, "--workers", "1", "--threads", "2")
+		url := dataURL(t, root, "fixtures/images/internvl/01-square-448x448.png")
+		checkVisionTowerTime(t, s, imageChat(url, "Describe the image.", `"timings_per_token":true`))
+	})
+}
+
+func checkVisionTowerTime(t *testing.T, s *testServer, imageBody string) {
+	t.Helper()
+	text := `{"model":"test-model","messages":[{"role":"user","content":"Describe a cat."}],"max_tokens":4,"temperature":0,"ignore_eos":true,"timings_per_token":true}`
+	var timings []map[string]float64
+	for _, b := range []string{imageBody, text} {
+		code, _, body := s.post("/v1/chat/completions", b)
+		var a struct {
+			Timings map[string]float64 `json:"timings"`
+		}
+		if code != 200 || json.Unmarshal(body, &a) != nil || a.Timings == nil {
+			t.Fatalf("%d %s", code, body)
+		}
+		timings = append(timings, a.Timings)
+	}
+	s.stop()
+	recs := readVisionRecords(t, s)
+	if len(recs) != 2 {
+		t.Fatalf("%d records for 2 requests", len(recs))
+	}
+	img, txt := recs[0], recs[1]
+	switch {
+	case img.VisionNs == nil || *img.VisionNs <= 0:
+		t.Errorf("image request: vision_ns %v, want > 0", img.VisionNs)
+	case *img.VisionNs >= img.TaskTTFTNs || *img.VisionNs >= img.TTFTNs:
+		t.Errorf("image request: vision_ns %d not below task_ttft_ns %d and ttft_ns %d", *img.VisionNs, img.TaskTTFTNs, img.TTFTNs)
+	case math.Abs(timings[0]["vision_ms"]-float64(*img.VisionNs)/1e6) > 1e-9*math.Max(1, timings[0]["vision_ms"]):
+		t.Errorf("image request: timings.vision_ms %v, record vision_ns %d", timings[0]["vision_ms"], *img.VisionNs)
+	default:
+		t.Logf("image request: vision %.3f ms of task TTFT %.3f ms, TTFT %.3f ms", float64(*img.VisionNs)/1e6, float64(img.TaskTTFTNs)/1e6, float64(img.TTFTNs)/1e6)
+	}
+	if txt.VisionNs != nil || txt.Vision != nil || txt.TaskTTFTNs <= 0 {
+		t.Errorf("text request: vision_ns %v, vision %v, task_ttft_ns %d", txt.VisionNs, txt.Vision, txt.TaskTTFTNs)
+	}
+	if _, ok := timings[1]["vision_ms"]; ok {
+		t.Errorf("text request: timings carry vision_ms %v", timings[1]["vision_ms"])
+	}
 }
 
 // TestVisionStreamMatches: the streamed deltas of an image request concatenate to the

@@ -62,7 +62,7 @@ func (gs *genSet) abandon() {
 func (gs *genSet) fillRecord() {
 	var out []byte
 	ntok := 0
-	var added, first, done int64
+	var added, first, done, vision int64
 	for _, g := range gs.gens {
 		g.consume(g.takeAll())
 		out = append(out, g.out...)
@@ -75,6 +75,7 @@ func (gs *genSet) fillRecord() {
 			first = res.FirstTokenNs
 		}
 		done = max(done, res.DoneNs)
+		vision += res.VisionNs
 	}
 	g := gs.gens[0]
 	r := &g.q.rec
@@ -84,6 +85,7 @@ func (gs *genSet) fillRecord() {
 	if first > 0 && added > 0 {
 		r.TaskTTFTNs = first - added
 	}
+	r.VisionNs = vision
 	r.OutputTokens = ntok
 	r.OutputSHA256, r.OutputBytes = sha256Hex(out), int64(len(out))
 	if r.FinishReason == "" {

@@ -472,6 +472,7 @@ func (g *gen) fillRecord() {
 	if res.FirstTokenNs > 0 && res.AddedNs > 0 {
 		r.TaskTTFTNs = res.FirstTokenNs - res.AddedNs
 	}
+	r.VisionNs = res.VisionNs
 	r.OutputTokens = g.ntok
 	r.OutputSHA256, r.OutputBytes = sha256Hex(g.out), int64(len(g.out))
 	if r.FinishReason == "" {

@@ -4,7 +4,7 @@ import "strconv"
 
 // appendTimings appends `,"timings":{...}`: llama.cpp's server timings (prompt_n, prompt_ms,
 // prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms, predicted_per_token_ms,
-// predicted_per_second) plus queue_ms and preprocess_ms, all computed from the request's
+// predicted_per_second) plus queue_ms, preprocess_ms and vision_ms, all computed from the request's
 // record, so that a client of any OpenAI library sees what qual-server records:
 //
 //	prompt_n      = input_tokens
@@ -13,6 +13,8 @@ import "strconv"
 //	predicted_ms  = task_wall_ns - task_ttft_ns (the decode steps after the first token)
 //	queue_ms      = queue_wait_ns
 //	preprocess_ms = preprocess_ns (chat template, tokenization, image processing)
+//	vision_ms     = vision_ns (the engine's vision tower and projector, within prompt_ms; only
+//	                for requests with images whose engine measures it)
 //
 // llama.cpp asks for them with the request field timings_per_token; so does qual-server.
 func (q *reqState) appendTimings(b []byte) []byte {
@@ -49,5 +51,8 @@ func (q *reqState) appendTimings(b []byte) []byte {
 	b = num(b, "predicted_per_second", ds)
 	b = num(b, "queue_ms", ms(r.QueueWaitNs))
 	b = num(b, "preprocess_ms", ms(r.PreprocessNs))
+	if r.VisionNs > 0 {
+		b = num(b, "vision_ms", ms(r.VisionNs))
+	}
 	return append(b, '}')
 }

@@ -245,6 +245,12 @@ class Backend {
     (void)slot, (void)img, (void)prompt, (void)n;
     throw Error(MQ_ERR_INVALID_ARGUMENT, "this model does not take images");
   }
+  // vision_ns: the wall time (ns) the vision tower and projector have spent on slot's images
+  // since set_image (0 without images or before they are encoded); reset_slot clears it.
+  virtual int64_t vision_ns(int slot) const {
+    (void)slot;
+    return 0;
+  }
   // several_images: set_image takes an ImageInput listing more than one image, each on its own
   // grid (mq_engine_add_images); the engine refuses a list to a backend without it.
   virtual bool several_images() const { return false; }

@@ -122,6 +122,7 @@ class InternVL : public CausalLM {
   }
 
   void reset_slot(int slot) override { slots_[slot] = SlotImage(); }
+  int64_t vision_ns(int slot) const override { return slots_[slot].vision_ns; }
 
   void set_image(int slot, std::shared_ptr<const ImageInput> img, const int32_t *prompt, int n) override {
     const int tiles = img->grid_t;
@@ -156,6 +157,7 @@ class InternVL : public CausalLM {
   struct SlotImage {
     std::shared_ptr<const ImageInput> in;
     bool encoded = false;
+    int64_t vision_ns = 0;  // encode's wall time
     std::vector<float> embeds;   // [tiles * seq, E]
     std::vector<int> img_index;  // per prompt position: image token index or -1
     int prompt_len = 0;
@@ -247,11 +249,13 @@ class InternVL : public CausalLM {
   }
 
   void encode(SlotImage &S) {
+    const int64_t t0 = now_ns();
     const int tiles = S.in->grid_t;
     S.embeds.resize((size_t)tiles * seq_ * E_);
     for (int t = 0; t < tiles; t++)
       tower(S.in->pixels.data() + (size_t)t * 3 * image_ * image_, S.embeds.data() + (size_t)t * seq_ * E_);
     S.encoded = true;
+    S.vision_ns = now_ns() - t0;
   }
 
   void run(const Batch &b) override {

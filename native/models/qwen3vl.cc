@@ -111,6 +111,7 @@ class Qwen3VL : public CausalLM {
   }
 
   void reset_slot(int slot) override { slots_[slot] = SlotImage(); }
+  int64_t vision_ns(int slot) const override { return slots_[slot].vision_ns; }
 
   bool several_images() const override { return true; }
 
@@ -188,6 +189,7 @@ class Qwen3VL : public CausalLM {
   struct SlotImage {
     std::shared_ptr<const ImageInput> in;
     bool encoded = false;
+    int64_t vision_ns = 0;  // encode's wall time
     std::vector<float> embeds;              // [image tokens, E]
     std::vector<std::vector<float>> deep;   // per DeepStack tap: [image tokens, E]
     std::vector<int32_t> pos3;              // per prompt position: (t, h, w)
@@ -215,6 +217,7 @@ class Qwen3VL : public CausalLM {
   // image only (cu_seqlens); the mergers over groups of m*m patches, which never straddle two
   // images. The merged tokens (and DeepStack features) come out image after image.
   void encode(SlotImage &S) {
+    const int64_t t0 = now_ns();
     const ImageInput &im = *S.in;
     int N = 0;
     for (const auto &g : im.images) N += g.t * g.h * g.w;
@@ -317,6 +320,7 @@ class Qwen3VL : public CausalLM {
     S.embeds.resize((size_t)(N / (m_ * m_)) * E_);
     merge(merger_, x.data(), N, S.embeds.data());
     S.encoded = true;
+    S.vision_ns = now_ns() - t0;
   }
 
   void run(const Batch &b) override {

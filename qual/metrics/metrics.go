@@ -213,6 +213,10 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 		if tokens, prep, ok := imageCost(&sv.Server); ok {
 			set(reports.TagImageTokens, float64(tokens))
 			set(reports.TagImagePreprocess, nsToMs(prep))
+			// The engine's vision tower on them, where it measures it (vision_ns; not on cuda).
+			if sv.Server.VisionNs > 0 {
+				set(reports.TagImageVisionTower, nsToMs(sv.Server.VisionNs))
+			}
 		}
 		if opt.SplitTTFTByImage && m.Streaming && len(r.ChunkNs) > 0 {
 			if sv.Server.Vision != nil {

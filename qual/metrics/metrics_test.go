@@ -203,7 +203,7 @@ func TestExportJoinedServerFigures(t *testing.T) {
 
 // TestExportImageFigures: a run mixing a streamed request with an image (the server's record
 // has a vision object) and a streamed text-only one exports the image's tokens and
-// preprocessing time for the first, and splits TTFT into with- and without-image; the
+// preprocessing time and its vision tower time (vision_ns) for the first, and splits TTFT into with- and without-image; the
 // aggregate then reports both TTFTs in one run. A text-only run gets no split.
 func TestExportImageFigures(t *testing.T) {
 	reqs := handRun()[:1]
@@ -211,7 +211,7 @@ func TestExportImageFigures(t *testing.T) {
 	b.RequestID, b.StartUnixNs, b.ChunkNs = "B", t0+50*ms, []int64{4 * ms, 9 * ms}
 	reqs = append(reqs, b)
 	sv := []records.Server{
-		{RequestID: "A", Route: "/v1/chat/completions", Status: 200, HTTPLatencyNs: 39 * ms,
+		{RequestID: "A", Route: "/v1/chat/completions", Status: 200, HTTPLatencyNs: 39 * ms, VisionNs: 2 * ms,
 			Vision: &record.VisionInput{ImageTokens: 54, PreprocessNs: 3 * ms}},
 		{RequestID: "B", Route: "/v1/chat/completions", Status: 200, HTTPLatencyNs: 8 * ms},
 	}
@@ -220,7 +220,7 @@ func TestExportImageFigures(t *testing.T) {
 		t.Fatal(err)
 	}
 	recs := Export(reqs, j, Options{})
-	for tag, want := range map[string]float64{reports.TagImageTokens: 54, reports.TagImagePreprocess: 3, reports.TagTTFTWithImage: 10} {
+	for tag, want := range map[string]float64{reports.TagImageTokens: 54, reports.TagImagePreprocess: 3, reports.TagImageVisionTower: 2, reports.TagTTFTWithImage: 10} {
 		if v, ok := recs[0].Value(tag); !ok || v != want {
 			t.Errorf("A %s = %v (present %v), want %v", tag, v, ok, want)
 		}
@@ -231,13 +231,13 @@ func TestExportImageFigures(t *testing.T) {
 	if v, ok := recs[1].Value(reports.TagTTFTWithoutImage); !ok || v != 4 {
 		t.Errorf("B mq_ttft_without_image = %v (present %v), want 4", v, ok)
 	}
-	for _, tag := range []string{reports.TagImageTokens, reports.TagImagePreprocess, reports.TagTTFTWithImage} {
+	for _, tag := range []string{reports.TagImageTokens, reports.TagImagePreprocess, reports.TagImageVisionTower, reports.TagTTFTWithImage} {
 		if _, ok := recs[1].Value(tag); ok {
 			t.Errorf("text-only B has %s", tag)
 		}
 	}
 	ps := reports.Aggregate(recs, "profiling", nil, nil)
-	for tag, want := range map[string]float64{reports.TagTTFTWithImage: 10, reports.TagTTFTWithoutImage: 4, reports.TagTTFT: 7} {
+	for tag, want := range map[string]float64{reports.TagTTFTWithImage: 10, reports.TagTTFTWithoutImage: 4, reports.TagTTFT: 7, reports.TagImageVisionTower: 2} {
 		if v, ok := ps.Stat(tag, "avg"); !ok || v != want {
 			t.Errorf("aggregate %s avg = %v (present %v), want %v", tag, v, ok, want)
 		}

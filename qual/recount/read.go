@@ -72,6 +72,7 @@ type serverRecord struct {
 		PNGBytes    int64   `json:"png_bytes"`
 		PNGEncodeNs int64   `json:"png_encode_ns"`
 	} `json:"image"`
+	VisionNs     int64        `json:"vision_ns"`
 	Vision       *visionCost  `json:"vision"`
 	VisionImages []visionCost `json:"vision_images"`
 

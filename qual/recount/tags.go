@@ -27,6 +27,7 @@ const (
 	tagRespBytes        = "mq_response_bytes"
 	tagImageTokens      = "mq_image_tokens"
 	tagImagePreprocess  = "mq_image_preprocess"
+	tagImageVision      = "mq_image_vision_tower"
 	tagTTFTWithImage    = "mq_ttft_with_image"
 	tagTTFTWithoutImage = "mq_ttft_without_image"
 	tagNumImages        = "num_images"
@@ -85,6 +86,7 @@ var known = map[string]metricInfo{
 	tagRespBytes:        {"MQ Response Bytes", "bytes"},
 	tagImageTokens:      {"MQ Image Tokens", "tokens"},
 	tagImagePreprocess:  {"MQ Image Preprocessing Time", "ms"},
+	tagImageVision:      {"MQ Image Vision Tower Time", "ms"},
 	tagTTFTWithImage:    {"MQ Time to First Token With Image", "ms"},
 	tagTTFTWithoutImage: {"MQ Time to First Token Without Image", "ms"},
 	tagNumImages:        {"Number of Images", "images"},

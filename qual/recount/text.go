@@ -141,6 +141,9 @@ func recompute(c *clientRecord, sv *serverRecord, open, splitTTFT bool) request 
 			}
 			r.vals[tagImageTokens] = float64(tokens)
 			r.vals[tagImagePreprocess] = ms(prep)
+			if sv.VisionNs > 0 {
+				r.vals[tagImageVision] = ms(sv.VisionNs)
+			}
 		}
 		if splitTTFT && c.Stream && n > 0 {
 			if sv.Vision != nil {

@@ -51,6 +51,13 @@ type Record struct {
 	// PreprocessNs is a text or chat request's time from its decoded body to its engine task:
 	// chat template, tokenization and image processing (omitted when not measured).
 	PreprocessNs int64 `json:"preprocess_ns,omitempty"`
+	// VisionNs is the engine's wall time in the vision tower and projector for the request's
+	// images (summed over choices; omitted for text requests and where the engine does not
+	// measure it: the cuda backends). It lies within TaskTTFTNs, so a request's time to first
+	// token splits as TTFTNs ≈ PreprocessNs + QueueWaitNs + VisionNs + prefill, the prefill
+	// share being TaskTTFTNs - VisionNs (the engine's added-to-first-token time less the tower;
+	// it includes waiting for a batch slot's step beside other sequences).
+	VisionNs int64 `json:"vision_ns,omitempty"`
 
 	// Session and turn of a multi-turn conversation, when the client named them.
 	SessionID string `json:"session_id,omitempty"`

@@ -36,7 +36,7 @@ import (
 )
 
 // Version is bumped on any incompatible change of a frame layout.
-const Version uint16 = 3
+const Version uint16 = 4
 
 // Capability bits a worker announces in Hello.
 const (
@@ -172,10 +172,11 @@ type Done struct {
 	DoneNs       int64
 	PromptTokens uint32
 	OutputTokens uint32
+	VisionNs     int64  // the vision tower's wall time on the request's images (0: none or not measured)
 	Message      string // only for ReasonError
 }
 
-const doneFixed = 8 + 1 + 8*3 + 4*2 + 2
+const doneFixed = 8 + 1 + 8*3 + 4*2 + 8 + 2
 
 // Writer appends frames into one buffer; Flush sends them in one write, which is how a whole
 // engine step (deltas and dones) leaves the worker in one syscall.
@@ -363,6 +364,7 @@ func (w *Writer) Done(d Done) {
 	b = binary.LittleEndian.AppendUint64(b, uint64(d.DoneNs))
 	b = binary.LittleEndian.AppendUint32(b, d.PromptTokens)
 	b = binary.LittleEndian.AppendUint32(b, d.OutputTokens)
+	b = binary.LittleEndian.AppendUint64(b, uint64(d.VisionNs))
 	msg := d.Message
 	if len(msg) > math.MaxUint16 {
 		msg = msg[:math.MaxUint16]
@@ -607,8 +609,9 @@ func DecodeDone(p []byte) (Done, error) {
 		DoneNs:       int64(binary.LittleEndian.Uint64(p[25:])),
 		PromptTokens: binary.LittleEndian.Uint32(p[33:]),
 		OutputTokens: binary.LittleEndian.Uint32(p[37:]),
+		VisionNs:     int64(binary.LittleEndian.Uint64(p[41:])),
 	}
-	n := int(binary.LittleEndian.Uint16(p[41:]))
+	n := int(binary.LittleEndian.Uint16(p[49:]))
 	if len(p) < doneFixed+n {
 		return d, ErrShort
 	}

@@ -19,7 +19,7 @@ func TestRoundTrip(t *testing.T) {
 	d.End()
 	empty := w.BeginDeltas()
 	empty.End() // a step without tokens adds no frame
-	w.Done(Done{ID: 42, Reason: ReasonLength, AddedNs: 1, FirstTokenNs: 2, DoneNs: 3, PromptTokens: 3, OutputTokens: 5, Message: "m"})
+	w.Done(Done{ID: 42, Reason: ReasonLength, AddedNs: 1, FirstTokenNs: 2, DoneNs: 3, PromptTokens: 3, OutputTokens: 5, VisionNs: 7, Message: "m"})
 	w.LogitsResult(43, 2, 2, []float32{1, 2, 3, 4}, "")
 	w.Step(Step{DurationNs: 1 << 40, Prompts: 31, PromptTokens: 3968, Decodes: 1})
 	if err := w.Flush(); err != nil {
@@ -56,7 +56,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("deltas %v", got)
 	}
 	dn, err := DecodeDone(next(TypeDone))
-	if err != nil || dn != (Done{ID: 42, Reason: ReasonLength, AddedNs: 1, FirstTokenNs: 2, DoneNs: 3, PromptTokens: 3, OutputTokens: 5, Message: "m"}) {
+	if err != nil || dn != (Done{ID: 42, Reason: ReasonLength, AddedNs: 1, FirstTokenNs: 2, DoneNs: 3, PromptTokens: 3, OutputTokens: 5, VisionNs: 7, Message: "m"}) {
 		t.Fatalf("done %+v %v", dn, err)
 	}
 	a, err := DecodeLogitsResult(next(TypeLogitsResult))

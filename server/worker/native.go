@@ -39,6 +39,7 @@ func newNativeEngine(e *native.Engine) *nativeEngine {
 			out.Reason = reasonOf(ev.Reason)
 			out.AddedNs, out.FirstTokenNs, out.DoneNs = ev.Timing.AddedNs, ev.Timing.FirstTokenNs, ev.Timing.DoneNs
 			out.PromptTokens, out.OutputTokens = ev.Timing.PromptTokens, ev.Timing.OutputTokens
+			out.VisionNs = ev.Timing.VisionNs
 		}
 		n.fn(out)
 	}

@@ -30,6 +30,7 @@ type Event struct {
 	DoneNs       int64
 	PromptTokens int
 	OutputTokens int
+	VisionNs     int64          // the vision tower's wall time on the sequence's images
 	Logprobs     *wire.Logprobs // the token's, when its request asked for them
 }
 
@@ -315,6 +316,7 @@ func (l *loop) step() error {
 			l.dones = append(l.dones, wire.Done{
 				ID: id, Reason: ev.Reason, AddedNs: ev.AddedNs, FirstTokenNs: ev.FirstTokenNs, DoneNs: ev.DoneNs,
 				PromptTokens: uint32(ev.PromptTokens), OutputTokens: uint32(ev.OutputTokens),
+				VisionNs: ev.VisionNs,
 			})
 			delete(l.bySeq, ev.Seq)
 			delete(l.byID, id)

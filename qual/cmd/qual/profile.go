@@ -102,7 +102,8 @@ records, task time and PNG encode time.
 With --image-dir or --image-width-mean/--image-height-mean (chat only) every request carries
 one image as a data: URL content part; a vision-language qual-server's records then hold each
 image's token count and preprocessing time (record field vision); the summary reports them
-(mq_image_tokens, mq_image_preprocess) and TTFT split by image (mq_ttft_with_image,
+(mq_image_tokens, mq_image_preprocess, and mq_image_vision_tower: the engine's vision tower, CPU
+engines only) and TTFT split by image (mq_ttft_with_image,
 mq_ttft_without_image). --image-fraction F gives an image to that fraction of the requests
 only, spread evenly, so one run compares TTFT with and without an image. --images-per-request K
 puts K images in each such request (AIPerf's --batch-size-image; a qual-server needs
