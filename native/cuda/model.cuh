@@ -21,7 +21,7 @@ struct Cfg {
   int norm = PREP_RMS;       // the layers' and the final norm: PREP_RMS or PREP_LN (with biases)
   bool gated = true;         // MLP: SwiGLU over gate|up (2 I wide), else gelu_new over I
   bool token_rope = false;   // rope_tab has Tcap rows past max_ctx for per-token rows (rope_rows)
-  // Sliding-window attention (Mistral's sliding_window, set by the family's configure hook): a
+  // Sliding-window attention (the config's sliding_window, set by the family's configure hook): a
   // query at position p attends keys p - window < k <= p in every attention path (window_lo);
   // 0: the whole cache. The cache still holds every position; only the reads are limited.
   int window = 0;

@@ -137,8 +137,8 @@ typedef struct {
   uint8_t *rgb;        /* out: height*width*3 bytes */
   float *image;        /* out, optional: height*width*3 floats in [0, 1] */
   float *latents;      /* out, optional: (steps+1) latents; the library writes entries 1..steps */
-  /* A pipeline with two text encoders (flux: CLIP, then T5) takes the second one's ids here;
-   * prompt and negative are then the first's. true_cfg: flux's true_cfg_scale, real CFG when
+  /* A pipeline with two text encoders takes the second one's ids here; prompt and negative
+   * are then the first's. true_cfg: the pipeline's true_cfg_scale, real CFG when
    * > 1 and a negative prompt is given (guidance is then the guidance embedding's scale). Zero
    * (memset) for families without them. */
   const int32_t *prompt_2;

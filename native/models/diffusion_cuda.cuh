@@ -1,5 +1,5 @@
-// diffusion_cuda.cuh: what the text-to-image pipelines on CUDA share (models/zimage.cu,
-// models/flux.cu), as models/diffusion.{h,cc} is what their CPU pipelines share: the base class
+// diffusion_cuda.cuh: what the text-to-image pipelines on CUDA (models/<family>.cu) share, as
+// models/diffusion.{h,cc} is what their CPU pipelines share: the base class
 // Pipeline with
 //  - the open's bookkeeping: hyper-parameters, the bundle's tensors by name, one stream and one
 //    cuBLAS handle, weights uploaded once (every matrix in bf16, the bundle's stored precision;
@@ -7,8 +7,8 @@
 //    buffers grown on demand;
 //  - the products: gemm (cuBLAS, bf16 inputs, fp32 accumulation, fp32 or bf16 out, batched with
 //    strides), linear (x W^T + b), and attention, the one function both pipelines' attentions go
-//    through (the DiTs' joint attention, Z-Image's causal GQA text encoder through the shared
-//    decoder aside, CLIP's causal attention, the VAE's single-head mid-block attention): the
+//    through (the DiTs' joint attention, a causal GQA text encoder through the shared decoder
+//    aside, CLIP's causal attention, the VAE's single-head mid-block attention): the
 //    fused tensor-core kernel of ops/flash_attn.cuh for head dims up to 128; the VAE's 512-wide
 //    head as batched GEMM -> fp32 softmax -> batched GEMM;
 //  - the AutoencoderKL decoder (diffusers' Decoder: conv_in, mid block resnets and single-head
@@ -64,7 +64,7 @@ struct Resnet {
 
 class Pipeline {
  public:
-  // name: the error messages' prefix ("zimage cuda"). The derived class loads its weights, then
+  // name: the error messages' prefix ("<family> cuda"). The derived class loads its weights, then
   // calls opened().
   Pipeline(const mqb_model_params *p, const char *name) : name_(name) {
     for (int i = 0; i < p->n_hparams; i++) hp_[p->hparams[i].key] = p->hparams[i].value;
@@ -427,6 +427,18 @@ class Pipeline {
   };
   std::vector<Up> up_;
 };
+
+// image_family: the registration of a pipeline class M (built from the open's parameters, with
+// generate(const mqb_image_args *)) under its family name, for the core's mqb_image_* entry
+// points: MQB_REGISTER_FAMILY(image_family<Model>("<family>")) in the family's .cu.
+template <class M>
+CudaFamily image_family(const char *name) {
+  CudaFamily f{name};
+  f.image_open = [](const mqb_model_params *p) -> void * { return new M(p); };
+  f.image_generate = [](void *m, const mqb_image_args *a) { static_cast<M *>(m)->generate(a); };
+  f.image_close = [](void *m) { delete static_cast<M *>(m); };
+  return f;
+}
 
 }  // namespace img
 }  // namespace mqcuda

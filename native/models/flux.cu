@@ -575,16 +575,6 @@ void Model::generate(const mqb_image_args *a) {
 }
 
 // The pipeline's registration: the core's mqb_image_* entry points open it by family name.
-void *image_open(const mqb_model_params *p) { return new Model(p); }
-void image_generate(void *m, const mqb_image_args *a) { static_cast<Model *>(m)->generate(a); }
-void image_close(void *m) { delete static_cast<Model *>(m); }
-
-MQB_REGISTER_FAMILY([] {
-  mqcuda::CudaFamily f{"flux"};
-  f.image_open = image_open;
-  f.image_generate = image_generate;
-  f.image_close = image_close;
-  return f;
-}());
+MQB_REGISTER_FAMILY(image_family<Model>("flux"));
 
 }  // namespace mqflux

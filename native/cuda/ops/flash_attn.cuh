@@ -5,8 +5,8 @@
 // flash_products checks it against a double-precision reference).
 //
 // Why: the pipelines made S = Q K^T in fp32 through cuBLAS ([H, L, Lk] in global memory), a
-// softmax to bf16 P, then P V: at Z-Image-Turbo's 1056 tokens x 30 heads S alone is 134 MB
-// written and read every layer, most of a denoising step (lab/cuda/zimage_results.md). The vision
+// softmax to bf16 P, then P V: at 1056 tokens x 30 heads S alone is 134 MB written and read
+// every layer, most of a denoising step (lab/cuda/flash_results.md). The vision
 // towers' vis_attn_kernel scored on the CUDA cores in fp32, one warp a query.
 //
 // How: a block takes BQ = 16 * NW * MT consecutive query rows of one head (NW warps of MT m16
@@ -284,7 +284,7 @@ inline int sm_count() {
 // flash_attention_batched: flash_attention (below) over batch independent items in one launch, item b's
 // q, k, v and o at q + b * sq, k + b * skv, v + b * skv, o + b * so (elements; multiples of 8):
 // a CFG pair's two sequences, a vision tower's tiles. One launch fills the GPU where each item's
-// blocks alone would leave most of a wave idle (Z-Image 512^2: 270 blocks of 128 rows on 132 SMs).
+// blocks alone would leave most of a wave idle (1056 tokens x 30 heads: 270 blocks of 128 rows on 132 SMs).
 inline bool flash_attention_batched(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo,
                                     int L, int Lk, int H, int Hkv, int hd, float scale, bool causal, cudaStream_t st,
                                     int batch, long long sq, long long skv, long long so) {
@@ -295,9 +295,9 @@ inline bool flash_attention_batched(const bf16 *q, int ldq, const bf16 *k, const
   const int rep = H / Hkv;
   // Block shapes by lab/cuda/results/flash_check_2026-12-06_h100_run2.txt (H100): head dim 128
   // takes 128-row blocks (MT = 2: 290 TFLOP/s at 4128 tokens against 190) where they fill at
-  // least 1.5 waves of two a multiprocessor; Z-Image's 1056 tokens x 30 heads (270 such blocks
+  // least 1.5 waves of two a multiprocessor; 1056 tokens x 30 heads (270 such blocks
   // on 132 SMs) ran faster as 64-row blocks (0.102 ms against 0.108). Head dim 72/80: MT = 2
-  // (0.032 ms against 0.038 at Qwen3-VL's tower); 64: 64-row blocks (0.037 against 0.040).
+  // (0.032 ms against 0.038 at 1024 rows x 16 heads of 72); 64: 64-row blocks (0.037 against 0.040).
   if (hd <= 64) return fa::launch<64, 4, 1>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st, batch, sq,
                                               skv, so);
   if (hd <= 80) return fa::launch<80, 4, 2>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, hd, scale, causal, st, batch, sq,

@@ -121,8 +121,8 @@ void vis_act(mqb_model &m, const float *x, size_t n, int act, T *y) {
          n, act, y);
 }
 
-// vit_attention: full (bidirectional) attention within each of G groups of Np rows (InternVL's
-// tiles; one group of all patches for Qwen3-VL) of qkv [G * Np, 3, heads, hd] (fp32, rows as the
+// vit_attention: full (bidirectional) attention within each of G groups of Np rows (a tower's
+// fixed-size tiles, or one group of all patches for a native-resolution tower) of qkv [G * Np, 3, heads, hd] (fp32, rows as the
 // fused projection makes them) into y [G * Np, heads * hd] in T, scale applied to the scores.
 // bf16 towers: the rows rounded to bf16 into scratch (G * Np * 3 * heads * hd elements), then
 // img::flash_attention_batched (tensor cores, fp32 accumulation; the groups in one launch)
