@@ -27,11 +27,15 @@ el() { echo $(( $(date +%s) - T0 )); }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1;
   nproc; python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'; } 2>&1 | tee -a "$LOG"
 
-LIB="$W/libmodelqual_cuda.so"
+# IV_LIB: a libmodelqual_cuda.so built earlier from this tree (no build here)
+LIB="${IV_LIB:-$W/libmodelqual_cuda.so}"
 # the build in the background; its end is a marker file gpu_check.py waits for
-( if bash lab/cuda/build_lib.sh "$ROOT" "$LIB" > "$W/build.log" 2>&1; then touch "$LIB.ready"
-  else touch "$LIB.ready.failed"; fi ) &
-BUILD=$!
+if [ -n "${IV_LIB:-}" ]; then touch "$LIB.ready"; BUILD=
+else
+  ( if bash lab/cuda/build_lib.sh "$ROOT" "$LIB" > "$W/build.log" 2>&1; then touch "$LIB.ready"
+    else touch "$LIB.ready.failed"; fi ) &
+  BUILD=$!
+fi
 
 QUAL=${QUAL:-$ROOT/bin/internvl/qual}
 export MODELQUAL_BIN=$(dirname "$QUAL")
