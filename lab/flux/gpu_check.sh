@@ -8,9 +8,8 @@
 #                        from source, never copied into the project; .tar.xz or
 #                        .cache/src/diffusers-src.tar.gz also found, or $DIFFUSERS_TGZ).
 # Steps, each time-boxed and logged with its time to $OUT/log.txt as it goes:
-#  1. nvcc -O3 -arch=sm_90 of the core (native/cuda/backend.cu, blas_pick.cc) with
-#     native/models/flux.cu and zimage.cu (both on the shared diffusion_cuda.cuh) into libflux.so,
-#     four compilations in parallel; meanwhile the tiny fixtures, diffusers' bf16 goldens on this
+#  1. libmodelqual_cuda.so by lab/cuda/build_lib.sh (every translation unit in parallel; or
+#     $FC_LIB, a library built earlier); meanwhile the tiny fixtures, diffusers' bf16 goldens on this
 #     GPU (flux_diffusers.py golden) and the FLUX.1-size random checkpoint (flux_diffusers.py
 #     shape, on the GPU) are made;
 #  2. flux-tiny dev and schnell: `qual generate-image --device cuda` for every golden case (and
@@ -54,19 +53,11 @@ nvcc --version | tail -1 | tee -a "$LOG"
 python3 -c "import torch, transformers, diffusers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'diffusers', diffusers.__version__)" 2>&1 | tee -a "$LOG"
 
 # 1. build (background), fixtures, goldens and the shape checkpoint
-(
-  set -e
-  NV="nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -fPIC -Inative/include -Inative/cuda"
-  $NV -c native/cuda/backend.cu -o "$W/backend.o" &
-  a=$!
-  $NV -c native/models/flux.cu -o "$W/flux.o" &
-  b=$!
-  $NV -c native/models/zimage.cu -o "$W/zimage.o" &
-  c=$!
-  $NV -c native/cuda/blas_pick.cc -o "$W/blas_pick.o"
-  wait $a && wait $b && wait $c
-  nvcc -shared -arch=sm_90 "$W/backend.o" "$W/flux.o" "$W/zimage.o" "$W/blas_pick.o" -o "$W/libflux.so" -lcublas -lcublasLt -lcuda
-) > "$W/nvcc.log" 2>&1 &
+# the whole library (backend.cu registers every family, so a flux-only link misses symbols), or
+# $FC_LIB built earlier in the same device call
+if [ -n "${FC_LIB:-}" ]; then cp "$FC_LIB" "$W/libflux.so"; true &
+else bash lab/cuda/build_lib.sh "$ROOT" "$W/libflux.so" > "$W/nvcc.log" 2>&1 &
+fi
 NVCC=$!
 bundle() { "$QUAL" fixtures --name "$1" --bundle 2>>"$LOG" > "$W/fx-$1.json"; python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))[0]; print(d["snapshot_dir"], d["bundle_path"])' "$W/fx-$1.json"; }
 read -r DSNAP DBUN < <(bundle flux-tiny-dev)
@@ -92,7 +83,7 @@ fi
 GOLD=$!
 wait $NVCC
 rc=$?
-say "nvcc (backend.cu, flux.cu, zimage.cu, blas_pick.cc) rc $rc"
+say "library (lab/cuda/build_lib.sh, or FC_LIB) rc $rc"
 [ $rc = 0 ] || { grep -E "error" -A3 "$W/nvcc.log" | head -40 | tee -a "$LOG"; say "FAIL build"; }
 export MODELQUAL_CUDA_LIB=$W/libflux.so
 
