@@ -143,14 +143,26 @@ func (d *StreamDecoder) Prime(context []int32) *StreamDecoder {
 	if _, byteLevel := d.t.decoder.(byteLevelDecoder); byteLevel {
 		return d
 	}
-	for _, id := range context {
-		if tok, ok := d.t.tokenOf(id, d.skipSpecial); ok {
-			d.window = append(d.window, tok)
-		}
-	}
 	// The context's text is decoded only for the state it leaves (first token seen, leading
 	// characters stripped) and thrown away, including any bytes held for an unfinished
-	// character.
+	// character. It is decoded as a stream would decode it, window by window, so it can stop
+	// as soon as the state is settled: on a prompt that starts with a word, after its first
+	// piece, whatever the prompt's length.
+	for _, id := range context {
+		tok, ok := d.t.tokenOf(id, d.skipSpecial)
+		if !ok {
+			continue
+		}
+		d.window = append(d.window, tok)
+		if d.t.decoder.holdAfter(tok) {
+			continue
+		}
+		d.decodeWindow(false)
+		d.pending = d.pending[:0]
+		if d.st.settled() {
+			return d
+		}
+	}
 	d.decodeWindow(false)
 	d.pending = d.pending[:0]
 	return d

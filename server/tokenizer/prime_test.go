@@ -117,6 +117,15 @@ func TestPrimedStreamLlamaWords(t *testing.T) {
 		if got := primedStream(t, tok, nil, gen, false); got != "paris" {
 			t.Errorf("%s: unprimed stream of %q = %q, want \"paris\" (a sequence's own start)", layout, pieces(tok, gen), got)
 		}
+		if layout == "llama" {
+			// Prompts of spaces alone: the Strip takes one space off the prompt's text, none off
+			// the completion's (decode("▁▁▁paris") = "  paris" after decode("▁▁") = " ").
+			for _, p := range []string{" ", "  ", "   x"} {
+				if got := primedStream(t, tok, tok.Encode(p), gen, false); got != " paris" {
+					t.Errorf("%s: completion %q after %q = %q, want \" paris\"", layout, pieces(tok, gen), pieces(tok, tok.Encode(p)), got)
+				}
+			}
+		}
 		if got := primedStream(t, tok, []int32{1}, gen, true); got != "paris" {
 			t.Errorf("%s: skip-special stream of %q after a skipped <s> = %q, want \"paris\"", layout, pieces(tok, gen), got)
 		}
