@@ -136,11 +136,20 @@ func (r *textRoute) run(q *reqState, t *task, ctx context.Context) {
 // newGen is the text state of one choice (index) of the request.
 func (r *textRoute) newGen(q *reqState, t *task, ctx context.Context, index int) *gen {
 	s, req := r.s, r.req
-	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(req.Stop, req.IncludeStopStr), index: index}
+	g := &gen{s: s, q: q, t: t, req: req, ctx: ctx, dec: s.textDecoder(t), stop: newStopMatcher(req.Stop, req.IncludeStopStr), index: index}
 	if req.Logprobs {
 		g.lp = &lpState{}
 	}
 	return g
+}
+
+// textDecoder is the detokenizer of one generation (HTTP or gRPC, streamed or not: one path,
+// so the two answers are equal): primed with the task's prompt ids (for chat, the rendered
+// template's), so the completion is the text the generated ids add after the prompt, as vLLM
+// and TGI return it. A SentencePiece-style tokenizer's first generated word keeps its leading
+// space (" Paris" after "The capital of France is"); see tokenizer.StreamDecoder.Prime.
+func (s *Server) textDecoder(t *task) *tokenizer.StreamDecoder {
+	return s.tok.NewStreamDecoder().Prime(t.prompt)
 }
 
 // newGenTask is the engine task of a text generation request (HTTP or gRPC): its prompt and

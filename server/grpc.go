@@ -659,7 +659,7 @@ func (s *Server) grpcGenerate(_ any, stream grpc.ServerStream) error {
 	default:
 		return s.grpcEnded(c, nil, gctx)
 	}
-	g := &gen{s: s, q: q, t: t, req: greq, ctx: gctx, dec: s.tok.NewStreamDecoder(), stop: newStopMatcher(greq.Stop, greq.IncludeStopStr)}
+	g := &gen{s: s, q: q, t: t, req: greq, ctx: gctx, dec: s.textDecoder(t), stop: newStopMatcher(greq.Stop, greq.IncludeStopStr)}
 	gs := &grpcStream{g: g, c: c, stream: stream, stopIDs: opt.stopIDs}
 	return gs.run()
 }

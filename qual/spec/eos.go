@@ -90,7 +90,7 @@ func CheckEOS(ctx context.Context, in EOSInput) error {
 	early := 0
 	for _, gp := range g.Prompts {
 		steps := len(gp.GreedyIDs)
-		want := openAIFinish(in.Tokenizer, gp.GreedyIDs, eos, steps, nil, false)
+		want := openAIFinish(in.Tokenizer, gp.PromptIDs, gp.GreedyIDs, eos, steps, nil, false)
 		if want.Finish == "stop" {
 			early++
 		}

@@ -68,14 +68,14 @@ func nearTie(st GoldenStep, chosen int32, margin float64) bool {
 	return false
 }
 
-// divergenceStep is the reference token index at which served text leaves the decoded
-// reference tokens (len(refIDs) when it only runs longer), -1 when they are equal.
-func divergenceStep(tok *tokenizer.Tokenizer, refIDs []int32, served string) int {
-	if tok.Decode(refIDs) == served {
+// divergenceStep is the reference token index at which served text leaves the reference
+// tokens' text after prompt (len(refIDs) when it only runs longer), -1 when they are equal.
+func divergenceStep(tok *tokenizer.Tokenizer, prompt, refIDs []int32, served string) int {
+	if continuation(tok, prompt, refIDs) == served {
 		return -1
 	}
 	for k := 1; k <= len(refIDs); k++ {
-		if !strings.HasPrefix(served, tok.Decode(refIDs[:k])) {
+		if !strings.HasPrefix(served, continuation(tok, prompt, refIDs[:k])) {
 			return k - 1
 		}
 	}
@@ -135,9 +135,9 @@ func CheckGolden(ctx context.Context, in GoldenInput) error {
 		})
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("prompt %q: generation failed: %v", gp.Name, err))
-		} else if want := in.Tokenizer.Decode(gp.GreedyIDs[:steps]); ans.Text != want {
-			if k := divergenceStep(in.Tokenizer, gp.GreedyIDs[:steps], ans.Text); k >= steps || !nearTie(gp.Steps[k], gp.GreedyIDs[k], in.TieMargin) {
-				problems = append(problems, fmt.Sprintf("prompt %q: %s", gp.Name, textDivergence(in.Tokenizer, gp.GreedyIDs[:steps], ans.Text)))
+		} else if want := continuation(in.Tokenizer, gp.PromptIDs, gp.GreedyIDs[:steps]); ans.Text != want {
+			if k := divergenceStep(in.Tokenizer, gp.PromptIDs, gp.GreedyIDs[:steps], ans.Text); k >= steps || !nearTie(gp.Steps[k], gp.GreedyIDs[k], in.TieMargin) {
+				problems = append(problems, fmt.Sprintf("prompt %q: %s", gp.Name, textDivergence(in.Tokenizer, gp.PromptIDs, gp.GreedyIDs[:steps], ans.Text)))
 			}
 		}
 		seq := append(append([]int32(nil), gp.PromptIDs...), gp.GreedyIDs[:steps-1]...)

@@ -177,7 +177,7 @@ func checkPromptParity(ctx context.Context, in ParityInput, p Prompt) (PromptPar
 	if err != nil {
 		pp.Problems = append(pp.Problems, fmt.Sprintf("generation request failed: %v", err))
 	} else {
-		textStep = divergenceStep(in.Tokenizer, refIDs, ans.Text)
+		textStep = divergenceStep(in.Tokenizer, ids, refIDs, ans.Text)
 		if ans.HasUsage && ans.CompletionTokens != steps {
 			pp.Problems = append(pp.Problems, fmt.Sprintf("usage.completion_tokens %d, want %d (ignore_eos with max_tokens %d)", ans.CompletionTokens, steps, steps))
 		}
@@ -237,7 +237,7 @@ func checkPromptParity(ctx context.Context, in ParityInput, p Prompt) (PromptPar
 		return pp, err
 	}
 	if textStep >= 0 && (textStep >= steps || !refTie[textStep]) {
-		pp.Problems = append(pp.Problems, textDivergence(in.Tokenizer, refIDs, ans.Text))
+		pp.Problems = append(pp.Problems, textDivergence(in.Tokenizer, ids, refIDs, ans.Text))
 	}
 	if firstBad >= 0 {
 		pp.Problems = append(pp.Problems, fmt.Sprintf("logits beyond max_abs_logit_diff %.3g from position %d of %d (|Δ| %.3g there); worst |Δ| %.3g at position %d token %d",
@@ -247,15 +247,15 @@ func checkPromptParity(ctx context.Context, in ParityInput, p Prompt) (PromptPar
 }
 
 // textDivergence explains where served text leaves the reference's: the first reference token
-// whose decoded prefix the served text no longer starts with.
-func textDivergence(tok *tokenizer.Tokenizer, refIDs []int32, served string) string {
+// whose text after prompt the served text no longer starts with.
+func textDivergence(tok *tokenizer.Tokenizer, prompt, refIDs []int32, served string) string {
 	for k := 1; k <= len(refIDs); k++ {
-		if prefix := tok.Decode(refIDs[:k]); !strings.HasPrefix(served, prefix) {
+		if prefix := continuation(tok, prompt, refIDs[:k]); !strings.HasPrefix(served, prefix) {
 			return fmt.Sprintf("served text differs from the reference's greedy tokens from step %d (reference token %d); reference %q, served %q",
-				k-1, refIDs[k-1], clip(tok.Decode(refIDs), 120), clip(served, 120))
+				k-1, refIDs[k-1], clip(continuation(tok, prompt, refIDs), 120), clip(served, 120))
 		}
 	}
-	return fmt.Sprintf("served text continues past the reference's %d tokens: reference %q, served %q", len(refIDs), clip(tok.Decode(refIDs), 120), clip(served, 120))
+	return fmt.Sprintf("served text continues past the reference's %d tokens: reference %q, served %q", len(refIDs), clip(continuation(tok, prompt, refIDs), 120), clip(served, 120))
 }
 
 func clip(s string, n int) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -26,15 +27,16 @@ type expectedFinish struct {
 // stop string (the answer is the text before the earliest occurrence of any stop string; the
 // stop string itself is never returned, unless include: vLLM's include_stop_str_in_output,
 // which keeps the matched stop string, the shortest of those starting there), or after
-// maxTokens tokens (finish "length"). Every prefix is decoded whole, so a stop string split
-// across tokens, or lying inside one, is found where it is.
-func openAIFinish(tok *tokenizer.Tokenizer, ids []int32, eos map[int32]bool, maxTokens int, stops []string, include bool) expectedFinish {
+// maxTokens tokens (finish "length"). Every prefix is decoded whole, as it reads after the
+// prompt (continuation), so a stop string split across tokens, or lying inside one, is found
+// where it is.
+func openAIFinish(tok *tokenizer.Tokenizer, prompt, ids []int32, eos map[int32]bool, maxTokens int, stops []string, include bool) expectedFinish {
 	n := min(maxTokens, len(ids))
 	for i := 0; i < n; i++ {
 		if eos[ids[i]] {
-			return expectedFinish{Text: tok.Decode(ids[:i]), Finish: "stop", Tokens: i + 1}
+			return expectedFinish{Text: continuation(tok, prompt, ids[:i]), Finish: "stop", Tokens: i + 1}
 		}
-		text := tok.Decode(ids[:i+1])
+		text := continuation(tok, prompt, ids[:i+1])
 		cut, end := -1, 0
 		for _, s := range stops {
 			if j := strings.Index(text, s); j >= 0 && (cut < 0 || j < cut || j == cut && j+len(s) < end) {
@@ -48,7 +50,7 @@ func openAIFinish(tok *tokenizer.Tokenizer, ids []int32, eos map[int32]bool, max
 			return expectedFinish{Text: text[:cut], Finish: "stop", Tokens: i + 1}
 		}
 	}
-	return expectedFinish{Text: tok.Decode(ids[:n]), Finish: "length", Tokens: n}
+	return expectedFinish{Text: continuation(tok, prompt, ids[:n]), Finish: "length", Tokens: n}
 }
 
 // StopInput is the input of StopStrings and CheckStops.
@@ -100,9 +102,11 @@ func stopCases(tok *tokenizer.Tokenizer, g *Golden, maxTokens int) []stopCase {
 		if len(ids) < 2 || !cleanTokens(tok, ids) {
 			continue
 		}
+		// Each token's text as it reads in the answer (after the prompt and the tokens
+		// before it): a SentencePiece piece "▁world" is " world" there.
 		texts := make([]string, len(ids))
-		for i, id := range ids {
-			texts[i] = tok.Decode([]int32{id})
+		for i := range ids {
+			texts[i] = continuation(tok, append(slices.Clip(gp.PromptIDs), ids[:i]...), ids[i:i+1])
 		}
 		// Inside the first token: its text without the first and last character.
 		if r := []rune(texts[0]); !haveFirst && len(r) >= 3 {
@@ -111,7 +115,7 @@ func stopCases(tok *tokenizer.Tokenizer, g *Golden, maxTokens int) []stopCase {
 		}
 		// Exactly one later token's text, first seen there.
 		for j := 1; j < len(ids) && !haveOne; j++ {
-			if texts[j] != "" && !strings.Contains(tok.Decode(ids[:j]), texts[j]) && strings.TrimSpace(texts[j]) != "" {
+			if texts[j] != "" && !strings.Contains(continuation(tok, gp.PromptIDs, ids[:j]), texts[j]) && strings.TrimSpace(texts[j]) != "" {
 				haveOne = true
 				out = append(out, stopCase{name: fmt.Sprintf("%s: a stop that is token %d's text", gp.Name, j), prompt: gp, stops: []string{texts[j]}})
 			}
@@ -183,7 +187,7 @@ func CheckStops(ctx context.Context, in StopInput) error {
 			if err != nil {
 				return fmt.Errorf("%s: prompt %q without stops: %w", fn, gp.Name, err)
 			}
-			if ans.Text == in.Tokenizer.Decode(gp.GreedyIDs[:n]) {
+			if ans.Text == continuation(in.Tokenizer, gp.PromptIDs, gp.GreedyIDs[:n]) {
 				kept.Prompts = append(kept.Prompts, gp)
 			}
 		}
@@ -204,7 +208,7 @@ func CheckStops(ctx context.Context, in StopInput) error {
 	}
 	for _, c := range cases {
 		for _, include := range includes {
-			want := openAIFinish(in.Tokenizer, c.prompt.GreedyIDs, nil, maxTokens, c.stops, include)
+			want := openAIFinish(in.Tokenizer, c.prompt.PromptIDs, c.prompt.GreedyIDs, nil, maxTokens, c.stops, include)
 			for _, stream := range []bool{false, true} {
 				body := map[string]any{"prompt": c.prompt.PromptIDs, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true, "stop": c.stops, "stream": stream}
 				if include {
@@ -295,8 +299,8 @@ func probeStopInclusion(ctx context.Context, in StopInput) string {
 		}
 	}
 	for _, c := range stopCases(in.Tokenizer, g, 16) {
-		want := openAIFinish(in.Tokenizer, c.prompt.GreedyIDs, nil, 16, c.stops, true)
-		plain := openAIFinish(in.Tokenizer, c.prompt.GreedyIDs, nil, 16, c.stops, false)
+		want := openAIFinish(in.Tokenizer, c.prompt.PromptIDs, c.prompt.GreedyIDs, nil, 16, c.stops, true)
+		plain := openAIFinish(in.Tokenizer, c.prompt.PromptIDs, c.prompt.GreedyIDs, nil, 16, c.stops, false)
 		if want.Finish != "stop" || want.Text == plain.Text {
 			continue
 		}

@@ -124,7 +124,7 @@ func CheckVisionCorpus(ctx context.Context, in VisionInput) ([]VisionRow, error)
 			r.Detail = err.Error()
 		} else {
 			r.PromptTokens = ans.PromptTokens
-			want := in.Tokenizer.Decode(e.GreedyIDs)
+			want := continuation(in.Tokenizer, e.PromptIDs, e.GreedyIDs)
 			switch {
 			case ans.PromptTokens != len(e.PromptIDs):
 				r.Detail = fmt.Sprintf("prompt tokens %d, transformers %d", ans.PromptTokens, len(e.PromptIDs))

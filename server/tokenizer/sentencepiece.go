@@ -215,6 +215,21 @@ type decodeState struct {
 	started  []bool
 }
 
+// settled reports whether the tokens decoded so far leave nothing that later tokens could
+// still change: the sequence's first token is behind, and every Strip after a Fuse has met
+// text (it strips only the text's start).
+func (st *decodeState) settled() bool {
+	if st.first {
+		return false
+	}
+	for _, s := range st.started {
+		if !s {
+			return false
+		}
+	}
+	return true
+}
+
 // decoder turns token strings back into text.
 type decoder interface {
 	// appendTokens appends the bytes toks decode to (raw bytes for ByteLevel, which may split

@@ -92,7 +92,8 @@ func fuzzTokenizers(t testing.TB) map[string]*Tokenizer {
 // FuzzSentencePiece: SentencePiece-style encoding never panics; the Llama layout gives the
 // text back (byte fallback leaves nothing unknown; ▁ in the text decodes as a space); and for
 // any id sequence, byte-fallback runs broken anywhere, the stream decoder emits only valid
-// UTF-8 and concatenates to Decode, with and without special tokens.
+// UTF-8 and concatenates to Decode, with and without special tokens, and primed with the
+// sequence's first half it returns what the second half adds to Decode.
 func FuzzSentencePiece(f *testing.F) {
 	for _, s := range unicodeCorpus {
 		f.Add(s)
@@ -121,6 +122,26 @@ func FuzzSentencePiece(f *testing.F) {
 			if got, want := streamChecked(t, tok, raw, true), tok.DecodeSkipSpecial(raw); got != want {
 				t.Fatalf("%s: skip-special stream of %v = %q, DecodeSkipSpecial = %q", name, raw, got, want)
 			}
+			// The second half of raw as a completion after the first (a stream primed with
+			// it, as the server decodes a generation): the text the whole decodes to after the
+			// first half's, valid UTF-8 delta by delta. A cut after a byte-fallback token may
+			// split a character's bytes; what the two halves make together is then not the
+			// first half's text followed by more, and only validity is checked.
+			cut := len(raw) / 2
+			prompt, gen := raw[:cut], raw[cut:]
+			for _, skip := range []bool{false, true} {
+				got := primedStream(t, tok, prompt, gen, skip)
+				whole, pre := tok.Decode(raw), tok.Decode(prompt)
+				if skip {
+					whole, pre = tok.DecodeSkipSpecial(raw), tok.DecodeSkipSpecial(prompt)
+				}
+				if cut > 0 && cutsByteRun(tok, prompt[cut-1]) || !strings.HasPrefix(whole, pre) {
+					continue
+				}
+				if want := whole[len(pre):]; got != want {
+					t.Fatalf("%s: stream of %v primed with %v (skip special %v) = %q, want %q (Decode of both less Decode of the prompt)", name, gen, prompt, skip, got, want)
+				}
+			}
 			if d := tok.Decode(ids); !utf8.ValidString(d) {
 				t.Fatalf("%s: Decode gave invalid UTF-8 %q", name, d)
 			}
@@ -133,4 +154,11 @@ func FuzzSentencePiece(f *testing.F) {
 			t.Fatalf("llama: Decode(Encode(%q)) = %q, want %q", s, got, want)
 		}
 	})
+}
+
+// cutsByteRun reports whether a cut after id may fall inside a byte-fallback run (id is a
+// <0xXX> token of a decoder that groups them).
+func cutsByteRun(tok *Tokenizer, id int32) bool {
+	s, ok := tok.TokenString(id)
+	return ok && tok.decoder.holdAfter(s)
 }
