@@ -8,7 +8,9 @@
 #      passes, the two-image case must fail.
 #   3. internvl-tiny the same way (two images stacked tile after tile): must pass.
 # Usage: bash lab/qwen3vl/run_emu.sh [OUTDIR]   (about 5 minutes on 2 cores)
-# Env: EMU_TOL (logits bound, default 0.1), EMU_STEPS (greedy tokens, default 8).
+# Env: EMU_TOL (logits bound, default 0.1), EMU_STEPS (greedy tokens, default 8), EMU_LIB (an
+# emulated library already built from this tree: skips the 2-10 minute compile), EMU_QUICK=1
+# (qwen3vl only).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${1:-/tmp/qwen3vl_emu}
@@ -21,7 +23,7 @@ say() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 go build -trimpath -o "$OUT/qual" ./qual/cmd/qual || { say "FAIL go build qual"; exit 1; }
 go build -o "$OUT/vlcheck" ./lab/qwen3vl/vlcheck || { say "FAIL go build vlcheck"; exit 1; }
-( cd lab/qwen3vl && g++ -std=c++20 -O2 -fPIC -shared -DMQB_HOST_TEST -Wno-unknown-pragmas -Wno-comment -I../../native/cuda/stub \
+[ -n "${EMU_LIB:-}" ] && cp "$EMU_LIB" "$OUT/libemu.so" || ( cd lab/qwen3vl && g++ -std=c++20 -O2 -fPIC -shared -DMQB_HOST_TEST -Wno-unknown-pragmas -Wno-comment -I../../native/cuda/stub \
   -I../../native/include -x c++ emu_lib.cc ../../native/cuda/blas_pick.cc -o "$OUT/libemu.so" -pthread ) || { say "FAIL build emu lib"; exit 1; }
 say "built qual, vlcheck and the emulated libmodelqual_cuda.so"
 # bundles NAME: the fp32 cpu bundle and a bf16 cuda bundle of the fixture

@@ -120,8 +120,8 @@ int mqb_set_image(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pix
 /* mqb_set_image with several images, each on its own grid: pixels holds them one after another
  * (image k's grid grids[3k], grids[3k+1], grids[3k+2] as (t, h, w), its values following the
  * previous image's), n_images >= 1. The prompt holds one placeholder run per image, in order;
- * a family whose images do not keep their own grids refuses more than one (it takes its images
- * stacked into one grid through mqb_set_image). Added in ABI version 6. */
+ * a family whose images stack into one grid (fixed-size tiles) takes the list as that stack.
+ * Added in ABI version 6. */
 int mqb_set_images(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pixels, const int32_t *grids,
                    int32_t n_images, const int32_t *prompt, int32_t n, char *err, size_t errlen);
 
