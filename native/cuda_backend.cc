@@ -34,8 +34,9 @@ struct Api {
   int (*logits_all)(mqb_model *, const int32_t *, int32_t, float *, char *, size_t);
   void (*slot_reset)(mqb_model *, int32_t);
   int (*routing)(mqb_model *, uint64_t *, int64_t, int32_t *, int32_t *, char *, size_t);
-  int (*set_image)(mqb_model *, int32_t, const float *, int64_t, int32_t, int32_t, int32_t, const int32_t *, int32_t,
-                   char *, size_t);
+  int (*set_images)(mqb_model *, int32_t, const float *, int64_t, const int32_t *, int32_t, const int32_t *, int32_t,
+                    char *, size_t);
+  int64_t (*vision_ns)(mqb_model *, int32_t);
   const char *const *(*families)(void);
 };
 
@@ -82,7 +83,8 @@ class Cuda : public Backend {
     sym(api_.forward_sampled, "mqb_forward_sampled");
     sym(api_.logits_all, "mqb_logits_all");
     sym(api_.slot_reset, "mqb_slot_reset");
-    sym(api_.set_image, "mqb_set_image");
+    sym(api_.set_images, "mqb_set_images");
+    sym(api_.vision_ns, "mqb_vision_ns");
     sym(api_.families, "mqb_families");
     // Optional (a library built before it serves no routing counts).
     api_.routing = reinterpret_cast<decltype(api_.routing)>(dlsym(lib_, "mqb_routing"));
@@ -183,12 +185,23 @@ class Cuda : public Backend {
     if (slot >= 0 && slot <= max_batch_) api_.slot_reset(model_, slot);
   }
 
-  // set_image hands a vision family's image to the backend (ABI 5), which runs the tower.
+  // set_image hands a vision family's images, each with its grid, to the backend (ABI 6), which
+  // runs the tower; a family that takes its images stacked in one grid refuses a list there.
   void set_image(int slot, std::shared_ptr<const ImageInput> img, const int32_t *prompt, int n) override {
+    std::vector<int32_t> grids;
+    for (const ImageInput::Grid &g : img->images) grids.insert(grids.end(), {g.t, g.h, g.w});
+    if (grids.empty()) grids = {img->grid_t, img->grid_h, img->grid_w};
     char err[1024] = {0};
-    if (api_.set_image(model_, slot, img->pixels.data(), (int64_t)img->pixels.size(), img->grid_t, img->grid_h,
-                       img->grid_w, prompt, n, err, sizeof(err)) != 0)
+    if (api_.set_images(model_, slot, img->pixels.data(), (int64_t)img->pixels.size(), grids.data(),
+                        (int32_t)(grids.size() / 3), prompt, n, err, sizeof(err)) != 0)
       throw Error(MQ_ERR_INVALID_ARGUMENT, std::string("device cuda: ") + err);
+  }
+  bool several_images() const override { return true; }
+
+  // vision_ns: the device time of the slot's tower and projector (mqb_vision_ns: events around
+  // the encode, read after the prefill's synchronisation).
+  int64_t vision_ns(int slot) const override {
+    return slot >= 0 && slot <= max_batch_ ? api_.vision_ns(model_, slot) : 0;
   }
 
  private:

@@ -132,8 +132,9 @@ const (
 type Timing struct {
 	AddedNs, FirstTokenNs, DoneNs int64
 	PromptTokens, OutputTokens    int
-	// VisionNs is the wall time the vision tower and projector spent on the sequence's images
-	// (within AddedNs..FirstTokenNs); 0 without images, and on cuda (not measured there).
+	// VisionNs is the time the vision tower and projector spent on the sequence's images (within
+	// AddedNs..FirstTokenNs): wall time on cpu, on cuda the device time between two events around
+	// the encode, read after the prefill's own synchronisation; 0 without images.
 	VisionNs int64
 }
 

@@ -46,7 +46,7 @@ type visionState struct {
 // newVisionState reads a vision bundle's image processor (its preprocessor_config.json section,
 // read by section, names it in image_processor_type) and image token (config.json's
 // image_token_id).
-func newVisionState(config json.RawMessage, section func(string) ([]byte, error), tok *tokenizer.Tokenizer, maxImages int, device string) (*visionState, error) {
+func newVisionState(config json.RawMessage, section func(string) ([]byte, error), tok *tokenizer.Tokenizer, maxImages int) (*visionState, error) {
 	pc, err := section(bundle.SectionPreprocessorConfig)
 	if err != nil {
 		return nil, fmt.Errorf("%w (a vision bundle needs the checkpoint's preprocessor_config.json)", err)
@@ -59,12 +59,6 @@ func newVisionState(config json.RawMessage, section func(string) ([]byte, error)
 	_, own := proc.(vision.OwnGrids)
 	if !stacks && !own && maxImages > 1 {
 		return nil, fmt.Errorf("--max-images-per-request %d: this bundle's image processor takes one image per request (its engine has no positions for several images); use 1", maxImages)
-	}
-	// The GPU models of families whose images keep their own grids (qwen3vl.cu) take one image
-	// per sequence: refuse at start rather than fail each two-image request (the engine refuses
-	// such a request too, naming the same flag).
-	if own && !stacks && maxImages > 1 && device != "" && device != "cpu" {
-		return nil, fmt.Errorf("--max-images-per-request %d with --device %s: this bundle's images each keep their own grid, and its %s model takes one image per request; use --max-images-per-request 1, or --device cpu for several", maxImages, device, device)
 	}
 	if mc, ok := proc.(vision.ModelConfigured); ok {
 		if err := mc.UseModelConfig(config); err != nil {

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -248,10 +249,11 @@ func TestVisionMultiImageQwen3VLDefaultOne(t *testing.T) {
 	}
 }
 
-// TestVisionMultiImageQwen3VLRefusedOnCUDA: qwen3vl's GPU model takes one image per sequence, so
-// --max-images-per-request 2 with --device cuda is refused at start, naming the flag and the cpu
-// backend (before any CUDA library is needed: the check reads only the bundle).
-func TestVisionMultiImageQwen3VLRefusedOnCUDA(t *testing.T) {
+// TestVisionMultiImageQwen3VLAcceptedOnCUDA: qwen3vl's GPU model takes several images (ABI 6's
+// mqb_set_images), so --max-images-per-request 2 with --device cuda passes the start-up checks
+// that read the bundle; with MODELQUAL_CUDA_LIB naming no library the start then fails on
+// loading it, never on the flag.
+func TestVisionMultiImageQwen3VLAcceptedOnCUDA(t *testing.T) {
 	bundleMu.Lock()
 	p, err := fixtures.Bundle(cacheDir, fixtures.Qwen3VLTiny)
 	bundleMu.Unlock()
@@ -260,9 +262,11 @@ func TestVisionMultiImageQwen3VLRefusedOnCUDA(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, serverBin, "--bundle", p, "--model-name", "m", "--port", strconv.Itoa(freePort(t)),
-		"--workers", "1", "--device", "cuda", "--max-images-per-request", "2").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "--max-images-per-request 2 with --device cuda") || !strings.Contains(string(out), "--device cpu") {
-		t.Fatalf("qwen3vl on cuda with --max-images-per-request 2: %v\n%s\nwant a refusal at start naming the flag and the cpu backend", err, out)
+	cmd := exec.CommandContext(ctx, serverBin, "--bundle", p, "--model-name", "m", "--port", strconv.Itoa(freePort(t)),
+		"--workers", "1", "--device", "cuda", "--max-images-per-request", "2")
+	cmd.Env = append(os.Environ(), "MODELQUAL_CUDA_LIB="+filepath.Join(t.TempDir(), "no-such-lib.so"))
+	out, err := cmd.CombinedOutput()
+	if err == nil || strings.Contains(string(out), "--max-images-per-request") || !strings.Contains(string(out), "libmodelqual_cuda.so") {
+		t.Fatalf("qwen3vl on cuda with --max-images-per-request 2 and no CUDA library: %v\n%s\nwant a start that fails on loading the library, not on the flag", err, out)
 	}
 }

@@ -65,7 +65,7 @@ Flags:
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 60*time.Second, "close a keep-alive connection idle this long (0: never)")
 	fs.IntVar(&c.MaxMessages, "max-messages", 1024, "most messages in a chat request (400 beyond; 0: no limit)")
 	fs.IntVar(&c.MaxChatBytes, "max-chat-bytes", 1<<20, "most bytes of message content in a chat request, all messages together (400 beyond; 0: no limit)")
-	fs.IntVar(&c.MaxImages, "max-images-per-request", 1, "most images in one vision-language chat request, all messages together (400 beyond); more than 1 needs a model that takes several (internvl stacks their tiles; qwen3vl gives each its own grid, on the cpu backend)")
+	fs.IntVar(&c.MaxImages, "max-images-per-request", 1, "most images in one vision-language chat request, all messages together (400 beyond); more than 1 needs a model that takes several (internvl stacks their tiles; qwen3vl gives each its own grid; both on cpu and cuda)")
 	fs.IntVar(&c.MaxConns, "max-conns", DefaultMaxConns, "most client connections open at once; a connection beyond gets 503 and is closed")
 	cpus := func(flag string, dst *cpuset.Set) func(string) error {
 		return func(v string) error {

@@ -266,7 +266,7 @@ func (s *Server) loadFrontend() (fileReads, error) {
 		}
 	}
 	if h.Task == "vision" {
-		if s.vision, err = newVisionState(h.Config, section, t, s.cfg.MaxImages, s.cfg.Device); err != nil {
+		if s.vision, err = newVisionState(h.Config, section, t, s.cfg.MaxImages); err != nil {
 			return fileReads{}, fmt.Errorf("qual-server: bundle %s: %w", s.cfg.Bundle, err)
 		}
 	}

@@ -77,7 +77,7 @@ class MqbParams4(ctypes.Structure):  # ABI 4: resolved hyper-parameters instead 
                 ("tensors", ctypes.POINTER(MqbTensor4)), ("n_tensors", ctypes.c_int32)]
 
 
-ABIS = (3, 4, 5)  # MQB_ABI_VERSION values this driver speaks (5: native/include/mq_backend.h today; 5 only adds mqb_set_image)
+ABIS = (3, 4, 5, 6)  # MQB_ABI_VERSION values this driver speaks (6: native/include/mq_backend.h today; 5 adds mqb_set_image, 6 mqb_set_images and mqb_vision_ns)
 
 
 def hparams_of(family, d):

@@ -7,7 +7,8 @@
 // decode step. Two configurations: (a) LayerNorm, no attention bias, final LayerNorm, qwen3 text;
 // (b) RMSNorm, use_qk_norm, attention_bias, vision_feature_layer -2 (one of two blocks run, no
 // final norm), qwen2 text (q/k/v biases, no o_proj bias, no q/k norms). A planted defect
-// (internvl.shuffle_transposed, internvl.drop_layer_scale) must move the logits.
+// (internvl.shuffle_transposed, internvl.drop_layer_scale) must move the logits. The tower's
+// device time (mqb_vision_ns) must be set after the prefill and cleared by the slot's reset.
 // Build and run: sh run_emu.sh (fp32 against the reference; bf16 within a looser bound).
 #include "../../native/cuda/host_test/emu_cuda.h"
 #include "../../native/models/internvl.cu"
@@ -364,6 +365,10 @@ static void run(const char *name, const Cfg2 &c, const char *prec, double tol) {
   int am = -1, zero = 0;
   rc = mqb_forward(m, 1, &slot, &n, ids.data(), &zero, lo.data(), &am, err, sizeof err);
   check(rc == 0, std::string(name) + " " + prec + " prefill" + (rc ? std::string(": ") + err : ""));
+  // the tower's device time (mqb_vision_ns): two events around the encode, on the emulated clock
+  const int64_t vns = mqb_vision_ns(m, slot);
+  check(vns > 0 && mqb_vision_ns(m, 1) == 0,
+        std::string(name) + " " + prec + " vision_ns " + std::to_string(vns) + " after prefill (> 0), slot 1's 0");
   // the tower's output as the decoder took it
   auto &vs = mqcuda::internvl::vis(*m);
   std::vector<float> dev((size_t)tiles * SEQ * H);
@@ -389,6 +394,22 @@ static void run(const char *name, const Cfg2 &c, const char *prec, double tol) {
   d = 0;
   for (int k = 0; k < V; ++k) d = std::max(d, std::fabs(want[n][k] - lo[k]));
   check(rc == 0 && d < tol * 10, std::string(name) + " " + prec + " decode step logits max|d| " + std::to_string(d));
+  // several images as a list (mqb_set_images) are their tiles stacked: the same logits
+  {
+    const int32_t grids[6] = {2, SIDE, SIDE, 1, SIDE, SIDE};
+    std::vector<float> l2(V);
+    const std::vector<int> prompt(ids.begin(), ids.begin() + n);
+    mqb_slot_reset(m, 1);
+    rc = mqb_set_images(m, 1, px.data(), (int64_t)px.size(), grids, 2, prompt.data(), n, err, sizeof err);
+    int am2 = -1, one_slot = 1;
+    if (rc == 0) rc = mqb_forward(m, 1, &one_slot, &n, prompt.data(), &zero, l2.data(), &am2, err, sizeof err);
+    double dl = 0;
+    for (int k = 0; k < V; ++k) dl = std::max(dl, std::fabs(want[n - 1][k] - l2[k]));
+    check(rc == 0 && dl < tol * 10, std::string(name) + " " + prec + " two images as a list: logits max|d| " +
+                                        std::to_string(dl) + (rc ? std::string(": ") + err : ""));
+    mqb_slot_reset(m, 1);
+    check(mqb_vision_ns(m, 1) == 0, std::string(name) + " " + prec + " vision_ns 0 after the slot's reset");
+  }
   // refusals: a prompt with a tile's tokens short, a grid of the wrong side
   rc = mqb_set_image(m, 1, px.data(), (int64_t)px.size(), tiles, SIDE, SIDE, ids.data(), n - 4, err, sizeof err);
   check(rc != 0 && strstr(err, "image tokens"), std::string(name) + " refuses a prompt without every tile's tokens: " + err);

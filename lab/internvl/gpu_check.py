@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU checks of the internvl CUDA model (native/models/internvl.cu) through libmodelqual_cuda.so's
-C ABI (ABI 5, ctypes), against transformers' InternVLForConditionalGeneration in bf16 on the same
+C ABI (ABI 5 and later, ctypes), against transformers' InternVLForConditionalGeneration in bf16 on the same
 GPU (issue 50 item 8). Lab driver, not product: the GPU host has Python and no Go.
 
   parity  internvl-tiny (the fixture snapshot `qual fixtures` made): for every image of
@@ -141,7 +141,7 @@ class Model:
                            t.dim())
         hp, n, keep, self.hp = hparams_of(cfg)
         self.keep += [hp, keep, ts]
-        p = Params(5, b"internvl", hp, n, precision.encode(), max_batch, max_context, 0, ts, len(state))
+        p = Params(lib.mqb_abi_version(), b"internvl", hp, n, precision.encode(), max_batch, max_context, 0, ts, len(state))
         self.m = ctypes.c_void_p()
         err = ctypes.create_string_buffer(2048)
         if lib.mqb_model_open(ctypes.byref(p), ctypes.byref(self.m), err, 2048) != 0:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU checks of the qwen3moe CUDA model (native/models/qwen3moe.cu) through libmodelqual_cuda.so's
-C ABI (ABI 5, ctypes), on the GPU host (no Go there).
+C ABI (ABI 5 and later, ctypes), on the GPU host (no Go there).
 
   parity  qwen3moe-tiny in bf16: mqb_logits_all over every golden prompt against transformers'
           Qwen3MoeForCausalLM in bf16 on the same GPU and against the float32 golden's top-5;
@@ -97,7 +97,7 @@ class Model:
             ts[i] = Tensor(nb, ctypes.c_void_p(t.data_ptr()), dt, shape, t.dim())
         hp, n, keep = hparams_of(cfg)
         self.keep += [hp, keep, ts]
-        p = Params(5, b"qwen3moe", hp, n, precision.encode(), max_batch, max_context, 0, ts, len(state))
+        p = Params(lib.mqb_abi_version(), b"qwen3moe", hp, n, precision.encode(), max_batch, max_context, 0, ts, len(state))
         self.m = ctypes.c_void_p()
         err = ctypes.create_string_buffer(1024)
         if lib.mqb_model_open(ctypes.byref(p), ctypes.byref(self.m), err, 1024) != 0:

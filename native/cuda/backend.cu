@@ -801,8 +801,8 @@ void mqb_slot_reset(mqb_model *m, int32_t slot) {
   if (m && m->fam->slot_reset) m->fam->slot_reset(*m, slot);
 }
 
-int mqb_set_image(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pixels, int32_t grid_t, int32_t grid_h,
-                  int32_t grid_w, const int32_t *prompt, int32_t n, char *err, size_t errlen) {
+int mqb_set_images(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pixels, const int32_t *grids,
+                   int32_t n_images, const int32_t *prompt, int32_t n, char *err, size_t errlen) {
   if (!m) {
     set_err(err, errlen, "cuda backend: model is NULL");
     return 1;
@@ -810,12 +810,29 @@ int mqb_set_image(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pix
   try {
     if (!m->fam->set_image)
       throw Fail(fmt("cuda backend: family %s does not take images", m->c.family.c_str()));
-    m->fam->set_image(*m, slot, pixels, n_pixels, grid_t, grid_h, grid_w, prompt, n);
+    if (!grids || n_images < 1) throw Fail("cuda backend: set_images: grids and n_images >= 1 are required");
+    m->fam->set_image(*m, slot, pixels, n_pixels, grids, n_images, prompt, n);
   } catch (const std::exception &e) {
     set_err(err, errlen, e.what());
     return 1;
   }
   return 0;
+}
+
+int mqb_set_image(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pixels, int32_t grid_t, int32_t grid_h,
+                  int32_t grid_w, const int32_t *prompt, int32_t n, char *err, size_t errlen) {
+  const int32_t grid[3] = {grid_t, grid_h, grid_w};
+  return mqb_set_images(m, slot, pixels, n_pixels, grid, 1, prompt, n, err, errlen);
+}
+
+int64_t mqb_vision_ns(mqb_model *m, int32_t slot) {
+  if (!m || !m->fam->vision_ns || slot < 0 || slot > m->max_batch) return 0;
+  try {
+    cudaSetDevice(m->dev);
+    return m->fam->vision_ns(*m, slot);
+  } catch (const std::exception &) {
+    return 0;  // a time is a report, never a reason to fail the request that asks for it
+  }
 }
 
 // The image entry points open the registered image family the runtime names (p->family).

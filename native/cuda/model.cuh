@@ -91,8 +91,12 @@ struct CudaFamily {
   int (*routing)(mqb_model &m, uint64_t *out, int64_t cap, int32_t *layers, int32_t *experts) = nullptr;
   // in_prompt: slot's position p is inside a prompt the family still has to fill (not a decode).
   bool (*in_prompt)(mqb_model &m, int slot, int p) = nullptr;
-  void (*set_image)(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, int gt, int gh, int gw,
+  // set_image: n_images >= 1 images for slot, image k's grid (t, h, w) at grids[3k..3k+2] and its
+  // pixels after the previous image's (mqb_set_images; mqb_set_image passes one).
+  void (*set_image)(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, const int32_t *grids, int n_images,
                     const int32_t *prompt, int n) = nullptr;
+  // vision_ns: the device time of slot's vision tower and projector (mqb_vision_ns).
+  int64_t (*vision_ns)(mqb_model &m, int slot) = nullptr;
   void (*slot_reset)(mqb_model &m, int slot) = nullptr;
   // Image families (task "image", the mqb_image_* entry points): open returns the model.
   void *(*image_open)(const mqb_model_params *p) = nullptr;

@@ -151,8 +151,9 @@ typedef struct {
   int32_t n_top;
   int32_t top_ids[MQ_MAX_TOP_LOGPROBS];
   float top_logprobs[MQ_MAX_TOP_LOGPROBS];
-  /* Set when done: wall nanoseconds the vision tower and projector spent encoding the sequence's
-   * images (part of added_ns..first_token_ns); 0 without images, and on cuda (not measured). */
+  /* Set when done: nanoseconds the vision tower and projector spent encoding the sequence's
+   * images (part of added_ns..first_token_ns): wall time on cpu, on cuda the device time between
+   * two events around the encode (mqb_vision_ns); 0 without images. */
   int64_t vision_ns;
 } mq_event;
 

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MQB_ABI_VERSION 5
+#define MQB_ABI_VERSION 6
 
 typedef struct mqb_model mqb_model; /* opaque */
 
@@ -116,6 +116,20 @@ int mqb_routing(mqb_model *m, uint64_t *out, int64_t cap, int32_t *layers, int32
 int mqb_set_image(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pixels, int32_t grid_t,
                   int32_t grid_h, int32_t grid_w, const int32_t *prompt, int32_t n, char *err,
                   size_t errlen);
+
+/* mqb_set_image with several images, each on its own grid: pixels holds them one after another
+ * (image k's grid grids[3k], grids[3k+1], grids[3k+2] as (t, h, w), its values following the
+ * previous image's), n_images >= 1. The prompt holds one placeholder run per image, in order;
+ * a family whose images stack into one grid (fixed-size tiles) takes the list as that stack.
+ * Added in ABI version 6. */
+int mqb_set_images(mqb_model *m, int32_t slot, const float *pixels, int64_t n_pixels, const int32_t *grids,
+                   int32_t n_images, const int32_t *prompt, int32_t n, char *err, size_t errlen);
+
+/* The device time (ns) of the vision tower and projector over slot's images since they were set:
+ * two events recorded on the model's stream around the encode, read here (by then the prefill
+ * that ran the tower has synchronised, so reading waits for nothing). 0: no image, not yet
+ * encoded, or a family without images. Added in ABI version 6. */
+int64_t mqb_vision_ns(mqb_model *m, int32_t slot);
 
 /* Text-to-image models (task "image"; the family's native/models/<family>.cu, opened by name
  * through the registry). Symbols beside the text entry points:

@@ -99,6 +99,7 @@ struct Vis {
   std::vector<Block> blocks;
   std::mutex mu;  // slot: set_image may run beside a step
   std::vector<SlotImage> slot;  // per KV slot (the scratch slot's last)
+  TowerTimes times;             // per KV slot: the tower's device time (mqb_vision_ns)
   const float **src = nullptr;  // device [Tcap]: the chunk's image rows (NULL: a text token)
   std::vector<const float *> src_h;
   VitBuffers ws;
@@ -144,6 +145,7 @@ void open(mqb_model &m, const mqb_model_params *p) {
   if (v.run < 0 || v.run > v.depth)
     throw Fail(fmt("cuda backend: internvl: vision_run_layers %d outside [0, %d]", v.run, v.depth));
   v.slot.resize(m.slots);
+  v.times.resize(m.slots);
   v.src = static_cast<const float **>(m.dmalloc(sizeof(float *) * m.Tcap));
 }
 
@@ -315,13 +317,21 @@ void encode_dispatch(mqb_model &m, SlotImage &im) {
 
 // set_image checks an image against its prompt as internvl.cc does and stores it for slot (host
 // side only: the tower runs in the first forward step that reaches the image).
-void set_image(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, int gt, int gh, int gw,
+// A list of several images (mqb_set_images) is their tiles stacked, as the runtime's Stacking
+// processor hands them in one grid.
+void set_image(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, const int32_t *grids, int n_images,
                const int32_t *prompt, int n) {
   const Vis &v = vis(m);
   if (slot < 0 || slot > m.max_batch) throw Fail(fmt("cuda backend: image slot %d outside [0, %d]", slot, m.max_batch));
   if (!pixels || !prompt || n <= 0) throw Fail("cuda backend: set_image: NULL argument");
-  if (gt < 1 || gh != v.side || gw != v.side)
-    throw Fail(fmt("image: grid (%d, %d, %d) must be (tiles >= 1, %d, %d)", gt, gh, gw, v.side, v.side));
+  int gt = 0;
+  for (int k = 0; k < n_images; ++k) {
+    const int t = grids[3 * k], gh = grids[3 * k + 1], gw = grids[3 * k + 2];
+    if (t < 1 || gh != v.side || gw != v.side)
+      throw Fail(fmt("image%s: grid (%d, %d, %d) must be (tiles >= 1, %d, %d)",
+                     n_images > 1 ? fmt(" %d", k).c_str() : "", t, gh, gw, v.side, v.side));
+    gt += t;
+  }
   const int64_t want = (int64_t)gt * 3 * v.image * v.image;
   if (n_pixels != want)
     throw Fail(fmt("image: %lld pixel values, %d tiles need %lld", (long long)n_pixels, gt, (long long)want));
@@ -340,6 +350,7 @@ void set_image(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, in
   S.dev = dst.dev, S.dev_bytes = dst.dev_bytes;  // the slot's device buffer is reused
   dst = std::move(S);
   dst.live = true;
+  vis(m).times.clear(slot);
 }
 
 void slot_reset(mqb_model &m, int slot) {
@@ -351,6 +362,12 @@ void slot_reset(mqb_model &m, int slot) {
   s.pixels.clear();
   s.pixels.shrink_to_fit();
   s.img_index.clear();
+  vis(m).times.clear(slot);
+}
+
+int64_t vision_ns(mqb_model &m, int slot) {
+  std::lock_guard<std::mutex> g(vis(m).mu);
+  return vis(m).times.elapsed(slot);
 }
 
 bool in_prompt(mqb_model &m, int slot, int p) {
@@ -371,7 +388,11 @@ bool chunk_begin(mqb_model &m, int Tn) {
     const int p = m.meta_h[m.Tcap + t], sl = m.meta_h[2 * m.Tcap + t];
     SlotImage &s = v.slot[sl];
     if (!s.live || p >= s.prompt_len || s.img_index[p] < 0) continue;
-    if (!s.encoded) encode_dispatch(m, s);
+    if (!s.encoded) {
+      v.times.begin(m, sl);
+      encode_dispatch(m, s);
+      v.times.end(m, sl);
+    }
     v.src_h[t] = s.dev + (size_t)s.img_index[p] * m.c.H;
     any = true;
   }
@@ -398,6 +419,7 @@ MQB_REGISTER_FAMILY([] {
   f.in_prompt = in_prompt;
   f.set_image = set_image;
   f.slot_reset = slot_reset;
+  f.vision_ns = vision_ns;
   return f;
 }());
 

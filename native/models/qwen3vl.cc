@@ -27,6 +27,7 @@
 #include <cstring>
 
 #include "qwen3_decoder.h"
+#include "qwen3vl_layout.h"
 
 namespace mq {
 
@@ -115,66 +116,25 @@ class Qwen3VL : public CausalLM {
 
   bool several_images() const override { return true; }
 
-  // set_image checks every image's grid and pixels against the prompt's placeholder runs (run k
-  // is image k's, of exactly its merged token count) and lays out the prompt's 3-axis M-RoPE
-  // positions as Qwen3VLModel.get_rope_index does: text advances all three axes together; image
-  // k's tokens take (start, start + row, start + column) on its own merged grid, start being the
-  // position after the text before it; the text after an image resumes at start + max(rows,
-  // columns), the largest position so far + 1.
+  // set_image lays the images out in the prompt with qwen3vl_layout::layout (shared with the GPU
+  // model): each image's grid and pixels checked against its placeholder run, and the 3-axis
+  // M-RoPE positions as Qwen3VLModel.get_rope_index makes them.
   void set_image(int slot, std::shared_ptr<const ImageInput> img, const int32_t *prompt, int n) override {
-    const int n_images = (int)img->images.size();
-    std::vector<int> lh(n_images), lw(n_images), first(n_images + 1, 0);
-    for (int k = 0; k < n_images; k++) {
-      const ImageInput::Grid &g = img->images[k];
-      const std::string which = n_images > 1 ? "image " + std::to_string(k) : "image";
-      if (g.t != 1) throw Error(MQ_ERR_INVALID_ARGUMENT, which + ": grid_t must be 1 (an image, not a video)");
-      if (g.h % m_ || g.w % m_)
-        throw Error(MQ_ERR_INVALID_ARGUMENT, which + ": grid " + std::to_string(g.h) + "x" + std::to_string(g.w) +
-                                                 " is not a multiple of the merge size " + std::to_string(m_));
-      const size_t want = (size_t)g.t * g.h * g.w * 3 * tp_ * p_ * p_;
-      if (g.count != want)
-        throw Error(MQ_ERR_INVALID_ARGUMENT, which + ": " + std::to_string(g.count) + " pixel values, the grid needs " +
-                                                 std::to_string(want));
-      lh[k] = g.h / m_, lw[k] = g.w / m_;
-      first[k + 1] = first[k] + lh[k] * lw[k];
+    std::vector<qwen3vl_layout::Grid> grids;
+    for (const ImageInput::Grid &g : img->images) grids.push_back({g.t, g.h, g.w, (int64_t)g.count});
+    qwen3vl_layout::Layout L;
+    try {
+      L = qwen3vl_layout::layout(prompt, n, image_token_, m_, 3LL * tp_ * p_ * p_, grids,
+                                 {flat_rope_, shared_start_});
+    } catch (const std::invalid_argument &e) {
+      throw Error(MQ_ERR_INVALID_ARGUMENT, e.what());
     }
     SlotImage S;
-    S.pos3.resize((size_t)n * 3);
-    S.img_index.assign(n, -1);
-    int next = 0, runs = 0, image_start = 0;
-    for (int i = 0; i < n;) {
-      if (prompt[i] != image_token_) {
-        for (int x = 0; x < 3; x++) S.pos3[(size_t)i * 3 + x] = next;
-        next++, i++;
-        continue;
-      }
-      const int k = runs++;
-      int j = 0;
-      const int at = i;
-      for (; i < n && prompt[i] == image_token_; i++, j++) {}
-      if (k >= n_images || j != lh[k] * lw[k])
-        throw Error(MQ_ERR_INVALID_ARGUMENT,
-                    "prompt's image placeholder run " + std::to_string(k) + " holds " + std::to_string(j) + " image tokens; " +
-                        (k >= n_images ? "there are only " + std::to_string(n_images) + " images"
-                                       : "image " + std::to_string(k) + " (grid " + std::to_string(img->images[k].h) + "x" +
-                                             std::to_string(img->images[k].w) + ") needs " + std::to_string(lh[k] * lw[k])));
-      if (k == 0) image_start = next;
-      const int start = shared_start_ ? image_start : next;
-      for (int q = 0; q < j; q++) {
-        const int r = q / lw[k], c = q % lw[k], row = at + q;
-        S.pos3[(size_t)row * 3] = start;
-        S.pos3[(size_t)row * 3 + 1] = flat_rope_ ? start + q : start + r;
-        S.pos3[(size_t)row * 3 + 2] = flat_rope_ ? start + q : start + c;
-        S.img_index[row] = first[k] + q;
-      }
-      next += flat_rope_ ? j : std::max(lh[k], lw[k]);
-    }
-    if (runs != n_images)
-      throw Error(MQ_ERR_INVALID_ARGUMENT, "prompt holds " + std::to_string(runs) + " image placeholder runs for " +
-                                               std::to_string(n_images) + (n_images == 1 ? " image" : " images"));
+    S.pos3 = std::move(L.pos3);
+    S.img_index = std::move(L.img_index);
     S.in = std::move(img);
     S.prompt_len = n;
-    S.delta = next - n;
+    S.delta = L.delta;
     slots_[slot] = std::move(S);
   }
 

@@ -19,15 +19,22 @@
 //     image tokens are made per token from their (t, h, w) positions (interleaved M-RoPE) in the
 //     rows past max_ctx of mqb_model::rope_tab; later tokens rotate at position + rope delta
 //     (get_rope_index), per slot (mqb_model::rope_delta), in decode graphs too.
-// The positions and the image-token check follow native/models/qwen3vl.cc (the CPU family),
-// which transformers' goldens test; the GPU parity gate (families/qwen3vl, label gpu) tests this.
+// One or more images per sequence (mqb_set_images), each on its own grid: each image runs the
+// tower alone (attention within the image, as transformers' cu_seqlens), its merged tokens and
+// DeepStack features land at its placeholder run. The positions and the image-token checks are
+// native/models/qwen3vl_layout.h, the CPU family's own function (transformers' goldens test it);
+// the GPU parity gate (families/qwen3vl, label gpu) and lab/qwen3vl's emulation harness (this
+// file against the CPU model) test this one. The tower's device time per slot is two events
+// around the encode (TowerTimes, mqb_vision_ns).
 //
 // Faults (MODELQUAL_FAULTS; the CPU runtime's names): qwen3vl.drop_deepstack skips the DeepStack
-// additions, qwen3vl.rope_theta_x10 and qwen3vl.drop_q_norm are the decoder's (qwen3.cu).
+// additions, qwen3vl.flat_rope and qwen3vl.shared_image_start move image positions (the layout's),
+// qwen3vl.rope_theta_x10 and qwen3vl.drop_q_norm are the decoder's (qwen3.cu).
 #include "../cuda/ops/linear.cuh"
 #include "../cuda/ops/vision.cuh"
 #include "../cuda/ops/vit.cuh"  // vis_linear, vis_act (shared with the other vision towers)
 #include "qwen3.cuh"
+#include "qwen3vl_layout.h"
 
 #include <mutex>
 
@@ -48,10 +55,12 @@ struct VisMerger {
 };
 struct SlotImage {
   bool live = false, encoded = false;
-  std::vector<float> pixels;             // the processor's patches [gh * gw, 3 * tp * p * p]
-  int gh = 0, gw = 0, n_img = 0, prompt_len = 0, delta = 0;
+  std::vector<float> pixels;             // the processor's patches, image after image [gh * gw, 3 * tp * p * p]
+  std::vector<qwen3vl_layout::Grid> grids;  // per image
+  std::vector<int> first;                // per image: its first merged token (first[images]: n_img)
+  int n_img = 0, prompt_len = 0, delta = 0;
   std::vector<int32_t> pos3;             // per prompt position: (t, h, w)
-  std::vector<int> img_index;            // per prompt position: image token index or -1
+  std::vector<int> img_index;            // per prompt position: image token index (over all images) or -1
   float *dev = nullptr;                  // [1 + deepstack][n_img][E]: embeddings, DeepStack features
   size_t dev_bytes = 0;
 };
@@ -60,6 +69,7 @@ struct Vis {
   int s1 = 0, s2 = 0;                    // mrope_section h, w
   std::vector<int> deep;                 // deepstack_visual_indexes
   bool drop_deepstack = false;           // fault qwen3vl.drop_deepstack
+  qwen3vl_layout::Options faults;        // qwen3vl.flat_rope, qwen3vl.shared_image_start
   void *pe_w = nullptr;
   float *pe_b = nullptr, *pos = nullptr;
   std::vector<VisBlock> blocks;
@@ -68,6 +78,7 @@ struct Vis {
   std::vector<float> vinv;               // the vision rotary's inverse frequencies
   std::mutex mu;                         // slot and sdelta_h: set_image may run beside a step
   std::vector<SlotImage> slot;           // per KV slot (the scratch slot's last)
+  TowerTimes times;                      // per KV slot: the tower's device time (mqb_vision_ns)
   std::vector<int> sdelta_h;             // per slot: rope delta (get_rope_index), mirrored in sdelta
   bool sdelta_dirty = false;
   int *sdelta = nullptr;                 // device [slots]
@@ -166,26 +177,21 @@ void vis_merge(mqb_model &m, const VisMerger &g, const float *x, int N, float *o
   vis_linear<T>(m, "v.merger_fc2", xt, R, M, g.fc2_w, m.c.H, g.fc2_b, out, false);
 }
 
-// vis_encode runs the vision tower over image im into im.dev: [1 + deepstack][tokens][E] fp32
-// (the merged embeddings, then each DeepStack feature).
+// vis_encode_one runs the vision tower over one image (gh x gw patches at pixels) into out:
+// its merged embeddings at out, DeepStack feature k at out + (1 + k) * level floats. Each image
+// runs alone, so attention stays within it, as Qwen3VLVisionModel's cu_seqlens keep it; every
+// other step of the tower is per patch or per merged 2x2 block, which never straddles images.
 template <typename T>
-void vis_encode(mqb_model &m, SlotImage &im) {
+void vis_encode_one(mqb_model &m, const float *pixels, int gh, int gw, float *out, size_t level) {
   const Vis &v = vis(m);
-  const int gh = im.gh, gw = im.gw, N = gh * gw, K = 3 * v.tp * v.p * v.p, vh = v.vh, mg = v.merge;
-  const int hd = vh / v.heads, half = hd / 2, quarter = hd / 4, E = m.c.H;
-  const size_t need = sizeof(float) * (size_t)(1 + v.deep.size()) * im.n_img * E;
-  if (im.dev_bytes < need) {
-    if (im.dev) ck(cudaFree(im.dev), "cudaFree");
-    im.dev = nullptr;
-    ck(cudaMalloc(reinterpret_cast<void **>(&im.dev), need), "cudaMalloc (image embeddings)");
-    im.dev_bytes = need;
-  }
+  const int N = gh * gw, K = 3 * v.tp * v.p * v.p, vh = v.vh, mg = v.merge;
+  const int hd = vh / v.heads, half = hd / 2, quarter = hd / 4;
   // Host: the patches in T, the interpolated positions' corners and weights, the 2-D rotary.
   std::vector<unsigned char> px((size_t)N * K * sizeof(T));
   for (size_t i = 0; i < (size_t)N * K; ++i) {
-    if (std::is_same<T, float>::value) memcpy(px.data() + i * 4, &im.pixels[i], 4);
+    if (std::is_same<T, float>::value) memcpy(px.data() + i * 4, &pixels[i], 4);
     else {
-      uint16_t h = std::is_same<T, __nv_bfloat16>::value ? f2bf(im.pixels[i]) : f2h(im.pixels[i]);
+      uint16_t h = std::is_same<T, __nv_bfloat16>::value ? f2bf(pixels[i]) : f2h(pixels[i]);
       memcpy(px.data() + i * 2, &h, 2);
     }
   }
@@ -251,9 +257,30 @@ void vis_encode(mqb_model &m, SlotImage &im) {
     vis_act<T>(m, qkv, (size_t)N * v.vi, 1, xin);
     vis_linear<T>(m, "v.fc2", xin, N, v.vi, B.fc2_w, vh, B.fc2_b, x, true);
     for (size_t k = 0; k < v.deep.size(); ++k)
-      if (v.deep[k] == l) vis_merge<T>(m, v.deep_mergers[k], x, N, im.dev + (1 + k) * (size_t)im.n_img * E);
+      if (v.deep[k] == l) vis_merge<T>(m, v.deep_mergers[k], x, N, out + (1 + k) * level);
   }
-  vis_merge<T>(m, v.merger, x, N, im.dev);
+  vis_merge<T>(m, v.merger, x, N, out);
+}
+
+// vis_encode runs the vision tower over every image of im into im.dev: [1 + deepstack][tokens][E]
+// fp32 (the merged embeddings of all images, image after image, then each DeepStack feature).
+template <typename T>
+void vis_encode(mqb_model &m, SlotImage &im) {
+  const Vis &v = vis(m);
+  const int E = m.c.H;
+  const size_t level = (size_t)im.n_img * E, need = sizeof(float) * (1 + v.deep.size()) * level;
+  if (im.dev_bytes < need) {
+    if (im.dev) ck(cudaFree(im.dev), "cudaFree");
+    im.dev = nullptr;
+    ck(cudaMalloc(reinterpret_cast<void **>(&im.dev), need), "cudaMalloc (image embeddings)");
+    im.dev_bytes = need;
+  }
+  size_t off = 0;
+  for (size_t k = 0; k < im.grids.size(); ++k) {
+    const qwen3vl_layout::Grid &g = im.grids[k];
+    vis_encode_one<T>(m, im.pixels.data() + off, g.h, g.w, im.dev + (size_t)im.first[k] * E, level);
+    off += (size_t)g.count;
+  }
   ck(cudaGetLastError(), "vision tower");
   im.encoded = true;
 }
@@ -290,11 +317,14 @@ void vis_open(mqb_model &m, const mqb_model_params *p) {
   v.s1 = num("mrope_section_h");
   v.s2 = num("mrope_section_w");
   v.drop_deepstack = fault("qwen3vl.drop_deepstack");
+  v.faults.flat_rope = fault("qwen3vl.flat_rope");
+  v.faults.shared_start = fault("qwen3vl.shared_image_start");
   const int hd = v.vh / v.heads;
   if (v.vh % v.heads || hd % 4 || hd > 128)
     throw Fail(fmt("cuda backend: vision head_dim %d must be a multiple of 4 and at most 128", hd));
   if ((int)v.deep.size() > m.c.L) throw Fail("cuda backend: more DeepStack features than decoder layers");
   v.slot.resize(m.slots);
+  v.times.resize(m.slots);
   v.sdelta_h.assign(m.slots, 0);
   v.sdelta = static_cast<int *>(m.dmalloc(sizeof(int) * m.slots));
   ck(cudaMemset(v.sdelta, 0, sizeof(int) * m.slots), "cudaMemset(sdelta)");
@@ -312,51 +342,40 @@ bool vis_in_prompt(mqb_model &m, int slot, int p) {
   return s.live && p < s.prompt_len;
 }
 
-// set_image checks an image against its prompt and stores it for slot (host side only: the
-// tower runs in the first forward step that reaches the image, on the thread driving the
-// model). The positions are get_rope_index's for one image (native/models/qwen3vl.cc).
-void set_image(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, int gt, int gh, int gw,
+// set_image lays slot's images out in its prompt with qwen3vl_layout::layout, the CPU model's own
+// function (get_rope_index's positions for one or more images, each image's tokens at its
+// placeholder run), and stores them (host side only: the tower runs in the first forward step
+// that reaches an image, on the thread driving the model).
+void set_image(mqb_model &m, int slot, const float *pixels, int64_t n_pixels, const int32_t *grids, int n_images,
                const int32_t *prompt, int n) {
   const Vis &v = vis(m);
   if (slot < 0 || slot > m.max_batch) throw Fail(fmt("cuda backend: image slot %d outside [0, %d]", slot, m.max_batch));
   if (!pixels || !prompt || n <= 0) throw Fail("cuda backend: set_image: NULL argument");
-  if (gt != 1) throw Fail("image: grid_t must be 1 (one image, not a video)");
-  if (gh <= 0 || gw <= 0 || gh % v.merge || gw % v.merge)
-    throw Fail(fmt("image: grid %dx%d is not a positive multiple of the merge size %d", gh, gw, v.merge));
-  const int64_t want = (int64_t)gh * gw * 3 * v.tp * v.p * v.p;
-  if (n_pixels != want) throw Fail(fmt("image: %lld pixel values, the grid needs %lld", (long long)n_pixels, (long long)want));
-  const int lh = gh / v.merge, lw = gw / v.merge, n_img = lh * lw;
-  SlotImage S;
-  S.pos3.resize((size_t)n * 3);
-  S.img_index.assign(n, -1);
-  int next = 0, seen = 0, runs = 0;
-  for (int i = 0; i < n;) {
-    if (prompt[i] != v.image_token) {
-      for (int x = 0; x < 3; ++x) S.pos3[(size_t)i * 3 + x] = next;
-      ++next, ++i;
-      continue;
-    }
-    ++runs;
-    int k = 0;
-    for (; i < n && prompt[i] == v.image_token; ++i, ++k)
-      if (k < n_img) {
-        S.pos3[(size_t)i * 3] = next;
-        S.pos3[(size_t)i * 3 + 1] = next + k / lw;
-        S.pos3[(size_t)i * 3 + 2] = next + k % lw;
-        S.img_index[i] = k;
-      }
-    seen += k;
-    next += std::max(lh, lw);
+  const int64_t patch = 3LL * v.tp * v.p * v.p;
+  std::vector<qwen3vl_layout::Grid> gs(n_images);
+  int64_t total = 0;
+  for (int k = 0; k < n_images; ++k) {
+    gs[k].t = grids[3 * k], gs[k].h = grids[3 * k + 1], gs[k].w = grids[3 * k + 2];
+    gs[k].count = (int64_t)std::max(gs[k].t, 0) * std::max(gs[k].h, 0) * std::max(gs[k].w, 0) * patch;
+    total += gs[k].count;
   }
-  if (runs != 1 || seen != n_img)
-    throw Fail(fmt("image: prompt holds %d image tokens in %d runs; the image needs one run of %d", seen, runs, n_img));
+  if (n_pixels != total)
+    throw Fail(fmt("image: %lld pixel values, the grid%s need%s %lld", (long long)n_pixels, n_images > 1 ? "s" : "",
+                   n_images > 1 ? "" : "s", (long long)total));
+  qwen3vl_layout::Layout L = qwen3vl_layout::layout(prompt, n, v.image_token, v.merge, patch, gs, v.faults);
+  SlotImage S;
+  S.pos3 = std::move(L.pos3);
+  S.img_index = std::move(L.img_index);
+  S.first = std::move(L.first);
+  S.grids = std::move(gs);
   S.pixels.assign(pixels, pixels + n_pixels);
-  S.gh = gh, S.gw = gw, S.n_img = n_img, S.prompt_len = n, S.delta = next - n;
+  S.n_img = S.first.back(), S.prompt_len = n, S.delta = L.delta;
   std::lock_guard<std::mutex> g(vis(m).mu);
   SlotImage &dst = vis(m).slot[slot];
   S.dev = dst.dev, S.dev_bytes = dst.dev_bytes;  // the slot's device buffer is reused
   dst = std::move(S);
   dst.live = true;
+  vis(m).times.clear(slot);
   vis(m).sdelta_h[slot] = dst.delta;
   vis(m).sdelta_dirty = true;
 }
@@ -369,6 +388,7 @@ void drop_image(mqb_model &m, int slot) {
   s.encoded = false;
   s.pixels.clear();
   s.pixels.shrink_to_fit();
+  vis(m).times.clear(slot);
   if (vis(m).sdelta_h[slot] != 0) {
     vis(m).sdelta_h[slot] = 0;
     vis(m).sdelta_dirty = true;
@@ -416,7 +436,11 @@ bool vis_chunk_begin(mqb_model &m, int Tn) {
       v.rrow_h[t] = p3[0];  // a text token: all three axes agree
       continue;
     }
-    if (!s.encoded) vis_encode_dispatch(m, s);
+    if (!s.encoded) {
+      v.times.begin(m, sl);
+      vis_encode_dispatch(m, s);
+      v.times.end(m, sl);
+    }
     v.rrow_h[t] = m.max_ctx + t;
     v.src_h[t] = s.dev + (size_t)k * m.c.H;
     v.stride_h[t] = s.n_img * m.c.H;
@@ -468,6 +492,11 @@ void after_layer(mqb_model &m, int l, int Tn) {
 
 bool in_prompt(mqb_model &m, int slot, int p) { return vis_in_prompt(m, slot, p); }
 
+int64_t vision_ns(mqb_model &m, int slot) {
+  std::lock_guard<std::mutex> g(vis(m).mu);
+  return vis(m).times.elapsed(slot);
+}
+
 MQB_REGISTER_FAMILY([] {
   CudaFamily f{"qwen3vl"};
   f.configure = configure;
@@ -479,6 +508,7 @@ MQB_REGISTER_FAMILY([] {
   f.in_prompt = in_prompt;
   f.set_image = set_image;
   f.slot_reset = drop_image;
+  f.vision_ns = vision_ns;
   return f;
 }());
 

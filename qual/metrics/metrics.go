@@ -213,7 +213,7 @@ func ExportRecord(r *records.Request, sv *records.JoinedRequest, opt Options) re
 		if tokens, prep, ok := imageCost(&sv.Server); ok {
 			set(reports.TagImageTokens, float64(tokens))
 			set(reports.TagImagePreprocess, nsToMs(prep))
-			// The engine's vision tower on them, where it measures it (vision_ns; not on cuda).
+			// The engine's vision tower on them (vision_ns: cpu wall time, cuda device time).
 			if sv.Server.VisionNs > 0 {
 				set(reports.TagImageVisionTower, nsToMs(sv.Server.VisionNs))
 			}

@@ -608,8 +608,8 @@ func TestQwen3VLSeveralImagesRefusals(t *testing.T) {
 
 // TestImageListRefusedByOneImageEngine: an engine whose model takes one image per sequence
 // (internvl's, whose images stack into one grid instead) refuses a list of two, naming the
-// server's --max-images-per-request, rather than misplacing the second image. The CUDA backend
-// refuses the same way (its message adds the cpu backend).
+// server's --max-images-per-request, rather than misplacing the second image. (The CUDA
+// backend takes a list for both vision families: its internvl model stacks the list's tiles.)
 func TestImageListRefusedByOneImageEngine(t *testing.T) {
 	root, err := fixtures.RepoRoot()
 	if err != nil {

@@ -103,6 +103,53 @@ struct VitBuffers {
   }
 };
 
+// TowerTimes: per KV slot, the time its images spent in the vision tower and projector
+// (mqb_vision_ns): an event recorded on the model's stream before the encode (before its host
+// preparation too, so an idle stream counts that as the CPU backend's wall clock does) and one
+// after the projector. Nothing waits for them when they are recorded; elapsed() reads them when
+// the runtime asks, at the sequence's end, long after the prefill step that ran the tower
+// synchronised the stream. Callers hold the family's lock.
+struct TowerTimes {
+  struct Slot {
+    cudaEvent_t a = nullptr, b = nullptr;
+    bool timed = false;
+  };
+  std::vector<Slot> s;
+  void resize(int slots) { s.resize(slots); }
+  void begin(mqb_model &m, int slot) {
+    Slot &x = s[slot];
+    if (!x.a) ck(cudaEventCreate(&x.a), "cudaEventCreate (vision time)");
+    if (!x.b) ck(cudaEventCreate(&x.b), "cudaEventCreate (vision time)");
+    ck(cudaEventRecord(x.a, m.stream), "cudaEventRecord (vision time)");
+  }
+  void end(mqb_model &m, int slot) {
+    ck(cudaEventRecord(s[slot].b, m.stream), "cudaEventRecord (vision time)");
+    s[slot].timed = true;
+  }
+  void clear(int slot) { s[slot].timed = false; }
+  // elapsed: ns between the slot's events; 0 when not timed, or when the second has not
+  // completed (an encode still running: the call returns cudaErrorNotReady, not sticky).
+  int64_t elapsed(int slot) const {
+    const Slot &x = s[slot];
+    if (!x.timed) return 0;
+    float ms = 0.f;
+    if (cudaEventElapsedTime(&ms, x.a, x.b) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return (int64_t)((double)ms * 1e6);
+  }
+  TowerTimes() = default;
+  TowerTimes(const TowerTimes &) = delete;
+  TowerTimes &operator=(const TowerTimes &) = delete;
+  ~TowerTimes() {
+    for (auto &x : s) {
+      if (x.a) cudaEventDestroy(x.a);
+      if (x.b) cudaEventDestroy(x.b);
+    }
+  }
+};
+
 // vis_linear: out[B, N] (+)= X[B, K] W^T + bias (cuBLAS through gemm; X and W in T; bias may
 // be NULL).
 template <typename T>
