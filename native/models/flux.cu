@@ -49,8 +49,6 @@ using namespace mqcuda::img;
 
 // ---- kernels -----------------------------------------------------------------------------------
 
-static __device__ float gelu_tanh_d(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
-
 enum Act { kNone = 0, kGeluTanh = 1, kQuickGelu = 2, kGeluErf = 3 };
 
 // act_k: y[r, i] (row stride ldy, bf16) = act(x[r, i]) (row stride ldx) for rows of N.
@@ -91,6 +89,29 @@ static __global__ void ln_k(const float *x, int D, const float *g, const float *
     if (scale) y = y * (1.0f + scale[i]) + shift[i];
     if (yb) yb[(size_t)blockIdx.x * D + i] = __float2bfloat16(y);
     if (yf) yf[(size_t)blockIdx.x * D + i] = y;
+  }
+}
+
+// gate_add_ln_k: one row per block: gate_add_k (x += gate * t), then ln_k's modulated LayerNorm
+// (no affine) of the new x to bf16 yb, in one pass: the same arithmetic as the two kernels.
+static __global__ void gate_add_ln_k(float *x, const float *t, const float *gate, int D, float eps, const float *shift, const float *scale,
+                                     bf16 *yb) {
+  __shared__ float sh[32];
+  float *xr = x + (size_t)blockIdx.x * D;
+  const float *tr = t + (size_t)blockIdx.x * D;
+  float s = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    xr[i] += gate[i] * tr[i];
+    s += xr[i];
+  }
+  const float mean = mqcuda::img::block_sum(s, sh) / D;
+  float v = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
+  const float inv = 1.0f / sqrtf(mqcuda::img::block_sum(v, sh) / D + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float y = (xr[i] - mean) * inv;
+    y = y * (1.0f + scale[i]) + shift[i];
+    yb[(size_t)blockIdx.x * D + i] = __float2bfloat16(y);
   }
 }
 
@@ -151,7 +172,7 @@ struct Double {
   size_t mod, cmod;  // offsets of norm1's and norm1_context's 6D in the modulation vector
 };
 struct Single {
-  Lin qkvm, out;  // q|k|v|proj_mlp [7D, D]; proj_out [D, 5D]
+  Lin qkv, mlp, out;  // q|k|v [3D, D]; proj_mlp [4D, D]; proj_out [D, 5D]
   float *nq, *nk;
   size_t mod;  // offset of norm's 3D
 };
@@ -174,7 +195,7 @@ class Model : public Pipeline {
   const float *t5_bias(int n);
   int t5_bucket(int rel) const;
   void rope_tables(int T, int hp2, int wp2);
-  void forward(const float *packed, int N, int hp2, int wp2, const float *txt, int T, const float *pooled, float t, float g, float *out);
+  void forward(const float *packed, int N, int hp2, int wp2, const float *txt, int T, const float *pooled, const float *tg, float *out);
 
   bool swap_ids_ = false, drop_pooled_ = false;
   // CLIP
@@ -298,8 +319,8 @@ void Model::load() {
     const std::string a = p + "attn.";
     Single b;
     b.mod = modlin(p + "norm.linear", 3 * D);
-    b.qkvm = mat({a + "to_q.weight", a + "to_k.weight", a + "to_v.weight", p + "proj_mlp.weight"}, {D, D, D, 4 * D}, D,
-                 {a + "to_q.bias", a + "to_k.bias", a + "to_v.bias", p + "proj_mlp.bias"});
+    b.qkv = mat({a + "to_q.weight", a + "to_k.weight", a + "to_v.weight"}, {D, D, D}, D, {a + "to_q.bias", a + "to_k.bias", a + "to_v.bias"});
+    b.mlp = mat1(p + "proj_mlp", 4 * D, D, true);
     b.out = mat1(p + "proj_out", D, 5 * D, true);
     b.nq = f32(a + "norm_q.weight", hd_), b.nk = f32(a + "norm_k.weight", hd_);
     single_.push_back(b);
@@ -441,21 +462,22 @@ void Model::rope_tables(int T, int hp2, int wp2) {
 }
 
 // forward: the velocity out [N, 4C] (fp32, device) for packed latents [N, 4C], T5 embeddings txt
-// [T, joint] and CLIP's pooled [pooled] (device); t the pipeline's timestep / 1000, g the
-// guidance scale (dev), each times 1000 here as the model does.
-void Model::forward(const float *packed, int N, int hp2, int wp2, const float *txt, int T, const float *pooled, float t, float g,
+// [T, joint] and CLIP's pooled [pooled] (device); tg (device) the pipeline's timestep / 1000 and
+// the guidance scale (dev), each times 1000 as the model does: written before each step, so a
+// captured step replays with the step's values.
+void Model::forward(const float *packed, int N, int hp2, int wp2, const float *txt, int T, const float *pooled, const float *tg,
                     float *out) {
   const int D = D_, L = T + N, F = C_;
   // Conditioning: temb = timestep (+ guidance) + pooled text; every modulation vector from SiLU(temb).
   bf16 *fq = buf<bf16>("fq", 256), *hb = buf<bf16>("hb", std::max(D, pooledD_));
   float *h1 = buf<float>("h1", D), *temb = buf<float>("temb", D), *tmp = buf<float>("tmp", D);
   float *mods = buf<float>("mods", mods_.N);
-  KL(tfreq_k, 1, 128, 0, st_)(t * 1000.0f, 128, fq);
+  KL(tfreq_k, 1, 128, 0, st_)(tg, 128, fq);
   linear(fq, 1, t1_, h1);
   KL(silu_bf16_k, grid(D), 256, 0, st_)(h1, hb, (size_t)D);
   linear(hb, 1, t2_, temb);
   if (guidance_) {
-    KL(tfreq_k, 1, 128, 0, st_)(g * 1000.0f, 128, fq);
+    KL(tfreq_k, 1, 128, 0, st_)(tg + 1, 128, fq);
     linear(fq, 1, g1_, h1);
     KL(silu_bf16_k, grid(D), 256, 0, st_)(h1, hb, (size_t)D);
     linear(hb, 1, g2_, tmp);
@@ -499,28 +521,25 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
     attention(q, D, k, v, D, o, D, L, L, H_, H_, hd_, scale, false);
     linear(o, T, b.cout, tt);
     linear(o + r0, N, b.out, tt + r0);
-    // Image stream.
-    KL(gate_add_k, grid((size_t)N * D), 256, 0, st_)(xs, tt + r0, mx + 2 * D, D, (size_t)N * D);
-    KL(ln_k, N, 256, 0, st_)(xs, D, nullptr, nullptr, 1e-6f, mx + 3 * D, mx + 4 * D, ax, nullptr);
-    linear(ax, N, b.ff1, f);
-    KL(act_k, grid((size_t)N * 4 * D), 256, 0, st_)(f, 4 * D, 4 * D, m, 4 * D, (size_t)N * 4 * D, kGeluTanh);
+    // Image stream (the feed-forward's GELU-tanh fused into its first product).
+    KL(gate_add_ln_k, N, 256, 0, st_)(xs, tt + r0, mx + 2 * D, D, 1e-6f, mx + 3 * D, mx + 4 * D, ax);
+    product(ax, D, N, b.ff1, m, true, 4 * D, Epi::kGeluTanhBias);
     linear(m, N, b.ff2, tt + r0);
     KL(gate_add_k, grid((size_t)N * D), 256, 0, st_)(xs, tt + r0, mx + 5 * D, D, (size_t)N * D);
     // Text stream.
-    KL(gate_add_k, grid((size_t)T * D), 256, 0, st_)(cs, tt, mc + 2 * D, D, (size_t)T * D);
-    KL(ln_k, T, 256, 0, st_)(cs, D, nullptr, nullptr, 1e-6f, mc + 3 * D, mc + 4 * D, ac, nullptr);
-    linear(ac, T, b.cff1, f);
-    KL(act_k, grid((size_t)T * 4 * D), 256, 0, st_)(f, 4 * D, 4 * D, m, 4 * D, (size_t)T * 4 * D, kGeluTanh);
+    KL(gate_add_ln_k, T, 256, 0, st_)(cs, tt, mc + 2 * D, D, 1e-6f, mc + 3 * D, mc + 4 * D, ac);
+    product(ac, D, T, b.cff1, m, true, 4 * D, Epi::kGeluTanhBias);
     linear(m, T, b.cff2, tt);
     KL(gate_add_k, grid((size_t)T * D), 256, 0, st_)(cs, tt, mc + 5 * D, D, (size_t)T * D);
   }
   for (const Single &b : single_) {
     const float *ms = mods + b.mod;  // shift, scale, gate
     KL(ln_k, L, 256, 0, st_)(seq, D, nullptr, nullptr, 1e-6f, ms, ms + D, a, nullptr);
-    linear(a, L, b.qkvm, f);  // [L, 7D]: q | k | v | mlp
-    KL(qk_k, dim3(L, 3 * H_), 64, 0, st_)(f, 7 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_, sinv_, false, true, q, k, v);
-    // m = [attention (D) | gelu_tanh(mlp) (4D)] per row, proj_out's input.
-    KL(act_k, grid((size_t)L * 4 * D), 256, 0, st_)(f + 3 * D, 7 * D, 4 * D, m + D, 5 * D, (size_t)L * 4 * D, kGeluTanh);
+    linear(a, L, b.qkv, f);  // [L, 3D]: q | k | v
+    KL(qk_k, dim3(L, 3 * H_), 64, 0, st_)(f, 3 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_, sinv_, false, true, q, k, v);
+    // m = [attention (D) | gelu_tanh(mlp) (4D)] per row, proj_out's input: the MLP's product
+    // writes its GELU (fused) straight into its columns.
+    product(a, D, L, b.mlp, m + D, true, 5 * D, Epi::kGeluTanhBias);
     attention(q, D, k, v, D, m, 5 * D, L, L, H_, H_, hd_, scale, false);
     linear(m, L, b.out, tt);
     KL(gate_add_k, grid((size_t)L * D), 256, 0, st_)(seq, tt, ms + 2 * D, D, (size_t)L * D);
@@ -555,12 +574,28 @@ void Model::generate(const mqb_image_args *a) {
   float *vp = buf<float>("vpos", (size_t)N * F), *vn = buf<float>("vneg", (size_t)N * F);
   ck(cudaMemcpyAsync(lat, a->noise, 4 * n, cudaMemcpyHostToDevice, st_), "noise");
   KL(pack_k, grid(n), 256, 0, st_)(lat, latent_, h, w, packed);
-  // 3-4. Denoising.
+  // 3-4. Denoising: every step's (timestep, guidance), times 1000 as the model takes them, uploaded
+  // once; before each step its pair is copied to the one slot the (graphed) forwards read.
+  std::vector<float> tgs(2 * (size_t)a->steps);
   for (int i = 0; i < a->steps; i++) {
     const float timestep = a->sigmas[i] * 1000.0f;
     const float t = timestep / 1000.0f;
-    forward(packed, N, hp2, wp2, pe, a->n_prompt_2, pooled, t, a->guidance, vp);
-    if (cfg) forward(packed, N, hp2, wp2, ne, a->n_negative_2, pooled + cD_, t, a->guidance, vn);
+    tgs[2 * i] = t * 1000.0f, tgs[2 * i + 1] = a->guidance * 1000.0f;
+  }
+  float *tgall = buf<float>("tg_all", tgs.size()), *tg = buf<float>("tg", 2);
+  ck(cudaMemcpyAsync(tgall, tgs.data(), 4 * tgs.size(), cudaMemcpyHostToDevice, st_), "timesteps");
+  auto key = [&](const float *txt, int T, const float *pool, const float *out) {
+    char k[160];
+    snprintf(k, sizeof k, "%dx%d t%d %p %p %p %p %p", hp2, wp2, T, (const void *)txt, (const void *)pool, (const void *)out,
+             (const void *)packed, (const void *)tg);
+    return std::string(k);
+  };
+  for (int i = 0; i < a->steps; i++) {
+    ck(cudaMemcpyAsync(tg, tgall + 2 * i, 8, cudaMemcpyDeviceToDevice, st_), "timestep");
+    step_graph(key(pe, a->n_prompt_2, pooled, vp), [&] { forward(packed, N, hp2, wp2, pe, a->n_prompt_2, pooled, tg, vp); });
+    if (cfg)
+      step_graph(key(ne, a->n_negative_2, pooled + cD_, vn),
+                 [&] { forward(packed, N, hp2, wp2, ne, a->n_negative_2, pooled + cD_, tg, vn); });
     KL(euler_k, grid(n), 256, 0, st_)(packed, vp, vn, a->true_cfg, a->sigmas[i + 1] - a->sigmas[i], (int)n, cfg);
     if (a->latents) {
       KL(unpack_k, grid(n), 256, 0, st_)(packed, latent_, h, w, lat);
