@@ -114,8 +114,10 @@ float __half2float(__half h) {
 __half __float2half_rn(float f) { return __half{f2h(f)}; }
 float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }
 
-const char *cudaGetErrorName(cudaError_t) { return "emu"; }
-const char *cudaGetErrorString(cudaError_t) { return "emu"; }
+const char *cudaGetErrorName(cudaError_t e) { return e == cudaErrorStreamCaptureUnsupported ? "cudaErrorStreamCaptureUnsupported" : "emu"; }
+const char *cudaGetErrorString(cudaError_t e) {
+  return e == cudaErrorStreamCaptureUnsupported ? "operation not permitted when stream is capturing" : "emu";
+}
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int) { *v = a == cudaDevAttrMultiProcessorCount ? 132 : 9; return cudaSuccess; }
