@@ -8,10 +8,16 @@
 //  - every matrix in bf16 (an fp32 bundle is rounded to bf16), products on cuBLAS with fp32
 //    accumulation; residual streams, norms, RoPE, softmax and the scheduler in fp32 (diffusers'
 //    bf16 run keeps everything in bf16);
-//  - fused weights: q|k|v (CLIP, T5, both streams of a double block), wi_0|wi_1 (T5's gated
-//    GELU), q|k|v|proj_mlp of a single block (one product for its parallel attention and MLP;
-//    the attention writes straight into the [attention | MLP] rows that proj_out reads), and
-//    every block's modulation linear plus norm_out's in one matrix, one product per forward;
+//  - fused weights: q|k|v (CLIP, T5, every attention of the transformer), wi_0|wi_1 (T5's gated
+//    GELU), and every block's modulation linear plus norm_out's in one matrix, one product per
+//    forward;
+//  - fused epilogues: biases in the products (Pipeline::product); the GELU-tanh feed-forwards
+//    (double blocks' ff and ff_context, single blocks' proj_mlp) have the GELU in the product's
+//    epilogue and bf16 out, the single block's MLP straight into the [attention | MLP] rows that
+//    proj_out reads, beside the attention's; each gated residual runs with the LayerNorm and
+//    modulation that follow it (the next block's opening norm, or norm_out) in one kernel;
+//  - a step's transformer forward is one CUDA graph per branch (Pipeline::step_graph), its
+//    timestep and guidance read from a device buffer;
 //  - CLIP and the transformer's attentions go through Pipeline::attention; T5's, which adds its
 //    relative position bias to the scores, is the same batched GEMM -> softmax -> GEMM with the
 //    bias table (per sequence length, from the first block's buckets) added in between;
@@ -92,8 +98,9 @@ static __global__ void ln_k(const float *x, int D, const float *g, const float *
   }
 }
 
-// gate_add_ln_k: one row per block: gate_add_k (x += gate * t), then ln_k's modulated LayerNorm
-// (no affine) of the new x to bf16 yb, in one pass: the same arithmetic as the two kernels.
+// gate_add_ln_k: one row per block: the gated residual x += gate * t, then ln_k's modulated
+// LayerNorm (no affine) of the new x to bf16 yb, in one pass: the same arithmetic as the two
+// kernels it replaces.
 static __global__ void gate_add_ln_k(float *x, const float *t, const float *gate, int D, float eps, const float *shift, const float *scale,
                                      bf16 *yb) {
   __shared__ float sh[32];
@@ -115,11 +122,6 @@ static __global__ void gate_add_ln_k(float *x, const float *t, const float *gate
   }
 }
 
-// gate_add_k: x[r, i] += gate[i] * t[r, i] (the gated residuals).
-static __global__ void gate_add_k(float *x, const float *t, const float *gate, int D, size_t n) {
-  for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-    x[e] += gate[(unsigned)e % (unsigned)D] * t[e];
-}
 
 // embed_k: x[r, i] = table[ids[r], i] (+ pos[r, i]), bf16 tables, fp32 rows.
 static __global__ void embed_k(const bf16 *table, const int *ids, const bf16 *pos, int D, size_t n, float *x) {
@@ -504,14 +506,42 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
 
   bf16 *a = buf<bf16>("a", (size_t)L * D), *q = buf<bf16>("q", (size_t)L * D), *k = buf<bf16>("k", (size_t)L * D),
        *v = buf<bf16>("v", (size_t)L * D), *o = buf<bf16>("o", (size_t)L * D);
-  float *f = buf<float>("f", (size_t)L * 7 * D), *tt = buf<float>("tt", (size_t)L * D);
+  float *f = buf<float>("f", (size_t)L * 3 * D), *tt = buf<float>("tt", (size_t)L * D);
   bf16 *m = buf<bf16>("m", (size_t)L * 5 * D);
   const float scale = 1.0f / sqrtf((float)hd_);
-  for (const Double &b : double_) {
+  // The norm that opens each block (LayerNorm, then the block's scale and shift), and norm_out
+  // (AdaLayerNormContinuous: scale, then shift) on the image rows, run fused with the previous
+  // block's last gated residual (gate_add_ln_k); opening(i) is the i-th of them, blocks in order:
+  // image rows' {shift, scale} and text rows' (none for norm_out, whose text rows nothing reads).
+  const int nd = (int)double_.size(), ns = (int)single_.size();
+  const float *mo = mods + out_mod_;
+  struct Open {
+    const float *xs, *xc, *cs, *cc;  // image shift, scale; text shift, scale (NULL: none)
+    bf16 *xo;                        // where the image rows go (the text rows: a)
+  };
+  auto opening = [&](int i) -> Open {
+    if (i < nd) return {mods + double_[i].mod, mods + double_[i].mod + D, mods + double_[i].cmod, mods + double_[i].cmod + D, a + (size_t)T * D};
+    if (i < nd + ns) {
+      const float *ms = mods + single_[i - nd].mod;
+      return {ms, ms + D, ms, ms + D, a + (size_t)T * D};
+    }
+    return {mo + D, mo, nullptr, nullptr, a};
+  };
+  // gated: x += gate * t over both streams' rows (gates gx, gc), fused with opening(i).
+  auto gated = [&](const float *t, const float *gx, const float *gc, int i) {
+    const Open op = opening(i);
+    KL(gate_add_ln_k, N, 256, 0, st_)(xs, t + (size_t)T * D, gx, D, 1e-6f, op.xs, op.xc, op.xo);
+    if (op.cs) KL(gate_add_ln_k, T, 256, 0, st_)(cs, t, gc, D, 1e-6f, op.cs, op.cc, a);
+  };
+  {
+    const Open op = opening(0);
+    KL(ln_k, N, 256, 0, st_)(xs, D, nullptr, nullptr, 1e-6f, op.xs, op.xc, op.xo, nullptr);
+    if (op.cs) KL(ln_k, T, 256, 0, st_)(cs, D, nullptr, nullptr, 1e-6f, op.cs, op.cc, a, nullptr);
+  }
+  for (int i = 0; i < nd; i++) {
+    const Double &b = double_[i];
     const float *mx = mods + b.mod, *mc = mods + b.cmod;  // shift, scale, gate (msa), shift, scale, gate (mlp)
-    bf16 *ac = a, *ax = a + (size_t)T * D;
-    KL(ln_k, N, 256, 0, st_)(xs, D, nullptr, nullptr, 1e-6f, mx, mx + D, ax, nullptr);
-    KL(ln_k, T, 256, 0, st_)(cs, D, nullptr, nullptr, 1e-6f, mc, mc + D, ac, nullptr);
+    bf16 *ac = a, *ax = a + (size_t)T * D;  // both streams' normed rows (opened by the previous block)
     linear(ac, T, b.cqkv, f);
     KL(qk_k, dim3(T, 3 * H_), 64, 0, st_)(f, 3 * D, H_, H_, hd_, b.ncq, b.nck, 1e-6f, cosv_, sinv_, false, true, q, k, v);
     linear(ax, N, b.qkv, f);
@@ -521,20 +551,18 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
     attention(q, D, k, v, D, o, D, L, L, H_, H_, hd_, scale, false);
     linear(o, T, b.cout, tt);
     linear(o + r0, N, b.out, tt + r0);
-    // Image stream (the feed-forward's GELU-tanh fused into its first product).
+    // Both streams' feed-forwards (GELU-tanh fused into their first products).
     KL(gate_add_ln_k, N, 256, 0, st_)(xs, tt + r0, mx + 2 * D, D, 1e-6f, mx + 3 * D, mx + 4 * D, ax);
-    product(ax, D, N, b.ff1, m, true, 4 * D, Epi::kGeluTanhBias);
-    linear(m, N, b.ff2, tt + r0);
-    KL(gate_add_k, grid((size_t)N * D), 256, 0, st_)(xs, tt + r0, mx + 5 * D, D, (size_t)N * D);
-    // Text stream.
     KL(gate_add_ln_k, T, 256, 0, st_)(cs, tt, mc + 2 * D, D, 1e-6f, mc + 3 * D, mc + 4 * D, ac);
+    product(ax, D, N, b.ff1, m + r0 * 4, true, 4 * D, Epi::kGeluTanhBias);
     product(ac, D, T, b.cff1, m, true, 4 * D, Epi::kGeluTanhBias);
+    linear(m + r0 * 4, N, b.ff2, tt + r0);
     linear(m, T, b.cff2, tt);
-    KL(gate_add_k, grid((size_t)T * D), 256, 0, st_)(cs, tt, mc + 5 * D, D, (size_t)T * D);
+    gated(tt, mx + 5 * D, mc + 5 * D, i + 1);
   }
-  for (const Single &b : single_) {
+  for (int i = 0; i < ns; i++) {
+    const Single &b = single_[i];
     const float *ms = mods + b.mod;  // shift, scale, gate
-    KL(ln_k, L, 256, 0, st_)(seq, D, nullptr, nullptr, 1e-6f, ms, ms + D, a, nullptr);
     linear(a, L, b.qkv, f);  // [L, 3D]: q | k | v
     KL(qk_k, dim3(L, 3 * H_), 64, 0, st_)(f, 3 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_, sinv_, false, true, q, k, v);
     // m = [attention (D) | gelu_tanh(mlp) (4D)] per row, proj_out's input: the MLP's product
@@ -542,11 +570,8 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
     product(a, D, L, b.mlp, m + D, true, 5 * D, Epi::kGeluTanhBias);
     attention(q, D, k, v, D, m, 5 * D, L, L, H_, H_, hd_, scale, false);
     linear(m, L, b.out, tt);
-    KL(gate_add_k, grid((size_t)L * D), 256, 0, st_)(seq, tt, ms + 2 * D, D, (size_t)L * D);
+    gated(tt, ms + 2 * D, ms + 2 * D, nd + i + 1);
   }
-  // norm_out (AdaLayerNormContinuous: scale, then shift) and proj_out on the image rows.
-  const float *mo = mods + out_mod_;
-  KL(ln_k, N, 256, 0, st_)(xs, D, nullptr, nullptr, 1e-6f, mo + D, mo, a, nullptr);
   linear(a, N, proj_out_, out);
 }
 
