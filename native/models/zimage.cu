@@ -14,6 +14,10 @@
 //    single-head mid-block attention) is batched GEMM -> fp32 softmax -> batched GEMM, per head
 //    (a grouped-query head group shares its K/V through a zero batch stride);
 //  - the VAE's 3x3 convolutions are im2col (bf16, channels-last) + one GEMM, 1x1 ones a GEMM;
+//  - biases are added in the products' epilogues (Pipeline::product), and a block's attention
+//    residual (RMSNorm, gate) runs with the feed-forward's RMSNorm and scale in one kernel;
+//  - a step's transformer forward (both CFG branches) is one CUDA graph (Pipeline::step_graph),
+//    its model time read from a device buffer;
 //  - the host draws nothing: the runtime hands over the initial noise (torch_randn, as on CPU)
 //    and the scheduler's sigmas (computed by the same function the CPU pipeline uses), so both
 //    devices start from identical numbers; CFG and the Euler step run on the GPU.
