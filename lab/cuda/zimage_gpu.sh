@@ -16,7 +16,12 @@
 #  3. Z-Image-Turbo's sizes (lab/cuda/zimage_shape_ckpt.py: random bf16 weights), bundled at bf16:
 #     diffusers bf16 and ours at 512x512, 8 steps, guidance 3.5, one warmup then timed runs each,
 #     images/s and the ratio.
-# Env: ZS_SHAPE=0 skips step 3; ZS_REPEAT timed runs + 1 (default 4).
+#  4. with AB_BEFORE (a tarball of native/ at an older commit, e.g. `git archive cdb2629 native |
+#     gzip > before-native.tgz` carried in the tree): that tree's core and zimage.cu are built
+#     into libzbefore.so (in the background), and step 3's timed run is repeated with it and with
+#     MQB_GRAPHS=0 on this tree's library: images/s before, after without graphs and after, as
+#     ratios (lines "AB ...").
+# Env: ZS_SHAPE=0 skips step 3; ZS_REPEAT timed runs + 1 (default 4); AB_BEFORE (step 4).
 set -u
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)  # the main tree (goldens) when HERE is .gpu/NAME
@@ -48,10 +53,15 @@ if [ "${ZS_SHAPE:-1}" = 1 ]; then
   SHAPE=$!
 fi
 tb=$(date +%s)
-nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -Inative/include -Inative/cuda native/cuda/backend.cu \
-  native/cuda/blas_pick.cc native/models/zimage.cu -o "$W/libz.so" -lcublas -lcublasLt -lcuda > "$W/nvcc.log" 2>&1 ||
-  { grep -E "error" -A2 "$W/nvcc.log" | head -40 | tee -a "$LOG"; say "FAIL nvcc zimage.cu"; }
-say "nvcc the core and zimage.cu: $(( $(date +%s) - tb )) s"
+# the whole library: backend.cu registers every family, so a link of zimage.cu alone misses symbols
+bash lab/cuda/build_lib.sh "$HERE" "$W/libz.so" > "$W/nvcc.log" 2>&1 ||
+  { grep -E "error" -A2 "$W/nvcc.log" | head -40 | tee -a "$LOG"; say "FAIL build (lab/cuda/build_lib.sh)"; }
+say "nvcc of the library: $(( $(date +%s) - tb )) s"
+if [ -n "${AB_BEFORE:-}" ]; then
+  ( rm -rf "$W/before" && mkdir -p "$W/before" && tar -xzf "$AB_BEFORE" -C "$W/before" &&
+    bash lab/cuda/build_lib.sh "$W/before" "$W/libzbefore.so" ) > "$W/nvcc-before.log" 2>&1 &
+  ABB=$!
+fi
 export MODELQUAL_CUDA_LIB=$W/libz.so
 
 
@@ -121,6 +131,22 @@ d = json.load(open(sys.argv[1]))["images_per_s"]
 o = float(re.search(r"images_per_s ([0-9.]+)", open(sys.argv[2]).read()).group(1))
 print("RATIO images/s ours %.4f / diffusers %.4f = %.3f" % (o, d, o / d))
 PY
+  if [ -n "${AB_BEFORE:-}" ]; then
+    wait $ABB; say "nvcc of the older tree: rc $?"
+    ab() {  # ab LABEL ENV...: images/s of the shape run under ENV
+      local l=$1
+      shift
+      env "$@" timeout 240 "$QUAL" generate-image --bundle "$W/shape.mqb" --device cuda --prompt "$P" --size 512x512 --steps 8 --guidance 3.5 \
+        --seed 42 --repeat "$N" --out "$OUT/shape-$l.png" > "$OUT/shape-$l.txt" 2>&1
+      sed -n 's/.*images_per_s \([0-9.]*\).*/\1/p' "$OUT/shape-$l.txt" | tail -1
+    }
+    IB=$(ab before MODELQUAL_CUDA_LIB=$W/libzbefore.so)
+    IE=$(ab eager MQB_GRAPHS=0)
+    IA=$(sed -n 's/.*images_per_s \([0-9.]*\).*/\1/p' "$OUT/shape-ours.txt" | tail -1)
+    python3 -c 'import sys; b, e, a = (float(x or "nan") for x in sys.argv[1:4]); print("AB zimage 512x512 8 steps: images/s before %.4f, after without graphs %.4f (%.3fx), after %.4f (%.3fx)" % (b, e, e / b, a, a / b))' \
+      "$IB" "$IE" "$IA" 2>&1 | tee -a "$LOG"
+    cmp -s "$OUT/shape-ours.png" "$OUT/shape-eager.png" && say "AB graphs and eager: the same bytes" || say "AB graphs and eager differ"
+  fi
 fi
 wait $CMAKE; say "product CMake build of libmodelqual_cuda.so: rc $?"; grep -E "error" "$W/cmake.log" | head -10 | tee -a "$LOG"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader >> "$LOG"

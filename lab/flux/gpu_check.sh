@@ -22,7 +22,13 @@
 #     FC_VARIANT=dev: 28 steps, guidance 3.5), one warmup then $FC_REPEAT timed runs each,
 #     images/s and the ratio. The checkpoint goes to /dev/shm when it has room (checkpoint and
 #     bundle, 2 x 34 GB, do not both fit a 64 GB disk).
-# Env: FC_SHAPE=0 skips step 3; FC_VARIANT schnell|dev; FC_SIZE 512|1024; FC_REPEAT (default 3).
+#  4. with AB_BEFORE (a tarball of native/ at an older commit, e.g. `git archive cdb2629 native |
+#     gzip > before-native.tgz` carried in the tree): that tree's core, flux.cu and zimage.cu are
+#     built into libbefore.so after step 1's, and step 3's timed run is repeated with it and with
+#     MQB_GRAPHS=0 on this tree's (epilogues fused, steps eager): images/s of before, after
+#     without graphs and after, as ratios (lines "AB ...").
+# Env: FC_SHAPE=0 skips step 3; FC_VARIANT schnell|dev; FC_SIZE 512|1024; FC_REPEAT (default 3);
+# AB_BEFORE (step 4).
 # Results: $OUT/log.txt (everything below), $OUT/results.tgz (goldens, PNGs, JSON lines).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -54,10 +60,19 @@ python3 -c "import torch, transformers, diffusers; print('torch', torch.__versio
 
 # 1. build (background), fixtures, goldens and the shape checkpoint
 # the whole library (backend.cu registers every family, so a flux-only link misses symbols), or
-# $FC_LIB built earlier in the same device call
-if [ -n "${FC_LIB:-}" ]; then cp "$FC_LIB" "$W/libflux.so"; true &
-else bash lab/cuda/build_lib.sh "$ROOT" "$W/libflux.so" > "$W/nvcc.log" 2>&1 &
-fi
+# $FC_LIB built earlier in the same device call; with AB_BEFORE also the older tree's library
+(
+  set -e
+  if [ -n "${FC_LIB:-}" ]; then cp "$FC_LIB" "$W/libflux.so"
+  else bash lab/cuda/build_lib.sh "$ROOT" "$W/libflux.so" &
+  fi
+  if [ -n "${AB_BEFORE:-}" ]; then
+    rm -rf "$W/before" && mkdir -p "$W/before" && tar -xzf "$AB_BEFORE" -C "$W/before"
+    bash lab/cuda/build_lib.sh "$W/before" "$W/libbefore.so"
+  fi
+  wait
+  test -f "$W/libflux.so"
+) > "$W/nvcc.log" 2>&1 &
 NVCC=$!
 bundle() { "$QUAL" fixtures --name "$1" --bundle 2>>"$LOG" > "$W/fx-$1.json"; python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))[0]; print(d["snapshot_dir"], d["bundle_path"])' "$W/fx-$1.json"; }
 read -r DSNAP DBUN < <(bundle flux-tiny-dev)
@@ -157,6 +172,22 @@ if [ "${FC_SHAPE:-1}" = 1 ]; then
   say "ours shape rc $? in $(($(date +%s) - tb)) s (load included)"
   tee -a "$LOG" < "$OUT/shape-ours.txt"
   $PY compare "$OUT/shape-ours.png" "$OUT/shape-diffusers.png" 2>&1 | tee -a "$LOG"
+  if [ -n "${AB_BEFORE:-}" ]; then
+    # 4. the same timed run on the older tree's library and without graphs
+    ab() {  # ab LABEL ENV...: images/s of the shape run under ENV
+      local l=$1
+      shift
+      env "$@" timeout 150 "$QUAL" generate-image --bundle "$W/shape.mqb" --device cuda --prompt "$P" --size "${SIZE}x$SIZE" --steps $ST \
+        --guidance $GS --seed 42 --repeat $N --out "$OUT/shape-$l.png" > "$OUT/shape-$l.txt" 2>&1
+      sed -n 's/.*images_per_s \([0-9.]*\).*/\1/p' "$OUT/shape-$l.txt" | tail -1
+    }
+    IB=$(ab before MODELQUAL_CUDA_LIB=$W/libbefore.so)
+    IE=$(ab eager MQB_GRAPHS=0)
+    IA=$(sed -n 's/.*images_per_s \([0-9.]*\).*/\1/p' "$OUT/shape-ours.txt" | tail -1)
+    python3 -c 'import sys; b, e, a = (float(x or "nan") for x in sys.argv[1:4]); print("AB flux %s %s: images/s before %.4f, after without graphs %.4f (%.3fx), after %.4f (%.3fx)" % (sys.argv[4], sys.argv[5], b, e, e / b, a, a / b))' \
+      "$IB" "$IE" "$IA" "$VARIANT" "${SIZE}x$SIZE" 2>&1 | tee -a "$LOG"
+    cmp -s "$OUT/shape-ours.png" "$OUT/shape-eager.png" && say "AB graphs and eager: the same bytes" || say "AB graphs and eager differ"
+  fi
   timeout 30 $PY gemmrate > "$OUT/gemmrate.json" 2>>"$LOG"
   python3 - "$OUT/shape-diffusers.json" "$OUT/shape-ours.txt" "$VARIANT" "$SIZE" "$ST" $MS "$OUT/gemmrate.json" <<'PY' 2>&1 | tee -a "$LOG"
 import json, re, sys

@@ -13,10 +13,17 @@
 # image: each must fail the bound. Then zimage-tiny the same way (its GPU pipeline now on the
 # shared code) and, when BEFORE_LIB names an emulated library built from the zimage.cu before the
 # move, before against after byte for byte.
+# The fused epilogues and the graphed denoising steps: with BEFORE_DIR (a run of this script on
+# an older tree) every emulated image is compared byte for byte with the one of the same name
+# there (the fusions keep the arithmetic: the same bytes expected); the CFG cases (two graphs a
+# step) are run again with MQB_GRAPHS=0 (eager launches) and must be the same bytes as the graph
+# replays; dev-fox again with EMU_LT_EPILOGUE=0 (the emulated cuBLASLt offers no epilogue: the
+# unfused fallback) must be the same bytes too.
 #
 # Usage (repository root or anywhere): bash lab/flux/run_emu.sh [OUTDIR]
-# Env: QUAL (a qual binary; default: built here), MIN_PSNR, BEFORE_LIB, EMU_QUICK=1 (one dev
-# case, one fault). Takes ~1.5 min per emulated image on 2 cores.
+# Env: QUAL (a qual binary; default: built here), MIN_PSNR, BEFORE_LIB, BEFORE_DIR, EMU_QUICK=1
+# (one dev case, one fault, the eager and fallback comparisons; 2: the dev case and its eager
+# twin only, for planted defects), LIB (an emulated library already built, to skip the build). Takes ~1.5 min per emulated image on 2 cores.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${1:-/tmp/flux_emu}
@@ -33,8 +40,10 @@ if [ -z "${QUAL:-}" ]; then
   QUAL=$OUT/qual
 fi
 go build -o "$OUT/imgcmp" ./lab/flux/imgcmp || { say "FAIL go build imgcmp"; exit 1; }
+if [ -n "${LIB:-}" ]; then cp "$LIB" "$OUT/libemu.so"; else
 ( cd lab/flux && g++ -std=c++20 -O2 -fPIC -shared -DMQB_HOST_TEST -Wno-unknown-pragmas -Wno-comment -I../../native/cuda/stub \
   -I../../native/include -x c++ emu_lib.cc ../../native/cuda/blas_pick.cc -o "$OUT/libemu.so" -pthread ) || { say "FAIL build emu lib"; exit 1; }
+fi
 say "built qual, imgcmp and the emulated libmodelqual_cuda.so"
 bundle() { "$QUAL" fixtures --name "$1" --bundle 2>>"$OUT/fixtures.log" | sed -n 's/.*"bundle_path": "\(.*\)".*/\1/p'; }
 DEV=$(bundle flux-tiny-dev)
@@ -73,16 +82,43 @@ check() {
     say "FAIL $name ${faults:+fault $faults }emulated GPU vs CPU: $m (want $want at >= $MIN dB)"
     fails=$((fails + 1))
   fi
+  if [ -n "${BEFORE_DIR:-}" ] && [ -f "$BEFORE_DIR/$name-emu$faults.png" ]; then
+    if cmp -s "$BEFORE_DIR/$name-emu$faults.png" "$OUT/$name-emu$faults.png"; then
+      say "ok   $name ${faults:+fault $faults }the same bytes as $BEFORE_DIR's"
+    else
+      say "DIFF $name ${faults:+fault $faults }against $BEFORE_DIR's: $("$OUT/imgcmp" "$BEFORE_DIR/$name-emu$faults.png" "$OUT/$name-emu$faults.png")"
+    fi
+  fi
+}
+# same NAME ENV LABEL BUNDLE ARGS...: the emulated image again under ENV (VAR=value) must be the
+# same bytes as NAME's.
+same() {
+  local name=$1 env=$2 label=$3 b=$4
+  shift 4
+  if ! env "$env" MODELQUAL_CUDA_LIB=$OUT/libemu.so timeout 1200 "$QUAL" generate-image --bundle "$b" --device cuda "$@" \
+    --out "$OUT/$name-$label.png" > "$OUT/$name-$label.png.log" 2>&1; then
+    say "FAIL $name $label: the emulated run failed: $(tail -2 "$OUT/$name-$label.png.log")"
+    fails=$((fails + 1))
+  elif cmp -s "$OUT/$name-emu.png" "$OUT/$name-$label.png"; then
+    say "ok   $name: $label ($env) gives the same bytes"
+  else
+    say "FAIL $name: $label ($env) differs: $("$OUT/imgcmp" "$OUT/$name-emu.png" "$OUT/$name-$label.png")"
+    fails=$((fails + 1))
+  fi
 }
 FOX=(--prompt "a red fox in the snow" --size 64x64 --steps 4 --seed 42)
 WIDE=(--prompt "a lighthouse at dusk, oil painting" --size 96x64 --steps 3 --seed 43)
 check dev-fox pass "$DEV" "" "${FOX[@]}" --guidance 3.5
-check dev-fox fail "$DEV" flux.swap_text_image_ids "${FOX[@]}" --guidance 3.5
-if [ "${EMU_QUICK:-0}" != 1 ]; then
+[ "${EMU_QUICK:-0}" = 2 ] || check dev-fox fail "$DEV" flux.swap_text_image_ids "${FOX[@]}" --guidance 3.5
+same dev-fox MQB_GRAPHS=0 eager "$DEV" "${FOX[@]}" --guidance 3.5
+[ "${EMU_QUICK:-0}" = 2 ] || same dev-fox EMU_LT_EPILOGUE=0 unfused "$DEV" "${FOX[@]}" --guidance 3.5
+if [ "${EMU_QUICK:-0}" = 0 ]; then
   check dev-fox fail "$DEV" flux.drop_pooled "${FOX[@]}" --guidance 3.5
   check dev-truecfg pass "$DEV" "" "${FOX[@]}" --guidance 3.5 --negative-prompt "blurry, dark" --true-cfg 2
+  same dev-truecfg MQB_GRAPHS=0 eager "$DEV" "${FOX[@]}" --guidance 3.5 --negative-prompt "blurry, dark" --true-cfg 2
   check schnell-wide pass "$SCH" "" "${WIDE[@]}" --guidance 0
   check zimage-fox pass "$ZT" "" "${FOX[@]}" --guidance 3.5 --negative-prompt "blurry"
+  same zimage-fox MQB_GRAPHS=0 eager "$ZT" "${FOX[@]}" --guidance 3.5 --negative-prompt "blurry"
   if [ -n "${BEFORE_LIB:-}" ]; then
     MODELQUAL_CUDA_LIB=$BEFORE_LIB timeout 1200 "$QUAL" generate-image --bundle "$ZT" --device cuda "${FOX[@]}" --guidance 3.5 \
       --negative-prompt "blurry" --out "$OUT/zimage-fox-before.png" > "$OUT/zimage-fox-before.log" 2>&1

@@ -15,8 +15,9 @@ inline int env_int(const char *k, int dflt) {
 // Knobs: the backend's only environment settings, read once per model open. Everything else is
 // the one measured-fastest path (lab/cuda/NOTES.md has how each default was chosen; the lab's
 // builds vary kernels through lab/cuda/debug_abi.cu, never through the environment).
-//   MQB_GRAPHS=0      run decode and prefill steps eagerly instead of as captured CUDA graphs
-//                     (debugging a kernel with compute-sanitizer, say); default 1
+//   MQB_GRAPHS=0      run decode and prefill steps (and the image pipelines' denoising steps)
+//                     eagerly instead of as captured CUDA graphs (debugging a kernel with
+//                     compute-sanitizer, say); default 1
 //   MQB_WARMUP=0      leave the prefill warm-up and graph captures to the first requests (faster
 //                     open, slower first requests); default 1 (0 in the CPU emulation)
 //   MQB_TCAP=n        most tokens in one prefill or mixed chunk; default 2048 (8 or 32 prompts of

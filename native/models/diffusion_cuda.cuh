@@ -6,7 +6,8 @@
 //    an fp32 bundle is rounded to bf16; norm scales, biases and tables in fp32), named scratch
 //    buffers grown on demand;
 //  - the products: gemm (cuBLAS, bf16 inputs, fp32 accumulation, fp32 or bf16 out, batched with
-//    strides), linear (x W^T + b), and attention, the one function both pipelines' attentions go
+//    strides), product (x W^T with its bias, or GELU-tanh of it, fused into the GEMM as a cuBLASLt
+//    epilogue, to fp32 or bf16 rows of any stride), linear (x W^T + b to fp32), and attention, the one function both pipelines' attentions go
 //    through (the DiTs' joint attention, a causal GQA text encoder through the shared decoder
 //    aside, CLIP's causal attention, the VAE's single-head mid-block attention): the
 //    fused tensor-core kernel of ops/flash_attn.cuh for head dims up to 128; the VAE's 512-wide
@@ -14,10 +15,13 @@
 //  - the AutoencoderKL decoder (diffusers' Decoder: conv_in, mid block resnets and single-head
 //    attention, up blocks with nearest 2x upsampling, GroupNorm + SiLU, conv_out; 3x3
 //    convolutions as im2col (bf16, channels-last) + one GEMM, 1x1 ones a GEMM), from the vae.*
-//    hyper-parameters both families resolve with diffusion::resolve_autoencoder_kl.
+//    hyper-parameters both families resolve with diffusion::resolve_autoencoder_kl;
+//  - step_graph: a denoising step's transformer forward captured once per shape as a CUDA graph
+//    and replayed for every step (MQB_GRAPHS=0 runs it eagerly).
 //
 // Thread safety: one pipeline is driven by one thread at a time (the engine's worker).
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,15 +29,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "mq_backend.h"
 
 #include "../cuda/common.cuh"
+#include "../cuda/env.cuh"
 #include "../cuda/ops/im2col.cuh"
 #include "../cuda/ops/flash_attn.cuh"
 #include "../cuda/ops/image_attention.cuh"
@@ -62,6 +70,10 @@ struct Resnet {
   Conv c1, c2, sc;
 };
 
+// Epi: what a product applies to x W^T before storing it: nothing, + b, or gelu_tanh(. + b)
+// (cuBLASLt's GELU epilogue is the tanh approximation: only for layers that use that one).
+enum class Epi { kNone, kBias, kGeluTanhBias };
+
 class Pipeline {
  public:
   // name: the error messages' prefix ("<family> cuda"). The derived class loads its weights, then
@@ -74,8 +86,23 @@ class Pipeline {
     ck(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
     cb(cublasCreate(&blas_), "create");
     cb(cublasSetStream(blas_, st_), "set stream");
+    // One fixed workspace for cuBLAS and cuBLASLt (stream-ordered on st_), so neither allocates
+    // inside a graph capture.
+    ws_ = dalloc<char>(kWs);
+    cb(cublasSetWorkspace(blas_, ws_, kWs), "set workspace");
+    if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS) lt_ = nullptr;  // products then run unfused
+    graphs_ = mqcuda::knobs().graphs;
   }
   virtual ~Pipeline() {
+    for (auto &kv : graph_) if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
+    for (auto &kv : plans_) {
+      LtPlan &p = kv.second;
+      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+      if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+      if (p.op) cublasLtMatmulDescDestroy(p.op);
+    }
+    if (lt_) cublasLtDestroy(lt_);
     for (void *q : allocs_) cudaFree(q);
     for (auto &kv : scratch_) cudaFree(kv.second.first);
     if (blas_) cublasDestroy(blas_);
@@ -203,10 +230,14 @@ class Pipeline {
   }
 
   // ---- scratch: named device buffers grown on demand ----
+  // A buffer that moves invalidates every captured graph (scratch_gen_); one cannot grow inside a
+  // capture (step_graph then runs eagerly).
   template <typename T>
   T *buf(const std::string &name, size_t n) {
     auto &e = scratch_[name];
     if (e.second < n * sizeof(T)) {
+      if (capturing_) throw Fail(name_ + ": scratch " + name + " grows inside a graph capture");
+      scratch_gen_++;
       if (e.first) {
         ck(cudaStreamSynchronize(st_), "sync");
         cudaFree(e.first);
@@ -230,9 +261,27 @@ class Pipeline {
        "gemm");
   }
   // linear: y [M, N] fp32 = x [M, K] bf16 W^T + b.
-  void linear(const bf16 *x, int M, const Lin &l, float *y) {
-    gemm(x, l.K, 0, l.w, l.K, 0, true, y, false, l.N, 0, M, l.N, l.K);
-    if (l.b) KL(bias_k, grid((size_t)M * l.N), 256, 0, st_)(y, l.b, l.N, (size_t)M * l.N);
+  void linear(const bf16 *x, int M, const Lin &l, float *y) { product(x, l.K, M, l, y, false, l.N, l.b ? Epi::kBias : Epi::kNone); }
+  // product: y [M, N] (row stride ldy; fp32, or bf16 when ybf16) = epi(x [M, K] (row stride ldx)
+  // W^T), fp32 accumulation; an epilogue is applied in fp32 before the one rounding to y's type.
+  // With an epilogue, one cuBLASLt call (its heuristic's first kernel for the shape and the
+  // pointers' alignments); where cuBLASLt offers none, cuBLAS and epilogue_k (said once).
+  void product(const bf16 *x, int ldx, int M, const Lin &l, void *y, bool ybf16, int ldy, Epi epi) {
+    if (epi != Epi::kNone && !l.b) throw Fail(name_ + ": a bias epilogue on a layer without a bias");
+    if (epi == Epi::kNone) {
+      gemm(x, ldx, 0, l.w, l.K, 0, true, y, ybf16, ldy, 0, M, l.N, l.K);
+      return;
+    }
+    if (const LtPlan *p = lt_plan(M, l.N, l.K, ldx, ldy, ybf16, epi, x, y)) {
+      const float one = 1.f, zero = 0.f;
+      cb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &l.b, sizeof l.b), "bias pointer");
+      cb(cublasLtMatmul(lt_, p->op, &one, l.w, p->a, x, p->b, &zero, y, p->d, y, p->d, &p->algo, ws_, kWs, st_), "matmul");
+      return;
+    }
+    float *t = ybf16 ? buf<float>("epi_t", (size_t)M * l.N) : (float *)y;
+    const int ldt = ybf16 ? l.N : ldy;
+    gemm(x, ldx, 0, l.w, l.K, 0, true, t, false, ldt, 0, M, l.N, l.K);
+    KL(epilogue_k, grid((size_t)M * l.N), 256, 0, st_)(t, ldt, l.b, l.N, epi == Epi::kGeluTanhBias, y, ybf16, ldy, (size_t)M * l.N);
   }
   // grid: blocks for n elements; the element-wise kernels divide indices in 32 bits.
   int grid(size_t n) const {
@@ -259,6 +308,60 @@ class Pipeline {
     for (int g = 0; g < Hkv; g++)
       gemm(P + (size_t)g * rep * L * Lk, Lk, (long long)L * Lk, v + (size_t)g * hd, ldkv, 0, false, o + (size_t)g * rep * hd, true, ldo,
            hd, L, hd, Lk, rep);
+  }
+
+  // ---- a denoising step as a CUDA graph ----
+  // step_graph runs body (launches on st_ only; no host syncs, no allocations) through the graph
+  // kept under key, which must name everything body bakes in (shapes, buffers; per-step numbers
+  // live in device buffers the caller writes before the call): eagerly the first time (scratch
+  // grows, cuBLASLt plans are made, tables are uploaded), captured and replayed from the second
+  // on, recaptured when a scratch buffer has moved since. A capture that fails turns graphs off
+  // for this pipeline, said once on stderr, and the step runs eagerly.
+  void step_graph(const std::string &key, const std::function<void()> &body) {
+    if (!graphs_) return body();
+    StepGraph &g = graph_[key];
+    if (g.exec && g.gen != scratch_gen_) {
+      cudaGraphExecDestroy(g.exec);
+      g.exec = nullptr;
+    }
+    if (!g.exec && !g.warmed) {
+      body();
+      g.warmed = true;
+      return;
+    }
+    if (!g.exec) {
+      std::string why;
+      ck(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      capturing_ = true;
+      try {
+        body();
+      } catch (const std::exception &e) {
+        why = e.what();
+      }
+      capturing_ = false;
+      cudaGraph_t cg = nullptr;
+      cudaError_t e = cudaStreamEndCapture(st_, &cg);
+      if (e != cudaSuccess && why.empty()) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(e);
+      if (why.empty()) {
+#if defined(CUDART_VERSION) && CUDART_VERSION < 12000  // CUDA 11's signature (compile checks with nvcc 11.8)
+        e = cudaGraphInstantiate(&g.exec, cg, nullptr, nullptr, 0);
+#else
+        e = cudaGraphInstantiate(&g.exec, cg, 0);
+#endif
+        if (e != cudaSuccess) why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e), g.exec = nullptr;
+      }
+      if (cg) cudaGraphDestroy(cg);
+      if (!why.empty()) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "%s: CUDA graphs off, denoising steps run eagerly: %s\n", name_.c_str(), why.c_str());
+        for (auto &kv : graph_) if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
+        graph_.clear();
+        graphs_ = false;
+        return body();
+      }
+      g.gen = scratch_gen_;
+    }
+    ck(cudaGraphLaunch(g.exec, st_), "cudaGraphLaunch");
   }
 
   // ---- the AutoencoderKL decoder ----
@@ -403,6 +506,67 @@ class Pipeline {
     ck(cudaGetLastError(), "kernels");
   }
 
+  // LtPlan: a cuBLASLt product with an epilogue, made once per shape, output type, epilogue and
+  // the alignments of x and y (the heuristic's kernels may need them); ok false: none offered.
+  struct LtPlan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;
+  };
+  static int align_of(const void *p) {
+    const uintptr_t u = (uintptr_t)p;
+    int a = 256;
+    while (a > 2 && u % a) a /= 2;
+    return a;
+  }
+  const LtPlan *lt_plan(int M, int N, int K, int ldx, int ldy, bool ybf16, Epi epi, const void *x, const void *y) {
+    if (!lt_) return nullptr;
+    const int ax = align_of(x), ay = align_of(y);
+    const auto key = std::make_tuple(M, N, K, ldx, ldy, (int)ybf16 * 4 + (int)epi, ax * 1024 + ay);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second.ok ? &it->second : nullptr;
+    LtPlan &p = plans_[key];
+    const int32_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N, bt = CUDA_R_32F;
+    const uint32_t ep = epi == Epi::kBias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
+    const uint64_t ws = kWs;
+    const uint32_t aw = 256, axu = ax, ayu = ay;
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulHeuristicResult_t r{};
+    int n = 0;
+    // Column-major, as cuBLASLt reads it: y^T [N, M] = W [K, N]^T x^T [K, M], bias per row of y^T.
+    p.ok = cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, ldx) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatrixLayoutCreate(&p.d, ybf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, ldy) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof aw) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &axu, sizeof axu) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ayu, sizeof ayu) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ayu, sizeof ayu) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.d, p.d, pref, 1, &r, &n) == CUBLAS_STATUS_SUCCESS && n > 0 &&
+           r.state == CUBLAS_STATUS_SUCCESS;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    p.algo = r.algo;
+    if (!p.ok && !lt_said_) {
+      lt_said_ = true;
+      fprintf(stderr, "%s: cuBLASLt offers no %s epilogue for %d x %d x %d (%s out); such products run on cuBLAS and a separate kernel\n",
+              name_.c_str(), epi == Epi::kBias ? "bias" : "GELU-bias", M, N, K, ybf16 ? "bf16" : "fp32");
+    }
+    return p.ok ? &p : nullptr;
+  }
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t gen = 0;  // scratch_gen_ when captured
+    bool warmed = false;
+  };
+  static constexpr size_t kWs = 32u << 20;
+
   std::string name_;
   std::map<std::string, double> hp_;
   std::map<std::string, const mqb_tensor *> t_;
@@ -410,6 +574,13 @@ class Pipeline {
   std::map<std::string, std::pair<void *, size_t>> scratch_;
   cudaStream_t st_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  char *ws_ = nullptr;
+  std::map<std::tuple<int, int, int, int, int, int, int>, LtPlan> plans_;
+  bool lt_said_ = false;
+  bool graphs_ = true, capturing_ = false;
+  uint64_t scratch_gen_ = 0;
+  std::map<std::string, StepGraph> graph_;
   const mqb_model_params *p_ = nullptr;  // the open's parameters, until opened()
 
   // vae

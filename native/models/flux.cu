@@ -8,10 +8,16 @@
 //  - every matrix in bf16 (an fp32 bundle is rounded to bf16), products on cuBLAS with fp32
 //    accumulation; residual streams, norms, RoPE, softmax and the scheduler in fp32 (diffusers'
 //    bf16 run keeps everything in bf16);
-//  - fused weights: q|k|v (CLIP, T5, both streams of a double block), wi_0|wi_1 (T5's gated
-//    GELU), q|k|v|proj_mlp of a single block (one product for its parallel attention and MLP;
-//    the attention writes straight into the [attention | MLP] rows that proj_out reads), and
-//    every block's modulation linear plus norm_out's in one matrix, one product per forward;
+//  - fused weights: q|k|v (CLIP, T5, every attention of the transformer), wi_0|wi_1 (T5's gated
+//    GELU), and every block's modulation linear plus norm_out's in one matrix, one product per
+//    forward;
+//  - fused epilogues: biases in the products (Pipeline::product); the GELU-tanh feed-forwards
+//    (double blocks' ff and ff_context, single blocks' proj_mlp) have the GELU in the product's
+//    epilogue and bf16 out, the single block's MLP straight into the [attention | MLP] rows that
+//    proj_out reads, beside the attention's; each gated residual runs with the LayerNorm and
+//    modulation that follow it (the next block's opening norm, or norm_out) in one kernel;
+//  - a step's transformer forward is one CUDA graph per branch (Pipeline::step_graph), its
+//    timestep and guidance read from a device buffer;
 //  - CLIP and the transformer's attentions go through Pipeline::attention; T5's, which adds its
 //    relative position bias to the scores, is the same batched GEMM -> softmax -> GEMM with the
 //    bias table (per sequence length, from the first block's buckets) added in between;
@@ -48,8 +54,6 @@ namespace mqflux {
 using namespace mqcuda::img;
 
 // ---- kernels -----------------------------------------------------------------------------------
-
-static __device__ float gelu_tanh_d(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
 
 enum Act { kNone = 0, kGeluTanh = 1, kQuickGelu = 2, kGeluErf = 3 };
 
@@ -94,11 +98,30 @@ static __global__ void ln_k(const float *x, int D, const float *g, const float *
   }
 }
 
-// gate_add_k: x[r, i] += gate[i] * t[r, i] (the gated residuals).
-static __global__ void gate_add_k(float *x, const float *t, const float *gate, int D, size_t n) {
-  for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-    x[e] += gate[(unsigned)e % (unsigned)D] * t[e];
+// gate_add_ln_k: one row per block: the gated residual x += gate * t, then ln_k's modulated
+// LayerNorm (no affine) of the new x to bf16 yb, in one pass: the same arithmetic as the two
+// kernels it replaces.
+static __global__ void gate_add_ln_k(float *x, const float *t, const float *gate, int D, float eps, const float *shift, const float *scale,
+                                     bf16 *yb) {
+  __shared__ float sh[32];
+  float *xr = x + (size_t)blockIdx.x * D;
+  const float *tr = t + (size_t)blockIdx.x * D;
+  float s = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    xr[i] += gate[i] * tr[i];
+    s += xr[i];
+  }
+  const float mean = mqcuda::img::block_sum(s, sh) / D;
+  float v = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
+  const float inv = 1.0f / sqrtf(mqcuda::img::block_sum(v, sh) / D + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float y = (xr[i] - mean) * inv;
+    y = y * (1.0f + scale[i]) + shift[i];
+    yb[(size_t)blockIdx.x * D + i] = __float2bfloat16(y);
+  }
 }
+
 
 // embed_k: x[r, i] = table[ids[r], i] (+ pos[r, i]), bf16 tables, fp32 rows.
 static __global__ void embed_k(const bf16 *table, const int *ids, const bf16 *pos, int D, size_t n, float *x) {
@@ -151,7 +174,7 @@ struct Double {
   size_t mod, cmod;  // offsets of norm1's and norm1_context's 6D in the modulation vector
 };
 struct Single {
-  Lin qkvm, out;  // q|k|v|proj_mlp [7D, D]; proj_out [D, 5D]
+  Lin qkv, mlp, out;  // q|k|v [3D, D]; proj_mlp [4D, D]; proj_out [D, 5D]
   float *nq, *nk;
   size_t mod;  // offset of norm's 3D
 };
@@ -174,7 +197,7 @@ class Model : public Pipeline {
   const float *t5_bias(int n);
   int t5_bucket(int rel) const;
   void rope_tables(int T, int hp2, int wp2);
-  void forward(const float *packed, int N, int hp2, int wp2, const float *txt, int T, const float *pooled, float t, float g, float *out);
+  void forward(const float *packed, int N, int hp2, int wp2, const float *txt, int T, const float *pooled, const float *tg, float *out);
 
   bool swap_ids_ = false, drop_pooled_ = false;
   // CLIP
@@ -298,8 +321,8 @@ void Model::load() {
     const std::string a = p + "attn.";
     Single b;
     b.mod = modlin(p + "norm.linear", 3 * D);
-    b.qkvm = mat({a + "to_q.weight", a + "to_k.weight", a + "to_v.weight", p + "proj_mlp.weight"}, {D, D, D, 4 * D}, D,
-                 {a + "to_q.bias", a + "to_k.bias", a + "to_v.bias", p + "proj_mlp.bias"});
+    b.qkv = mat({a + "to_q.weight", a + "to_k.weight", a + "to_v.weight"}, {D, D, D}, D, {a + "to_q.bias", a + "to_k.bias", a + "to_v.bias"});
+    b.mlp = mat1(p + "proj_mlp", 4 * D, D, true);
     b.out = mat1(p + "proj_out", D, 5 * D, true);
     b.nq = f32(a + "norm_q.weight", hd_), b.nk = f32(a + "norm_k.weight", hd_);
     single_.push_back(b);
@@ -441,21 +464,22 @@ void Model::rope_tables(int T, int hp2, int wp2) {
 }
 
 // forward: the velocity out [N, 4C] (fp32, device) for packed latents [N, 4C], T5 embeddings txt
-// [T, joint] and CLIP's pooled [pooled] (device); t the pipeline's timestep / 1000, g the
-// guidance scale (dev), each times 1000 here as the model does.
-void Model::forward(const float *packed, int N, int hp2, int wp2, const float *txt, int T, const float *pooled, float t, float g,
+// [T, joint] and CLIP's pooled [pooled] (device); tg (device) the pipeline's timestep / 1000 and
+// the guidance scale (dev), each times 1000 as the model does: written before each step, so a
+// captured step replays with the step's values.
+void Model::forward(const float *packed, int N, int hp2, int wp2, const float *txt, int T, const float *pooled, const float *tg,
                     float *out) {
   const int D = D_, L = T + N, F = C_;
   // Conditioning: temb = timestep (+ guidance) + pooled text; every modulation vector from SiLU(temb).
   bf16 *fq = buf<bf16>("fq", 256), *hb = buf<bf16>("hb", std::max(D, pooledD_));
   float *h1 = buf<float>("h1", D), *temb = buf<float>("temb", D), *tmp = buf<float>("tmp", D);
   float *mods = buf<float>("mods", mods_.N);
-  KL(tfreq_k, 1, 128, 0, st_)(t * 1000.0f, 128, fq);
+  KL(tfreq_k, 1, 128, 0, st_)(tg, 128, fq);
   linear(fq, 1, t1_, h1);
   KL(silu_bf16_k, grid(D), 256, 0, st_)(h1, hb, (size_t)D);
   linear(hb, 1, t2_, temb);
   if (guidance_) {
-    KL(tfreq_k, 1, 128, 0, st_)(g * 1000.0f, 128, fq);
+    KL(tfreq_k, 1, 128, 0, st_)(tg + 1, 128, fq);
     linear(fq, 1, g1_, h1);
     KL(silu_bf16_k, grid(D), 256, 0, st_)(h1, hb, (size_t)D);
     linear(hb, 1, g2_, tmp);
@@ -482,14 +506,42 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
 
   bf16 *a = buf<bf16>("a", (size_t)L * D), *q = buf<bf16>("q", (size_t)L * D), *k = buf<bf16>("k", (size_t)L * D),
        *v = buf<bf16>("v", (size_t)L * D), *o = buf<bf16>("o", (size_t)L * D);
-  float *f = buf<float>("f", (size_t)L * 7 * D), *tt = buf<float>("tt", (size_t)L * D);
+  float *f = buf<float>("f", (size_t)L * 3 * D), *tt = buf<float>("tt", (size_t)L * D);
   bf16 *m = buf<bf16>("m", (size_t)L * 5 * D);
   const float scale = 1.0f / sqrtf((float)hd_);
-  for (const Double &b : double_) {
+  // The norm that opens each block (LayerNorm, then the block's scale and shift), and norm_out
+  // (AdaLayerNormContinuous: scale, then shift) on the image rows, run fused with the previous
+  // block's last gated residual (gate_add_ln_k); opening(i) is the i-th of them, blocks in order:
+  // image rows' {shift, scale} and text rows' (none for norm_out, whose text rows nothing reads).
+  const int nd = (int)double_.size(), ns = (int)single_.size();
+  const float *mo = mods + out_mod_;
+  struct Open {
+    const float *xs, *xc, *cs, *cc;  // image shift, scale; text shift, scale (NULL: none)
+    bf16 *xo;                        // where the image rows go (the text rows: a)
+  };
+  auto opening = [&](int i) -> Open {
+    if (i < nd) return {mods + double_[i].mod, mods + double_[i].mod + D, mods + double_[i].cmod, mods + double_[i].cmod + D, a + (size_t)T * D};
+    if (i < nd + ns) {
+      const float *ms = mods + single_[i - nd].mod;
+      return {ms, ms + D, ms, ms + D, a + (size_t)T * D};
+    }
+    return {mo + D, mo, nullptr, nullptr, a};
+  };
+  // gated: x += gate * t over both streams' rows (gates gx, gc), fused with opening(i).
+  auto gated = [&](const float *t, const float *gx, const float *gc, int i) {
+    const Open op = opening(i);
+    KL(gate_add_ln_k, N, 256, 0, st_)(xs, t + (size_t)T * D, gx, D, 1e-6f, op.xs, op.xc, op.xo);
+    if (op.cs) KL(gate_add_ln_k, T, 256, 0, st_)(cs, t, gc, D, 1e-6f, op.cs, op.cc, a);
+  };
+  {
+    const Open op = opening(0);
+    KL(ln_k, N, 256, 0, st_)(xs, D, nullptr, nullptr, 1e-6f, op.xs, op.xc, op.xo, nullptr);
+    if (op.cs) KL(ln_k, T, 256, 0, st_)(cs, D, nullptr, nullptr, 1e-6f, op.cs, op.cc, a, nullptr);
+  }
+  for (int i = 0; i < nd; i++) {
+    const Double &b = double_[i];
     const float *mx = mods + b.mod, *mc = mods + b.cmod;  // shift, scale, gate (msa), shift, scale, gate (mlp)
-    bf16 *ac = a, *ax = a + (size_t)T * D;
-    KL(ln_k, N, 256, 0, st_)(xs, D, nullptr, nullptr, 1e-6f, mx, mx + D, ax, nullptr);
-    KL(ln_k, T, 256, 0, st_)(cs, D, nullptr, nullptr, 1e-6f, mc, mc + D, ac, nullptr);
+    bf16 *ac = a, *ax = a + (size_t)T * D;  // both streams' normed rows (opened by the previous block)
     linear(ac, T, b.cqkv, f);
     KL(qk_k, dim3(T, 3 * H_), 64, 0, st_)(f, 3 * D, H_, H_, hd_, b.ncq, b.nck, 1e-6f, cosv_, sinv_, false, true, q, k, v);
     linear(ax, N, b.qkv, f);
@@ -499,35 +551,27 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
     attention(q, D, k, v, D, o, D, L, L, H_, H_, hd_, scale, false);
     linear(o, T, b.cout, tt);
     linear(o + r0, N, b.out, tt + r0);
-    // Image stream.
-    KL(gate_add_k, grid((size_t)N * D), 256, 0, st_)(xs, tt + r0, mx + 2 * D, D, (size_t)N * D);
-    KL(ln_k, N, 256, 0, st_)(xs, D, nullptr, nullptr, 1e-6f, mx + 3 * D, mx + 4 * D, ax, nullptr);
-    linear(ax, N, b.ff1, f);
-    KL(act_k, grid((size_t)N * 4 * D), 256, 0, st_)(f, 4 * D, 4 * D, m, 4 * D, (size_t)N * 4 * D, kGeluTanh);
-    linear(m, N, b.ff2, tt + r0);
-    KL(gate_add_k, grid((size_t)N * D), 256, 0, st_)(xs, tt + r0, mx + 5 * D, D, (size_t)N * D);
-    // Text stream.
-    KL(gate_add_k, grid((size_t)T * D), 256, 0, st_)(cs, tt, mc + 2 * D, D, (size_t)T * D);
-    KL(ln_k, T, 256, 0, st_)(cs, D, nullptr, nullptr, 1e-6f, mc + 3 * D, mc + 4 * D, ac, nullptr);
-    linear(ac, T, b.cff1, f);
-    KL(act_k, grid((size_t)T * 4 * D), 256, 0, st_)(f, 4 * D, 4 * D, m, 4 * D, (size_t)T * 4 * D, kGeluTanh);
+    // Both streams' feed-forwards (GELU-tanh fused into their first products).
+    KL(gate_add_ln_k, N, 256, 0, st_)(xs, tt + r0, mx + 2 * D, D, 1e-6f, mx + 3 * D, mx + 4 * D, ax);
+    KL(gate_add_ln_k, T, 256, 0, st_)(cs, tt, mc + 2 * D, D, 1e-6f, mc + 3 * D, mc + 4 * D, ac);
+    product(ax, D, N, b.ff1, m + r0 * 4, true, 4 * D, Epi::kGeluTanhBias);
+    product(ac, D, T, b.cff1, m, true, 4 * D, Epi::kGeluTanhBias);
+    linear(m + r0 * 4, N, b.ff2, tt + r0);
     linear(m, T, b.cff2, tt);
-    KL(gate_add_k, grid((size_t)T * D), 256, 0, st_)(cs, tt, mc + 5 * D, D, (size_t)T * D);
+    gated(tt, mx + 5 * D, mc + 5 * D, i + 1);
   }
-  for (const Single &b : single_) {
+  for (int i = 0; i < ns; i++) {
+    const Single &b = single_[i];
     const float *ms = mods + b.mod;  // shift, scale, gate
-    KL(ln_k, L, 256, 0, st_)(seq, D, nullptr, nullptr, 1e-6f, ms, ms + D, a, nullptr);
-    linear(a, L, b.qkvm, f);  // [L, 7D]: q | k | v | mlp
-    KL(qk_k, dim3(L, 3 * H_), 64, 0, st_)(f, 7 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_, sinv_, false, true, q, k, v);
-    // m = [attention (D) | gelu_tanh(mlp) (4D)] per row, proj_out's input.
-    KL(act_k, grid((size_t)L * 4 * D), 256, 0, st_)(f + 3 * D, 7 * D, 4 * D, m + D, 5 * D, (size_t)L * 4 * D, kGeluTanh);
+    linear(a, L, b.qkv, f);  // [L, 3D]: q | k | v
+    KL(qk_k, dim3(L, 3 * H_), 64, 0, st_)(f, 3 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_, sinv_, false, true, q, k, v);
+    // m = [attention (D) | gelu_tanh(mlp) (4D)] per row, proj_out's input: the MLP's product
+    // writes its GELU (fused) straight into its columns.
+    product(a, D, L, b.mlp, m + D, true, 5 * D, Epi::kGeluTanhBias);
     attention(q, D, k, v, D, m, 5 * D, L, L, H_, H_, hd_, scale, false);
     linear(m, L, b.out, tt);
-    KL(gate_add_k, grid((size_t)L * D), 256, 0, st_)(seq, tt, ms + 2 * D, D, (size_t)L * D);
+    gated(tt, ms + 2 * D, ms + 2 * D, nd + i + 1);
   }
-  // norm_out (AdaLayerNormContinuous: scale, then shift) and proj_out on the image rows.
-  const float *mo = mods + out_mod_;
-  KL(ln_k, N, 256, 0, st_)(xs, D, nullptr, nullptr, 1e-6f, mo + D, mo, a, nullptr);
   linear(a, N, proj_out_, out);
 }
 
@@ -555,12 +599,28 @@ void Model::generate(const mqb_image_args *a) {
   float *vp = buf<float>("vpos", (size_t)N * F), *vn = buf<float>("vneg", (size_t)N * F);
   ck(cudaMemcpyAsync(lat, a->noise, 4 * n, cudaMemcpyHostToDevice, st_), "noise");
   KL(pack_k, grid(n), 256, 0, st_)(lat, latent_, h, w, packed);
-  // 3-4. Denoising.
+  // 3-4. Denoising: every step's (timestep, guidance), times 1000 as the model takes them, uploaded
+  // once; before each step its pair is copied to the one slot the (graphed) forwards read.
+  std::vector<float> tgs(2 * (size_t)a->steps);
   for (int i = 0; i < a->steps; i++) {
     const float timestep = a->sigmas[i] * 1000.0f;
     const float t = timestep / 1000.0f;
-    forward(packed, N, hp2, wp2, pe, a->n_prompt_2, pooled, t, a->guidance, vp);
-    if (cfg) forward(packed, N, hp2, wp2, ne, a->n_negative_2, pooled + cD_, t, a->guidance, vn);
+    tgs[2 * i] = t * 1000.0f, tgs[2 * i + 1] = a->guidance * 1000.0f;
+  }
+  float *tgall = buf<float>("tg_all", tgs.size()), *tg = buf<float>("tg", 2);
+  ck(cudaMemcpyAsync(tgall, tgs.data(), 4 * tgs.size(), cudaMemcpyHostToDevice, st_), "timesteps");
+  auto key = [&](const float *txt, int T, const float *pool, const float *out) {
+    char k[160];
+    snprintf(k, sizeof k, "%dx%d t%d %p %p %p %p %p", hp2, wp2, T, (const void *)txt, (const void *)pool, (const void *)out,
+             (const void *)packed, (const void *)tg);
+    return std::string(k);
+  };
+  for (int i = 0; i < a->steps; i++) {
+    ck(cudaMemcpyAsync(tg, tgall + 2 * i, 8, cudaMemcpyDeviceToDevice, st_), "timestep");
+    step_graph(key(pe, a->n_prompt_2, pooled, vp), [&] { forward(packed, N, hp2, wp2, pe, a->n_prompt_2, pooled, tg, vp); });
+    if (cfg)
+      step_graph(key(ne, a->n_negative_2, pooled + cD_, vn),
+                 [&] { forward(packed, N, hp2, wp2, ne, a->n_negative_2, pooled + cD_, tg, vn); });
     KL(euler_k, grid(n), 256, 0, st_)(packed, vp, vn, a->true_cfg, a->sigmas[i + 1] - a->sigmas[i], (int)n, cfg);
     if (a->latents) {
       KL(unpack_k, grid(n), 256, 0, st_)(packed, latent_, h, w, lat);

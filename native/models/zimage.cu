@@ -14,6 +14,10 @@
 //    single-head mid-block attention) is batched GEMM -> fp32 softmax -> batched GEMM, per head
 //    (a grouped-query head group shares its K/V through a zero batch stride);
 //  - the VAE's 3x3 convolutions are im2col (bf16, channels-last) + one GEMM, 1x1 ones a GEMM;
+//  - biases are added in the products' epilogues (Pipeline::product), and a block's attention
+//    residual (RMSNorm, gate) runs with the feed-forward's RMSNorm and scale in one kernel;
+//  - a step's transformer forward (both CFG branches) is one CUDA graph (Pipeline::step_graph),
+//    its model time read from a device buffer;
 //  - the host draws nothing: the runtime hands over the initial noise (torch_randn, as on CPU)
 //    and the scheduler's sigmas (computed by the same function the CPU pipeline uses), so both
 //    devices start from identical numbers; CFG and the Euler step run on the GPU.
@@ -71,7 +75,7 @@ class Model : public Pipeline {
   void encode(const int32_t *ids, int n, float *out);
   void dit_block(const DitBlock &b, float *x, int L, const float *cs, const float *sn, const float *mod,
                  const std::vector<std::pair<int, int>> &segs);
-  void dit_forward(const float *lat, int h, int w, float t, int nb, const float *const *capf, const int *ncap,
+  void dit_forward(const float *lat, int h, int w, const float *t, int nb, const float *const *capf, const int *ncap,
                    float *const *out);
   void rope_tables(int Lx, int nb, const int *Lc, int wt, int nimg);
 
@@ -89,7 +93,6 @@ class Model : public Pipeline {
   std::vector<double> freq_;
   float *cosv_ = nullptr, *sinv_ = nullptr;  // the current RoPE tables (rope_tables)
   std::map<std::tuple<int, int, int, int>, std::pair<float *, float *>> rope_cache_;
-  float last_t_ = NAN;  // the t of the modulation vectors in "mods" and "t_sc"
 };
 
 void Model::load() {
@@ -257,28 +260,28 @@ void Model::dit_block(const DitBlock &b, float *x, int L, const float *cs, const
     attention(q + o0, D_, k + o0, v + o0, D_, o + o0, D_, sg.second, sg.second, H_, H_, hd_, 1.0f / sqrtf((float)hd_), false);
   }
   linear(o, L, b.o, t);
-  KL(rms_gate_add_k, L, 256, 0, st_)(x, t, D_, b.an2, mod ? mod + D_ : nullptr, eps_);
-  KL(rms_k, L, 256, 0, st_)(x, D_, b.fn1, mod ? mod + 2 * D_ : nullptr, eps_, nullptr, a);
+  KL(rms_gate_add_rms_k, L, 256, 0, st_)(x, t, D_, b.an2, mod ? mod + D_ : nullptr, eps_, b.fn1, mod ? mod + 2 * D_ : nullptr, a);
   gemm(a, D_, 0, b.w13.w, D_, 0, true, g, true, 2 * ffn_, 0, L, 2 * ffn_, D_);
   KL(swiglu_k, grid((size_t)L * ffn_), 256, 0, st_)(g, ffn_, (size_t)L * ffn_, u);
   linear(u, L, b.w2, t);
   KL(rms_gate_add_k, L, 256, 0, st_)(x, t, D_, b.fn2, mod ? mod + 3 * D_ : nullptr, eps_);
 }
 
-// dit_forward: the velocities out[b] [C, h, w] for latents lat [C, h, w] at model time t, one
-// per caption capf[b] [ncap[b], cap] (nb 1, or 2 for a CFG pair: both sequences' rows stacked,
-// so every product runs once over the pair). Device pointers.
-void Model::dit_forward(const float *lat, int h, int w, float t, int nb, const float *const *capf, const int *ncap,
+// dit_forward: the velocities out[b] [C, h, w] for latents lat [C, h, w] at model time *t (times
+// t_scale, device: written before each step, so a captured step replays with the step's value),
+// one per caption capf[b] [ncap[b], cap] (nb 1, or 2 for a CFG pair: both sequences' rows
+// stacked, so every product runs once over the pair). Device pointers.
+void Model::dit_forward(const float *lat, int h, int w, const float *t, int nb, const float *const *capf, const int *ncap,
                         float *const *out) {
   // adaLN input and every block's modulation: the same for both branches of a CFG pair.
   float *sc = buf<float>("t_sc", D_);
   const int nmod = (int)(noise_.size() + layers_.size());
   float *mods = buf<float>("mods", (size_t)nmod * 4 * D_);
-  if (t != last_t_) {
+  {
     bf16 *fq = buf<bf16>("t_freq", 256);
     float *mid = buf<float>("t_mid", 1024), *adaln = buf<float>("t_ada", ada_);
     bf16 *midb = buf<bf16>("t_midb", 1024), *adab = buf<bf16>("t_adab", ada_);
-    KL(tfreq_k, 1, 128, 0, st_)(t * t_scale_, 128, fq);
+    KL(tfreq_k, 1, 128, 0, st_)(t, 128, fq);
     linear(fq, 1, t0_, mid);
     KL(silu_bf16_k, 4, 256, 0, st_)(mid, midb, 1024);
     linear(midb, 1, t2_, adaln);
@@ -290,7 +293,6 @@ void Model::dit_forward(const float *lat, int h, int w, float t, int nb, const f
     bf16 *sab = buf<bf16>("t_sa", ada_);
     KL(silu_bf16_k, 1, 256, 0, st_)(adaln, sab, ada_);
     linear(sab, 1, final_mod_, sc);
-    last_t_ = t;
   }
 
   const int ht = h / 2, wt = w / 2, nimg = ht * wt, P = 4 * C_;
@@ -361,14 +363,25 @@ void Model::generate(const mqb_image_args *a) {
   // 2. Latents (the runtime's torch-identical noise).
   float *lat = buf<float>("lat", n), *pos = buf<float>("vpos", n), *neg = buf<float>("vneg", n);
   ck(cudaMemcpyAsync(lat, a->noise, 4 * (size_t)n, cudaMemcpyHostToDevice, st_), "noise");
-  // 3-4. Denoising.
+  // 3-4. Denoising: every step's model time (times t_scale) uploaded once; before each step its
+  // value is copied to the one slot the (graphed) forward reads.
+  std::vector<float> ts(a->steps);
   for (int i = 0; i < a->steps; i++) {
     const float timestep = a->sigmas[i] * 1000.0f;
     const float t = (1000.0f - timestep) / 1000.0f;
-    const float *capf[2] = {pe, ne};
-    const int ncap[2] = {a->n_prompt, a->n_negative};
-    float *const outs[2] = {pos, neg};
-    dit_forward(lat, h, w, t, cfg ? 2 : 1, capf, ncap, outs);
+    ts[i] = t * t_scale_;
+  }
+  float *tall = buf<float>("t_all", ts.size()), *tcur = buf<float>("t_cur", 1);
+  ck(cudaMemcpyAsync(tall, ts.data(), 4 * ts.size(), cudaMemcpyHostToDevice, st_), "timesteps");
+  const float *capf[2] = {pe, ne};
+  const int ncap[2] = {a->n_prompt, cfg ? a->n_negative : 0};
+  float *const outs[2] = {pos, neg};
+  char key[160];
+  snprintf(key, sizeof key, "%dx%d b%d c%d,%d %p %p %p %p %p %p", h, w, cfg ? 2 : 1, ncap[0], ncap[1], (void *)lat, (const void *)pe,
+           (const void *)ne, (void *)pos, (void *)neg, (void *)tcur);
+  for (int i = 0; i < a->steps; i++) {
+    ck(cudaMemcpyAsync(tcur, tall + i, 4, cudaMemcpyDeviceToDevice, st_), "timestep");
+    step_graph(key, [&] { dit_forward(lat, h, w, tcur, cfg ? 2 : 1, capf, ncap, outs); });
     KL(step_k, grid(n), 256, 0, st_)(lat, pos, neg, a->guidance, a->sigmas[i + 1] - a->sigmas[i], n, cfg);
     if (a->latents) ck(cudaMemcpyAsync(a->latents + (size_t)(i + 1) * n, lat, 4 * (size_t)n, cudaMemcpyDeviceToHost, st_), "latents");
   }

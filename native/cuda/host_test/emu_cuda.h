@@ -114,28 +114,32 @@ float __half2float(__half h) {
 __half __float2half_rn(float f) { return __half{f2h(f)}; }
 float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }
 
-const char *cudaGetErrorName(cudaError_t) { return "emu"; }
-const char *cudaGetErrorString(cudaError_t) { return "emu"; }
+const char *cudaGetErrorName(cudaError_t e) { return e == cudaErrorStreamCaptureUnsupported ? "cudaErrorStreamCaptureUnsupported" : "emu"; }
+const char *cudaGetErrorString(cudaError_t e) {
+  return e == cudaErrorStreamCaptureUnsupported ? "operation not permitted when stream is capturing" : "emu";
+}
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int) { *v = a == cudaDevAttrMultiProcessorCount ? 132 : 9; return cudaSuccess; }
-cudaError_t cudaMalloc(void **p, size_t n) { n = (n + 255) / 256 * 256; *p = aligned_alloc(256, n); memset(*p, 0xCD, n); return cudaSuccess; }
+// Inside a capture (g_rec, below) the calls a real capture refuses fail, as they do there: a
+// synchronisation, a synchronous copy, an allocation.
+static std::vector<std::function<void()>> *g_rec = nullptr;
+cudaError_t cudaMalloc(void **p, size_t n) { if (g_rec) return cudaErrorStreamCaptureUnsupported; n = (n + 255) / 256 * 256; *p = aligned_alloc(256, n); memset(*p, 0xCD, n); return cudaSuccess; }
 cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
 cudaError_t cudaMallocHost(void **p, size_t n) { *p = calloc(1, n); return cudaSuccess; }
 cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
-cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { if (g_rec) return cudaErrorStreamCaptureUnsupported; memcpy(d, s, n); return cudaSuccess; }
 cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)0x1; return cudaSuccess; }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return g_rec ? cudaErrorStreamCaptureUnsupported : cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return g_rec ? cudaErrorStreamCaptureUnsupported : cudaSuccess; }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t) new double(0); return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete (double *)e; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)(*(double *)b - *(double *)a); return cudaSuccess; }
 
-static std::vector<std::function<void()>> *g_rec = nullptr;
 static std::vector<std::vector<std::function<void()>>> g_graphs;
 static int n_launch = 0, n_gemm = 0, n_replay = 0;
 // Events read an emulated clock (ms) that only the emulated work advances: each kernel launch by
@@ -264,6 +268,9 @@ struct EmuLayout {
 };
 struct EmuDesc {
   int ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  const void *bias = nullptr;
+  int32_t bias_type = -1;  // -1: D's type, as cuBLASLt's default
 };
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (cublasLtHandle_t)0x1; return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
@@ -274,8 +281,25 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete (EmuDesc *)d; return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v,
                                               size_t n) {
+  EmuDesc &o = *(EmuDesc *)d;
+  if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER) {
+    if (n != sizeof(void *)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    memcpy(&o.bias, v, n);
+    return CUBLAS_STATUS_SUCCESS;
+  }
   if (n != sizeof(int)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  (a == CUBLASLT_MATMUL_DESC_TRANSA ? ((EmuDesc *)d)->ta : ((EmuDesc *)d)->tb) = *(const int *)v;
+  switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: o.ta = *(const int *)v; break;
+    case CUBLASLT_MATMUL_DESC_TRANSB: o.tb = *(const int *)v; break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      o.epi = *(const uint32_t *)v;
+      if (o.epi != CUBLASLT_EPILOGUE_DEFAULT && o.epi != CUBLASLT_EPILOGUE_BIAS && o.epi != CUBLASLT_EPILOGUE_GELU &&
+          o.epi != CUBLASLT_EPILOGUE_GELU_BIAS)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+      break;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: o.bias_type = *(const int32_t *)v; break;
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t t, uint64_t r, uint64_t c, int64_t ld) {
@@ -292,12 +316,23 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, 
                                                     const void *, size_t) {
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+// A descriptor with an epilogue (the image pipelines', which take the heuristic's first answer
+// as cuBLASLt's users do) is offered algorithm 0 alone: the trap is blas_pick's to catch. With
+// EMU_LT_EPILOGUE=0 it is offered none, as a cuBLASLt without the epilogue would (the pipelines
+// then take their unfused path).
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t,
                                               cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
                                               cublasLtMatmulPreference_t, int req, cublasLtMatmulHeuristicResult_t *r,
                                               int *n) {
-  const uint64_t ids[] = {2, 1, 0};
-  *n = std::min(req, 3);
+  const bool epi = ((const EmuDesc *)d)->epi != CUBLASLT_EPILOGUE_DEFAULT;
+  const char *lt_epi = getenv("EMU_LT_EPILOGUE");
+  if (epi && lt_epi && atoi(lt_epi) == 0) {
+    *n = 0;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const uint64_t ids3[] = {2, 1, 0}, ids1[] = {0};
+  const uint64_t *ids = epi ? ids1 : ids3;
+  *n = std::min(req, epi ? 1 : 3);
   for (int i = 0; i < *n; ++i) {
     r[i] = cublasLtMatmulHeuristicResult_t{};
     r[i].algo.data[0] = ids[i];
@@ -333,6 +368,55 @@ cublasStatus_t cublasLtMatmulAlgoCapGetAttribute(const cublasLtMatmulAlgo_t *, c
                                                  void *buf, size_t n, size_t *got) {
   return emu_attr(0, buf, n, got);
 }
+// emu_lt_epilogue: cublasLtMatmul with an epilogue, column-major as cuBLASLt reads it: D[m, n]
+// = epi(alpha op(A)[m, k] op(B)[k, n] + beta C + bias[m]), epi GELU's tanh approximation (the
+// one cuBLASLt documents) or nothing, in fp32, then one rounding to D's type (fp32 or bf16, any
+// ld); sums over k in order in fp32, as the emulated cuBLAS products. Enqueued with the
+// descriptor's values at the call, as a real launch (and a captured one) takes them. Columns
+// run on the host's threads.
+static cublasStatus_t emu_lt_epilogue(const EmuDesc &o, float al, const void *A, const EmuLayout &a, const void *B, const EmuLayout &b,
+                                      float be, const void *C, const EmuLayout &c, void *D, const EmuLayout &dd) {
+  const bool bias = o.epi == CUBLASLT_EPILOGUE_BIAS || o.epi == CUBLASLT_EPILOGUE_GELU_BIAS;
+  const bool gelu = o.epi == CUBLASLT_EPILOGUE_GELU || o.epi == CUBLASLT_EPILOGUE_GELU_BIAS;
+  const int m = (int)dd.rows, n = (int)dd.cols, k = (int)(o.ta == CUBLAS_OP_T ? a.rows : a.cols);
+  const cudaDataType_t bt = o.bias_type < 0 ? dd.type : (cudaDataType_t)o.bias_type;
+  if ((o.ta == CUBLAS_OP_T ? a.cols : a.rows) != (uint64_t)m || (o.tb == CUBLAS_OP_N ? b.rows : b.cols) != (uint64_t)k ||
+      (o.tb == CUBLAS_OP_N ? b.cols : b.rows) != (uint64_t)n || c.rows != dd.rows || c.cols != dd.cols || dd.ld < m ||
+      (bias && !o.bias) || (be != 0.f && C != D && c.ld != dd.ld))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const int ta = o.ta, tb = o.tb;
+  const void *bp = o.bias;
+  const EmuLayout la = a, lb = b, lc = c, ld = dd;
+  enqueue([=] {
+    const int nt = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> th;
+    for (int w = 0; w < nt; w++)
+      th.emplace_back([=]() {
+        std::vector<float> bcol(k);
+        for (int j = w; j < n; j += nt) {
+          for (int p = 0; p < k; p++)
+            bcol[p] = tb == CUBLAS_OP_N ? ld_elem(B, lb.type, (size_t)j * lb.ld + p) : ld_elem(B, lb.type, (size_t)p * lb.ld + j);
+          for (int i = 0; i < m; i++) {
+            float s = 0.f;
+            for (int p = 0; p < k; p++)
+              s += (ta == CUBLAS_OP_T ? ld_elem(A, la.type, (size_t)i * la.ld + p) : ld_elem(A, la.type, (size_t)p * la.ld + i)) * bcol[p];
+            float v = al * s;
+            if (be != 0.f) v += be * ld_elem(C, lc.type, (size_t)j * lc.ld + i);
+            if (bias) v += ld_elem(bp, bt, i);
+            if (gelu) v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+            const size_t di = (size_t)j * ld.ld + i;
+            if (ld.type == CUDA_R_32F) ((float *)D)[di] = v;
+            else if (ld.type == CUDA_R_16BF) ((__nv_bfloat16 *)D)[di] = __float2bfloat16(v);
+            else ((__half *)D)[di] = __float2half_rn(v);
+          }
+        }
+      });
+    for (auto &t : th) t.join();
+    ++n_gemm;
+    g_clock_ms += 5e-3;
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t al, const void *B, cublasLtMatrixLayout_t bl, const void *beta,
                               const void *C, cublasLtMatrixLayout_t cl, void *D, cublasLtMatrixLayout_t dl,
@@ -340,6 +424,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
   const EmuDesc &o = *(const EmuDesc *)d;
   const EmuLayout &a = *(const EmuLayout *)al, &b = *(const EmuLayout *)bl, &c = *(const EmuLayout *)cl,
                   &dd = *(const EmuLayout *)dl;
+  if (o.epi != CUBLASLT_EPILOGUE_DEFAULT) return emu_lt_epilogue(o, *(const float *)alpha, A, a, B, b, *(const float *)beta, C, c, D, dd);
   // out = X W^T as blas_pick states it: A = W stored [K rows, N cols], B = X [K, B], C = D [N, B].
   if (o.ta != CUBLAS_OP_T || o.tb != CUBLAS_OP_N || C != D || c.type != CUDA_R_32F || dd.type != CUDA_R_32F ||
       a.rows != b.rows || a.cols != c.rows || b.cols != c.cols || a.ld < (int64_t)a.rows || b.ld < (int64_t)b.rows ||

@@ -78,6 +78,8 @@ static __device__ float block_max(float v, float *sh) {
 }
 
 static __device__ float silu_d(float x) { return x / (1.0f + expf(-x)); }
+// gelu_tanh_d: GELU's tanh approximation, as torch's approximate="tanh" and cuBLASLt's epilogue.
+static __device__ float gelu_tanh_d(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
 __device__ __forceinline__ float tof(float x) { return x; }
 __device__ __forceinline__ float tof(bf16 x) { return __bfloat162float(x); }
 

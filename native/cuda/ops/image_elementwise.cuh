@@ -1,4 +1,5 @@
-// image_elementwise.cuh: a diffusion pipeline's element-wise kernels: SwiGLU, bias, add, copy,
+// image_elementwise.cuh: a diffusion pipeline's element-wise kernels: SwiGLU, bias, a product's
+// epilogue when cuBLASLt has none, add, copy,
 // casts, embedding rows, timestep frequencies, adaLN modulation, (un)patchify, the guided Euler
 // step, the VAE's input scaling and the pixels out.
 #pragma once
@@ -18,6 +19,19 @@ static __global__ void swiglu_k(const T *g, int F, size_t n, bf16 *y) {
 
 static __global__ void bias_k(float *y, const float *b, int N, size_t n) {
   for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) y[x] += b[(unsigned)x % (unsigned)N];
+}
+
+// epilogue_k: y[r, i] (row stride ldy, fp32 or bf16) = t[r, i] (row stride ldt) + b[i], then
+// GELU-tanh when gelu: what a cuBLASLt bias or GELU-bias epilogue computes, for products it
+// cannot fuse (t may be y: in place).
+static __global__ void epilogue_k(const float *t, int ldt, const float *b, int N, bool gelu, void *y, bool ybf16, int ldy, size_t n) {
+  for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) {
+    const unsigned r = (unsigned)x / (unsigned)N, i = (unsigned)x - r * (unsigned)N;
+    float v = t[(size_t)r * ldt + i] + b[i];
+    if (gelu) v = gelu_tanh_d(v);
+    if (ybf16) ((bf16 *)y)[(size_t)r * ldy + i] = __float2bfloat16(v);
+    else ((float *)y)[(size_t)r * ldy + i] = v;
+  }
 }
 
 static __global__ void add_k(float *y, const float *a, size_t n) {
@@ -41,8 +55,10 @@ static __global__ void fill_rows_k(float *x, int D, const float *v) {
   for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)blockIdx.x * D + i] = v[i];
 }
 
-// tfreq_k: the timestep's sinusoidal embedding [cos | sin] (freq 256), as the CPU pipeline.
-static __global__ void tfreq_k(float tt, int half, bf16 *out) {
+// tfreq_k: the timestep's sinusoidal embedding [cos | sin] (freq 256) of *t (device: a graphed
+// step reads the step's value from a buffer written before each replay), as the CPU pipeline.
+static __global__ void tfreq_k(const float *t, int half, bf16 *out) {
+  const float tt = *t;
   const float neg_log = (float)(-9.210340371976184);  // -log(10000) as the CPU's (float)(-std::log(10000.0))
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float f = expf(neg_log * (float)i / (float)half);

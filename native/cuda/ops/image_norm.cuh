@@ -34,6 +34,31 @@ static __global__ void rms_gate_add_k(float *x, const float *t, int D, const flo
   for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] += (gate ? gate[i] : 1.0f) * (w[i] * (tr[i] * inv));
 }
 
+// rms_gate_add_rms_k: rms_gate_add_k (x += gate * rmsnorm(t) * w) then rms_k of the new x
+// (times w2 [and scale2]) to bf16 y, per row in one pass: the same arithmetic as the two kernels.
+static __global__ void rms_gate_add_rms_k(float *x, const float *t, int D, const float *w, const float *gate, float eps,
+                                          const float *w2, const float *scale2, bf16 *y) {
+  __shared__ float sh[32];
+  const float *tr = t + (size_t)blockIdx.x * D;
+  float *xr = x + (size_t)blockIdx.x * D;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += tr[i] * tr[i];
+  ss = block_sum(ss, sh);
+  const float inv = 1.0f / sqrtf(ss / D + eps);
+  float s2 = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    xr[i] += (gate ? gate[i] : 1.0f) * (w[i] * (tr[i] * inv));
+    s2 += xr[i] * xr[i];
+  }
+  s2 = block_sum(s2, sh);
+  const float inv2 = 1.0f / sqrtf(s2 / D + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float v = w2[i] * (xr[i] * inv2);
+    if (scale2) v *= scale2[i];
+    y[(size_t)blockIdx.x * D + i] = __float2bfloat16(v);
+  }
+}
+
 // ln_scale_k: the final layer's LayerNorm (no affine, eps 1e-6) times (1 + sc), to bf16.
 static __global__ void ln_scale_k(const float *x, int D, const float *sc, bf16 *y) {
   __shared__ float sh[32];

@@ -16,7 +16,15 @@ struct cublasLtMatmulHeuristicResult_t {
   float wavesCount;
   int reserved[4];
 };
-enum cublasLtMatmulDescAttributes_t { CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB };
+enum cublasLtMatmulDescAttributes_t {
+  CUBLASLT_MATMUL_DESC_TRANSA,
+  CUBLASLT_MATMUL_DESC_TRANSB,
+  CUBLASLT_MATMUL_DESC_EPILOGUE,
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
+};
+// The real header's values (cublasLt.h): the GELU epilogues are the tanh approximation.
+enum cublasLtEpilogue_t { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4, CUBLASLT_EPILOGUE_GELU = 32, CUBLASLT_EPILOGUE_GELU_BIAS = 36 };
 enum cublasLtMatmulPreferenceAttributes_t {
   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,

@@ -42,7 +42,7 @@ unsigned atomicAdd(unsigned *, unsigned);
 unsigned long long atomicMax(unsigned long long *, unsigned long long);
 template <typename T> T min(T a, T b) { return a < b ? a : b; }
 template <typename T> T max(T a, T b) { return a > b ? a : b; }
-enum cudaError_t { cudaSuccess = 0 };
+enum cudaError_t { cudaSuccess = 0, cudaErrorStreamCaptureUnsupported = 900 };
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUgraph_st *cudaGraph_t;
 typedef struct CUevent_st *cudaEvent_t;
