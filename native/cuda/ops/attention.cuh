@@ -61,8 +61,7 @@ __host__ __device__ __forceinline__ bool flash_fits(bool flash, int D) { return 
 
 // attend: one block of ATT_THREADS; the G <= GM query heads in qs (G*D floats) attend over
 // positions [lo, hi) of the K/V rows kb/vb (row stride rs elements, position p in row
-// kv_row(p, rows)), with online softmax per
-// tile of ATT_TILE positions. Leaves the unnormalised sums in oacc[j*D + d] and the running max
+// kv_row(p, rows)), with online softmax per tile of ATT_TILE positions. Leaves the unnormalised sums in oacc[j*D + d] and the running max
 // and sum in s_m[j], s_l[j] (s_m = -inf for an empty range). A thread scores one position with
 // all of its K row's 16-byte loads in flight; V is read 8 positions deep per thread group.
 // Position fresh (-1: none) was written in this launch and is read through L2 (ld.global.cg);
