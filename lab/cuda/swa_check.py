@@ -17,7 +17,13 @@ runtime's llama resolve computed from that config, made here with
      decode steps, CUDA graphs as served) against transformers' greedy tokens; a divergence is
      reported with transformers' top-2 margin there;
   3. controls that show the check can fail: our fp32 with sliding_window 0 (the whole cache),
-     and transformers' greedy with the window removed, each against the windowed reference.
+     and transformers' greedy with the window removed, each against the windowed reference;
+  4. the windowed KV cache (ring_check): with MQB_TCAP=64 a slot keeps window + 63 rows (a ring)
+     instead of max_context's 2,048: the device memory an open takes (MQB_WARMUP=0, so no graphs)
+     against the same model without a window must differ by exactly the rows the ring saves
+     (within 4 MB), and along 1,500 positions (logits_all, chunks of 64 that wrap the ring) and
+     300 greedy steps of two prompts (served decode, graphs) the ringed model must match
+     transformers as above.
 
   python3 lab/cuda/swa_check.py --lib libmodelqual_cuda.so --out swa.json
 """
@@ -122,6 +128,76 @@ def compare(got, want, margins):
     return exact, div
 
 
+def ring_check(lib, hp, sd, model, prompts, W):
+    """The windowed KV cache on the GPU (docstring item 4): a dict with its figures and pass."""
+    import torch
+    cfg = model.config
+    L, nkv, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    max_ctx, batch, tcap = 2048, 8, 64
+    rows = min(max_ctx, W + tcap - 1)
+    err = ctypes.create_string_buffer(4096)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, cfg.vocab_size, (1500,), generator=g).tolist()
+    ref = hf_logits(model, ids)
+    steps = 300
+    want = [hf_greedy(model, p, steps) for p in prompts[:2]]
+    full = [hf_logits(model, p + w[:-1]) for p, w in zip(prompts[:2], want)]
+    margins = []
+    for p, lg in zip(prompts[:2], full):
+        top = lg[len(p) - 1:].topk(2, dim=-1).values
+        margins.append((top[:, 0] - top[:, 1]).tolist())
+    r = {"rows_per_slot": rows, "max_context": max_ctx, "tcap": tcap}
+    old = {k: os.environ.get(k) for k in ("MQB_TCAP", "MQB_WARMUP")}
+    os.environ["MQB_TCAP"] = str(tcap)
+    try:
+        ok = True
+        for prec in ("fp32", "bf16"):
+            es = 4 if prec == "fp32" else 2
+            # The opens' device memory, without warm-up (its graphs would differ), ring and not.
+            os.environ["MQB_WARMUP"] = "0"
+            used = {}
+            for key, hpv in (("ring", hp), ("no_window", dict(hp, sliding_window=0))):
+                torch.cuda.synchronize()
+                f0 = torch.cuda.mem_get_info()[0]
+                m = open_model(lib, "llama", hpv, sd, prec, batch, max_ctx)
+                f1 = torch.cuda.mem_get_info()[0]
+                lib.mqb_model_close(m)
+                used[key] = f0 - f1
+            saved = used["no_window"] - used["ring"]
+            want_saved = L * 2 * (batch + 1) * (max_ctx - rows) * nkv * D * es
+            os.environ["MQB_WARMUP"] = "1"
+            m = open_model(lib, "llama", hp, sd, prec, batch, max_ctx)
+            V = lib.mqb_vocab_size(m)
+            buf = torch.empty((len(ids), V), dtype=torch.float32)
+            if lib.mqb_logits_all(m, mb.i32arr(ids), len(ids), ctypes.cast(ctypes.c_void_p(buf.data_ptr()), mb.C_F32P),
+                                  err, 4096) != 0:
+                raise RuntimeError(err.value.decode())
+            worst = (buf - ref).abs().max().item()
+            got = ours_greedy(lib, m, V, prompts[:2], steps)
+            lib.mqb_model_close(m)
+            exact, div = compare(got, want, margins)
+            tie = max(1e-3, 2 * worst)
+            bound = 2e-3 if prec == "fp32" else 0.5
+            p_ok = (abs(saved - want_saved) <= 4 << 20 and worst < bound and
+                    all(d["ref_top2_margin"] < tie for d in div))
+            r[prec] = {"open_bytes_ring": used["ring"], "open_bytes_no_window": used["no_window"],
+                       "saved_bytes": saved, "saved_bytes_expected": want_saved,
+                       "logits_all_1500_max_abs_diff": worst, "greedy_300_exact": exact, "diverged": div, "pass": p_ok}
+            print(f"ring W={W} {prec}: {rows} rows a slot; open took {used['ring'] / 2**20:.1f} MiB against "
+                  f"{used['no_window'] / 2**20:.1f} without the window (saved {saved / 2**20:.1f}, expected "
+                  f"{want_saved / 2**20:.1f}); logits_all of 1500 max|d| {worst:.3g}; greedy {exact}/2 exact over "
+                  f"{steps} steps; diverged {div}: {'PASS' if p_ok else 'FAIL'}", flush=True)
+            ok = ok and p_ok
+        r["pass"] = ok
+        return r
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", required=True)
@@ -194,6 +270,8 @@ def main():
                          all(d["ref_top2_margin"] < tie(f32) for d in f32["diverged"]) and
                          b16["max_abs_logit_diff"] < 0.5 and all(d["ref_top2_margin"] < tie(b16) for d in b16["diverged"])
                          and ctl["max_abs_logit_diff"] > max(1e-2, 10 * f32["max_abs_logit_diff"]))
+        r["ring"] = ring_check(lib, hp, sd, model, prompts, W)
+        r["pass"] = r["pass"] and r["ring"]["pass"]
         ok = ok and r["pass"]
         print(name, "PASS" if r["pass"] else "FAIL", json.dumps({k: v for k, v in r.items() if k not in PRECS}))
         out["configs"][name] = r
@@ -206,7 +284,7 @@ def main():
     return 0 if ok else 1
 
 
-PRECS = ("fp32", "bf16", "fp32-no-window")
+PRECS = ("fp32", "bf16", "fp32-no-window", "ring")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,9 @@
 # 1), one device call from the repository root: builds libmodelqual_cuda.so from this tree
 # (lab/cuda/build_lib.sh: nvcc -O3 -arch=sm_90 of backend.cu, blas_pick.cc and the families'
 # native/models/*.cu), then lab/cuda/swa_check.py (tiny MistralForCausalLM models of
-# lab/cuda/swa/, fp32 and bf16, greedy tokens and logits against transformers on the same GPU).
+# lab/cuda/swa/, fp32 and bf16, greedy tokens and logits against transformers on the same GPU), and
+# the windowed KV cache (swa_check.py's ring_check: the device memory an open saves with a ring of
+# window + 63 rows a slot, and 1,500-position logits and 300 greedy steps through the ring).
 # Nothing to carry (the hyper-parameters the Go resolve makes are committed in lab/cuda/swa/).
 # Writes $OUT/swa.tgz: swa.json, swa.log, build.log, nvidia-smi.txt. Exit 0: every config passed.
 set -u

@@ -286,6 +286,21 @@ void warm_up(mqb_model &m) {
   }
 }
 
+// kv_rows_for: the KV cache's rows a slot. Without a sliding window every position of the
+// context (max_ctx). With a window W a query at p reads keys p - W < k <= p only (window_lo), so
+// a slot keeps a ring (kv_row: position p in row p mod rows) that is sized for the worst chunk: a
+// chunk appends up to Tcap positions of one slot (forward, logits_all and hidden_states cut at
+// Tcap; a graph's padding is at most Tcap on the scratch slot) before its first query reads back
+// to that query's window start, so the oldest key still read, p0 - W + 1, must not share a row
+// with the newest written, p0 + Tcap - 1: rows >= W + Tcap - 1. Like vLLM's sliding-window block
+// release (blocks wholly before p - W + 1 go back to the pool) this bounds a long sequence's
+// cache by the window, not by its length; here the bound is fixed per slot at open, so the
+// memory of max_batch sequences of any length is allocated once: for a 4,096-token window with
+// the default 2,048-token chunks, 6,143 rows a slot instead of a 32,768-token context's.
+int kv_rows_for(int window, int Tcap, int max_ctx) {
+  return window > 0 ? std::min(max_ctx, window + Tcap - 1) : max_ctx;
+}
+
 void open_model(mqb_model &m, const mqb_model_params *p) {
   if (!p) throw Fail("cuda backend: params is NULL");
   if (p->abi_version != MQB_ABI_VERSION)
@@ -358,8 +373,9 @@ void open_decoder(mqb_model &m, const CudaFamily &fam, const mqb_model_params *p
   if (m.fam->open) m.fam->open(m, p);
   m.fam->load(m, TensorMap(p->tensors, p->n_tensors));
 
-  // KV cache: one allocation for all layers.
-  const size_t per = (size_t)m.slots * m.max_ctx * c.nkv * c.D * es;
+  // KV cache: one allocation for all layers, kv_rows rows a slot.
+  m.kv_rows = kv_rows_for(c.window, m.Tcap, m.max_ctx);
+  const size_t per = (size_t)m.slots * m.kv_rows * c.nkv * c.D * es;
   unsigned char *kv = static_cast<unsigned char *>(m.dmalloc(per * 2 * c.L));
   for (int l = 0; l < c.L; ++l) {
     m.layers[l].kc = kv + per * (2 * l);

@@ -15,7 +15,7 @@ void prefill_attention(mqb_model &m, const Layer &ly, int ntiles) {
     auto go = [&](auto kernel) {
       launch(m, kernel, dim3(ntiles, c.nh), dim3(pa::THREADS), 0, (const float *)m.qbuf, (const T *)ly.kc,
              (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(), (const pa::Tile *)m.ptile,
-             static_cast<T *>(m.attn), c.nh, c.nkv, m.max_ctx, c.window);
+             static_cast<T *>(m.attn), c.nh, c.nkv, m.kv_rows, c.window);
     };
     switch (c.D) {
       case 16: go(pa::prefill_attn_kernel<T, 16>); break;
@@ -59,7 +59,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
     Layer &ly = m.layers[l];
     auto attention = [&]() {
       if (fused) {
-        const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.max_ctx, ly.qn, ly.kn,
+        const DecAttn<T> da{m.qkv, m.d_pos(), m.d_slot(), c.nh, c.nkv, c.D, m.kv_rows, ly.qn, ly.kn,
                             m.inv_freq, eps, ly.qscale, static_cast<T *>(ly.kc),
                             static_cast<T *>(ly.vc), static_cast<T *>(m.attn), m.part_acc, m.part_ml, m.att_cnt,
                             m.attn_lanes ? 1 : 0, m.attn_flash ? 1 : 0, clz > 1 ? 1 : 0,
@@ -82,7 +82,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
                dim3(Tn, (c.nh + 2 * c.nkv + 7) / 8), dim3(256), sizeof(float) * 8 * c.D, (const float *)m.qkv,
                (const int *)m.d_pos(), (const int *)m.d_slot(), c.nh, c.nkv, c.D, (const float *)ly.qn,
                (const float *)ly.kn, eps, (const float *)m.inv_freq, ly.qscale, m.qbuf,
-               static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.max_ctx, (const float2 *)m.rope_tab, rrow, sdelta);
+               static_cast<T *>(ly.kc), static_cast<T *>(ly.vc), m.kv_rows, (const float2 *)m.rope_tab, rrow, sdelta);
       };
       switch (m.post_n ? head_n(c.D) : HV) {
         case 1: post(std::integral_constant<int, 1>{}); break;
@@ -99,7 +99,7 @@ void run_tokens(mqb_model &m, int Tn, int R, bool want_keys, bool decode, const 
                                                 : attention_kernel<T, decltype(g)::value, false>;
         launch(m, k, dim3(tc_prefill ? grid.one : Tn, c.nkv), dim3(ATT_THREADS), asmem, (const float *)m.qbuf,
                (const T *)ly.kc, (const T *)ly.vc, (const int *)m.d_pos(), (const int *)m.d_slot(),
-               static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.max_ctx, m.attn_flash && flash ? 1 : 0,
+               static_cast<T *>(m.attn), c.nh, c.nkv, c.D, m.kv_rows, m.attn_flash && flash ? 1 : 0,
                tc_prefill ? reinterpret_cast<const int *>(m.ptile + grid.multi) : (const int *)nullptr, c.window);
       });
     };

@@ -21,7 +21,8 @@ inline int env_int(const char *k, int dflt) {
 //   MQB_WARMUP=0      leave the prefill warm-up and graph captures to the first requests (faster
 //                     open, slower first requests); default 1 (0 in the CPU emulation)
 //   MQB_TCAP=n        most tokens in one prefill or mixed chunk; default 2048 (8 or 32 prompts of
-//                     128 tokens prefill 7-10 % faster than in chunks of 512; 4,096 measured the same)
+//                     128 tokens prefill 7-10 % faster than in chunks of 512; 4,096 measured the same);
+//                     a sliding-window model's KV ring is window + MQB_TCAP - 1 rows a slot (kv_rows_for)
 //   MQB_BLAS_TUNE=0   use cuBLAS's default algorithm instead of timing candidates once per shape
 //   MQB_BLAS_LOG=1    print the algorithm blas_pick chose for each shape
 struct Knobs {

@@ -23,7 +23,8 @@ struct Cfg {
   bool token_rope = false;   // rope_tab has Tcap rows past max_ctx for per-token rows (rope_rows)
   // Sliding-window attention (the config's sliding_window, set by the family's configure hook): a
   // query at position p attends keys p - window < k <= p in every attention path (window_lo);
-  // 0: the whole cache. The cache still holds every position; only the reads are limited.
+  // 0: the whole cache. The cache then keeps only the rows a query can still read: a ring of
+  // mqb_model::kv_rows rows a slot (kv_row).
   int window = 0;
   // RoPE's inverse frequencies (D/2) where the family's rotary scaling computed them (its
   // configure hook fills them); empty: theta^(-2j/D). rope_setup uploads them.
@@ -122,7 +123,7 @@ struct Layer {
   float *b_qkv = nullptr, *b_o = nullptr, *b_up = nullptr, *b_down = nullptr;
   float *ln1_w = nullptr, *ln1_b = nullptr, *ln2_w = nullptr, *ln2_b = nullptr;
   float *qn = nullptr, *kn = nullptr;
-  void *kc = nullptr, *vc = nullptr;  // T, [slots, maxctx, nkv, D]
+  void *kc = nullptr, *vc = nullptr;  // T, [slots, kv_rows, nkv, D]
   float qscale = 1.f;
 };
 
@@ -153,6 +154,9 @@ struct mqb_model {
   int dev = 0, sms = 0;
   int max_batch = 0, max_ctx = 0, slots = 0, scratch = 0;
   int Tcap = 0, Rcap = 0;
+  // The KV cache's rows a slot (kv_rows_for): max_ctx, or with a sliding window a ring of
+  // window + Tcap - 1 rows where that is fewer, position p in row kv_row(p, kv_rows).
+  int kv_rows = 0;
   int gemv_max_b = 4;
   bool attn_lanes = true;  // attend's several-lanes-per-position scores (debug "attn_lanes")
   bool attn_flash = true;  // decode attention through attend_flash (debug "attn_flash")

@@ -271,9 +271,10 @@ class Backend {
   }
 };
 
-// KVCache holds keys and values per layer and slot: [layer][slot][position][kv_dim]. The memory
-// is reserved with mmap and only touched as positions fill, so an engine's resident size
-// grows with use rather than with max_batch * max_context.
+// KVCache holds keys and values per layer and slot: [layer][slot][row][kv_dim], a row per
+// position, or fewer rows that the model reuses (a sliding window's ring: Qwen3Decoder::ring_).
+// The memory is reserved with mmap and only touched as rows fill, so an engine's resident size
+// grows with use rather than with max_batch * ctx.
 class KVCache {
  public:
   KVCache(int layers, int slots, int ctx, int kv_dim);

@@ -9,9 +9,11 @@ namespace mq {
 
 Qwen3Decoder::Qwen3Decoder(const ModelArgs &a, const DecoderDims &d, const Options &o)
     : pool_(a.pool), hp_(d), E_(d.hidden_size), H_(d.num_heads), Hkv_(d.num_kv_heads), hd_(d.head_dim),
-      I_(d.intermediate_size), ctx_(a.max_context), window_(o.sliding_window), qk_norm_(o.qk_norm),
-      drop_q_norm_(fault(o.fault_prefix + ".drop_q_norm")), kv_swap_(fault(o.fault_prefix + ".kv_head_swap") && d.num_kv_heads > 1),
-      kv_(d.num_layers, a.n_slots, a.max_context, d.num_kv_heads * d.head_dim), moe_(o.moe),
+      I_(d.intermediate_size), ctx_(a.max_context), window_(o.sliding_window),
+      ring_(o.sliding_window > 0 && 2 * (int64_t)o.sliding_window < a.max_context ? o.sliding_window : 0),
+      qk_norm_(o.qk_norm), drop_q_norm_(fault(o.fault_prefix + ".drop_q_norm")),
+      kv_swap_(fault(o.fault_prefix + ".kv_head_swap") && d.num_kv_heads > 1),
+      kv_(d.num_layers, a.n_slots, ring_ ? 2 * ring_ : a.max_context, d.num_kv_heads * d.head_dim), moe_(o.moe),
       route_wrong_(fault(o.fault_prefix + ".route_wrong_expert")) {
   const Weights &w = *a.w;
   const int qd = H_ * hd_, kvd = Hkv_ * hd_;
@@ -171,6 +173,10 @@ void Qwen3Decoder::forward(const Pass &ps, float *h) {
     linear(pool_, a_.data(), R, E_, L.wv, kvd, L.bv, v_.data());
     for (int i = 0; i < b.n; i++) {
       float *K = kv_.k(l, b.slot[i]), *V = kv_.v(l, b.slot[i]);
+      float *qe = &q_[(size_t)b.off[i] * qd], *oe = &att_[(size_t)b.off[i] * qd];
+      // A windowed entry past the window: each row attends its last window_ keys (the shared
+      // kernel run on the window's part of the cache) as soon as its own key is stored (ring_).
+      const bool per_row = window_ > 0 && b.pos[i] + b.ntok[i] > window_;
       for (int j = 0; j < b.ntok[i]; j++) {
         int r = b.off[i] + j, p = b.pos[i] + j;
         int p3[3] = {p, p, p};
@@ -196,21 +202,19 @@ void Qwen3Decoder::forward(const Pass &ps, float *h) {
           std::swap_ranges(kr, kr + hd_, kr + hd_);
           std::swap_ranges(vr, vr + hd_, vr + hd_);
         }
-        std::memcpy(K + (size_t)p * kvd, kr, sizeof(float) * kvd);
-        std::memcpy(V + (size_t)p * kvd, &v_[(size_t)r * kvd], sizeof(float) * kvd);
-      }
-      float *qe = &q_[(size_t)b.off[i] * qd], *oe = &att_[(size_t)b.off[i] * qd];
-      if (window_ <= 0 || b.pos[i] + b.ntok[i] <= window_) {
-        attention(qe, b.ntok[i], b.pos[i], H_, Hkv_, hd_, K, V, scale, oe, scratch_.data());
-      } else {
-        // Sliding window: each row attends to its last window_ keys, the shared kernel run on
-        // the window's part of the cache.
-        for (int j = 0; j < b.ntok[i]; j++) {
-          const int p = b.pos[i] + j, start = std::max(0, p - window_ + 1);
-          attention(qe + (size_t)j * qd, 1, p - start, H_, Hkv_, hd_, K + (size_t)start * kvd, V + (size_t)start * kvd, scale,
+        for (int row : {ring_ ? p % ring_ : p, ring_ ? p % ring_ + ring_ : -1}) {  // the ring's mirror too
+          if (row < 0) continue;
+          std::memcpy(K + (size_t)row * kvd, kr, sizeof(float) * kvd);
+          std::memcpy(V + (size_t)row * kvd, &v_[(size_t)r * kvd], sizeof(float) * kvd);
+        }
+        if (per_row) {
+          const int start = std::max(0, p - window_ + 1), at = ring_ ? start % ring_ : start;
+          attention(qe + (size_t)j * qd, 1, p - start, H_, Hkv_, hd_, K + (size_t)at * kvd, V + (size_t)at * kvd, scale,
                     oe + (size_t)j * qd, scratch_.data());
         }
       }
+      // Otherwise every key is in the rows of its position (a ring's first window_ rows).
+      if (!per_row) attention(qe, b.ntok[i], b.pos[i], H_, Hkv_, hd_, K, V, scale, oe, scratch_.data());
     }
     linear(pool_, att_.data(), R, qd, L.wo, E_, L.bo, tmp_.data());
     for (size_t x = 0; x < (size_t)R * E_; x++) h[x] += tmp_[x];

@@ -16,7 +16,8 @@
 // q/k norms (Options::qk_norm false), with optional MLP biases (Options::mlp_bias), a rotary
 // table from precomputed inverse frequencies and attention scaling (Options::rope_inv_freq,
 // rope_scaling: the rope types llama.cc resolves) and Mistral's sliding window
-// (Options::sliding_window: query p sees keys p-window+1..p).
+// (Options::sliding_window: query p sees keys p-window+1..p). With a window the KV cache keeps
+// only what a query can still read: a mirrored ring of 2 * window rows a slot (Qwen3Decoder::ring_).
 //
 // Mixture of experts (transformers' modeling_qwen3_moe, Options::moe): a layer's FFN may instead
 // be a sparse block: router logits = gate(x) (bias-free [num_experts, E]), softmax in float32
@@ -146,6 +147,13 @@ class Qwen3Decoder {
   ThreadPool *pool_;
   DecoderDims hp_;
   int E_, H_, Hkv_, hd_, I_, ctx_, window_;
+  // ring_: with a sliding window W shorter than half the context, the KV cache holds a mirrored
+  // ring of 2 W rows a slot instead of every position: position p is stored in rows p mod W and
+  // p mod W + W, so the W keys a query at p reads (p-W+1..p) are the contiguous rows from
+  // (p-W+1) mod W, and the shared attention kernel reads them in place. A windowed entry's rows
+  // are attended one at a time right after each is stored (a later row of the same entry would
+  // overwrite keys an earlier row still reads). 0: a row per position.
+  int ring_;
   bool qk_norm_, drop_q_norm_, kv_swap_;
   KVCache kv_;
   const float *embed_, *norm_;

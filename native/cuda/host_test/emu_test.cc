@@ -877,6 +877,7 @@ static void prefill_attn_products(const char *prec, int window = 0) {
 }
 
 #include "emu_flash.h"
+#include "emu_swakv.h"
 
 // decode_attn_products checks a decode step's attention with head_dim 128 (attend_flash's first
 // step covers 64 positions, so longer sequences take more) against a double-precision
@@ -1176,13 +1177,16 @@ int main() {
     prefill_attn_products<__nv_bfloat16>("bf16", 8);
     decode_attn_case<__nv_bfloat16, 2>("bf16", 4, 8);
     window_model("bf16", 0.25);
+    window_ring("bf16", 0.25, false);  // the windowed cache (emu_swakv.h): its logits_all check
   }
-  for (const char *prec : {"fp32", "bf16", "fp16"})
+  for (const char *prec : {"fp32", "bf16", "fp16"}) {
+    const double tol = std::string(prec) == "fp32" ? 2e-4 : std::string(prec) == "bf16" ? 0.25 : 0.05;
     if (want("llama", prec)) {
       Owned l = make_qwen3(8, 2, false);
-      run_family("llama", llama_hp(8), l, prec, std::string(prec) == "fp32" ? 2e-4 : std::string(prec) == "bf16" ? 0.25 : 0.05,
-                 256, 8);
+      run_family("llama", llama_hp(8), l, prec, tol, 256, 8);
     }
+    if (want("llama", prec) || want("swakv", prec)) window_ring(prec, tol, true);  // EMU_ONLY=swakv:<prec> alone
+  }
   if (want("vision", "fp32")) vision_products();
   printf("launches %d, gemms %d, graph replays %d\n", n_launch, n_gemm, n_replay);
   printf("%d passed, %d failed\n", failures == 0 ? 1 : 0, failures);

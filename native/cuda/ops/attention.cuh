@@ -60,14 +60,14 @@ template <typename T>
 __host__ __device__ __forceinline__ bool flash_fits(bool flash, int D) { return flash && lanes_fit(D / TT<T>::CH); }
 
 // attend: one block of ATT_THREADS; the G <= GM query heads in qs (G*D floats) attend over
-// positions [lo, hi) of the K/V rows kb/vb (row stride rs elements), with online softmax per
-// tile of ATT_TILE positions. Leaves the unnormalised sums in oacc[j*D + d] and the running max
+// positions [lo, hi) of the K/V rows kb/vb (row stride rs elements, position p in row
+// kv_row(p, rows)), with online softmax per tile of ATT_TILE positions. Leaves the unnormalised sums in oacc[j*D + d] and the running max
 // and sum in s_m[j], s_l[j] (s_m = -inf for an empty range). A thread scores one position with
 // all of its K row's 16-byte loads in flight; V is read 8 positions deep per thread group.
 // Position fresh (-1: none) was written in this launch and is read through L2 (ld.global.cg);
 // the others, written by earlier launches, through the read-only L1 path (ld.global.nc).
 template <typename T, int GM>
-__device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh, int D, int G,
+__device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int rows, int lo, int hi, int fresh, int D, int G,
                        float *sc, float *red, float *s_m, float *s_l, float *s_c, float *oacc,
                        bool lanes_ok = true) {
   constexpr int CH = TT<T>::CH;
@@ -114,7 +114,7 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
 #pragma unroll
         for (int u = 0; u < SU; ++u) {
           const int pp = base + u * stride + sub;
-          const T *kr = kb + (size_t)(t0 + pp) * rs + sl * CH;
+          const T *kr = kb + (size_t)kv_row(t0 + pp, rows) * rs + sl * CH;
           raw[u] = pp >= tn ? make_uint4(0u, 0u, 0u, 0u)
                    : t0 + pp == fresh ? ldcg4(kr)
                                       : __ldg(reinterpret_cast<const uint4 *>(kr));
@@ -143,7 +143,7 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
       }
     } else {
       for (int pp = tid; pp < tn; pp += ATT_THREADS) {
-        const T *kr = kb + (size_t)(t0 + pp) * rs;
+        const T *kr = kb + (size_t)kv_row(t0 + pp, rows) * rs;
         float s[GM];
 #pragma unroll
         for (int j = 0; j < GM; ++j) s[j] = 0.f;
@@ -212,7 +212,7 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
           const int pp = p0 + u * ngrp;
-          const T *vp = vb + (size_t)(t0 + pp) * rs + ch * CH;
+          const T *vp = vb + (size_t)kv_row(t0 + pp, rows) * rs + ch * CH;
           raw[u] = pp >= tn ? make_uint4(0u, 0u, 0u, 0u)
                    : t0 + pp == fresh ? ldcg4(vp) : __ldg(reinterpret_cast<const uint4 *>(vp));
         }
@@ -254,18 +254,19 @@ __device__ void attend(const float *qs, const T *kb, const T *vb, size_t rs, int
   __syncthreads();
 }
 
-// prefetch_kv_rows asks L2 for the cached K and V rows [lo, hi) of KV head kh of cache slot sl.
+// prefetch_kv_rows asks L2 for the cached K and V of positions [lo, hi) of KV head kh of cache
+// slot sl (rows rows a slot: kv_row).
 // decode_attn_kernel calls it before it waits for the previous kernel (programmatic dependent
 // launch): rows of earlier steps do not depend on that kernel. Only there: the fused kernel runs
 // where few sequences decode, whose rows fit in L2 (batch 1: 852 against 827 tok/s).
 // attention_kernel did the same and lost 12 % at batch 32 with 2,048 positions (268 MB
 // of rows per layer asked of a 50 MB L2), so it does not prefetch.
 template <typename T>
-__device__ void prefetch_kv_rows(const T *kc, const T *vc, int sl, int kh, int lo, int hi, int nkv, int D, int maxctx) {
+__device__ void prefetch_kv_rows(const T *kc, const T *vc, int sl, int kh, int lo, int hi, int nkv, int D, int rows) {
   const int rowl = max(1, D * (int)sizeof(T) / 128);  // 128-byte lines per row
-  const size_t rs = (size_t)nkv * D, base = ((size_t)sl * maxctx * nkv + kh) * D;
+  const size_t rs = (size_t)nkv * D, base = ((size_t)sl * rows * nkv + kh) * D;
   for (int i = threadIdx.x; i < (hi - lo) * rowl; i += blockDim.x) {
-    const size_t at = base + (size_t)(lo + i / rowl) * rs;
+    const size_t at = base + (size_t)kv_row(lo + i / rowl, rows) * rs;
     const int off = (i % rowl) * 128;
     prefetch_l2(reinterpret_cast<const char *>(kc + at) + off);
     prefetch_l2(reinterpret_cast<const char *>(vc + at) + off);
@@ -281,7 +282,7 @@ __device__ void prefetch_kv_rows(const T *kc, const T *vc, int sl, int kh, int l
 // phases were each a round trip to L2 and a barrier (lab/cuda/NOTES.md: 2.7 + 1.1 + 2.1 us
 // of attention's 10.8 at batch 1). Needs lanes_fit(nch).
 template <typename T, int GM>
-__device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi, int fresh, int D,
+__device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t rs, int rows, int lo, int hi, int fresh, int D,
                              int G, float *sc, float *red, float *s_m, float *s_l, float *oacc) {
   constexpr int CH = TT<T>::CH;
   constexpr int SU = 4;
@@ -307,7 +308,7 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
 #pragma unroll
     for (int u = 0; u < SU; ++u) {
       const int pp = base + u * ngroups + g, pos = lo + pp;
-      const size_t off = (size_t)pos * rs + sl * CH;
+      const size_t off = (size_t)kv_row(pos, rows) * rs + sl * CH;
       const bool ok = pp < span;
       kr[u] = !ok           ? make_uint4(0u, 0u, 0u, 0u)
               : pos == fresh ? ldcg4(kb + off)
@@ -405,13 +406,13 @@ __device__ void attend_flash(const float *qs, const T *kb, const T *vb, size_t r
 // checked the rule: flash_only) compiles attend_flash alone, so that the kernel carries no attend:
 // dead code too costs a launch (lab/cuda/NOTES.md: batch 1 +4 %).
 template <typename T, int GM, bool FLASH_ONLY = false>
-__device__ void attend_either(bool flash, const float *qs, const T *kb, const T *vb, size_t rs, int lo, int hi,
+__device__ void attend_either(bool flash, const float *qs, const T *kb, const T *vb, size_t rs, int rows, int lo, int hi,
                               int fresh, int D, int G, float *sc, float *red, float *s_m, float *s_l, float *s_c,
                               float *oacc, bool score_lanes = true) {
   if (FLASH_ONLY || flash_fits<T>(flash, D)) {
-    attend_flash<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc);
+    attend_flash<T, GM>(qs, kb, vb, rs, rows, lo, hi, fresh, D, G, sc, red, s_m, s_l, oacc);
   } else if constexpr (!FLASH_ONLY) {
-    attend<T, GM>(qs, kb, vb, rs, lo, hi, fresh, D, G, sc, red, s_m, s_l, s_c, oacc, score_lanes);
+    attend<T, GM>(qs, kb, vb, rs, rows, lo, hi, fresh, D, G, sc, red, s_m, s_l, s_c, oacc, score_lanes);
   }
 }
 
@@ -436,7 +437,7 @@ template <typename T, int GM, bool FLASH_ONLY>
 __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
     attention_kernel(const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
                      const int *__restrict__ tpos, const int *__restrict__ tslot, T *__restrict__ out, int nh,
-                     int nkv, int D, int maxctx, int flash, const int *__restrict__ toks, int window) {
+                     int nkv, int D, int rows, int flash, const int *__restrict__ toks, int window) {
   DYN_SMEM(float, asm_);
   __shared__ float s_m[MAXG], s_l[MAXG], s_c[MAXG];
   pdl_wait();
@@ -445,8 +446,8 @@ __global__ void __launch_bounds__(ATT_THREADS, GM <= ATT_2BLK_GM ? 2 : 1)
   if (t < 0) return;  // block-uniform
   float *qs = asm_, *oacc = qs + GM * D, *sc = oacc + GM * D, *red = sc + GM * ATT_TILE;
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
-  const size_t base = ((size_t)tslot[t] * maxctx * nkv + g) * D, rs = (size_t)nkv * D;
-  attend_either<T, GM, FLASH_ONLY>(flash != 0, qs, kc + base, vc + base, rs, window_lo(tpos[t], window), tpos[t] + 1, -1,
+  const size_t base = ((size_t)tslot[t] * rows * nkv + g) * D, rs = (size_t)nkv * D;
+  attend_either<T, GM, FLASH_ONLY>(flash != 0, qs, kc + base, vc + base, rs, rows, window_lo(tpos[t], window), tpos[t] + 1, -1,
                                    D, G, sc, red, s_m, s_l, s_c, oacc);
   for (int i = threadIdx.x; i < G * D; i += ATT_THREADS)
     out[((size_t)t * nh + (size_t)g * G) * D + i] = TT<T>::fromf(oacc[i] / s_l[i / D]);

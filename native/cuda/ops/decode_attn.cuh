@@ -9,10 +9,10 @@ template <typename T>
 struct DecAttn {
   const float *qkv;                 // [tokens, (nh + 2 nkv) D] fp32: the step's qkv product
   const int *pos, *slot;            // per token: its position (the new one) and cache slot
-  int nh, nkv, D, maxctx;
+  int nh, nkv, D, maxctx;           // maxctx: the cache's rows a slot (mqb_model::kv_rows; kv_row)
   const float *qn, *kn, *inv_freq;  // q/k RMSNorm weights (NULL: none), RoPE (NULL: none, gpt2)
   float eps, qscale;
-  T *kc, *vc;                       // this layer's cache [slots, maxctx, nkv, D]
+  T *kc, *vc;                       // this layer's cache [slots, maxctx rows, nkv, D]
   T *out;                           // [tokens, nh D]
   float *part_acc, *part_ml;        // split partials [tokens*nkv*S][G*D], [..][G][2]
   unsigned int *cnt;                // [tokens*nkv] splits finished; zero between steps
@@ -148,7 +148,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     // The new k and v rows, CH elements (16 bytes) per thread: one short loop, where one value
     // per thread unrolled into 5 KB of stores (seen in the SASS).
     constexpr int CH = TT<T>::CH;
-    const size_t at = base + (size_t)p * rs;
+    const size_t at = base + (size_t)kv_row(p, a.maxctx) * rs;
 #pragma unroll 1
     for (int i = tid * CH; i < 2 * D; i += ATT_THREADS * CH) {
       alignas(16) T v[CH];
@@ -159,7 +159,7 @@ __device__ void attn_item(const DecAttn<T> &a, int t, int kh, int S, int z, floa
     }
     __syncthreads();
   }
-  attend_either<T, GM, FLASH_ONLY>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, lo, hi, mine ? p : -1, D, G, sc,
+  attend_either<T, GM, FLASH_ONLY>(a.flash != 0, qs, a.kc + base, a.vc + base, rs, a.maxctx, lo, hi, mine ? p : -1, D, G, sc,
                                    red, s_m, s_l, s_c, oacc, a.score_lanes != 0);
   T *out = a.out + ((size_t)t * a.nh + (size_t)kh * G) * D;
   if (S == 1) {

@@ -42,16 +42,18 @@ struct Tile {
 // supported: head_dims the kernel is instantiated for.
 __host__ __device__ constexpr bool supported(int D) { return D == 16 || D == 32 || D == 64 || D == 128; }
 
-// stage_rows copies cached rows k0 .. k0 + BK - 1 of one KV head (row stride rs elements, from
-// src) into shared rows of RS elements with asynchronous 16-byte copies (sk::stage16), and
-// zeros the rows past pmax with plain stores. Every thread of the block takes part.
+// stage_rows copies the cached positions k0 .. k0 + BK - 1 of one KV head (row stride rs
+// elements, from src; position k in row kv_row(k, rows)) into shared rows of RS elements with
+// asynchronous 16-byte copies (sk::stage16), and zeros the positions below klo (before every
+// row's window: a windowed cache may have given their rows to newer positions) and past pmax
+// with plain stores, so no row outside the tile's keys is read. Every thread of the block takes part.
 template <typename T, int D>
-__device__ __forceinline__ void stage_rows(T *dst, const T *src, size_t rs, int k0, int pmax) {
+__device__ __forceinline__ void stage_rows(T *dst, const T *src, size_t rs, int rows, int k0, int klo, int pmax) {
   constexpr int RS = D + 8;
   for (int i = threadIdx.x; i < BK * (D / 8); i += THREADS) {
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-    if (k0 + r <= pmax)
-      sk::stage16(dst + r * RS + c, src + (size_t)(k0 + r) * rs + c);
+    if (k0 + r >= klo && k0 + r <= pmax)
+      sk::stage16(dst + r * RS + c, src + (size_t)kv_row(k0 + r, rows) * rs + c);
     else
       *reinterpret_cast<uint4 *>(dst + r * RS + c) = make_uint4(0u, 0u, 0u, 0u);
   }
@@ -77,9 +79,9 @@ __device__ __forceinline__ void stage_wait_all() {
 }
 
 // prefill_attn_kernel: grid (tiles, query heads), THREADS threads. q [tokens, nh, D] fp32; the
-// cache [slots, maxctx, nkv, D] in T holds every position up to each token's (qkv_post appended
-// the chunk's); out [tokens, nh, D] in T. window: the sliding window (0: none): a row at
-// position p attends keys window_lo(p, window)..p.
+// cache [slots, maxctx rows, nkv, D] in T holds every position a token attends (qkv_post
+// appended the chunk's; position k in row kv_row(k, maxctx)); out [tokens, nh, D] in T. window:
+// the sliding window (0: none): a row at position p attends keys window_lo(p, window)..p.
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__restrict__ q, const T *__restrict__ kc,
                                                               const T *__restrict__ vc, const int *__restrict__ tpos,
@@ -129,15 +131,16 @@ __global__ void __launch_bounds__(THREADS) prefill_attn_kernel(const float *__re
   const size_t rs = (size_t)nkv * D, base = ((size_t)slot * maxctx * nkv + kh) * D;
   const bool active = w * 16 < tile.n;  // warp-uniform: the warp has rows of the tile
   float s[NT][4];
-  for (int k0 = window_lo(p0, window) / BK * BK; k0 <= pmax; k0 += BK) {
+  const int klo = window_lo(p0, window);  // the tile's first key (its first row's)
+  for (int k0 = klo / BK * BK; k0 <= pmax; k0 += BK) {
     // K rows k0 .. k0 + BK - 1, then V's, as two groups of asynchronous copies: every load of a
     // tile is in flight at once, without registers, and V lands while the scores are made (a
     // mixed step's prefill attention 0.85 -> 0.77 ms against register loads, lab/cuda/NOTES.md).
-    // Rows past the tile's last position are zeros (masked for every row, and finite, so 0 * V
-    // stays 0).
-    stage_rows<T, D>(ks, kc + base, rs, k0, pmax);
+    // Rows before the tile's first key or past its last position are zeros (masked for every
+    // row, and finite, so 0 * V stays 0).
+    stage_rows<T, D>(ks, kc + base, rs, maxctx, k0, klo, pmax);
     stage_commit();
-    stage_rows<T, D>(vs, vc + base, rs, k0, pmax);
+    stage_rows<T, D>(vs, vc + base, rs, maxctx, k0, klo, pmax);
     stage_commit();
     stage_wait_but_one();
     __syncthreads();

@@ -113,6 +113,13 @@ __device__ void head_vec(const float *src, const float *nw, float eps, const flo
   __syncwarp();
 }
 
+// kv_row: the cache row that holds position p of a slot of rows rows. A slot holds the model's
+// whole context (rows = max_context: the row is the position), or, with a sliding window, a ring
+// of at least window + Tcap - 1 rows (mqb_model::kv_rows) where position p lives in row p mod
+// rows: every key a query can still attend (window_lo) is newer than the rows a chunk's writes
+// reuse. Without a window the modulo is never reached (one compare).
+__host__ __device__ __forceinline__ int kv_row(int p, int rows) { return p < rows ? p : p % rows; }
+
 // qkv_post_kernel: grid (token, head group); each warp takes one head of the fused q|k|v row:
 // head_vec (q_norm / k_norm, RoPE, q scaled by qscale), then q written fp32 to qout[t, h, :] and
 // k and v appended to the token's slot in the cache.
@@ -156,8 +163,8 @@ __global__ void __launch_bounds__(256) qkv_post_kernel(const float *__restrict__
       for (int n = 0; n < N; ++n)
         if (lane + 32 * n < D) q[lane + 32 * n] = buf[lane + 32 * n];
     } else {
-      T *c = kind == 1 ? kc + (((size_t)s * maxctx + p) * nkv + (hh - nh)) * D
-                       : vc + (((size_t)s * maxctx + p) * nkv + (hh - nh - nkv)) * D;
+      const size_t at = (size_t)s * maxctx + kv_row(p, maxctx);  // maxctx: the cache's rows a slot
+      T *c = kind == 1 ? kc + (at * nkv + (hh - nh)) * D : vc + (at * nkv + (hh - nh - nkv)) * D;
 #pragma unroll
       for (int n = 0; n < N; ++n)
         if (lane + 32 * n < D) c[lane + 32 * n] = TT<T>::fromf(buf[lane + 32 * n]);
