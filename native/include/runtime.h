@@ -272,7 +272,7 @@ class Backend {
 };
 
 // KVCache holds keys and values per layer and slot: [layer][slot][row][kv_dim], a row per
-// position, or fewer rows that the model reuses (a sliding window's ring: Qwen3Decoder::ring_).
+// position, or fewer rows that the model reuses (a sliding window's ring, kept by the shared decoder).
 // The memory is reserved with mmap and only touched as rows fill, so an engine's resident size
 // grows with use rather than with max_batch * ctx.
 class KVCache {

@@ -7,9 +7,10 @@
 //    buffers grown on demand;
 //  - the products: gemm (cuBLAS, bf16 inputs, fp32 accumulation, fp32 or bf16 out, batched with
 //    strides), product (x W^T with its bias, or GELU-tanh of it, fused into the GEMM as a cuBLASLt
-//    epilogue, to fp32 or bf16 rows of any stride), linear (x W^T + b to fp32), and attention, the one function both pipelines' attentions go
-//    through (the DiTs' joint attention, a causal GQA text encoder through the shared decoder
-//    aside, CLIP's causal attention, the VAE's single-head mid-block attention): the
+//    epilogue, to fp32 or bf16 rows of any stride), linear (x W^T + b to fp32), and attention,
+//    the one function both pipelines' attentions go through (the DiTs' joint attention, a causal
+//    GQA text encoder through the shared decoder aside, a pooled text encoder's causal attention,
+//    the VAE's single-head mid-block attention): the
 //    fused tensor-core kernel of ops/flash_attn.cuh for head dims up to 128; the VAE's 512-wide
 //    head as batched GEMM -> fp32 softmax -> batched GEMM;
 //  - the AutoencoderKL decoder (diffusers' Decoder: conv_in, mid block resnets and single-head

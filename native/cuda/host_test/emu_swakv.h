@@ -1,6 +1,6 @@
 // emu_swakv.h: window_ring, the CPU emulation's check of the windowed KV cache (a sliding-window
 // model keeps a ring of mqb_model::kv_rows rows a slot, kv_row; backend.cu: kv_rows_for). Included
-// by emu_test.cc after its helpers: check, knob, maxdiff, the llama model and its reference.
+// by emu_test.cc after its helpers: check, knob, maxdiff, the windowed decoder model and its reference.
 #pragma once
 
 // kv_poison fills the rows of cache slot `slot` (every layer, K and V) that no query from
@@ -52,7 +52,7 @@ static bool all_finite(const std::vector<float> &v) {
   return true;
 }
 
-// window_ring: a llama model with sliding_window 8, chunks of Tcap 64 (MQB_TCAP) and 160
+// window_ring: a decoder model with sliding_window 8, chunks of Tcap 64 (MQB_TCAP) and 160
 // positions a slot, so its cache is a ring of 8 + 64 - 1 = 71 rows (the bound checked), run
 // beside the same model with a cache of every position (kv_unring), both with the rows no later
 // query may read poisoned with NaN before every call (kv_poison):
