@@ -169,8 +169,9 @@ void vis_act(mqb_model &m, const float *x, size_t n, int act, T *y) {
 }
 
 // vit_attention: full (bidirectional) attention within each of G groups of Np rows (a tower's
-// fixed-size tiles, or one group of all patches for a native-resolution tower) of qkv [G * Np, 3, heads, hd] (fp32, rows as the
-// fused projection makes them) into y [G * Np, heads * hd] in T, scale applied to the scores.
+// fixed-size tiles, or one group of all patches for a native-resolution tower) of qkv
+// [G * Np, 3, heads, hd] (fp32, rows as the fused projection makes them) into
+// y [G * Np, heads * hd] in T, scale applied to the scores.
 // bf16 towers: the rows rounded to bf16 into scratch (G * Np * 3 * heads * hd elements), then
 // img::flash_attention_batched (tensor cores, fp32 accumulation; the groups in one launch)
 // straight into y: InternViT-300M's 1025 patches x 16 heads of 64 take 0.037 ms on an H100, 14x
