@@ -5,10 +5,16 @@
         the GPU golden: the plain cases of fixtures/golden/make_flux_golden.py (3 prompts x 64x64
         and 96x64; steps 4, 3 for the lighthouse; seeds 42 + i; guidance 3.5 for dev, 0 for
         schnell; max_sequence_length 512 for dev, 256 for schnell) in bf16 on cuda, the seed's
-        noise drawn by a CPU generator, written as OUT_DIR/FIXTURE-cuda-bf16.json (the format of
+        noise drawn by a CPU generator in fp32 (as our pipeline and diffusers' fp32 pipeline draw it;
+        FluxPipeline in bf16 would draw bf16 normals, which torch makes from 8 bits of each 32-bit
+        draw where fp32 takes 24, so the same seed gives unrelated noise: the fp32 draw is packed
+        and passed as latents=, and the comparison then measures precision only), written as
+        OUT_DIR/FIXTURE-cuda-bf16.json (the format of
         zimage-tiny-cuda-bf16.json: cases with 8-bit HWC RGB pixels in base64) and one PNG per
         case; for dev also the true-CFG case (negative "blurry, dark", true_cfg_scale 2) as
-        FIXTURE-cuda-bf16-fox-truecfg.png (not in the JSON: ImageGoldenCase has no negative)
+        FIXTURE-cuda-bf16-fox-truecfg.png (not in the JSON: ImageGoldenCase has no negative);
+        also the fox drawn as a bf16 diffusers user gets it (FIXTURE-cuda-bf16-fox-bf16noise.png)
+        and, in the JSON's "noise", the correlation of torch's bf16 and fp32 draws of one seed
     python flux_diffusers.py run SNAPSHOT OUT.png W H STEPS GUIDANCE SEED PROMPT REPEAT MAXSEQ
         one pipeline in bf16 on cuda; the first call is the warmup, the others timed
         (torch.cuda.synchronize around each): prints JSON with images_per_s
@@ -65,12 +71,28 @@ def pipeline(snap):
     return pipe
 
 
-def call(pipe, c, max_seq):
+def fp32_latents(pipe, c):
+    """The seed's initial noise as FluxPipeline.prepare_latents draws it in an fp32 pipeline
+    (randn_tensor on the CPU generator, then 2x2 packing), for latents= of a bf16 pipeline."""
+    import torch
+    from diffusers.utils.torch_utils import randn_tensor
+
+    ch = pipe.transformer.config.in_channels // 4
+    h = 2 * (int(c["height"]) // (pipe.vae_scale_factor * 2))
+    w = 2 * (int(c["width"]) // (pipe.vae_scale_factor * 2))
+    g = torch.Generator("cpu").manual_seed(c["seed"])
+    x = randn_tensor((1, ch, h, w), generator=g, device=torch.device("cpu"), dtype=torch.float32)
+    return pipe._pack_latents(x, 1, ch, h, w)
+
+
+def call(pipe, c, max_seq, fp32_noise=True):
     import torch
 
     kw = {}
     if "negative_prompt" in c:
         kw = {"negative_prompt": c["negative_prompt"], "true_cfg_scale": c["true_cfg_scale"]}
+    if fp32_noise:
+        kw["latents"] = fp32_latents(pipe, c).to("cuda")
     img = pipe(
         prompt=c["prompt"],
         height=c["height"],
@@ -132,6 +154,13 @@ def golden(snap, fixture, commit, out):
         c = {"name": "fox-truecfg", "prompt": "a red fox in the snow", "negative_prompt": "blurry, dark", "true_cfg_scale": 2.0,
              "width": 64, "height": 64, "steps": 4, "guidance": 3.5, "seed": 42}
         Image.fromarray(call(pipe, c, max_seq)).save(os.path.join(out, "%s-cuda-bf16-fox-truecfg.png" % fixture))
+    c = dict(g["cases"][0])
+    c.pop("pixels")
+    Image.fromarray(call(pipe, c, max_seq, fp32_noise=False)).save(os.path.join(out, "%s-cuda-bf16-fox-bf16noise.png" % fixture))
+    a = torch.randn(4096, generator=torch.Generator("cpu").manual_seed(42), dtype=torch.float32)
+    b = torch.randn(4096, generator=torch.Generator("cpu").manual_seed(42), dtype=torch.bfloat16).float()
+    g["noise"] = {"seed": 42, "n": 4096, "corr_bf16_fp32": float(np.corrcoef(a.numpy(), b.numpy())[0, 1]),
+                  "fp32_std": float(a.std()), "bf16_std": float(b.std())}
     with open(os.path.join(out, "%s-cuda-bf16.json" % fixture), "w") as f:
         json.dump(g, f)
     print(json.dumps({k: v for k, v in g.items() if k != "cases"}))

@@ -133,6 +133,8 @@ done
 gen "$OUT/tiny/ours-cpu-dev-fox-64x64.png" "$DBUN" cpu "${FOX[@]}"
 echo "$OUT/tiny/ours-cpu-dev-fox-64x64.png $OUT/tiny/ours-dev-fox-64x64.png" >> "$PAIRS"
 echo "$OUT/tiny/ours-cpu-dev-fox-64x64.png $OUT/golden/flux-tiny-dev-cuda-bf16-fox-64x64.png" >> "$PAIRS"
+# the image a bf16 diffusers user gets for seed 42 (bf16-drawn noise): expected unrelated
+echo "$OUT/tiny/ours-dev-fox-64x64.png $OUT/golden/flux-tiny-dev-cuda-bf16-fox-bf16noise.png" >> "$PAIRS"
 gen "$OUT/tiny/zimage-fox.png" "$ZBUN" cuda --prompt "a red fox in the snow" --size 64x64 --steps 4 --guidance 3.5 --seed 42
 echo "$OUT/tiny/zimage-fox.png $ROOT/fixtures/golden/zimage-tiny-cuda-bf16-fox.png" >> "$PAIRS"
 "$QUAL" generate-image --bundle "$DBUN" --device cuda --repeat 3 "${FOX[@]}" --out "$W/again.png" 2>&1 | tail -1 | tee -a "$LOG"

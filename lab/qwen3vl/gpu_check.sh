@@ -1,7 +1,8 @@
 #!/bin/bash
 # gpu_check.sh: ONE device-tool call (issue 50 items 3 and 7 on the GPU) for both vision
 # families on --device cuda, with one and with two images a request:
-#   1. builds libmodelqual_cuda.so from this tree (lab/cuda/build_lib.sh) in the background;
+#   1. builds libmodelqual_cuda.so from this tree (lab/cuda/build_lib.sh) in the background (or
+#      takes $VL_LIB, one built earlier in the call);
 #   2. makes qwen3vl-tiny and internvl-tiny and their cuda bf16 bundles with the carried `qual`;
 #   3. transformers bf16 on the same GPU (hf_multi.py): each family's first three corpus images
 #      and every two-image request of its corpus-pairs.jsonl: prompt ids, 16 greedy tokens, top-5;
@@ -33,9 +34,13 @@ export MODELQUAL_BIN="$W/bin" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PAR
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvcc --version | tail -1;
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'; } 2>&1 | tee -a "$LOG"
 
-LIB="$W/libmodelqual_cuda.so"
-bash lab/cuda/build_lib.sh "$ROOT" "$LIB" > "$W/build.log" 2>&1 &
-BUILD=$!
+# VL_LIB: a libmodelqual_cuda.so built earlier from this tree (no build here)
+LIB="${VL_LIB:-$W/libmodelqual_cuda.so}"
+BUILD=
+if [ -z "${VL_LIB:-}" ]; then
+  bash lab/cuda/build_lib.sh "$ROOT" "$LIB" > "$W/build.log" 2>&1 &
+  BUILD=$!
+fi
 
 # bundle NAME: the fixture's snapshot in $W/NAME.snap, its cuda bf16 bundle at $W/NAME.mqb
 bundle() {
@@ -55,7 +60,7 @@ for f in "${FAM[@]}"; do
   say "$f: bundle and transformers at $(el) s"
 done
 
-if ! wait $BUILD; then
+if [ -n "$BUILD" ] && ! wait $BUILD; then
   cp "$W/build.log" "$OUT/build.log"
   grep -E "error" -A3 "$W/build.log" | head -40 | tee -a "$LOG"; say "FAIL build libmodelqual_cuda.so"; exit 1
 fi
