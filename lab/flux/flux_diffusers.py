@@ -160,7 +160,12 @@ def golden(snap, fixture, commit, out):
     a = torch.randn(4096, generator=torch.Generator("cpu").manual_seed(42), dtype=torch.float32)
     b = torch.randn(4096, generator=torch.Generator("cpu").manual_seed(42), dtype=torch.bfloat16).float()
     g["noise"] = {"seed": 42, "n": 4096, "corr_bf16_fp32": float(np.corrcoef(a.numpy(), b.numpy())[0, 1]),
-                  "fp32_std": float(a.std()), "bf16_std": float(b.std())}
+                  "fp32_std": float(a.std()), "bf16_std": float(b.std()),
+                  # torch's CPU bf16 draws for seeds 42 and 43 at the fox latent shape (1, 16, 8, 8),
+                  # as float32 little-endian base64: the reference for a Go reproduction of the draw
+                  "bf16_draws": {str(sd): base64.b64encode(torch.randn((1, 16, 8, 8), generator=torch.Generator("cpu").manual_seed(sd),
+                                                                          dtype=torch.bfloat16).float().numpy().tobytes()).decode()
+                                 for sd in (42, 43)}}
     with open(os.path.join(out, "%s-cuda-bf16.json" % fixture), "w") as f:
         json.dump(g, f)
     print(json.dumps({k: v for k, v in g.items() if k != "cases"}))
