@@ -7,6 +7,7 @@
 #   .cache/src/diffusers-src.tar.gz  (see fixtures/golden/run_flux_golden.sh)
 # both carried. Steps:
 #   0. (background) the flux-tiny CPU fp32 goldens of diffusers (fixtures/golden/run_flux_golden.sh);
+#      lab/flux/randn_check.py (torch's bf16 and fp32 randn against native/models/torch_randn.cc);
 #   1. libmodelqual_cuda.so of this tree (lab/cuda/build_lib.sh);
 #   2. in parallel on the one GPU, each time-boxed: lab/cuda/swa_check.py (issue 49: the window and
 #      its ring cache against transformers), lab/flux/gpu_check.sh FC_SHAPE=0 (issue 51: the tiny
@@ -26,6 +27,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 ( QUAL=$Q FIXTURES=/nonexistent OMP_NUM_THREADS=4 timeout 480 bash fixtures/golden/run_flux_golden.sh "$W/res/cpugold" \
     > "$W/res/cpugold.log" 2>&1; echo "cpu golden rc $?" >> "$W/res/cpugold.log" ) &
 GOLD=$!
+( timeout 120 python3 lab/flux/randn_check.py "$W/res/randn.json" > "$W/res/randn.log" 2>&1; echo "randn rc $?" >> "$W/res/randn.log" ) &
 bash lab/cuda/build_lib.sh "$R" "$W/lib.so" > "$W/res/build.log" 2>&1 || { say "FAIL build"; grep -A3 error "$W/res/build.log" | head -30; }
 say "library built"
 if [ -f "$W/lib.so" ]; then
@@ -40,7 +42,7 @@ if [ -f "$W/lib.so" ]; then
 fi
 wait
 say "all steps ended"
-for f in cpugold.log swa.log flux.console internvl.console vl.console; do
+for f in randn.log cpugold.log swa.log flux.console internvl.console vl.console; do
   echo "== $f"; grep -vE "Warning|warn\(" "$W/res/$f" 2>/dev/null | tail -25
 done
 tar -czf "$OUT/one.tgz" -C "$W" res

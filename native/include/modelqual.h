@@ -339,6 +339,9 @@ MQ_API mq_status mq_engine_generate_image(mq_engine *e, const mq_image_request *
  * draws in float32 (MT19937 and torch's CPU normal sampling): a diffusion pipeline's initial
  * latents for seed, as diffusers' randn_tensor makes them. */
 MQ_API mq_status mq_torch_randn(uint64_t seed, float *out, int64_t n);
+/* The same draw in bfloat16 (torch.randn(n, generator=..., dtype=torch.bfloat16): another
+ * stream, unrelated to the float32 one), each value widened to float. */
+MQ_API mq_status mq_torch_randn_bf16(uint64_t seed, float *out, int64_t n);
 
 #ifdef __cplusplus
 }

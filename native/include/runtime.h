@@ -425,6 +425,8 @@ int64_t now_ns();
 
 // torch_randn writes torch.randn(n) of a CPU generator seeded with seed (models/torch_randn.cc).
 void torch_randn(uint64_t seed, float *out, int64_t n);
+// torch_randn_bf16 is the same draw in bfloat16 (dtype=torch.bfloat16), widened to float.
+void torch_randn_bf16(uint64_t seed, float *out, int64_t n);
 
 // DecoderDims are the canonical hyper-parameters a decoder-only family resolves (and the CUDA
 // decoder reads by the same names): vocab_size, hidden_size, num_layers, num_heads,

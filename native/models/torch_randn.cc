@@ -16,8 +16,14 @@
 //  - below 16 elements each value is a double Box-Muller draw (u1, u2 doubles,
 //    r = sqrt(-2 log1p(-u2)), cos(2 pi u1) returned, r sin(2 pi u1) cached for the next value),
 //    cast to float.
+// randn in bfloat16 (a pipeline whose latents take a bf16 text encoder's dtype draws this) is
+// another stream: the uniform keeps the low 8 bits of each draw (numeric_limits<BFloat16>::digits)
+// where float keeps 24, and Box-Muller runs in BFloat16 arithmetic (normal_fill<BFloat16>: each
+// operation on floats, its result rounded to bfloat16 to nearest even; theta is computed in double
+// and rounded). Its values are unrelated to the float stream of the same seed.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "runtime.h"
 
@@ -74,7 +80,60 @@ void box_muller_16(float *x) {
   }
 }
 
+// bf16 rounds a float to the nearest bfloat16, ties to even (c10::BFloat16's constructor).
+float bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if (std::isnan(x)) return x;
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+void box_muller_16_bf16(float *x) {
+  const double two_pi = 2.0 * 3.14159265358979323846;
+  for (int j = 0; j < 8; j++) {
+    const float u1 = bf16(1.0f - x[j]);
+    const float u2 = x[j + 8];
+    const float r = bf16(std::sqrt(bf16(-2.0f * bf16(std::log(u1)))));
+    const float theta = bf16((float)(two_pi * (double)u2));
+    x[j] = bf16(r * bf16(std::cos(theta)));
+    x[j + 8] = bf16(r * bf16(std::sin(theta)));
+  }
+}
+
 }  // namespace
+
+void torch_randn_bf16(uint64_t seed, float *out, int64_t n) {
+  MT19937 g((uint32_t)(seed & 0xffffffffu));
+  if (n <= 0) return;
+  if (n < 16) {  // at::normal_distribution<double>, cast
+    const double two_pi = 2.0 * 3.14159265358979323846;
+    bool cached = false;
+    double spare = 0;
+    for (int64_t i = 0; i < n; i++) {
+      if (cached) {
+        out[i] = bf16((float)spare);
+        cached = false;
+        continue;
+      }
+      const double u1 = uniform_f64(g), u2 = uniform_f64(g);
+      const double r = std::sqrt(-2.0 * std::log1p(-u2));
+      spare = r * std::sin(two_pi * u1);
+      cached = true;
+      out[i] = bf16((float)(r * std::cos(two_pi * u1)));
+    }
+    return;
+  }
+  auto uniform = [&g] { return (float)(g.next() & 0xffu) * (1.0f / 256.0f); };
+  for (int64_t i = 0; i < n; i++) out[i] = uniform();
+  for (int64_t i = 0; i + 16 <= n; i += 16) box_muller_16_bf16(out + i);
+  if (n % 16 != 0) {
+    float *tail = out + n - 16;
+    for (int j = 0; j < 16; j++) tail[j] = uniform();
+    box_muller_16_bf16(tail);
+  }
+}
 
 void torch_randn(uint64_t seed, float *out, int64_t n) {
   MT19937 g((uint32_t)(seed & 0xffffffffu));
@@ -107,6 +166,12 @@ void torch_randn(uint64_t seed, float *out, int64_t n) {
 }
 
 }  // namespace mq
+
+extern "C" MQ_API mq_status mq_torch_randn_bf16(uint64_t seed, float *out, int64_t n) {
+  if (n < 0 || (n > 0 && !out)) return MQ_ERR_INVALID_ARGUMENT;
+  mq::torch_randn_bf16(seed, out, n);
+  return MQ_OK;
+}
 
 extern "C" MQ_API mq_status mq_torch_randn(uint64_t seed, float *out, int64_t n) {
   if (n < 0 || (n > 0 && !out)) return MQ_ERR_INVALID_ARGUMENT;
