@@ -118,6 +118,17 @@ func TestFluxTinyRuns(t *testing.T) {
 	}
 }
 
+// FLUX's own bounds where its values are larger than Z-Image's (zimage_test.go's bounds, for
+// values below 1): T5's embeddings reach |3.7| on flux-tiny and the transformer's first
+// outputs |4.8|, so fp32 summation-order differences from diffusers' CPU run grow with them.
+// Measured against diffusers CPU fp32 (torch 2.11, 4 threads): T5 <= 7.15e-5 (the 512-token
+// long prompt; 2.2e-5 of its range), first outputs <= 2.69e-5 (5.6e-6 of their range); the
+// latents after every step stay within boundLatents and the pixels identical or >= 84 dB.
+const (
+	boundT5           = 1e-4
+	boundFluxVelocity = 5e-5
+)
+
 // fluxGoldenCase is one case of fixtures/golden/flux-tiny-*.json (make_flux_golden.py).
 type fluxGoldenCase struct {
 	Name           string  `json:"name"`
@@ -138,7 +149,8 @@ type fluxGoldenCase struct {
 	PromptEmbeds string `json:"prompt_embeds"`
 	Pooled       string `json:"pooled_prompt_embeds"`
 	FirstCalls   []struct {
-		Out string `json:"out"`
+		Timestep []float32 `json:"timestep"`
+		Out      string    `json:"out"`
 	} `json:"first_calls"`
 	VAEIn  string `json:"vae_in"`
 	VAEOut string `json:"vae_out"`
@@ -208,13 +220,19 @@ func TestFluxMatchesDiffusers(t *testing.T) {
 					t.Fatalf("%s: %v", c.Name, err)
 				}
 				check(c.Name, "CLIP pooled output", res.PooledEmbeds, decodeF32(t, c.Pooled), boundEmbeds)
-				check(c.Name, "T5 embeddings", res.PromptEmbeds, decodeF32(t, c.PromptEmbeds), boundEmbeds)
+				check(c.Name, "T5 embeddings", res.PromptEmbeds, decodeF32(t, c.PromptEmbeds), boundT5)
 				lc, lh, lw := spec.LatentChannels, c.Height/spec.VAEScale, c.Width/spec.VAEScale
+				// The golden keeps the transformer's first two calls: the first step's prompt and
+				// negative calls with true CFG, else the first two steps'. The engine reports the
+				// first step's calls, so those with the first call's timestep are compared.
 				var wantVel []float32
 				for _, o := range c.FirstCalls {
+					if len(o.Timestep) == 0 || o.Timestep[0] != c.FirstCalls[0].Timestep[0] {
+						continue
+					}
 					wantVel = append(wantVel, packedToCHW(decodeF32(t, o.Out), lc, lh, lw)...)
 				}
-				check(c.Name, "first transformer outputs", res.FirstVelocity, wantVel, boundVelocity)
+				check(c.Name, "first transformer outputs", res.FirstVelocity, wantVel, boundFluxVelocity)
 				n := len(res.Latents) / (c.Steps + 1)
 				for i := 0; i <= c.Steps; i++ {
 					want := decodeF32(t, c.InitialLatents)

@@ -5,9 +5,11 @@
 // served on /v1/images/generations. The suite qualifies the flux-tiny-dev fixture; schnell's
 // request rules (guidance_scale absent or 0) are held by server's TestFluxImageRoutes and its
 // pipeline by native's TestFluxTinyRuns and TestFluxMatchesDiffusers. The reference is diffusers
-// itself: its goldens (fixtures/golden/flux-tiny-{dev,schnell}.json, made by
-// fixtures/golden/make_flux_golden.py on the same checkpoint folders); until they exist the
-// parity specs skip with "NO GOLDEN: <path>".
+// itself: on CPU its fp32 goldens (fixtures/golden/flux-tiny-{dev,schnell}.json, made by
+// fixtures/golden/make_flux_golden.py on the same checkpoint folders); on a GPU its bf16 run
+// (fixtures/golden/flux-tiny-dev-cuda-bf16.json, gpu_test.go), since the CUDA pipeline is
+// diffusers' bf16 pipeline (bf16 noise for a seed, bf16 timesteps and latents). A parity spec
+// whose golden is missing skips with "NO GOLDEN: <path>".
 //
 // Run it with `go run github.com/onsi/ginkgo/v2/ginkgo -label-filter=flux ./families/...`.
 package flux

@@ -12,12 +12,14 @@ import (
 	"github.com/modelqual/modelqual/qual/spec"
 )
 
-// The CUDA pipeline's own bound: bf16 parity with diffusers' FluxPipeline run in bf16 on a CUDA
-// GPU (fixtures/golden/<fixture>-cuda-bf16.json, made by lab/flux/flux_diffusers.py golden through
-// lab/flux/gpu_check.sh on the CPU golden's plain cases), per image within thresholds.yaml's gpu:
-// bounds, through the suite's cuda server (--label-filter=gpu). Both sides run in bf16, each
-// rounding its own way, so the bound is looser than the CPU fp32 gate's; without a GPU the spec
-// skips with NVML's reason, and without the golden it skips naming the file.
+// The CUDA pipeline's parity: it is diffusers' FluxPipeline as run in bf16 (the seed's noise
+// drawn in bf16, timesteps, guidance and latents rounded to bf16 as that pipeline rounds them),
+// so its reference is diffusers' own bf16 run on a CUDA GPU (fixtures/golden/<fixture>-cuda-bf16.json,
+// made by lab/flux/flux_diffusers.py golden through lab/flux/gpu_check.sh on the CPU golden's
+// plain cases), per image within thresholds.yaml's gpu: bounds, through the suite's cuda server
+// (--label-filter=gpu). Both sides run in bf16, each rounding its products its own way, so the
+// bound is looser than the CPU fp32 gate's; without a GPU the spec skips with NVML's reason, and
+// without the golden it skips naming the file.
 var _ = Describe("flux bf16 parity on GPU", suite.Labels(), spec.GPU(), spec.Task(spec.TaskImage), spec.Gate(spec.GateParity), func() {
 	BeforeEach(func() { suite.RequireGPU() })
 	It("serves images within the gpu PSNR and SSIM bounds of diffusers' bf16 run on CUDA", func(ctx SpecContext) {

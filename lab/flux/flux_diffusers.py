@@ -4,17 +4,17 @@
     python flux_diffusers.py golden SNAPSHOT FIXTURE DIFFUSERS_COMMIT OUT_DIR
         the GPU golden: the plain cases of fixtures/golden/make_flux_golden.py (3 prompts x 64x64
         and 96x64; steps 4, 3 for the lighthouse; seeds 42 + i; guidance 3.5 for dev, 0 for
-        schnell; max_sequence_length 512 for dev, 256 for schnell) in bf16 on cuda, the seed's
-        noise drawn by a CPU generator in fp32 (as our pipeline and diffusers' fp32 pipeline draw it;
-        FluxPipeline in bf16 would draw bf16 normals, which torch makes from 8 bits of each 32-bit
-        draw where fp32 takes 24, so the same seed gives unrelated noise: the fp32 draw is packed
-        and passed as latents=, and the comparison then measures precision only), written as
-        OUT_DIR/FIXTURE-cuda-bf16.json (the format of
-        zimage-tiny-cuda-bf16.json: cases with 8-bit HWC RGB pixels in base64) and one PNG per
-        case; for dev also the true-CFG case (negative "blurry, dark", true_cfg_scale 2) as
-        FIXTURE-cuda-bf16-fox-truecfg.png (not in the JSON: ImageGoldenCase has no negative);
-        also the fox drawn as a bf16 diffusers user gets it (FIXTURE-cuda-bf16-fox-bf16noise.png)
-        and, in the JSON's "noise", the correlation of torch's bf16 and fp32 draws of one seed
+        schnell; max_sequence_length 512 for dev, 256 for schnell) as a diffusers user runs them
+        in bf16 on cuda: the seed's noise drawn by a CPU generator in the pipeline's dtype, bf16
+        (torch makes bf16 normals from 8 bits of each 32-bit draw where fp32 takes 24: the same
+        seed gives noise unrelated to the fp32 pipeline's), written as
+        OUT_DIR/FIXTURE-cuda-bf16.json (the format of zimage-tiny-cuda-bf16.json: cases with 8-bit
+        HWC RGB pixels in base64) and one PNG per case; for dev also the true-CFG case (negative
+        "blurry, dark", true_cfg_scale 2) as FIXTURE-cuda-bf16-fox-truecfg.png (not in the JSON:
+        ImageGoldenCase has no negative); also the fox from fp32-drawn noise passed as latents=
+        (FIXTURE-cuda-bf16-fox-fp32noise.png: the bf16 pipeline on the fp32 pipeline's noise) and,
+        in the JSON's "noise", the correlation of torch's bf16 and fp32 draws of one seed and the
+        bf16 draws of seeds 42 and 43 at the fox latent shape
     python flux_diffusers.py run SNAPSHOT OUT.png W H STEPS GUIDANCE SEED PROMPT REPEAT MAXSEQ
         one pipeline in bf16 on cuda; the first call is the warmup, the others timed
         (torch.cuda.synchronize around each): prints JSON with images_per_s
@@ -85,7 +85,7 @@ def fp32_latents(pipe, c):
     return pipe._pack_latents(x, 1, ch, h, w)
 
 
-def call(pipe, c, max_seq, fp32_noise=True):
+def call(pipe, c, max_seq, fp32_noise=False):
     import torch
 
     kw = {}
@@ -156,7 +156,7 @@ def golden(snap, fixture, commit, out):
         Image.fromarray(call(pipe, c, max_seq)).save(os.path.join(out, "%s-cuda-bf16-fox-truecfg.png" % fixture))
     c = dict(g["cases"][0])
     c.pop("pixels")
-    Image.fromarray(call(pipe, c, max_seq, fp32_noise=False)).save(os.path.join(out, "%s-cuda-bf16-fox-bf16noise.png" % fixture))
+    Image.fromarray(call(pipe, c, max_seq, fp32_noise=True)).save(os.path.join(out, "%s-cuda-bf16-fox-fp32noise.png" % fixture))
     a = torch.randn(4096, generator=torch.Generator("cpu").manual_seed(42), dtype=torch.float32)
     b = torch.randn(4096, generator=torch.Generator("cpu").manual_seed(42), dtype=torch.bfloat16).float()
     g["noise"] = {"seed": 42, "n": 4096, "corr_bf16_fp32": float(np.corrcoef(a.numpy(), b.numpy())[0, 1]),

@@ -15,7 +15,7 @@
 #  2. flux-tiny dev and schnell: `qual generate-image --device cuda` for every golden case (and
 #     dev's true-CFG case) against diffusers' FluxPipeline bf16 on the same GPU, PSNR and SSIM by
 #     scikit-image; the planted flux.swap_text_image_ids and flux.drop_pooled on the GPU against
-#     the same golden (must fall); ours CPU fp32 against ours GPU; zimage-tiny on the moved shared
+#     the same golden (must fall); ours CPU fp32 against diffusers' CPU fp32; zimage-tiny on the moved shared
 #     code against its stored diffusers bf16 golden PNG (fixtures/golden/zimage-tiny-cuda-bf16-*);
 #  3. FLUX.1's sizes (19 double + 38 single blocks, T5-XXL, CLIP-L; random bf16 weights) bundled
 #     at bf16: diffusers bf16 and ours at $FC_SIZE (default 512) square, schnell 4 steps (or
@@ -131,10 +131,11 @@ for f in flux.swap_text_image_ids flux.drop_pooled; do
   echo "$OUT/tiny/fault-$f-dev-fox-64x64.png $OUT/golden/flux-tiny-dev-cuda-bf16-fox-64x64.png" >> "$PAIRS"
 done
 gen "$OUT/tiny/ours-cpu-dev-fox-64x64.png" "$DBUN" cpu "${FOX[@]}"
-echo "$OUT/tiny/ours-cpu-dev-fox-64x64.png $OUT/tiny/ours-dev-fox-64x64.png" >> "$PAIRS"
-echo "$OUT/tiny/ours-cpu-dev-fox-64x64.png $OUT/golden/flux-tiny-dev-cuda-bf16-fox-64x64.png" >> "$PAIRS"
-# the image a bf16 diffusers user gets for seed 42 (bf16-drawn noise): expected unrelated
-echo "$OUT/tiny/ours-dev-fox-64x64.png $OUT/golden/flux-tiny-dev-cuda-bf16-fox-bf16noise.png" >> "$PAIRS"
+# the CPU fp32 pipeline against diffusers' CPU fp32 golden (the GPU pipeline follows the bf16 one)
+echo "$OUT/tiny/ours-cpu-dev-fox-64x64.png $ROOT/fixtures/golden/flux-tiny-dev-fox-64x64.png" >> "$PAIRS"
+# diffusers' bf16 pipeline on the fp32 pipeline's noise (latents=): expected unrelated to ours,
+# which draws the bf16 stream as diffusers' bf16 pipeline does
+echo "$OUT/tiny/ours-dev-fox-64x64.png $OUT/golden/flux-tiny-dev-cuda-bf16-fox-fp32noise.png" >> "$PAIRS"
 gen "$OUT/tiny/zimage-fox.png" "$ZBUN" cuda --prompt "a red fox in the snow" --size 64x64 --steps 4 --guidance 3.5 --seed 42
 echo "$OUT/tiny/zimage-fox.png $ROOT/fixtures/golden/zimage-tiny-cuda-bf16-fox.png" >> "$PAIRS"
 "$QUAL" generate-image --bundle "$DBUN" --device cuda --repeat 3 "${FOX[@]}" --out "$W/again.png" 2>&1 | tail -1 | tee -a "$LOG"

@@ -726,8 +726,10 @@ class FluxCuda : public ImageBackend {
                   "device cuda: the component outputs (decode_latents, prompt_embeds, pooled_embeds, first_velocity) are the CPU pipeline's");
     const int h = r.height / sp.vae_scale, w = r.width / sp.vae_scale;
     const size_t n = (size_t)sp.latent_channels * h * w;
+    // FluxPipeline draws its latents in the text encoder's dtype: a bf16 pipeline's noise for a
+    // seed is torch's bf16 stream, not the fp32 one (models/torch_randn.cc).
     std::vector<float> noise(n);
-    torch_randn(r.seed, noise.data(), (int64_t)n);
+    torch_randn_bf16(r.seed, noise.data(), (int64_t)n);
     if (out->latents) std::memcpy(out->latents, noise.data(), sizeof(float) * n);
     const std::vector<float> sigmas = diffusion::flow_match_sigmas(hp_, r.steps, (h / 2) * (w / 2), (float)hp_.f("scheduler.shift"),
                                                                    diffusion::Linspace::NumpyFloat64);

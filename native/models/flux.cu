@@ -5,9 +5,15 @@
 // diffusers and transformers it comes from); this file only decides how it runs on the GPU, on
 // the shared pieces of diffusion_cuda.cuh (weights, products, attention, the AutoencoderKL
 // decoder), as models/zimage.cu does:
+//  - it is diffusers' FluxPipeline as run in bf16, the reference of this pipeline: the seed's
+//    noise is torch's bf16 stream (the runtime's torch_randn_bf16: FluxPipeline draws latents in
+//    the text encoder's dtype), the step's timestep and guidance reach the model rounded to bf16
+//    at each of the pipeline's casts (timestep.to(bf16) / 1000, then * 1000 in the model: 826.06
+//    arrives as 828, guidance 3.5 as 3504), and the latents between steps are bf16 (euler_k). On
+//    dev these roundings move the image 24 dB from the fp32 pipeline's, in diffusers as here;
 //  - every matrix in bf16 (an fp32 bundle is rounded to bf16), products on cuBLAS with fp32
-//    accumulation; residual streams, norms, RoPE, softmax and the scheduler in fp32 (diffusers'
-//    bf16 run keeps everything in bf16);
+//    accumulation; residual streams, norms, RoPE and softmax in fp32 (diffusers' bf16 run keeps
+//    everything in bf16);
 //  - fused weights: q|k|v (CLIP, T5, every attention of the transformer), wi_0|wi_1 (T5's gated
 //    GELU), and every block's modulation linear plus norm_out's in one matrix, one product per
 //    forward;
@@ -21,9 +27,9 @@
 //  - CLIP and the transformer's attentions go through Pipeline::attention; T5's, which adds its
 //    relative position bias to the scores, is the same batched GEMM -> softmax -> GEMM with the
 //    bias table (per sequence length, from the first block's buckets) added in between;
-//  - the host draws nothing: the runtime hands over the initial noise (torch_randn, as on CPU)
-//    and the sigmas (diffusion::flow_match_sigmas, as on CPU); packing, true CFG and the Euler
-//    step run on the GPU.
+//  - the host draws nothing: the runtime hands over the initial noise (torch_randn_bf16) and
+//    the sigmas (diffusion::flow_match_sigmas, as on CPU); packing, true CFG and the Euler step
+//    run on the GPU.
 // Faults (MODELQUAL_FAULTS), the CPU pipeline's names: flux.swap_text_image_ids (rotary table
 // from [image ids, text ids] against the [text, image] rows), flux.drop_pooled (CLIP's pooled
 // output zeroed).
@@ -150,12 +156,37 @@ static __global__ void unpack_k(const float *p, int C, int h, int w, float *lat)
   }
 }
 
-// euler_k: v = neg + s * (pos - neg) (true CFG) or pos; x += dt * v.
+// bf16r: x as a bf16 tensor holds it (rounded to nearest even).
+static __device__ inline float bf16r(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// euler_k: the scheduler's step as diffusers' bf16 pipeline takes it: the model's outputs are
+// bf16, true CFG's v = neg + s * (pos - neg) rounds each operation to bf16, dt * v is a bf16
+// product (dt rounded to bf16), added to the bf16 latents in fp32 and stored back as bf16.
 static __global__ void euler_k(float *x, const float *pos, const float *neg, float s, float dt, int n, bool cfg) {
+  const float dtb = bf16r(dt);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const float v = cfg ? neg[i] + s * (pos[i] - neg[i]) : pos[i];
-    x[i] = x[i] + dt * v;
+    const float p = bf16r(pos[i]);
+    float v = p;
+    if (cfg) {
+      const float q = bf16r(neg[i]);
+      v = bf16r(q + bf16r(s * bf16r(p - q)));
+    }
+    x[i] = bf16r(x[i] + bf16r(dtb * v));
   }
+}
+
+// round_k: x rounded to bf16 in place (the initial latents, a bf16 tensor in diffusers).
+static __global__ void round_k(float *x, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = bf16r(x[i]);
+}
+
+// host_bf16r is bf16r on the host (the step's timestep and guidance).
+static float host_bf16r(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
 }
 
 // ---- the model ---------------------------------------------------------------------------------
@@ -599,13 +630,16 @@ void Model::generate(const mqb_image_args *a) {
   float *vp = buf<float>("vpos", (size_t)N * F), *vn = buf<float>("vneg", (size_t)N * F);
   ck(cudaMemcpyAsync(lat, a->noise, 4 * n, cudaMemcpyHostToDevice, st_), "noise");
   KL(pack_k, grid(n), 256, 0, st_)(lat, latent_, h, w, packed);
+  KL(round_k, grid(n), 256, 0, st_)(packed, (int)n);
   // 3-4. Denoising: every step's (timestep, guidance), times 1000 as the model takes them, uploaded
   // once; before each step its pair is copied to the one slot the (graphed) forwards read.
   std::vector<float> tgs(2 * (size_t)a->steps);
   for (int i = 0; i < a->steps; i++) {
-    const float timestep = a->sigmas[i] * 1000.0f;
-    const float t = timestep / 1000.0f;
-    tgs[2 * i] = t * 1000.0f, tgs[2 * i + 1] = a->guidance * 1000.0f;
+    // diffusers' bf16 pipeline: timestep.to(bf16), / 1000 (a product by the reciprocal on
+    // CUDA), then the model's * 1000, each a bf16 result; guidance.to(bf16) * 1000 likewise.
+    const float timestep = host_bf16r(a->sigmas[i] * 1000.0f);
+    const float t = host_bf16r(timestep * (1.0f / 1000.0f));
+    tgs[2 * i] = host_bf16r(t * 1000.0f), tgs[2 * i + 1] = host_bf16r(host_bf16r(a->guidance) * 1000.0f);
   }
   float *tgall = buf<float>("tg_all", tgs.size()), *tg = buf<float>("tg", 2);
   ck(cudaMemcpyAsync(tgall, tgs.data(), 4 * tgs.size(), cudaMemcpyHostToDevice, st_), "timesteps");
