@@ -33,6 +33,23 @@ func TorchRandn(seed uint64, n int) ([]float32, error) {
 	return out, nil
 }
 
+// TorchRandnBF16 returns what torch.randn(n, generator=torch.Generator("cpu").manual_seed(seed),
+// dtype=torch.bfloat16) draws, widened to float32: the initial latents of a pipeline that draws
+// in bf16 (FluxPipeline in bf16), a stream unrelated to TorchRandn's.
+func TorchRandnBF16(seed uint64, n int) ([]float32, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("native.TorchRandnBF16: n %d is negative", n)
+	}
+	out := make([]float32, n)
+	if n == 0 {
+		return out, nil
+	}
+	if st := C.mq_torch_randn_bf16(C.uint64_t(seed), (*C.float)(unsafe.Pointer(&out[0])), C.int64_t(n)); st != C.MQ_OK {
+		return nil, fmt.Errorf("native.TorchRandnBF16: status %d", int(st))
+	}
+	return out, nil
+}
+
 // ImageSpec is what a text-to-image engine accepts.
 type ImageSpec struct {
 	LatentChannels  int // latents are [LatentChannels, Height/VAEScale, Width/VAEScale]

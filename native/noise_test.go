@@ -83,3 +83,54 @@ func TestTorchRandnMatchesTorch(t *testing.T) {
 	}
 	t.Logf("%d draws and %d initial latents match torch; max |diff| %.3g", len(g.Noise), len(g.Cases), worst)
 }
+
+// TestTorchRandnBF16MatchesTorch: torch's bf16 draws (fixtures/golden/torch-randn-bf16.json,
+// made by torch on the GPU host) are reproduced bit for bit, and they are not the float stream of
+// the same seed (a bf16 pipeline that drew fp32 noise would pass the first check only by luck).
+func TestTorchRandnBF16MatchesTorch(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "fixtures", "golden", "torch-randn-bf16.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Draws []struct {
+			Seed   uint64 `json:"seed"`
+			N      int    `json:"n"`
+			Values string `json:"values"`
+		} `json:"draws"`
+	}
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Draws) == 0 {
+		t.Fatal("the golden has no draws")
+	}
+	for _, d := range g.Draws {
+		want := decodeF32(t, d.Values)
+		if len(want) != d.N {
+			t.Fatalf("seed %d: %d values, want %d", d.Seed, len(want), d.N)
+		}
+		got, err := TorchRandnBF16(d.Seed, len(want))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("seed %d: value %d is %g, torch drew %g in bf16", d.Seed, i, got[i], want[i])
+			}
+		}
+		f32, err := TorchRandn(d.Seed, len(want))
+		if err != nil {
+			t.Fatal(err)
+		}
+		same := 0
+		for i := range want {
+			if math.Abs(float64(f32[i]-want[i])) < 0.01 {
+				same++
+			}
+		}
+		if same > len(want)/10 {
+			t.Errorf("seed %d: %d of %d bf16 values within 0.01 of the float stream's; the streams should be unrelated", d.Seed, same, len(want))
+		}
+	}
+}

@@ -46,7 +46,7 @@ def main(out):
             for n in (7, 16, 1000, 1024, 1536, 65536):
                 want = torch.randn(n, generator=torch.Generator("cpu").manual_seed(seed), dtype=dt).float().numpy()
                 got = np.frombuffer(subprocess.run([exe, str(seed), str(n), tag], check=True, capture_output=True).stdout, dtype=np.float32)
-                eq = int((got == want).sum())
+                eq = int((got.view(np.uint32) == want.view(np.uint32)).sum())  # bit equality: -0 is not +0
                 r = {"dtype": str(dt), "seed": seed, "n": n, "equal": eq, "max_abs_diff": float(np.abs(got - want).max())}
                 ok &= eq == n
                 rows.append(r)

@@ -75,8 +75,8 @@ void box_muller_16(float *x) {
     const float u2 = x[j + 8];
     const float r = std::sqrt(-2.0f * std::log(u1));
     const float theta = (float)(two_pi * (double)u2);
-    x[j] = r * std::cos(theta);
-    x[j + 8] = r * std::sin(theta);
+    x[j] = r * std::cos(theta) + 0.0f;  // torch's fma(.., std, mean): -0 becomes +0
+    x[j + 8] = r * std::sin(theta) + 0.0f;
   }
 }
 
@@ -97,23 +97,25 @@ void box_muller_16_bf16(float *x) {
     const float u2 = x[j + 8];
     const float r = bf16(std::sqrt(bf16(-2.0f * bf16(std::log(u1)))));
     const float theta = bf16((float)(two_pi * (double)u2));
-    x[j] = bf16(r * bf16(std::cos(theta)));
-    x[j + 8] = bf16(r * bf16(std::sin(theta)));
+    // "* std + mean" (1 and 0): the + 0 turns a -0 (u1 == 1 gives r == -0) into torch's +0
+    x[j] = bf16(r * bf16(std::cos(theta))) + 0.0f;
+    x[j + 8] = bf16(r * bf16(std::sin(theta))) + 0.0f;
   }
 }
 
-}  // namespace
-
-void torch_randn_bf16(uint64_t seed, float *out, int64_t n) {
+// randn is both streams: bf16 selects the bfloat16 one (8-bit uniforms, bf16 Box-Muller, bf16
+// casts) over the float one.
+void randn(uint64_t seed, float *out, int64_t n, bool bf) {
   MT19937 g((uint32_t)(seed & 0xffffffffu));
   if (n <= 0) return;
+  auto cast = [bf](double v) { return bf ? bf16((float)v) : (float)v; };
   if (n < 16) {  // at::normal_distribution<double>, cast
     const double two_pi = 2.0 * 3.14159265358979323846;
     bool cached = false;
     double spare = 0;
     for (int64_t i = 0; i < n; i++) {
       if (cached) {
-        out[i] = bf16((float)spare);
+        out[i] = cast(spare);
         cached = false;
         continue;
       }
@@ -121,49 +123,26 @@ void torch_randn_bf16(uint64_t seed, float *out, int64_t n) {
       const double r = std::sqrt(-2.0 * std::log1p(-u2));
       spare = r * std::sin(two_pi * u1);
       cached = true;
-      out[i] = bf16((float)(r * std::cos(two_pi * u1)));
+      out[i] = cast(r * std::cos(two_pi * u1));
     }
     return;
   }
-  auto uniform = [&g] { return (float)(g.next() & 0xffu) * (1.0f / 256.0f); };
+  auto uniform = [&g, bf] { return bf ? (float)(g.next() & 0xffu) * (1.0f / 256.0f) : uniform_f32(g); };
+  auto fill16 = [bf](float *x) { bf ? box_muller_16_bf16(x) : box_muller_16(x); };
   for (int64_t i = 0; i < n; i++) out[i] = uniform();
-  for (int64_t i = 0; i + 16 <= n; i += 16) box_muller_16_bf16(out + i);
+  for (int64_t i = 0; i + 16 <= n; i += 16) fill16(out + i);
   if (n % 16 != 0) {
     float *tail = out + n - 16;
     for (int j = 0; j < 16; j++) tail[j] = uniform();
-    box_muller_16_bf16(tail);
+    fill16(tail);
   }
 }
 
-void torch_randn(uint64_t seed, float *out, int64_t n) {
-  MT19937 g((uint32_t)(seed & 0xffffffffu));
-  if (n <= 0) return;
-  if (n < 16) {
-    const double two_pi = 2.0 * 3.14159265358979323846;
-    bool cached = false;
-    double spare = 0;
-    for (int64_t i = 0; i < n; i++) {
-      if (cached) {
-        out[i] = (float)spare;
-        cached = false;
-        continue;
-      }
-      const double u1 = uniform_f64(g), u2 = uniform_f64(g);
-      const double r = std::sqrt(-2.0 * std::log1p(-u2));
-      spare = r * std::sin(two_pi * u1);
-      cached = true;
-      out[i] = (float)(r * std::cos(two_pi * u1));
-    }
-    return;
-  }
-  for (int64_t i = 0; i < n; i++) out[i] = uniform_f32(g);
-  for (int64_t i = 0; i + 16 <= n; i += 16) box_muller_16(out + i);
-  if (n % 16 != 0) {
-    float *tail = out + n - 16;
-    for (int j = 0; j < 16; j++) tail[j] = uniform_f32(g);
-    box_muller_16(tail);
-  }
-}
+}  // namespace
+
+void torch_randn(uint64_t seed, float *out, int64_t n) { randn(seed, out, n, false); }
+
+void torch_randn_bf16(uint64_t seed, float *out, int64_t n) { randn(seed, out, n, true); }
 
 }  // namespace mq
 
