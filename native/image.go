@@ -35,7 +35,7 @@ func TorchRandn(seed uint64, n int) ([]float32, error) {
 
 // TorchRandnBF16 returns what torch.randn(n, generator=torch.Generator("cpu").manual_seed(seed),
 // dtype=torch.bfloat16) draws, widened to float32: the initial latents of a pipeline that draws
-// in bf16 (FluxPipeline in bf16), a stream unrelated to TorchRandn's.
+// in bf16 (a diffusers pipeline whose text encoder runs in bf16), a stream unrelated to TorchRandn's.
 func TorchRandnBF16(seed uint64, n int) ([]float32, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("native.TorchRandnBF16: n %d is negative", n)
