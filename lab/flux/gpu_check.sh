@@ -27,6 +27,8 @@
 #     built into libbefore.so after step 1's, and step 3's timed run is repeated with it and with
 #     MQB_GRAPHS=0 on this tree's (epilogues fused, steps eager): images/s of before, after
 #     without graphs and after, as ratios (lines "AB ...").
+# FC_KPROF=1 adds step 5: one image each of step 3's pipelines under the CUPTI kernel profiler
+# (lab/cuda/kprof), device time by kernel and by kind (lines KPROF, KGROUP).
 # Env: FC_QUICK=1 keeps step 2's fox cases and faults only (no zimage, no repeat run); FC_SHAPE=0 skips step 3; FC_VARIANT schnell|dev; FC_SIZE 512|1024; FC_REPEAT (default 3);
 # AB_BEFORE (step 4).
 # Results: $OUT/log.txt (everything below), $OUT/results.tgz (goldens, PNGs, JSON lines).
@@ -63,7 +65,7 @@ python3 -c "import torch, transformers, diffusers; print('torch', torch.__versio
 # $FC_LIB built earlier in the same device call; with AB_BEFORE also the older tree's library
 (
   set -e
-  if [ -n "${FC_LIB:-}" ]; then cp "$FC_LIB" "$W/libflux.so"
+  if [ -n "${FC_LIB:-}" ]; then [ "$FC_LIB" -ef "$W/libflux.so" ] || cp "$FC_LIB" "$W/libflux.so"
   else bash lab/cuda/build_lib.sh "$ROOT" "$W/libflux.so" &
   fi
   if [ -n "${AB_BEFORE:-}" ]; then
@@ -191,6 +193,22 @@ if [ "${FC_SHAPE:-1}" = 1 ]; then
     python3 -c 'import sys; b, e, a = (float(x or "nan") for x in sys.argv[1:4]); print("AB flux %s %s: images/s before %.4f, after without graphs %.4f (%.3fx), after %.4f (%.3fx)" % (sys.argv[4], sys.argv[5], b, e, e / b, a, a / b))' \
       "$IB" "$IE" "$IA" "$VARIANT" "${SIZE}x$SIZE" 2>&1 | tee -a "$LOG"
     cmp -s "$OUT/shape-ours.png" "$OUT/shape-eager.png" && say "AB graphs and eager: the same bytes" || say "AB graphs and eager differ"
+  fi
+  if [ "${FC_KPROF:-0}" = 1 ]; then
+    # 5. one image each (after a warm-up) under the CUPTI kernel profiler (lab/cuda/kprof): device
+    # time by kernel and by kind, ours and diffusers', the first kernel to the last
+    if bash lab/cuda/kprof/build.sh "$W/libkprof.so" >> "$LOG" 2>&1; then
+      CUDA_INJECTION64_PATH=$W/libkprof.so KPROF_OUT=$OUT/kprof-ours.txt timeout 150 "$QUAL" generate-image --bundle "$W/shape.mqb" \
+        --device cuda --prompt "$P" --size "${SIZE}x$SIZE" --steps $ST --guidance $GS --seed 42 --repeat 3 --out "$W/kprof.png" > "$W/kprof-ours.log" 2>&1
+      tail -3 "$W/kprof-ours.log" >> "$LOG"
+      CUDA_INJECTION64_PATH=$W/libkprof.so KPROF_OUT=$OUT/kprof-diffusers.txt timeout 150 $PY run "$CK" "$W/kprof-d.png" "$SIZE" "$SIZE" \
+        $ST $GS 42 "$P" 2 $MS > "$W/kprof-d.json" 2> "$W/kprof-d.log"
+      python3 lab/cuda/kprof/group.py "$OUT/kprof-ours.txt" "$OUT/kprof-diffusers.txt" 2>&1 | tee -a "$LOG"
+      grep -h "^KGAP" "$OUT/kprof-ours.txt" "$OUT/kprof-diffusers.txt" | tee -a "$LOG"
+      grep -h "^KPROF " "$OUT/kprof-ours.txt" "$OUT/kprof-diffusers.txt" | head -60 >> "$LOG"
+    else
+      say "FAIL kprof build"
+    fi
   fi
   timeout 30 $PY gemmrate > "$OUT/gemmrate.json" 2>>"$LOG"
   python3 - "$OUT/shape-diffusers.json" "$OUT/shape-ours.txt" "$VARIANT" "$SIZE" "$ST" $MS "$OUT/gemmrate.json" <<'PY' 2>&1 | tee -a "$LOG"
