@@ -156,8 +156,9 @@ static __global__ void unpack_k(const float *p, int C, int h, int w, float *lat)
   }
 }
 
-// bf16r: x as a bf16 tensor holds it (rounded to nearest even).
-static __device__ inline float bf16r(float x) { return __bfloat162float(__float2bfloat16(x)); }
+// bf16r: x as a bf16 tensor holds it (rounded to nearest even); on the host too (the step's
+// timestep and guidance).
+static __host__ __device__ inline float bf16r(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // euler_k: the scheduler's step as diffusers' bf16 pipeline takes it: the model's outputs are
 // bf16, true CFG's v = neg + s * (pos - neg) rounds each operation to bf16, dt * v is a bf16
@@ -178,15 +179,6 @@ static __global__ void euler_k(float *x, const float *pos, const float *neg, flo
 // round_k: x rounded to bf16 in place (the initial latents, a bf16 tensor in diffusers).
 static __global__ void round_k(float *x, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = bf16r(x[i]);
-}
-
-// host_bf16r is bf16r on the host (the step's timestep and guidance).
-static float host_bf16r(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
 }
 
 // ---- the model ---------------------------------------------------------------------------------
@@ -637,9 +629,9 @@ void Model::generate(const mqb_image_args *a) {
   for (int i = 0; i < a->steps; i++) {
     // diffusers' bf16 pipeline: timestep.to(bf16), / 1000 (a product by the reciprocal on
     // CUDA), then the model's * 1000, each a bf16 result; guidance.to(bf16) * 1000 likewise.
-    const float timestep = host_bf16r(a->sigmas[i] * 1000.0f);
-    const float t = host_bf16r(timestep * (1.0f / 1000.0f));
-    tgs[2 * i] = host_bf16r(t * 1000.0f), tgs[2 * i + 1] = host_bf16r(host_bf16r(a->guidance) * 1000.0f);
+    const float timestep = bf16r(a->sigmas[i] * 1000.0f);
+    const float t = bf16r(timestep * (1.0f / 1000.0f));
+    tgs[2 * i] = bf16r(t * 1000.0f), tgs[2 * i + 1] = bf16r(bf16r(a->guidance) * 1000.0f);
   }
   float *tgall = buf<float>("tg_all", tgs.size()), *tg = buf<float>("tg", 2);
   ck(cudaMemcpyAsync(tgall, tgs.data(), 4 * tgs.size(), cudaMemcpyHostToDevice, st_), "timesteps");

@@ -300,21 +300,29 @@ static double maxdiff(const float *a, const Vec &b) {
 }
 static int argmax_ref(const Vec &v) { return (int)(std::max_element(v.begin(), v.end()) - v.begin()); }
 
-// window: the sliding window the reference applies (0: none), given here, not read from the
-// backend's configuration.
-static void run_family(const char *family, const HP &hp, Owned &o, const char *prec, double tol, int maxctx,
-                       int window = 0) {
-  Cfg c = cfg_from_hparams(family, hp.data(), (int)hp.size());
+// model_params: the params that open family's model (hparams hp, weights o) on the backend with
+// max_batch slots of max_context positions; hp and o must outlive the open.
+static mqb_model_params model_params(const char *family, const HP &hp, const Owned &o, const char *prec, int max_batch,
+                                     int max_context) {
   mqb_model_params p{};
   p.abi_version = MQB_ABI_VERSION;
   p.family = family;
   p.hparams = hp.data();
   p.n_hparams = (int)hp.size();
   p.precision = prec;
-  p.max_batch = 8;
-  p.max_context = maxctx;
+  p.max_batch = max_batch;
+  p.max_context = max_context;
   p.tensors = o.t.data();
   p.n_tensors = (int)o.t.size();
+  return p;
+}
+
+// window: the sliding window the reference applies (0: none), given here, not read from the
+// backend's configuration.
+static void run_family(const char *family, const HP &hp, Owned &o, const char *prec, double tol, int maxctx,
+                       int window = 0) {
+  Cfg c = cfg_from_hparams(family, hp.data(), (int)hp.size());
+  const mqb_model_params p = model_params(family, hp, o, prec, 8, maxctx);
   mqb_model *m = nullptr;
   char err[512];
   if (mqb_model_open(&p, &m, err, sizeof err)) {
@@ -592,86 +600,6 @@ static void run_family(const char *family, const HP &hp, Owned &o, const char *p
                                  " shapes tuned, each to the fastest algorithm that agrees with cublasGemmEx");
   }
   mqb_model_close(m);
-}
-
-// window_model: the short sliding-window run of make cuda-host (EMU_ONLY=swa:bf16; run_family
-// covers every path at length, EMU_ONLY=llama:bf16): a llama model with sliding_window 8 (the
-// reference applies the window itself, ref_logits), three sequences in slots 3, 1, 2. Call 0:
-// prompts of 20 and 11 tokens prefilled together (tensor-core prefill, rows and tiles past the
-// window); call 1: a 13-token prompt joining their first decodes (a mixed chunk); calls 2-4: decode
-// steps of the three as served (fused decode attention), in 3 position splits (3 splits of 8
-// positions), and unfused (qkv_post + attention_kernel). Every call's logits against the
-// reference, the tokens fed the argmax (teacher-forced along them).
-static void window_model(const char *prec, double tol) {
-  const int window = 8;
-  const HP hp = llama_hp(window);
-  Owned o = make_qwen3(8, 2, false);
-  const Cfg c = cfg_from_hparams("llama", hp.data(), (int)hp.size());
-  mqb_model_params p{};
-  p.abi_version = MQB_ABI_VERSION;
-  p.family = "llama";
-  p.hparams = hp.data();
-  p.n_hparams = (int)hp.size();
-  p.precision = prec;
-  p.max_batch = 4;
-  p.max_context = 64;
-  p.tensors = o.t.data();
-  p.n_tensors = (int)o.t.size();
-  mqb_model *m = nullptr;
-  char err[512];
-  if (mqb_model_open(&p, &m, err, sizeof err)) {
-    check(false, std::string("open: ") + err);
-    return;
-  }
-  std::mt19937 rng(9);
-  std::vector<std::vector<int>> seq(3);
-  for (int i = 0; i < 3; ++i) {
-    seq[i].resize(i == 0 ? 20 : i == 1 ? 11 : 13);
-    for (auto &x : seq[i]) x = (int)(rng() % 300);
-  }
-  const int32_t slot_of[3] = {3, 1, 2};
-  std::vector<size_t> fed(3, 0);  // tokens of each sequence in its cache
-  double md = 0, mfull = 0;
-  bool ok = true;
-  for (int s = 0; s <= 4 && ok; ++s) {
-    if (s == 3) knob(m, "attn_split", 3);
-    if (s == 4) {
-      knob(m, "attn_split", 0);
-      knob(m, "fused_attn", 0);
-    }
-    std::vector<int32_t> sl, nt, tk, sp;
-    std::vector<int> who;
-    for (int i = 0; i < 3; ++i) {
-      if (i == 2 && s < 1) continue;
-      who.push_back(i);
-      sl.push_back(slot_of[i]);
-      nt.push_back((int)(seq[i].size() - fed[i]));
-      sp.push_back((int)fed[i]);
-      tk.insert(tk.end(), seq[i].begin() + fed[i], seq[i].end());
-    }
-    std::vector<float> lo(who.size() * (size_t)c.V);
-    std::vector<int32_t> am(who.size());
-    if (mqb_forward(m, (int)who.size(), sl.data(), nt.data(), tk.data(), sp.data(), lo.data(), am.data(), err,
-                    sizeof err)) {
-      check(false, std::string("forward: ") + err);
-      ok = false;
-      break;
-    }
-    for (size_t e = 0; e < who.size(); ++e) {
-      const int i = who[e];
-      fed[i] = seq[i].size();
-      md = std::max(md, maxdiff(lo.data() + e * c.V, ref_logits(o, c, seq[i], window).back()));
-      mfull = std::max(mfull, maxdiff(lo.data() + e * c.V, ref_logits(o, c, seq[i]).back()));
-      seq[i].push_back(am[e]);
-    }
-  }
-  knob(m, "fused_attn", 1);
-  mqb_model_close(m);
-  check(ok && md < tol, std::string("llama ") + prec + " sliding window 8, 3 sequences to " +
-                            std::to_string(seq[0].size() - 1) + " positions (prefill, a mixed chunk, decode fused, "
-                            "split, unfused): max|d| = " + std::to_string(md));
-  check(ok && mfull > 4 * tol, std::string("llama ") + prec + " sliding window 8: the whole-cache reference is max|d| = " +
-                                   std::to_string(mfull) + " away (> 4 tol)");
 }
 
 // emu_tile runs sk::tile_kernel in the emulation on W [N, K] (a tensor-map stand-in with the
@@ -1176,8 +1104,8 @@ int main() {
   if (want("swa", "bf16")) {  // the short sliding-window run (make cuda-host)
     prefill_attn_products<__nv_bfloat16>("bf16", 8);
     decode_attn_case<__nv_bfloat16, 2>("bf16", 4, 8);
-    window_model("bf16", 0.25);
-    window_ring("bf16", 0.25, false);  // the windowed cache (emu_swakv.h): its logits_all check
+    window_model(WINDOW_FAMILY, "bf16", 0.25);
+    window_ring(WINDOW_FAMILY, "bf16", 0.25, false);  // the windowed cache (emu_swakv.h): its logits_all check
   }
   for (const char *prec : {"fp32", "bf16", "fp16"}) {
     const double tol = std::string(prec) == "fp32" ? 2e-4 : std::string(prec) == "bf16" ? 0.25 : 0.05;
@@ -1185,7 +1113,7 @@ int main() {
       Owned l = make_qwen3(8, 2, false);
       run_family("llama", llama_hp(8), l, prec, tol, 256, 8);
     }
-    if (want("llama", prec) || want("swakv", prec)) window_ring(prec, tol, true);  // EMU_ONLY=swakv:<prec> alone
+    if (want("llama", prec) || want("swakv", prec)) window_ring(WINDOW_FAMILY, prec, tol, true);  // EMU_ONLY=swakv:<prec> alone
   }
   if (want("vision", "fp32")) vision_products();
   printf("launches %d, gemms %d, graph replays %d\n", n_launch, n_gemm, n_replay);
