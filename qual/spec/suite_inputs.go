@@ -24,7 +24,7 @@ func (s *Suite) goldenFixture() string {
 // EOSInput is the natural-EOS gate's input: fixtures/golden/<fixture>-eos.json.
 func (s *Suite) EOSInput() EOSInput {
 	return EOSInput{API: s.API, Path: filepath.Join(s.State.RepoRoot, "fixtures", "golden", s.goldenFixture()+"-eos.json"),
-		CheckpointDir: s.State.Checkpoint, Tokenizer: s.Tokenizer}
+		CheckpointDir: s.State.Checkpoint, Tokenizer: s.Tokenizer, TieMargin: s.tieMargin()}
 }
 
 // StopInput is the stop-string gate's input: the fixture's transformers golden.
