@@ -227,6 +227,11 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
 // default: an emulated launch takes about half a second, and its tuning checks need only these
 // steps).
 void warm_up(mqb_model &m) {
+  struct Warming {
+    bool &on;
+    explicit Warming(bool &f) : on(f) { on = true; }
+    ~Warming() { on = false; }
+  } warming(m.warming);
   if (m.warm) {
     std::vector<int> row_entry;
     // chunk runs one chunk of the given entries (token count, first position), each a
@@ -466,6 +471,7 @@ void run_chunk(mqb_model &m, int Tn, int R, bool want_keys, float *logits_out, i
     }
     if (prefill_tiles(m, Tg, ones, G) == G) ge = &m.graphs[chunk_graph_key(m, Tg, Rg, want_keys)];
   }
+  m.n_real_h() = Tn;
   upload_meta(m);
   if (ge) run_graphed(m, ge, [&] { run_dispatch(m, Tg, Rg, want_keys, false, &G); });
   else run_dispatch(m, Tn, R, want_keys, false);
@@ -563,6 +569,7 @@ void decode_step(mqb_model &m, int n, const int32_t *slots, const int32_t *token
     set_samp(m, i, real ? i : -1, temp, rkey);
   }
   if (chunk_begin(m, b)) throw Fail("cuda backend: a decode step reached an image prompt");  // forward routes those
+  m.n_real_h() = n;
   upload_meta(m);
   GraphEntry *ge = graphs ? &m.graphs[graph_key(b, m.step_splits)] : nullptr;
   run_graphed(m, ge, [&] { step_dispatch(m, b, logits_out != nullptr); });
@@ -659,6 +666,7 @@ void logits_all(mqb_model &m, const int32_t *ids, int32_t n, float *out) {
       m.meta_h[3 * m.Tcap + j] = j;
       set_samp(m, j, -1, nullptr, nullptr);
     }
+    m.n_real_h() = cn;
     upload_meta(m);
     m.rows_on = chunk_begin(m, cn);  // the scratch slot's image (mqb_set_image), if any
     RowsOff rows_off{m.rows_on};
@@ -692,6 +700,7 @@ void hidden_states(mqb_model &m, const int32_t *ids, int32_t n, float *out) {
       m.meta_h[3 * m.Tcap + j] = j;
       set_samp(m, j, -1, nullptr, nullptr);
     }
+    m.n_real_h() = cn;
     upload_meta(m);
     m.hidden_out = out + (size_t)s * m.c.H;
     run_dispatch(m, cn, R, false, false);

@@ -149,6 +149,7 @@ void run_dispatch(mqb_model &m, int Tn, int R, bool want_keys, bool decode, cons
 }
 
 void upload_meta(mqb_model &m) {
+  if (m.warming) m.n_real_h() = 0;
   ck(cudaMemcpyAsync(m.meta, m.meta_h, sizeof(int) * m.meta_count(), cudaMemcpyHostToDevice, m.stream),
      "meta upload");
   ck(cudaMemcpyAsync(m.samp_temp, m.samp_temp_h, sizeof(float) * m.Rcap, cudaMemcpyHostToDevice, m.stream),

@@ -273,6 +273,7 @@ struct mqb_model {
   // warm: warm_up's prefills and graph captures at load (MQB_WARMUP, default 1; 0 in the CPU
   // emulation).
   bool warm = true;
+  bool warming = false;  // inside warm_up: upload_meta marks every step's tokens unreal (n_real 0)
   std::unique_ptr<blaspick::Picker> picker;
   std::vector<void *> allocs;
 
@@ -287,7 +288,7 @@ struct mqb_model {
   float *res = nullptr, *qkv = nullptr, *qbuf = nullptr, *mlp = nullptr, *logits = nullptr;
   void *attn = nullptr, *xbuf = nullptr;
   unsigned long long *keys = nullptr;
-  int *meta = nullptr;      // device: tok[Tcap] pos[Tcap] slot[Tcap] rows[Rcap]
+  int *meta = nullptr;      // device: tok[Tcap] pos[Tcap] slot[Tcap] rows[Rcap] n_real
   // Sampling on the device (mqb_forward_sampled): per logits row 1/T (0 = greedy) and a key.
   float *samp_temp = nullptr, *samp_temp_h = nullptr;
   unsigned long long *samp_key = nullptr, *samp_key_h = nullptr;
@@ -301,7 +302,12 @@ struct mqb_model {
   int *d_pos() const { return meta + Tcap; }
   int *d_slot() const { return meta + 2 * Tcap; }
   int *d_rows() const { return meta + 3 * Tcap; }
-  size_t meta_count() const { return (size_t)3 * Tcap + Rcap; }
+  // n_real: the step's tokens that are requests' (or logits_all's); the rows after them are a
+  // graph's padding, and a warm-up step has none. A family's per-token counters (a router's
+  // tokens per expert) count only these, so a served metric never counts padding or warm-up.
+  int *d_n_real() const { return meta + 3 * Tcap + Rcap; }
+  int &n_real_h() { return meta_h[3 * Tcap + Rcap]; }
+  size_t meta_count() const { return (size_t)3 * Tcap + Rcap + 1; }
 
   void *dmalloc(size_t bytes) {
     void *p = nullptr;

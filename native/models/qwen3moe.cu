@@ -108,14 +108,17 @@ __global__ void moe_zero_kernel(unsigned *counts, unsigned *cursor, int NE) {
 }
 
 // moe_topk_kernel: one warp per token: softmax over the NE logits (float32), the K largest
-// probabilities (lowest index among equals), renormalised when norm; counts and routed[e] += 1
-// per choice.
+// probabilities (lowest index among equals), renormalised when norm; counts[e] += 1 per choice
+// (the dispatch), and routed[e] += 1 for the step's real tokens only (t < *n_real: no graph
+// padding, no warm-up), the served routing counts.
 __global__ void __launch_bounds__(32) moe_topk_kernel(const float *__restrict__ logits, int NE, int K, int norm,
                                                       int wrong, int *__restrict__ choice, float *__restrict__ wts,
-                                                      unsigned *__restrict__ counts, unsigned *__restrict__ routed) {
+                                                      unsigned *__restrict__ counts, unsigned *__restrict__ routed,
+                                                      const int *__restrict__ n_real) {
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.x, lane = threadIdx.x;
+  const bool real = t < *n_real;
   constexpr int PER = MOE_MAX_EXPERTS / 32;
   float p[PER];
   const float *lg = logits + (size_t)t * NE;
@@ -163,7 +166,7 @@ __global__ void __launch_bounds__(32) moe_topk_kernel(const float *__restrict__ 
         choice[(size_t)t * K + k] = e;
         wts[(size_t)t * K + k] = prob;
         atomicAdd(&counts[e], 1u);
-        atomicAdd(&routed[e], 1u);
+        if (real) atomicAdd(&routed[e], 1u);
       }
     }
   }
@@ -172,7 +175,7 @@ __global__ void __launch_bounds__(32) moe_topk_kernel(const float *__restrict__ 
     choice[(size_t)t * K + lane] = e;
     wts[(size_t)t * K + lane] = mine;
     atomicAdd(&counts[e], 1u);
-    atomicAdd(&routed[e], 1u);
+    if (real) atomicAdd(&routed[e], 1u);
   }
   __syncwarp();
   if (norm) {
@@ -317,7 +320,7 @@ void run_moe(mqb_model &m, int l, int Tn) {
   launch(m, moe_router_kernel<T>, dim3(Tn), dim3(256), 0, (const T *)xn, (const T *)w.router, s.logits, H, NE);
   launch(m, moe_zero_kernel, dim3(1), dim3(256), 0, s.counts, s.cursor, NE);
   launch(m, moe_topk_kernel, dim3(Tn), dim3(32), 0, (const float *)s.logits, NE, K, s.norm_topk ? 1 : 0,
-         s.wrong ? 1 : 0, s.choice, s.wts, s.counts, s.routed + (size_t)l * NE);
+         s.wrong ? 1 : 0, s.choice, s.wts, s.counts, s.routed + (size_t)l * NE, (const int *)m.d_n_real());
   launch(m, moe_scan_kernel, dim3(1), dim3(32), 0, (const unsigned *)s.counts, NE, s.offs, s.active);
   launch(m, moe_scatter_kernel, dim3((P + 255) / 256), dim3(256), 0, (const int *)s.choice, P, (const int *)s.offs,
          s.cursor, s.perm, s.pos_of);
