@@ -424,8 +424,13 @@ type Thresholds struct {
 	SSIMMin   float64 `json:"ssim_min,omitempty"`
 	// MaxAbsLatentDiff bounds the served final latents against the reference's where the
 	// server exposes them (0: reported, not gated).
-	MaxAbsLatentDiff float64     `json:"max_abs_latent_diff,omitempty"`
-	GPU              *Thresholds `json:"gpu,omitempty"`
+	MaxAbsLatentDiff float64 `json:"max_abs_latent_diff,omitempty"`
+	// Precision (a gpu: block only) is the precision the family's gpu specs build their cuda
+	// bundle at when MODELQUAL_GPU_PRECISION is unset (default bf16): fp32 where a fixture's
+	// reference cannot be met in bf16 by any engine, as a random-weight router whose top-k
+	// choices are near-ties that bf16 rounding flips (transformers' own bf16 run then differs).
+	Precision string      `json:"precision,omitempty"`
+	GPU       *Thresholds `json:"gpu,omitempty"`
 }
 
 // Image reports whether t holds image bounds (a text-to-image family's thresholds).
@@ -477,6 +482,12 @@ func (t *Thresholds) validate(path, prefix string) error {
 	}
 	if t.CorpusMinPass < 0 {
 		return fmt.Errorf("thresholds %s: %scorpus_min_pass %d is negative", path, prefix, t.CorpusMinPass)
+	}
+	switch {
+	case t.Precision != "" && prefix == "":
+		return fmt.Errorf("thresholds %s: precision belongs in the gpu: block (the precision of the GPU run's cuda bundle)", path)
+	case t.Precision != "" && t.Precision != "bf16" && t.Precision != "fp16" && t.Precision != "fp32":
+		return fmt.Errorf("thresholds %s: %sprecision %q: use bf16, fp16 or fp32", path, prefix, t.Precision)
 	}
 	if t.GPU != nil {
 		if prefix != "" {

@@ -125,6 +125,8 @@ func TestThresholds(t *testing.T) {
 		{func(t *Thresholds) { t.CorpusMinPass = -1 }, "corpus_min_pass"},
 		{func(t *Thresholds) { t.GPU.GreedySteps = 0 }, "gpu.greedy_steps"},
 		{func(t *Thresholds) { t.GPU.GPU = &Thresholds{} }, "gpu.gpu must not nest"},
+		{func(t *Thresholds) { t.GPU.Precision = "int8" }, "gpu.precision \"int8\""},
+		{func(t *Thresholds) { t.Precision = "fp32" }, "precision belongs in the gpu: block"},
 	} {
 		cp := *th
 		gpu := *th.GPU

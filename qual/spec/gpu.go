@@ -76,9 +76,16 @@ func labelFilterSelectsOnly(filter, label string, base []string) bool {
 	return selected
 }
 
-// gpuPrecision is the GPU bundle's precision (MODELQUAL_GPU_PRECISION, default bf16).
-func gpuPrecision() (string, error) {
-	p := envconfig.GPUPrecision.Get()
+// gpuPrecision is the GPU bundle's precision: MODELQUAL_GPU_PRECISION where set, else the
+// family's thresholds.yaml gpu.precision (owned, its reason beside it), else bf16.
+func gpuPrecision(owned string) (string, error) {
+	p, set := envconfig.GPUPrecision.Lookup()
+	if !set || p == "" {
+		p = envconfig.GPUPrecision.Get()
+		if owned != "" {
+			p = owned
+		}
+	}
 	switch p {
 	case "bf16", "fp16", "fp32":
 		return p, nil

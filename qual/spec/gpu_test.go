@@ -54,8 +54,18 @@ func TestGPURunBuildAndThresholds(t *testing.T) {
 	if got := s.Threshold(); got.MaxAbsLogitDiff != 0.05 || got.GreedySteps != 16 {
 		t.Fatalf("GPU run thresholds %+v, want the gpu section", got)
 	}
+	t.Setenv(envconfig.GPUPrecision.Name, "")
+	for _, c := range []struct{ owned, want string }{{"", "bf16"}, {"fp32", "fp32"}} {
+		if got, err := gpuPrecision(c.owned); err != nil || got != c.want {
+			t.Errorf("MODELQUAL_GPU_PRECISION unset, thresholds gpu.precision %q: %q, %v; want %q", c.owned, got, err, c.want)
+		}
+	}
+	t.Setenv(envconfig.GPUPrecision.Name, "fp16")
+	if got, err := gpuPrecision("fp32"); err != nil || got != "fp16" {
+		t.Errorf("MODELQUAL_GPU_PRECISION=fp16 over thresholds' fp32: %q, %v; want the variable's", got, err)
+	}
 	t.Setenv(envconfig.GPUPrecision.Name, "int4")
-	if _, err := gpuPrecision(); err == nil {
+	if _, err := gpuPrecision(""); err == nil {
 		t.Fatal("an unknown precision must be refused")
 	}
 }

@@ -249,7 +249,11 @@ func (s *Suite) prepare(ctx context.Context) (State, error) {
 			return st, nil
 		}
 		st.Device = "cuda"
-		if st.Precision, err = gpuPrecision(); err != nil {
+		owned := ""
+		if s.Thresholds.GPU != nil {
+			owned = s.Thresholds.GPU.Precision
+		}
+		if st.Precision, err = gpuPrecision(owned); err != nil {
 			return st, err
 		}
 	}

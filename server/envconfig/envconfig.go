@@ -41,7 +41,7 @@ var (
 	GPU          = declare("MODELQUAL_GPU", "", "1 (true, yes) runs a suite's GPU qualification whatever the label filter, 0 (false, no) never; unset: the label filter decides (gpu)")
 	GPUs         = declare("MODELQUAL_GPUS", "", "GPUs this process may use (indexes, GPU:MIG pairs or GPU/MIG UUIDs, comma-separated); default all")
 	GPUShortage  = declare("MODELQUAL_GPU_SHORTAGE", "skip", "what a GPU run does where a Ginkgo process (or a qual qualify --parallel slot) holds fewer GPUs than its server or a spec needs: skip (the specs skip, saying why) or fail; never share a GPU")
-	GPUPrecision = declare("MODELQUAL_GPU_PRECISION", "bf16", "precision of the cuda bundles GPU specs build: bf16 or fp16")
+	GPUPrecision = declare("MODELQUAL_GPU_PRECISION", "bf16", "precision of the cuda bundles GPU specs build: bf16, fp16 or fp32 (unset: the family thresholds.yaml gpu.precision, else bf16)")
 	CUDALib      = declare("MODELQUAL_CUDA_LIB", "", "path of libmodelqual_cuda.so for --device cuda (read by the native runtime); default next to the executable, then the loader's path")
 
 	ServerAPIKey = declare("QUAL_SERVER_API_KEY", "", "qual-server's API key when neither --api-key nor --api-key-file is given; unset once read so workers never carry it")
