@@ -124,7 +124,10 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int) { *v = a == cu
 // Inside a capture (g_rec, below) the calls a real capture refuses fail, as they do there: a
 // synchronisation, a synchronous copy, an allocation.
 static std::vector<std::function<void()>> *g_rec = nullptr;
-cudaError_t cudaMalloc(void **p, size_t n) { if (g_rec) return cudaErrorStreamCaptureUnsupported; n = (n + 255) / 256 * 256; *p = aligned_alloc(256, n); memset(*p, 0xCD, n); return cudaSuccess; }
+cudaError_t cudaMalloc(void **p, size_t n) {
+  if (g_rec) return cudaErrorStreamCaptureUnsupported;
+  if (getenv("EMU_LOG_GRAPHS")) fprintf(stderr, "emu: cudaMalloc %zu bytes\n", n);
+  n = (n + 255) / 256 * 256; *p = aligned_alloc(256, n); memset(*p, 0xCD, n); return cudaSuccess; }
 cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
 cudaError_t cudaMallocHost(void **p, size_t n) { *p = calloc(1, n); return cudaSuccess; }
 cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
@@ -200,6 +203,7 @@ cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  if (getenv("EMU_LOG_GRAPHS")) fprintf(stderr, "emu: stream capture %zu begins\n", g_graphs.size() + 1);
   g_rec = new std::vector<std::function<void()>>();
   return cudaSuccess;
 }
