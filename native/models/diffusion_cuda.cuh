@@ -317,11 +317,11 @@ class Pipeline {
   // kept under key, which must name everything body bakes in (shapes, buffers; per-step numbers
   // live in device buffers the caller writes before the call): eagerly the first time (scratch
   // grows, cuBLASLt plans are made, tables are uploaded), captured and replayed from the second
-  // on, recaptured when a scratch buffer it uses has moved since (one it does not use may grow:
-  // the VAE's buffers, first allocated after the first image's denoising steps, leave the
-  // steps' graph alone; each later image recaptured it when any growth invalidated every graph,
-  // measured on an H100 at 1024² as 428 ms of host time in a 778 ms FLUX.1-schnell image). A capture that fails turns graphs off
-  // for this pipeline, said once on stderr, and the step runs eagerly.
+  // on, recaptured when a scratch buffer it uses has moved since. One it does not use may grow:
+  // the VAE's buffers, first allocated after the first image's denoising steps, leave the steps'
+  // graph alone (when any growth invalidated every graph, the second image recaptured it: about
+  // 430 ms of host time in a 780 ms 1024² image on an H100). A capture that fails turns graphs
+  // off for this pipeline, said once on stderr, and the step runs eagerly.
   void step_graph(const std::string &key, const std::function<void()> &body) {
     if (!graphs_) return body();
     StepGraph &g = graph_[key];
