@@ -2,7 +2,7 @@
 // window_model (a windowed decoder's logits against the reference's own mask) and window_ring (the
 // windowed KV cache: a ring of mqb_model::kv_rows rows a slot, kv_row; backend.cu: kv_rows_for).
 // Included by emu_test.cc after its helpers: check, knob, maxdiff, the windowed decoder's
-// hparams (llama_hp) and weights (make_qwen3 without q/k norms) and its reference (ref_logits).
+// hparams and weights (a decoder without q/k norms) and its reference (ref_logits).
 #pragma once
 
 // WINDOW_FAMILY: the registered family whose config carries a sliding window.
@@ -208,7 +208,7 @@ static void window_ring(const char *family, const char *prec, double tol, bool l
 }
 
 // window_model: the short sliding-window run of make cuda-host (EMU_ONLY=swa:bf16; run_family
-// covers every path at length, EMU_ONLY=llama:bf16): a decoder model with sliding_window 8 (the
+// covers every path at length): a decoder model with sliding_window 8 (the
 // reference applies the window itself, ref_logits), three sequences in slots 3, 1, 2. Call 0:
 // prompts of 20 and 11 tokens prefilled together (tensor-core prefill, rows and tiles past the
 // window); call 1: a 13-token prompt joining their first decodes (a mixed chunk); calls 2-4: decode
