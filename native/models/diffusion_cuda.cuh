@@ -15,7 +15,8 @@
 //    head as batched GEMM -> fp32 softmax -> batched GEMM;
 //  - the AutoencoderKL decoder (diffusers' Decoder: conv_in, mid block resnets and single-head
 //    attention, up blocks with nearest 2x upsampling, GroupNorm + SiLU, conv_out; 3x3
-//    convolutions as im2col (bf16, channels-last) + one GEMM, 1x1 ones a GEMM), from the vae.*
+//    convolutions as im2col (bf16, channels-last, each tap's channels contiguous) + one GEMM, 1x1
+//    ones a GEMM), from the vae.*
 //    hyper-parameters both families resolve with diffusion::resolve_autoencoder_kl;
 //  - step_graph: a denoising step's transformer forward captured once per shape as a CUDA graph
 //    and replayed for every step (MQB_GRAPHS=0 runs it eagerly).
@@ -182,10 +183,9 @@ class Pipeline {
   // mat: the row-concatenation of matrices [n_i, K] to one bf16 [sum n_i, K] on the device (and
   // of their biases, when named, to fp32).
   Lin mat(const std::vector<std::string> &names, const std::vector<int> &rows, int K, const std::vector<std::string> &biases = {}) {
-    Lin l;
-    l.K = K;
-    for (int r : rows) l.N += r;
-    std::vector<uint16_t> h((size_t)l.N * K);
+    int N = 0;
+    for (int r : rows) N += r;
+    std::vector<uint16_t> h((size_t)N * K);
     size_t off = 0;
     for (size_t i = 0; i < names.size(); i++) {
       const int64_t n = (int64_t)rows[i] * K;
@@ -197,6 +197,13 @@ class Pipeline {
       }
       off += n;
     }
+    return upload(h, rows, K, biases);
+  }
+  // upload: host bf16 rows [sum rows, K] (and the named biases, to fp32) to the device.
+  Lin upload(const std::vector<uint16_t> &h, const std::vector<int> &rows, int K, const std::vector<std::string> &biases) {
+    Lin l;
+    l.K = K;
+    for (int r : rows) l.N += r;
     l.w = dalloc<bf16>(h.size());
     ck(cudaMemcpy(l.w, h.data(), 2 * h.size(), cudaMemcpyHostToDevice), "upload");
     if (!biases.empty()) {
@@ -213,9 +220,21 @@ class Pipeline {
   Lin mat1(const std::string &name, int N, int K, bool bias) {
     return mat({name + ".weight"}, {N}, K, bias ? std::vector<std::string>{name + ".bias"} : std::vector<std::string>{});
   }
+  // conv: a k x k convolution's weight [out, in, k, k] as a matrix [out, k*k*in] whose columns
+  // are ordered (ky, kx, c), im2col_k's order, and its bias.
   Conv conv(const std::string &p, int out, int in, int k) {
     Conv c;
-    c.l = mat1(p, out, in * k * k, true);
+    const int kk = k * k, K = in * kk;
+    const mqb_tensor *t = tensor(p + ".weight", (int64_t)out * K);
+    std::vector<uint16_t> h((size_t)out * K);
+    for (int o = 0; o < out; o++)
+      for (int ci = 0; ci < in; ci++)
+        for (int tap = 0; tap < kk; tap++) {
+          const int64_t src = ((int64_t)o * in + ci) * kk + tap;
+          h[(size_t)o * K + (size_t)tap * in + ci] =
+              t->dtype == MQB_DTYPE_BF16 ? ((const uint16_t *)t->data)[src] : to_bf16_bits(elem(t, src));
+        }
+    c.l = upload(h, {out}, K, {p + ".bias"});
     c.in = in, c.out = out, c.k = k;
     return c;
   }
@@ -276,7 +295,8 @@ class Pipeline {
     }
     if (const LtPlan *p = lt_plan(M, l.N, l.K, ldx, ldy, ybf16, epi, x, y)) {
       const float one = 1.f, zero = 0.f;
-      cb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &l.b, sizeof l.b), "bias pointer");
+      const void *bias = p->bias_bf16 ? (const void *)bias_bf16(l) : (const void *)l.b;
+      cb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "bias pointer");
       cb(cublasLtMatmul(lt_, p->op, &one, l.w, p->a, x, p->b, &zero, y, p->d, y, p->d, &p->algo, ws_, kWs, st_), "matmul");
       return;
     }
@@ -414,8 +434,10 @@ class Pipeline {
     bf16 *col = buf<bf16>("col", n * c.in * c.k * c.k);
     if (c.k == 1)
       KL(to_bf16_k, grid(n * c.in), 256, 0, st_)(x, col, n * c.in);
+    else if (c.in % 4 == 0)
+      KL(im2col_k<4>, grid(n * c.in * 9 / 4), 256, 0, st_)(x, h, w, c.in, col);
     else
-      KL(im2col_k, grid(n * c.in * 9), 256, 0, st_)(x, h, w, c.in, col);
+      KL(im2col_k<1>, grid(n * c.in * 9), 256, 0, st_)(x, h, w, c.in, col);
     linear(col, (int)n, c.l, y);
   }
 
@@ -515,12 +537,25 @@ class Pipeline {
 
   // LtPlan: a cuBLASLt product with an epilogue, made once per shape, output type, epilogue and
   // the alignments of x and y (the heuristic's kernels may need them); ok false: none offered.
+  // bias_bf16: the plan reads the bias in bf16 (bias_bf16(l)), offered where an fp32 bias is not.
   struct LtPlan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    bool ok = false;
+    bool ok = false, bias_bf16 = false;
   };
+  // bias_bf16: layer l's bias rounded to bf16 on the device, made at its first use (an eager
+  // run: step_graph captures only after one). Exact for a bf16 checkpoint, whose biases are
+  // bf16 values; diffusers' bf16 pipelines add their biases in bf16 too.
+  const bf16 *bias_bf16(const Lin &l) {
+    bf16 *&b = bias16_[l.b];
+    if (!b) {
+      if (capturing_) throw Fail(name_ + ": a bf16 bias made inside a graph capture");
+      b = dalloc<bf16>(l.N);
+      KL(to_bf16_k, grid(l.N), 256, 0, st_)(l.b, b, (size_t)l.N);
+    }
+    return b;
+  }
   static int align_of(const void *p) {
     const uintptr_t u = (uintptr_t)p;
     int a = 256;
@@ -534,7 +569,7 @@ class Pipeline {
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second.ok ? &it->second : nullptr;
     LtPlan &p = plans_[key];
-    const int32_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N, bt = CUDA_R_32F;
+    const int32_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
     const uint32_t ep = epi == Epi::kBias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
     const uint64_t ws = kWs;
     const uint32_t aw = 256, axu = ax, ayu = ay;
@@ -546,7 +581,6 @@ class Pipeline {
            cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep) == CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, ldx) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatrixLayoutCreate(&p.d, ybf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, ldy) == CUBLAS_STATUS_SUCCESS &&
@@ -555,9 +589,20 @@ class Pipeline {
            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof aw) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &axu, sizeof axu) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ayu, sizeof ayu) == CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ayu, sizeof ayu) == CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.d, p.d, pref, 1, &r, &n) == CUBLAS_STATUS_SUCCESS && n > 0 &&
-           r.state == CUBLAS_STATUS_SUCCESS;
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ayu, sizeof ayu) == CUBLAS_STATUS_SUCCESS;
+    // An fp32 bias first (the layer's own values); with bf16 out, a bf16 one where cuBLASLt has
+    // no kernel for the fp32 (an H100's GELU products of FLUX's 4096 x 12288 x 3072, 2026-12-07).
+    for (int t = 0; p.ok && t < (ybf16 ? 2 : 1); t++) {
+      const int32_t bt = t ? CUDA_R_16BF : CUDA_R_32F;
+      n = 0;
+      if (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt) == CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.d, p.d, pref, 1, &r, &n) == CUBLAS_STATUS_SUCCESS && n > 0 &&
+          r.state == CUBLAS_STATUS_SUCCESS) {
+        p.bias_bf16 = t == 1;
+        break;
+      }
+    }
+    p.ok = p.ok && n > 0 && r.state == CUBLAS_STATUS_SUCCESS;
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     p.algo = r.algo;
     if (!p.ok && !lt_said_) {
@@ -585,6 +630,7 @@ class Pipeline {
   cublasLtHandle_t lt_ = nullptr;
   char *ws_ = nullptr;
   std::map<std::tuple<int, int, int, int, int, int, int>, LtPlan> plans_;
+  std::map<const float *, bf16 *> bias16_;  // bias_bf16's copies, by the layer's fp32 bias
   bool lt_said_ = false;
   bool graphs_ = true, capturing_ = false;
   std::vector<const std::pair<void *, size_t> *> captured_;  // scratch entries buf gave a capture

@@ -529,7 +529,10 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
 
   bf16 *a = buf<bf16>("a", (size_t)L * D), *q = buf<bf16>("q", (size_t)L * D), *k = buf<bf16>("k", (size_t)L * D),
        *v = buf<bf16>("v", (size_t)L * D), *o = buf<bf16>("o", (size_t)L * D);
-  float *f = buf<float>("f", (size_t)L * 3 * D), *tt = buf<float>("tt", (size_t)L * D);
+  // q|k|v rows in bf16 with their biases, as diffusers' bf16 Linear layers leave them (and half
+  // the bytes qk_k reads); the residual stream and the products into it stay fp32.
+  bf16 *f = buf<bf16>("fqkv", (size_t)L * 3 * D);
+  float *tt = buf<float>("tt", (size_t)L * D);
   bf16 *m = buf<bf16>("m", (size_t)L * 5 * D);
   const float scale = 1.0f / sqrtf((float)hd_);
   // The norm that opens each block (LayerNorm, then the block's scale and shift), and norm_out
@@ -565,9 +568,9 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
     const Double &b = double_[i];
     const float *mx = mods + b.mod, *mc = mods + b.cmod;  // shift, scale, gate (msa), shift, scale, gate (mlp)
     bf16 *ac = a, *ax = a + (size_t)T * D;  // both streams' normed rows (opened by the previous block)
-    linear(ac, T, b.cqkv, f);
+    product(ac, D, T, b.cqkv, f, true, 3 * D, Epi::kBias);
     KL(qk_k, dim3(T, 3 * H_), 64, 0, st_)(f, 3 * D, H_, H_, hd_, b.ncq, b.nck, 1e-6f, cosv_, sinv_, false, true, q, k, v);
-    linear(ax, N, b.qkv, f);
+    product(ax, D, N, b.qkv, f, true, 3 * D, Epi::kBias);
     const size_t r0 = (size_t)T * D;
     KL(qk_k, dim3(N, 3 * H_), 64, 0, st_)(f, 3 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_ + (size_t)T * nf, sinv_ + (size_t)T * nf, false,
                                           true, q + r0, k + r0, v + r0);
@@ -586,7 +589,7 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
   for (int i = 0; i < ns; i++) {
     const Single &b = single_[i];
     const float *ms = mods + b.mod;  // shift, scale, gate
-    linear(a, L, b.qkv, f);  // [L, 3D]: q | k | v
+    product(a, D, L, b.qkv, f, true, 3 * D, Epi::kBias);  // [L, 3D]: q | k | v
     KL(qk_k, dim3(L, 3 * H_), 64, 0, st_)(f, 3 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_, sinv_, false, true, q, k, v);
     // m = [attention (D) | gelu_tanh(mlp) (4D)] per row, proj_out's input: the MLP's product
     // writes its GELU (fused) straight into its columns.

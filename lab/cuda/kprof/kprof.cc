@@ -4,6 +4,9 @@
 // cgo, python with torch), so ours and diffusers' pipelines are profiled the same way, CUDA-graph
 // replays included, where the GPU host has no nsys. Build: lab/cuda/kprof/build.sh.
 // KPROF_OUT: the file the table goes to (default stderr); KPROF_TOP: rows (default 40).
+// Runtime-API calls are recorded too: their time by name (KAPI) and, for each of the largest idle
+// gaps, the calls that ran inside it (KGAPAPI), so a host stall is seen as, say, a graph
+// instantiation or an allocation, or as no CUDA call at all (host computation).
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -33,6 +36,8 @@ struct Span {
   const std::string *name;  // by_name's key
 };
 std::vector<Span> spans;  // every kernel, for the idle gaps between them
+std::vector<Span> apis;   // every runtime-API call
+std::map<std::string, Agg> api_by_name;
 unsigned long long total_ns = 0;
 
 std::string pretty(const char *mangled) {
@@ -56,8 +61,18 @@ void CUPTIAPI completed(CUcontext, uint32_t, uint8_t *buf, size_t, size_t valid)
   CUpti_Activity *r = nullptr;
   std::lock_guard<std::mutex> g(mu);
   while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
+    if (r->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+      const CUpti_ActivityAPI *a = reinterpret_cast<const CUpti_ActivityAPI *>(r);
+      const char *nm = nullptr;
+      if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &nm) != CUPTI_SUCCESS || !nm) nm = "?";
+      auto it = api_by_name.emplace(nm, Agg{}).first;
+      it->second.ns += a->end - a->start, it->second.n++;
+      if (a->start) apis.push_back({a->start, a->end, &it->first});
+      continue;
+    }
     if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const KREC *k = reinterpret_cast<const KREC *>(r);
+    if (k->start == 0 || k->end < k->start) continue;  // an incomplete record
     auto it = by_name.emplace(pretty(k->name), Agg{}).first;
     Agg &a = it->second;
     a.ns += k->end - k->start, a.n++;
@@ -121,6 +136,28 @@ void report() {
     fprintf(f, "KGAP1 %9.3f ms at %10.3f ms  before %.70s\n", big[j].first / 1e6, (sp.start - spans.front().start) / 1e6,
             sp.name->c_str());
   }
+  // host time in runtime-API calls, by name, and the calls inside the largest gaps
+  std::vector<std::pair<std::string, Agg>> arows(api_by_name.begin(), api_by_name.end());
+  std::sort(arows.begin(), arows.end(), [](auto &a, auto &b) { return a.second.ns > b.second.ns; });
+  for (size_t j = 0; j < arows.size() && j < 15; j++)
+    fprintf(f, "KAPI %10.3f ms %8llu x %9.2f us  %s\n", arows[j].second.ns / 1e6, arows[j].second.n,
+            arows[j].second.ns / 1e3 / arows[j].second.n, arows[j].first.c_str());
+  std::sort(apis.begin(), apis.end(), [](const Span &a, const Span &b) { return a.start < b.start; });
+  for (size_t j = 0; j < big.size() && j < 4; j++) {
+    const Span &after = spans[big[j].second];
+    const unsigned long long g1 = after.start, g0 = g1 - big[j].first;
+    std::map<const std::string *, Agg> in;
+    unsigned long long covered = 0;
+    for (const Span &a : apis) {
+      if (a.end <= g0 || a.start >= g1) continue;
+      const unsigned long long d = std::min(a.end, g1) - std::max(a.start, g0);
+      in[a.name].ns += d, in[a.name].n++, covered += d;
+    }
+    fprintf(f, "KGAPAPI gap %.3f ms at %.3f ms: %.3f ms inside runtime-API calls\n", big[j].first / 1e6,
+            (g0 - spans.front().start) / 1e6, covered / 1e6);
+    for (auto &kv : in)
+      if (kv.second.ns >= 100000) fprintf(f, "KGAPAPI   %10.3f ms %6llu x  %s\n", kv.second.ns / 1e6, kv.second.n, kv.first->c_str());
+  }
   // every name, for grouping afterwards (lab/cuda/kprof/group.py)
   for (auto &r : rows) fprintf(f, "KPROFALL\t%llu\t%llu\t%s\n", r.second.ns, r.second.n, r.first.c_str());
   if (f != stderr) fclose(f);
@@ -134,6 +171,7 @@ void report() {
 extern "C" int InitializeInjection(void) {
   if (cuptiActivityRegisterCallbacks(requested, completed) != CUPTI_SUCCESS) return 0;
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
   atexit(report);
   const int period = getenv("KPROF_PERIOD_MS") ? atoi(getenv("KPROF_PERIOD_MS")) : 250;
   if (getenv("KPROF_OUT") && period > 0)
