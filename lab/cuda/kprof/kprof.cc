@@ -39,6 +39,7 @@ std::vector<Span> spans;  // every kernel, for the idle gaps between them
 std::vector<Span> apis;   // every runtime-API call
 std::map<std::string, Agg> api_by_name;
 unsigned long long total_ns = 0;
+size_t dropped = 0;  // records CUPTI reports it dropped (a buffer full, none given in time)
 
 std::string pretty(const char *mangled) {
   if (!mangled) return "?";
@@ -57,9 +58,11 @@ void CUPTIAPI requested(uint8_t **buf, size_t *size, size_t *max_records) {
   *max_records = 0;
 }
 
-void CUPTIAPI completed(CUcontext, uint32_t, uint8_t *buf, size_t, size_t valid) {
+void CUPTIAPI completed(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t, size_t valid) {
   CUpti_Activity *r = nullptr;
   std::lock_guard<std::mutex> g(mu);
+  size_t d = 0;
+  if (cuptiActivityGetNumDroppedRecords(ctx, stream, &d) == CUPTI_SUCCESS) dropped += d;
   while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
     if (r->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
       const CUpti_ActivityAPI *a = reinterpret_cast<const CUpti_ActivityAPI *>(r);
@@ -91,7 +94,7 @@ void report() {
   std::vector<std::pair<std::string, Agg>> rows(by_name.begin(), by_name.end());
   std::sort(rows.begin(), rows.end(), [](auto &a, auto &b) { return a.second.ns > b.second.ns; });
   const int top = getenv("KPROF_TOP") ? atoi(getenv("KPROF_TOP")) : 40;
-  fprintf(f, "KPROF kernels %zu names, device busy %.3f ms\n", rows.size(), total_ns / 1e6);
+  fprintf(f, "KPROF kernels %zu names, device busy %.3f ms, %zu records dropped by CUPTI\n", rows.size(), total_ns / 1e6, dropped);
   int i = 0;
   for (auto &r : rows) {
     if (i++ >= top) break;
