@@ -3,7 +3,6 @@ package fluxschnell_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -122,50 +121,28 @@ func checkSchnellControls(ctx context.Context, in spec.ImageInput) error {
 func checkSchnellContract(ctx context.Context, in spec.ImageInput) error {
 	base := in.Golden[0].ImageRequest.Body(in.API.Model)
 	with := func(k string, v any) map[string]any { return spec.WithField(base, k, v) }
-	refusals := []struct {
-		field string
-		body  map[string]any
-	}{
-		{"guidance_scale", with("guidance_scale", 3.5)},
-		{"guidance_scale", with("guidance_scale", 1)},
-		{"guidance_scale", with("guidance_scale", "NaN")},
-		{"guidance_scale", with("guidance_scale", -1)},
-		{"num_inference_steps", with("num_inference_steps", nil)},
-		{"num_inference_steps", with("num_inference_steps", 0)},
-		{"seed", with("seed", nil)},
-		{"seed", with("seed", -1)},
-		{"seed", with("seed", json.Number("9223372036854775808"))},
-		{"n", with("n", 2)},
-		{"stream", with("stream", true)},
-		{"response_format", with("response_format", "url")},
-		{"quality", with("quality", "high")},
-		{"output_format", with("output_format", "jpeg")},
-		{"num_frames", with("num_frames", 16)},
-		{"size", with("size", fmt.Sprintf("%dx%d", in.SizeMultiple+8, in.SizeMultiple))},
-		{"size", with("size", "4096x4096")},
-		{"true_cfg_scale", with("true_cfg_scale", -1)},
-		{"prompt", with("prompt", 7)},
+	refusals := []spec.Refusal{
+		{Field: "guidance_scale", Body: with("guidance_scale", 3.5)},
+		{Field: "guidance_scale", Body: with("guidance_scale", 1)},
+		{Field: "guidance_scale", Body: with("guidance_scale", "NaN")},
+		{Field: "guidance_scale", Body: with("guidance_scale", -1)},
+		{Field: "num_inference_steps", Body: with("num_inference_steps", nil)},
+		{Field: "num_inference_steps", Body: with("num_inference_steps", 0)},
+		{Field: "seed", Body: with("seed", nil)},
+		{Field: "seed", Body: with("seed", -1)},
+		{Field: "seed", Body: with("seed", json.Number("9223372036854775808"))},
+		{Field: "n", Body: with("n", 2)},
+		{Field: "stream", Body: with("stream", true)},
+		{Field: "response_format", Body: with("response_format", "url")},
+		{Field: "quality", Body: with("quality", "high")},
+		{Field: "output_format", Body: with("output_format", "jpeg")},
+		{Field: "num_frames", Body: with("num_frames", 16)},
+		{Field: "size", Body: with("size", fmt.Sprintf("%dx%d", in.SizeMultiple+8, in.SizeMultiple))},
+		{Field: "size", Body: with("size", "4096x4096")},
+		{Field: "true_cfg_scale", Body: with("true_cfg_scale", -1)},
+		{Field: "prompt", Body: with("prompt", 7)},
 	}
-	var problems []string
-	for _, r := range refusals {
-		_, err := in.API.GenerateImage(ctx, r.body)
-		var ae *spec.APIError
-		switch {
-		case err == nil:
-			val := "absent"
-			if v, ok := r.body[r.field]; ok {
-				val = fmt.Sprint(v)
-			}
-			problems = append(problems, fmt.Sprintf("%s %s: the request was answered 200, want 400", r.field, val))
-		case !errors.As(err, &ae):
-			problems = append(problems, fmt.Sprintf("%s: %v", r.field, err))
-		case ae.Status != 400 || ae.Param != r.field || !strings.Contains(ae.Message, r.field):
-			problems = append(problems, fmt.Sprintf("%s: HTTP %d param %q %q, want 400 naming %s", r.field, ae.Status, ae.Param, ae.Message, r.field))
-		}
-		if _, err := in.API.GenerateImage(ctx, base); err != nil {
-			problems = append(problems, fmt.Sprintf("the valid request after the %s refusal failed: %v", r.field, err))
-		}
-	}
+	problems := spec.CheckRefusals(ctx, in.API, base, refusals)
 	for _, ok := range []struct {
 		what string
 		body map[string]any

@@ -369,17 +369,16 @@ func CheckImageControls(ctx context.Context, in ImageInput) error {
 	return nil
 }
 
+// Refusal is a request an image route must refuse, and the field its 400 must name.
+type Refusal struct {
+	Field string
+	Body  map[string]any
+}
+
 // imageRefusals are the requests the contract refuses, each with the field the error must name.
-func imageRefusals(base map[string]any, multiple int) []struct {
-	field string
-	body  map[string]any
-} {
+func imageRefusals(base map[string]any, multiple int) []Refusal {
 	with := func(k string, v any) map[string]any { return WithField(base, k, v) }
-	type refusal = struct {
-		field string
-		body  map[string]any
-	}
-	return []refusal{
+	return []Refusal{
 		{"num_inference_steps", with("num_inference_steps", nil)},
 		{"guidance_scale", with("guidance_scale", nil)},
 		{"seed", with("seed", nil)},
@@ -408,26 +407,42 @@ func imageRefusals(base map[string]any, multiple int) []struct {
 	}
 }
 
+// CheckRefusals posts each refusal's body to /v1/images/generations, then base: each refusal
+// must be answered 400 with the field as the error's param and in its message, and the valid
+// request after it 200 (a refusal loses nothing). It returns one line per problem, naming the
+// field and the value sent ("absent" for a field the body leaves out).
+func CheckRefusals(ctx context.Context, api *API, base map[string]any, refusals []Refusal) []string {
+	var problems []string
+	for _, r := range refusals {
+		val := "absent"
+		if v, ok := r.Body[r.Field]; ok {
+			val = fmt.Sprint(v)
+			if len(val) > 40 {
+				val = val[:40] + "..."
+			}
+		}
+		_, err := api.GenerateImage(ctx, r.Body)
+		var ae *APIError
+		switch {
+		case err == nil:
+			problems = append(problems, fmt.Sprintf("%s %s: the request was answered 200, want 400", r.Field, val))
+		case !errors.As(err, &ae):
+			problems = append(problems, fmt.Sprintf("%s %s: %v", r.Field, val, err))
+		case ae.Status != 400 || ae.Param != r.Field || !strings.Contains(ae.Message, r.Field):
+			problems = append(problems, fmt.Sprintf("%s %s: HTTP %d param %q %q, want 400 naming %s", r.Field, val, ae.Status, ae.Param, ae.Message, r.Field))
+		}
+		if _, err := api.GenerateImage(ctx, base); err != nil {
+			problems = append(problems, fmt.Sprintf("the valid request after the %s refusal failed: %v", r.Field, err))
+		}
+	}
+	return problems
+}
+
 // CheckImageContract: every refused request gets 400 naming its field, and the next valid
 // request gets 200.
 func CheckImageContract(ctx context.Context, in ImageInput) error {
 	base := in.Golden[0].Body(in.API.Model)
-	var problems []string
-	for _, r := range imageRefusals(base, in.SizeMultiple) {
-		_, err := in.API.GenerateImage(ctx, r.body)
-		var ae *APIError
-		switch {
-		case err == nil:
-			problems = append(problems, fmt.Sprintf("%s: the request was answered 200, want 400", r.field))
-		case !errors.As(err, &ae):
-			problems = append(problems, fmt.Sprintf("%s: %v", r.field, err))
-		case ae.Status != 400 || ae.Param != r.field || !strings.Contains(ae.Message, r.field):
-			problems = append(problems, fmt.Sprintf("%s: HTTP %d param %q %q, want 400 naming %s", r.field, ae.Status, ae.Param, ae.Message, r.field))
-		}
-		if _, err := in.API.GenerateImage(ctx, base); err != nil {
-			problems = append(problems, fmt.Sprintf("the valid request after the %s refusal failed: %v", r.field, err))
-		}
-	}
+	problems := CheckRefusals(ctx, in.API, base, imageRefusals(base, in.SizeMultiple))
 	// A text route on a text-to-image model is a client error naming the model, not a 5xx.
 	_, err := in.API.Complete(ctx, "/v1/completions", map[string]any{"model": in.API.Model, "prompt": "a fox", "max_tokens": 4})
 	var ae *APIError

@@ -183,8 +183,8 @@ func CheckRecordsMatchResponses(ctx context.Context, in RecordCheckInput) ([]str
 				"prompt_sha256": hexSHA([]byte(r.Prompt)), "prompt_bytes": fmt.Sprint(len(r.Prompt))}})
 		}
 		for _, r := range imageRefusals(body, 16) {
-			if r.field == "n" {
-				refused("/v1/images/generations", r.body, "n: 2")
+			if r.Field == "n" {
+				refused("/v1/images/generations", r.Body, "n: 2")
 				break
 			}
 		}
