@@ -25,23 +25,11 @@
 //     native/cuda/blas_pick.cc -lcublas -lcublasLt -lcuda -o /tmp/wgf && /tmp/wgf
 #include "../../../native/cuda/ops/flash_attn.cuh"
 
-#include <algorithm>
 #include <cmath>
 
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
+#include "probe.cuh"  // CK, and the includes the probes share
 
 using bf16 = __nv_bfloat16;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
 
 namespace wg {
 
