@@ -55,9 +55,10 @@ namespace img {
 
 using mqcuda::Fail;
 
-struct Lin {  // y = x W^T (+ b): W [N, K] bf16
+struct Lin {  // y = x W^T (+ b): W [N, K] bf16; b in fp32, and bh the same bias in bf16
   bf16 *w = nullptr;
   float *b = nullptr;
+  bf16 *bh = nullptr;
   int N = 0, K = 0;
 };
 struct Conv {
@@ -164,6 +165,10 @@ class Pipeline {
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
   }
+  // bf16_bits: element i of t as bf16 bits (a bf16 tensor's own; others rounded).
+  static uint16_t bf16_bits(const mqb_tensor *t, int64_t i) {
+    return t->dtype == MQB_DTYPE_BF16 ? ((const uint16_t *)t->data)[i] : to_bf16_bits(elem(t, i));
+  }
   template <typename T>
   T *dalloc(size_t n) {
     void *q = nullptr;
@@ -193,13 +198,13 @@ class Pipeline {
       if (t->dtype == MQB_DTYPE_BF16) {
         std::memcpy(&h[off], t->data, 2 * n);
       } else {
-        for (int64_t j = 0; j < n; j++) h[off + j] = to_bf16_bits(elem(t, j));
+        for (int64_t j = 0; j < n; j++) h[off + j] = bf16_bits(t, j);
       }
       off += n;
     }
     return upload(h, rows, K, biases);
   }
-  // upload: host bf16 rows [sum rows, K] (and the named biases, to fp32) to the device.
+  // upload: host bf16 rows [sum rows, K] (and the named biases, in fp32 and bf16) to the device.
   Lin upload(const std::vector<uint16_t> &h, const std::vector<int> &rows, int K, const std::vector<std::string> &biases) {
     Lin l;
     l.K = K;
@@ -214,6 +219,12 @@ class Pipeline {
       }
       l.b = dalloc<float>(b.size());
       ck(cudaMemcpy(l.b, b.data(), 4 * b.size(), cudaMemcpyHostToDevice), "upload");
+      // cuBLASLt adds a bias to a bf16 output only in bf16 (product): exact for a bf16
+      // checkpoint's biases, and diffusers' bf16 pipelines add theirs in bf16 too.
+      std::vector<uint16_t> bh(b.size());
+      for (size_t i = 0; i < b.size(); i++) bh[i] = to_bf16_bits(b[i]);
+      l.bh = dalloc<bf16>(bh.size());
+      ck(cudaMemcpy(l.bh, bh.data(), 2 * bh.size(), cudaMemcpyHostToDevice), "upload");
     }
     return l;
   }
@@ -231,8 +242,7 @@ class Pipeline {
       for (int ci = 0; ci < in; ci++)
         for (int tap = 0; tap < kk; tap++) {
           const int64_t src = ((int64_t)o * in + ci) * kk + tap;
-          h[(size_t)o * K + (size_t)tap * in + ci] =
-              t->dtype == MQB_DTYPE_BF16 ? ((const uint16_t *)t->data)[src] : to_bf16_bits(elem(t, src));
+          h[(size_t)o * K + (size_t)tap * in + ci] = bf16_bits(t, src);
         }
     c.l = upload(h, {out}, K, {p + ".bias"});
     c.in = in, c.out = out, c.k = k;
@@ -295,7 +305,7 @@ class Pipeline {
     }
     if (const LtPlan *p = lt_plan(M, l.N, l.K, ldx, ldy, ybf16, epi, x, y)) {
       const float one = 1.f, zero = 0.f;
-      const void *bias = p->bias_bf16 ? (const void *)bias_bf16(l) : (const void *)l.b;
+      const void *bias = ybf16 ? (const void *)l.bh : (const void *)l.b;
       cb(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "bias pointer");
       cb(cublasLtMatmul(lt_, p->op, &one, l.w, p->a, x, p->b, &zero, y, p->d, y, p->d, &p->algo, ws_, kWs, st_), "matmul");
       return;
@@ -339,9 +349,9 @@ class Pipeline {
   // grows, cuBLASLt plans are made, tables are uploaded), captured and replayed from the second
   // on, recaptured when a scratch buffer it uses has moved since. One it does not use may grow:
   // the VAE's buffers, first allocated after the first image's denoising steps, leave the steps'
-  // graph alone (when any growth invalidated every graph, the second image recaptured it: about
-  // 430 ms of host time in a 780 ms 1024² image on an H100). A capture that fails turns graphs
-  // off for this pipeline, said once on stderr, and the step runs eagerly.
+  // graph alone (when any growth invalidated every graph, the second image captured and
+  // instantiated the steps' graph again). A capture that fails turns graphs off for this
+  // pipeline, said once on stderr, and the step runs eagerly.
   void step_graph(const std::string &key, const std::function<void()> &body) {
     if (!graphs_) return body();
     StepGraph &g = graph_[key];
@@ -537,25 +547,12 @@ class Pipeline {
 
   // LtPlan: a cuBLASLt product with an epilogue, made once per shape, output type, epilogue and
   // the alignments of x and y (the heuristic's kernels may need them); ok false: none offered.
-  // bias_bf16: the plan reads the bias in bf16 (bias_bf16(l)), offered where an fp32 bias is not.
   struct LtPlan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    bool ok = false, bias_bf16 = false;
+    bool ok = false;
   };
-  // bias_bf16: layer l's bias rounded to bf16 on the device, made at its first use (an eager
-  // run: step_graph captures only after one). Exact for a bf16 checkpoint, whose biases are
-  // bf16 values; diffusers' bf16 pipelines add their biases in bf16 too.
-  const bf16 *bias_bf16(const Lin &l) {
-    bf16 *&b = bias16_[l.b];
-    if (!b) {
-      if (capturing_) throw Fail(name_ + ": a bf16 bias made inside a graph capture");
-      b = dalloc<bf16>(l.N);
-      KL(to_bf16_k, grid(l.N), 256, 0, st_)(l.b, b, (size_t)l.N);
-    }
-    return b;
-  }
   static int align_of(const void *p) {
     const uintptr_t u = (uintptr_t)p;
     int a = 256;
@@ -569,7 +566,9 @@ class Pipeline {
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second.ok ? &it->second : nullptr;
     LtPlan &p = plans_[key];
-    const int32_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+    // The bias in the output's type: cuBLASLt 13.1 offers no bf16-output epilogue with an fp32
+    // bias, for any of the image pipelines' shapes (lab/cuda/probe/lt_epilogue.cu on an H100).
+    const int32_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N, bt = ybf16 ? CUDA_R_16BF : CUDA_R_32F;
     const uint32_t ep = epi == Epi::kBias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
     const uint64_t ws = kWs;
     const uint32_t aw = 256, axu = ax, ayu = ay;
@@ -581,6 +580,7 @@ class Pipeline {
            cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, ldx) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatrixLayoutCreate(&p.d, ybf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, ldy) == CUBLAS_STATUS_SUCCESS &&
@@ -589,20 +589,9 @@ class Pipeline {
            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof aw) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &axu, sizeof axu) == CUBLAS_STATUS_SUCCESS &&
            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ayu, sizeof ayu) == CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ayu, sizeof ayu) == CUBLAS_STATUS_SUCCESS;
-    // An fp32 bias first (the layer's own values); with bf16 out, a bf16 one where cuBLASLt has
-    // no kernel for the fp32 (an H100's GELU products of FLUX's 4096 x 12288 x 3072, 2026-12-07).
-    for (int t = 0; p.ok && t < (ybf16 ? 2 : 1); t++) {
-      const int32_t bt = t ? CUDA_R_16BF : CUDA_R_32F;
-      n = 0;
-      if (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt) == CUBLAS_STATUS_SUCCESS &&
-          cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.d, p.d, pref, 1, &r, &n) == CUBLAS_STATUS_SUCCESS && n > 0 &&
-          r.state == CUBLAS_STATUS_SUCCESS) {
-        p.bias_bf16 = t == 1;
-        break;
-      }
-    }
-    p.ok = p.ok && n > 0 && r.state == CUBLAS_STATUS_SUCCESS;
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ayu, sizeof ayu) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.d, p.d, pref, 1, &r, &n) == CUBLAS_STATUS_SUCCESS && n > 0 &&
+           r.state == CUBLAS_STATUS_SUCCESS;
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     p.algo = r.algo;
     if (!p.ok && !lt_said_) {
@@ -630,7 +619,6 @@ class Pipeline {
   cublasLtHandle_t lt_ = nullptr;
   char *ws_ = nullptr;
   std::map<std::tuple<int, int, int, int, int, int, int>, LtPlan> plans_;
-  std::map<const float *, bf16 *> bias16_;  // bias_bf16's copies, by the layer's fp32 bias
   bool lt_said_ = false;
   bool graphs_ = true, capturing_ = false;
   std::vector<const std::pair<void *, size_t> *> captured_;  // scratch entries buf gave a capture
