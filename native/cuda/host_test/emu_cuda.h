@@ -324,11 +324,21 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, 
 // as cuBLASLt's users do) is offered algorithm 0 alone: the trap is blas_pick's to catch. With
 // EMU_LT_EPILOGUE=0 it is offered none, as a cuBLASLt without the epilogue would (the pipelines
 // then take their unfused path).
+// cublasLtMatmulAlgoGetHeuristic: as cuBLASLt 13.1 answers on the H100
+// (lab/cuda/probe/lt_epilogue.cu), a bias epilogue with a bf16 D needs the bias in bf16 too: an
+// fp32 bias gets no algorithm (status 7), so a pipeline that asks for one fails here as on the GPU.
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t,
-                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t D,
                                               cublasLtMatmulPreference_t, int req, cublasLtMatmulHeuristicResult_t *r,
                                               int *n) {
-  const bool epi = ((const EmuDesc *)d)->epi != CUBLASLT_EPILOGUE_DEFAULT;
+  const EmuDesc &o = *(const EmuDesc *)d;
+  const bool epi = o.epi != CUBLASLT_EPILOGUE_DEFAULT;
+  const cudaDataType_t dt = ((const EmuLayout *)D)->type;
+  if ((o.epi == CUBLASLT_EPILOGUE_BIAS || o.epi == CUBLASLT_EPILOGUE_GELU_BIAS) && dt == CUDA_R_16BF &&
+      o.bias_type >= 0 && o.bias_type != CUDA_R_16BF) {
+    *n = 0;
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
   const char *lt_epi = getenv("EMU_LT_EPILOGUE");
   if (epi && lt_epi && atoi(lt_epi) == 0) {
     *n = 0;

@@ -1,7 +1,7 @@
 #pragma once
 #include "cuda_runtime.h"
 typedef struct cublasContext *cublasHandle_t;
-enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
+enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
 enum cublasOperation_t { CUBLAS_OP_N, CUBLAS_OP_T };
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F };
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT };
