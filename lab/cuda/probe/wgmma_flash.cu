@@ -15,7 +15,18 @@
 // that both B operands are K-major) from shared memory. Non-causal; any L, Lk.
 //
 // flash3 adds FlashAttention-3's intra-warpgroup pipelining (the P V product of tile j - 1 runs
-// while the softmax of tile j does) and a third stage.
+// while the softmax of tile j does) and a third stage; flash3<true> reads V in its own layout as
+// wgmma's N-major B operand (no transpose). Built without MQB_SM90A, "mma.sync" is flash_attn.cuh's
+// kernel; on a tree with lab/cuda/flash_wgmma.patch applied and -DMQB_SM90A, it is that patch's
+// flash_wgmma.cuh (flash3<true>'s scheme for the product).
+//
+// Run on an H100 (2026-12-07, lab/cuda/results/gpu_2026-12-07e_h100): every variant within
+// bounds of the fp32 reference on all five shapes, with the same max|d| as the mma.sync kernel.
+// At FLUX's shape: mma.sync 860 us (271 TFLOP/s), basic 801, flash3 774 (V^T 42 of it),
+// flash3<true> 664 us (351 TFLOP/s, 1.30x). Still short of cuDNN's ~600 TFLOP/s: the two
+// warpgroups move in lockstep (one barrier a tile), so the tensor cores idle while both run
+// their softmax; FlashAttention-3 has them take turns (named barriers) and a producer warp load
+// with the bulk tensor copies.
 //
 // Build and run on the GPU host (wgmma needs the sm_90a target, named by -gencode):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Inative/include -Inative/cuda \
@@ -173,8 +184,8 @@ __global__ void vt_k(const bf16 *v, int ld, int Lk, int Lkp, bf16 *vt) {
 __global__ void __launch_bounds__(NT) flash(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k, int ldk,
                                             const bf16 *__restrict__ vt, int Lkp, bf16 *__restrict__ o, int ldo, int L,
                                             int Lk, int rep, float sl2) {
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  extern __shared__ uint8_t wg_smem[];
+  uint8_t *sm = (uint8_t *)(((uintptr_t)wg_smem + 1023) & ~(uintptr_t)1023);
   uint8_t *qs = sm, *stage0 = sm + QB;
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.y, kh = h / rep, q0 = blockIdx.x * BM;
@@ -258,8 +269,8 @@ template <bool VN>
 __global__ void __launch_bounds__(NT) flash3(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k,
                                              const bf16 *__restrict__ v, int ldk, const bf16 *__restrict__ vt, int Lkp,
                                              bf16 *__restrict__ o, int ldo, int L, int Lk, int rep, float sl2) {
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  extern __shared__ uint8_t wg_smem[];
+  uint8_t *sm = (uint8_t *)(((uintptr_t)wg_smem + 1023) & ~(uintptr_t)1023);
   uint8_t *qs = sm, *stage0 = sm + QB;
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.y, kh = h / rep, q0 = blockIdx.x * BM;
