@@ -276,6 +276,10 @@ struct EmuDesc {
   const void *bias = nullptr;
   int32_t bias_type = -1;  // -1: D's type, as cuBLASLt's default
 };
+// has_bias: the descriptor's epilogue adds a bias.
+static bool has_bias(const EmuDesc &o) {
+  return o.epi == CUBLASLT_EPILOGUE_BIAS || o.epi == CUBLASLT_EPILOGUE_GELU_BIAS;
+}
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (cublasLtHandle_t)0x1; return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t, cudaDataType_t) {
@@ -323,10 +327,9 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, 
 // A descriptor with an epilogue (the image pipelines', which take the heuristic's first answer
 // as cuBLASLt's users do) is offered algorithm 0 alone: the trap is blas_pick's to catch. With
 // EMU_LT_EPILOGUE=0 it is offered none, as a cuBLASLt without the epilogue would (the pipelines
-// then take their unfused path).
-// cublasLtMatmulAlgoGetHeuristic: as cuBLASLt 13.1 answers on the H100
-// (lab/cuda/probe/lt_epilogue.cu), a bias epilogue with a bf16 D needs the bias in bf16 too: an
-// fp32 bias gets no algorithm (status 7), so a pipeline that asks for one fails here as on the GPU.
+// then take their unfused path). A bias epilogue with a bf16 D and an fp32 bias gets none (status
+// 7), as cuBLASLt 13.1 answers on the H100 for every image-pipeline shape
+// (lab/cuda/probe/lt_epilogue.cu): a pipeline that asks for one is refused here as on the GPU.
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t,
                                               cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t D,
                                               cublasLtMatmulPreference_t, int req, cublasLtMatmulHeuristicResult_t *r,
@@ -334,8 +337,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   const EmuDesc &o = *(const EmuDesc *)d;
   const bool epi = o.epi != CUBLASLT_EPILOGUE_DEFAULT;
   const cudaDataType_t dt = ((const EmuLayout *)D)->type;
-  if ((o.epi == CUBLASLT_EPILOGUE_BIAS || o.epi == CUBLASLT_EPILOGUE_GELU_BIAS) && dt == CUDA_R_16BF &&
-      o.bias_type >= 0 && o.bias_type != CUDA_R_16BF) {
+  if (has_bias(o) && dt == CUDA_R_16BF && o.bias_type >= 0 && o.bias_type != CUDA_R_16BF) {
     *n = 0;
     return CUBLAS_STATUS_INVALID_VALUE;
   }
@@ -390,7 +392,7 @@ cublasStatus_t cublasLtMatmulAlgoCapGetAttribute(const cublasLtMatmulAlgo_t *, c
 // run on the host's threads.
 static cublasStatus_t emu_lt_epilogue(const EmuDesc &o, float al, const void *A, const EmuLayout &a, const void *B, const EmuLayout &b,
                                       float be, const void *C, const EmuLayout &c, void *D, const EmuLayout &dd) {
-  const bool bias = o.epi == CUBLASLT_EPILOGUE_BIAS || o.epi == CUBLASLT_EPILOGUE_GELU_BIAS;
+  const bool bias = has_bias(o);
   const bool gelu = o.epi == CUBLASLT_EPILOGUE_GELU || o.epi == CUBLASLT_EPILOGUE_GELU_BIAS;
   const int m = (int)dd.rows, n = (int)dd.cols, k = (int)(o.ta == CUBLAS_OP_T ? a.rows : a.cols);
   const cudaDataType_t bt = o.bias_type < 0 ? dd.type : (cudaDataType_t)o.bias_type;
