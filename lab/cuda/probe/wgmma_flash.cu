@@ -179,23 +179,30 @@ __global__ void vt_k(const bf16 *v, int ld, int Lk, int Lkp, bf16 *vt) {
   for (int i = threadIdx.y; i < 32; i += blockDim.y) vt[((size_t)h * D + d0 + i) * Lkp + k0 + threadIdx.x] = t[threadIdx.x][i];
 }
 
+// smem_base: the block's dynamic shared memory, rounded up to the 1024 bytes a swizzle atom needs.
+__device__ __forceinline__ uint8_t *smem_base() {
+  extern __shared__ uint8_t wg_smem[];
+  return (uint8_t *)(((uintptr_t)wg_smem + 1023) & ~(uintptr_t)1023);
+}
+// stage_q: query rows q0 .. q0 + BM - 1 of head h (zeros past L) into two swizzled 64-column halves.
+__device__ __forceinline__ void stage_q(uint8_t *qs, const bf16 *q, int ldq, int q0, int L, int h) {
+  for (int i = threadIdx.x; i < BM * 16; i += NT) {
+    const int r = i >> 4, c = i & 15, half = c >> 3;
+    cp16(qs + half * BM * 128 + swz(r, c & 7), q + (size_t)min(q0 + r, L - 1) * ldq + h * D + c * 8, q0 + r < L);
+  }
+}
+
 // flash: grid (ceil(L / 128), H), 256 threads, SMEM bytes. q rows stride ldq, o rows stride ldo
 // (head h at column h * 128); k rows stride ldk (KV head h / rep); vt from vt_k.
 __global__ void __launch_bounds__(NT) flash(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k, int ldk,
                                             const bf16 *__restrict__ vt, int Lkp, bf16 *__restrict__ o, int ldo, int L,
                                             int Lk, int rep, float sl2) {
-  extern __shared__ uint8_t wg_smem[];
-  uint8_t *sm = (uint8_t *)(((uintptr_t)wg_smem + 1023) & ~(uintptr_t)1023);
-  uint8_t *qs = sm, *stage0 = sm + QB;
+  uint8_t *qs = smem_base(), *stage0 = qs + QB;
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.y, kh = h / rep, q0 = blockIdx.x * BM;
   const bf16 *kb = k + (size_t)kh * D;
   const bf16 *vb = vt + (size_t)kh * D * Lkp;
-  // Q: BM rows x 16 chunks
-  for (int i = tid; i < BM * 16; i += NT) {
-    const int r = i >> 4, c = i & 15, half = c >> 3;
-    cp16(qs + half * BM * 128 + swz(r, c & 7), q + (size_t)min(q0 + r, L - 1) * ldq + h * D + c * 8, q0 + r < L);
-  }
+  stage_q(qs, q, ldq, q0, L, h);
   auto stage = [&](int j) {
     uint8_t *ks = stage0 + (j & 1) * (KB + VB), *vs = ks + KB;
     const int k0 = j * BN;
@@ -269,17 +276,12 @@ template <bool VN>
 __global__ void __launch_bounds__(NT) flash3(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k,
                                              const bf16 *__restrict__ v, int ldk, const bf16 *__restrict__ vt, int Lkp,
                                              bf16 *__restrict__ o, int ldo, int L, int Lk, int rep, float sl2) {
-  extern __shared__ uint8_t wg_smem[];
-  uint8_t *sm = (uint8_t *)(((uintptr_t)wg_smem + 1023) & ~(uintptr_t)1023);
-  uint8_t *qs = sm, *stage0 = sm + QB;
+  uint8_t *qs = smem_base(), *stage0 = qs + QB;
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.y, kh = h / rep, q0 = blockIdx.x * BM;
   const bf16 *kb = k + (size_t)kh * D;
   const bf16 *vb = VN ? v + (size_t)kh * D : vt + (size_t)kh * D * Lkp;
-  for (int i = tid; i < BM * 16; i += NT) {
-    const int r = i >> 4, c = i & 15, half = c >> 3;
-    cp16(qs + half * BM * 128 + swz(r, c & 7), q + (size_t)min(q0 + r, L - 1) * ldq + h * D + c * 8, q0 + r < L);
-  }
+  stage_q(qs, q, ldq, q0, L, h);
   auto buf = [&](int j) { return stage0 + (j % NS) * (KB + VB); };
   auto stage = [&](int j) {
     uint8_t *ks = buf(j), *vs = ks + KB;
