@@ -15,10 +15,10 @@ dir=$(mktemp -d)
 for s in "${srcs[@]}"; do
   o="$dir/$(basename "$s").o"
   objs+=("$o")
-  nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -fPIC -lineinfo -I"$root/native/include" -I"$root/native/cuda" \
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DMQB_SM90A -Xcompiler -fPIC -lineinfo -I"$root/native/include" -I"$root/native/cuda" \
     -c "$s" -o "$o" &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 [ $rc -eq 0 ] || exit 1
-nvcc -shared -arch=sm_90 "${objs[@]}" -o "$so" -lcublas -lcublasLt -lcuda -lpthread
+nvcc -shared -gencode=arch=compute_90a,code=sm_90a "${objs[@]}" -o "$so" -lcublas -lcublasLt -lcuda -lpthread

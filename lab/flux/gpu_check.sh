@@ -191,6 +191,7 @@ if [ "${FC_SHAPE:-1}" = 1 ]; then
       sed -n 's/.*images_per_s \([0-9.]*\).*/\1/p' "$OUT/shape-$l.txt" | tail -1
     }
     IB=$(ab before MODELQUAL_CUDA_LIB=$W/libbefore.so)
+    $PY compare "$OUT/shape-before.png" "$OUT/shape-diffusers.png" 2>&1 | sed 's/^/AB before: /' | tee -a "$LOG"
     IE=$(ab eager MQB_GRAPHS=0)
     IA=$(sed -n 's/.*images_per_s \([0-9.]*\).*/\1/p' "$OUT/shape-ours.txt" | tail -1)
     python3 -c 'import sys; b, e, a = (float(x or "nan") for x in sys.argv[1:4]); print("AB flux %s %s: images/s before %.4f, after without graphs %.4f (%.3fx), after %.4f (%.3fx)" % (sys.argv[4], sys.argv[5], b, e, e / b, a, a / b))' \

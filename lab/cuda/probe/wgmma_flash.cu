@@ -1,5 +1,5 @@
-// wgmma_flash.cu: a Hopper attention kernel (wgmma from shared memory, after FlashAttention-3's
-// scheme without its warp specialisation) for head dim 128, checked on the GPU against an fp32
+// wgmma_flash.cu: Hopper attention kernels (wgmma from shared memory, after FlashAttention-3's
+// schemes, step by step) for head dim 128, checked on the GPU against an fp32
 // reference and timed against native/cuda/ops/flash_attn.cuh's mma.sync kernel (lab, not
 // product). Why: at FLUX's 4,352 tokens x 24 heads that kernel runs at about 245 TFLOP/s where
 // cuDNN's reaches about 600 (lab/cuda/results/gpu_2026-12-07d_h100), the largest part of the
@@ -16,17 +16,16 @@
 //
 // flash3 adds FlashAttention-3's intra-warpgroup pipelining (the P V product of tile j - 1 runs
 // while the softmax of tile j does) and a third stage; flash3<true> reads V in its own layout as
-// wgmma's N-major B operand (no transpose). Built without MQB_SM90A, "mma.sync" is flash_attn.cuh's
-// kernel; on a tree with lab/cuda/flash_wgmma.patch applied and -DMQB_SM90A, it is that patch's
-// flash_wgmma.cuh (flash3<true>'s scheme for the product).
+// wgmma's N-major B operand (no transpose). flash_ws adds FlashAttention-3's warp specialisation:
+// a producer warpgroup with mbarriers and two consumer warpgroups taking turns at the tensor
+// cores (the scheme native/cuda/ops/flash_wgmma.cuh took). "mma.sync" is flash_attn.cuh's kernel
+// (built without MQB_SM90A).
 //
-// Run on an H100 (2026-12-07, lab/cuda/results/gpu_2026-12-07e_h100): every variant within
-// bounds of the fp32 reference on all five shapes, with the same max|d| as the mma.sync kernel.
-// At FLUX's shape: mma.sync 860 us (271 TFLOP/s), basic 801, flash3 774 (V^T 42 of it),
-// flash3<true> 664 us (351 TFLOP/s, 1.30x). Still short of cuDNN's ~600 TFLOP/s: the two
-// warpgroups move in lockstep (one barrier a tile), so the tensor cores idle while both run
-// their softmax; FlashAttention-3 has them take turns (named barriers) and a producer warp load
-// with the bulk tensor copies.
+// Run on an H100 (2026-12-07, lab/cuda/results/gpu_2026-12-07e_h100) and, with flash_ws, on an
+// H200 (lab/cuda/results/gpu_2026-12-07f_h200): every variant within bounds of the fp32
+// reference on all five shapes, with the same max|d| as the mma.sync kernel. At FLUX's shape on
+// the H200: mma.sync 871 us (267 TFLOP/s), basic 796, flash3 783 (V^T 40 of it), flash3<true>
+// 676, flash_ws 547 us (426 TFLOP/s, 1.59x).
 //
 // Build and run on the GPU host (wgmma needs the sm_90a target, named by -gencode):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Inative/include -Inative/cuda \
@@ -365,6 +364,147 @@ __global__ void __launch_bounds__(NT) flash3(const bf16 *__restrict__ q, int ldq
   store_o(acc, lrow, o, ldo, q0 + wgi * 64 + w * 16 + g, L, h, t);
 }
 
+
+// flash_ws: flash3<true>'s work with FlashAttention-3's warp specialisation. Warpgroup 0 is the
+// producer: it copies K and V tiles into NSW stages (cp.async, two tiles in flight; each tile's
+// "full" mbarrier arrives once its copies have landed and are fenced for the async proxy) and
+// refills a stage when both consumers have arrived on its "empty" mbarrier. Warpgroups 1 and 2
+// are the consumers, 64 query rows each, and take turns at the tensor cores (pingpong): a
+// consumer issues its S = Q K^T and P V products only after the other has issued its own (named
+// barriers 1 and 2), so one warpgroup's softmax runs while the other's products do. No
+// __syncthreads in the loop, so the two consumers need not move in lockstep.
+constexpr int NTW = 384;
+template <int NSW>
+constexpr int smem_ws() { return QB + NSW * 2 * KB + 1024; }
+__device__ __forceinline__ uint32_t sptr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mb_init(uint64_t *b, int n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(sptr(b)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sptr(b)) : "memory");
+}
+// mb_wait: until the mbarrier's phase of this parity has completed.
+__device__ __forceinline__ void mb_wait(uint64_t *b, int parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(sptr(b)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+
+template <int NSW>
+__global__ void __launch_bounds__(NTW, 1) flash_ws(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k,
+                                                   const bf16 *__restrict__ v, int ldk, bf16 *__restrict__ o, int ldo,
+                                                   int L, int Lk, int rep, float sl2) {
+  static_assert(NSW >= 3, "flash_ws: the producer holds one finished tile back, so two stages would deadlock");
+  __shared__ __align__(8) uint64_t full[NSW], empty[NSW];
+  uint8_t *qs = smem_base(), *stage0 = qs + QB;
+  const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int h = blockIdx.y, kh = h / rep, q0 = blockIdx.x * BM, ntiles = (Lk + BN - 1) / BN;
+  auto buf = [&](int j) { return stage0 + (j % NSW) * 2 * KB; };
+  if (tid == 0) {
+    for (int i = 0; i < NSW; i++) mb_init(&full[i], 128), mb_init(&empty[i], 256);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  for (int i = tid; i < BM * 16; i += NTW) {
+    const int r = i >> 4, c = i & 15, half = c >> 3;
+    cp16(qs + half * BM * 128 + swz(r, c & 7), q + (size_t)min(q0 + r, L - 1) * ldq + h * D + c * 8, q0 + r < L);
+  }
+  cp_commit();
+  cp_wait<0>();
+  proxy_fence();
+  __syncthreads();
+  if (wgi == 0) {
+    const bf16 *kb = k + (size_t)kh * D, *vb = v + (size_t)kh * D;
+    for (int j = 0; j < ntiles; j++) {
+      if (j >= NSW) mb_wait(&empty[j % NSW], (j / NSW - 1) & 1);
+      uint8_t *ks = buf(j), *vs = ks + KB;
+      for (int i = tid; i < BN * 16; i += 128) {
+        const int r = i >> 4, c = i & 15, half = c >> 3, kr = j * BN + r;
+        const size_t at = (size_t)min(kr, Lk - 1) * ldk + c * 8;
+        cp16(ks + half * BN * 128 + swz(r, c & 7), kb + at, kr < Lk);
+        cp16(vs + half * BN * 128 + swz(r, c & 7), vb + at, kr < Lk);
+      }
+      cp_commit();
+      if (j > 0) {
+        cp_wait<1>();
+        proxy_fence();
+        mb_arrive(&full[(j - 1) % NSW]);
+      }
+    }
+    cp_wait<0>();
+    proxy_fence();
+    mb_arrive(&full[(ntiles - 1) % NSW]);
+    return;
+  }
+  const int c = wgi - 1;  // consumer 0 or 1: rows 64c .. 64c + 63 of the block's
+  const uint8_t *qw = qs + c * 64 * 128;
+  auto issue_s = [&](float *s, const uint8_t *ks) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+      const int half = kk >> 2, off = (kk & 3) * 32;
+      wgmma_ss_n64(s, desc(qw + half * BM * 128 + off), desc(ks + half * BN * 128 + off), kk > 0);
+    }
+    wg_commit();
+  };
+  auto issue_pv = [&](float *acc, uint32_t pa[4][4], const uint8_t *vs) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_rs_n128<1>(acc, pa[kk], desc_mn(vs + kk * 2048, BN * 128));
+    wg_commit();
+  };
+  // turn / pass: wait for this consumer's turn at the tensor cores; hand the turn to the other
+  auto turn = [&] { bar_sync(1 + c); };
+  auto pass = [&] { bar_arrive(2 - c); };
+  float acc[64], s[32], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}, corr[2];
+  uint32_t pa[4][4];
+#pragma unroll
+  for (int i = 0; i < 64; i++) acc[i] = 0.f;
+  if (c == 1) bar_arrive(1);  // consumer 0 goes first
+  mb_wait(&full[0], 0);
+  turn();
+  keep<32>(s);
+  wg_fence();
+  issue_s(s, buf(0));
+  pass();
+  wg_wait0();
+  keep<32>(s);
+  softmax_tile(s, mrow, lrow, corr, 0, Lk, t, sl2);
+  pack_p(s, pa);
+  for (int j = 1; j < ntiles; j++) {
+    mb_wait(&full[j % NSW], (j / NSW) & 1);
+    turn();
+    keep<32>(s);
+    keep<64>(acc);
+    wg_fence();
+    issue_s(s, buf(j));
+    issue_pv(acc, pa, buf(j - 1) + KB);
+    pass();
+    wg_wait1();
+    keep<32>(s);
+    softmax_tile(s, mrow, lrow, corr, j * BN, Lk, t, sl2);
+    wg_wait0();
+    keep<64>(acc);
+    mb_arrive(&empty[(j - 1) % NSW]);
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) acc[4 * i + 2 * r] *= corr[r], acc[4 * i + 2 * r + 1] *= corr[r];
+    pack_p(s, pa);
+  }
+  turn();
+  keep<64>(acc);
+  wg_fence();
+  issue_pv(acc, pa, buf(ntiles - 1) + KB);
+  if (c == 0) pass();  // consumer 1's last turn needs it; consumer 0 has none after this one
+  wg_wait0();
+  keep<64>(acc);
+  store_o(acc, lrow, o, ldo, q0 + c * 64 + w * 16 + g, L, h, t);
+}
+
 }  // namespace wg
 
 // ref_k: one (row, head) per block: the fp32 attention of bf16 q, k, v (row-sampled reference).
@@ -431,11 +571,12 @@ int main(int argc, char **argv) {
   CK(cudaFuncSetAttribute(wg::flash, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::SMEM));
   CK(cudaFuncSetAttribute(wg::flash3<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::SMEM3));
   CK(cudaFuncSetAttribute(wg::flash3<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::SMEM3));
+  CK(cudaFuncSetAttribute(wg::flash_ws<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::smem_ws<4>()));
   const cudaStream_t st = 0;  // median_ms records its events on the default stream
   for (const Shape &s : shapes) {
     const int L = s.L, H = s.H, ld = H * 128, Lkp = (L + wg::BN - 1) / wg::BN * wg::BN;
     const size_t n = (size_t)L * ld;
-    bf16 *q, *k, *v, *vt, *o[4];
+    bf16 *q, *k, *v, *vt, *o[5];
     CK(cudaMalloc(&q, 2 * n)); CK(cudaMalloc(&k, 2 * n)); CK(cudaMalloc(&v, 2 * n));
     for (auto &x : o) CK(cudaMalloc(&x, 2 * n));
     CK(cudaMalloc(&vt, 2 * (size_t)H * 128 * Lkp));
@@ -450,7 +591,8 @@ int main(int argc, char **argv) {
     };
     auto theirs = [&] { mqcuda::img::flash_attention(q, ld, k, v, ld, o[2], ld, L, L, H, H, 128, scale, false, st); };
     auto vn = [&] { wg::flash3<true><<<grid, wg::NT, wg::SMEM3, st>>>(q, ld, k, v, ld, nullptr, 0, o[3], ld, L, L, 1, sl2); };
-    basic(); piped(); theirs(); vn();
+    auto ws = [&] { wg::flash_ws<4><<<grid, wg::NTW, wg::smem_ws<4>(), st>>>(q, ld, k, v, ld, o[4], ld, L, L, 1, sl2); };
+    basic(); piped(); theirs(); vn(); ws();
     CK(cudaStreamSynchronize(st));
     CK(cudaGetLastError());
     std::vector<int> rows;
@@ -464,8 +606,8 @@ int main(int argc, char **argv) {
     CK(cudaGetLastError());
     std::vector<float> hr(rows.size() * H * 128);
     CK(cudaMemcpy(hr.data(), ref, 4 * hr.size(), cudaMemcpyDeviceToHost));
-    double md[4];
-    for (int i = 0; i < 4; i++) {
+    double md[5];
+    for (int i = 0; i < 5; i++) {
       std::vector<bf16> hx(n);
       CK(cudaMemcpy(hx.data(), o[i], 2 * n, cudaMemcpyDeviceToHost));
       md[i] = maxdiff(hx, hr, rows, H, ld);
@@ -473,14 +615,15 @@ int main(int argc, char **argv) {
     auto time = [&](auto f) {
       return median_ms(5, 1, [&](bool setup) { if (!setup) for (int i = 0; i < 10; i++) f(); }) / 10;
     };
-    const float tv = time(vt_only), tb = time(basic), tp = time(piped), tt = time(theirs), tn = time(vn);
+    const float tv = time(vt_only), tb = time(basic), tp = time(piped), tt = time(theirs), tn = time(vn), tw = time(ws);
     const double fl = 4.0 * L * (double)L * 128 * H / 1e9;
     const double bound = std::max(2 * md[2], 0.02);
-    const bool okb = md[0] <= bound, okp = md[1] <= bound, okn = md[3] <= bound;
-    fails += !okb + !okp + !okn;
-    printf("WGF %-38s mma.sync %.1f us (%.0f TFLOP/s, max|d| %.3g) | wgmma %.1f us (%.0f, %.3g%s) | wgmma piped %.1f us (%.0f, %.3g%s) | V^T %.1f us of those | piped, V N-major %.1f us (%.0f, %.3g%s) | best %.2fx\n",
+    const bool okb = md[0] <= bound, okp = md[1] <= bound, okn = md[3] <= bound, okw = md[4] <= bound;
+    fails += !okb + !okp + !okn + !okw;
+    printf("WGF %-38s mma.sync %.1f us (%.0f TFLOP/s, max|d| %.3g) | wgmma %.1f us (%.0f, %.3g%s) | wgmma piped %.1f us (%.0f, %.3g%s) | V^T %.1f us of those | piped, V N-major %.1f us (%.0f, %.3g%s) | warp-specialised pingpong %.1f us (%.0f, %.3g%s) | best %.2fx\n",
            s.name, 1e3 * tt, fl / tt, md[2], 1e3 * tb, fl / tb, md[0], okb ? "" : " FAIL", 1e3 * tp, fl / tp, md[1],
-           okp ? "" : " FAIL", 1e3 * tv, 1e3 * tn, fl / tn, md[3], okn ? "" : " FAIL", tt / std::min(std::min(tb, tp), tn));
+           okp ? "" : " FAIL", 1e3 * tv, 1e3 * tn, fl / tn, md[3], okn ? "" : " FAIL", 1e3 * tw, fl / tw, md[4], okw ? "" : " FAIL",
+           tt / std::min(std::min(std::min(tb, tp), tn), tw));
     cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(vt); for (auto x : o) cudaFree(x); cudaFree(drows); cudaFree(ref);
   }
   printf("WGF %s\n", fails ? "FAIL" : "all shapes within bounds");

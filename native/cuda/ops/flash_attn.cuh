@@ -22,6 +22,7 @@
 // Shared rows are D + 8 elements so ldmatrix's eight rows fall on different banks.
 #pragma once
 #include "decode_attn.cuh"  // tile.cuh uses its cluster helpers and attention.cuh's ldcg4
+#include "flash_wgmma.cuh"  // head dim 128 on Hopper
 #include "tile.cuh"
 
 namespace mqcuda {
@@ -293,6 +294,12 @@ inline bool flash_attention_batched(const bf16 *q, int ldq, const bf16 *k, const
       ldo % 8 || !al(q) || !al(k) || !al(v) || !al(o) || batch < 1 || batch > 65535 || sq % 8 || skv % 8 || so % 8)
     return false;
   const int rep = H / Hkv;
+#if !defined(MQB_HOST_TEST)
+  // Hopper, head dim 128, no mask: flash_wgmma.cuh (546 us a call at FLUX's 4,352 tokens x 24
+  // heads where this file's kernel takes 872, H200: lab/cuda/probe/flash_wgmma_check.cu).
+  if (hd == 128 && !causal && fw::launch(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, scale, st, batch, sq, skv, so))
+    return true;
+#endif
   // Block shapes by lab/cuda/results/flash_check_2026-12-06_h100_run2.txt (H100): head dim 128
   // takes 128-row blocks (MT = 2: 290 TFLOP/s at 4128 tokens against 190) where they fill at
   // least 1.5 waves of two a multiprocessor; 1056 tokens x 30 heads (270 such blocks
