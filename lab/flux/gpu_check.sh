@@ -26,7 +26,8 @@
 #     gzip > before-native.tgz` carried in the tree): that tree's core, flux.cu and zimage.cu are
 #     built into libbefore.so after step 1's, and step 3's timed run is repeated with it and with
 #     MQB_GRAPHS=0 on this tree's (epilogues fused, steps eager): images/s of before, after
-#     without graphs and after, as ratios (lines "AB ...").
+#     without graphs and after, as ratios (lines "AB ..."), and the before image's PSNR and SSIM
+#     against diffusers' (lines "AB before: ...").
 # FC_KPROF=1 adds step 5: one image each of step 3's pipelines under the CUPTI kernel profiler
 # (lab/cuda/kprof), device time by kernel and by kind (lines KPROF, KGROUP), idle gaps and the
 # runtime-API calls inside them (KGAP, KGAPAPI, KAPI); FC_KPROF=2 also ours with MQB_GRAPHS=0.
