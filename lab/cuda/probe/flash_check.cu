@@ -1,7 +1,10 @@
 // flash_check.cu: img::flash_attention (native/cuda/ops/flash_attn.cuh) on the GPU against an
-// fp32 reference, and its speed against the materialised path the image pipelines use today
+// fp32 reference, and its speed against the materialised path the image pipelines used before it
 // (native/models/zimage.cu attention(): cuBLAS bf16 batched products -> fp32 S [H, L, Lk] ->
-// softmax_k -> bf16 P -> product). Built and run by lab/cuda/flash_check.sh.
+// softmax_k -> bf16 P -> product). Built and run by lab/cuda/flash_check.sh for sm_90a with
+// MQB_SM90A, as the library is, so flash_attention is the product's dispatch (head dim 128,
+// non-causal: flash_wgmma.cuh's Hopper kernel); each compiled kernel is also timed alone (the
+// variants: the mma.sync block shapes and "D128 wgmma").
 //
 // Reference: S = q k^T by cuBLAS (bf16 inputs, fp32 accumulation: exact products), an fp32
 // softmax in place (fp32 P), O = P V in fp32 (SGEMM with fp32 V, no TF32). Each shape reports
@@ -94,7 +97,15 @@ struct Variant {
   int D;
   Launch fn;
 };
+// wgmma: flash_wgmma.cuh's Hopper kernel alone (head dim 128, non-causal; sm_90a builds with
+// MQB_SM90A on a compute 9.0 device), in the variants' signature; false where it does not run.
+static bool wgmma(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L, int Lk, int H,
+                  int rep, int hd, float scale, bool causal, cudaStream_t st, int batch, long long sq, long long skv,
+                  long long so) {
+  return hd == 128 && !causal && fw::launch(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, scale, st, batch, sq, skv, so);
+}
 static const Variant variants[] = {
+    {"D128 wgmma", 128, wgmma},
     {"D64 4w MT1", 64, fa::launch<64, 4, 1>},    {"D64 8w MT1", 64, fa::launch<64, 8, 1>},
     {"D64 4w MT2", 64, fa::launch<64, 4, 2>},    {"D80 4w MT1", 80, fa::launch<80, 4, 1>},
     {"D80 8w MT1", 80, fa::launch<80, 8, 1>},    {"D80 4w MT2", 80, fa::launch<80, 4, 2>},
@@ -164,6 +175,8 @@ int main(int argc, char **argv) {
       {"zimage 512x512", 1056, 1056, 30, 30, 128, false}, {"zimage 1024x1024", 4128, 4128, 30, 30, 128, false},
       {"flux 1024x1024", 4608, 4608, 24, 24, 128, false}, {"internvl vit", 1025, 1025, 16, 16, 64, false},
       {"qwen3vl vit (hd 72)", 1024, 1024, 16, 16, 72, false}, {"causal GQA 32/8", 2048, 2048, 32, 8, 128, true},
+      {"GQA 8/2", 517, 517, 8, 2, 128, false},   {"cross 300 on 1111 keys", 300, 1111, 4, 4, 128, false},
+      {"odd 1000", 1000, 1000, 3, 3, 128, false}, {"short 77", 77, 77, 2, 2, 128, false},
   };
   unsigned long long seed = 88172645463325252ull;
   auto rnd = [&] {  // xorshift64, uniform in [-1, 1)

@@ -296,7 +296,7 @@ inline bool flash_attention_batched(const bf16 *q, int ldq, const bf16 *k, const
   const int rep = H / Hkv;
 #if !defined(MQB_HOST_TEST)
   // Hopper, head dim 128, no mask: flash_wgmma.cuh (546 us a call at FLUX's 4,352 tokens x 24
-  // heads where this file's kernel takes 872, H200: lab/cuda/probe/flash_wgmma_check.cu).
+  // heads where this file's kernel takes 872, H200: lab/cuda/results/gpu_2026-12-07f_h200).
   if (hd == 128 && !causal && fw::launch(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, scale, st, batch, sq, skv, so))
     return true;
 #endif

@@ -7,10 +7,10 @@
 //
 // Why: mma.sync feeds the tensor cores from registers a warp at a time; wgmma reads both operands
 // of the score product from shared memory for a whole warpgroup and runs asynchronously, so the
-// softmax can run while the tensor cores work. On an H200 (lab/cuda/results/gpu_2026-12-07f_h200,
-// lab/cuda/probe/flash_wgmma_check.cu) this kernel runs FLUX.1's 4,352 tokens x 24 heads at
-// 546 us a call (426 TFLOP/s) where the mma.sync kernel takes 872 us (267), and Z-Image's 1024^2
-// CFG pair at 1,143 us against 1,904; the same outputs within the fp32 reference's bounds.
+// softmax can run while the tensor cores work. On an H200 (lab/cuda/results/gpu_2026-12-07f_h200)
+// this kernel runs FLUX.1's 4,352 tokens x 24 heads at 546 us a call (426 TFLOP/s) where the
+// mma.sync kernel takes 872 us (267), and Z-Image's 1024^2 CFG pair at 1,143 us against 1,904;
+// the same outputs within the fp32 reference's bounds (lab/cuda/flash_check.sh checks it).
 //
 // How: a block is three warpgroups (384 threads) over 128 query rows of one head, after
 // FlashAttention-3's warp specialisation. Warpgroup 0 is the producer: it copies key and value
