@@ -455,10 +455,14 @@ class Pipeline {
     const size_t per = (size_t)n * (C / groups_);
     const int chunks = (int)std::min<size_t>(64, (per + 4095) / 4096);
     (void)chunks;  // (the host-only syntax check drops launch configurations)
-    double *part = buf<double>("gn_part", (size_t)2 * groups_ * chunks), *stats = buf<double>("gn", 2 * groups_);
+    double *part = buf<double>("gn_part", (size_t)2 * groups_ * chunks);
+    float2 *stats = buf<float2>("gn", groups_);
     KL(gn_stats_k, dim3(chunks, groups_), 256, 0, st_)(x, n, C, groups_, part);
-    KL(gn_sum_k, 1, 64, 0, st_)(part, chunks, groups_, stats);
-    KL(gn_apply_k, grid((size_t)n * C), 256, 0, st_)(x, (size_t)n * C, C, groups_, stats, g.g, g.b, act, y);
+    KL(gn_sum_k, 1, 64, 0, st_)(part, chunks, groups_, (double)per, stats);
+    if (C % 4 == 0)
+      KL(gn_apply_k<4>, grid((size_t)n * C / 4), 256, 0, st_)(x, (size_t)n * C, C, groups_, stats, g.g, g.b, act, y);
+    else
+      KL(gn_apply_k<1>, grid((size_t)n * C), 256, 0, st_)(x, (size_t)n * C, C, groups_, stats, g.g, g.b, act, y);
   }
 
   // run_resnet: x -> GN, SiLU, conv1, GN, SiLU, conv2, + shortcut(x); x is replaced by the result.

@@ -259,7 +259,10 @@ int main(int argc, char **argv) {
     for (const Variant &va : variants) {
       const int D = s.hd <= 64 ? 64 : s.hd <= 80 ? 80 : 128;
       if (va.D != D) continue;
-      bool vok = va.fn(q, qw, k, v, kw, o, qw, s.L, s.Lk, s.H, rep, s.hd, scale, s.causal, st, 1, 0, 0, 0);
+      if (!va.fn(q, qw, k, v, kw, o, qw, s.L, s.Lk, s.H, rep, s.hd, scale, s.causal, st, 1, 0, 0, 0)) {
+        say("    %-17s not for this shape or GPU (the dispatch takes another kernel)\n", va.name);
+        continue;
+      }
       CK(cudaStreamSynchronize(st));
       CK(cudaMemcpy(got.data(), o, nq * 2, cudaMemcpyDeviceToHost));
       double vmax, vmean;
@@ -267,7 +270,7 @@ int main(int argc, char **argv) {
       const double tv =
           time_ms(iters, [&] { va.fn(q, qw, k, v, kw, o, qw, s.L, s.Lk, s.H, rep, s.hd, scale, s.causal, st, 1, 0, 0, 0); });
       say("    %-17s %.3f ms %.0f TFLOP/s max|d| %.5f%s\n", va.name, tv, flops / tv / 1e9, vmax,
-          vok && vmax <= std::max(8e-3, 2 * mmax) ? "" : " FAIL");
+          vmax <= std::max(8e-3, 2 * mmax) ? "" : " FAIL");
     }
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(P), cudaFree(S), cudaFree(v32), cudaFree(oref);
   }

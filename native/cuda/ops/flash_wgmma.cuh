@@ -35,6 +35,8 @@
 
 #include <cstdint>
 
+#include "tile.cuh"  // sk::mbar_*, sk::pack2
+
 namespace mqcuda {
 namespace img {
 namespace fw {
@@ -104,29 +106,6 @@ __device__ __forceinline__ void cp16(uint8_t *dst, const bf16 *src, bool ok) {
                "l"(src), "r"(ok ? 16 : 0)
                : "memory");
 }
-// mb_init / mb_arrive / mb_wait: the stages' mbarriers ("full": the producer's copies have
-// landed; "empty": both consumers are done with the stage); mb_wait spins until the barrier's
-// phase of this parity has completed.
-__device__ __forceinline__ void mb_init(uint64_t *b, int n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(b)), "r"(n)
-               : "memory");
-}
-__device__ __forceinline__ void mb_arrive(uint64_t *b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"((uint32_t)__cvta_generic_to_shared(b)) : "memory");
-}
-__device__ __forceinline__ void mb_wait(uint64_t *b, int parity) {
-  uint32_t done = 0;
-  do
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"((uint32_t)__cvta_generic_to_shared(b)), "r"(parity)
-                 : "memory");
-  while (!done);
-}
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
 // swz: the byte offset of 16-byte chunk c (of 16) of row r in a tile of N rows stored as two
 // swizzled 64-column halves.
 template <int N>
@@ -180,15 +159,14 @@ __global__ void __launch_bounds__(NT, 1)
   static_assert(HD == D, "flash_k: head dim 128 only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t fw_smem[];
-  __shared__ __align__(8) uint64_t full[NS], empty[NS];
+  __shared__ __align__(8) unsigned long long full[NS], empty[NS];  // the stages' mbarriers
   uint8_t *const qs = (uint8_t *)(((uintptr_t)fw_smem + 1023) & ~(uintptr_t)1023), *const st0 = qs + QB;
   const int tid = threadIdx.x, wgi = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.y, kh = h / rep, q0 = blockIdx.x * BM, ntiles = (Lk + BN - 1) / BN;
   q += blockIdx.z * sq + (size_t)q0 * ldq + (size_t)h * D;
   auto kbuf = [&](int j) { return st0 + (j % NS) * 2 * KB; };
   if (tid == 0) {
-    for (int i = 0; i < NS; i++) mb_init(&full[i], 128), mb_init(&empty[i], 256);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int i = 0; i < NS; i++) sk::mbar_init(&full[i], 128), sk::mbar_init(&empty[i], 256);
   }
   for (int i = tid; i < BM * 16; i += NT) {
     const int r = i >> 4, c = i & 15;
@@ -200,7 +178,7 @@ __global__ void __launch_bounds__(NT, 1)
     k += blockIdx.z * skv + (size_t)kh * D;
     v += blockIdx.z * skv + (size_t)kh * D;
     for (int j = 0; j < ntiles; j++) {
-      if (j >= NS) mb_wait(&empty[j % NS], (j / NS - 1) & 1);
+      if (j >= NS) sk::mbar_wait(&empty[j % NS], (j / NS - 1) & 1);
       uint8_t *const ks = kbuf(j);
       for (int i = tid; i < BN * 16; i += 128) {
         const int r = i >> 4, c = i & 15, kr = j * BN + r;
@@ -211,11 +189,11 @@ __global__ void __launch_bounds__(NT, 1)
       asm volatile("cp.async.commit_group;\n" ::: "memory");
       if (j > 0) {  // tile j - 1 has landed: fenced for wgmma's proxy, then announced
         asm volatile("cp.async.wait_group 1;\nfence.proxy.async.shared::cta;\n" ::: "memory");
-        mb_arrive(&full[(j - 1) % NS]);
+        sk::mbar_arrive(&full[(j - 1) % NS]);
       }
     }
     asm volatile("cp.async.wait_group 0;\nfence.proxy.async.shared::cta;\n" ::: "memory");
-    mb_arrive(&full[(ntiles - 1) % NS]);
+    sk::mbar_arrive(&full[(ntiles - 1) % NS]);
     return;
   }
   const int c = wgi - 1;  // consumer c: the block's query rows 64c .. 64c + 63
@@ -237,7 +215,7 @@ __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) pa[kk][e] = pack_bf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+      for (int e = 0; e < 4; e++) pa[kk][e] = sk::pack2<bf16>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
   };
   // turn: wait until the other consumer has issued its products; pass: let it issue its next
   auto turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory"); };
@@ -247,7 +225,7 @@ __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
   for (int i = 0; i < 64; i++) acc[i] = 0.f;
   if (c == 1) pass();  // consumer 0 issues first
-  mb_wait(&full[0], 0);
+  sk::mbar_wait(&full[0], 0);
   turn();
   keep<32>(s);
   wg_fence();
@@ -258,7 +236,7 @@ __global__ void __launch_bounds__(NT, 1)
   softmax(s, mrow, lrow, corr, 0, Lk, t, sl2);
   pack(s, pa);
   for (int j = 1; j < ntiles; j++) {
-    mb_wait(&full[j % NS], (j / NS) & 1);
+    sk::mbar_wait(&full[j % NS], (j / NS) & 1);
     turn();
     keep<32>(s);
     keep<64>(acc);
@@ -271,7 +249,7 @@ __global__ void __launch_bounds__(NT, 1)
     softmax(s, mrow, lrow, corr, j * BN, Lk, t, sl2);
     wg_wait<0>();
     keep<64>(acc);
-    mb_arrive(&empty[(j - 1) % NS]);  // tile j - 1 is read: the producer may refill its stage
+    sk::mbar_arrive(&empty[(j - 1) % NS]);  // tile j - 1 is read: the producer may refill its stage
 #pragma unroll
     for (int i = 0; i < 16; i++)
 #pragma unroll
@@ -297,7 +275,7 @@ __global__ void __launch_bounds__(NT, 1)
     bf16 *dst = o + (size_t)row * ldo + (size_t)h * D + 2 * t;
 #pragma unroll
     for (int i = 0; i < 16; i++)
-      *reinterpret_cast<uint32_t *>(dst + 8 * i) = pack_bf16(acc[4 * i + 2 * r] * inv, acc[4 * i + 2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t *>(dst + 8 * i) = sk::pack2<bf16>(acc[4 * i + 2 * r] * inv, acc[4 * i + 2 * r + 1] * inv);
   }
 #endif
 }

@@ -92,26 +92,44 @@ static __global__ void gn_stats_k(const float *x, int n, int C, int G, double *p
   }
 }
 
-static __global__ void gn_sum_k(const double *part, int chunks, int G, double *stats) {
+// gn_sum_k: the partial sums in a fixed order, in double (E[x^2] - mean^2 cancels), to each
+// group's mean and 1/sqrt(var + 1e-6) as floats: gn_apply_k's per-element work is then float only.
+static __global__ void gn_sum_k(const double *part, int chunks, int G, double cnt, float2 *stats) {
   for (int g = threadIdx.x; g < G; g += blockDim.x) {
     double s = 0, ss = 0;
     for (int c = 0; c < chunks; c++) s += part[((size_t)g * chunks + c) * 2], ss += part[((size_t)g * chunks + c) * 2 + 1];
-    stats[2 * g] = s, stats[2 * g + 1] = ss;
+    const double mean = s / cnt, var = fmax(0.0, ss / cnt - mean * mean);
+    stats[g] = make_float2((float)mean, (float)(1.0 / sqrt(var + 1e-6)));
   }
 }
 
-// gn_apply_k: (x - mean) * rstd * gamma + beta [then SiLU], in place or to y (eps 1e-6).
-static __global__ void gn_apply_k(const float *x, size_t n, int C, int G, const double *stats, const float *gamma,
-                           const float *beta, bool act, float *y) {
+// gn_apply_k: (x - mean) * rstd * gamma + beta [then SiLU], in place or to y, VEC channels a
+// thread (C % VEC == 0).
+template <int VEC>
+static __global__ void gn_apply_k(const float *x, size_t n, int C, int G, const float2 *stats, const float *gamma,
+                                  const float *beta, bool act, float *y) {
   const int per = C / G;
-  const double cnt = (double)(n / C) * per;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const int c = (int)((unsigned)i % (unsigned)C), g = c / per;
-    const double mean = stats[2 * g] / cnt, var = fmax(0.0, stats[2 * g + 1] / cnt - mean * mean);
-    const float inv = (float)(1.0 / sqrt(var + 1e-6)), m = (float)mean;
-    float v = (x[i] - m) * inv * gamma[c] + beta[c];
-    if (act) v = silu_d(v);
-    y[i] = v;
+  for (size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * VEC; i < n; i += (size_t)gridDim.x * blockDim.x * VEC) {
+    float v[VEC];
+    if constexpr (VEC == 4) {
+      const float4 t = *reinterpret_cast<const float4 *>(x + i);
+      v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    } else {
+      v[0] = x[i];
+    }
+    const int c0 = (int)((unsigned)i % (unsigned)C);
+#pragma unroll
+    for (int j = 0; j < VEC; j++) {
+      const int c = c0 + j;
+      const float2 st = stats[c / per];
+      v[j] = (v[j] - st.x) * st.y * gamma[c] + beta[c];
+      if (act) v[j] = silu_d(v[j]);
+    }
+    if constexpr (VEC == 4) {
+      *reinterpret_cast<float4 *>(y + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      y[i] = v[0];
+    }
   }
 }
 

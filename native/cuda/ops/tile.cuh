@@ -386,13 +386,24 @@ struct TmaMap {
 using TmaMap = CUtensorMap;
 #endif
 
-__device__ __forceinline__ void mbar_init(unsigned long long *b) {
+// mbar_init: a barrier whose phases complete after count arrivals (and any expected bytes).
+__device__ __forceinline__ void mbar_init(unsigned long long *b, unsigned count = 1) {
 #if defined(__CUDA_ARCH__)
   const unsigned a = (unsigned)__cvta_generic_to_shared(b);
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #else
+  (void)count;
   *b = 0;
+#endif
+}
+// mbar_arrive: the calling thread's arrival.
+__device__ __forceinline__ void mbar_arrive(unsigned long long *b) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = (unsigned)__cvta_generic_to_shared(b);
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
+#else
+  (void)b;
 #endif
 }
 // mbar_expect: the calling thread's arrival, and bytes more for the phase to wait for.
