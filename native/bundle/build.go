@@ -1,7 +1,6 @@
 package bundle
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -10,8 +9,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -85,8 +85,9 @@ var (
 )
 
 // Build converts a checkpoint (or the mock) into a bundle at o.Out and returns its header.
-// The file is streamed: tensors are converted and hashed as they are written, so memory stays
-// small whatever the checkpoint size.
+// The file is streamed: tensors are converted as they are written and hashed on other cores
+// meanwhile (as are the checkpoint's shards, for provenance), so memory stays small whatever
+// the checkpoint size.
 func Build(ctx context.Context, o BuildOptions) (*Header, error) {
 	if o.Out == "" {
 		return nil, errors.New("bundle: BuildOptions.Out is empty; pass --out FILE")
@@ -139,10 +140,13 @@ type source struct {
 	tokenizer, tokCf   []byte
 	optional           map[string][]byte // OptionalSections present in the checkpoint
 	tensors            []stTensor
-	files              map[string]string
+	files              map[string]string // checkpoint file -> sha256, but for shards
 	skipped            []string
 	renamed            []string // the layout's renames that applied (Provenance.RenamedTensors)
 	maxContext         int
+	// shards are the safetensors files. Their sha256s join files in write, which computes them
+	// while it writes the bundle: hashing gigabytes takes as long as a good part of the writing.
+	shards []shardFile
 }
 
 // ResolveHubCache finds a model's snapshot in a Hugging Face hub cache. cacheDir may be the
@@ -495,11 +499,7 @@ func (s *source) readTensors(dir, component string, read func(string, bool) ([]b
 		if err != nil {
 			return err
 		}
-		fs, err := fileSHA256(p)
-		if err != nil {
-			return err
-		}
-		s.files[component+sh] = fs
+		s.shards = append(s.shards, shardFile{key: component + sh, path: p})
 		for _, t := range ts {
 			if f, listed := weightMap[t.Name]; listed && f != sh {
 				return fmt.Errorf("bundle: checkpoint %s: shard %s holds tensor %q, which the safetensors index puts in %q; rewrite the index", dir, sh, t.Name, weightMap[t.Name])
@@ -532,17 +532,36 @@ func (s *source) readTensors(dir, component string, read func(string, bool) ([]b
 	return nil
 }
 
-func fileSHA256(path string) (string, error) {
+// shardFile is a checkpoint's safetensors file: its provenance key (its path in the
+// checkpoint) and where it is read.
+type shardFile struct{ key, path string }
+
+// fileSHA256 hashes a whole file, streamed a MiB at a time, and gives up once ctx is done (a
+// build that failed or was cancelled does not go on reading a 10 GB shard).
+func fileSHA256(ctx context.Context, path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", fmt.Errorf("bundle: hash %s: %w", path, err)
+		return "", fmt.Errorf("bundle: hash checkpoint file %s for provenance: %w", path, err)
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("bundle: hash %s: %w", path, err)
+	if _, err := io.CopyBuffer(h, ctxReader{ctx, f}, make([]byte, 1<<20)); err != nil {
+		return "", fmt.Errorf("bundle: hash checkpoint file %s for provenance: %w; check that it is readable and that nothing writes it during the build", path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ctxReader reads r until ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 func mockSource(o BuildOptions) (*source, error) {
@@ -631,48 +650,89 @@ func builderInfo(ctx context.Context) Builder {
 	return b
 }
 
-// layoutWriter writes sequentially at increasing absolute offsets, zero-padding gaps, and
-// hashes what it writes in the data span's chunks.
+// layoutWriter writes the data span sequentially at increasing absolute offsets, zero-padding
+// gaps, and hashes it in the header's chunks (ChunkSize pieces counted from the data start) on
+// other cores while it goes on: each chunk is gathered in a buffer, written to the file, then
+// handed to a sumPool, and the next chunk is filled meanwhile. A buffer is reused once hashed
+// and another is allocated only when none is free; as the pool takes a chunk only when a worker
+// is free, at most one buffer per worker plus the one being filled exist (GOMAXPROCS+1 times
+// 16 MiB, fewer when hashing keeps up), whatever the bundle's size.
 type layoutWriter struct {
-	w         *bufio.Writer
-	pos       int64
-	dataStart int64
-	chunk     hash.Hash // the current chunk's sha256
-	chunks    []string  // finished chunks' sums
-	sections  []hash.Hash
+	w        io.Writer
+	pos, end int64       // the write position and the data span's planned end
+	buf      []byte      // the current chunk from its start to pos; its capacity is the chunk's size
+	free     chan []byte // hashed buffers, ready for reuse
+	hashes   *sumPool    // one job per chunk, in order
+}
+
+// newLayoutWriter writes the data span [dataStart, end) to w, which is positioned at dataStart.
+func newLayoutWriter(w io.Writer, dataStart, end int64) *layoutWriter {
+	p := newSumPool(int((end - dataStart + ChunkSize - 1) / ChunkSize))
+	return &layoutWriter{w: w, pos: dataStart, end: end, free: make(chan []byte, p.workers+1), hashes: p}
 }
 
 func (l *layoutWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > l.end-l.pos {
+		return 0, fmt.Errorf("bundle: internal layout error: %d bytes to write at offset %d, past the data's planned end %d", len(p), l.pos, l.end)
+	}
 	written := 0
 	for len(p) > 0 {
-		// Feed the chunk hash up to the next chunk boundary.
-		inChunk := (l.pos - l.dataStart) % ChunkSize
-		n := min(int64(len(p)), ChunkSize-inChunk)
-		l.chunk.Write(p[:n])
-		for _, h := range l.sections {
-			h.Write(p[:n])
+		if l.buf == nil {
+			l.buf = l.buffer(min(ChunkSize, l.end-l.pos))
 		}
-		m, err := l.w.Write(p[:n])
-		l.pos += int64(m)
-		written += m
-		if err != nil {
-			return written, err
-		}
-		if inChunk+n == ChunkSize {
-			l.chunks = append(l.chunks, hex.EncodeToString(l.chunk.Sum(nil)))
-			l.chunk.Reset()
-		}
+		n := copy(l.buf[len(l.buf):cap(l.buf)], p)
+		l.buf = l.buf[:len(l.buf)+n]
+		l.pos += int64(n)
+		written += n
 		p = p[n:]
+		if len(l.buf) == cap(l.buf) {
+			if err := l.flushChunk(); err != nil {
+				return written, err
+			}
+		}
 	}
 	return written, nil
 }
 
-// finish closes the last, short chunk.
-func (l *layoutWriter) finish() {
-	if (l.pos-l.dataStart)%ChunkSize != 0 {
-		l.chunks = append(l.chunks, hex.EncodeToString(l.chunk.Sum(nil)))
+// buffer returns an empty buffer of capacity size (a chunk's size), a hashed one if any is free.
+func (l *layoutWriter) buffer(size int64) []byte {
+	select {
+	case b := <-l.free:
+		if int64(cap(b)) >= size {
+			return b[:0:size]
+		}
+	default:
 	}
+	return make([]byte, 0, size)
 }
+
+// flushChunk writes the complete current chunk and hands it to the pool to hash.
+func (l *layoutWriter) flushChunk() error {
+	b := l.buf
+	l.buf = nil
+	if _, err := l.w.Write(b); err != nil {
+		return fmt.Errorf("bundle: write the bundle's data: %w", err)
+	}
+	l.hashes.add(func() (string, error) {
+		s := sum(b)
+		l.free <- b
+		return s, nil
+	})
+	return nil
+}
+
+// finish returns every chunk's sha256, in order, once the last is hashed. The data span must
+// have been written to its planned end.
+func (l *layoutWriter) finish() ([]string, error) {
+	sums, _ := l.hashes.wait() // the jobs cannot fail
+	if l.pos != l.end || len(l.buf) != 0 {
+		return nil, fmt.Errorf("bundle: internal layout error: wrote the data to offset %d, planned to %d", l.pos, l.end)
+	}
+	return sums, nil
+}
+
+// stop stops the hashing goroutines of a writer that will not finish (a failed build).
+func (l *layoutWriter) stop() { l.hashes.wait() }
 
 func (l *layoutWriter) padTo(off int64) error {
 	if off < l.pos {
@@ -707,7 +767,44 @@ func storedShape(shape []int64) []int64 {
 	return append(out, last)
 }
 
+// hashShards starts hashing the shard files in the background, as many at once as there are
+// cores, and returns a function that waits for their sums, in the order of shards (it may be
+// called again). Once ctx is done the hashing stops, and the function still waits until no
+// file is being read.
+func hashShards(ctx context.Context, shards []shardFile) func() ([]string, error) {
+	type result struct {
+		sums []string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		p := newSumPool(len(shards))
+		for _, sh := range shards {
+			p.add(func() (string, error) { return fileSHA256(ctx, sh.path) })
+		}
+		sums, err := p.wait()
+		done <- result{sums, err}
+	}()
+	return sync.OnceValues(func() ([]string, error) {
+		r := <-done
+		return r.sums, r.err
+	})
+}
+
 func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
+	// The shards' sha256s, for provenance, are computed while the bundle is written rather than
+	// before: each is one sequential pass over a file of up to ~10 GB, as long as a good part of
+	// the write pass, which reads the same files. A build that fails stops them.
+	ctx, cancel := context.WithCancel(ctx)
+	shardSums := hashShards(ctx, s.shards)
+	defer func() {
+		cancel()
+		shardSums()
+	}()
+	files := maps.Clone(s.files)
+	for _, sh := range s.shards {
+		files[sh.key] = zeroSum // a placeholder of the sum's length, so the header's length holds
+	}
 	dtype := storageDType[o.Precision]
 	h := &Header{
 		FormatVersion:    FormatVersion,
@@ -720,7 +817,7 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 		Provenance: Provenance{
 			CheckpointID:   s.id,
 			Revision:       s.revision,
-			Files:          s.files,
+			Files:          files,
 			SkippedTensors: s.skipped,
 			RenamedTensors: s.renamed,
 			Build: BuildSettings{
@@ -815,7 +912,8 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 	if _, err := f.Seek(dataStart, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("bundle: write %s: %w", tmp, err)
 	}
-	lw := &layoutWriter{w: bufio.NewWriterSize(f, 4<<20), pos: dataStart, dataStart: dataStart, chunk: sha256.New()}
+	lw := newLayoutWriter(f, dataStart, h.Data.Offset+h.Data.Size)
+	defer lw.stop()
 	for i, b := range sections {
 		if err := lw.padTo(h.Sections[i].Offset); err != nil {
 			return nil, err
@@ -852,13 +950,20 @@ func write(ctx context.Context, o BuildOptions, s *source) (*Header, error) {
 	if err := lw.padTo(h.Data.Offset + h.Data.Size); err != nil {
 		return nil, err
 	}
-	lw.finish()
-	if len(lw.chunks) != len(h.Data.Chunks) || lw.pos != h.Data.Offset+h.Data.Size {
-		return nil, fmt.Errorf("bundle: internal layout error: wrote %d bytes in %d chunks, planned %d in %d", lw.pos-dataStart, len(lw.chunks), h.Data.Size, len(h.Data.Chunks))
+	chunks, err := lw.finish()
+	if err != nil {
+		return nil, err
 	}
-	copy(h.Data.Chunks, lw.chunks)
-	if err := lw.w.Flush(); err != nil {
-		return nil, fmt.Errorf("bundle: write %s: %w", tmp, err)
+	if len(chunks) != len(h.Data.Chunks) {
+		return nil, fmt.Errorf("bundle: internal layout error: wrote %d bytes in %d chunks, planned %d in %d", lw.pos-dataStart, len(chunks), h.Data.Size, len(h.Data.Chunks))
+	}
+	copy(h.Data.Chunks, chunks)
+	sums, err := shardSums()
+	if err != nil {
+		return nil, err
+	}
+	for i, sh := range s.shards {
+		files[sh.key] = sums[i]
 	}
 	if hdr, err = json.Marshal(h); err != nil || len(hdr) != hdrLen {
 		return nil, fmt.Errorf("bundle: internal error: header length changed from %d to %d after hashing", hdrLen, len(hdr))

@@ -220,10 +220,8 @@ func (s *source) applyLayout(dir string, fam Family) error {
 	problems = append(problems, unread...)
 	if len(problems) > 0 {
 		var shards []string
-		for f := range s.files {
-			if strings.HasSuffix(f, ".safetensors") {
-				shards = append(shards, f)
-			}
+		for _, f := range s.shards {
+			shards = append(shards, f.key)
 		}
 		sort.Strings(shards)
 		n := len(problems)
