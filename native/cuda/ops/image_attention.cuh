@@ -17,8 +17,9 @@ __device__ __forceinline__ void st2(bf16 *p, int i, float a, float b) {
 // qk_k: per-head RMSNorm of q and k and RoPE, from fused q|k|v rows [rows, ld] to bf16 q
 // [rows, H*hd], k and v [rows, Hkv*hd]. One warp per (row, head): units r * (H + 2 Hkv) + h, h < H
 // a q head, then Hkv k heads, then Hkv v heads (copied), in grid-stride order over the block's
-// warps. A warp a unit, not a block: FLUX.1 at 1024² has 313k units of 128 elements, and a block
-// of 64 threads each with two block-wide sums ran at half the memory rate. neox: rotate_half pairs
+// warps. A warp a unit, not a block: FLUX.1 at 1024² has 313k units of 128 elements, and with a
+// 64-thread block each (two block-wide sums and a barrier per unit) a call took 152 us on an H100
+// (lab/cuda/results/gpu_2026-12-07d_h100), about twice what its bytes need. neox: rotate_half pairs
 // (i, i+hd/2) (Qwen3), through the warp's shared row; else consecutive pairs (2i, 2i+1) (Z-Image's
 // and FLUX's complex RoPE), each lane's own. cs/sn [rows, hd/2] per row. hd even, at most 512;
 // blocks of at most 256 threads.
