@@ -14,21 +14,8 @@
 //   nvcc -O2 -std=c++17 -arch=sm_90 lab/cuda/probe/lt_autotune.cu -lcublasLt -o /tmp/lt_autotune && /tmp/lt_autotune
 #include <cublasLt.h>
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e_ = (x);                                                      \
-    if (e_ != cudaSuccess) {                                                   \
-      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
+#include "probe.cuh"  // CK, median_ms
 
 enum Epi { kNone, kBias, kGelu };
 struct Prod {
@@ -41,28 +28,6 @@ struct Prod {
 
 static const int kCopies = 8;
 static const size_t kWs = 32u << 20;
-
-// time_ms: the median over 5 rounds of 5 calls' mean, in ms.
-template <typename F>
-static double time_ms(cudaStream_t st, F f) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; i++) f(i);
-  std::vector<double> r;
-  for (int round = 0; round < 5; round++) {
-    CK(cudaEventRecord(a, st));
-    for (int i = 0; i < 5; i++) f(round * 5 + i);
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    r.push_back(ms / 5);
-  }
-  std::sort(r.begin(), r.end());
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  return r[2];
-}
 
 int main() {
   const Prod prods[] = {
@@ -86,8 +51,6 @@ int main() {
   };
   cublasLtHandle_t lt;
   if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
-  cudaStream_t st;
-  CK(cudaStreamCreate(&st));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   printf("device %s, cublasLt %zu\n", prop.name, cublasLtGetVersion());
@@ -144,10 +107,15 @@ int main() {
       if (r[i].state != CUBLAS_STATUS_SUCCESS) continue;
       const float one = 1.f, zero = 0.f;
       bool ok = true;
-      const double t = time_ms(st, [&](int c) {
-        const __nv_bfloat16 *wc = w + (size_t)(c % kCopies) * p.N * p.K;
-        ok = ok && cublasLtMatmul(lt, op, &one, wc, a, x, b, &zero, y, d, y, d, &r[i].algo, ws, kWs, st) == CUBLAS_STATUS_SUCCESS;
-      });
+      int c = 0;
+      // 5 calls a timing (the weights' copies in turn), the median of 5 after 1 dropped
+      const double t = median_ms(5, 1, [&](bool setup) {
+        if (setup) return;
+        for (int j = 0; j < 5; j++, c++) {
+          const __nv_bfloat16 *wc = w + (size_t)(c % kCopies) * p.N * p.K;
+          ok = ok && cublasLtMatmul(lt, op, &one, wc, a, x, b, &zero, y, d, y, d, &r[i].algo, ws, kWs, nullptr) == CUBLAS_STATUS_SUCCESS;
+        }
+      }) / 5;
       if (!ok) continue;
       if (first < 0) first = t;
       if (t < best) best = t, bi = i;

@@ -1,4 +1,4 @@
-// probe.cuh: what the standalone probes (mk_probe.cu, df_probe.cu, graph_probe.cu, chain_floor.cu) share:
+// probe.cuh: what the standalone probes (mk_probe.cu, df_probe.cu, graph_probe.cu, chain_floor.cu, lt_autotune.cu) share:
 // the CUDA error check, timing (of calls and of graph replays), a launch with programmatic dependent
 // launch, graph instantiation, and
 // the PTX they build persistent kernels from (mbarriers, bulk copies into shared memory, gpu-scope
