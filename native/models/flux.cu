@@ -569,11 +569,11 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
     const float *mx = mods + b.mod, *mc = mods + b.cmod;  // shift, scale, gate (msa), shift, scale, gate (mlp)
     bf16 *ac = a, *ax = a + (size_t)T * D;  // both streams' normed rows (opened by the previous block)
     product(ac, D, T, b.cqkv, f, true, 3 * D, Epi::kBias);
-    KL(qk_k, qk_blocks(T, H_, H_), 256, 0, st_)(f, T, 3 * D, H_, H_, hd_, b.ncq, b.nck, 1e-6f, cosv_, sinv_, false, true, q, k, v);
+    KL(qk_k, qk_blocks(T, H_, H_), 256, 0, st_)(f, T, 3 * D, H_, H_, hd_, b.ncq, b.nck, 1e-6f, cosv_, sinv_, q, k, v);
     product(ax, D, N, b.qkv, f, true, 3 * D, Epi::kBias);
     const size_t r0 = (size_t)T * D;
-    KL(qk_k, qk_blocks(N, H_, H_), 256, 0, st_)(f, N, 3 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_ + (size_t)T * nf, sinv_ + (size_t)T * nf, false,
-                                          true, q + r0, k + r0, v + r0);
+    KL(qk_k, qk_blocks(N, H_, H_), 256, 0, st_)(f, N, 3 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_ + (size_t)T * nf, sinv_ + (size_t)T * nf,
+                                          q + r0, k + r0, v + r0);
     attention(q, D, k, v, D, o, D, L, L, H_, H_, hd_, scale, false);
     linear(o, T, b.cout, tt);
     linear(o + r0, N, b.out, tt + r0);
@@ -590,7 +590,7 @@ void Model::forward(const float *packed, int N, int hp2, int wp2, const float *t
     const Single &b = single_[i];
     const float *ms = mods + b.mod;  // shift, scale, gate
     product(a, D, L, b.qkv, f, true, 3 * D, Epi::kBias);  // [L, 3D]: q | k | v
-    KL(qk_k, qk_blocks(L, H_, H_), 256, 0, st_)(f, L, 3 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_, sinv_, false, true, q, k, v);
+    KL(qk_k, qk_blocks(L, H_, H_), 256, 0, st_)(f, L, 3 * D, H_, H_, hd_, b.nq, b.nk, 1e-6f, cosv_, sinv_, q, k, v);
     // m = [attention (D) | gelu_tanh(mlp) (4D)] per row, proj_out's input: the MLP's product
     // writes its GELU (fused) straight into its columns.
     product(a, D, L, b.mlp, m + D, true, 5 * D, Epi::kGeluTanhBias);

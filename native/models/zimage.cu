@@ -254,7 +254,7 @@ void Model::dit_block(const DitBlock &b, float *x, int L, const float *cs, const
   bf16 *u = buf<bf16>("d_u", (size_t)L * ffn_);
   KL(rms_k, L, 256, 0, st_)(x, D_, b.an1, mod ? mod : nullptr, eps_, nullptr, a);
   gemm(a, D_, 0, b.qkv.w, D_, 0, true, qkv, true, 3 * D_, 0, L, 3 * D_, D_);
-  KL(qk_k, qk_blocks(L, H_, H_), 256, 0, st_)(qkv, L, 3 * D_, H_, H_, hd_, b.nq, b.nk, 1e-5f, cs, sn, false, true, q, k, v);
+  KL(qk_k, qk_blocks(L, H_, H_), 256, 0, st_)(qkv, L, 3 * D_, H_, H_, hd_, b.nq, b.nk, 1e-5f, cs, sn, q, k, v);
   for (const auto &sg : segs) {
     const size_t o0 = (size_t)sg.first * D_;
     attention(q + o0, D_, k + o0, v + o0, D_, o + o0, D_, sg.second, sg.second, H_, H_, hd_, 1.0f / sqrtf((float)hd_), false);

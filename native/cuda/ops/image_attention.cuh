@@ -1,50 +1,43 @@
 // image_attention.cuh: a pipeline's attention pieces around cuBLAS's batched products: per-head
-// q/k RMSNorm and RoPE (rotate_half or interleaved pairs), the fp32 softmax to bf16, q|k|v split.
+// q/k RMSNorm and RoPE (interleaved pairs), the fp32 softmax to bf16, q|k|v split.
 #pragma once
 #include "image_device.cuh"
 
 namespace mqcuda {
 namespace img {
 
-// ld2 and st2: elements 2i and 2i+1 of a row in one load or store (rows and heads start at even
-// offsets, so the pairs are aligned).
-__device__ __forceinline__ float2 ld2(const float *p, int i) { return reinterpret_cast<const float2 *>(p)[i]; }
+// ld2 and st2: elements 2i and 2i+1 of a bf16 row in one load or store (rows and heads start
+// at even offsets, so the pairs are aligned).
 __device__ __forceinline__ float2 ld2(const bf16 *p, int i) { return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162 *>(p)[i]); }
 __device__ __forceinline__ void st2(bf16 *p, int i, float a, float b) {
   reinterpret_cast<__nv_bfloat162 *>(p)[i] = __nv_bfloat162{__float2bfloat16(a), __float2bfloat16(b)};
 }
 
-// qk_k: per-head RMSNorm of q and k and RoPE, from fused q|k|v rows [rows, ld] to bf16 q
-// [rows, H*hd], k and v [rows, Hkv*hd]. One warp per (row, head): units r * (H + 2 Hkv) + h, h < H
-// a q head, then Hkv k heads, then Hkv v heads (copied), in grid-stride order over the block's
-// warps. A warp a unit, not a block: FLUX.1 at 1024² has 313k units of 128 elements, and with a
-// 64-thread block each (two block-wide sums and a barrier per unit) a call took 152 us on an H100
-// (lab/cuda/results/gpu_2026-12-07d_h100), about twice what its bytes need. neox: rotate_half pairs
-// (i, i+hd/2) (Qwen3), through the warp's shared row; else consecutive pairs (2i, 2i+1) (Z-Image's
-// and FLUX's complex RoPE), each lane's own. cs/sn [rows, hd/2] per row. hd even, at most 512;
-// blocks of at most 256 threads.
-template <typename T>
-static __global__ void qk_k(const T *qkv, int rows, int ld, int H, int Hkv, int hd, const float *nq, const float *nk, float eps,
-                            const float *cs, const float *sn, bool neox, bool norm_q, bf16 *q, bf16 *k, bf16 *v) {
-  __shared__ float rowbuf[8][512];
+// qk_k: per-head RMSNorm of q and k (weights nq, nk; NULL: none) and RoPE on consecutive pairs
+// (2i, 2i+1) (Z-Image's and FLUX's complex RoPE), from fused bf16 q|k|v rows [rows, ld] to bf16
+// q [rows, H*hd], k and v [rows, Hkv*hd]. One warp per (row, head): units r * (H + 2 Hkv) + h,
+// h < H a q head, then Hkv k heads, then Hkv v heads (copied), in grid-stride order over the
+// block's warps; a lane holds whole pairs, so nothing goes through shared memory. A warp a unit,
+// not a block: FLUX.1 at 1024² has 313k units of 128 elements, and with a 64-thread block each
+// (two block-wide sums and a barrier per unit) a call took 152 us on an H100
+// (lab/cuda/results/gpu_2026-12-07d_h100), about twice what its bytes need. cs/sn [rows, hd/2]
+// per row; hd even.
+static __global__ void qk_k(const bf16 *qkv, int rows, int ld, int H, int Hkv, int hd, const float *nq, const float *nk, float eps,
+                            const float *cs, const float *sn, bf16 *q, bf16 *k, bf16 *v) {
   const int lane = threadIdx.x & 31, wb = threadIdx.x >> 5, nwb = blockDim.x >> 5, heads = H + 2 * Hkv, half = hd / 2;
-  float *buf = rowbuf[wb];
   const size_t units = (size_t)rows * heads;
   for (size_t u = (size_t)blockIdx.x * nwb + wb; u < units; u += (size_t)gridDim.x * nwb) {
     const int r = (int)(u / heads), h = (int)(u % heads);
-    const T *src = qkv + (size_t)r * ld + (size_t)h * hd;  // q heads, k heads, v heads in order
+    const bf16 *src = qkv + (size_t)r * ld + (size_t)h * hd;  // q heads, k heads, v heads in order
     const float *nw;
     bf16 *dst;
     if (h < H) {
-      dst = q + ((size_t)r * H + h) * hd, nw = norm_q ? nq : nullptr;
+      dst = q + ((size_t)r * H + h) * hd, nw = nq;
     } else if (h < H + Hkv) {
       dst = k + ((size_t)r * Hkv + h - H) * hd, nw = nk;
     } else {
       dst = v + ((size_t)r * Hkv + h - H - Hkv) * hd;
-      for (int i = lane; i < half; i += 32) {
-        const float2 x = ld2(src, i);
-        st2(dst, i, x.x, x.y);
-      }
+      for (int i = lane; i < half; i += 32) reinterpret_cast<__nv_bfloat162 *>(dst)[i] = reinterpret_cast<const __nv_bfloat162 *>(src)[i];
       continue;
     }
     float ss = 0.f;
@@ -54,26 +47,11 @@ static __global__ void qk_k(const T *qkv, int rows, int ld, int H, int Hkv, int 
     }
     const float inv = 1.0f / sqrtf(warp_sum(ss) / hd + eps);
     const float *c = cs + (size_t)r * half, *s = sn + (size_t)r * half;
-    if (!neox) {
-      for (int i = lane; i < half; i += 32) {
-        const float2 x = ld2(src, i);
-        const float a = nw ? nw[2 * i] * (x.x * inv) : x.x, b = nw ? nw[2 * i + 1] * (x.y * inv) : x.y;
-        st2(dst, i, a * c[i] - b * s[i], a * s[i] + b * c[i]);
-      }
-      continue;
-    }
     for (int i = lane; i < half; i += 32) {
       const float2 x = ld2(src, i);
-      buf[2 * i] = nw ? nw[2 * i] * (x.x * inv) : x.x;
-      buf[2 * i + 1] = nw ? nw[2 * i + 1] * (x.y * inv) : x.y;
+      const float a = nw ? nw[2 * i] * (x.x * inv) : x.x, b = nw ? nw[2 * i + 1] * (x.y * inv) : x.y;
+      st2(dst, i, a * c[i] - b * s[i], a * s[i] + b * c[i]);
     }
-    __syncwarp();
-    for (int i = lane; i < half; i += 32) {
-      const float x1 = buf[i], x2 = buf[i + half];
-      dst[i] = __float2bfloat16(x1 * c[i] - x2 * s[i]);
-      dst[i + half] = __float2bfloat16(x2 * c[i] + x1 * s[i]);
-    }
-    __syncwarp();
   }
 }
 
