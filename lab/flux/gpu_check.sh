@@ -24,7 +24,7 @@
 #     bundle, 2 x 34 GB, do not both fit a 64 GB disk).
 #  4. with AB_BEFORE (a tarball of native/ at an older commit, e.g. `git archive cdb2629 native |
 #     gzip > before-native.tgz` carried in the tree): that tree's core, flux.cu and zimage.cu are
-#     built into libbefore.so after step 1's, and step 3's timed run is repeated with it and with
+#     built into libbefore.so alongside step 1's, and step 3's timed run is repeated with it and with
 #     MQB_GRAPHS=0 on this tree's (epilogues fused, steps eager): images/s of before, after
 #     without graphs and after, as ratios (lines "AB ..."), and the before image's PSNR and SSIM
 #     against diffusers' (lines "AB before: ...").
