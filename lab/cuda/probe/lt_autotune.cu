@@ -6,7 +6,9 @@
 // the product's own settings (bf16 operands, fp32 accumulation, the bias or GELU-tanh+bias
 // epilogue with the bias in the output's type, bf16 or fp32 out at the product's row stride,
 // 256-byte alignment, 32 MiB workspace), and prints the first against the best, per product and
-// weighted by how often a step runs it: the milliseconds a step would save. (Z-Image's products
+// weighted by how often a step runs it: the milliseconds a step would save; and the same among
+// the algorithms whose output equals the first's byte for byte (a choice among those could be made
+// per process without changing an image, so served and CLI images stay the same bytes). (Z-Image's products
 // have no epilogue and run through cublasGemmStridedBatchedEx, whose own choice may differ from
 // cuBLASLt's first; its "first" here is cuBLASLt's.)
 // Weights are cycled through 8 copies so each call reads its operand from DRAM as in a step.
@@ -28,6 +30,13 @@ struct Prod {
 
 static const int kCopies = 8;
 static const size_t kWs = 32u << 20;
+
+// differ_k: counts the bytes of a and b that differ (into *n).
+__global__ void differ_k(const unsigned char *a, const unsigned char *b, size_t n, unsigned long long *cnt) {
+  unsigned long long c = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) c += a[i] != b[i];
+  if (c) atomicAdd(cnt, c);
+}
 
 int main() {
   const Prod prods[] = {
@@ -58,10 +67,13 @@ int main() {
   for (const Prod &p : prods)
     wmax = std::max(wmax, (size_t)p.N * p.K), xmax = std::max(xmax, (size_t)p.M * p.K), ymax = std::max(ymax, (size_t)p.M * p.ldy);
   __nv_bfloat16 *w, *x, *bias;
-  void *y, *ws;
+  void *y, *y0, *ws;
+  unsigned long long *cnt;
   CK(cudaMalloc(&w, wmax * kCopies * 2));
   CK(cudaMalloc(&x, xmax * 2));
   CK(cudaMalloc(&y, ymax * 4));
+  CK(cudaMalloc(&y0, ymax * 4));
+  CK(cudaMalloc(&cnt, 8));
   CK(cudaMalloc(&bias, 20480 * 4));
   CK(cudaMalloc(&ws, kWs));
   {  // small random values (the bits do not change the kernels' time, but zeros might)
@@ -71,7 +83,7 @@ int main() {
     for (size_t o = 0; o < xmax; o += h.size()) CK(cudaMemcpy(x + o, h.data(), 2 * std::min(h.size(), xmax - o), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(bias, h.data(), 20480 * 4, cudaMemcpyHostToDevice));
   }
-  double step_first[2] = {0, 0}, step_best[2] = {0, 0};
+  double step_first[2] = {0, 0}, step_best[2] = {0, 0}, step_same[2] = {0, 0};
   for (const Prod &p : prods) {
     // the product's descriptor (diffusion_cuda.cuh lt_plan): column-major y^T [N, M] = W [K, N]^T x^T [K, M]
     cublasLtMatmulDesc_t op;
@@ -101,8 +113,9 @@ int main() {
     int n = 0;
     cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, d, d, pref, 16, r, &n);
     const double flop = 2.0 * p.M * p.N * p.K;
-    double first = -1, best = 1e30;
-    int bi = -1;
+    double first = -1, best = 1e30, same = 1e30;
+    int bi = -1, si = -1;
+    const size_t ybytes = (size_t)p.M * p.ldy * (p.ybf16 ? 2 : 4);
     for (int i = 0; i < n; i++) {
       if (r[i].state != CUBLAS_STATUS_SUCCESS) continue;
       const float one = 1.f, zero = 0.f;
@@ -117,14 +130,34 @@ int main() {
         }
       }) / 5;
       if (!ok) continue;
+      // the output on copy 0 against the first algorithm's, byte for byte: a faster algorithm that
+      // computes the same bits could be chosen per process without changing any image
+      const float one1 = 1.f, zero1 = 0.f;
+      CK(cudaMemset(y, 0, ybytes));
+      ok = cublasLtMatmul(lt, op, &one1, w, a, x, b, &zero1, y, d, y, d, &r[i].algo, ws, kWs, nullptr) == CUBLAS_STATUS_SUCCESS;
+      unsigned long long nd = 0;
+      if (first < 0) {
+        CK(cudaMemcpy(y0, y, ybytes, cudaMemcpyDeviceToDevice));
+      } else {
+        CK(cudaMemset(cnt, 0, 8));
+        differ_k<<<1024, 256>>>((const unsigned char *)y, (const unsigned char *)y0, ybytes, cnt);
+        CK(cudaMemcpy(&nd, cnt, 8, cudaMemcpyDeviceToHost));
+      }
+      if (!ok) continue;
       if (first < 0) first = t;
       if (t < best) best = t, bi = i;
+      if (nd == 0 && t < same) same = t, si = i;
+      int32_t split = 0;
+      size_t got = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split, &got);
+      printf("   #%2d %.3f ms split-K %d, %llu bytes differ from #0's\n", i, t, split, nd);
     }
     const int g = p.pipe[0] == 'f' ? 0 : 1;
     if (first > 0) {
-      step_first[g] += first * p.per_step, step_best[g] += best * p.per_step;
+      step_first[g] += first * p.per_step, step_best[g] += best * p.per_step, step_same[g] += same * p.per_step;
       printf("%-6s %-32s %5d x %5d x %5d: %2d algos; first %.3f ms (%.0f TFLOP/s), best #%d %.3f ms (%.0f TFLOP/s): %.3fx\n", p.pipe,
              p.name, p.M, p.N, p.K, n, first, flop / first / 1e9, bi, best, flop / best / 1e9, first / best);
+      printf("       same bits as the first: best #%d %.3f ms: %.3fx\n", si, same, first / same);
     } else {
       printf("%-6s %-32s %5d x %5d x %5d: no algorithm ran (%d offered)\n", p.pipe, p.name, p.M, p.N, p.K, n);
     }
@@ -136,5 +169,8 @@ int main() {
          step_best[0], step_first[0] - step_best[0], step_first[0] / step_best[0]);
   printf("STEP zimage (1024² CFG pair): first algorithms %.1f ms, best %.1f ms: %.1f ms a step (%.3fx)\n", step_first[1], step_best[1],
          step_first[1] - step_best[1], step_first[1] / step_best[1]);
+  for (int g = 0; g < 2; g++)
+    printf("STEP %s, best of those computing the first's bits: %.1f ms, %.1f ms a step saved (%.3fx)\n", g ? "zimage" : "flux",
+           step_same[g], step_first[g] - step_same[g], step_first[g] / step_same[g]);
   return 0;
 }
