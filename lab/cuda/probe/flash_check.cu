@@ -104,16 +104,8 @@ static bool wgmma(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv
                   long long so) {
   return hd == 128 && !causal && fw::launch(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, scale, st, batch, sq, skv, so);
 }
-// wgmma128: the same kernel with key tiles of 128 and three stages (setmaxnreg), for comparison.
-static bool wgmma128(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L, int Lk,
-                     int H, int rep, int hd, float scale, bool causal, cudaStream_t st, int batch, long long sq,
-                     long long skv, long long so) {
-  return hd == 128 && !causal &&
-         fw::launch_tiled<128, 3>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, scale, st, batch, sq, skv, so);
-}
 static const Variant variants[] = {
     {"D128 wgmma", 128, wgmma},
-    {"D128 wgmma BN128", 128, wgmma128},
     {"D64 4w MT1", 64, fa::launch<64, 4, 1>},    {"D64 8w MT1", 64, fa::launch<64, 8, 1>},
     {"D64 4w MT2", 64, fa::launch<64, 4, 2>},    {"D80 4w MT1", 80, fa::launch<80, 4, 1>},
     {"D80 8w MT1", 80, fa::launch<80, 8, 1>},    {"D80 4w MT2", 80, fa::launch<80, 4, 2>},

@@ -43,49 +43,23 @@ namespace fw {
 
 typedef __nv_bfloat16 bf16;
 
-constexpr int BM = 128, D = 128, NT = 384;
+constexpr int BM = 128, BN = 64, D = 128, NT = 384, NS = 4;
 constexpr int QB = 2 * BM * 128;  // Q: two 64-column halves of BM rows of 128 bytes
-// Tile: a key tile of BN rows (64 or 128) and NS stages of K and V tiles in shared memory.
-template <int BN_, int NS_>
-struct Tile {
-  static constexpr int BN = BN_, NS = NS_;
-  static constexpr int KB = 2 * BN * 128;                 // a K (or V) tile: two halves of BN rows
-  static constexpr int SMEM = QB + NS * 2 * KB + 1024;    // + the 1024-byte alignment of the swizzle atoms
-  static_assert(SMEM <= 227 * 1024, "flash_wgmma: more shared memory than a Hopper block has");
-};
+constexpr int KB = 2 * BN * 128;  // a K (or V) tile: two halves of BN rows
+constexpr int SMEM = QB + NS * 2 * KB + 1024;  // + the 1024-byte alignment of the swizzle atoms
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The accumulator operands of a wgmma with n columns: d[0] .. d[n / 2 - 1] (per thread).
-#define FW_D32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define FW_D64 FW_D32, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), \
-  "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), \
-  "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
-  "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), \
-  "+f"(d[62]), "+f"(d[63])
-// wgmma_s: D (64 x N, fp32) (+)= A (64 x 16) B^T (B N x 16), both K-major in shared memory; N is
-// the key tile's BN (64 or 128).
-template <int N>
+// wgmma_s: D (64 x 64, fp32) (+)= A (64 x 16) B^T (B 64 x 16), both K-major in shared memory.
 __device__ __forceinline__ void wgmma_s(float *d, uint64_t da, uint64_t db, int scale_d) {
-  if constexpr (N == 64) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,"
-        "%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : FW_D32
-        : "l"(da), "l"(db), "r"(scale_d));
-  } else {
-    static_assert(N == 128, "wgmma_s: key tiles of 64 or 128");
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,"
-        "%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : FW_D64
-        : "l"(da), "l"(db), "r"(scale_d));
-  }
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,"
+      "%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
 }
 // wgmma_pv: D (64 x 128, fp32) += A (64 x 16, registers) B (16 x 128, N-major in shared memory).
 __device__ __forceinline__ void wgmma_pv(float *d, const uint32_t *a, uint64_t db) {
@@ -95,11 +69,16 @@ __device__ __forceinline__ void wgmma_pv(float *d, const uint32_t *a, uint64_t d
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,"
       "%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, "
       "p, 1, 1, 1;\n}\n"
-      : FW_D64
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
-#undef FW_D64
-#undef FW_D32
 // desc: the shared-memory matrix descriptor of a 128-byte-swizzled operand at p (in a
 // 1024-byte-aligned atom): 8-row groups 1024 bytes apart (stride offset); lead: the leading
 // offset, the distance between the two 64-element halves of an N-major operand (ignored K-major).
@@ -136,12 +115,11 @@ __device__ __forceinline__ int swz(int r, int c) {
 // softmax: keys past Lk masked (key k0 + 8c + 2t (+1)), then the online softmax of the warp's rows
 // g (s[4c], s[4c + 1]) and g + 8 (s[4c + 2], s[4c + 3]): s becomes P, lrow the running sums,
 // corr what the output rows are scaled by.
-template <int BN>
 __device__ __forceinline__ void softmax(float *s, float *mrow, float *lrow, float *corr, int k0, int Lk, int t,
                                         float sl2) {
   if (k0 + BN > Lk) {
 #pragma unroll
-    for (int c = 0; c < BN / 8; c++)
+    for (int c = 0; c < 8; c++)
 #pragma unroll
       for (int e = 0; e < 4; e++)
         if (k0 + 8 * c + 2 * t + (e & 1) >= Lk) s[4 * c + e] = -INFINITY;
@@ -150,14 +128,14 @@ __device__ __forceinline__ void softmax(float *s, float *mrow, float *lrow, floa
   for (int r = 0; r < 2; r++) {
     float mx = mrow[r];
 #pragma unroll
-    for (int c = 0; c < BN / 8; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+    for (int c = 0; c < 8; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float ms = mx == -INFINITY ? 0.f : mx * sl2;
     corr[r] = exp2f(fmaf(mrow[r], sl2, -ms));
     float sum = 0.f;
 #pragma unroll
-    for (int c = 0; c < BN / 8; c++)
+    for (int c = 0; c < 8; c++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const float p = exp2f(fmaf(s[4 * c + 2 * r + e], sl2, -ms));
@@ -170,22 +148,15 @@ __device__ __forceinline__ void softmax(float *s, float *mrow, float *lrow, floa
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// flash_k: grid (ceil(L / BM), H, batch), NT threads, Tile<BN, NS>::SMEM bytes of dynamic shared
-// memory. Layout as flash_attention's with hd = 128; item b of the batch at q + b sq, k + b skv,
-// v + b skv, o + b so. sl2 = scale * log2(e). A template (of the head dim, 128 only, and the
-// tiling) so that every translation unit including this header shares one definition.
-// With key tiles of 128 a consumer holds 64 score, 64 output and 32 P registers: the producer
-// gives registers back (setmaxnreg: 40 for it, 232 for each consumer, within the 168 x 384 the
-// launch bounds give the block), as FlashAttention-3 does.
-template <int HD, int BN, int NS>
+// flash_k: grid (ceil(L / BM), H, batch), NT threads, SMEM bytes of dynamic shared memory.
+// Layout as flash_attention's with hd = 128; item b of the batch at q + b sq, k + b skv,
+// v + b skv, o + b so. sl2 = scale * log2(e). A template (of the head dim, 128 only) so that every
+// translation unit including this header shares one definition, as the mma.sync kernel's.
+template <int HD>
 __global__ void __launch_bounds__(NT, 1)
     flash_k(const bf16 *__restrict__ q, int ldq, const bf16 *__restrict__ k, const bf16 *__restrict__ v, int ldkv,
             bf16 *__restrict__ o, int ldo, int L, int Lk, int rep, float sl2, long long sq, long long skv, long long so) {
   static_assert(HD == D, "flash_k: head dim 128 only");
-  // The producer refills tile j's stage only once tile j - NS is released, which the consumers do
-  // while working on tile j - NS + 1, announced after tile j's copies are issued: NS >= 3.
-  static_assert(NS >= 3, "flash_k: three stages at least");
-  constexpr int KB = Tile<BN, NS>::KB;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t fw_smem[];
   __shared__ __align__(8) unsigned long long full[NS], empty[NS];  // the stages' mbarriers
@@ -204,7 +175,6 @@ __global__ void __launch_bounds__(NT, 1)
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\nfence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   if (wgi == 0) {  // the producer: tile j's K and V rows (zeros past Lk) into stage j % NS
-    if constexpr (BN == 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     k += blockIdx.z * skv + (size_t)kh * D;
     v += blockIdx.z * skv + (size_t)kh * D;
     for (int j = 0; j < ntiles; j++) {
@@ -226,58 +196,57 @@ __global__ void __launch_bounds__(NT, 1)
     sk::mbar_arrive(&full[(ntiles - 1) % NS]);
     return;
   }
-  if constexpr (BN == 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int c = wgi - 1;  // consumer c: the block's query rows 64c .. 64c + 63
   const uint8_t *const qw = qs + c * 64 * 128;
   auto issue_s = [&](float *s, const uint8_t *ks) {
 #pragma unroll
     for (int kk = 0; kk < 8; kk++)
-      wgmma_s<BN>(s, desc(qw + (kk >> 2) * BM * 128 + (kk & 3) * 32, 0), desc(ks + (kk >> 2) * BN * 128 + (kk & 3) * 32, 0),
+      wgmma_s(s, desc(qw + (kk >> 2) * BM * 128 + (kk & 3) * 32, 0), desc(ks + (kk >> 2) * BN * 128 + (kk & 3) * 32, 0),
               kk > 0);
     wg_commit();
   };
   auto issue_pv = [&](float *acc, const uint32_t (*pa)[4], const uint8_t *vs) {
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) wgmma_pv(acc, pa[kk], desc(vs + kk * 2048, BN * 128));  // keys 16kk ..
+    for (int kk = 0; kk < 4; kk++) wgmma_pv(acc, pa[kk], desc(vs + kk * 2048, BN * 128));  // keys 16kk ..
     wg_commit();
   };
   // pack: P's score chunks 2kk, 2kk + 1 in bf16 are the A fragment of keys 16kk .. 16kk + 15
   auto pack = [](const float *s, uint32_t (*pa)[4]) {
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++)
+    for (int kk = 0; kk < 4; kk++)
 #pragma unroll
       for (int e = 0; e < 4; e++) pa[kk][e] = sk::pack2<bf16>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
   };
   // turn: wait until the other consumer has issued its products; pass: let it issue its next
   auto turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory"); };
   auto pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory"); };
-  float acc[64], s[BN / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}, corr[2];
-  uint32_t pa[BN / 16][4];
+  float acc[64], s[32], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}, corr[2];
+  uint32_t pa[4][4];
 #pragma unroll
   for (int i = 0; i < 64; i++) acc[i] = 0.f;
   if (c == 1) pass();  // consumer 0 issues first
   sk::mbar_wait(&full[0], 0);
   turn();
-  keep<BN / 2>(s);
+  keep<32>(s);
   wg_fence();
   issue_s(s, kbuf(0));
   pass();
   wg_wait<0>();
-  keep<BN / 2>(s);
-  softmax<BN>(s, mrow, lrow, corr, 0, Lk, t, sl2);
+  keep<32>(s);
+  softmax(s, mrow, lrow, corr, 0, Lk, t, sl2);
   pack(s, pa);
   for (int j = 1; j < ntiles; j++) {
     sk::mbar_wait(&full[j % NS], (j / NS) & 1);
     turn();
-    keep<BN / 2>(s);
+    keep<32>(s);
     keep<64>(acc);
     wg_fence();
     issue_s(s, kbuf(j));
     issue_pv(acc, pa, kbuf(j - 1) + KB);
     pass();
     wg_wait<1>();
-    keep<BN / 2>(s);
-    softmax<BN>(s, mrow, lrow, corr, j * BN, Lk, t, sl2);
+    keep<32>(s);
+    softmax(s, mrow, lrow, corr, j * BN, Lk, t, sl2);
     wg_wait<0>();
     keep<64>(acc);
     sk::mbar_arrive(&empty[(j - 1) % NS]);  // tile j - 1 is read: the producer may refill its stage
@@ -311,9 +280,7 @@ __global__ void __launch_bounds__(NT, 1)
 #endif
 }
 
-// usable: whether this build and the current device run flash_k<D, BN, NS> (read once per
-// process and tiling).
-template <int BN, int NS>
+// usable: whether this build and the current device run flash_k (read once per process).
 inline bool usable() {
 #if defined(MQB_SM90A)
   static const bool ok = [] {
@@ -321,8 +288,7 @@ inline bool usable() {
     return cudaGetDevice(&d) == cudaSuccess &&
            cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, d) == cudaSuccess &&
            cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, d) == cudaSuccess && ma == 9 && mi == 0 &&
-           cudaFuncSetAttribute(flash_k<D, BN, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<BN, NS>::SMEM) ==
-               cudaSuccess;
+           cudaFuncSetAttribute(flash_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) == cudaSuccess;
   }();
   return ok;
 #else
@@ -330,21 +296,13 @@ inline bool usable() {
 #endif
 }
 
-// launch_tiled: flash_k<D, BN, NS>'s grid on st; false (nothing launched) where it is not usable.
-template <int BN, int NS>
-inline bool launch_tiled(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L, int Lk,
-                         int H, int rep, float scale, cudaStream_t st, int batch, long long sq, long long skv,
-                         long long so) {
-  if (!usable<BN, NS>()) return false;
-  flash_k<D, BN, NS><<<dim3((unsigned)((L + BM - 1) / BM), (unsigned)H, (unsigned)batch), NT, Tile<BN, NS>::SMEM, st>>>(
-      q, ldq, k, v, ldkv, o, ldo, L, Lk, rep, scale * 1.4426950408889634f, sq, skv, so);
-  return cudaPeekAtLastError() == cudaSuccess;
-}
-
-// launch: the product's tiling (key tiles of 64, four stages); false where it does not run.
+// launch: flash_k's grid on st; false (nothing launched) where usable() is not.
 inline bool launch(const bf16 *q, int ldq, const bf16 *k, const bf16 *v, int ldkv, bf16 *o, int ldo, int L, int Lk,
                    int H, int rep, float scale, cudaStream_t st, int batch, long long sq, long long skv, long long so) {
-  return launch_tiled<64, 4>(q, ldq, k, v, ldkv, o, ldo, L, Lk, H, rep, scale, st, batch, sq, skv, so);
+  if (!usable()) return false;
+  flash_k<D><<<dim3((unsigned)((L + BM - 1) / BM), (unsigned)H, (unsigned)batch), NT, SMEM, st>>>(
+      q, ldq, k, v, ldkv, o, ldo, L, Lk, rep, scale * 1.4426950408889634f, sq, skv, so);
+  return cudaPeekAtLastError() == cudaSuccess;
 }
 
 }  // namespace fw
