@@ -7,10 +7,12 @@
 // epilogue with the bias in the output's type, bf16 or fp32 out at the product's row stride,
 // 256-byte alignment, 32 MiB workspace), and prints the first against the best, per product and
 // weighted by how often a step runs it: the milliseconds a step would save; and the same among
-// the algorithms whose output equals the first's byte for byte (a choice among those could be made
-// per process without changing an image, so served and CLI images stay the same bytes). (Z-Image's products
-// have no epilogue and run through cublasGemmStridedBatchedEx, whose own choice may differ from
-// cuBLASLt's first; its "first" here is cuBLASLt's.)
+// the algorithms whose output equals the first's byte for byte (a choice among those could be
+// made per process without changing an image, so served and CLI images stay the same bytes).
+// (Z-Image's products have no epilogue and run through cublasGemmStridedBatchedEx, whose own
+// choice may differ from cuBLASLt's first; its "first" here is cuBLASLt's.) On an H100
+// (lab/cuda/results/gpu_2026-12-08a_h100) cuBLASLt offered 8 algorithms a product; every
+// non-split-K one computed the first's bits.
 // Weights are cycled through 8 copies so each call reads its operand from DRAM as in a step.
 // Build and run on the GPU host (seconds):
 //   nvcc -O2 -std=c++17 -arch=sm_90 lab/cuda/probe/lt_autotune.cu -lcublasLt -o /tmp/lt_autotune && /tmp/lt_autotune
@@ -31,7 +33,7 @@ struct Prod {
 static const int kCopies = 8;
 static const size_t kWs = 32u << 20;
 
-// differ_k: counts the bytes of a and b that differ (into *n).
+// differ_k: *cnt += how many of the n bytes of a and b differ.
 __global__ void differ_k(const unsigned char *a, const unsigned char *b, size_t n, unsigned long long *cnt) {
   unsigned long long c = 0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) c += a[i] != b[i];
@@ -132,9 +134,8 @@ int main() {
       if (!ok) continue;
       // the output on copy 0 against the first algorithm's, byte for byte: a faster algorithm that
       // computes the same bits could be chosen per process without changing any image
-      const float one1 = 1.f, zero1 = 0.f;
       CK(cudaMemset(y, 0, ybytes));
-      ok = cublasLtMatmul(lt, op, &one1, w, a, x, b, &zero1, y, d, y, d, &r[i].algo, ws, kWs, nullptr) == CUBLAS_STATUS_SUCCESS;
+      ok = cublasLtMatmul(lt, op, &one, w, a, x, b, &zero, y, d, y, d, &r[i].algo, ws, kWs, nullptr) == CUBLAS_STATUS_SUCCESS;
       unsigned long long nd = 0;
       if (first < 0) {
         CK(cudaMemcpy(y0, y, ybytes, cudaMemcpyDeviceToDevice));
