@@ -2,8 +2,8 @@
 # lab/cuda/zimage_ab.sh: Z-Image-Turbo's images/s with two builds of the CUDA backend, in one
 # device call (lab, not product): BEFORE, a tarball of native/ at an older commit (`git archive
 # REV native | gzip`), and AFTER, this checkout. Both libraries are built side by side
-# (lab/cuda/build_lib.sh), the checkpoint of Z-Image-Turbo's sizes and its bf16 bundle are made as
-# lab/cuda/zimage_ratio.sh makes them (or reused from an earlier call on the machine), then
+# (lab/cuda/build_lib.sh), the checkpoint of Z-Image-Turbo's sizes and its bf16 bundle are made by
+# lab/cuda/zimage_shape.sh (or reused from an earlier call on the machine), then
 # `qual generate-image --repeat` runs alternately on each library, $ZA_ROUNDS rounds (default 3) of
 # one warm-up and $ZA_REPEAT timed images (default 2), seed 42, 8 steps, at each "SIZE:GUIDANCE"
 # of $ZA_CASES (default "1024:3.5"). Prints each round's images/s, the medians and their ratio
@@ -29,22 +29,8 @@ bash lab/cuda/build_lib.sh "$W/ab_before" "$W/ab_before.so" > "$W/ab_before.log"
 B1=$!
 bash lab/cuda/build_lib.sh "$ROOT" "$W/ab_after.so" > "$W/ab_after.log" 2>&1 &
 B2=$!
-read -r TSNAP _ < <("$QUAL" fixtures --name zimage-tiny --bundle 2>>"$LOG" |
-  python3 -c 'import json,sys; d=json.load(sys.stdin)[0]; print(d["snapshot_dir"], d["bundle_path"])')
-CK=$W/zshape
-SHM=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
-[ "${SHM:-0}" -ge 30 ] && CK=/dev/shm/zimage_shape
-if [ ! -f "$CK/done" ]; then
-  timeout 240 python3 lab/cuda/zimage_shape_ckpt.py "$TSNAP" "$CK" > "$OUT/zshape_ckpt.json" 2> "$W/zshape_ckpt.log" ||
-    { tail -5 "$W/zshape_ckpt.log" | tee -a "$LOG"; say "FAIL shape checkpoint"; exit 1; }
-  touch "$CK/done"
-fi
-if [ ! -f "$W/zshape.mqb.done" ]; then
-  timeout 200 "$QUAL" bundle build --checkpoint "$CK" --model modelqual-lab/zimage-turbo-sizes-random \
-    --revision 0000000000000000000000000000000000000001 --out "$W/zshape.mqb" --precision bf16 --backend cuda > "$W/zshape_bundle.log" 2>&1 ||
-    { tail -5 "$W/zshape_bundle.log" | tee -a "$LOG"; say "FAIL shape bundle"; exit 1; }
-  touch "$W/zshape.mqb.done"
-fi
+. lab/cuda/zimage_shape.sh
+zimage_shape || exit 1
 wait $B1 && wait $B2 || { tail -5 "$W"/ab_*.log | tee -a "$LOG"; say "FAIL build"; exit 1; }
 say "libraries built, checkpoint and bundle ready"
 P="a red fox in the snow, detailed photograph"

@@ -26,26 +26,8 @@ cd "$ROOT"
 export PYTHONPATH=$W/src MODELQUAL_CACHE=$W/cache MODELQUAL_CUDA_LIB=$W/libflux.so
 [ -f "$W/libflux.so" ] || { say "FAIL no $W/libflux.so (run lab/flux/gpu_check.sh first)"; exit 1; }
 PY=lab/cuda/zimage_diffusers.py
-read -r TSNAP TBUN < <("$QUAL" fixtures --name zimage-tiny --bundle 2>>"$LOG" |
-  python3 -c 'import json,sys; d=json.load(sys.stdin)[0]; print(d["snapshot_dir"], d["bundle_path"])')
-CK=$W/zshape
-SHM=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
-[ "${SHM:-0}" -ge 30 ] && CK=/dev/shm/zimage_shape
-# (a checkpoint and bundle an earlier call on this machine made are used again)
-if [ ! -f "$CK/done" ]; then
-  timeout 240 python3 lab/cuda/zimage_shape_ckpt.py "$TSNAP" "$CK" > "$OUT/zshape_ckpt.json" 2> "$W/zshape_ckpt.log" ||
-    { tail -5 "$W/zshape_ckpt.log" | tee -a "$LOG"; say "FAIL shape checkpoint"; exit 1; }
-  touch "$CK/done"
-  say "shape checkpoint: $(cat "$OUT/zshape_ckpt.json")"
-fi
-if [ ! -f "$W/zshape.mqb.done" ]; then
-  tb=$(date +%s)
-  timeout 200 "$QUAL" bundle build --checkpoint "$CK" --model modelqual-lab/zimage-turbo-sizes-random \
-    --revision 0000000000000000000000000000000000000001 --out "$W/zshape.mqb" --precision bf16 --backend cuda > "$W/zshape_bundle.log" 2>&1 ||
-    { tail -5 "$W/zshape_bundle.log" | tee -a "$LOG"; say "FAIL shape bundle"; exit 1; }
-  touch "$W/zshape.mqb.done"
-  say "shape bundle: $(($(date +%s) - tb)) s, $(du -h "$W/zshape.mqb" | cut -f1)"
-fi
+. lab/cuda/zimage_shape.sh
+zimage_shape || exit 1
 [ -f "$OUT/gemmrate.json" ] || timeout 30 python3 lab/flux/flux_diffusers.py gemmrate > "$OUT/gemmrate.json" 2>>"$LOG"
 P="a red fox in the snow, detailed photograph"
 N=$((REP + 1))
